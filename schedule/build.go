@@ -1,0 +1,230 @@
+package schedule
+
+import (
+	"fmt"
+	"sort"
+)
+
+// builders maps collective -> algorithm -> schedule builder.
+var builders = map[string]map[string]func(w int) (*Schedule, error){
+	AllReduce: {
+		OneShot: allReduceOneShot,
+		TwoShot: allReduceTwoShot,
+		HCM:     allReduceHCM,
+	},
+	ReduceScatter: {
+		OneShot: reduceScatterOneShot,
+	},
+	AllGather: {
+		OneShot: allGatherOneShot,
+	},
+}
+
+// Collectives returns the collective names in canonical order.
+func Collectives() []string { return []string{AllReduce, ReduceScatter, AllGather} }
+
+// Algorithms returns the algorithm names known for a collective, sorted; nil
+// for an unknown collective.
+func Algorithms(collective string) []string {
+	var names []string
+	for name := range builders[collective] {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Kinds returns the topology kind names, sorted.
+func Kinds() []string {
+	return []string{KindHostShm, KindHybridCubeMesh, KindNVLinkFull, KindPCIe}
+}
+
+// KindWorldSizes returns the world sizes a topology kind can have: either the
+// range [min, max], or, when only is non-nil, exactly the listed sizes.
+func KindWorldSizes(kind string) (min, max int, only []int) {
+	switch kind {
+	case KindNVLinkFull, KindPCIe:
+		return 2, 8, nil
+	case KindHybridCubeMesh:
+		return 8, 8, []int{8}
+	case KindHostShm:
+		return 1, 64, nil
+	}
+	return 0, 0, nil
+}
+
+// Build returns the schedule of an algorithm for a collective over world
+// ranks, or an error saying why it does not exist.
+func Build(collective, algorithm string, world int) (*Schedule, error) {
+	algs, ok := builders[collective]
+	if !ok {
+		return nil, fmt.Errorf("unknown collective %q (known: %v)", collective, Collectives())
+	}
+	b, ok := algs[algorithm]
+	if !ok {
+		return nil, fmt.Errorf("unknown %s algorithm %q (known: %v)", collective, algorithm, Algorithms(collective))
+	}
+	if world < 1 || world > 64 {
+		return nil, fmt.Errorf("world size %d out of range 1..64", world)
+	}
+	s, err := b(world)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", collective, algorithm, err)
+	}
+	return s, nil
+}
+
+// CanRun reports whether an algorithm can run on a topology kind at a world
+// size: the schedule must exist and every peer read must use a link of the
+// topology. The error says why not.
+func CanRun(kind, collective, algorithm string, world int) error {
+	topo, err := NewTopology(kind, world)
+	if err != nil {
+		return err
+	}
+	s, err := Build(collective, algorithm, world)
+	if err != nil {
+		return err
+	}
+	return CheckLinks(s, topo)
+}
+
+// stageAll copies every chunk of the input into this rank's stage buffer,
+// skipping chunk `skip` (relative to rank) when skipSelf is set.
+func stageCopies(w int, skipSelf bool) []Step {
+	var steps []Step
+	for k := 0; k < w; k++ {
+		if skipSelf && k == 0 {
+			continue
+		}
+		c := Rel(k)
+		steps = append(steps, Step{Kind: Copy,
+			Dst:  Ref{Buf: Stage, Rank: Self, Chunk: c},
+			Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: c}}})
+	}
+	return steps
+}
+
+// allReduceOneShot: every rank stages its input, then reduces every chunk
+// from every rank's stage in absolute rank order (so all ranks produce
+// bitwise-identical results) straight into its output.
+func allReduceOneShot(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllReduce, Algorithm: OneShot, World: w, InChunks: w, OutChunks: w}
+	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, false), Sync: true})
+	var steps []Step
+	for k := 0; k < w; k++ {
+		c := Rel(k)
+		st := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: c}}
+		for p := 0; p < w; p++ {
+			st.Srcs = append(st.Srcs, Ref{Buf: Stage, Rank: ConstIndex(p), Chunk: c})
+		}
+		steps = append(steps, st)
+	}
+	s.Phases = append(s.Phases, Phase{Steps: steps, Sync: true})
+	return s, nil
+}
+
+// allReduceTwoShot: reduce-scatter (rank r reduces chunk r from every rank
+// into its own stage) then all-gather (every rank copies each reduced chunk
+// from its owner). Each chunk is reduced once, so results agree everywhere.
+func allReduceTwoShot(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllReduce, Algorithm: TwoShot, World: w, InChunks: w, OutChunks: w}
+	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
+	red := Step{Kind: Reduce, Dst: Ref{Buf: Stage, Rank: Self, Chunk: Self}}
+	for k := 0; k < w; k++ {
+		if k == 0 {
+			red.Srcs = append(red.Srcs, Ref{Buf: Input, Rank: Self, Chunk: Self})
+			continue
+		}
+		red.Srcs = append(red.Srcs, Ref{Buf: Stage, Rank: Rel(k), Chunk: Self})
+	}
+	s.Phases = append(s.Phases, Phase{Steps: []Step{red}, Sync: true})
+	var gather []Step
+	for k := 0; k < w; k++ {
+		gather = append(gather, Step{Kind: Copy,
+			Dst:  Ref{Buf: Output, Rank: Self, Chunk: Rel(k)},
+			Srcs: []Ref{{Buf: Stage, Rank: Rel(k), Chunk: Rel(k)}}})
+	}
+	s.Phases = append(s.Phases, Phase{Steps: gather, Sync: true})
+	return s, nil
+}
+
+// allReduceHCM is PyTorch IntraNodeComm's hybrid-cube-mesh all-reduce for 8
+// GPUs in two fully connected quads {0..3}, {4..7} with links i <-> i+4: each
+// rank sums its quad's staged inputs into its scratch, then adds the partial
+// of its relay (the rank with the same place in the other quad). Only quad
+// and relay links are read, and every rank computes quad0 + quad1 in the
+// same order.
+func allReduceHCM(w int) (*Schedule, error) {
+	if w != 8 {
+		return nil, fmt.Errorf("hcm needs world size 8 (two quads of 4), not %d", w)
+	}
+	s := &Schedule{Collective: AllReduce, Algorithm: HCM, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
+	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, false), Sync: true})
+	quad := make([][]int, 4) // quad[j][r] = j-th member of r's quad
+	for j := range quad {
+		quad[j] = make([]int, w)
+		for r := 0; r < w; r++ {
+			quad[j][r] = r&4 + j
+		}
+	}
+	pair := make([][]int, 2) // pair[0][r] = r's quad-0 member, pair[1][r] its quad-1 member
+	for h := range pair {
+		pair[h] = make([]int, w)
+		for r := 0; r < w; r++ {
+			pair[h][r] = r&3 + 4*h
+		}
+	}
+	var partial, final []Step
+	for k := 0; k < w; k++ {
+		c := Rel(k)
+		st := Step{Kind: Reduce, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: c}}
+		for j := range quad {
+			st.Srcs = append(st.Srcs, Ref{Buf: Stage, Rank: TableIndex(quad[j]), Chunk: c})
+		}
+		partial = append(partial, st)
+		fin := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: c}}
+		for h := range pair {
+			fin.Srcs = append(fin.Srcs, Ref{Buf: Scratch, Rank: TableIndex(pair[h]), Chunk: c})
+		}
+		final = append(final, fin)
+	}
+	s.Phases = append(s.Phases, Phase{Steps: partial, Sync: true}, Phase{Steps: final, Sync: true})
+	return s, nil
+}
+
+// reduceScatterOneShot: every rank stages the chunks its peers own, then
+// reduces its own chunk from every rank.
+func reduceScatterOneShot(w int) (*Schedule, error) {
+	s := &Schedule{Collective: ReduceScatter, Algorithm: OneShot, World: w, InChunks: w, OutChunks: 1}
+	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
+	red := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: ConstIndex(0)}}
+	for k := 0; k < w; k++ {
+		if k == 0 {
+			red.Srcs = append(red.Srcs, Ref{Buf: Input, Rank: Self, Chunk: Self})
+			continue
+		}
+		red.Srcs = append(red.Srcs, Ref{Buf: Stage, Rank: Rel(k), Chunk: Self})
+	}
+	s.Phases = append(s.Phases, Phase{Steps: []Step{red}, Sync: true})
+	return s, nil
+}
+
+// allGatherOneShot: every rank stages its input as its own chunk, then copies
+// every rank's chunk into its output.
+func allGatherOneShot(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllGather, Algorithm: OneShot, World: w, InChunks: 1, OutChunks: w}
+	s.Phases = append(s.Phases, Phase{Sync: true, Steps: []Step{{Kind: Copy,
+		Dst:  Ref{Buf: Stage, Rank: Self, Chunk: Self},
+		Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: ConstIndex(0)}}}}})
+	var gather []Step
+	for k := 0; k < w; k++ {
+		src := Ref{Buf: Stage, Rank: Rel(k), Chunk: Rel(k)}
+		if k == 0 {
+			src = Ref{Buf: Input, Rank: Self, Chunk: ConstIndex(0)}
+		}
+		gather = append(gather, Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Rel(k)}, Srcs: []Ref{src}})
+	}
+	s.Phases = append(s.Phases, Phase{Steps: gather, Sync: true})
+	return s, nil
+}

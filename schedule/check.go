@@ -1,0 +1,158 @@
+package schedule
+
+import (
+	"fmt"
+)
+
+// Topology is the set of direct links between the ranks of a group.
+type Topology struct {
+	Kind  string
+	World int
+	link  [][]bool
+}
+
+// NewTopology returns the links a topology kind has at a world size:
+// fully connected for nvlink_full, pcie_p2p and host_shm; for
+// hybrid_cube_mesh, two fully connected quads {0..3}, {4..7} plus the links
+// i <-> i+4 (the 8-GPU DGX-1 layout PyTorch's IntraNodeComm detects).
+func NewTopology(kind string, world int) (*Topology, error) {
+	lo, hi, only := KindWorldSizes(kind)
+	if hi == 0 {
+		return nil, fmt.Errorf("unknown topology kind %q (known: %v)", kind, Kinds())
+	}
+	if world < lo || world > hi {
+		if only != nil {
+			return nil, fmt.Errorf("topology kind %s has exactly %v ranks, not %d", kind, only, world)
+		}
+		return nil, fmt.Errorf("topology kind %s has %d to %d ranks, not %d", kind, lo, hi, world)
+	}
+	t := &Topology{Kind: kind, World: world, link: make([][]bool, world)}
+	for a := range t.link {
+		t.link[a] = make([]bool, world)
+		for b := range t.link[a] {
+			switch kind {
+			case KindHybridCubeMesh:
+				t.link[a][b] = a/4 == b/4 || a^4 == b
+			default:
+				t.link[a][b] = true
+			}
+		}
+	}
+	return t, nil
+}
+
+// Linked reports whether rank a can read rank b's memory directly.
+func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
+
+// Validate checks a schedule's structure: steps write only the executing
+// rank's own buffers, indices are in range, copies have one source, reduces
+// at least one, and the last phase ends in a barrier when peers are read (so
+// the next collective cannot overwrite a stage buffer a peer still reads).
+func Validate(s *Schedule) error {
+	w := s.World
+	readsPeers := false
+	for pi, ph := range s.Phases {
+		for si, st := range ph.Steps {
+			where := fmt.Sprintf("%s phase %d step %d", s.Name(), pi, si)
+			if !st.Dst.Rank.IsSelf() {
+				return fmt.Errorf("%s: writes %s; steps may only write the executing rank's buffers", where, st.Dst)
+			}
+			if st.Kind == Copy && len(st.Srcs) != 1 {
+				return fmt.Errorf("%s: copy has %d sources, want 1", where, len(st.Srcs))
+			}
+			if len(st.Srcs) == 0 {
+				return fmt.Errorf("%s: reduce has no sources", where)
+			}
+			for _, ref := range append([]Ref{st.Dst}, st.Srcs...) {
+				if !ref.Buf.Symmetric() && !ref.Rank.IsSelf() {
+					return fmt.Errorf("%s: %s is private to its rank and cannot be read by peers", where, ref)
+				}
+				if ref.Buf == Scratch && !s.UsesScratch {
+					return fmt.Errorf("%s: uses scratch but the schedule does not declare UsesScratch", where)
+				}
+				for r := 0; r < w; r++ {
+					peer, chunk := ref.Rank.Eval(r, w), ref.Chunk.Eval(r, w)
+					if peer < 0 || peer >= w {
+						return fmt.Errorf("%s: %s names rank %d on rank %d, outside 0..%d", where, ref, peer, r, w-1)
+					}
+					if n := s.chunks(ref.Buf); chunk < 0 || chunk >= n {
+						return fmt.Errorf("%s: %s names chunk %d on rank %d; %s has %d chunks", where, ref, chunk, r, ref.Buf, n)
+					}
+					if peer != r {
+						readsPeers = true
+					}
+				}
+			}
+		}
+	}
+	if readsPeers && (len(s.Phases) == 0 || !s.Phases[len(s.Phases)-1].Sync) {
+		return fmt.Errorf("%s: reads peers but its last phase has no barrier, so a following collective could overwrite data a peer is still reading", s.Name())
+	}
+	return nil
+}
+
+// chunks returns how many chunks buffer b holds.
+func (s *Schedule) chunks(b Buffer) int {
+	switch b {
+	case Input:
+		return s.InChunks
+	case Output:
+		return s.OutChunks
+	}
+	return s.World
+}
+
+// CheckLinks proves that every peer access of the schedule uses a link of
+// the topology; the error names the first access that does not.
+func CheckLinks(s *Schedule, t *Topology) error {
+	if t.World != s.World {
+		return fmt.Errorf("%s: topology %s has %d ranks, schedule %d", s.Name(), t.Kind, t.World, s.World)
+	}
+	for pi, ph := range s.Phases {
+		for si, st := range ph.Steps {
+			for _, ref := range st.Srcs {
+				for r := 0; r < s.World; r++ {
+					if p := ref.Rank.Eval(r, s.World); !t.Linked(r, p) {
+						return fmt.Errorf("%s phase %d step %d: rank %d reads %s of rank %d, but %s has no link %d-%d",
+							s.Name(), pi, si, r, ref.Buf, p, t.Kind, r, p)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// region is one chunk of one rank's buffer.
+type region struct {
+	owner int
+	buf   Buffer
+	chunk int
+}
+
+// CheckRaces proves that no rank reads a peer's chunk in the same phase in
+// which that peer writes it: such a read would race with the write, since
+// ranks meet only at barriers.
+func CheckRaces(s *Schedule) error {
+	w := s.World
+	for pi, ph := range s.Phases {
+		writes := map[region]bool{}
+		for _, st := range ph.Steps {
+			for r := 0; r < w; r++ {
+				writes[region{r, st.Dst.Buf, st.Dst.Chunk.Eval(r, w)}] = true
+			}
+		}
+		for si, st := range ph.Steps {
+			for _, ref := range st.Srcs {
+				for r := 0; r < w; r++ {
+					g := region{ref.Rank.Eval(r, w), ref.Buf, ref.Chunk.Eval(r, w)}
+					if g.owner != r && writes[g] {
+						return fmt.Errorf("%s phase %d step %d: rank %d reads %s chunk %d of rank %d while that rank writes it in the same phase",
+							s.Name(), pi, si, r, g.buf, g.chunk, g.owner)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,250 @@
+// Package schedule is collgen's intermediate representation: every collective
+// algorithm is written once as a Schedule, a short list of phases in which each
+// rank copies or reduces chunks of its own and its peers' buffers, separated by
+// barriers. The CUDA templates render schedules into kernels, the host backend
+// executes them over shared memory, and the simulator and checkers in this
+// package prove them correct for any world size and topology.
+//
+// Data model. A collective over W ranks splits its data into W chunks. Chunk i
+// covers elements [min(i*C, N), min((i+1)*C, N)) of an N-element buffer, where
+// C is the chunk size chosen at run time (see ChunkElems). Every rank holds
+// four buffers:
+//
+//	Input   the caller's input (private to the rank)
+//	Output  the caller's output (private to the rank)
+//	Stage   a symmetric buffer of W chunks that peers may read
+//	Scratch a second symmetric buffer of W chunks, for partial results
+//
+// A step names buffers through Refs whose rank and chunk are Index
+// expressions of the executing rank, so one Schedule serves every rank.
+package schedule
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Collective names, as used in specs and kernel names.
+const (
+	AllReduce     = "allreduce"
+	ReduceScatter = "reduce_scatter"
+	AllGather     = "allgather"
+)
+
+// Algorithm names.
+const (
+	OneShot = "oneshot"
+	TwoShot = "twoshot"
+	HCM     = "hcm"
+)
+
+// Topology kind names.
+const (
+	KindNVLinkFull     = "nvlink_full"
+	KindHybridCubeMesh = "hybrid_cube_mesh"
+	KindPCIe           = "pcie_p2p"
+	KindHostShm        = "host_shm"
+)
+
+// Buffer names one of a rank's four buffers.
+type Buffer int
+
+const (
+	Input Buffer = iota
+	Output
+	Stage
+	Scratch
+)
+
+func (b Buffer) String() string {
+	return [...]string{"input", "output", "stage", "scratch"}[b]
+}
+
+// Symmetric reports whether peers may read the buffer (it lives in memory
+// every rank has mapped).
+func (b Buffer) Symmetric() bool { return b == Stage || b == Scratch }
+
+// IndexKind says how an Index is evaluated.
+type IndexKind int
+
+const (
+	// Const is the fixed value K.
+	Const IndexKind = iota
+	// RankPlus is (rank + K) mod W.
+	RankPlus
+	// Table is Table[rank].
+	Table
+)
+
+// Index is a rank or chunk number written as a function of the executing
+// rank, so that one schedule serves all ranks.
+type Index struct {
+	Kind  IndexKind
+	K     int
+	Table []int
+}
+
+// ConstIndex returns the index that is always k.
+func ConstIndex(k int) Index { return Index{Kind: Const, K: k} }
+
+// Self is the executing rank.
+var Self = Index{Kind: RankPlus, K: 0}
+
+// Rel returns the index (rank + k) mod W.
+func Rel(k int) Index { return Index{Kind: RankPlus, K: k} }
+
+// TableIndex returns the index t[rank].
+func TableIndex(t []int) Index { return Index{Kind: Table, Table: append([]int(nil), t...)} }
+
+// Eval returns the index's value on rank in a world of w ranks.
+func (x Index) Eval(rank, w int) int {
+	switch x.Kind {
+	case Const:
+		return x.K
+	case RankPlus:
+		return ((rank+x.K)%w + w) % w
+	default:
+		return x.Table[rank]
+	}
+}
+
+// IsSelf reports whether the index always names the executing rank.
+func (x Index) IsSelf() bool { return x.Kind == RankPlus && x.K == 0 }
+
+func (x Index) String() string {
+	switch x.Kind {
+	case Const:
+		return fmt.Sprint(x.K)
+	case RankPlus:
+		if x.K == 0 {
+			return "rank"
+		}
+		return fmt.Sprintf("rank+%d", x.K)
+	default:
+		return fmt.Sprintf("%v[rank]", x.Table)
+	}
+}
+
+// Ref is one chunk of one rank's buffer.
+type Ref struct {
+	Buf   Buffer
+	Rank  Index // whose buffer; always Self for Input and Output
+	Chunk Index
+}
+
+func (r Ref) String() string { return fmt.Sprintf("%s@%s[%s]", r.Buf, r.Rank, r.Chunk) }
+
+// StepKind says what a step computes.
+type StepKind int
+
+const (
+	// Copy copies its single source into the destination.
+	Copy StepKind = iota
+	// Reduce combines every source with the reduce op, in source order, and
+	// writes the result to the destination. Source order is part of the
+	// schedule's contract: all ranks that compute the same chunk use the
+	// same order so their results are bitwise identical.
+	Reduce
+)
+
+// Step writes one chunk, elementwise, from one or more source chunks of the
+// same length.
+type Step struct {
+	Kind StepKind
+	Dst  Ref
+	Srcs []Ref
+}
+
+// Phase is a set of steps every rank runs, followed (if Sync) by a barrier
+// among all ranks. Steps within a phase run in order on each rank; a rank
+// may read a peer's chunk only if no rank writes that chunk in the same
+// phase (CheckRaces enforces it).
+type Phase struct {
+	Steps []Step
+	Sync  bool
+}
+
+// Schedule is one algorithm for one collective at one world size.
+type Schedule struct {
+	Collective string
+	Algorithm  string
+	World      int
+	// InChunks and OutChunks are how many chunks the caller's input and
+	// output hold: W, or 1 for the per-rank side of reduce-scatter's output
+	// and all-gather's input.
+	InChunks, OutChunks int
+	// UsesScratch reports whether the schedule needs the Scratch buffer.
+	UsesScratch bool
+	Phases      []Phase
+}
+
+// Name is the schedule's readable name, e.g. "allreduce_twoshot_w4".
+func (s *Schedule) Name() string {
+	return fmt.Sprintf("%s_%s_w%d", s.Collective, s.Algorithm, s.World)
+}
+
+// Barriers counts the phases that end in a barrier.
+func (s *Schedule) Barriers() int {
+	n := 0
+	for _, p := range s.Phases {
+		if p.Sync {
+			n++
+		}
+	}
+	return n
+}
+
+// String renders the schedule in a compact human-readable form (used in
+// generated comments and in test failures).
+func (s *Schedule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s:\n", s.Name())
+	for i, p := range s.Phases {
+		fmt.Fprintf(&b, "  phase %d:\n", i)
+		for _, st := range p.Steps {
+			op := "copy"
+			if st.Kind == Reduce {
+				op = "reduce"
+			}
+			srcs := make([]string, len(st.Srcs))
+			for j, r := range st.Srcs {
+				srcs[j] = r.String()
+			}
+			fmt.Fprintf(&b, "    %s <- %s(%s)\n", st.Dst, op, strings.Join(srcs, ", "))
+		}
+		if p.Sync {
+			b.WriteString("    barrier\n")
+		}
+	}
+	return b.String()
+}
+
+// ChunkElems returns the chunk size, in elements, for a collective whose
+// per-chunk natural size is perChunk elements (allreduce: ceil(N/W); the
+// other collectives: the per-rank count), rounded up to a multiple of
+// vecElems for allreduce so every chunk but the last starts 16-byte aligned.
+// Reduce-scatter and all-gather chunks are exactly the per-rank count: the
+// caller's layout fixes them.
+func ChunkElems(collective string, n, world, vecElems int) int {
+	if collective != AllReduce {
+		return n / world
+	}
+	c := (n + world - 1) / world
+	if vecElems > 1 {
+		c = (c + vecElems - 1) / vecElems * vecElems
+	}
+	return c
+}
+
+// ChunkRange returns the element range [lo, hi) of chunk i for a buffer of
+// n elements split into chunks of c elements.
+func ChunkRange(i, c, n int) (lo, hi int) {
+	lo, hi = i*c, (i+1)*c
+	if lo > n {
+		lo = n
+	}
+	if hi > n {
+		hi = n
+	}
+	return lo, hi
+}

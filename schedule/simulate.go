@@ -1,0 +1,152 @@
+package schedule
+
+import (
+	"fmt"
+)
+
+// cell is a simulated element: which input element it stems from, the set of
+// ranks whose contributions it holds, and a hash of the order in which they
+// were combined (two cells with equal hashes were reduced in the same order,
+// so real arithmetic would give bitwise-equal results).
+type cell struct {
+	elem  int    // global element index, -1 when never written
+	ranks uint64 // contributing ranks, one bit each
+	order uint64 // non-commutative hash of the reduction tree
+}
+
+func leaf(elem, rank int) cell {
+	return cell{elem: elem, ranks: 1 << uint(rank), order: mix(0x9e3779b97f4a7c15, uint64(rank)+1)}
+}
+
+func mix(h, x uint64) uint64 {
+	h ^= x + 0x9e3779b97f4a7c15 + h<<6 + h>>2
+	h *= 0xff51afd7ed558ccd
+	return h ^ h>>33
+}
+
+// Simulate executes the schedule on symbolic CPU buffers for an n-element
+// collective (n counts the full buffer: the all-reduce data, the
+// reduce-scatter input or the all-gather output) with chunks rounded to
+// vecElems, and checks the collective's result on every rank: each output
+// element comes from the right input element, holds every required
+// contribution exactly once, and (for all-reduce) was combined in the same
+// order on every rank. It also runs Validate and CheckRaces first.
+func Simulate(s *Schedule, n, vecElems int) error {
+	if err := Validate(s); err != nil {
+		return err
+	}
+	if err := CheckRaces(s); err != nil {
+		return err
+	}
+	w := s.World
+	if s.Collective != AllReduce && n%w != 0 {
+		return fmt.Errorf("%s: %d elements do not split into %d equal parts", s.Name(), n, w)
+	}
+	c := ChunkElems(s.Collective, n, w, vecElems)
+	// bufLen is how many elements each buffer holds.
+	bufLen := func(b Buffer) int {
+		if s.chunks(b) == 1 {
+			return c
+		}
+		return n
+	}
+	bufs := make([][4][]cell, w)
+	for r := range bufs {
+		for b := Input; b <= Scratch; b++ {
+			bufs[r][b] = make([]cell, bufLen(b))
+			for i := range bufs[r][b] {
+				bufs[r][b][i] = cell{elem: -1}
+			}
+		}
+		for i := range bufs[r][Input] {
+			elem := i
+			if s.InChunks == 1 {
+				elem = r*c + i
+			}
+			bufs[r][Input][i] = leaf(elem, r)
+		}
+	}
+	// span returns the element range of chunk ch in buffer b.
+	span := func(b Buffer, ch int) (int, int) {
+		if s.chunks(b) == 1 {
+			return 0, c
+		}
+		return ChunkRange(ch, c, n)
+	}
+	for pi, ph := range s.Phases {
+		for si, st := range ph.Steps {
+			for r := 0; r < w; r++ {
+				dlo, dhi := span(st.Dst.Buf, st.Dst.Chunk.Eval(r, w))
+				dst := bufs[r][st.Dst.Buf][dlo:dhi]
+				srcs := make([][]cell, len(st.Srcs))
+				for j, ref := range st.Srcs {
+					lo, hi := span(ref.Buf, ref.Chunk.Eval(r, w))
+					if hi-lo != dhi-dlo {
+						return fmt.Errorf("%s phase %d step %d rank %d: source %s has %d elements, destination %s has %d",
+							s.Name(), pi, si, r, ref, hi-lo, st.Dst, dhi-dlo)
+					}
+					srcs[j] = bufs[ref.Rank.Eval(r, w)][ref.Buf][lo:hi]
+				}
+				out := make([]cell, len(dst))
+				for i := range out {
+					acc := srcs[0][i]
+					for j := 1; j < len(srcs); j++ {
+						v := srcs[j][i]
+						if acc.elem < 0 || v.elem < 0 {
+							return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
+						}
+						if acc.elem != v.elem {
+							return fmt.Errorf("%s phase %d step %d rank %d: combines element %d with element %d", s.Name(), pi, si, r, acc.elem, v.elem)
+						}
+						if acc.ranks&v.ranks != 0 {
+							return fmt.Errorf("%s phase %d step %d rank %d: element %d counts ranks %b twice", s.Name(), pi, si, r, acc.elem, acc.ranks&v.ranks)
+						}
+						acc = cell{elem: acc.elem, ranks: acc.ranks | v.ranks, order: mix(acc.order, v.order)}
+					}
+					if acc.elem < 0 {
+						return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
+					}
+					out[i] = acc
+				}
+				// Ranks run a phase concurrently, but CheckRaces proved that no
+				// rank reads what another writes in it, so writing now is safe.
+				copy(dst, out)
+			}
+		}
+	}
+	return checkResult(s, bufs, n, c)
+}
+
+// checkResult compares every rank's output with what the collective must
+// produce.
+func checkResult(s *Schedule, bufs [][4][]cell, n, c int) error {
+	w := s.World
+	all := uint64(1)<<uint(w) - 1
+	if w == 64 {
+		all = ^uint64(0)
+	}
+	for r := 0; r < w; r++ {
+		out := bufs[r][Output]
+		for i, v := range out {
+			var wantElem int
+			var wantRanks uint64
+			switch s.Collective {
+			case AllReduce:
+				wantElem, wantRanks = i, all
+			case ReduceScatter:
+				wantElem, wantRanks = r*c+i, all
+			case AllGather:
+				wantElem, wantRanks = i, 1<<uint(i/c)
+			}
+			if v.elem != wantElem || v.ranks != wantRanks {
+				return fmt.Errorf("%s n=%d: rank %d output[%d] holds element %d from ranks %b, want element %d from ranks %b",
+					s.Name(), n, r, i, v.elem, v.ranks, wantElem, wantRanks)
+			}
+			if s.Collective == AllReduce && v.order != bufs[0][Output][i].order {
+				return fmt.Errorf("%s n=%d: rank %d reduced output[%d] in a different order than rank 0, so results could differ in the last bit",
+					s.Name(), n, r, i)
+			}
+		}
+	}
+	return nil
+}
