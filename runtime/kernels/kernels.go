@@ -1,0 +1,154 @@
+// Package kernels holds the types that a generated collectives package fills
+// in and the runtime reads: the kernel registry, argument layouts, selection
+// rules, the embedded CUDA sources and the host reduce loops. It has no logic
+// beyond lookups, so generated code and the runtime agree on one vocabulary.
+package kernels
+
+import "fmt"
+
+// Launch is a kernel's launch configuration from the spec.
+type Launch struct {
+	Threads     int // threads per block
+	MaxBlocks   int // the most blocks one launch uses
+	VectorBytes int // width of one vector load; 16 means 128-bit loads
+}
+
+// Field is one member of a kernel's by-value argument struct.
+type Field struct {
+	Name   string // C and Go member name
+	Offset int    // byte offset in the struct
+	Size   int    // bytes of one element
+	Count  int    // array length, 1 for scalars
+}
+
+// ArgLayout is the C layout of the single struct a kernel takes by value. The
+// generated CUDA source static_asserts the same offsets, and the generated Go
+// test checks its mirror struct against them.
+type ArgLayout struct {
+	CType  string // C struct name, e.g. collgen_args_w4
+	Size   int    // sizeof, a multiple of 8
+	Fields []Field
+}
+
+// Field returns the named field or panics: layouts are generated, so a
+// missing name is a programming error.
+func (l *ArgLayout) Field(name string) Field {
+	for _, f := range l.Fields {
+		if f.Name == name {
+			return f
+		}
+	}
+	panic(fmt.Sprintf("kernels: %s has no field %q", l.CType, name))
+}
+
+// Kernel describes one generated, fully specialised CUDA kernel.
+type Kernel struct {
+	Name        string // readable and stable: allreduce_oneshot_bf16_sum_w4; also the extern "C" symbol
+	Collective  string // allreduce, reduce_scatter, allgather
+	Algorithm   string // oneshot, twoshot, hcm
+	DType       string // f32, f16, bf16, e4m3, ...
+	Op          string // sum, max, min; empty for all-gather
+	World       int
+	Launch      Launch
+	Args        *ArgLayout
+	Source      string // file name of its .cu in Library.Sources
+	Barriers    int    // barriers per launch (each bumps the per-block sequence)
+	UsesScratch bool   // needs the symmetric scratch buffer
+}
+
+// Rule maps sizes up to UpTo bytes (0: no bound) to an algorithm or "nccl".
+type Rule struct {
+	UpTo int64
+	Use  string
+}
+
+// Selection is a topology's ordered size rules for one collective.
+type Selection struct {
+	Topology   string // topology name from the spec
+	Kind       string // nvlink_full, hybrid_cube_mesh, pcie_p2p, host_shm
+	Collective string
+	Worlds     []int // world sizes the topology generates for
+	Rules      []Rule
+}
+
+// Choose returns the algorithm the rules pick for a message of the given
+// size in bytes, or "nccl" when no rule covers it.
+func (s *Selection) Choose(bytes int64) string {
+	for _, r := range s.Rules {
+		if r.UpTo == 0 || bytes <= r.UpTo {
+			return r.Use
+		}
+	}
+	return "nccl"
+}
+
+// MaxCustomBytes is the largest size any rule sends to a custom algorithm
+// (not nccl); 0 when every rule is nccl or unbounded rules use a custom one.
+func (s *Selection) MaxCustomBytes() (max int64, unbounded bool) {
+	for _, r := range s.Rules {
+		if r.Use == "nccl" {
+			continue
+		}
+		if r.UpTo == 0 {
+			return 0, true
+		}
+		if r.UpTo > max {
+			max = r.UpTo
+		}
+	}
+	return max, false
+}
+
+// HostReduceFunc combines srcs elementwise into dst, in source order:
+// dst[i] = srcs[0][i] op srcs[1][i] op ... . len(dst) is a multiple of the
+// element size and every source is at least as long. dst may alias any
+// source. f16 and bf16 accumulate in f32 and round once.
+type HostReduceFunc func(dst []byte, srcs [][]byte)
+
+// HostKey names a host reduce loop.
+type HostKey struct{ DType, Op string }
+
+// Library is everything a generated package provides to the runtime.
+type Library struct {
+	Package      string
+	Kernels      []Kernel
+	Selections   []Selection
+	Sources      map[string]string // CUDA file name -> source; headers included
+	Headers      map[string]string // header name -> source, for NVRTC includes
+	HostReducers map[HostKey]HostReduceFunc
+	Manifest     string // content hashes of the specs and templates that made it
+}
+
+// Kernel returns the kernel with the given attributes.
+func (l *Library) Kernel(collective, algorithm, dtype, op string, world int) (*Kernel, bool) {
+	for i := range l.Kernels {
+		k := &l.Kernels[i]
+		if k.Collective == collective && k.Algorithm == algorithm && k.DType == dtype && k.Op == op && k.World == world {
+			return k, true
+		}
+	}
+	return nil, false
+}
+
+// Selection returns the rules of a topology kind for a collective at a world
+// size, preferring the first matching topology in spec order.
+func (l *Library) Selection(kind, collective string, world int) (*Selection, bool) {
+	for i := range l.Selections {
+		s := &l.Selections[i]
+		if s.Kind != kind || s.Collective != collective {
+			continue
+		}
+		for _, w := range s.Worlds {
+			if w == world {
+				return s, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// HostReducer returns the host reduce loop for a dtype and op.
+func (l *Library) HostReducer(dtype, op string) (HostReduceFunc, bool) {
+	f, ok := l.HostReducers[HostKey{dtype, op}]
+	return f, ok
+}
