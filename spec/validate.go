@@ -1,0 +1,800 @@
+package spec
+
+import (
+	"fmt"
+	"go/token"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/collgen/collgen/schedule"
+	"gopkg.in/yaml.v3"
+)
+
+// Field names, in documentation order.
+var (
+	topFields      = []string{"version", "package", "dtypes", "ops", "algorithms", "topologies"}
+	dtypeFields    = []string{"reduce", "copy"}
+	launchFields   = []string{"threads", "max_blocks", "vector_bytes"}
+	topologyFields = []string{"kind", "world_sizes", "link", "dtypes", "generate", "select"}
+	linkFields     = []string{"bandwidth_gbps", "latency_us"}
+	ruleFields     = []string{"upto", "use"}
+)
+
+// maxWorld bounds world sizes of topologies whose kind is unknown, so that a
+// bad range cannot make the loader expand billions of sizes.
+const maxWorld = 4096
+
+// topoSrc is a topology with the nodes later checks point at.
+type topoSrc struct {
+	t        *Topology
+	key      *yaml.Node                  // the topology's name
+	kindOK   bool                        // Kind is valid
+	genKey   map[Collective]*yaml.Node   // generate.<c> keys
+	genItems map[Collective][]*yaml.Node // generate.<c> items, parallel to t.Generate[c]
+	selKey   map[Collective]*yaml.Node   // select.<c> keys
+	rules    map[Collective][]ruleSrc    // select.<c> rules as written
+	selOrder []Collective                // select keys in file order
+	dtKey    map[string]*yaml.Node       // dtypes.reduce/copy keys if given here
+}
+
+// ruleSrc is one select rule as written.
+type ruleSrc struct {
+	node    *yaml.Node
+	upto    int64 // 0 if omitted
+	hasUpto bool
+	uptoN   *yaml.Node
+	use     string
+	useN    *yaml.Node
+	ok      bool // use was read
+}
+
+// spec reads the top-level mapping.
+func (l *loader) spec(root *yaml.Node) *Spec {
+	s := &Spec{}
+	f := l.fields(root, "the spec", "version: 1", topFields)
+
+	if v, ok := f["version"]; ok && !isNull(v.val) {
+		if n, ok := l.integer(v.val, "version", "version: 1"); ok {
+			if n != Version {
+				l.errorf(v.val, "unsupported version %d; write version: %d (the only version this collgen reads)", n, Version)
+			}
+			s.Version = Version
+		}
+	} else {
+		l.errorf(keyOr(v.key, root), "missing version; write version: %d at the top of the spec", Version)
+	}
+
+	if p, ok := f["package"]; ok && !isNull(p.val) {
+		if name, ok := l.name(p.val, "package", "package: collectives"); ok {
+			if msg := checkPackage(name); msg != "" {
+				l.errorf(p.val, "%s", msg)
+			}
+			s.Package = name
+		}
+	} else {
+		l.errorf(keyOr(p.key, root), "missing package; write package: collectives (the Go package name of the generated glue)")
+	}
+
+	s.DTypes = DTypes{
+		Reduce: []DType{F32, F16, BF16},
+		Copy:   []DType{F32, F16, BF16, E4M3, E5M2},
+	}
+	if d, ok := f["dtypes"]; ok {
+		l.dtypes(d.val, "dtypes", &s.DTypes, nil)
+	}
+
+	s.Ops = AllOps()
+	if o, ok := f["ops"]; ok && !isNull(o.val) {
+		s.Ops = l.ops(o.val)
+	}
+
+	declared := map[Collective]map[string]Launch{}
+	if a, ok := f["algorithms"]; ok {
+		declared = l.algorithms(a.val)
+	}
+
+	var topos []*topoSrc
+	if t, ok := f["topologies"]; ok && !isNull(t.val) {
+		for _, e := range l.mappingOf(t.val, "topologies", "topologies: {nvswitch: {kind: nvlink_full, ...}}") {
+			topos = append(topos, l.topology(e, s))
+		}
+		if len(topos) == 0 && resolve(t.val).Kind == yaml.MappingNode {
+			l.errorf(t.val, "no topologies; add one, e.g. topologies: {nvswitch: {kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}}")
+		}
+	} else {
+		l.errorf(keyOr(t.key, root), "missing topologies; add e.g. topologies: {nvswitch: {kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}}")
+	}
+
+	for _, ts := range topos {
+		l.crossCheck(ts, s)
+		s.Topologies = append(s.Topologies, *ts.t)
+	}
+	slices.SortFunc(s.Topologies, func(a, b Topology) int { return strings.Compare(a.Name, b.Name) })
+
+	// Algorithms: declared ones plus every generated one, with launch params.
+	for _, t := range s.Topologies {
+		for c, algs := range t.Generate {
+			for _, a := range algs {
+				if declared[c] == nil {
+					declared[c] = map[string]Launch{}
+				}
+				if _, ok := declared[c][a]; !ok {
+					declared[c][a] = DefaultLaunch()
+				}
+			}
+		}
+	}
+	for c, m := range declared {
+		for name, lp := range m {
+			s.Algorithms = append(s.Algorithms, AlgorithmSpec{Collective: c, Name: name, Launch: lp})
+		}
+	}
+	slices.SortFunc(s.Algorithms, func(a, b AlgorithmSpec) int {
+		if d := a.Collective.order() - b.Collective.order(); d != 0 {
+			return d
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return s
+}
+
+// keyOr returns k, or fallback if k is nil.
+func keyOr(k, fallback *yaml.Node) *yaml.Node {
+	if k != nil {
+		return k
+	}
+	return fallback
+}
+
+// checkPackage returns what is wrong with a Go package name, or "".
+func checkPackage(name string) string {
+	fix := func() string {
+		var b strings.Builder
+		for _, r := range strings.ToLower(name) {
+			switch {
+			case r >= 'a' && r <= 'z', r >= '0' && r <= '9' && b.Len() > 0:
+				b.WriteRune(r)
+			}
+		}
+		if b.Len() == 0 || token.IsKeyword(b.String()) {
+			return "collectives"
+		}
+		return b.String()
+	}
+	switch {
+	case name == "_" || !token.IsIdentifier(name):
+		return fmt.Sprintf("package %q is not a Go identifier; write package: %s", name, fix())
+	case strings.ToLower(name) != name:
+		return fmt.Sprintf("package %q must be lower case; write package: %s", name, fix())
+	}
+	return ""
+}
+
+// dtypes reads a `dtypes:` mapping into d, replacing each list given.
+// keys, if non-nil, receives the key node of each list given.
+func (l *loader) dtypes(n *yaml.Node, what string, d *DTypes, keys map[string]*yaml.Node) {
+	f := l.fields(n, what, "dtypes: {reduce: [f32, f16, bf16], copy: [f32, f16, bf16, e4m3, e5m2]}", dtypeFields)
+	var reduceKnown, copyKnown []string
+	for _, t := range AllDTypes() {
+		copyKnown = append(copyKnown, string(t))
+		if !t.IsFloat8() {
+			reduceKnown = append(reduceKnown, string(t))
+		}
+	}
+	for _, use := range dtypeFields {
+		fl, ok := f[use]
+		if !ok {
+			continue
+		}
+		if keys != nil {
+			keys[use] = fl.key
+		}
+		if isNull(fl.val) {
+			continue
+		}
+		list := []DType{}
+		ctx := what + "." + use
+		for _, it := range l.seqOf(fl.val, ctx, ctx[strings.LastIndex(ctx, ".")+1:]+": [f32, f16, bf16]") {
+			name, ok := l.name(it, "a dtype in "+ctx, "a dtype such as f32")
+			if !ok {
+				continue
+			}
+			dt := DType(name)
+			switch {
+			case !dt.Valid():
+				known := copyKnown
+				if use == "reduce" {
+					known = reduceKnown
+				}
+				l.errorf(it, "%s", unknownName("dtype", name, known))
+			case use == "reduce" && dt.IsFloat8():
+				l.errorf(it, "%s is fp8, and fp8 only copies (all-gather): move it from %s.reduce to %s.copy", name, what, what)
+			case !slices.Contains(list, dt):
+				list = append(list, dt)
+			}
+		}
+		if use == "reduce" {
+			d.Reduce = list
+		} else {
+			d.Copy = list
+		}
+	}
+}
+
+// ops reads the `ops:` list.
+func (l *loader) ops(n *yaml.Node) []Op {
+	out := []Op{}
+	for _, it := range l.seqOf(n, "ops", "ops: [sum, max, min]") {
+		name, ok := l.name(it, "an op in ops", "sum, max or min")
+		if !ok {
+			continue
+		}
+		op := Op(name)
+		if !slices.Contains(AllOps(), op) {
+			l.errorf(it, "%s", unknownName("op", name, strs(AllOps())))
+			continue
+		}
+		if !slices.Contains(out, op) {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// collective reads a collective name used as a key.
+func (l *loader) collective(f field) (Collective, bool) {
+	c := Collective(f.name)
+	if !slices.Contains(Collectives(), c) {
+		l.errorf(f.key, "%s", unknownName("collective", f.name, strs(Collectives())))
+		return "", false
+	}
+	return c, true
+}
+
+// knownAlgorithms returns the algorithms the schedule package has for c,
+// sorted.
+func knownAlgorithms(c Collective) []string {
+	a := slices.Clone(schedule.Algorithms(string(c)))
+	slices.Sort(a)
+	return a
+}
+
+// algorithms reads the `algorithms:` section.
+func (l *loader) algorithms(n *yaml.Node) map[Collective]map[string]Launch {
+	out := map[Collective]map[string]Launch{}
+	for _, cf := range l.mappingOf(n, "algorithms", "algorithms: {allreduce: {oneshot: {threads: 512}}}") {
+		c, ok := l.collective(cf)
+		if !ok {
+			continue
+		}
+		ctx := "algorithms." + cf.name
+		for _, af := range l.mappingOf(cf.val, ctx, cf.name+": {oneshot: {threads: 512}}") {
+			known := knownAlgorithms(c)
+			if af.name == NCCL {
+				l.errorf(af.key, "nccl is not a generated algorithm and has no launch parameters; remove it from %s (known: %s)", ctx, strings.Join(known, ", "))
+				continue
+			}
+			if !slices.Contains(known, af.name) {
+				l.errorf(af.key, "%s", unknownName(string(c)+" algorithm", af.name, known))
+				continue
+			}
+			if out[c] == nil {
+				out[c] = map[string]Launch{}
+			}
+			out[c][af.name] = l.launch(af.val, ctx+"."+af.name)
+		}
+	}
+	return out
+}
+
+// launch reads launch parameters, defaulting omitted ones.
+func (l *loader) launch(n *yaml.Node, what string) Launch {
+	lp := DefaultLaunch()
+	f := l.fields(n, what, "{threads: 512, max_blocks: 24, vector_bytes: 16}", launchFields)
+	if fl, ok := f["threads"]; ok && !isNull(fl.val) {
+		if v, ok := l.integer(fl.val, "threads", "threads: 512"); ok {
+			if v < 64 || v > 1024 || v%32 != 0 {
+				lo := min(max(v/32*32, 64), 1024)
+				hi := min(max((v+31)/32*32, 64), 1024)
+				fix := fmt.Sprintf("threads: %d", lo)
+				if hi != lo {
+					fix += fmt.Sprintf(" or threads: %d", hi)
+				}
+				l.errorf(fl.val, "threads %d must be a multiple of 32 from 64 to 1024; write %s", v, fix)
+			} else {
+				lp.Threads = int(v)
+			}
+		}
+	}
+	if fl, ok := f["max_blocks"]; ok && !isNull(fl.val) {
+		if v, ok := l.integer(fl.val, "max_blocks", "max_blocks: 24"); ok {
+			if v < 1 || v > 128 {
+				l.errorf(fl.val, "max_blocks %d must be from 1 to 128; write max_blocks: %d", v, min(max(v, 1), 128))
+			} else {
+				lp.MaxBlocks = int(v)
+			}
+		}
+	}
+	if fl, ok := f["vector_bytes"]; ok && !isNull(fl.val) {
+		if v, ok := l.integer(fl.val, "vector_bytes", "vector_bytes: 16"); ok {
+			if v != 4 && v != 8 && v != 16 {
+				fix := 16
+				if v < 6 {
+					fix = 4
+				} else if v < 12 {
+					fix = 8
+				}
+				l.errorf(fl.val, "vector_bytes %d must be 4, 8 or 16; write vector_bytes: %d", v, fix)
+			} else {
+				lp.VectorBytes = int(v)
+			}
+		}
+	}
+	return lp
+}
+
+// topoName is the pattern of topology names (they name generated code).
+var topoName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// topology reads one entry of `topologies:`.
+func (l *loader) topology(e field, s *Spec) *topoSrc {
+	t := &Topology{Name: e.name, DTypes: s.DTypes, Generate: map[Collective][]string{}, Select: map[Collective][]Rule{}}
+	ts := &topoSrc{t: t, key: e.key,
+		genKey: map[Collective]*yaml.Node{}, genItems: map[Collective][]*yaml.Node{},
+		selKey: map[Collective]*yaml.Node{}, rules: map[Collective][]ruleSrc{},
+		dtKey: map[string]*yaml.Node{}}
+	in := fmt.Sprintf("topology %q", e.name)
+	if !topoName.MatchString(e.name) {
+		fix := strings.Trim(regexp.MustCompile(`[^a-z0-9_]+`).ReplaceAllString(strings.ToLower(e.name), "_"), "_")
+		if fix == "" || fix[0] < 'a' || fix[0] > 'z' {
+			fix = "t" + fix
+		}
+		l.errorf(e.key, "topology name %q must be lower-case letters, digits and _, starting with a letter (it names generated code); write %s", e.name, fix)
+	}
+	example := "{kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}"
+	if resolve(e.val) != nil && resolve(e.val).Kind != yaml.MappingNode && !isNull(e.val) {
+		l.errorf(e.val, "%s must be a mapping, not %s; write %s: %s", in, describe(e.val), e.name, example)
+		return ts
+	}
+	f := l.fields(e.val, in, example, topologyFields)
+
+	// kind
+	if k, ok := f["kind"]; ok && !isNull(k.val) {
+		if name, ok := l.name(k.val, "kind", "kind: nvlink_full"); ok {
+			t.Kind = TopologyKind(name)
+			ts.kindOK = t.Kind.Valid()
+			if !ts.kindOK {
+				l.errorf(k.val, "%s", unknownName("topology kind", name, strs(AllKinds())))
+			}
+		}
+	} else {
+		l.errorf(keyOr(k.key, e.key), "%s has no kind; write kind: followed by one of %s", in, strings.Join(strs(AllKinds()), ", "))
+	}
+
+	// world_sizes
+	if w, ok := f["world_sizes"]; ok && !isNull(w.val) {
+		t.WorldSizes = l.worldSizes(w.val, ts)
+	} else {
+		l.errorf(keyOr(w.key, e.key), "%s has no world sizes; write world_sizes: %s", in, worldExample(t.Kind, ts.kindOK))
+	}
+
+	// link
+	if lk, ok := f["link"]; ok && !isNull(lk.val) {
+		t.Link = l.link(lk.val, in)
+	}
+
+	// dtypes
+	if d, ok := f["dtypes"]; ok {
+		l.dtypes(d.val, "dtypes of "+in, &t.DTypes, ts.dtKey)
+	}
+
+	// generate
+	if g, ok := f["generate"]; ok {
+		for _, cf := range l.mappingOf(g.val, "generate of "+in, "generate: {allreduce: [oneshot, twoshot]}") {
+			c, ok := l.collective(cf)
+			if !ok {
+				continue
+			}
+			ctx := "generate." + cf.name
+			ts.genKey[c] = cf.key
+			items := l.seqOf(cf.val, ctx+" of "+in, cf.name+": [oneshot]")
+			if len(items) == 0 {
+				l.errorf(cf.key, "%s of %s lists no algorithms; list some, e.g. %s: [%s], or remove it (NCCL then runs %s)", ctx, in, cf.name, firstOr(knownAlgorithms(c), "oneshot"), cf.name)
+				continue
+			}
+			known := knownAlgorithms(c)
+			for _, it := range items {
+				name, ok := l.name(it, "an algorithm in "+ctx, "an algorithm name such as oneshot")
+				if !ok {
+					continue
+				}
+				switch {
+				case name == NCCL:
+					l.errorf(it, "nccl is never generated, only selected: remove it from %s and use it in select.%s", ctx, cf.name)
+				case !slices.Contains(known, name):
+					l.errorf(it, "%s", unknownName(string(c)+" algorithm", name, known))
+				case slices.Contains(t.Generate[c], name):
+					l.errorf(it, "%q is listed twice in %s of %s; remove one", name, ctx, in)
+				default:
+					t.Generate[c] = append(t.Generate[c], name)
+					ts.genItems[c] = append(ts.genItems[c], it)
+				}
+			}
+		}
+	}
+	if _, ok := f["generate"]; !ok || isNull(f["generate"].val) {
+		l.errorf(keyOr(f["generate"].key, e.key), "%s generates nothing; add e.g. generate: {allreduce: [oneshot]}", in)
+	}
+
+	// select
+	if sl, ok := f["select"]; ok {
+		for _, cf := range l.mappingOf(sl.val, "select of "+in, "select: {allreduce: [{upto: 256KiB, use: oneshot}, {use: nccl}]}") {
+			c, ok := l.collective(cf)
+			if !ok {
+				continue
+			}
+			ts.selKey[c] = cf.key
+			ts.selOrder = append(ts.selOrder, c)
+			ctx := "select." + cf.name
+			items := l.seqOf(cf.val, ctx+" of "+in, cf.name+": [{upto: 256KiB, use: oneshot}, {use: nccl}]")
+			if len(items) == 0 {
+				l.errorf(cf.key, "%s of %s has no rules; add some, e.g. %s: [{upto: 256KiB, use: oneshot}, {use: nccl}], or remove it", ctx, in, cf.name)
+			}
+			for i, it := range items {
+				ts.rules[c] = append(ts.rules[c], l.rule(it, fmt.Sprintf("%s[%d] of %s", ctx, i, in)))
+			}
+		}
+	}
+	return ts
+}
+
+// firstOr returns list[0], or def if list is empty.
+func firstOr(list []string, def string) string {
+	if len(list) == 0 {
+		return def
+	}
+	return list[0]
+}
+
+// worldExample suggests a world_sizes value for kind.
+func worldExample(k TopologyKind, ok bool) string {
+	if !ok {
+		return "[2-8]"
+	}
+	lo, hi, only := schedule.KindWorldSizes(string(k))
+	if len(only) > 0 {
+		return "[" + joinInts(only) + "]"
+	}
+	if lo == hi {
+		return fmt.Sprintf("[%d]", lo)
+	}
+	return fmt.Sprintf("[%d-%d]", lo, hi)
+}
+
+// joinInts formats ints as "a, b, c".
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+// worldRange matches "lo-hi".
+var worldRange = regexp.MustCompile(`^\s*(\d{1,9})\s*-\s*(\d{1,9})\s*$`)
+
+// worldSizes reads `world_sizes:`, checking each size against the kind.
+func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
+	kind := ts.t.Kind
+	ex := worldExample(kind, ts.kindOK)
+	items := l.seqOf(n, "world_sizes", "world_sizes: "+ex)
+	if len(items) == 0 {
+		if r := resolve(n); r != nil && r.Kind == yaml.SequenceNode {
+			l.errorf(n, "world_sizes is empty; write world_sizes: %s", ex)
+		}
+		return nil
+	}
+	lo, hi, only := 1, maxWorld, []int(nil)
+	if ts.kindOK {
+		lo, hi, only = schedule.KindWorldSizes(string(kind))
+	}
+	var out []int
+	for _, it := range items {
+		r := resolve(it)
+		var a, b int64
+		switch {
+		case r != nil && r.Kind == yaml.ScalarNode && r.Tag == "!!int":
+			v, ok := l.integer(it, "a world size", "a rank count such as 8")
+			if !ok {
+				continue
+			}
+			a, b = v, v
+		case r != nil && r.Kind == yaml.ScalarNode && r.Tag == "!!str" && worldRange.MatchString(r.Value):
+			m := worldRange.FindStringSubmatch(r.Value)
+			a, _ = strconv.ParseInt(m[1], 10, 64)
+			b, _ = strconv.ParseInt(m[2], 10, 64)
+			if a > b {
+				l.errorf(it, "world size range %q runs backwards; write %d-%d", r.Value, b, a)
+				continue
+			}
+		default:
+			l.errorf(it, "a world size must be an integer or a range \"lo-hi\", not %s; write e.g. world_sizes: %s", describe(it), ex)
+			continue
+		}
+		if a < 1 {
+			l.errorf(it, "world sizes start at 1, not %d; write world_sizes: %s", a, ex)
+			continue
+		}
+		what := fmt.Sprintf("world size %d", a)
+		if a != b {
+			what = fmt.Sprintf("world sizes %d-%d", a, b)
+		}
+		if !ts.kindOK {
+			if b > maxWorld {
+				l.errorf(it, "%s: at most %d ranks are supported", what, maxWorld)
+				continue
+			}
+			for v := a; v <= b; v++ {
+				out = append(out, int(v))
+			}
+			continue
+		}
+		var bad []int
+		for v := a; v <= b; v++ {
+			ok := v >= int64(lo) && v <= int64(hi)
+			if len(only) > 0 {
+				ok = slices.Contains(only, int(v))
+			}
+			if ok {
+				out = append(out, int(v))
+			} else if len(bad) < 2 || a == b {
+				bad = append(bad, int(v))
+			}
+			if v-a > maxWorld { // b is bounded by kind limits below
+				break
+			}
+		}
+		if len(bad) > 0 {
+			var rule string
+			switch {
+			case len(only) == 1:
+				rule = fmt.Sprintf("%s has exactly %d ranks", kind, only[0])
+			case len(only) > 1:
+				rule = fmt.Sprintf("%s has %s ranks", kind, strings.Join(strings.Split(joinInts(only), ", "), " or "))
+			case lo == hi:
+				rule = fmt.Sprintf("%s has exactly %d ranks", kind, lo)
+			default:
+				rule = fmt.Sprintf("%s has %d to %d ranks", kind, lo, hi)
+			}
+			verb := "are"
+			if a == b {
+				verb = "is"
+			}
+			l.errorf(it, "%s %s not possible: %s; write world_sizes: %s", what, verb, rule, ex)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// link reads `link:` hints.
+func (l *loader) link(n *yaml.Node, in string) *Link {
+	lk := &Link{}
+	what := "link of " + in
+	f := l.fields(n, what, "link: {bandwidth_gbps: 478, latency_us: 0.74}", linkFields)
+	if fl, ok := f["bandwidth_gbps"]; ok && !isNull(fl.val) {
+		if v, ok := l.number(fl.val, "bandwidth_gbps", "bandwidth_gbps: 478"); ok {
+			if v <= 0 {
+				l.errorf(fl.val, "bandwidth_gbps must be above 0 (GB/s per direction); write e.g. bandwidth_gbps: 478, or leave it out")
+			}
+			lk.BandwidthGBps = v
+		}
+	}
+	if fl, ok := f["latency_us"]; ok && !isNull(fl.val) {
+		if v, ok := l.number(fl.val, "latency_us", "latency_us: 0.74"); ok {
+			if v < 0 {
+				l.errorf(fl.val, "latency_us must not be negative (microseconds); write e.g. latency_us: 0.74, or leave it out")
+			}
+			lk.LatencyUS = v
+		}
+	}
+	return lk
+}
+
+// rule reads one select rule.
+func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
+	rs := ruleSrc{node: n}
+	if r := resolve(n); r == nil || r.Kind != yaml.MappingNode {
+		l.errorf(n, "%s must be a mapping, not %s; write e.g. {upto: 256KiB, use: oneshot}", what, describe(n))
+		return rs
+	}
+	f := l.fields(n, what, "{upto: 256KiB, use: oneshot}", ruleFields)
+	if u, ok := f["upto"]; ok && !isNull(u.val) {
+		rs.uptoN = u.val
+		r := resolve(u.val)
+		switch {
+		case r.Kind == yaml.ScalarNode && r.Tag == "!!int":
+			if v, ok := l.integer(u.val, "upto", "upto: 256KiB"); ok {
+				if v <= 0 {
+					l.errorf(u.val, "upto must be above 0 bytes; write a size such as upto: 256KiB, or leave upto out for no upper bound")
+				} else {
+					rs.upto, rs.hasUpto = v, true
+				}
+			}
+		case r.Kind == yaml.ScalarNode && r.Tag == "!!str":
+			v, err := ParseSize(r.Value)
+			switch {
+			case err != nil:
+				l.errorf(u.val, "%v", err)
+			case v <= 0:
+				l.errorf(u.val, "upto must be above 0 bytes; write a size such as upto: 256KiB, or leave upto out for no upper bound")
+			default:
+				rs.upto, rs.hasUpto = v, true
+			}
+		default:
+			l.errorf(u.val, "upto must be a size, not %s; write e.g. upto: 256KiB or upto: 262144", describe(u.val))
+		}
+		if !rs.hasUpto {
+			rs.uptoN = nil
+			rs.hasUpto = true // keep ordering checks quiet: the error is reported
+			rs.upto = -1
+		}
+	}
+	if u, ok := f["use"]; ok && !isNull(u.val) {
+		rs.useN = u.val
+		rs.use, rs.ok = l.name(u.val, "use", "use: oneshot or use: nccl")
+	} else {
+		l.errorf(keyOr(u.key, n), "%s has no use; write use: followed by an algorithm it generates or nccl", what)
+	}
+	return rs
+}
+
+// crossCheck checks what depends on several fields of a topology (and the
+// spec): world sizes an algorithm cannot run at, select rules naming
+// algorithms not generated, the order of size ranges, fallbacks, dtypes.
+func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
+	t := ts.t
+	in := fmt.Sprintf("topology %q", t.Name)
+
+	// Can the kind run each generated algorithm at each world size?
+	if ts.kindOK && len(t.WorldSizes) > 0 {
+		for _, c := range Collectives() {
+			var runnable []string
+			for _, a := range knownAlgorithms(c) {
+				ok := true
+				for _, w := range t.WorldSizes {
+					if schedule.CanRun(string(t.Kind), string(c), a, w) != nil {
+						ok = false
+						break
+					}
+				}
+				if ok {
+					runnable = append(runnable, a)
+				}
+			}
+			for i, a := range t.Generate[c] {
+				var bad []int
+				var why error
+				for _, w := range t.WorldSizes {
+					if err := schedule.CanRun(string(t.Kind), string(c), a, w); err != nil {
+						bad = append(bad, w)
+						if why == nil {
+							why = err
+						}
+					}
+				}
+				if len(bad) == 0 {
+					continue
+				}
+				var others []string
+				for _, r := range runnable {
+					if !slices.Contains(t.Generate[c], r) {
+						others = append(others, r)
+					}
+				}
+				alt := ""
+				if len(others) > 0 {
+					alt = " (it can run: " + strings.Join(others, ", ") + ")"
+				}
+				if len(bad) == len(t.WorldSizes) {
+					l.errorf(ts.genItems[c][i], "%s (%s) cannot run %s %q: %v; remove it from generate.%s%s", in, t.Kind, c, a, why, c, alt)
+				} else {
+					l.errorf(ts.genItems[c][i], "%s (%s) cannot run %s %q at world sizes %s: %v; remove those from world_sizes, or remove %q from generate.%s", in, t.Kind, c, a, joinInts(bad), why, a, c)
+				}
+			}
+		}
+	}
+
+	// dtypes and ops for what is generated.
+	for _, c := range Collectives() {
+		gk, ok := ts.genKey[c]
+		if !ok || len(t.Generate[c]) == 0 {
+			continue
+		}
+		if c.Reduces() {
+			if len(t.DTypes.Reduce) == 0 {
+				l.errorf(gk, "%s generates %s but has no reduce dtypes; list some in dtypes.reduce, e.g. reduce: [f32, f16, bf16]", in, c)
+			}
+			if len(s.Ops) == 0 {
+				l.errorf(gk, "%s generates %s but ops is empty; write ops: [sum, max, min]", in, c)
+			}
+		} else if len(t.DTypes.Copy) == 0 {
+			l.errorf(gk, "%s generates %s but has no copy dtypes; list some in dtypes.copy, e.g. copy: [f32, f16, bf16]", in, c)
+		}
+	}
+
+	// Select rules.
+	gpu := t.Kind.IsGPU() || !ts.kindOK
+	for _, c := range ts.selOrder {
+		rules := ts.rules[c]
+		gen := t.Generate[c]
+		choices := slices.Clone(gen)
+		if gpu {
+			choices = append(choices, NCCL)
+		}
+		var out []Rule
+		prevUpto, prevIdx := int64(0), -1
+		for i, r := range rules {
+			name := fmt.Sprintf("select.%s[%d]", c, i)
+			if r.ok {
+				switch {
+				case r.use == NCCL && !gpu:
+					l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
+				case r.use == NCCL || slices.Contains(gen, r.use):
+				case !slices.Contains(knownAlgorithms(c), r.use):
+					known := knownAlgorithms(c)
+					if gpu {
+						known = append(known, NCCL)
+					}
+					l.errorf(r.useN, "%s: %s", name, unknownName(string(c)+" algorithm", r.use, known))
+				default:
+					l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
+				}
+			}
+			if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode {
+				l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
+			}
+			if r.hasUpto && r.upto > 0 {
+				if prevIdx >= 0 && r.upto <= prevUpto {
+					l.errorf(r.uptoN, "%s upto %s is not above select.%s[%d]'s upto %s; size ranges must be strictly increasing: reorder the rules or raise this upto above %s", name, FormatSize(r.upto), c, prevIdx, FormatSize(prevUpto), FormatSize(prevUpto))
+				} else {
+					prevUpto, prevIdx = r.upto, i
+				}
+			}
+			upto := r.upto
+			if !r.hasUpto || upto < 0 {
+				upto = 0
+			}
+			out = append(out, Rule{UpTo: upto, Use: r.use})
+		}
+		if len(out) > 0 && out[len(out)-1].UpTo != 0 {
+			if gpu {
+				out = append(out, Rule{Use: NCCL})
+			} else {
+				last := rules[len(rules)-1]
+				l.errorf(last.node, "the last rule of select.%s bounds the size, but %s is %s and has no NCCL to fall back on; leave upto out of the last rule", c, in, t.Kind)
+			}
+		}
+		t.Select[c] = out
+	}
+	if ts.kindOK && !gpu {
+		for _, c := range Collectives() {
+			if len(t.Generate[c]) > 0 && len(ts.rules[c]) == 0 {
+				if _, given := ts.selKey[c]; given {
+					continue // reported as empty already
+				}
+				l.errorf(ts.genKey[c], "%s is %s, which has no NCCL to fall back on, so generate.%s needs select rules; add select: {%s: [{use: %s}]}", in, t.Kind, c, c, t.Generate[c][0])
+			}
+		}
+	}
+}
+
+// orNone joins names, or says "(none)".
+func orNone(v []string) string {
+	if len(v) == 0 {
+		return "(none: add an algorithm to generate first)"
+	}
+	return strings.Join(v, ", ")
+}
