@@ -89,8 +89,8 @@ func CanRun(kind, collective, algorithm string, world int) error {
 	return CheckLinks(s, topo)
 }
 
-// stageAll copies every chunk of the input into this rank's stage buffer,
-// skipping chunk `skip` (relative to rank) when skipSelf is set.
+// stageCopies copies every chunk of the input into this rank's stage buffer,
+// skipping the rank's own chunk when skipSelf is set (peers never read it).
 func stageCopies(w int, skipSelf bool) []Step {
 	var steps []Step
 	for k := 0; k < w; k++ {
@@ -125,12 +125,14 @@ func allReduceOneShot(w int) (*Schedule, error) {
 }
 
 // allReduceTwoShot: reduce-scatter (rank r reduces chunk r from every rank
-// into its own stage) then all-gather (every rank copies each reduced chunk
-// from its owner). Each chunk is reduced once, so results agree everywhere.
+// into its own scratch) then all-gather (every rank copies each reduced chunk
+// from its owner's scratch). Each chunk is reduced once, so results agree
+// everywhere. The stage buffer is only ever written by the copy-in, so a
+// caller may pass a stage buffer as input (zero-copy) and keep its data.
 func allReduceTwoShot(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllReduce, Algorithm: TwoShot, World: w, InChunks: w, OutChunks: w}
+	s := &Schedule{Collective: AllReduce, Algorithm: TwoShot, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
-	red := Step{Kind: Reduce, Dst: Ref{Buf: Stage, Rank: Self, Chunk: Self}}
+	red := Step{Kind: Reduce, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: Self}}
 	for k := 0; k < w; k++ {
 		if k == 0 {
 			red.Srcs = append(red.Srcs, Ref{Buf: Input, Rank: Self, Chunk: Self})
@@ -143,7 +145,7 @@ func allReduceTwoShot(w int) (*Schedule, error) {
 	for k := 0; k < w; k++ {
 		gather = append(gather, Step{Kind: Copy,
 			Dst:  Ref{Buf: Output, Rank: Self, Chunk: Rel(k)},
-			Srcs: []Ref{{Buf: Stage, Rank: Rel(k), Chunk: Rel(k)}}})
+			Srcs: []Ref{{Buf: Scratch, Rank: Rel(k), Chunk: Rel(k)}}})
 	}
 	s.Phases = append(s.Phases, Phase{Steps: gather, Sync: true})
 	return s, nil
