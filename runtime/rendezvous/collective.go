@@ -1,0 +1,168 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrDuplicateRank is returned (wrapped) by Join when another process has
+// already joined the group with the same rank.
+var ErrDuplicateRank = errors.New("rendezvous: duplicate rank")
+
+// ErrWorldSizeMismatch is returned (wrapped) by Join when ranks disagree on
+// the group's world size.
+var ErrWorldSizeMismatch = errors.New("rendezvous: world size mismatch")
+
+// Store keys used by the collectives. Every rank keeps its own generation
+// counter per name, so the n-th call of Barrier/AllGather by each rank meets
+// the n-th call of every other rank without any local state.
+const (
+	joinPrefix      = "collgen/join/"
+	barrierPrefix   = "collgen/barrier/"
+	allGatherPrefix = "collgen/allgather/"
+)
+
+func checkRank(rank, world int) error {
+	if world < 1 {
+		return fmt.Errorf("rendezvous: world size %d: want at least 1", world)
+	}
+	if rank < 0 || rank >= world {
+		return fmt.Errorf("rendezvous: rank %d is out of range for world size %d (want 0..%d)", rank, world, world-1)
+	}
+	return nil
+}
+
+// Join registers rank in group and waits until all world ranks have joined.
+// It refuses a rank that already joined (ErrDuplicateRank) and a world size
+// different from the one the first rank registered (ErrWorldSizeMismatch,
+// naming both sizes). On timeout it returns a *MissingRanksError. A group
+// name is joined once; use a fresh name (e.g. with a run id) to re-form it.
+func Join(ctx context.Context, s Store, group string, rank, world int) error {
+	if err := checkRank(rank, world); err != nil {
+		return err
+	}
+	ctx, cancel := withDefault(ctx, DefaultTimeout)
+	defer cancel()
+	after := waitBudget(ctx)
+	prefix := joinPrefix + group + "/"
+	ws := []byte(strconv.Itoa(world))
+	cur, swapped, err := s.CompareAndSet(ctx, prefix+"world", nil, ws)
+	if err != nil {
+		return fmt.Errorf("rendezvous: join group %q: %w", group, err)
+	}
+	if !swapped && string(cur) != string(ws) {
+		return fmt.Errorf("%w: group %q: rank %d has world size %d but the group was formed with world size %s; start every rank with the same world size",
+			ErrWorldSizeMismatch, group, rank, world, cur)
+	}
+	var tok [8]byte
+	rand.Read(tok[:])
+	keys := rankKeys(prefix+"rank/", world)
+	_, swapped, err = s.CompareAndSet(ctx, keys[rank], nil, []byte(hex.EncodeToString(tok[:])))
+	if err != nil {
+		return fmt.Errorf("rendezvous: join group %q: %w", group, err)
+	}
+	if !swapped {
+		return fmt.Errorf("%w: group %q: rank %d has already joined; give each process its own rank", ErrDuplicateRank, group, rank)
+	}
+	return waitRanks(ctx, s, keys, after)
+}
+
+// Barrier returns once all world ranks have called it with the same name
+// (for the same number of times). It may be called any number of times with
+// one name. On timeout it returns a *MissingRanksError naming the ranks that
+// had not arrived.
+func Barrier(ctx context.Context, s Store, name string, rank, world int) error {
+	_, err := gather(ctx, s, barrierPrefix+name+"/", rank, world, nil, false)
+	return err
+}
+
+// AllGather contributes blob from rank and returns every rank's blob,
+// indexed by rank. Like Barrier it is reusable with one name and names the
+// missing ranks on timeout.
+func AllGather(ctx context.Context, s Store, name string, rank, world int, blob []byte) ([][]byte, error) {
+	return gather(ctx, s, allGatherPrefix+name+"/", rank, world, blob, true)
+}
+
+// gather is the generation-counted exchange behind Barrier and AllGather.
+// Generation g of rank r lives at prefix+"g/r". When generation g completes,
+// every rank has finished generation g-1 (it could not have published g
+// otherwise), so rank r deletes its own g-1 entry: a name holds at most two
+// generations.
+func gather(ctx context.Context, s Store, prefix string, rank, world int, blob []byte, fetch bool) ([][]byte, error) {
+	if err := checkRank(rank, world); err != nil {
+		return nil, err
+	}
+	ctx, cancel := withDefault(ctx, DefaultTimeout)
+	defer cancel()
+	after := waitBudget(ctx)
+	g, err := s.Add(ctx, prefix+"gen/"+strconv.Itoa(rank), 1)
+	if err != nil {
+		return nil, err
+	}
+	keys := rankKeys(prefix+strconv.FormatInt(g, 10)+"/", world)
+	if blob == nil {
+		blob = []byte{}
+	}
+	if err := s.Set(ctx, keys[rank], blob); err != nil {
+		return nil, err
+	}
+	if err := waitRanks(ctx, s, keys, after); err != nil {
+		return nil, err
+	}
+	var out [][]byte
+	if fetch {
+		out = make([][]byte, world)
+		for i, k := range keys {
+			if out[i], err = s.Get(ctx, k); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if g > 1 {
+		// Best effort: a leftover key only costs memory.
+		s.Delete(ctx, prefix+strconv.FormatInt(g-1, 10)+"/"+strconv.Itoa(rank))
+	}
+	return out, nil
+}
+
+// rankKeys returns prefix+"0" … prefix+"world-1".
+func rankKeys(prefix string, world int) []string {
+	keys := make([]string, world)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// waitBudget is the time left before ctx's deadline, which MissingRanksError
+// reports as how long the ranks were waited for.
+func waitBudget(ctx context.Context) time.Duration {
+	dl, _ := ctx.Deadline()
+	return time.Until(dl)
+}
+
+// waitRanks waits for keys[r] of every rank r, turning a WaitError into a
+// MissingRanksError.
+func waitRanks(ctx context.Context, s Store, keys []string, after time.Duration) error {
+	err := s.Wait(ctx, keys...)
+	var we *WaitError
+	if !errors.As(err, &we) {
+		return err
+	}
+	e := &MissingRanksError{World: len(keys), After: after}
+	for _, k := range we.Missing {
+		r, err := strconv.Atoi(k[strings.LastIndexByte(k, '/')+1:])
+		if err != nil {
+			return we
+		}
+		e.Missing = append(e.Missing, r)
+	}
+	e.Joined = e.World - len(e.Missing)
+	return e
+}

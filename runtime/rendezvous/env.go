@@ -1,0 +1,187 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Environment variables set by `collgen run` for every rank.
+const (
+	RankEnv      = "COLLGEN_RANK"
+	WorldSizeEnv = "COLLGEN_WORLD_SIZE"
+	LocalRankEnv = "COLLGEN_LOCAL_RANK"
+	StoreEnv     = "COLLGEN_STORE"
+)
+
+// Env is where a rank sits in its group and where the group's store is.
+type Env struct {
+	Rank, WorldSize, LocalRank int
+	// Store is the store address: "tcp://host:port" or "file:///path".
+	Store string
+	// Source is "collgen" when the COLLGEN_* variables were used and
+	// "torchrun" for the RANK/WORLD_SIZE/MASTER_* fallback.
+	Source string
+	// HostStore is true when this rank must serve the store itself: rank 0
+	// under the torchrun fallback, where no collgen store is running.
+	HostStore bool
+}
+
+// ReadEnv reads the rank environment: COLLGEN_RANK, COLLGEN_WORLD_SIZE,
+// COLLGEN_STORE and optionally COLLGEN_LOCAL_RANK (default: the rank); or,
+// when no COLLGEN_* variable is set, torchrun's RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Under torchrun (TORCHELASTIC_RUN_ID
+// set) MASTER_PORT belongs to torch's own store, so rank 0 serves the collgen
+// store on MASTER_PORT+1 instead.
+func ReadEnv() (Env, error) { return readEnv(os.LookupEnv) }
+
+func readEnv(lookup func(string) (string, bool)) (Env, error) {
+	has := func(k string) bool { _, ok := lookup(k); return ok }
+	if has(RankEnv) || has(WorldSizeEnv) || has(StoreEnv) || has(LocalRankEnv) {
+		return readCollgenEnv(lookup)
+	}
+	if has("RANK") || has("WORLD_SIZE") {
+		return readTorchrunEnv(lookup)
+	}
+	return Env{}, errors.New("rendezvous: no rank environment: set COLLGEN_RANK, COLLGEN_WORLD_SIZE and COLLGEN_STORE " +
+		"(`collgen run -n N -- prog` does this) or torchrun's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
+}
+
+// intVar reads a required (or, with def >= 0, optional) non-negative integer.
+func intVar(lookup func(string) (string, bool), name string, def int) (int, error) {
+	v, ok := lookup(name)
+	if !ok || v == "" {
+		if def >= 0 {
+			return def, nil
+		}
+		return 0, fmt.Errorf("rendezvous: %s is not set", name)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("rendezvous: %s=%q: want a non-negative integer", name, v)
+	}
+	return n, nil
+}
+
+func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
+	e := Env{Source: "collgen"}
+	var err error
+	if e.Rank, err = intVar(lookup, RankEnv, -1); err != nil {
+		return Env{}, err
+	}
+	if e.WorldSize, err = intVar(lookup, WorldSizeEnv, -1); err != nil {
+		return Env{}, err
+	}
+	if e.LocalRank, err = intVar(lookup, LocalRankEnv, e.Rank); err != nil {
+		return Env{}, err
+	}
+	e.Store, _ = lookup(StoreEnv)
+	if e.Store == "" {
+		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port or file:///path)", StoreEnv)
+	}
+	if _, _, err := parseStoreAddr(e.Store); err != nil {
+		return Env{}, err
+	}
+	return e, checkRank(e.Rank, e.WorldSize)
+}
+
+func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
+	e := Env{Source: "torchrun"}
+	var err error
+	if e.Rank, err = intVar(lookup, "RANK", -1); err != nil {
+		return Env{}, err
+	}
+	if e.WorldSize, err = intVar(lookup, "WORLD_SIZE", -1); err != nil {
+		return Env{}, err
+	}
+	if e.LocalRank, err = intVar(lookup, "LOCAL_RANK", e.Rank); err != nil {
+		return Env{}, err
+	}
+	host, _ := lookup("MASTER_ADDR")
+	if host == "" {
+		return Env{}, errors.New("rendezvous: RANK is set but MASTER_ADDR is not; set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port")
+	}
+	port, err := intVar(lookup, "MASTER_PORT", -1)
+	if err != nil {
+		return Env{}, err
+	}
+	if _, ok := lookup("TORCHELASTIC_RUN_ID"); ok {
+		port++ // torchrun's agent serves its own TCPStore on MASTER_PORT
+	}
+	e.Store = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
+	e.HostStore = e.Rank == 0
+	return e, checkRank(e.Rank, e.WorldSize)
+}
+
+// parseStoreAddr splits a store address into its scheme ("tcp" or "file")
+// and the rest (host:port, or a path). A bare host:port means tcp.
+func parseStoreAddr(addr string) (scheme, rest string, err error) {
+	switch {
+	case strings.HasPrefix(addr, "tcp://"):
+		scheme, rest = "tcp", strings.TrimPrefix(addr, "tcp://")
+	case strings.HasPrefix(addr, "file://"):
+		scheme, rest = "file", strings.TrimPrefix(addr, "file://")
+		if rest == "" || !strings.HasPrefix(rest, "/") {
+			return "", "", fmt.Errorf("rendezvous: store address %q: want file:///absolute/path", addr)
+		}
+		return scheme, rest, nil
+	case !strings.Contains(addr, "://"):
+		scheme, rest = "tcp", addr
+	default:
+		return "", "", fmt.Errorf("rendezvous: store address %q: want tcp://host:port or file:///path", addr)
+	}
+	if _, _, err := net.SplitHostPort(rest); err != nil {
+		return "", "", fmt.Errorf("rendezvous: store address %q: %w (want tcp://host:port)", addr, err)
+	}
+	return scheme, rest, nil
+}
+
+// Open connects to the store at addr: "tcp://host:port" (or bare
+// "host:port") dials a TCP server with the secret from $COLLGEN_STORE_SECRET;
+// "file:///path" opens a file store in that directory.
+func Open(ctx context.Context, addr string) (Store, error) {
+	scheme, rest, err := parseStoreAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if scheme == "file" {
+		return NewFileStore(rest)
+	}
+	return DialTCP(ctx, rest, ClientOptions{})
+}
+
+// FromEnv reads the rank environment (see ReadEnv) and opens its store. When
+// env.HostStore is set this rank also serves the store, and closing the
+// returned Store stops that server too. Callers usually Join next.
+func FromEnv(ctx context.Context) (Env, Store, error) {
+	e, err := ReadEnv()
+	if err != nil {
+		return Env{}, nil, err
+	}
+	if !e.HostStore {
+		s, err := Open(ctx, e.Store)
+		return e, s, err
+	}
+	srv, err := NewTCPServer(e.Store, ServerOptions{})
+	if err != nil {
+		return Env{}, nil, fmt.Errorf("rendezvous: rank 0 serving the store: %w", err)
+	}
+	s, err := DialTCP(ctx, srv.Addr(), ClientOptions{})
+	if err != nil {
+		srv.Close()
+		return Env{}, nil, err
+	}
+	return e, &hostedStore{Store: s, srv: srv}, nil
+}
+
+// hostedStore is a client that also owns the server it talks to.
+type hostedStore struct {
+	Store
+	srv *Server
+}
+
+func (h *hostedStore) Close() error { return errors.Join(h.Store.Close(), h.srv.Close()) }

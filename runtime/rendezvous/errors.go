@@ -1,0 +1,82 @@
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultTimeout bounds every wait whose ctx has no deadline.
+const DefaultTimeout = 5 * time.Minute
+
+// withDefault returns ctx, or ctx bounded by d when ctx has no deadline.
+func withDefault(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	if d <= 0 {
+		d = DefaultTimeout
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+// WaitError is returned by Store.Wait and Store.Get when the deadline passes
+// before every key exists. It wraps ErrTimeout.
+type WaitError struct {
+	// Missing lists the keys that did not exist at the deadline, in the
+	// order they were asked for.
+	Missing []string
+}
+
+func (e *WaitError) Error() string {
+	q := make([]string, len(e.Missing))
+	for i, k := range e.Missing {
+		q[i] = strconv.Quote(k)
+	}
+	noun := "key"
+	if len(q) > 1 {
+		noun = "keys"
+	}
+	return fmt.Sprintf("rendezvous: timeout waiting for %s %s", noun, strings.Join(q, ", "))
+}
+
+// Unwrap makes errors.Is(err, ErrTimeout) true.
+func (e *WaitError) Unwrap() error { return ErrTimeout }
+
+// MissingRanksError is returned by Join, Barrier and AllGather when the
+// deadline passes before every rank arrives. It wraps ErrTimeout and reads
+// "rendezvous: 3/4 ranks joined after 30s; missing rank 2".
+type MissingRanksError struct {
+	Joined, World int
+	// After is how long the caller waited (the ctx timeout it was given).
+	After time.Duration
+	// Missing holds the ranks that had not arrived, ascending.
+	Missing []int
+}
+
+func (e *MissingRanksError) Error() string {
+	s := make([]string, len(e.Missing))
+	for i, r := range e.Missing {
+		s[i] = strconv.Itoa(r)
+	}
+	noun := "rank"
+	if len(s) > 1 {
+		noun = "ranks"
+	}
+	return fmt.Sprintf("rendezvous: %d/%d ranks joined after %v; missing %s %s",
+		e.Joined, e.World, roundWait(e.After), noun, strings.Join(s, ", "))
+}
+
+// Unwrap makes errors.Is(err, ErrTimeout) true.
+func (e *MissingRanksError) Unwrap() error { return ErrTimeout }
+
+// roundWait rounds a wait to what a person would have configured: whole
+// milliseconds below a second, tenths of a second above.
+func roundWait(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
+}

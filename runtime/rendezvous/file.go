@@ -1,0 +1,243 @@
+package rendezvous
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// fileStore keeps one file per key in a directory on a filesystem every rank
+// can see. Readers never lock: writers publish values with an atomic rename,
+// so a reader sees a whole old value or a whole new one. Writers (Set, Add,
+// CompareAndSet, Delete) hold an exclusive flock on dir/.lock so that
+// read-modify-write ops are atomic across processes.
+type fileStore struct {
+	dir     string
+	mu      sync.Mutex // serialises this process's writers; flock is per open file
+	lock    *os.File
+	closed  bool
+	timeout time.Duration
+}
+
+// File names: "k." + base64url(key) keeps names reversible for debugging;
+// keys too long for a file name fall back to "h." + sha256(key).
+const maxEncodedKey = 200
+
+// filePollMin and filePollMax bound the polling interval of a file store
+// wait; it backs off from the first to the second.
+const (
+	filePollMin = 2 * time.Millisecond
+	filePollMax = 50 * time.Millisecond
+)
+
+// NewFileStore returns a Store kept in dir (created if missing), for ranks
+// that share a filesystem but no network. Values are published with atomic
+// renames and Add/CompareAndSet/Delete hold an flock on dir/.lock, so the
+// store is safe across processes as long as the filesystem honours flock
+// (local filesystems and NFSv4 do). The store never deletes dir.
+func NewFileStore(dir string) (Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("rendezvous: file store: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: file store: %w", err)
+	}
+	return &fileStore{dir: dir, lock: lock, timeout: DefaultTimeout}, nil
+}
+
+func (f *fileStore) path(key string) string {
+	enc := base64.RawURLEncoding.EncodeToString([]byte(key))
+	if len(enc) <= maxEncodedKey {
+		return filepath.Join(f.dir, "k."+enc)
+	}
+	sum := sha256.Sum256([]byte(key))
+	return filepath.Join(f.dir, "h."+hex.EncodeToString(sum[:]))
+}
+
+// locked runs fn holding both the in-process mutex and the cross-process
+// flock.
+func (f *fileStore) locked(fn func() error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return ErrClosed
+	}
+	if err := flock(f.lock); err != nil {
+		return fmt.Errorf("rendezvous: file store: lock %s: %w", f.lock.Name(), err)
+	}
+	defer funlock(f.lock)
+	return fn()
+}
+
+// write publishes value under key with an atomic rename.
+func (f *fileStore) write(key string, value []byte) error {
+	tmp, err := os.CreateTemp(f.dir, ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("rendezvous: file store: %w", err)
+	}
+	_, werr := tmp.Write(value)
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("rendezvous: file store: write %q: %w", key, err)
+	}
+	if err := os.Rename(tmp.Name(), f.path(key)); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("rendezvous: file store: write %q: %w", key, err)
+	}
+	return nil
+}
+
+// read returns key's value, or nil (not an error) if it is absent.
+func (f *fileStore) read(key string) ([]byte, error) {
+	v, err := os.ReadFile(f.path(key))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: file store: read %q: %w", key, err)
+	}
+	return present(v), nil
+}
+
+func (f *fileStore) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
+func (f *fileStore) Set(ctx context.Context, key string, value []byte) error {
+	return f.locked(func() error { return f.write(key, value) })
+}
+
+func (f *fileStore) Get(ctx context.Context, key string) ([]byte, error) {
+	var v []byte
+	err := f.poll(ctx, []string{key}, func() ([]string, error) {
+		var err error
+		v, err = f.read(key)
+		if err != nil || v != nil {
+			return nil, err
+		}
+		return []string{key}, nil
+	})
+	return v, err
+}
+
+func (f *fileStore) Wait(ctx context.Context, keys ...string) error {
+	return f.poll(ctx, keys, func() ([]string, error) {
+		var missing []string
+		for _, k := range keys {
+			_, err := os.Stat(f.path(k))
+			if errors.Is(err, fs.ErrNotExist) {
+				missing = append(missing, k)
+			} else if err != nil {
+				return nil, fmt.Errorf("rendezvous: file store: %w", err)
+			}
+		}
+		return missing, nil
+	})
+}
+
+// poll calls check, backing off, until it reports nothing missing, fails, or
+// the deadline passes.
+func (f *fileStore) poll(ctx context.Context, keys []string, check func() ([]string, error)) error {
+	ctx, cancel := withDefault(ctx, f.timeout)
+	defer cancel()
+	delay := filePollMin
+	for {
+		if f.isClosed() {
+			return ErrClosed
+		}
+		missing, err := check()
+		if err != nil || len(missing) == 0 {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			if missing, err := check(); err != nil || len(missing) == 0 {
+				return err
+			} else if ctx.Err() == context.Canceled {
+				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctx.Err())
+			} else {
+				return &WaitError{Missing: missing}
+			}
+		}
+		delay = min(delay*2, filePollMax)
+	}
+}
+
+func (f *fileStore) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	var n int64
+	err := f.locked(func() error {
+		v, err := f.read(key)
+		if err != nil {
+			return err
+		}
+		if n, err = parseCounter(key, v); err != nil {
+			return err
+		}
+		n += delta
+		return f.write(key, strconv.AppendInt(nil, n, 10))
+	})
+	return n, err
+}
+
+func (f *fileStore) CompareAndSet(ctx context.Context, key string, old, new []byte) ([]byte, bool, error) {
+	var cur []byte
+	var swapped bool
+	err := f.locked(func() error {
+		var err error
+		if cur, err = f.read(key); err != nil {
+			return err
+		}
+		if (old == nil) != (cur == nil) || (old != nil && !bytes.Equal(cur, old)) {
+			return nil
+		}
+		if err := f.write(key, new); err != nil {
+			return err
+		}
+		cur, swapped = present(new), true
+		return nil
+	})
+	return cur, swapped, err
+}
+
+func (f *fileStore) Delete(ctx context.Context, key string) (bool, error) {
+	var existed bool
+	err := f.locked(func() error {
+		err := os.Remove(f.path(key))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("rendezvous: file store: delete %q: %w", key, err)
+		}
+		existed = true
+		return nil
+	})
+	return existed, err
+}
+
+func (f *fileStore) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	return f.lock.Close()
+}
