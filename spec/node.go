@@ -119,12 +119,17 @@ func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
 }
 
 // fields reads a mapping with a fixed set of field names, reporting unknown
-// fields with a suggestion. It returns the fields present, by name.
+// fields with a suggestion. It returns the fields present, by name; an
+// unknown field that looks like a typo of a known one is also recorded under
+// "?"+known, so that checks for missing fields can stay quiet about it.
 func (l *loader) fields(n *yaml.Node, what, example string, known []string) map[string]field {
 	out := map[string]field{}
 	for _, f := range l.mappingOf(n, what, example) {
 		if !containsStr(known, f.name) {
 			hint := didYouMean(f.name, known)
+			if sg := suggest(f.name, known); sg != "" {
+				out["?"+sg] = f
+			}
 			if hint == "" {
 				hint = "; known fields: " + strings.Join(known, ", ")
 			}
@@ -196,6 +201,14 @@ func (l *loader) number(n *yaml.Node, what, example string) (float64, bool) {
 		return 0, false
 	}
 	return v, true
+}
+
+// reportMissing reports whether a missing field should be reported: not
+// when an unknown field in the same mapping looks like a typo of it (that
+// error already says what to write).
+func reportMissing(f map[string]field, name string) bool {
+	_, typo := f["?"+name]
+	return !typo
 }
 
 // containsStr reports whether list holds s.

@@ -35,11 +35,23 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q: want bytes as an integer or an integer with a unit (%s), e.g. 256KiB", s, sizeUnitNames)
 	}
 	if strings.HasPrefix(unit, ".") {
-		return 0, fmt.Errorf("bad size %q: sizes are whole numbers; use a smaller unit, e.g. 1536KiB for 1.5MiB", s)
+		j := 1
+		for j < len(unit) && unit[j] >= '0' && unit[j] <= '9' {
+			j++
+		}
+		hint := "1536KiB for 1.5MiB"
+		f, err := strconv.ParseFloat(num+unit[:j], 64)
+		u := strings.TrimPrefix(unit[j:], " ")
+		for _, su := range sizeUnits {
+			if err == nil && u == su.name && f*float64(su.mult) < 1<<62 && f*float64(su.mult) == math.Trunc(f*float64(su.mult)) {
+				hint = FormatSize(int64(f*float64(su.mult))) + " for " + t
+			}
+		}
+		return 0, fmt.Errorf("bad size %q: sizes are whole numbers; use a smaller unit, e.g. %s", s, hint)
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("size %q is too large", s)
+		return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
 	}
 	mult := int64(0)
 	for _, u := range sizeUnits {
@@ -62,7 +74,7 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q: unknown unit %q%s (units: %s)", s, unit, hint, sizeUnitNames)
 	}
 	if n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size %q is too large", s)
+		return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
 	}
 	return n * mult, nil
 }

@@ -62,7 +62,7 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 			}
 			s.Version = Version
 		}
-	} else {
+	} else if reportMissing(f, "version") {
 		l.errorf(keyOr(v.key, root), "missing version; write version: %d at the top of the spec", Version)
 	}
 
@@ -73,7 +73,7 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 			}
 			s.Package = name
 		}
-	} else {
+	} else if reportMissing(f, "package") {
 		l.errorf(keyOr(p.key, root), "missing package; write package: collectives (the Go package name of the generated glue)")
 	}
 
@@ -82,7 +82,7 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		Copy:   []DType{F32, F16, BF16, E4M3, E5M2},
 	}
 	if d, ok := f["dtypes"]; ok {
-		l.dtypes(d.val, "dtypes", &s.DTypes, nil)
+		l.dtypes(d.val, "", &s.DTypes, nil)
 	}
 
 	s.Ops = AllOps()
@@ -103,7 +103,7 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		if len(topos) == 0 && resolve(t.val).Kind == yaml.MappingNode {
 			l.errorf(t.val, "no topologies; add one, e.g. topologies: {nvswitch: {kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}}")
 		}
-	} else {
+	} else if reportMissing(f, "topologies") {
 		l.errorf(keyOr(t.key, root), "missing topologies; add e.g. topologies: {nvswitch: {kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}}")
 	}
 
@@ -172,9 +172,11 @@ func checkPackage(name string) string {
 	return ""
 }
 
-// dtypes reads a `dtypes:` mapping into d, replacing each list given.
-// keys, if non-nil, receives the key node of each list given.
-func (l *loader) dtypes(n *yaml.Node, what string, d *DTypes, keys map[string]*yaml.Node) {
+// dtypes reads a `dtypes:` mapping into d, replacing each list given. of is
+// "" at the top level, else ` of topology "x"`. keys, if non-nil, receives
+// the key node of each list given.
+func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes, keys map[string]*yaml.Node) {
+	what := "dtypes" + of
 	f := l.fields(n, what, "dtypes: {reduce: [f32, f16, bf16], copy: [f32, f16, bf16, e4m3, e5m2]}", dtypeFields)
 	var reduceKnown, copyKnown []string
 	for _, t := range AllDTypes() {
@@ -195,8 +197,8 @@ func (l *loader) dtypes(n *yaml.Node, what string, d *DTypes, keys map[string]*y
 			continue
 		}
 		list := []DType{}
-		ctx := what + "." + use
-		for _, it := range l.seqOf(fl.val, ctx, ctx[strings.LastIndex(ctx, ".")+1:]+": [f32, f16, bf16]") {
+		ctx := "dtypes." + use + of
+		for _, it := range l.seqOf(fl.val, ctx, use+": [f32, f16, bf16]") {
 			name, ok := l.name(it, "a dtype in "+ctx, "a dtype such as f32")
 			if !ok {
 				continue
@@ -210,7 +212,7 @@ func (l *loader) dtypes(n *yaml.Node, what string, d *DTypes, keys map[string]*y
 				}
 				l.errorf(it, "%s", unknownName("dtype", name, known))
 			case use == "reduce" && dt.IsFloat8():
-				l.errorf(it, "%s is fp8, and fp8 only copies (all-gather): move it from %s.reduce to %s.copy", name, what, what)
+				l.errorf(it, "%s is fp8, and fp8 only copies (all-gather): move it from dtypes.reduce to dtypes.copy%s", name, of)
 			case !slices.Contains(list, dt):
 				list = append(list, dt)
 			}
@@ -277,7 +279,7 @@ func (l *loader) algorithms(n *yaml.Node) map[Collective]map[string]Launch {
 				continue
 			}
 			if !slices.Contains(known, af.name) {
-				l.errorf(af.key, "%s", unknownName(string(c)+" algorithm", af.name, known))
+				l.errorf(af.key, "%s", unknownName("algorithm", af.name, known))
 				continue
 			}
 			if out[c] == nil {
@@ -369,14 +371,14 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 				l.errorf(k.val, "%s", unknownName("topology kind", name, strs(AllKinds())))
 			}
 		}
-	} else {
+	} else if reportMissing(f, "kind") {
 		l.errorf(keyOr(k.key, e.key), "%s has no kind; write kind: followed by one of %s", in, strings.Join(strs(AllKinds()), ", "))
 	}
 
 	// world_sizes
 	if w, ok := f["world_sizes"]; ok && !isNull(w.val) {
 		t.WorldSizes = l.worldSizes(w.val, ts)
-	} else {
+	} else if reportMissing(f, "world_sizes") {
 		l.errorf(keyOr(w.key, e.key), "%s has no world sizes; write world_sizes: %s", in, worldExample(t.Kind, ts.kindOK))
 	}
 
@@ -387,7 +389,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 
 	// dtypes
 	if d, ok := f["dtypes"]; ok {
-		l.dtypes(d.val, "dtypes of "+in, &t.DTypes, ts.dtKey)
+		l.dtypes(d.val, " of "+in, &t.DTypes, ts.dtKey)
 	}
 
 	// generate
@@ -401,7 +403,9 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 			ts.genKey[c] = cf.key
 			items := l.seqOf(cf.val, ctx+" of "+in, cf.name+": [oneshot]")
 			if len(items) == 0 {
-				l.errorf(cf.key, "%s of %s lists no algorithms; list some, e.g. %s: [%s], or remove it (NCCL then runs %s)", ctx, in, cf.name, firstOr(knownAlgorithms(c), "oneshot"), cf.name)
+				if isSeq(cf.val) || isNull(cf.val) {
+					l.errorf(cf.key, "%s of %s lists no algorithms; list some, e.g. %s: [%s], or remove it (NCCL then runs %s)", ctx, in, cf.name, exampleAlg(c), cf.name)
+				}
 				continue
 			}
 			known := knownAlgorithms(c)
@@ -414,7 +418,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 				case name == NCCL:
 					l.errorf(it, "nccl is never generated, only selected: remove it from %s and use it in select.%s", ctx, cf.name)
 				case !slices.Contains(known, name):
-					l.errorf(it, "%s", unknownName(string(c)+" algorithm", name, known))
+					l.errorf(it, "%s", unknownName("algorithm", name, known))
 				case slices.Contains(t.Generate[c], name):
 					l.errorf(it, "%q is listed twice in %s of %s; remove one", name, ctx, in)
 				default:
@@ -424,7 +428,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 			}
 		}
 	}
-	if _, ok := f["generate"]; !ok || isNull(f["generate"].val) {
+	if _, ok := f["generate"]; (!ok || isNull(f["generate"].val)) && reportMissing(f, "generate") {
 		l.errorf(keyOr(f["generate"].key, e.key), "%s generates nothing; add e.g. generate: {allreduce: [oneshot]}", in)
 	}
 
@@ -439,7 +443,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 			ts.selOrder = append(ts.selOrder, c)
 			ctx := "select." + cf.name
 			items := l.seqOf(cf.val, ctx+" of "+in, cf.name+": [{upto: 256KiB, use: oneshot}, {use: nccl}]")
-			if len(items) == 0 {
+			if len(items) == 0 && (isSeq(cf.val) || isNull(cf.val)) {
 				l.errorf(cf.key, "%s of %s has no rules; add some, e.g. %s: [{upto: 256KiB, use: oneshot}, {use: nccl}], or remove it", ctx, in, cf.name)
 			}
 			for i, it := range items {
@@ -450,12 +454,19 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 	return ts
 }
 
-// firstOr returns list[0], or def if list is empty.
-func firstOr(list []string, def string) string {
-	if len(list) == 0 {
-		return def
+// exampleAlg names an algorithm of c for examples: oneshot if it exists.
+func exampleAlg(c Collective) string {
+	known := knownAlgorithms(c)
+	if len(known) == 0 || slices.Contains(known, "oneshot") {
+		return "oneshot"
 	}
-	return list[0]
+	return known[0]
+}
+
+// isSeq reports whether n is a list.
+func isSeq(n *yaml.Node) bool {
+	r := resolve(n)
+	return r != nil && r.Kind == yaml.SequenceNode
 }
 
 // worldExample suggests a world_sizes value for kind.
@@ -482,8 +493,8 @@ func joinInts(v []int) string {
 	return strings.Join(s, ", ")
 }
 
-// worldRange matches "lo-hi".
-var worldRange = regexp.MustCompile(`^\s*(\d{1,9})\s*-\s*(\d{1,9})\s*$`)
+// worldRange matches "lo-hi" (or a lone quoted "n").
+var worldRange = regexp.MustCompile(`^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?$`)
 
 // worldSizes reads `world_sizes:`, checking each size against the kind.
 func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
@@ -514,7 +525,10 @@ func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
 		case r != nil && r.Kind == yaml.ScalarNode && r.Tag == "!!str" && worldRange.MatchString(r.Value):
 			m := worldRange.FindStringSubmatch(r.Value)
 			a, _ = strconv.ParseInt(m[1], 10, 64)
-			b, _ = strconv.ParseInt(m[2], 10, 64)
+			b = a
+			if m[2] != "" {
+				b, _ = strconv.ParseInt(m[2], 10, 64)
+			}
 			if a > b {
 				l.errorf(it, "world size range %q runs backwards; write %d-%d", r.Value, b, a)
 				continue
@@ -645,7 +659,7 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 	if u, ok := f["use"]; ok && !isNull(u.val) {
 		rs.useN = u.val
 		rs.use, rs.ok = l.name(u.val, "use", "use: oneshot or use: nccl")
-	} else {
+	} else if reportMissing(f, "use") {
 		l.errorf(keyOr(u.key, n), "%s has no use; write use: followed by an algorithm it generates or nccl", what)
 	}
 	return rs
@@ -676,12 +690,12 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 			}
 			for i, a := range t.Generate[c] {
 				var bad []int
-				var why error
+				why := ""
 				for _, w := range t.WorldSizes {
 					if err := schedule.CanRun(string(t.Kind), string(c), a, w); err != nil {
 						bad = append(bad, w)
-						if why == nil {
-							why = err
+						if why == "" {
+							why = strings.TrimPrefix(err.Error(), string(c)+" "+a+": ")
 						}
 					}
 				}
@@ -748,7 +762,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 					if gpu {
 						known = append(known, NCCL)
 					}
-					l.errorf(r.useN, "%s: %s", name, unknownName(string(c)+" algorithm", r.use, known))
+					l.errorf(r.useN, "%s: %s", name, unknownName("algorithm", r.use, known))
 				default:
 					l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
 				}
