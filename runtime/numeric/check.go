@@ -1,0 +1,144 @@
+package numeric
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+)
+
+// Get returns element i of b as a float64 (integers convert exactly up to
+// 2^53; use GetInt for exact integer work).
+func Get(dtype string, b []byte, i int) float64 {
+	switch dtype {
+	case "f32":
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
+	case "f64":
+		return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
+	case "f16":
+		return float64(F16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
+	case "bf16":
+		return float64(BF16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
+	}
+	return float64(GetInt(dtype, b, i))
+}
+
+// GetInt returns integer element i of b (i32 or i64).
+func GetInt(dtype string, b []byte, i int) int64 {
+	if dtype == "i32" {
+		return int64(int32(binary.LittleEndian.Uint32(b[4*i:])))
+	}
+	return int64(binary.LittleEndian.Uint64(b[8*i:]))
+}
+
+// Put stores v, rounded to dtype, as element i of b.
+func Put(dtype string, b []byte, i int, v float64) {
+	switch dtype {
+	case "f32":
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(v)))
+	case "f64":
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	case "f16":
+		binary.LittleEndian.PutUint16(b[2*i:], F32ToF16(float32(v)))
+	case "bf16":
+		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(float32(v)))
+	case "i32":
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v)))
+	case "i64":
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(int64(v)))
+	}
+}
+
+// Fill writes deterministic pseudo-random test data for (seed, rank) into
+// b: integers in [-1000, 1000], floats in [-4, 4) with a few distinct
+// exponents, so that sums are well conditioned and max/min have ties only
+// by chance.
+func Fill(dtype string, b []byte, seed, rank int) {
+	r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
+	n := len(b) / Size(dtype)
+	for i := 0; i < n; i++ {
+		if dtype == "i32" || dtype == "i64" {
+			Put(dtype, b, i, float64(r.IntN(2001)-1000))
+			continue
+		}
+		Put(dtype, b, i, r.Float64()*8-4)
+	}
+}
+
+// unitRoundoff returns the unit roundoff of the arithmetic the host loops
+// accumulate in for dtype, and of the type the result is stored in.
+func unitRoundoff(dtype string) (acc, out float64) {
+	switch dtype {
+	case "f32":
+		return 0x1p-24, 0x1p-24
+	case "f64":
+		return 0x1p-53, 0x1p-53
+	case "f16":
+		return 0x1p-24, 0x1p-11
+	case "bf16":
+		return 0x1p-24, 0x1p-8
+	}
+	return 0, 0
+}
+
+// Check verifies that got[i] equals op over srcs[0][i], srcs[1][i], ... for
+// every element of got. Integers and max/min must match exactly (integer
+// sums wrap like two's complement hardware); float sums are compared with a
+// float64 reference within the error bound of summing len(srcs) terms in
+// the accumulation type and rounding once to dtype:
+//
+//	|got - ref| <= (len(srcs) * u_acc) * sum|x| + u_out * |ref|, doubled for slack.
+func Check(dtype, op string, got []byte, srcs [][]byte) error {
+	n := len(got) / Size(dtype)
+	isInt := dtype == "i32" || dtype == "i64"
+	uAcc, uOut := unitRoundoff(dtype)
+	for i := 0; i < n; i++ {
+		if isInt {
+			want := GetInt(dtype, srcs[0], i)
+			for _, s := range srcs[1:] {
+				v := GetInt(dtype, s, i)
+				switch op {
+				case "sum":
+					want += v
+				case "max":
+					want = max(want, v)
+				case "min":
+					want = min(want, v)
+				}
+			}
+			if dtype == "i32" {
+				want = int64(int32(want))
+			}
+			if g := GetInt(dtype, got, i); g != want {
+				return fmt.Errorf("%s %s: element %d is %d, want %d", dtype, op, i, g, want)
+			}
+			continue
+		}
+		want := Get(dtype, srcs[0], i)
+		abs := math.Abs(want)
+		for _, s := range srcs[1:] {
+			v := Get(dtype, s, i)
+			switch op {
+			case "sum":
+				want += v
+				abs += math.Abs(v)
+			case "max":
+				want = math.Max(want, v)
+			case "min":
+				want = math.Min(want, v)
+			}
+		}
+		g := Get(dtype, got, i)
+		if op != "sum" {
+			if g != want && !(math.IsNaN(g) && math.IsNaN(want)) {
+				return fmt.Errorf("%s %s: element %d is %v, want exactly %v", dtype, op, i, g, want)
+			}
+			continue
+		}
+		tol := 2 * (float64(len(srcs))*uAcc*abs + uOut*math.Abs(want))
+		if math.Abs(g-want) > tol {
+			return fmt.Errorf("%s sum of %d: element %d is %v, want %v within %.3g", dtype, len(srcs), i, g, want, tol)
+		}
+	}
+	return nil
+}
