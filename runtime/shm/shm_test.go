@@ -1,0 +1,124 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func testName(t *testing.T) string {
+	return fmt.Sprintf("%stest-%d-%s", Prefix, os.Getpid(), filepath.Base(t.Name()))
+}
+
+func providers(t *testing.T) map[string]Provider {
+	return map[string]Provider{"posix": Posix{}, "inprocess": InProcess{}}
+}
+
+func TestLifecycle(t *testing.T) {
+	for kind, p := range providers(t) {
+		t.Run(kind, func(t *testing.T) {
+			name := testName(t)
+			s, err := p.Create(name, 8192)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Bytes()[100] = 42
+			if _, err := p.Create(name, 8192); !errors.Is(err, ErrExists) {
+				t.Fatalf("second create: %v, want ErrExists", err)
+			}
+			if _, err := p.Open(name, 4096); err == nil {
+				t.Fatal("open with the wrong size succeeded")
+			}
+			o, err := p.Open(name, 8192)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Unlink(name); err != nil {
+				t.Fatal(err)
+			}
+			if got := o.Bytes()[100]; got != 42 {
+				t.Fatalf("peer view reads %d, want 42", got)
+			}
+			s.Bytes()[101] = 7 // still shared after unlink
+			if got := o.Bytes()[101]; got != 7 {
+				t.Fatalf("peer view after unlink reads %d, want 7", got)
+			}
+			if err := p.Unlink(name); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("second unlink: %v", err)
+			}
+			if _, err := p.Open(name, 8192); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("open after unlink: %v", err)
+			}
+			s.Close()
+			o.Close()
+		})
+	}
+}
+
+func TestPosixRefusesSquatters(t *testing.T) {
+	p := Posix{}
+	name := testName(t)
+	path := p.Path(name)
+	// Someone pre-creates the name, world readable.
+	if err := os.WriteFile(path, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	if _, err := p.Create(name, 4096); !errors.Is(err, ErrExists) {
+		t.Fatalf("create over a squatted name: %v", err)
+	}
+	os.Chmod(path, 0o644)
+	if _, err := p.Open(name, 4096); err == nil {
+		t.Fatal("opened a 0644 segment")
+	}
+	os.Remove(path)
+	if err := os.Symlink("/etc/passwd", path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Open(name, 4096); err == nil {
+		t.Fatal("followed a symlink")
+	}
+	if _, err := p.Create(name, 4096); !errors.Is(err, ErrExists) {
+		t.Fatalf("create over a symlink: %v", err)
+	}
+}
+
+func TestPosixModeAndNoSpace(t *testing.T) {
+	p := Posix{}
+	name := testName(t)
+	s, err := p.Create(name, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(p.Path(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600", st.Mode())
+	}
+	p.Unlink(name)
+	s.Close()
+	// Far more than any tmpfs holds: must fail at create, leaving nothing.
+	if _, err := p.Create(name, 1<<46); err == nil {
+		t.Fatal("created a 64 TiB segment")
+	} else {
+		t.Log(err)
+	}
+	if _, err := os.Stat(p.Path(name)); !os.IsNotExist(err) {
+		t.Fatalf("failed create left %s behind: %v", name, err)
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, bad := range []string{"x", "collgen-../x", "collgen-a/b", ""} {
+		if CheckName(bad) == nil {
+			t.Errorf("CheckName(%q) accepted", bad)
+		}
+	}
+	if err := CheckName("collgen-0123abcd-ff-r3"); err != nil {
+		t.Error(err)
+	}
+}
