@@ -57,8 +57,9 @@ type tcpClient struct {
 }
 
 type clientConn struct {
-	c net.Conn
-	r *bufio.Reader
+	c   net.Conn
+	r   *bufio.Reader
+	max int // request size limit: the smaller of ours and the server's
 }
 
 // fatalError marks errors a retry cannot fix (authentication, oversize
@@ -155,9 +156,11 @@ func (c *tcpClient) handshake(cc *clientConn) error {
 	if err != nil {
 		return fmt.Errorf("handshake: %w", err)
 	}
-	if ch.Op != opChallenge || len(ch.Args) != 1 || ch.Num != protocolVersion {
+	if ch.Op != opChallenge || len(ch.Args) != 2 || len(ch.Args[1]) != 4 || ch.Num != protocolVersion {
 		return &fatalError{fmt.Errorf("rendezvous: %s is not a collgen store (protocol version %d, op %d)", c.addr, ch.Num, ch.Op)}
 	}
+	// Never send more than the server accepts: it would hang up on us.
+	cc.max = min(c.opts.MaxFrameSize, int(binary.BigEndian.Uint32(ch.Args[1])))
 	var mac []byte
 	if len(c.secret) > 0 {
 		mac = authMAC(c.secret, ch.Args[0])
@@ -262,7 +265,7 @@ func (c *tcpClient) roundTrip(ctx context.Context, cc *clientConn, req *frame, i
 		}
 	})
 	defer stop()
-	if err := writeFrame(cc.c, req, c.opts.MaxFrameSize); err != nil {
+	if err := writeFrame(cc.c, req, cc.max); err != nil {
 		if errors.Is(err, errTooLarge) {
 			return nil, &fatalError{err}
 		}

@@ -86,7 +86,10 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	if _, _, err := parseStoreAddr(e.Store); err != nil {
 		return Env{}, err
 	}
-	return e, checkRank(e.Rank, e.WorldSize)
+	if err := checkRank(e.Rank, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	return e, nil
 }
 
 func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
@@ -114,7 +117,10 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	}
 	e.Store = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 	e.HostStore = e.Rank == 0
-	return e, checkRank(e.Rank, e.WorldSize)
+	if err := checkRank(e.Rank, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	return e, nil
 }
 
 // parseStoreAddr splits a store address into its scheme ("tcp" or "file")

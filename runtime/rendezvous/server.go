@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -25,7 +26,7 @@ var ErrAuth = errors.New("rendezvous: authentication failed")
 
 // Wire ops (requests) and statuses (responses).
 const (
-	opChallenge uint8 = 100 // server → client: Args[0] nonce, Num protocol version
+	opChallenge uint8 = 100 // server → client: Args nonce, max frame size (uint32); Num protocol version
 	opAuth      uint8 = 101 // client → server: Args[0] HMAC of the nonce (empty without secret)
 
 	opSet    uint8 = 1 // Args: key, value
@@ -298,7 +299,8 @@ func (s *Server) handshake(c net.Conn) (uint64, error) {
 	defer c.SetDeadline(time.Time{})
 	nonce := make([]byte, 32)
 	rand.Read(nonce)
-	if err := writeFrame(c, &frame{Op: opChallenge, Num: protocolVersion, Args: [][]byte{nonce}}, s.opts.MaxFrameSize); err != nil {
+	limit := binary.BigEndian.AppendUint32(nil, uint32(s.opts.MaxFrameSize))
+	if err := writeFrame(c, &frame{Op: opChallenge, Num: protocolVersion, Args: [][]byte{nonce, limit}}, s.opts.MaxFrameSize); err != nil {
 		return 0, nil
 	}
 	// The reply is tiny; refuse anything large before authentication.

@@ -1,0 +1,211 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// runRanks runs fn for ranks 0..world-1 concurrently, each with its own
+// store handle, and returns their errors by rank.
+func runRanks(world int, peer func() Store, fn func(rank int, s Store) error) []error {
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		s := peer()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = fn(r, s)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestBarrierAndAllGatherReusable(t *testing.T) {
+	for _, k := range storeKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			peer := k.setup(t)
+			const world, rounds = 4, 5
+			errs := runRanks(world, peer, func(rank int, s Store) error {
+				ctx := short(t, 10*time.Second)
+				if err := Join(ctx, s, "g", rank, world); err != nil {
+					return err
+				}
+				for round := range rounds {
+					if err := Barrier(ctx, s, "b", rank, world); err != nil {
+						return err
+					}
+					got, err := AllGather(ctx, s, "ag", rank, world, []byte(fmt.Sprintf("r%d-%d", rank, round)))
+					if err != nil {
+						return err
+					}
+					for i, b := range got {
+						if want := fmt.Sprintf("r%d-%d", i, round); string(b) != want {
+							return fmt.Errorf("round %d: blob %d = %q, want %q", round, i, b, want)
+						}
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+func TestAllGatherKeepsAtMostTwoGenerations(t *testing.T) {
+	s := NewMemStore().(*memStore)
+	const world = 3
+	runRanks(world, func() Store { return s }, func(rank int, st Store) error {
+		for range 6 {
+			if _, err := AllGather(short(t, 5*time.Second), st, "x", rank, world, []byte("b")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// world gen counters + at most two generations of world blobs.
+	if n := len(s.data); n > world+2*world {
+		t.Fatalf("store holds %d keys after 6 rounds: %v", n, s.data)
+	}
+}
+
+func TestBarrierTimeoutNamesMissingRank(t *testing.T) {
+	for _, k := range storeKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			peer := k.setup(t)
+			errs := runRanks(4, peer, func(rank int, s Store) error {
+				if rank == 2 {
+					return nil // never arrives
+				}
+				return Barrier(short(t, 300*time.Millisecond), s, "b", rank, 4)
+			})
+			for _, r := range []int{0, 1, 3} {
+				if got, want := fmt.Sprint(errs[r]), "rendezvous: 3/4 ranks joined after 300ms; missing rank 2"; got != want {
+					t.Errorf("rank %d: %q, want %q", r, got, want)
+				}
+				var mre *MissingRanksError
+				if !errors.As(errs[r], &mre) || !errors.Is(errs[r], ErrTimeout) {
+					t.Errorf("rank %d: %T is not a *MissingRanksError wrapping ErrTimeout", r, errs[r])
+				}
+			}
+		})
+	}
+}
+
+func TestJoinTimeoutNamesMissingRanks(t *testing.T) {
+	s := NewMemStore()
+	err := Join(short(t, 50*time.Millisecond), s, "g", 1, 4)
+	if got, want := fmt.Sprint(err), "rendezvous: 1/4 ranks joined after 50ms; missing ranks 0, 2, 3"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestMissingRanksErrorText(t *testing.T) {
+	e := &MissingRanksError{Joined: 3, World: 4, After: 30*time.Second - time.Millisecond, Missing: []int{2}}
+	if got, want := e.Error(), "rendezvous: 3/4 ranks joined after 30s; missing rank 2"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestJoinWorldSizeMismatch(t *testing.T) {
+	for _, k := range storeKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			peer := k.setup(t)
+			a, b := peer(), peer()
+			go Join(short(t, 2*time.Second), a, "g", 0, 4)
+			time.Sleep(20 * time.Millisecond) // let rank 0 register the size first
+			err := Join(short(t, time.Second), b, "g", 1, 3)
+			want := `rendezvous: world size mismatch: group "g": rank 1 has world size 3 but the group was formed with world size 4; start every rank with the same world size`
+			if fmt.Sprint(err) != want || !errors.Is(err, ErrWorldSizeMismatch) {
+				t.Fatalf("got %v\nwant %s", err, want)
+			}
+		})
+	}
+}
+
+func TestJoinDuplicateRank(t *testing.T) {
+	for _, k := range storeKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			peer := k.setup(t)
+			a, b := peer(), peer()
+			done := make(chan error, 1)
+			go func() { done <- Join(short(t, 2*time.Second), a, "g", 0, 2) }()
+			// Wait until rank 0 registered, then try to join as rank 0 again.
+			if err := a.Wait(short(t, 2*time.Second), joinPrefix+"g/rank/0"); err != nil {
+				t.Fatal(err)
+			}
+			err := Join(short(t, time.Second), b, "g", 0, 2)
+			want := `rendezvous: duplicate rank: group "g": rank 0 has already joined; give each process its own rank`
+			if fmt.Sprint(err) != want || !errors.Is(err, ErrDuplicateRank) {
+				t.Fatalf("got %v\nwant %s", err, want)
+			}
+			if err := Join(short(t, time.Second), b, "g", 1, 2); err != nil {
+				t.Fatalf("rank 1: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("rank 0: %v", err)
+			}
+		})
+	}
+}
+
+func TestRankOutOfRange(t *testing.T) {
+	s := NewMemStore()
+	for _, tc := range []struct {
+		rank, world int
+		want        string
+	}{
+		{4, 4, "rendezvous: rank 4 is out of range for world size 4 (want 0..3)"},
+		{-1, 2, "rendezvous: rank -1 is out of range for world size 2 (want 0..1)"},
+		{0, 0, "rendezvous: world size 0: want at least 1"},
+	} {
+		if err := Barrier(context.Background(), s, "b", tc.rank, tc.world); fmt.Sprint(err) != tc.want {
+			t.Errorf("Barrier(rank %d, world %d) = %v, want %s", tc.rank, tc.world, err, tc.want)
+		}
+	}
+}
+
+func TestFileStoreAcrossHandlesCAS(t *testing.T) {
+	// Many handles (as separate processes would have) race to CAS one key;
+	// exactly one must win.
+	dir := t.TempDir()
+	var wins sync.WaitGroup
+	var mu sync.Mutex
+	winners := 0
+	for i := range 8 {
+		s, err := NewFileStore(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		wins.Add(1)
+		go func() {
+			defer wins.Done()
+			_, ok, err := s.CompareAndSet(context.Background(), "leader", nil, []byte(strconv.Itoa(i)))
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				mu.Lock()
+				winners++
+				mu.Unlock()
+			}
+		}()
+	}
+	wins.Wait()
+	if winners != 1 {
+		t.Fatalf("%d CAS winners, want 1", winners)
+	}
+}
