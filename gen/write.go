@@ -1,0 +1,137 @@
+package gen
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/rogpeppe/go-internal/diff"
+)
+
+// Write replaces the tree at dir with out. The whole tree is first written
+// into a fresh sibling directory, then swapped in with two renames, so a
+// crash or error leaves either the old tree or the new one, never a mix;
+// files that no longer belong (a kernel dropped from the spec) disappear
+// with the old tree. collgen owns dir entirely: anything else in it is
+// removed too (Diff reports such files as extra before you lose them).
+func Write(dir string, out *Output) error {
+	dir = filepath.Clean(dir)
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", dir, err)
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".new-")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", dir, err)
+	}
+	cleanup := func() { os.RemoveAll(tmp) }
+	for _, p := range out.Paths() {
+		full := filepath.Join(tmp, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			cleanup()
+			return fmt.Errorf("write %s: %w", dir, err)
+		}
+		if err := os.WriteFile(full, out.Files[p], 0o644); err != nil {
+			cleanup()
+			return fmt.Errorf("write %s: %w", dir, err)
+		}
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		cleanup()
+		return fmt.Errorf("write %s: %w", dir, err)
+	}
+	old := ""
+	if _, err := os.Stat(dir); err == nil {
+		old = tmp + ".old"
+		if err := os.Rename(dir, old); err != nil {
+			cleanup()
+			return fmt.Errorf("write %s: move old tree aside: %w", dir, err)
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if old != "" {
+			os.Rename(old, dir) // put the old tree back
+		}
+		cleanup()
+		return fmt.Errorf("write %s: %w", dir, err)
+	}
+	if old != "" {
+		os.RemoveAll(old)
+	}
+	return nil
+}
+
+// Problem is one difference between a rendered tree and the disk.
+type Problem struct {
+	Path string // relative to the tree root, slash form
+	Kind string // "stale" (content differs), "missing", "extra"
+	Diff string // unified diff for stale files
+}
+
+func (p Problem) String() string {
+	switch p.Kind {
+	case "missing":
+		return fmt.Sprintf("%s: missing (collgen generate would create it)", p.Path)
+	case "extra":
+		return fmt.Sprintf("%s: extra (not produced by the spec; collgen generate would remove it)", p.Path)
+	}
+	return fmt.Sprintf("%s: stale or hand-edited\n%s", p.Path, p.Diff)
+}
+
+// Diff compares out with the tree at dir and returns every difference,
+// sorted by path. An empty result means the tree is fresh.
+func Diff(dir string, out *Output) ([]Problem, error) {
+	var problems []Problem
+	onDisk := map[string]bool{}
+	err := filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if os.IsNotExist(err) && full == dir {
+				return fs.SkipAll
+			}
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, full)
+		onDisk[filepath.ToSlash(rel)] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("check %s: %w", dir, err)
+	}
+	for _, p := range out.Paths() {
+		if !onDisk[p] {
+			problems = append(problems, Problem{Path: p, Kind: "missing"})
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(p)))
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", dir, err)
+		}
+		if want := out.Files[p]; !bytes.Equal(got, want) {
+			d := diff.Diff("disk/"+p, got, "generated/"+p, want)
+			problems = append(problems, Problem{Path: p, Kind: "stale", Diff: truncate(string(d), 60)})
+		}
+	}
+	for p := range onDisk {
+		if _, ok := out.Files[p]; !ok {
+			problems = append(problems, Problem{Path: p, Kind: "extra"})
+		}
+	}
+	sort.Slice(problems, func(i, j int) bool { return problems[i].Path < problems[j].Path })
+	return problems, nil
+}
+
+// truncate keeps the first n lines of a diff.
+func truncate(s string, n int) string {
+	lines := strings.SplitAfter(s, "\n")
+	if len(lines) <= n {
+		return s
+	}
+	return strings.Join(lines[:n], "") + fmt.Sprintf("... (%d more lines)\n", len(lines)-n)
+}

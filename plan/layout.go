@@ -1,0 +1,70 @@
+package plan
+
+import (
+	"fmt"
+
+	"github.com/collgen/collgen/runtime/kernels"
+)
+
+// Layout is the by-value argument struct shared by every kernel of one world
+// size. Its offsets are computed once here; the CUDA header static_asserts
+// them and the generated Go test checks its mirror struct against them.
+type Layout struct {
+	World int
+	kernels.ArgLayout
+}
+
+// Argument struct members, in order. Pointers and 64-bit values are 8
+// bytes; rank and flags are 4. W is the world size.
+//
+//	input        const void*          the caller's input
+//	output       void*                the caller's output
+//	stage[W]     void*                every rank's stage buffer (index = rank)
+//	scratch[W]   void*                every rank's scratch buffer
+//	signal[W]    unsigned long long*  every rank's signal pad [block][W]
+//	seq          unsigned long long*  this rank's per-block barrier sequence
+//	status       unsigned long long*  where a timeout is reported (host-mapped)
+//	count        unsigned long long   elements in the full buffer
+//	chunk        unsigned long long   elements per chunk
+//	timeout_ns   unsigned long long   how long one barrier may wait
+//	rank         int                  this rank
+//	flags        int                  reserved, 0
+var argFields = []struct {
+	name  string
+	size  int
+	array bool
+}{
+	{"input", 8, false},
+	{"output", 8, false},
+	{"stage", 8, true},
+	{"scratch", 8, true},
+	{"signal", 8, true},
+	{"seq", 8, false},
+	{"status", 8, false},
+	{"count", 8, false},
+	{"chunk", 8, false},
+	{"timeout_ns", 8, false},
+	{"rank", 4, false},
+	{"flags", 4, false},
+}
+
+// NewLayout computes the argument layout for world size w.
+func NewLayout(w int) *Layout {
+	l := &Layout{World: w}
+	l.CType = fmt.Sprintf("collgen_args_w%d", w)
+	off := 0
+	for _, f := range argFields {
+		n := 1
+		if f.array {
+			n = w
+		}
+		off = (off + f.size - 1) / f.size * f.size
+		l.Fields = append(l.Fields, kernels.Field{Name: f.name, Offset: off, Size: f.size, Count: n})
+		off += f.size * n
+	}
+	l.Size = (off + 7) / 8 * 8
+	return l
+}
+
+// GoName is the name of the generated Go mirror struct, e.g. ArgsW4.
+func (l *Layout) GoName() string { return fmt.Sprintf("ArgsW%d", l.World) }

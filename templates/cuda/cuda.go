@@ -1,0 +1,202 @@
+// Package cuda renders a plan's kernels into CUDA C++ source with
+// text/template (plus an allowlist of sprig functions). All arithmetic and
+// naming happens in Go helper methods on the template contexts below; the
+// templates only lay out text.
+package cuda
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/Masterminds/sprig/v3"
+
+	"github.com/collgen/collgen/plan"
+	"github.com/collgen/collgen/schedule"
+)
+
+//go:embed *.tmpl
+var files embed.FS
+
+// Files returns the template files' names and contents, for the manifest.
+func Files() map[string][]byte {
+	out := map[string][]byte{}
+	entries, _ := files.ReadDir(".")
+	for _, e := range entries {
+		b, _ := files.ReadFile(e.Name())
+		out["templates/cuda/"+e.Name()] = b
+	}
+	return out
+}
+
+// HeaderName is the file name of the common device header every kernel
+// includes.
+const HeaderName = "collgen_common.cuh"
+
+// sprigAllowed lists the sprig functions templates may use: deterministic,
+// side-effect-free string helpers only (sprig's map also has random and
+// crypto functions, which would break byte-for-byte reproducible output).
+var sprigAllowed = []string{"join", "indent", "nindent", "trim", "upper", "lower", "replace", "quote"}
+
+func parse() (*template.Template, error) {
+	all := sprig.TxtFuncMap()
+	funcs := template.FuncMap{}
+	for _, name := range sprigAllowed {
+		funcs[name] = all[name]
+	}
+	return template.New("cuda").Funcs(funcs).Option("missingkey=error").ParseFS(files, "*.tmpl")
+}
+
+// Render returns the header and one .cu file per kernel, keyed by file name.
+func Render(p *plan.Plan) (map[string][]byte, error) {
+	t, err := parse()
+	if err != nil {
+		return nil, fmt.Errorf("parse CUDA templates: %w", err)
+	}
+	out := map[string][]byte{}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "common.cuh", struct{ Plan *plan.Plan }{p}); err != nil {
+		return nil, fmt.Errorf("render %s: %w", HeaderName, err)
+	}
+	out[HeaderName] = append([]byte(nil), buf.Bytes()...)
+	for _, k := range p.Kernels {
+		buf.Reset()
+		ctx, err := newKernelContext(k)
+		if err != nil {
+			return nil, err
+		}
+		if err := t.ExecuteTemplate(&buf, "kernel.cu", ctx); err != nil {
+			return nil, fmt.Errorf("render %s: %w", k.File(), err)
+		}
+		out[k.File()] = append([]byte(nil), buf.Bytes()...)
+	}
+	return out, nil
+}
+
+// kernelContext is what kernel.cu.tmpl sees.
+type kernelContext struct {
+	K               *plan.Kernel
+	Traits          string // cg_bf16
+	OpStruct        string // cg_sum
+	ScheduleComment string
+	Tables          []table
+	Phases          []phaseContext
+	Barriers        int
+}
+
+type table struct{ Name, Values string }
+
+type phaseContext struct {
+	Steps     []stepContext
+	Sync      bool
+	SeqOffset int // this barrier's sequence value is seq + SeqOffset
+}
+
+type stepContext struct {
+	Comment string
+	Lines   []string
+}
+
+func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
+	s := k.Schedule
+	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers()}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(s.String(), "\n"), "\n") {
+		lines = append(lines, "//   "+l)
+	}
+	c.ScheduleComment = strings.Join(lines, "\n")
+	tables := map[string]string{} // values -> name
+	idx := func(x schedule.Index) string {
+		switch x.Kind {
+		case schedule.Const:
+			return fmt.Sprint(x.K)
+		case schedule.RankPlus:
+			if x.K == 0 {
+				return "rank"
+			}
+			return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
+		}
+		vals := make([]string, len(x.Table))
+		for i, v := range x.Table {
+			vals[i] = fmt.Sprint(v)
+		}
+		key := strings.Join(vals, ", ")
+		name, ok := tables[key]
+		if !ok {
+			name = fmt.Sprintf("table%d", len(c.Tables))
+			tables[key] = name
+			c.Tables = append(c.Tables, table{Name: name, Values: key})
+		}
+		return name + "[rank]"
+	}
+	single := func(b schedule.Buffer) bool {
+		return b == schedule.Input && s.InChunks == 1 || b == schedule.Output && s.OutChunks == 1
+	}
+	// ptr returns the C expression of a ref's first element.
+	ptr := func(r schedule.Ref, constant bool) string {
+		q := "E*"
+		if constant {
+			q = "const E*"
+		}
+		var base string
+		switch r.Buf {
+		case schedule.Input:
+			base = fmt.Sprintf("(%s)a.input", q)
+		case schedule.Output:
+			base = fmt.Sprintf("(%s)a.output", q)
+		default:
+			base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, idx(r.Rank))
+		}
+		if single(r.Buf) {
+			return base
+		}
+		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, idx(r.Chunk))
+	}
+	seq := 0
+	for _, ph := range s.Phases {
+		pc := phaseContext{Sync: ph.Sync}
+		for _, st := range ph.Steps {
+			sc := stepContext{}
+			srcs := make([]string, len(st.Srcs))
+			for i, r := range st.Srcs {
+				srcs[i] = r.String()
+			}
+			kind := "copy"
+			if st.Kind == schedule.Reduce {
+				kind = "reduce"
+			}
+			sc.Comment = fmt.Sprintf("%s <- %s(%s)", st.Dst, kind, strings.Join(srcs, ", "))
+			n := "(cg_i64)a.chunk"
+			if !single(st.Dst.Buf) {
+				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
+			}
+			sc.Lines = append(sc.Lines, "const cg_i64 n = "+n+";")
+			switch st.Kind {
+			case schedule.Copy:
+				sc.Lines = append(sc.Lines, fmt.Sprintf("cg_copy<T, VB>(%s, %s, n);", ptr(st.Dst, false), ptr(st.Srcs[0], true)))
+			case schedule.Reduce:
+				if k.Op == "" {
+					return nil, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
+				}
+				sc.Lines = append(sc.Lines, fmt.Sprintf("const E* const src[%d] = {", len(st.Srcs)))
+				for i, r := range st.Srcs {
+					comma := ","
+					if i == len(st.Srcs)-1 {
+						comma = ""
+					}
+					sc.Lines = append(sc.Lines, "    "+ptr(r, true)+comma)
+				}
+				sc.Lines = append(sc.Lines, "};", fmt.Sprintf("cg_reduce<T, OP, %d, VB>(%s, src, n);", len(st.Srcs), ptr(st.Dst, false)))
+			}
+			pc.Steps = append(pc.Steps, sc)
+		}
+		if ph.Sync {
+			seq++
+			pc.SeqOffset = seq
+		}
+		c.Phases = append(c.Phases, pc)
+	}
+	return c, nil
+}
