@@ -13,8 +13,8 @@ import (
 	"strings"
 
 	"github.com/collgen/collgen/plan"
-	cudatmpl "github.com/collgen/collgen/templates/cuda"
 	"github.com/collgen/collgen/spec"
+	cudatmpl "github.com/collgen/collgen/templates/cuda"
 	goglue "github.com/collgen/collgen/templates/go"
 )
 
@@ -141,4 +141,3 @@ func isGoIdent(s string) bool {
 	}
 	return true
 }
-
