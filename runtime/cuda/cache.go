@@ -1,0 +1,300 @@
+package cuda
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync/atomic"
+)
+
+// EnvCacheDir overrides the NVRTC cache directory.
+const EnvCacheDir = "COLLGEN_CACHE_DIR"
+
+// Cache is an on-disk cache of NVRTC output, one file per compile keyed by
+// a sha256 of everything that determines the output (see Key). Files are
+// written to a temporary name in Dir and renamed into place, so concurrent
+// processes filling the same cache never expose a partial file; a file
+// that fails its checks (bad magic, other key, bad length or checksum) is
+// treated as a miss and rewritten. Safe for concurrent use; use a *Cache.
+type Cache struct {
+	Dir string
+
+	hits, misses, corrupt atomic.Int64
+}
+
+// CacheStats counts lookups since the Cache was made.
+type CacheStats struct {
+	Hits    int64 // valid entries returned
+	Misses  int64 // no entry
+	Corrupt int64 // an entry existed but failed validation (rebuilt)
+}
+
+// Stats returns the lookup counters.
+func (c *Cache) Stats() CacheStats {
+	return CacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Corrupt: c.corrupt.Load()}
+}
+
+// DefaultCacheDir is $COLLGEN_CACHE_DIR, else $XDG_CACHE_HOME/collgen, else
+// ~/.cache/collgen.
+func DefaultCacheDir() (string, error) {
+	if d := os.Getenv(EnvCacheDir); d != "" {
+		return d, nil
+	}
+	base, err := os.UserCacheDir() // $XDG_CACHE_HOME or ~/.cache
+	if err != nil {
+		return "", fmt.Errorf("cuda: no cache directory: %w", err)
+	}
+	return filepath.Join(base, "collgen"), nil
+}
+
+// DefaultCache returns a Cache in DefaultCacheDir.
+func DefaultCache() (*Cache, error) {
+	d, err := DefaultCacheDir()
+	if err != nil {
+		return nil, err
+	}
+	return &Cache{Dir: d}, nil
+}
+
+// CacheKey identifies one compile.
+type CacheKey [32]byte
+
+func (k CacheKey) String() string { return hex.EncodeToString(k[:]) }
+
+// Key hashes the source, the headers (sorted by name), the effective
+// options (which include the architecture), the architecture and the NVRTC
+// version. It loads NVRTC to learn its version.
+func (c *Cache) Key(req CompileRequest) (CacheKey, error) {
+	maj, min, _, err := NVRTCVersion()
+	if err != nil {
+		return CacheKey{}, err
+	}
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field("collgen-nvrtc-cache-v1")
+	field(req.Name)
+	field(req.Source)
+	names := make([]string, 0, len(req.Headers))
+	for n := range req.Headers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	field(strconv.Itoa(len(names)))
+	for _, n := range names {
+		field(n)
+		field(req.Headers[n])
+	}
+	opts := effectiveOptions(req)
+	field(strconv.Itoa(len(opts)))
+	for _, o := range opts {
+		field(o)
+	}
+	field(strconv.Itoa(req.Arch))
+	field(fmt.Sprintf("nvrtc %d.%d", maj, min))
+	var k CacheKey
+	h.Sum(k[:0])
+	return k, nil
+}
+
+// Cache file layout (little endian):
+//
+//	magic   [8]byte "CGNVRTC1"
+//	key     [32]byte the CacheKey this file answers
+//	kind    uint32   1 = CUBIN, 2 = PTX
+//	_       uint32
+//	length  uint64   payload bytes
+//	sum     [32]byte sha256 of the payload
+//	payload [length]byte
+var cacheMagic = [8]byte{'C', 'G', 'N', 'V', 'R', 'T', 'C', '1'}
+
+const (
+	cacheHeaderSize = 8 + 32 + 4 + 4 + 8 + 32
+	kindCUBIN       = 1
+	kindPTX         = 2
+)
+
+// Path returns the file that holds key.
+func (c *Cache) Path(k CacheKey) string { return filepath.Join(c.Dir, k.String()+".cgbin") }
+
+// errCorrupt marks a cache file that failed validation.
+var errCorrupt = errors.New("corrupt cache entry")
+
+// Get returns the cached image for k. ok is false on a miss or an invalid
+// file (counted as Corrupt; the caller rebuilds and Puts over it).
+func (c *Cache) Get(k CacheKey) (image []byte, ok bool) {
+	data, err := os.ReadFile(c.Path(k))
+	if err != nil {
+		c.misses.Add(1)
+		return nil, false
+	}
+	img, err := decodeEntry(k, data)
+	if err != nil {
+		c.corrupt.Add(1)
+		return nil, false
+	}
+	c.hits.Add(1)
+	return img, true
+}
+
+func decodeEntry(k CacheKey, data []byte) ([]byte, error) {
+	if len(data) < cacheHeaderSize || !bytes.Equal(data[:8], cacheMagic[:]) {
+		return nil, errCorrupt
+	}
+	if !bytes.Equal(data[8:40], k[:]) {
+		return nil, errCorrupt // a foreign file under this name
+	}
+	kind := binary.LittleEndian.Uint32(data[40:44])
+	n := binary.LittleEndian.Uint64(data[48:56])
+	payload := data[cacheHeaderSize:]
+	if (kind != kindCUBIN && kind != kindPTX) || n != uint64(len(payload)) {
+		return nil, errCorrupt
+	}
+	sum := sha256.Sum256(payload)
+	if !bytes.Equal(sum[:], data[56:88]) {
+		return nil, errCorrupt
+	}
+	return payload, nil
+}
+
+// Put stores image under k: written to a temporary file in Dir, synced,
+// then renamed over the final name (atomic on POSIX filesystems).
+func (c *Cache) Put(k CacheKey, image []byte) error {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return fmt.Errorf("cuda: cache: %w", err)
+	}
+	kind := uint32(kindCUBIN)
+	if isPTX(image) {
+		kind = kindPTX
+	}
+	hdr := make([]byte, cacheHeaderSize)
+	copy(hdr[:8], cacheMagic[:])
+	copy(hdr[8:40], k[:])
+	binary.LittleEndian.PutUint32(hdr[40:44], kind)
+	binary.LittleEndian.PutUint64(hdr[48:56], uint64(len(image)))
+	sum := sha256.Sum256(image)
+	copy(hdr[56:88], sum[:])
+
+	tmp, err := os.CreateTemp(c.Dir, ".tmp-"+k.String()[:16]+"-*")
+	if err != nil {
+		return fmt.Errorf("cuda: cache: %w", err)
+	}
+	name := tmp.Name()
+	_, err = tmp.Write(hdr)
+	if err == nil {
+		_, err = tmp.Write(image)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(name, c.Path(k))
+	}
+	if err != nil {
+		os.Remove(name)
+		return fmt.Errorf("cuda: cache put %s: %w", k, err)
+	}
+	return nil
+}
+
+// isPTX reports whether image looks like PTX text rather than an ELF cubin
+// or a fatbin.
+func isPTX(image []byte) bool {
+	return !bytes.HasPrefix(image, []byte("\x7fELF")) && !bytes.HasPrefix(image, []byte{0x50, 0xed, 0x55, 0xba}) &&
+		bytes.Contains(image[:min(len(image), 4096)], []byte(".version"))
+}
+
+// LoadSource compiles req for this device with NVRTC, through cache (nil:
+// DefaultCache; a cache that cannot be used only costs a recompile), and
+// loads the module. req.Arch 0 means this device's architecture. A cached
+// image the driver rejects is recompiled and replaced. Module.Origin says
+// "nvrtc-cache" for a hit and "nvrtc" for a fresh compile.
+func (d *Device) LoadSource(ctx context.Context, req CompileRequest, cache *Cache) (*Module, error) {
+	if req.Arch == 0 {
+		req.Arch = d.Arch()
+	}
+	if cache == nil {
+		cache, _ = DefaultCache()
+	}
+	var key CacheKey
+	haveKey := false
+	if cache != nil {
+		if k, err := cache.Key(req); err == nil {
+			key, haveKey = k, true
+			if img, ok := cache.Get(key); ok {
+				if m, err := d.loadModule(img, "nvrtc-cache"); err == nil {
+					return m, nil
+				}
+				cache.corrupt.Add(1)
+			}
+		}
+	}
+	img, err := Compile(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	m, err := d.loadModule(img, "nvrtc")
+	if err != nil {
+		return nil, err
+	}
+	if haveKey {
+		_ = cache.Put(key, img) // best effort: a read-only cache only costs time
+	}
+	return m, nil
+}
+
+// KernelSource says where a module's code may come from: a prebuilt fatbin
+// (embedded bytes, or a file from `make fatbin`) is preferred; the CUDA
+// source is compiled with NVRTC when there is no fatbin, the file does not
+// exist, or the fatbin has no code for the device.
+type KernelSource struct {
+	Fatbin     []byte         // embedded fatbin image, if any
+	FatbinPath string         // fatbin file, used when Fatbin is empty
+	Source     CompileRequest // NVRTC fallback; empty Source means none
+}
+
+// LoadKernels loads src for this device as KernelSource describes.
+func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache) (*Module, error) {
+	var ferr error
+	switch {
+	case len(src.Fatbin) > 0:
+		m, err := d.loadModule(src.Fatbin, "fatbin:embedded")
+		if err == nil {
+			return m, nil
+		}
+		ferr = err
+	case src.FatbinPath != "":
+		m, err := d.LoadFatbinFile(src.FatbinPath)
+		if err == nil {
+			return m, nil
+		}
+		ferr = err
+	}
+	if src.Source.Source == "" {
+		if ferr == nil {
+			ferr = fmt.Errorf("cuda: load kernels on device %d: no fatbin and no source", d.Ordinal)
+		}
+		return nil, ferr
+	}
+	if ferr != nil && !errors.Is(ferr, fs.ErrNotExist) && !IsCode(ferr, ErrorNoBinaryForGPU) &&
+		!IsCode(ferr, ErrorInvalidImage) && !IsCode(ferr, ErrorUnsupportedPTX) {
+		return nil, ferr
+	}
+	return d.LoadSource(ctx, src.Source, cache)
+}

@@ -1,0 +1,299 @@
+package cuda
+
+/*
+#cgo CFLAGS: -O2 -std=gnu11
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "cuda_shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// Environment variables that override where the shared libraries are found.
+// Each may name a library file or a directory holding it. When set, only
+// that location is tried: a bad override is an error, never a silent
+// fallback to the system library.
+const (
+	EnvCUDAPath  = "COLLGEN_CUDA_PATH"
+	EnvNVRTCPath = "COLLGEN_NVRTC_PATH"
+)
+
+// cudaLibDirs are the CUDA toolkit directories searched (after the dynamic
+// linker's own search) for libnvrtc.
+var cudaLibDirs = []string{
+	"/usr/local/cuda/lib64",
+	"/usr/local/cuda/targets/x86_64-linux/lib",
+	"/usr/local/cuda/targets/sbsa-linux/lib",
+	"/usr/lib/x86_64-linux-gnu",
+	"/usr/lib64",
+}
+
+// LibraryError reports a shared library that could not be loaded or lacks a
+// required symbol.
+type LibraryError struct {
+	Lib    string   // "libcuda", "libnvrtc" or "libnccl"
+	Tried  []string // paths or sonames tried, in order
+	Symbol string   // the missing symbol, if the library opened
+	Reason string   // dlerror text or other detail
+}
+
+func (e *LibraryError) Error() string {
+	if e.Symbol != "" {
+		return fmt.Sprintf("cuda: %s (%s) lacks symbol %s: %s", e.Lib, strings.Join(e.Tried, ", "), e.Symbol, e.Reason)
+	}
+	return fmt.Sprintf("cuda: cannot load %s (tried %s): %s", e.Lib, strings.Join(e.Tried, ", "), e.Reason)
+}
+
+// candidates lists what to dlopen for a library: the override (a file, or
+// sonames inside a directory) alone if env is set, else the sonames (found
+// by the dynamic linker) followed by the same names in dirs.
+func candidates(env string, sonames []string, dirs []string) []string {
+	if v := os.Getenv(env); v != "" {
+		if st, err := os.Stat(v); err == nil && st.IsDir() {
+			var out []string
+			for _, n := range sonames {
+				out = append(out, filepath.Join(v, n))
+			}
+			return out
+		}
+		return []string{v}
+	}
+	out := append([]string(nil), sonames...)
+	for _, d := range dirs {
+		for _, n := range sonames {
+			p := filepath.Join(d, n)
+			if _, err := os.Stat(p); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// dlopenFirst opens the first candidate that loads and returns its handle
+// and name. The error names every candidate and the last dlerror.
+func dlopenFirst(lib string, cands []string) (unsafe.Pointer, string, error) {
+	var reasons []string
+	for _, c := range cands {
+		cs := C.CString(c)
+		h := C.cg_dlopen(cs, 0)
+		C.free(unsafe.Pointer(cs))
+		if h != nil {
+			return h, c, nil
+		}
+		if msg := C.cg_dlerror(); msg != nil {
+			reasons = append(reasons, C.GoString(msg))
+		}
+	}
+	reason := "not found"
+	if len(reasons) > 0 {
+		reason = reasons[len(reasons)-1]
+	}
+	return nil, "", &LibraryError{Lib: lib, Tried: cands, Reason: reason}
+}
+
+// requiredCU are the driver symbols without which nothing works; the others
+// fail only the call that needs them, with an error naming the symbol.
+var requiredCU = []int{C.CG_cuInit, C.CG_cuGetErrorName, C.CG_cuDeviceGet, C.CG_cuDeviceGetCount,
+	C.CG_cuDevicePrimaryCtxRetain, C.CG_cuCtxSetCurrent, C.CG_cuMemAlloc}
+
+var (
+	driverMu     sync.Mutex
+	driverLoaded bool
+	driverPath   string
+)
+
+// loadDriverFrom opens libcuda from cands and checks the required symbols
+// without installing anything; on success it returns the resolved table
+// (C memory the caller must free) and the path used.
+func loadDriverFrom(cands []string) (unsafe.Pointer, string, error) {
+	h, path, err := dlopenFirst("libcuda", cands)
+	if err != nil {
+		return nil, "", err
+	}
+	tbl := C.malloc(C.size_t(C.CG_CU_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	C.cg_cu_resolve(h, (*unsafe.Pointer)(tbl))
+	entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CG_CU_COUNT))
+	for _, i := range requiredCU {
+		if entries[i] == nil {
+			C.free(tbl)
+			C.cg_dlclose(h)
+			return nil, "", &LibraryError{Lib: "libcuda", Tried: []string{path},
+				Symbol: C.GoString(C.cg_cu_symbol(C.int(i))), Reason: "not a usable CUDA driver library"}
+		}
+	}
+	return tbl, path, nil
+}
+
+// driverCandidates is where libcuda is looked for.
+func driverCandidates() []string {
+	return candidates(EnvCUDAPath, []string{"libcuda.so.1", "libcuda.so"}, nil)
+}
+
+// loadDriver loads libcuda once per process (a failure is retried on the
+// next call, so a test can fix the environment) and runs cuInit(0).
+func loadDriver() error {
+	driverMu.Lock()
+	defer driverMu.Unlock()
+	if driverLoaded {
+		return nil
+	}
+	tbl, path, err := loadDriverFrom(driverCandidates())
+	if err != nil {
+		return err
+	}
+	C.cg_cu_commit((*unsafe.Pointer)(tbl))
+	C.free(tbl)
+	// The library handle is deliberately never closed: function pointers
+	// into it live in the global table for the life of the process.
+	driverLoaded, driverPath = true, path
+	if r := C.cg_cuInit(0); r != 0 {
+		return newError(r, "cuInit", -1)
+	}
+	return nil
+}
+
+// DriverPath returns the libcuda path or soname that was loaded ("" before
+// the first successful load).
+func DriverPath() string {
+	driverMu.Lock()
+	defer driverMu.Unlock()
+	return driverPath
+}
+
+// Init loads libcuda and initialises the driver. Every other function calls
+// it as needed; calling it explicitly only surfaces the error early.
+func Init() error { return loadDriver() }
+
+// DriverVersion returns the driver's CUDA version (e.g. 13000 for 13.0).
+func DriverVersion() (int, error) {
+	if err := loadDriver(); err != nil {
+		return 0, err
+	}
+	var v C.int
+	if r := C.cg_cuDriverGetVersion(&v); r != 0 {
+		return 0, newError(r, "cuDriverGetVersion", -1)
+	}
+	return int(v), nil
+}
+
+var (
+	nvrtcMu     sync.Mutex
+	nvrtcLoaded bool
+	nvrtcPath   string
+	nvrtcMajor  int
+	nvrtcMinor  int
+)
+
+// nvrtcSonames lists NVRTC sonames newest first; unversioned last.
+var nvrtcSonames = []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so.11.1", "libnvrtc.so.11.0", "libnvrtc.so"}
+
+func nvrtcCandidates() []string {
+	dirs := append([]string(nil), cudaLibDirs...)
+	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
+		if v := os.Getenv(env); v != "" {
+			dirs = append([]string{filepath.Join(v, "lib64"), filepath.Join(v, "lib")}, dirs...)
+		}
+	}
+	c := candidates(EnvNVRTCPath, nvrtcSonames, dirs)
+	if os.Getenv(EnvNVRTCPath) != "" {
+		return c
+	}
+	// Versioned names not in the list (libnvrtc.so.13.1 ...), newest first.
+	var extra []string
+	for _, d := range dirs {
+		m, _ := filepath.Glob(filepath.Join(d, "libnvrtc.so.*"))
+		extra = append(extra, m...)
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(extra)))
+	return append(c, extra...)
+}
+
+// preloadBuiltins opens libnvrtc-builtins from the directory NVRTC came
+// from, so NVRTC's own dlopen of it (by soname) finds it even when that
+// directory is not on the linker path. Best effort: errors are ignored.
+func preloadBuiltins(nvrtc string) {
+	if !strings.Contains(nvrtc, "/") {
+		return
+	}
+	m, _ := filepath.Glob(filepath.Join(filepath.Dir(nvrtc), "libnvrtc-builtins.so*"))
+	sort.Sort(sort.Reverse(sort.StringSlice(m)))
+	for _, p := range m {
+		cs := C.CString(p)
+		h := C.cg_dlopen(cs, 1)
+		C.free(unsafe.Pointer(cs))
+		if h != nil {
+			return
+		}
+	}
+}
+
+// loadNVRTCFrom opens NVRTC from cands and resolves its symbols (all are
+// required) without installing them.
+func loadNVRTCFrom(cands []string) (unsafe.Pointer, string, error) {
+	h, path, err := dlopenFirst("libnvrtc", cands)
+	if err != nil {
+		return nil, "", err
+	}
+	tbl := C.malloc(C.size_t(C.CG_NVRTC_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	C.cg_nvrtc_resolve(h, (*unsafe.Pointer)(tbl))
+	entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CG_NVRTC_COUNT))
+	for i, e := range entries {
+		if e == nil {
+			C.free(tbl)
+			C.cg_dlclose(h)
+			return nil, "", &LibraryError{Lib: "libnvrtc", Tried: []string{path},
+				Symbol: C.GoString(C.cg_nvrtc_symbol(C.int(i))), Reason: "not a usable NVRTC library"}
+		}
+	}
+	preloadBuiltins(path)
+	return tbl, path, nil
+}
+
+// loadNVRTC loads NVRTC once per process (failures are retried).
+func loadNVRTC() error {
+	nvrtcMu.Lock()
+	defer nvrtcMu.Unlock()
+	if nvrtcLoaded {
+		return nil
+	}
+	tbl, path, err := loadNVRTCFrom(nvrtcCandidates())
+	if err != nil {
+		return err
+	}
+	C.cg_nvrtc_commit((*unsafe.Pointer)(tbl))
+	C.free(tbl)
+	var maj, min C.int
+	if r := C.cg_nvrtcVersion(&maj, &min); r != 0 {
+		return fmt.Errorf("cuda: nvrtcVersion: %s", nvrtcErrString(r))
+	}
+	nvrtcLoaded, nvrtcPath, nvrtcMajor, nvrtcMinor = true, path, int(maj), int(min)
+	return nil
+}
+
+// NVRTCVersion loads NVRTC if needed and returns its version and path.
+func NVRTCVersion() (major, minor int, path string, err error) {
+	if err := loadNVRTC(); err != nil {
+		return 0, 0, "", err
+	}
+	nvrtcMu.Lock()
+	defer nvrtcMu.Unlock()
+	return nvrtcMajor, nvrtcMinor, nvrtcPath, nil
+}
+
+// ErrNoDevice is returned (wrapped) when the driver loads but reports no
+// CUDA device.
+var ErrNoDevice = errors.New("cuda: no CUDA device")
+
+// freeTable frees a table returned by loadDriverFrom or loadNVRTCFrom.
+func freeTable(tbl unsafe.Pointer) { C.free(tbl) }

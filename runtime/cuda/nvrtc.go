@@ -1,0 +1,210 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "cuda_shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"unsafe"
+)
+
+// CompileRequest is one CUDA C++ translation unit for NVRTC.
+type CompileRequest struct {
+	Name    string            // program name, used in diagnostics (e.g. "allreduce_f32.cu")
+	Source  string            // CUDA C++ source
+	Headers map[string]string // include name -> contents, for #include "name"
+	Options []string          // extra NVRTC options (e.g. "--std=c++17", "-DN=4")
+	Arch    int               // compute capability as 90 for sm_90; 0 = caller must set (LoadSource uses the device's)
+}
+
+// CompileError is an NVRTC compilation failure with the compiler log.
+type CompileError struct {
+	Name   string
+	Arch   int
+	Result string // NVRTC result name, e.g. NVRTC_ERROR_COMPILATION
+	Log    string
+}
+
+func (e *CompileError) Error() string {
+	return fmt.Sprintf("cuda: nvrtc compile of %s for sm_%d failed: %s\n%s", e.Name, e.Arch, e.Result, strings.TrimSpace(e.Log))
+}
+
+// hasArchOption reports whether opts already choose a target architecture.
+func hasArchOption(opts []string) bool {
+	for _, o := range opts {
+		if strings.HasPrefix(o, "--gpu-architecture") || strings.HasPrefix(o, "-arch") {
+			return true
+		}
+	}
+	return false
+}
+
+// cudaIncludeDir finds the toolkit include directory next to the loaded
+// NVRTC (for cuda_fp16.h, cuda_bf16.h, cuda_fp8.h), or "" if none.
+func cudaIncludeDir() string {
+	_, _, path, err := NVRTCVersion()
+	if err != nil {
+		return ""
+	}
+	var dirs []string
+	if strings.Contains(path, "/") {
+		lib := filepath.Dir(path)
+		dirs = append(dirs, filepath.Join(lib, "..", "include"), filepath.Join(lib, "..", "..", "include"))
+	}
+	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
+		if v := os.Getenv(env); v != "" {
+			dirs = append(dirs, filepath.Join(v, "include"))
+		}
+	}
+	dirs = append(dirs, "/usr/local/cuda/include", "/usr/local/cuda/targets/x86_64-linux/include")
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "cuda_fp16.h")); err == nil {
+			return filepath.Clean(d)
+		}
+	}
+	return ""
+}
+
+// needsToolkitHeaders reports whether the program includes a toolkit
+// header (<cuda_fp16.h> and friends); only then is the toolkit include
+// directory added, since NVRTC's built-in headers cover the rest.
+func needsToolkitHeaders(req CompileRequest) bool {
+	if strings.Contains(req.Source, "<cuda") {
+		return true
+	}
+	for _, h := range req.Headers {
+		if strings.Contains(h, "<cuda") {
+			return true
+		}
+	}
+	return false
+}
+
+// effectiveOptions returns the options Compile passes: the request's, plus
+// --gpu-architecture=sm_<Arch> unless given, plus the toolkit include
+// directory when the program includes toolkit headers and one is found. The cache key hashes exactly these.
+func effectiveOptions(req CompileRequest) []string {
+	opts := append([]string(nil), req.Options...)
+	if !hasArchOption(opts) && req.Arch > 0 {
+		opts = append(opts, fmt.Sprintf("--gpu-architecture=sm_%d", req.Arch))
+	}
+	if needsToolkitHeaders(req) {
+		if inc := cudaIncludeDir(); inc != "" {
+			opts = append(opts, "--include-path="+inc)
+		}
+	}
+	return opts
+}
+
+// Compile compiles req with NVRTC for sm_<req.Arch> and returns a CUBIN, or
+// NUL-terminated PTX (which LoadModule JIT-compiles) when this NVRTC cannot
+// produce a CUBIN. A compile failure is a *CompileError with the log. ctx
+// is checked before compiling; NVRTC itself cannot be interrupted.
+func Compile(ctx context.Context, req CompileRequest) ([]byte, error) {
+	image, _, err := compile(ctx, req)
+	return image, err
+}
+
+// compile returns the image and whether it is a CUBIN (else PTX).
+func compile(ctx context.Context, req CompileRequest) ([]byte, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	if req.Arch <= 0 && !hasArchOption(req.Options) {
+		return nil, false, fmt.Errorf("cuda: nvrtc compile of %s: no target architecture (set CompileRequest.Arch)", req.Name)
+	}
+	if err := loadNVRTC(); err != nil {
+		return nil, false, err
+	}
+	name := req.Name
+	if name == "" {
+		name = "collgen.cu"
+	}
+	opts := effectiveOptions(req)
+
+	var cfree []unsafe.Pointer
+	defer func() {
+		for _, p := range cfree {
+			C.free(p)
+		}
+	}()
+	cstr := func(s string) *C.char {
+		p := C.CString(s)
+		cfree = append(cfree, unsafe.Pointer(p))
+		return p
+	}
+	carray := func(ss []string) **C.char {
+		if len(ss) == 0 {
+			return nil
+		}
+		arr := C.malloc(C.size_t(len(ss)) * C.size_t(unsafe.Sizeof(uintptr(0))))
+		cfree = append(cfree, arr)
+		v := unsafe.Slice((**C.char)(arr), len(ss))
+		for i, s := range ss {
+			v[i] = cstr(s)
+		}
+		return (**C.char)(arr)
+	}
+	hnames := make([]string, 0, len(req.Headers))
+	for n := range req.Headers {
+		hnames = append(hnames, n)
+	}
+	sort.Strings(hnames)
+	hbodies := make([]string, len(hnames))
+	for i, n := range hnames {
+		hbodies[i] = req.Headers[n]
+	}
+
+	var prog C.nvrtcProgram
+	if r := C.cg_nvrtcCreateProgram(&prog, cstr(req.Source), cstr(name), C.int(len(hnames)),
+		carray(hbodies), carray(hnames)); r != 0 {
+		return nil, false, fmt.Errorf("cuda: nvrtcCreateProgram(%s): %s", name, nvrtcErrString(r))
+	}
+	defer C.cg_nvrtcDestroyProgram(&prog)
+
+	arch := req.Arch
+	if r := C.cg_nvrtcCompileProgram(prog, C.int(len(opts)), carray(opts)); r != 0 {
+		return nil, false, &CompileError{Name: name, Arch: arch, Result: nvrtcErrString(r), Log: programLog(prog)}
+	}
+	var n C.size_t
+	if r := C.cg_nvrtcGetCUBINSize(prog, &n); r == 0 && n > 0 {
+		out := make([]byte, int(n))
+		if r := C.cg_nvrtcGetCUBIN(prog, (*C.char)(unsafe.Pointer(&out[0]))); r != 0 {
+			return nil, false, fmt.Errorf("cuda: nvrtcGetCUBIN(%s): %s", name, nvrtcErrString(r))
+		}
+		return out, true, nil
+	}
+	// No CUBIN (virtual architecture, or an NVRTC without nvrtcGetCUBIN
+	// support for this target): fall back to PTX for the driver to JIT.
+	if r := C.cg_nvrtcGetPTXSize(prog, &n); r != 0 || n == 0 {
+		return nil, false, fmt.Errorf("cuda: nvrtcGetPTXSize(%s): %s", name, nvrtcErrString(r))
+	}
+	out := make([]byte, int(n)) // n includes the terminating NUL
+	if r := C.cg_nvrtcGetPTX(prog, (*C.char)(unsafe.Pointer(&out[0]))); r != 0 {
+		return nil, false, fmt.Errorf("cuda: nvrtcGetPTX(%s): %s", name, nvrtcErrString(r))
+	}
+	if out[len(out)-1] != 0 {
+		out = append(out, 0)
+	}
+	return out, false, nil
+}
+
+func programLog(prog C.nvrtcProgram) string {
+	var n C.size_t
+	if C.cg_nvrtcGetProgramLogSize(prog, &n) != 0 || n <= 1 {
+		return ""
+	}
+	buf := make([]byte, int(n))
+	if C.cg_nvrtcGetProgramLog(prog, (*C.char)(unsafe.Pointer(&buf[0]))) != 0 {
+		return ""
+	}
+	return strings.TrimRight(string(buf), "\x00")
+}

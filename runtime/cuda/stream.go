@@ -1,0 +1,288 @@
+package cuda
+
+/*
+#include "cuda_shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Stream is a CUDA stream of one device. A nil *Stream means the legacy
+// default stream (0) wherever a stream is taken. Streams from NewStream are
+// non-blocking: they do not synchronise with the legacy default stream, so
+// synchronous copies elsewhere never stall or invalidate a capture on them.
+type Stream struct {
+	dev *Device
+	s   C.CUstream
+}
+
+const streamNonBlocking = 1 // CU_STREAM_NON_BLOCKING
+
+// NewStream creates a non-blocking stream on d. Destroy it when done.
+func (d *Device) NewStream() (*Stream, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer runtime.UnlockOSThread()
+	st := &Stream{dev: d}
+	if r := C.cg_cuStreamCreate(&st.s, streamNonBlocking); r != 0 {
+		return nil, d.err(r, "cuStreamCreate")
+	}
+	return st, nil
+}
+
+// handle returns the CUstream (0 for nil).
+func (s *Stream) handle() C.CUstream {
+	if s == nil {
+		return nil
+	}
+	return s.s
+}
+
+// Handle returns the raw CUstream, e.g. for NCCL (a cudaStream_t is the
+// same object). 0 for a nil stream.
+func (s *Stream) Handle() uintptr {
+	if s == nil {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(s.s))
+}
+
+// Device returns the stream's device (nil for the nil stream).
+func (s *Stream) Device() *Device {
+	if s == nil {
+		return nil
+	}
+	return s.dev
+}
+
+// Synchronize waits for all work queued on s.
+func (s *Stream) Synchronize() error {
+	if err := s.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuStreamSynchronize(s.s); r != 0 {
+		return s.dev.err(r, "cuStreamSynchronize")
+	}
+	return nil
+}
+
+// WaitEvent makes future work on s wait for e (which may be of another
+// device).
+func (s *Stream) WaitEvent(e *Event) error {
+	if err := s.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuStreamWaitEvent(s.s, e.e, 0); r != 0 {
+		return s.dev.err(r, "cuStreamWaitEvent")
+	}
+	return nil
+}
+
+// Destroy releases the stream (queued work still completes). Idempotent.
+func (s *Stream) Destroy() error {
+	if s == nil || s.s == nil {
+		return nil
+	}
+	if err := s.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	r := C.cg_cuStreamDestroy(s.s)
+	s.s = nil
+	if r != 0 {
+		return s.dev.err(r, "cuStreamDestroy")
+	}
+	return nil
+}
+
+// Stream capture modes (CUstreamCaptureMode).
+const captureModeRelaxed = 2
+
+// BeginCapture starts capturing work queued on s into a graph. The capture
+// uses CU_STREAM_CAPTURE_MODE_RELAXED: the other modes require EndCapture
+// on the same OS thread as BeginCapture, which Go cannot promise without
+// pinning the goroutine, and global mode would also forbid unsafe calls
+// (cuMemAlloc, sync copies) in every other goroutine during the capture.
+// Relaxed leaves other goroutines free; the capturing code itself must not
+// make calls that are illegal during capture (synchronising s, sync copies
+// on the legacy stream).
+func (s *Stream) BeginCapture() error {
+	if err := s.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuStreamBeginCapture(s.s, captureModeRelaxed); r != 0 {
+		return s.dev.err(r, "cuStreamBeginCapture")
+	}
+	return nil
+}
+
+// EndCapture ends the capture begun by BeginCapture and returns the graph.
+// An invalidated capture is an error. Destroy the graph when done.
+func (s *Stream) EndCapture() (*Graph, error) {
+	if err := s.dev.enter(); err != nil {
+		return nil, err
+	}
+	defer runtime.UnlockOSThread()
+	g := &Graph{dev: s.dev}
+	if r := C.cg_cuStreamEndCapture(s.s, &g.g); r != 0 {
+		return nil, s.dev.err(r, "cuStreamEndCapture")
+	}
+	if g.g == nil {
+		return nil, fmt.Errorf("cuda: cuStreamEndCapture on device %d: capture produced no graph (invalidated)", s.dev.Ordinal)
+	}
+	return g, nil
+}
+
+// Graph is a captured CUDA graph.
+type Graph struct {
+	dev *Device
+	g   C.CUgraph
+}
+
+// Instantiate makes an executable graph. The Graph may be destroyed
+// afterwards; the GraphExec is independent of it.
+func (g *Graph) Instantiate() (*GraphExec, error) {
+	if err := g.dev.enter(); err != nil {
+		return nil, err
+	}
+	defer runtime.UnlockOSThread()
+	ge := &GraphExec{dev: g.dev}
+	if r := C.cg_cuGraphInstantiateWithFlags(&ge.e, g.g, 0); r != 0 {
+		return nil, g.dev.err(r, "cuGraphInstantiateWithFlags")
+	}
+	return ge, nil
+}
+
+// Destroy releases the graph. Idempotent.
+func (g *Graph) Destroy() error {
+	if g == nil || g.g == nil {
+		return nil
+	}
+	if err := g.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	r := C.cg_cuGraphDestroy(g.g)
+	g.g = nil
+	if r != 0 {
+		return g.dev.err(r, "cuGraphDestroy")
+	}
+	return nil
+}
+
+// GraphExec is an instantiated, launchable graph.
+type GraphExec struct {
+	dev *Device
+	e   C.CUgraphExec
+}
+
+// Launch enqueues one replay of the graph on s.
+func (ge *GraphExec) Launch(s *Stream) error {
+	if err := ge.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuGraphLaunch(ge.e, s.handle()); r != 0 {
+		return ge.dev.err(r, "cuGraphLaunch")
+	}
+	return nil
+}
+
+// Destroy releases the executable graph. Idempotent.
+func (ge *GraphExec) Destroy() error {
+	if ge == nil || ge.e == nil {
+		return nil
+	}
+	if err := ge.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	r := C.cg_cuGraphExecDestroy(ge.e)
+	ge.e = nil
+	if r != 0 {
+		return ge.dev.err(r, "cuGraphExecDestroy")
+	}
+	return nil
+}
+
+// Event is a CUDA event with timing enabled.
+type Event struct {
+	dev *Device
+	e   C.CUevent
+}
+
+// NewEvent creates a timing event on d. Destroy it when done.
+func (d *Device) NewEvent() (*Event, error) {
+	if err := d.enter(); err != nil {
+		return nil, err
+	}
+	defer runtime.UnlockOSThread()
+	ev := &Event{dev: d}
+	if r := C.cg_cuEventCreate(&ev.e, 0); r != 0 {
+		return nil, d.err(r, "cuEventCreate")
+	}
+	return ev, nil
+}
+
+// Record enqueues the event on s.
+func (e *Event) Record(s *Stream) error {
+	if err := e.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuEventRecord(e.e, s.handle()); r != 0 {
+		return e.dev.err(r, "cuEventRecord")
+	}
+	return nil
+}
+
+// Synchronize waits until the event has completed.
+func (e *Event) Synchronize() error {
+	if err := e.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	if r := C.cg_cuEventSynchronize(e.e); r != 0 {
+		return e.dev.err(r, "cuEventSynchronize")
+	}
+	return nil
+}
+
+// Destroy releases the event. Idempotent.
+func (e *Event) Destroy() error {
+	if e == nil || e.e == nil {
+		return nil
+	}
+	if err := e.dev.enter(); err != nil {
+		return err
+	}
+	defer runtime.UnlockOSThread()
+	r := C.cg_cuEventDestroy(e.e)
+	e.e = nil
+	if r != 0 {
+		return e.dev.err(r, "cuEventDestroy")
+	}
+	return nil
+}
+
+// ElapsedMs returns the milliseconds between two completed events recorded
+// on the same device (synchronize end first).
+func ElapsedMs(start, end *Event) (float32, error) {
+	if err := start.dev.enter(); err != nil {
+		return 0, err
+	}
+	defer runtime.UnlockOSThread()
+	var ms C.float
+	if r := C.cg_cuEventElapsedTime(&ms, start.e, end.e); r != 0 {
+		return 0, start.dev.err(r, "cuEventElapsedTime")
+	}
+	return float32(ms), nil
+}

@@ -1,0 +1,486 @@
+// Package nccl binds the few NCCL entry points collgen uses as a baseline
+// and fallback: communicator setup through a rendezvous.Store, all-reduce,
+// reduce-scatter, all-gather, and error handling. libnccl.so.2 is loaded
+// with dlopen at run time (no NCCL headers or library are needed to build);
+// a missing library is a clear error.
+//
+// Threading: every call runs on a locked OS thread with the communicator's
+// device context current (cuda.Device.WithContext), as NCCL expects.
+// ncclCommInitRank is collective and blocks until every rank has joined, so
+// with one goroutine per GPU in a single process each rank's NewComm must
+// run on its own goroutine, concurrently.
+package nccl
+
+/*
+#cgo CFLAGS: -O2 -std=gnu11
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "nccl_shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// EnvNCCLPath overrides where libnccl is loaded from (a file, or a
+// directory holding libnccl.so.2). When set, only that location is tried.
+const EnvNCCLPath = "COLLGEN_NCCL_PATH"
+
+// DataType is an ncclDataType_t.
+type DataType int
+
+// NCCL data types (nccl.h). FP8 types need NCCL 2.24 or newer.
+const (
+	Int8     DataType = 0
+	Uint8    DataType = 1
+	Int32    DataType = 2
+	Uint32   DataType = 3
+	Int64    DataType = 4
+	Uint64   DataType = 5
+	Float16  DataType = 6
+	Float32  DataType = 7
+	Float64  DataType = 8
+	BFloat16 DataType = 9
+	F8E4M3   DataType = 10 // ncclFloat8e4m3
+	F8E5M2   DataType = 11 // ncclFloat8e5m2
+)
+
+// Size returns the element size in bytes (0 for an unknown type).
+func (t DataType) Size() int {
+	switch t {
+	case Int8, Uint8, F8E4M3, F8E5M2:
+		return 1
+	case Float16, BFloat16:
+		return 2
+	case Int32, Uint32, Float32:
+		return 4
+	case Int64, Uint64, Float64:
+		return 8
+	}
+	return 0
+}
+
+func (t DataType) String() string {
+	names := map[DataType]string{Int8: "i8", Uint8: "u8", Int32: "i32", Uint32: "u32", Int64: "i64", Uint64: "u64",
+		Float16: "f16", Float32: "f32", Float64: "f64", BFloat16: "bf16", F8E4M3: "e4m3", F8E5M2: "e5m2"}
+	if n, ok := names[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("DataType(%d)", int(t))
+}
+
+// RedOp is an ncclRedOp_t.
+type RedOp int
+
+// Reduction operations (nccl.h).
+const (
+	Sum  RedOp = 0
+	Prod RedOp = 1
+	Max  RedOp = 2
+	Min  RedOp = 3
+	Avg  RedOp = 4
+)
+
+func (o RedOp) String() string {
+	switch o {
+	case Sum:
+		return "sum"
+	case Prod:
+		return "prod"
+	case Max:
+		return "max"
+	case Min:
+		return "min"
+	case Avg:
+		return "avg"
+	}
+	return fmt.Sprintf("RedOp(%d)", int(o))
+}
+
+// Result is an ncclResult_t.
+type Result int
+
+// NCCL result codes (nccl.h).
+const (
+	Success            Result = 0
+	UnhandledCudaError Result = 1
+	SystemError        Result = 2
+	InternalError      Result = 3
+	InvalidArgument    Result = 4
+	InvalidUsage       Result = 5
+	RemoteError        Result = 6
+	InProgress         Result = 7
+)
+
+// Error is a failed NCCL call.
+type Error struct {
+	Op     string // e.g. "ncclAllReduce(1024 f32 sum)"
+	Rank   int    // communicator rank, -1 if none yet
+	Code   Result
+	Msg    string // ncclGetErrorString
+	Detail string // ncclGetLastError, when available
+}
+
+func (e *Error) Error() string {
+	s := fmt.Sprintf("nccl: %s", e.Op)
+	if e.Rank >= 0 {
+		s += fmt.Sprintf(" on rank %d", e.Rank)
+	}
+	s += ": " + e.Msg
+	if e.Detail != "" {
+		s += " (" + e.Detail + ")"
+	}
+	return s
+}
+
+const missingBase = C.CGN_MISSING_BASE
+
+func newError(r C.ncclResult_t, op string, rank int, comm C.ncclComm_t) *Error {
+	e := &Error{Op: op, Rank: rank, Code: Result(r)}
+	if int(r) >= missingBase {
+		e.Code = -1
+		e.Msg = fmt.Sprintf("symbol %s not found in libnccl", C.GoString(C.cgn_symbol(C.int(int(r)-missingBase))))
+		return e
+	}
+	e.Msg = C.GoString(C.cgn_ncclGetErrorString(r))
+	e.Detail = strings.TrimSpace(C.GoString(C.cgn_ncclGetLastError(comm)))
+	return e
+}
+
+// LibraryError reports a libnccl that could not be loaded or lacks a
+// required symbol.
+type LibraryError struct {
+	Tried  []string
+	Symbol string
+	Reason string
+}
+
+func (e *LibraryError) Error() string {
+	if e.Symbol != "" {
+		return fmt.Sprintf("nccl: %s lacks symbol %s: %s", strings.Join(e.Tried, ", "), e.Symbol, e.Reason)
+	}
+	return fmt.Sprintf("nccl: cannot load libnccl (tried %s): %s", strings.Join(e.Tried, ", "), e.Reason)
+}
+
+// Lib is the loaded NCCL library (one per process).
+type Lib struct {
+	Path    string // what was dlopened
+	version int    // ncclGetVersion code, e.g. 22803
+}
+
+// Version is an NCCL version.
+type Version struct{ Major, Minor, Patch int }
+
+func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
+
+// Version returns the library's version (ncclGetVersion).
+func (l *Lib) Version() Version {
+	c := l.version
+	if c >= 10000 { // NCCL >= 2.9: major*10000 + minor*100 + patch
+		return Version{c / 10000, c / 100 % 100, c % 100}
+	}
+	return Version{c / 1000, c / 100 % 10, c % 100}
+}
+
+// AtLeast reports whether the library is at least major.minor.
+func (l *Lib) AtLeast(major, minor int) bool {
+	v := l.Version()
+	return v.Major > major || (v.Major == major && v.Minor >= minor)
+}
+
+var (
+	loadMu sync.Mutex
+	loaded *Lib
+)
+
+// required symbols; the others fail only the call that needs them.
+var required = []int{C.CGN_ncclGetVersion, C.CGN_ncclGetUniqueId, C.CGN_ncclCommInitRank, C.CGN_ncclCommDestroy,
+	C.CGN_ncclGetErrorString, C.CGN_ncclAllReduce, C.CGN_ncclReduceScatter, C.CGN_ncclAllGather}
+
+func candidates() []string {
+	if v := os.Getenv(EnvNCCLPath); v != "" {
+		if st, err := os.Stat(v); err == nil && st.IsDir() {
+			return []string{filepath.Join(v, "libnccl.so.2"), filepath.Join(v, "libnccl.so")}
+		}
+		return []string{v}
+	}
+	return []string{"libnccl.so.2", "libnccl.so"}
+}
+
+// open dlopens libnccl from cands and resolves symbols into a C table (the
+// caller frees it) without installing anything.
+func open(cands []string) (unsafe.Pointer, string, error) {
+	var last string
+	for _, c := range cands {
+		cs := C.CString(c)
+		h := C.cgn_dlopen(cs)
+		C.free(unsafe.Pointer(cs))
+		if h == nil {
+			if msg := C.cgn_dlerror(); msg != nil {
+				last = C.GoString(msg)
+			}
+			continue
+		}
+		tbl := C.malloc(C.size_t(C.CGN_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
+		C.cgn_resolve(h, (*unsafe.Pointer)(tbl))
+		entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CGN_COUNT))
+		for _, i := range required {
+			if entries[i] == nil {
+				C.free(tbl)
+				C.cgn_dlclose(h)
+				return nil, "", &LibraryError{Tried: []string{c}, Symbol: C.GoString(C.cgn_symbol(C.int(i))),
+					Reason: "not a usable NCCL library"}
+			}
+		}
+		return tbl, c, nil
+	}
+	if last == "" {
+		last = "not found"
+	}
+	return nil, "", &LibraryError{Tried: cands, Reason: last}
+}
+
+// Load loads libnccl once per process (a failure is retried on the next
+// call) and reports its version.
+func Load() (*Lib, error) {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if loaded != nil {
+		return loaded, nil
+	}
+	tbl, path, err := open(candidates())
+	if err != nil {
+		return nil, err
+	}
+	C.cgn_commit((*unsafe.Pointer)(tbl))
+	C.free(tbl)
+	var v C.int
+	if r := C.cgn_ncclGetVersion(&v); r != 0 {
+		return nil, newError(r, "ncclGetVersion", -1, nil)
+	}
+	loaded = &Lib{Path: path, version: int(v)}
+	return loaded, nil
+}
+
+// UniqueIDSize is sizeof(ncclUniqueId).
+const UniqueIDSize = 128
+
+// UniqueID is an ncclUniqueId: made by one rank, shared with all.
+type UniqueID [UniqueIDSize]byte
+
+// NewUniqueID makes a communicator id (ncclGetUniqueId). It also starts
+// NCCL's bootstrap listener in this process, so only the rank that owns
+// the id should call it.
+func (l *Lib) NewUniqueID() (UniqueID, error) {
+	var id UniqueID
+	if r := C.cgn_ncclGetUniqueId(unsafe.Pointer(&id[0])); r != 0 {
+		return id, newError(r, "ncclGetUniqueId", -1, nil)
+	}
+	return id, nil
+}
+
+// GroupStart begins an NCCL group (for one goroutine driving several
+// communicators); pair with GroupEnd.
+func (l *Lib) GroupStart() error {
+	if r := C.cgn_ncclGroupStart(); r != 0 {
+		return newError(r, "ncclGroupStart", -1, nil)
+	}
+	return nil
+}
+
+// GroupEnd ends an NCCL group.
+func (l *Lib) GroupEnd() error {
+	if r := C.cgn_ncclGroupEnd(); r != 0 {
+		return newError(r, "ncclGroupEnd", -1, nil)
+	}
+	return nil
+}
+
+// Comm is one rank's NCCL communicator, bound to one device.
+type Comm struct {
+	lib         *Lib
+	dev         *cuda.Device
+	rank, world int
+	mu          sync.Mutex
+	c           C.ncclComm_t
+}
+
+// NewComm creates rank's communicator of world ranks on dev. Rank 0 makes
+// the unique id and publishes it in store under key+"/nccl-id"; the others
+// wait for it (bounded by ctx). The key must be fresh for each
+// communicator. Then ncclCommInitRank runs, which blocks until all ranks
+// have joined (ctx does not bound that part): with goroutine-per-GPU, call
+// NewComm for every rank concurrently, each on its own goroutine.
+func NewComm(ctx context.Context, store rendezvous.Store, key string, rank, world int, dev *cuda.Device) (*Comm, error) {
+	if world <= 0 || rank < 0 || rank >= world {
+		return nil, fmt.Errorf("nccl: rank %d out of range for world %d", rank, world)
+	}
+	lib, err := Load()
+	if err != nil {
+		return nil, err
+	}
+	idKey := key + "/nccl-id"
+	var id UniqueID
+	if rank == 0 {
+		if id, err = lib.NewUniqueID(); err != nil {
+			return nil, err
+		}
+		if err := store.Set(ctx, idKey, id[:]); err != nil {
+			return nil, fmt.Errorf("nccl: rank 0: publish id: %w", err)
+		}
+	} else {
+		b, err := store.Get(ctx, idKey)
+		if err != nil {
+			return nil, fmt.Errorf("nccl: rank %d: waiting for rank 0's id: %w", rank, err)
+		}
+		if len(b) != UniqueIDSize {
+			return nil, fmt.Errorf("nccl: rank %d: id under %q has %d bytes, want %d", rank, idKey, len(b), UniqueIDSize)
+		}
+		copy(id[:], b)
+	}
+	cm := &Comm{lib: lib, dev: dev, rank: rank, world: world}
+	err = dev.WithContext(func() error {
+		if r := C.cgn_ncclCommInitRank(&cm.c, C.int(world), unsafe.Pointer(&id[0]), C.int(rank)); r != 0 {
+			return newError(r, fmt.Sprintf("ncclCommInitRank(world %d, device %d)", world, dev.Ordinal), rank, nil)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cm, nil
+}
+
+// Rank returns the communicator rank.
+func (c *Comm) Rank() int { return c.rank }
+
+// World returns the number of ranks.
+func (c *Comm) World() int { return c.world }
+
+// Device returns the communicator's device.
+func (c *Comm) Device() *cuda.Device { return c.dev }
+
+// call runs fn with the device context current and the comm handle.
+func (c *Comm) call(op func() string, fn func(C.ncclComm_t) C.ncclResult_t) error {
+	c.mu.Lock()
+	h := c.c
+	c.mu.Unlock()
+	if h == nil {
+		return fmt.Errorf("nccl: %s on rank %d: communicator destroyed", op(), c.rank)
+	}
+	return c.dev.WithContext(func() error {
+		if r := fn(h); r != 0 {
+			return newError(r, op(), c.rank, h)
+		}
+		return nil
+	})
+}
+
+// stream returns the CUstream handle for s (0 for nil: the legacy default
+// stream). A cudaStream_t is a CUstream.
+func (c *Comm) stream(s *cuda.Stream) (C.ulonglong, error) {
+	if s != nil && s.Device() != c.dev {
+		return 0, fmt.Errorf("nccl: rank %d (device %d): stream belongs to device %d", c.rank, c.dev.Ordinal, s.Device().Ordinal)
+	}
+	return C.ulonglong(s.Handle()), nil
+}
+
+// AllReduce enqueues recv[i] = op over ranks of send[i], count elements,
+// on s. send and recv may be the same buffer (in place).
+func (c *Comm) AllReduce(send, recv cuda.DevicePtr, count int, dtype DataType, op RedOp, s *cuda.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.call(func() string { return fmt.Sprintf("ncclAllReduce(%d %v %v)", count, dtype, op) },
+		func(h C.ncclComm_t) C.ncclResult_t {
+			return C.cgn_ncclAllReduce(C.ulonglong(send), C.ulonglong(recv), C.size_t(count), C.int(dtype), C.int(op), h, st)
+		})
+}
+
+// ReduceScatter enqueues: rank r's recv (recvCount elements) = op over
+// ranks of send[r*recvCount : (r+1)*recvCount]. send holds world*recvCount.
+func (c *Comm) ReduceScatter(send, recv cuda.DevicePtr, recvCount int, dtype DataType, op RedOp, s *cuda.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.call(func() string { return fmt.Sprintf("ncclReduceScatter(%d %v %v)", recvCount, dtype, op) },
+		func(h C.ncclComm_t) C.ncclResult_t {
+			return C.cgn_ncclReduceScatter(C.ulonglong(send), C.ulonglong(recv), C.size_t(recvCount), C.int(dtype), C.int(op), h, st)
+		})
+}
+
+// AllGather enqueues: recv[r*sendCount : (r+1)*sendCount] = rank r's send
+// (sendCount elements). recv holds world*sendCount.
+func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendCount int, dtype DataType, s *cuda.Stream) error {
+	st, err := c.stream(s)
+	if err != nil {
+		return err
+	}
+	return c.call(func() string { return fmt.Sprintf("ncclAllGather(%d %v)", sendCount, dtype) },
+		func(h C.ncclComm_t) C.ncclResult_t {
+			return C.cgn_ncclAllGather(C.ulonglong(send), C.ulonglong(recv), C.size_t(sendCount), C.int(dtype), h, st)
+		})
+}
+
+// AsyncError returns the communicator's asynchronous error (a failure in
+// a collective already enqueued, or a remote rank's failure), nil if none.
+// After an error the communicator must be aborted.
+func (c *Comm) AsyncError() error {
+	var res C.ncclResult_t
+	err := c.call(func() string { return "ncclCommGetAsyncError" }, func(h C.ncclComm_t) C.ncclResult_t {
+		return C.cgn_ncclCommGetAsyncError(h, &res)
+	})
+	if err != nil {
+		return err
+	}
+	if res != 0 && Result(res) != InProgress {
+		c.mu.Lock()
+		h := c.c
+		c.mu.Unlock()
+		return newError(res, "async error", c.rank, h)
+	}
+	return nil
+}
+
+// Abort tears the communicator down without waiting for pending work or
+// other ranks (use after an error). The Comm is unusable afterwards.
+func (c *Comm) Abort() error {
+	return c.release("ncclCommAbort", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommAbort(h) })
+}
+
+// Destroy frees the communicator after its pending work completes. The
+// Comm is unusable afterwards. Idempotent (with Abort too).
+func (c *Comm) Destroy() error {
+	return c.release("ncclCommDestroy", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommDestroy(h) })
+}
+
+func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
+	c.mu.Lock()
+	h := c.c
+	c.c = nil
+	c.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	return c.dev.WithContext(func() error {
+		if r := fn(h); r != 0 {
+			return newError(r, op, c.rank, nil)
+		}
+		return nil
+	})
+}
+
+// freeTable frees a symbol table returned by open.
+func freeTable(tbl unsafe.Pointer) { C.free(tbl) }

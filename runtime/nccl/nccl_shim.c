@@ -1,0 +1,68 @@
+// nccl_shim.c: dlopen loader and wrappers for libnccl. See nccl_shim.h.
+#include "nccl_shim.h"
+
+#include <dlfcn.h>
+#include <string.h>
+
+#define CGN_NAME(s) #s,
+static const char *cgn_names[CGN_COUNT] = {CGN_SYMBOLS(CGN_NAME)};
+// Installed once by cgn_commit (under a Go mutex) before any wrapper runs.
+static void *cgn_fn[CGN_COUNT];
+
+void *cgn_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+const char *cgn_dlerror(void) { return dlerror(); }
+void cgn_dlclose(void *h) { dlclose(h); }
+const char *cgn_symbol(int i) { return (i >= 0 && i < CGN_COUNT) ? cgn_names[i] : "?"; }
+void cgn_resolve(void *h, void **out) {
+  for (int i = 0; i < CGN_COUNT; i++) out[i] = dlsym(h, cgn_names[i]);
+}
+void cgn_commit(void **tbl) { memcpy(cgn_fn, tbl, sizeof cgn_fn); }
+
+#define N_CALL(id, sig, ...)                                                   \
+  do {                                                                         \
+    void *f_ = cgn_fn[CGN_##id];                                               \
+    if (!f_) return CGN_MISSING_BASE + CGN_##id;                               \
+    return ((ncclResult_t(*) sig)f_)(__VA_ARGS__);                             \
+  } while (0)
+
+ncclResult_t cgn_ncclGetVersion(int *v) { N_CALL(ncclGetVersion, (int *), v); }
+ncclResult_t cgn_ncclGetUniqueId(void *id128) {
+  N_CALL(ncclGetUniqueId, (ncclUniqueId *), (ncclUniqueId *)id128);
+}
+ncclResult_t cgn_ncclCommInitRank(ncclComm_t *c, int nranks, const void *id128, int rank) {
+  ncclUniqueId id;
+  memcpy(&id, id128, sizeof id);
+  N_CALL(ncclCommInitRank, (ncclComm_t *, int, ncclUniqueId, int), c, nranks, id, rank);
+}
+ncclResult_t cgn_ncclCommDestroy(ncclComm_t c) { N_CALL(ncclCommDestroy, (ncclComm_t), c); }
+ncclResult_t cgn_ncclCommAbort(ncclComm_t c) { N_CALL(ncclCommAbort, (ncclComm_t), c); }
+ncclResult_t cgn_ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
+  N_CALL(ncclCommGetAsyncError, (ncclComm_t, ncclResult_t *), c, err);
+}
+const char *cgn_ncclGetErrorString(ncclResult_t r) {
+  void *f = cgn_fn[CGN_ncclGetErrorString];
+  return f ? ((const char *(*)(ncclResult_t))f)(r) : "unknown NCCL error";
+}
+const char *cgn_ncclGetLastError(ncclComm_t c) {
+  void *f = cgn_fn[CGN_ncclGetLastError];
+  return f ? ((const char *(*)(ncclComm_t))f)(c) : "";
+}
+ncclResult_t cgn_ncclAllReduce(unsigned long long send, unsigned long long recv, size_t count,
+                               ncclDataType_t dt, ncclRedOp_t op, ncclComm_t c, unsigned long long s) {
+  N_CALL(ncclAllReduce,
+         (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t),
+         (const void *)(size_t)send, (void *)(size_t)recv, count, dt, op, c, (cudaStream_t)(size_t)s);
+}
+ncclResult_t cgn_ncclReduceScatter(unsigned long long send, unsigned long long recv, size_t recvcount,
+                                   ncclDataType_t dt, ncclRedOp_t op, ncclComm_t c, unsigned long long s) {
+  N_CALL(ncclReduceScatter,
+         (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t),
+         (const void *)(size_t)send, (void *)(size_t)recv, recvcount, dt, op, c, (cudaStream_t)(size_t)s);
+}
+ncclResult_t cgn_ncclAllGather(unsigned long long send, unsigned long long recv, size_t sendcount,
+                               ncclDataType_t dt, ncclComm_t c, unsigned long long s) {
+  N_CALL(ncclAllGather, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t),
+         (const void *)(size_t)send, (void *)(size_t)recv, sendcount, dt, c, (cudaStream_t)(size_t)s);
+}
+ncclResult_t cgn_ncclGroupStart(void) { N_CALL(ncclGroupStart, (void)); }
+ncclResult_t cgn_ncclGroupEnd(void) { N_CALL(ncclGroupEnd, (void)); }
