@@ -1,0 +1,21 @@
+//go:build !unix
+
+package launch
+
+import (
+	"os"
+	"os/exec"
+)
+
+func setProcGroup(cmd *exec.Cmd) {}
+
+// killGroup signals the rank itself; without process groups its children
+// are not reached.
+func killGroup(cmd *exec.Cmd, sig os.Signal) {
+	if cmd.Process == nil {
+		return
+	}
+	if cmd.Process.Signal(sig) != nil {
+		cmd.Process.Kill()
+	}
+}
