@@ -307,3 +307,15 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseShipped(b *testing.B) {
+	data, err := os.ReadFile("collgen.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := Parse("collgen.yaml", data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/collgen/collgen/schedule"
 	"gopkg.in/yaml.v3"
@@ -665,6 +666,38 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 	return rs
 }
 
+// canRunKey identifies one schedule.CanRun question.
+type canRunKey struct {
+	kind, collective, algorithm string
+	world                       int
+}
+
+// canRunCache memoises schedule.CanRun, which builds and checks a whole
+// schedule; its answers depend only on the arguments. Keys are bounded by the
+// kinds, algorithms and world sizes the schedule package knows.
+var canRunCache sync.Map // canRunKey -> error (nil stored as noErr)
+
+// noErr stands for a nil error in canRunCache.
+type noErr struct{}
+
+// canRun is schedule.CanRun, memoised.
+func canRun(kind TopologyKind, c Collective, alg string, world int) error {
+	k := canRunKey{string(kind), string(c), alg, world}
+	if v, ok := canRunCache.Load(k); ok {
+		if err, ok := v.(error); ok {
+			return err
+		}
+		return nil
+	}
+	err := schedule.CanRun(k.kind, k.collective, k.algorithm, k.world)
+	if err != nil {
+		canRunCache.Store(k, err)
+	} else {
+		canRunCache.Store(k, noErr{})
+	}
+	return err
+}
+
 // crossCheck checks what depends on several fields of a topology (and the
 // spec): world sizes an algorithm cannot run at, select rules naming
 // algorithms not generated, the order of size ranges, fallbacks, dtypes.
@@ -675,24 +708,27 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 	// Can the kind run each generated algorithm at each world size?
 	if ts.kindOK && len(t.WorldSizes) > 0 {
 		for _, c := range Collectives() {
-			var runnable []string
-			for _, a := range knownAlgorithms(c) {
-				ok := true
-				for _, w := range t.WorldSizes {
-					if schedule.CanRun(string(t.Kind), string(c), a, w) != nil {
-						ok = false
-						break
+			runnable := func() []string {
+				var out []string
+				for _, a := range knownAlgorithms(c) {
+					ok := true
+					for _, w := range t.WorldSizes {
+						if canRun(t.Kind, c, a, w) != nil {
+							ok = false
+							break
+						}
+					}
+					if ok {
+						out = append(out, a)
 					}
 				}
-				if ok {
-					runnable = append(runnable, a)
-				}
+				return out
 			}
 			for i, a := range t.Generate[c] {
 				var bad []int
 				why := ""
 				for _, w := range t.WorldSizes {
-					if err := schedule.CanRun(string(t.Kind), string(c), a, w); err != nil {
+					if err := canRun(t.Kind, c, a, w); err != nil {
 						bad = append(bad, w)
 						if why == "" {
 							why = strings.TrimPrefix(err.Error(), string(c)+" "+a+": ")
@@ -703,7 +739,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 					continue
 				}
 				var others []string
-				for _, r := range runnable {
+				for _, r := range runnable() {
 					if !slices.Contains(t.Generate[c], r) {
 						others = append(others, r)
 					}
