@@ -1,0 +1,41 @@
+# collgen: common tasks. `make help` lists them.
+GO ?= go
+NVCC ?= nvcc
+
+.PHONY: help build generate check test test-short cuda-check fatbin bench vet fmt ci
+help:
+	@echo "build       build bin/collgen"
+	@echo "generate    regenerate generated/ from spec/"
+	@echo "check       fail if generated/ is stale (collgen check)"
+	@echo "test        the full CPU test suite (what CI runs)"
+	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90"
+	@echo "fatbin      build .gpu/collgen.fatbin (sm_90) for loading without NVRTC"
+	@echo "gpu-bundle  build GPU test binaries and collgen into .gpu/ (see docs/gpu-workflow.md)"
+	@echo "bench       generator benchmark"
+
+build:
+	$(GO) build -o bin/collgen ./cmd/collgen
+
+generate:
+	$(GO) run ./cmd/collgen generate
+
+check:
+	$(GO) run ./cmd/collgen check
+
+vet:
+	gofmt -l . | (! grep .) && $(GO) vet ./...
+
+test:
+	$(GO) test ./...
+
+cuda-check:
+	NVCC=$(NVCC) tests/cuda/check.sh generated/cuda sm_80 sm_90
+
+fatbin:
+	mkdir -p .gpu
+	NVCC=$(NVCC) tests/cuda/fatbin.sh generated/cuda .gpu/collgen.fatbin
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./gen
+
+-include mk/*.mk
