@@ -83,10 +83,19 @@ func describe(n *yaml.Node) string {
 }
 
 // mappingOf checks that n is a mapping (null counts as an empty one) and
-// returns its pairs in file order, reporting duplicate keys, merge keys and
-// keys that are not plain names. what names n in messages; example shows
+// returns its pairs in file order, reporting duplicate keys and keys that are
+// not plain names. Merge keys (<<: *base) add the fields of the mappings they
+// name that n does not set itself. what names n in messages; example shows
 // what to write.
 func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
+	return l.mappingDepth(n, what, example, 0)
+}
+
+// maxMergeDepth bounds merges of merges.
+const maxMergeDepth = 8
+
+// mappingDepth is mappingOf within depth merges.
+func (l *loader) mappingDepth(n *yaml.Node, what, example string, depth int) []field {
 	n = resolve(n)
 	if isNull(n) {
 		return nil
@@ -96,6 +105,7 @@ func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
 		return nil
 	}
 	var out []field
+	var merges []*yaml.Node
 	seen := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
@@ -105,7 +115,7 @@ func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
 			continue
 		}
 		if rk.Tag == "!!merge" {
-			l.errorf(k, "merge keys (<<) are not supported in %s; write the fields out (aliases such as *name are fine)", what)
+			merges = append(merges, v)
 			continue
 		}
 		if first, dup := seen[rk.Value]; dup {
@@ -114,6 +124,28 @@ func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
 		}
 		seen[rk.Value] = k
 		out = append(out, field{name: rk.Value, key: k, val: v})
+	}
+	for _, m := range merges {
+		srcs := []*yaml.Node{m}
+		if r := resolve(m); r != nil && r.Kind == yaml.SequenceNode {
+			srcs = r.Content
+		}
+		for _, src := range srcs {
+			if r := resolve(src); r == nil || r.Kind != yaml.MappingNode {
+				l.errorf(src, "a merge (<<) in %s must name a mapping, not %s; write <<: *name where &name marks a mapping", what, describe(src))
+				continue
+			}
+			if depth >= maxMergeDepth {
+				l.errorf(src, "merges (<<) in %s nest more than %d deep; write the fields out", what, maxMergeDepth)
+				continue
+			}
+			for _, f := range l.mappingDepth(src, what, example, depth+1) {
+				if _, ok := seen[f.name]; !ok {
+					seen[f.name] = f.key
+					out = append(out, f)
+				}
+			}
+		}
 	}
 	return out
 }
@@ -125,6 +157,9 @@ func (l *loader) mappingOf(n *yaml.Node, what, example string) []field {
 func (l *loader) fields(n *yaml.Node, what, example string, known []string) map[string]field {
 	out := map[string]field{}
 	for _, f := range l.mappingOf(n, what, example) {
+		if what == "the spec" && strings.HasPrefix(f.name, "x-") {
+			continue // extension fields: a place for anchors
+		}
 		if !containsStr(known, f.name) {
 			hint := didYouMean(f.name, known)
 			if sg := suggest(f.name, known); sg != "" {
@@ -132,6 +167,9 @@ func (l *loader) fields(n *yaml.Node, what, example string, known []string) map[
 			}
 			if hint == "" {
 				hint = "; known fields: " + strings.Join(known, ", ")
+				if what == "the spec" {
+					hint += " (fields named x-... are ignored: a place for anchors)"
+				}
 			}
 			l.errorf(f.key, "unknown field %q %s%s", f.name, inWhat(what), hint)
 			continue

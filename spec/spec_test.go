@@ -175,6 +175,7 @@ func TestLoadDir(t *testing.T) {
 func TestMinimal(t *testing.T) {
 	src := `version: 1
 package: coll
+x-gpu: &gpu {kind: nvlink_full, world_sizes: [2-4]}
 algorithms:
   allreduce:
     twoshot:
@@ -186,7 +187,7 @@ topologies:
     generate: {allreduce: [oneshot]}
     select: {allreduce: [{upto: 1000, use: oneshot}], allgather: [{use: nccl}]}
   a:
-    kind: nvlink_full
+    <<: *gpu
     world_sizes: [8]
     dtypes: {copy: [e4m3]}
     generate: {allgather: [oneshot]}
