@@ -15,7 +15,7 @@ type Layout struct {
 }
 
 // Argument struct members, in order. Pointers and 64-bit values are 8
-// bytes; rank and flags are 4. W is the world size.
+// bytes; rank and kernel_id are 4. W is the world size.
 //
 //	input        const void*          the caller's input
 //	output       void*                the caller's output
@@ -28,7 +28,7 @@ type Layout struct {
 //	chunk        unsigned long long   elements per chunk
 //	timeout_ns   unsigned long long   how long one barrier may wait
 //	rank         int                  this rank
-//	flags        int                  reserved, 0
+//	kernel_id    int                  the kernel's index in the library, echoed in timeout reports
 var argFields = []struct {
 	name  string
 	size  int
@@ -45,7 +45,7 @@ var argFields = []struct {
 	{"chunk", 8, false},
 	{"timeout_ns", 8, false},
 	{"rank", 4, false},
-	{"flags", 4, false},
+	{"kernel_id", 4, false},
 }
 
 // NewLayout computes the argument layout for world size w.

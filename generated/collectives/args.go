@@ -17,7 +17,7 @@ type ArgsW2 struct {
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
 	Rank      int32     // C: rank at offset 104
-	Flags     int32     // C: flags at offset 108
+	KernelId  int32     // C: kernel_id at offset 108
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
@@ -79,7 +79,7 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 108,
 		Size:   4,
 	}},
@@ -99,7 +99,7 @@ type ArgsW3 struct {
 	Chunk     uint64    // C: chunk at offset 112
 	TimeoutNs uint64    // C: timeout_ns at offset 120
 	Rank      int32     // C: rank at offset 128
-	Flags     int32     // C: flags at offset 132
+	KernelId  int32     // C: kernel_id at offset 132
 }
 
 var argsLayoutW3 = &kernels.ArgLayout{
@@ -161,7 +161,7 @@ var argsLayoutW3 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 132,
 		Size:   4,
 	}},
@@ -181,7 +181,7 @@ type ArgsW4 struct {
 	Chunk     uint64    // C: chunk at offset 136
 	TimeoutNs uint64    // C: timeout_ns at offset 144
 	Rank      int32     // C: rank at offset 152
-	Flags     int32     // C: flags at offset 156
+	KernelId  int32     // C: kernel_id at offset 156
 }
 
 var argsLayoutW4 = &kernels.ArgLayout{
@@ -243,7 +243,7 @@ var argsLayoutW4 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 156,
 		Size:   4,
 	}},
@@ -263,7 +263,7 @@ type ArgsW8 struct {
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
 	Rank      int32     // C: rank at offset 248
-	Flags     int32     // C: flags at offset 252
+	KernelId  int32     // C: kernel_id at offset 252
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
@@ -325,7 +325,7 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 252,
 		Size:   4,
 	}},

@@ -13,7 +13,7 @@ typedef long long cg_i64;
 
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
-// [24,32) barrier index, [32,48) block.
+// [24,32) barrier index, [32,48) block, [48,64) kernel id.
 #define CG_STATUS_TIMEOUT 1ull
 
 // The by-value argument struct of every kernel of world size W. Member
@@ -31,7 +31,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   int rank;                     // this rank
-  int flags;                    // reserved, 0
+  int kernel_id;                // index in the library, echoed in timeout reports
 };
 
 typedef collgen_args<2> collgen_args_w2;
@@ -47,7 +47,7 @@ static_assert(__builtin_offsetof(collgen_args_w2, count) == 80, "collgen_args_w2
 static_assert(__builtin_offsetof(collgen_args_w2, chunk) == 88, "collgen_args_w2.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w2, timeout_ns) == 96, "collgen_args_w2.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w2, rank) == 104, "collgen_args_w2.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w2, flags) == 108, "collgen_args_w2.flags offset");
+static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 108, "collgen_args_w2.kernel_id offset");
 typedef collgen_args<3> collgen_args_w3;
 static_assert(sizeof(collgen_args_w3) == 136, "collgen_args_w3 size");
 static_assert(__builtin_offsetof(collgen_args_w3, input) == 0, "collgen_args_w3.input offset");
@@ -61,7 +61,7 @@ static_assert(__builtin_offsetof(collgen_args_w3, count) == 104, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w3, chunk) == 112, "collgen_args_w3.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w3, timeout_ns) == 120, "collgen_args_w3.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w3, rank) == 128, "collgen_args_w3.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w3, flags) == 132, "collgen_args_w3.flags offset");
+static_assert(__builtin_offsetof(collgen_args_w3, kernel_id) == 132, "collgen_args_w3.kernel_id offset");
 typedef collgen_args<4> collgen_args_w4;
 static_assert(sizeof(collgen_args_w4) == 160, "collgen_args_w4 size");
 static_assert(__builtin_offsetof(collgen_args_w4, input) == 0, "collgen_args_w4.input offset");
@@ -75,7 +75,7 @@ static_assert(__builtin_offsetof(collgen_args_w4, count) == 128, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w4, chunk) == 136, "collgen_args_w4.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w4, timeout_ns) == 144, "collgen_args_w4.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w4, rank) == 152, "collgen_args_w4.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w4, flags) == 156, "collgen_args_w4.flags offset");
+static_assert(__builtin_offsetof(collgen_args_w4, kernel_id) == 156, "collgen_args_w4.kernel_id offset");
 typedef collgen_args<8> collgen_args_w8;
 static_assert(sizeof(collgen_args_w8) == 256, "collgen_args_w8 size");
 static_assert(__builtin_offsetof(collgen_args_w8, input) == 0, "collgen_args_w8.input offset");
@@ -89,7 +89,7 @@ static_assert(__builtin_offsetof(collgen_args_w8, count) == 224, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w8, chunk) == 232, "collgen_args_w8.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w8, timeout_ns) == 240, "collgen_args_w8.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w8, rank) == 248, "collgen_args_w8.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w8, flags) == 252, "collgen_args_w8.flags offset");
+static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 252, "collgen_args_w8.kernel_id offset");
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
 // f16 and bf16 accumulate in f32 and round to nearest even once.
@@ -316,7 +316,8 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
             volatile cg_u64* st = a.status;
             if (*st == 0)
               *st = CG_STATUS_TIMEOUT | ((cg_u64)a.rank << 8) | ((cg_u64)p << 16) |
-                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32);
+                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32) |
+                    ((cg_u64)(a.kernel_id & 0xffff) << 48);
             timed_out = 1;
             break;
           }

@@ -17,7 +17,7 @@ type ArgsW8 struct {
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
 	Rank      int32     // C: rank at offset 248
-	Flags     int32     // C: flags at offset 252
+	KernelId  int32     // C: kernel_id at offset 252
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
@@ -79,7 +79,7 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 252,
 		Size:   4,
 	}},

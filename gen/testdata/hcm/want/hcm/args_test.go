@@ -19,8 +19,8 @@ func TestArgsMatchCLayout(t *testing.T) {
 		offsets := map[string]uintptr{
 			"chunk":      unsafe.Offsetof(a.Chunk),
 			"count":      unsafe.Offsetof(a.Count),
-			"flags":      unsafe.Offsetof(a.Flags),
 			"input":      unsafe.Offsetof(a.Input),
+			"kernel_id":  unsafe.Offsetof(a.KernelId),
 			"output":     unsafe.Offsetof(a.Output),
 			"rank":       unsafe.Offsetof(a.Rank),
 			"scratch":    unsafe.Offsetof(a.Scratch),

@@ -13,7 +13,7 @@ typedef long long cg_i64;
 
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
-// [24,32) barrier index, [32,48) block.
+// [24,32) barrier index, [32,48) block, [48,64) kernel id.
 #define CG_STATUS_TIMEOUT 1ull
 
 // The by-value argument struct of every kernel of world size W. Member
@@ -31,7 +31,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   int rank;                     // this rank
-  int flags;                    // reserved, 0
+  int kernel_id;                // index in the library, echoed in timeout reports
 };
 
 
@@ -260,7 +260,8 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
             volatile cg_u64* st = a.status;
             if (*st == 0)
               *st = CG_STATUS_TIMEOUT | ((cg_u64)a.rank << 8) | ((cg_u64)p << 16) |
-                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32);
+                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32) |
+                    ((cg_u64)(a.kernel_id & 0xffff) << 48);
             timed_out = 1;
             break;
           }

@@ -13,7 +13,7 @@ typedef long long cg_i64;
 
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
-// [24,32) barrier index, [32,48) block.
+// [24,32) barrier index, [32,48) block, [48,64) kernel id.
 #define CG_STATUS_TIMEOUT 1ull
 
 // The by-value argument struct of every kernel of world size W. Member
@@ -31,7 +31,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   int rank;                     // this rank
-  int flags;                    // reserved, 0
+  int kernel_id;                // index in the library, echoed in timeout reports
 };
 
 typedef collgen_args<2> collgen_args_w2;
@@ -47,7 +47,7 @@ static_assert(__builtin_offsetof(collgen_args_w2, count) == 80, "collgen_args_w2
 static_assert(__builtin_offsetof(collgen_args_w2, chunk) == 88, "collgen_args_w2.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w2, timeout_ns) == 96, "collgen_args_w2.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w2, rank) == 104, "collgen_args_w2.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w2, flags) == 108, "collgen_args_w2.flags offset");
+static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 108, "collgen_args_w2.kernel_id offset");
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
 // f16 and bf16 accumulate in f32 and round to nearest even once.
@@ -274,7 +274,8 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
             volatile cg_u64* st = a.status;
             if (*st == 0)
               *st = CG_STATUS_TIMEOUT | ((cg_u64)a.rank << 8) | ((cg_u64)p << 16) |
-                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32);
+                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32) |
+                    ((cg_u64)(a.kernel_id & 0xffff) << 48);
             timed_out = 1;
             break;
           }

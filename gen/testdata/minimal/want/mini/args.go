@@ -17,7 +17,7 @@ type ArgsW2 struct {
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
 	Rank      int32     // C: rank at offset 104
-	Flags     int32     // C: flags at offset 108
+	KernelId  int32     // C: kernel_id at offset 108
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
@@ -79,7 +79,7 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		Size:   4,
 	}, {
 		Count:  1,
-		Name:   "flags",
+		Name:   "kernel_id",
 		Offset: 108,
 		Size:   4,
 	}},
