@@ -37,7 +37,6 @@ type topoSrc struct {
 	selKey   map[Collective]*yaml.Node   // select.<c> keys
 	rules    map[Collective][]ruleSrc    // select.<c> rules as written
 	selOrder []Collective                // select keys in file order
-	dtKey    map[string]*yaml.Node       // dtypes.reduce/copy keys if given here
 }
 
 // ruleSrc is one select rule as written.
@@ -83,7 +82,7 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		Copy:   []DType{F32, F16, BF16, E4M3, E5M2},
 	}
 	if d, ok := f["dtypes"]; ok {
-		l.dtypes(d.val, "", &s.DTypes, nil)
+		l.dtypes(d.val, "", &s.DTypes)
 	}
 
 	s.Ops = AllOps()
@@ -174,9 +173,8 @@ func checkPackage(name string) string {
 }
 
 // dtypes reads a `dtypes:` mapping into d, replacing each list given. of is
-// "" at the top level, else ` of topology "x"`. keys, if non-nil, receives
-// the key node of each list given.
-func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes, keys map[string]*yaml.Node) {
+// "" at the top level, else ` of topology "x"`.
+func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes) {
 	what := "dtypes" + of
 	f := l.fields(n, what, "dtypes: {reduce: [f32, f16, bf16], copy: [f32, f16, bf16, e4m3, e5m2]}", dtypeFields)
 	var reduceKnown, copyKnown []string
@@ -190,9 +188,6 @@ func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes, keys map[string]*yam
 		fl, ok := f[use]
 		if !ok {
 			continue
-		}
-		if keys != nil {
-			keys[use] = fl.key
 		}
 		if isNull(fl.val) {
 			continue
@@ -346,8 +341,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 	t := &Topology{Name: e.name, DTypes: s.DTypes, Generate: map[Collective][]string{}, Select: map[Collective][]Rule{}}
 	ts := &topoSrc{t: t, key: e.key,
 		genKey: map[Collective]*yaml.Node{}, genItems: map[Collective][]*yaml.Node{},
-		selKey: map[Collective]*yaml.Node{}, rules: map[Collective][]ruleSrc{},
-		dtKey: map[string]*yaml.Node{}}
+		selKey: map[Collective]*yaml.Node{}, rules: map[Collective][]ruleSrc{}}
 	in := fmt.Sprintf("topology %q", e.name)
 	if !topoName.MatchString(e.name) {
 		fix := strings.Trim(regexp.MustCompile(`[^a-z0-9_]+`).ReplaceAllString(strings.ToLower(e.name), "_"), "_")
@@ -390,7 +384,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 
 	// dtypes
 	if d, ok := f["dtypes"]; ok {
-		l.dtypes(d.val, " of "+in, &t.DTypes, ts.dtKey)
+		l.dtypes(d.val, " of "+in, &t.DTypes)
 	}
 
 	// generate
