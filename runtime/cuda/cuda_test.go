@@ -508,12 +508,14 @@ func TestGraphCaptureReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another goroutine keeps using the device during the capture.
+	// (cuMemFree is left until after the capture: it may synchronise.)
 	done := make(chan error)
+	var other cuda.DevicePtr
 	go func() {
-		p, err := d.Alloc(1 << 20)
+		var err error
+		other, err = d.Alloc(1 << 20)
 		if err == nil {
-			err = d.Memset8(p, 1, 1<<20)
-			d.Free(p)
+			err = d.Memset8(other, 1, 1<<20)
 		}
 		done <- err
 	}()
@@ -530,6 +532,7 @@ func TestGraphCaptureReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Destroy()
+	d.Free(other)
 	ge, err := g.Instantiate()
 	if err != nil {
 		t.Fatal(err)

@@ -111,6 +111,7 @@ var (
 	driverMu     sync.Mutex
 	driverLoaded bool
 	driverPath   string
+	driverInit   error // cuInit's result, returned by every later loadDriver
 )
 
 // loadDriverFrom opens libcuda from cands and checks the required symbols
@@ -146,7 +147,7 @@ func loadDriver() error {
 	driverMu.Lock()
 	defer driverMu.Unlock()
 	if driverLoaded {
-		return nil
+		return driverInit
 	}
 	tbl, path, err := loadDriverFrom(driverCandidates())
 	if err != nil {
@@ -158,9 +159,9 @@ func loadDriver() error {
 	// into it live in the global table for the life of the process.
 	driverLoaded, driverPath = true, path
 	if r := C.cg_cuInit(0); r != 0 {
-		return newError(r, "cuInit", -1)
+		driverInit = newError(r, "cuInit", -1)
 	}
-	return nil
+	return driverInit
 }
 
 // DriverPath returns the libcuda path or soname that was loaded ("" before

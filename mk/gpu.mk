@@ -1,0 +1,28 @@
+# GPU test bundle (included by the main Makefile). See docs/gpu-workflow.md.
+#
+#   make gpu-bundle   build every GPU test binary and collgen into .gpu/
+#                     (cgo on; runs here, no CUDA toolkit or GPU needed)
+#   make gpu-test     run tests/gpu/run.sh on this machine (needs a GPU)
+#
+# The bundle then travels to a GPU machine with the repository, where
+# tests/gpu/run.sh runs every .gpu/*.test binary.
+
+GPU_DIR        ?= .gpu
+GPU_TEST_PKGS  ?= ./runtime/cuda ./runtime/ipc ./runtime/nccl
+
+.PHONY: gpu-bundle gpu-test gpu-clean
+gpu-bundle:
+	mkdir -p $(GPU_DIR)
+	@set -e; for p in $(GPU_TEST_PKGS); do \
+	  n=$$(basename $$p); \
+	  echo "CGO_ENABLED=1 $(GO) test -c -o $(GPU_DIR)/$$n.test $$p"; \
+	  CGO_ENABLED=1 $(GO) test -c -o $(GPU_DIR)/$$n.test $$p; \
+	done
+	CGO_ENABLED=1 $(GO) build -o $(GPU_DIR)/collgen ./cmd/collgen
+	@ls -l $(GPU_DIR)
+
+gpu-test:
+	tests/gpu/run.sh
+
+gpu-clean:
+	rm -rf $(GPU_DIR)/*.test $(GPU_DIR)/collgen $(GPU_DIR)/out

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Runs collgen's GPU test bundle on a GPU machine (no Go needed there).
+# Build the bundle first where Go is: `make gpu-bundle` (.gpu/*.test and
+# .gpu/collgen). Then, from the repository root on the GPU machine:
+#
+#   tests/gpu/run.sh            # logs to $OUT (default .gpu/out)
+#
+# Logs (at most 8 files, for the device tool): env.log (machine, libraries,
+# nvcc fatbin build), abi.log (tests/gpu/abi_check.c against the real
+# headers), one <pkg>.log per test binary, bench.log, summary.txt.
+# Knobs: OUT, PER_TEST_TIMEOUT (s, default 120), RUN_SERIAL_BENCH (1/0),
+# COLLGEN_CUDA_DIR (kernel set for the benchmarks).
+# Exit status: non-zero if any test binary failed.
+set -uo pipefail
+
+# NVLink multicast stays off: it can take the host's shared GPUs down.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/out}
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export COLLGEN_CACHE_DIR="$TMP/cache" # never touch a real user cache
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+PER_TEST_TIMEOUT=${PER_TEST_TIMEOUT:-120}
+
+{
+  echo "== date"; date -u
+  echo "== nvidia-smi"; nvidia-smi 2>&1 | head -30
+  echo "== topology"; nvidia-smi topo -m 2>&1 | head -12
+  echo "== libraries"; ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libnvrtc|libnccl' | head -20
+  ls "$CUDA_HOME"/lib64/libnvrtc* 2>&1 | head
+  echo "== nccl.h"; grep -hE '#define NCCL_(MAJOR|MINOR|PATCH)|ncclFloat8e' /usr/include/nccl.h /usr/local/include/nccl.h 2>/dev/null | head
+  echo "== nvcc"; "$CUDA_HOME"/bin/nvcc --version 2>&1 | tail -2
+  echo "== collgen"; [ -x .gpu/collgen ] && .gpu/collgen --help 2>&1 | head -20
+  echo "== fatbin of the test kernels (nvcc)"
+  if "$CUDA_HOME"/bin/nvcc -std=c++17 -fatbin -gencode arch=compute_90,code=sm_90 \
+      -I runtime/cuda/testdata -o "$TMP/test_kernels.fatbin" runtime/cuda/testdata/test_kernels.cu; then
+    export COLLGEN_TEST_FATBIN="$TMP/test_kernels.fatbin"
+    ls -l "$COLLGEN_TEST_FATBIN"
+  else
+    echo "nvcc fatbin build failed; TestFatbin will skip its fatbin half"
+  fi
+} >"$OUT/env.log" 2>&1
+
+{
+  echo "== gcc -I$CUDA_HOME/include tests/gpu/abi_check.c"
+  gcc -std=gnu11 -I"$CUDA_HOME/include" tests/gpu/abi_check.c -o "$TMP/abi_check" && "$TMP/abi_check"
+  echo "abi_check exit: $?"
+} >"$OUT/abi.log" 2>&1
+
+status=0
+: >"$OUT/summary.txt"
+for bin in .gpu/*.test; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin" .test)
+  echo "== $bin" >"$OUT/$name.log"
+  timeout "$PER_TEST_TIMEOUT" "$bin" -test.v -test.count=1 -test.timeout="$((PER_TEST_TIMEOUT - 10))s" >>"$OUT/$name.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  {
+    echo "== $name: exit $rc"
+    grep -E '^(--- |ok|FAIL|PASS)' "$OUT/$name.log"
+  } >>"$OUT/summary.txt"
+done
+
+# Benchmarks: the generated kernel set if present, else the test kernels.
+if [ -x .gpu/cuda.test ]; then
+  if [ -z "${COLLGEN_CUDA_DIR:-}" ]; then
+    if [ -d generated/cuda ]; then COLLGEN_CUDA_DIR=generated/cuda; else COLLGEN_CUDA_DIR=runtime/cuda/testdata; fi
+  fi
+  export COLLGEN_CUDA_DIR
+  {
+    echo "== kernel set: $COLLGEN_CUDA_DIR ($(ls "$COLLGEN_CUDA_DIR"/*.cu | wc -l) .cu files)"
+    echo "== warm (cached) load of the set, 10 iterations"
+    timeout 120 .gpu/cuda.test -test.run='^$' -test.bench='WarmLoad' -test.benchtime=10x -test.v 2>&1
+    echo "== cold NVRTC compile of the set, one goroutine per CPU"
+    timeout 120 .gpu/cuda.test -test.run='^$' -test.bench='NVRTCCompileParallel' -test.benchtime=1x 2>&1
+    if [ "${RUN_SERIAL_BENCH:-1}" = 1 ]; then
+      echo "== cold NVRTC compile of the set, serial"
+      timeout 200 .gpu/cuda.test -test.run='^$' -test.bench='NVRTCCompile$' -test.benchtime=1x 2>&1
+    fi
+  } >"$OUT/bench.log" 2>&1
+  grep -E '^(Benchmark|--- |ok|FAIL)' "$OUT/bench.log" | sed 's/^/bench: /' >>"$OUT/summary.txt"
+fi
+
+cat "$OUT/summary.txt"
+exit $status
