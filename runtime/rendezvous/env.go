@@ -40,7 +40,8 @@ type Env struct {
 func ReadEnv() (Env, error) { return readEnv(os.LookupEnv) }
 
 func readEnv(lookup func(string) (string, bool)) (Env, error) {
-	has := func(k string) bool { _, ok := lookup(k); return ok }
+	// An empty variable counts as unset.
+	has := func(k string) bool { v, _ := lookup(k); return v != "" }
 	if has(RankEnv) || has(WorldSizeEnv) || has(StoreEnv) || has(LocalRankEnv) {
 		return readCollgenEnv(lookup)
 	}
@@ -83,7 +84,7 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	if e.Store == "" {
 		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port or file:///path)", StoreEnv)
 	}
-	if _, _, err := parseStoreAddr(e.Store); err != nil {
+	if _, _, err := ParseStoreAddr(e.Store); err != nil {
 		return Env{}, err
 	}
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
@@ -123,9 +124,9 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	return e, nil
 }
 
-// parseStoreAddr splits a store address into its scheme ("tcp" or "file")
-// and the rest (host:port, or a path). A bare host:port means tcp.
-func parseStoreAddr(addr string) (scheme, rest string, err error) {
+// ParseStoreAddr splits a store address into its scheme ("tcp" or "file")
+// and the rest (host:port, or an absolute path). A bare host:port means tcp.
+func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 	switch {
 	case strings.HasPrefix(addr, "tcp://"):
 		scheme, rest = "tcp", strings.TrimPrefix(addr, "tcp://")
@@ -150,7 +151,7 @@ func parseStoreAddr(addr string) (scheme, rest string, err error) {
 // "host:port") dials a TCP server with the secret from $COLLGEN_STORE_SECRET;
 // "file:///path" opens a file store in that directory.
 func Open(ctx context.Context, addr string) (Store, error) {
-	scheme, rest, err := parseStoreAddr(addr)
+	scheme, rest, err := ParseStoreAddr(addr)
 	if err != nil {
 		return nil, err
 	}

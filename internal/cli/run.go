@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/runtime/launch"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+func init() { register("run", newCmdRun) }
+
+// usageError makes err exit with code 2, like a flag error.
+func usageError(err error) error { return &ExitError{Code: 2, Err: err} }
+
+func newCmdRun(io *IO) *cobra.Command {
+	var (
+		n     int
+		store string
+		grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run -n N [--store ADDR] -- CMD [ARGS...]",
+		Short: "Start N ranks of a program on this host, like torchrun",
+		Long: `Run starts N copies of CMD, one per rank, each with COLLGEN_RANK,
+COLLGEN_WORLD_SIZE, COLLGEN_LOCAL_RANK and COLLGEN_STORE set. Without --store
+it serves a TCP store on a free loopback port for the ranks, protected by
+$COLLGEN_STORE_SECRET or, when that is unset, a fresh random secret passed
+to the ranks only.
+
+Every output line is prefixed with "[rank R] ". When a rank fails the others
+get SIGTERM, then SIGKILL after --grace, and run exits with the failing
+rank's code (128+N for a rank killed by signal N). Ctrl-C or SIGTERM is
+forwarded to every rank; a second one kills them at once.`,
+		Example: `  collgen run -n 4 -- ./allreduce-bench --size 64MiB
+  collgen run -n 2 --store file:///shared/rdzv -- ./prog`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 {
+				return usageError(fmt.Errorf("run: -n must be at least 1 (got %d)", n))
+			}
+			if len(args) == 0 {
+				return usageError(errors.New("run: no program given; usage: collgen run -n N -- CMD [ARGS...]"))
+			}
+			cfg := launch.Config{N: n, Args: args, Store: store, Stdout: io.Out, Stderr: io.Err, Grace: grace}
+			if store != "" {
+				if _, _, err := rendezvous.ParseStoreAddr(store); err != nil {
+					return usageError(fmt.Errorf("run: --store: %w", err))
+				}
+			} else {
+				secret := os.Getenv(rendezvous.SecretEnv)
+				if secret == "" {
+					var b [16]byte
+					rand.Read(b[:])
+					secret = hex.EncodeToString(b[:])
+				}
+				srv, err := rendezvous.NewTCPServer("127.0.0.1:0", rendezvous.ServerOptions{
+					Secret: []byte(secret),
+					Logf:   func(f string, a ...any) { fmt.Fprintf(io.Err, "collgen run: "+f+"\n", a...) },
+				})
+				if err != nil {
+					return fmt.Errorf("run: start the store: %w", err)
+				}
+				defer srv.Close()
+				cfg.Store, cfg.Secret = "tcp://"+srv.Addr(), secret
+			}
+
+			sigs := make(chan os.Signal, 2)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			g, err := launch.Start(cfg)
+			if err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
+			done := make(chan struct{})
+			defer close(done)
+			go func() {
+				for {
+					select {
+					case sig := <-sigs:
+						fmt.Fprintf(io.Err, "collgen run: %v: stopping all ranks\n", sig)
+						g.Signal(sig)
+					case <-done:
+						return
+					}
+				}
+			}()
+			err = g.Wait()
+			var ee *launch.ExitError
+			if errors.As(err, &ee) {
+				// launch (or the signal handler) has already said why.
+				return &ExitError{Code: ee.Code}
+			}
+			return err
+		},
+	}
+	cmd.Flags().IntVarP(&n, "nproc", "n", 0, "number of ranks to start (required)")
+	cmd.Flags().StringVar(&store, "store", "", "existing store for the ranks: tcp://host:port or file:///path (default: serve one)")
+	cmd.Flags().DurationVar(&grace, "grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
+	// Everything from CMD on belongs to CMD, "--" or not.
+	cmd.Flags().SetInterspersed(false)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	return cmd
+}

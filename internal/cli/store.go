@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+func init() { register("store", newCmdStore) }
+
+func newCmdStore(io *IO) *cobra.Command {
+	var listen, addrFile string
+	var maxFrame int
+	cmd := &cobra.Command{
+		Use:   "store [--listen ADDR]",
+		Short: "Serve a standalone rendezvous TCP store until interrupted",
+		Long: `Store serves the TCP rendezvous store that ranks reach through
+COLLGEN_STORE=tcp://host:port (or collgen run --store). It listens on
+loopback unless --listen names another host; anything beyond loopback should
+set COLLGEN_STORE_SECRET, which every rank must share. Ctrl-C or SIGTERM
+stops it.`,
+		Example: `  collgen store --listen 127.0.0.1:29500
+  COLLGEN_STORE_SECRET=... collgen store --listen 0.0.0.0:29500`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			srv, err := rendezvous.NewTCPServer(listen, rendezvous.ServerOptions{
+				MaxFrameSize: maxFrame,
+				Logf:         func(f string, a ...any) { fmt.Fprintf(io.Err, "collgen store: "+f+"\n", a...) },
+			})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			addr := "tcp://" + srv.Addr()
+			if addrFile != "" {
+				// Write then rename so a script polling for the file never
+				// reads half an address.
+				tmp := addrFile + ".tmp"
+				if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o600); err != nil {
+					return fmt.Errorf("store: --addr-file: %w", err)
+				}
+				if err := os.Rename(tmp, addrFile); err != nil {
+					return fmt.Errorf("store: --addr-file: %w", err)
+				}
+			}
+			auth := "no secret"
+			if os.Getenv(rendezvous.SecretEnv) != "" {
+				auth = "secret from " + rendezvous.SecretEnv
+			}
+			fmt.Fprintf(io.Out, "collgen store: listening on %s (%s)\n", addr, auth)
+			sig := <-sigs
+			fmt.Fprintf(io.Out, "collgen store: %v: stopped\n", sig)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:29500", "address to listen on; a bare :PORT means loopback")
+	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0)")
+	cmd.Flags().IntVar(&maxFrame, "max-frame-size", rendezvous.DefaultMaxFrameSize, "largest request in bytes; bigger ones disconnect the client")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	return cmd
+}
