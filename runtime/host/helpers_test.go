@@ -1,0 +1,263 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/schedule"
+)
+
+// testLibrary is the Library the tests run with. It is the portable one
+// until the generated package lands; then a _test.go file switches it to
+// collectives.Library.
+var testLibrary = PortableLibrary()
+
+// op is one collective in a test sweep.
+type op struct {
+	coll, alg, dtype, red string
+	count                 int // allreduce: elements; RS: per-rank output; AG: per-rank input
+	inPlace               bool
+	tag                   uint64
+	seed                  int
+}
+
+func (o op) String() string {
+	ip := ""
+	if o.inPlace {
+		ip = " in-place"
+	}
+	return fmt.Sprintf("%s %s %s %s n=%d%s", o.coll, o.alg, o.dtype, o.red, o.count, ip)
+}
+
+// runOp runs o on g with deterministic inputs and checks the result
+// against a float64 (or exact) reference computed from every rank's
+// regenerated input. It returns the output for cross-rank comparison.
+func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
+	w, rank, esz := g.World(), g.Rank(), numeric.Size(o.dtype)
+	inE, outE := o.count, o.count
+	switch o.coll {
+	case schedule.ReduceScatter:
+		inE = w * o.count
+	case schedule.AllGather:
+		outE = w * o.count
+	}
+	inputs := inputsFor(o.dtype, inE, o.seed, w)
+	defer releaseInputs(o.dtype, inE, o.seed, w)
+	in := append([]byte(nil), inputs[rank]...)
+	out := make([]byte, outE*esz)
+	if o.inPlace {
+		switch o.coll {
+		case schedule.AllReduce:
+			out = in
+		case schedule.ReduceScatter:
+			out = in[rank*o.count*esz : (rank+1)*o.count*esz]
+		case schedule.AllGather:
+			copy(out[rank*o.count*esz:], in)
+			in = out[rank*o.count*esz : (rank+1)*o.count*esz]
+		}
+	}
+	opts := Options{Algorithm: o.alg, Tag: o.tag}
+	var err error
+	switch o.coll {
+	case schedule.AllReduce:
+		err = g.AllReduce(ctx, in, out, o.count, o.dtype, o.red, opts)
+	case schedule.ReduceScatter:
+		err = g.ReduceScatter(ctx, in, out, o.count, o.dtype, o.red, opts)
+	case schedule.AllGather:
+		err = g.AllGather(ctx, in, out, o.count, o.dtype, opts)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%v: %w", o, err)
+	}
+	switch o.coll {
+	case schedule.AllReduce:
+		// Ranks' results are compared bitwise elsewhere; checking a few
+		// against the reference keeps big worlds fast.
+		if rank == 0 || rank == w-1 || rank%8 == 1 || !sharedInputs {
+			err = numeric.Check(o.dtype, o.red, out, inputs)
+		}
+	case schedule.ReduceScatter:
+		srcs := make([][]byte, w)
+		for r := range srcs {
+			srcs[r] = inputs[r][rank*o.count*esz : (rank+1)*o.count*esz]
+		}
+		err = numeric.Check(o.dtype, o.red, out, srcs)
+	case schedule.AllGather:
+		for r := 0; r < w; r++ {
+			if !bytes.Equal(out[r*o.count*esz:(r+1)*o.count*esz], inputs[r]) {
+				err = fmt.Errorf("block %d differs from rank %d's input", r, r)
+				break
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rank %d %v: %w", rank, o, err)
+	}
+	return out, nil
+}
+
+// sweep returns every dtype x op x algorithm of the host spec at counts.
+func sweep(counts []int, w int) []op {
+	var ops []op
+	seed := 1
+	for _, dt := range numeric.DTypes {
+		for _, c := range counts {
+			for _, red := range numeric.Ops {
+				for _, alg := range []string{schedule.OneShot, schedule.TwoShot} {
+					ops = append(ops, op{coll: schedule.AllReduce, alg: alg, dtype: dt, red: red, count: c, inPlace: seed%2 == 0, seed: seed})
+					seed++
+				}
+				ops = append(ops, op{coll: schedule.ReduceScatter, alg: schedule.OneShot, dtype: dt, red: red, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
+				seed++
+			}
+			ops = append(ops, op{coll: schedule.AllGather, alg: schedule.OneShot, dtype: dt, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
+			seed++
+		}
+	}
+	return ops
+}
+
+// goroutineGroup runs fn on world goroutine ranks of a fresh group and
+// returns every rank's error, after closing the groups.
+func goroutineGroup(t *testing.T, world int, cfg Config, fn func(g *Group) error) []error {
+	t.Helper()
+	st := cfg.Store
+	if st == nil {
+		st = rendezvous.NewMemStore()
+		defer st.Close()
+	}
+	if cfg.Group == "" {
+		cfg.Group = t.Name()
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 20 * time.Second
+	}
+	if cfg.Library == nil {
+		cfg.Library = testLibrary
+	}
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Rank, c.World, c.Store = r, world, st
+			g, err := New(context.Background(), c)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			errs[r] = fn(g)
+			if err := g.Close(); err != nil && errs[r] == nil {
+				errs[r] = err
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func firstErr(errs []error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+var _ = kernels.HostKey{}
+
+// nopStore is a Store for tests that never set up shared memory.
+type nopStore struct{}
+
+func (nopStore) Set(context.Context, string, []byte) error         { return errors.New("nop store") }
+func (nopStore) Get(context.Context, string) ([]byte, error)       { return nil, errors.New("nop store") }
+func (nopStore) Wait(context.Context, ...string) error             { return errors.New("nop store") }
+func (nopStore) Add(context.Context, string, int64) (int64, error) { return 0, errors.New("nop store") }
+func (nopStore) CompareAndSet(context.Context, string, []byte, []byte) ([]byte, bool, error) {
+	return nil, false, errors.New("nop store")
+}
+func (nopStore) Delete(context.Context, string) (bool, error) { return false, errors.New("nop store") }
+func (nopStore) Close() error                                 { return nil }
+
+// countSetups installs a test hook counting set-ups (all ranks) until the
+// test ends, and returns the counter.
+func countSetups(t *testing.T) func() int {
+	var mu sync.Mutex
+	n := 0
+	testHook = func(rank int, point string) {
+		if point == "setup:start" {
+			mu.Lock()
+			n++
+			mu.Unlock()
+		}
+	}
+	t.Cleanup(func() { testHook = nil })
+	return func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// sharedInputs says ranks are goroutines of this process, so inputsFor may
+// share one set of regenerated inputs between them.
+var sharedInputs = true
+
+type inputKey struct {
+	dtype          string
+	n, seed, world int
+}
+
+var inputCache = struct {
+	sync.Mutex
+	m    map[inputKey][][]byte
+	refs map[inputKey]int
+}{m: map[inputKey][][]byte{}, refs: map[inputKey]int{}}
+
+// inputsFor returns every rank's deterministic input for an op; goroutine
+// ranks share one copy (generating W inputs on each of W ranks is what
+// made big worlds slow), released by the last releaseInputs.
+func inputsFor(dtype string, n, seed, w int) [][]byte {
+	gen := func() [][]byte {
+		in := make([][]byte, w)
+		for r := range in {
+			in[r] = make([]byte, n*numeric.Size(dtype))
+			numeric.Fill(dtype, in[r], seed, r)
+		}
+		return in
+	}
+	if !sharedInputs {
+		return gen()
+	}
+	k := inputKey{dtype, n, seed, w}
+	inputCache.Lock()
+	defer inputCache.Unlock()
+	in, ok := inputCache.m[k]
+	if !ok {
+		in = gen()
+		inputCache.m[k] = in
+	}
+	return in
+}
+
+func releaseInputs(dtype string, n, seed, w int) {
+	if !sharedInputs {
+		return
+	}
+	k := inputKey{dtype, n, seed, w}
+	inputCache.Lock()
+	defer inputCache.Unlock()
+	// Every rank acquires before the collective's first barrier and
+	// releases after its last, so the w-th release is the last use.
+	if inputCache.refs[k]++; inputCache.refs[k] == w {
+		delete(inputCache.m, k)
+		delete(inputCache.refs, k)
+	}
+}

@@ -1,0 +1,381 @@
+// Package host is collgen's CPU backend: it executes the same schedules as
+// the generated GPU kernels (schedule.Build), with ranks that are processes
+// of one host sharing POSIX shared memory, or goroutines of one process
+// sharing ordinary memory. Reduce loops come from a kernels.Library (the
+// generated package's HostReducers); selection rules come from its host_shm
+// topology.
+//
+// A Group is one communicator. Its collectives may be issued concurrently
+// from several goroutines; each carries a tag (explicit, or the next value
+// of an internal sequence) that picks a slot of shared memory and is
+// checked at every barrier, so the data of two collectives never mixes.
+// See docs/host-backend.md for the design, the segment lifecycle and the
+// failure behaviour.
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/shm"
+	"github.com/collgen/collgen/schedule"
+)
+
+// Errors wrapped by the errors collectives return.
+var (
+	// ErrTimeout: a peer did not reach a barrier (or set-up step) before
+	// the deadline.
+	ErrTimeout = errors.New("host: timeout")
+	// ErrPeerFailed: a peer died, abandoned the collective or closed the
+	// group while others waited for it.
+	ErrPeerFailed = errors.New("host: peer failed")
+	// ErrMismatch: peers ran different collectives (tag, kind, dtype or
+	// count) on the same slot at the same time.
+	ErrMismatch = errors.New("host: collective mismatch")
+	// ErrBroken: an earlier collective failed, leaving the group's shared
+	// state inconsistent; make a new group.
+	ErrBroken = errors.New("host: group broken by an earlier failure")
+	// ErrClosed: the group was closed.
+	ErrClosed = errors.New("host: group closed")
+)
+
+// DefaultTimeout bounds every wait when neither Config.Timeout nor the
+// context says otherwise.
+const DefaultTimeout = 60 * time.Second
+
+// Config describes one rank's membership of a group.
+type Config struct {
+	// Rank and World: this rank's index and the group size (1..64).
+	Rank, World int
+	// Store is the rendezvous store the ranks share; keys are prefixed
+	// with "collgen/host/<Group>/".
+	Store rendezvous.Store
+	// Group names the group; every rank passes the same name, and groups
+	// sharing a Store need distinct names. Segment names add a random
+	// nonce agreed through the store, so groups never collide in /dev/shm
+	// even with equal names on different stores.
+	Group string
+	// Library supplies host reduce loops and host_shm selection rules;
+	// nil uses PortableLibrary().
+	Library *kernels.Library
+	// Shared selects POSIX shared memory (ranks are processes); false
+	// means ranks are goroutines of this process sharing ordinary memory.
+	Shared bool
+	// Provider overrides the segment provider chosen by Shared (tests).
+	Provider shm.Provider
+	// Timeout bounds each wait (a barrier, a set-up step, a busy slot)
+	// when the context has no earlier deadline; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// SlotBytes is the shared memory per slot per rank; messages larger
+	// than a slot are processed in pieces. 0 picks clamp(32 MiB / World,
+	// 256 KiB, 8 MiB). Rank 0's value wins when others pass 0.
+	SlotBytes int
+	// Slots is how many collectives may be in flight at once without
+	// waiting for each other; 0 means 4.
+	Slots int
+	// Lanes is how many worker goroutines per rank split a large message
+	// (each with its own part of the slot and its own barrier flags); 0
+	// means clamp(NumCPU / World, 1, 8).
+	Lanes int
+}
+
+// Options tune one collective call.
+type Options struct {
+	// Algorithm forces a schedule ("oneshot", "twoshot"); "" picks one by
+	// message size with the Library's host_shm rules.
+	Algorithm string
+	// Tag identifies the collective across ranks: the same call on every
+	// rank must carry the same tag, and collectives in flight at once need
+	// distinct tags. 0 takes the next value of the group's sequence, which
+	// matches across ranks when every rank issues its calls in the same
+	// order. Do not mix explicit and sequence tags in one group.
+	Tag uint64
+}
+
+// Group is one rank's handle on a host communicator. It is safe for
+// concurrent use.
+type Group struct {
+	cfg      Config
+	lib      *kernels.Library
+	prov     shm.Provider
+	prefix   string // store key prefix
+	timeout  time.Duration
+	seq      atomic.Uint64 // last sequence tag handed out
+	slotLock []chan struct{}
+
+	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
+	ready   atomic.Bool
+	lay     layout
+	self    shm.Segment   // our segment, read-write
+	peers   []shm.Segment // by rank; peers[rank] == self
+	mems    [][]byte      // peers[i].Bytes(), cached
+	names   []string      // segment names by rank
+	pidNS   uint64
+
+	schedMu sync.Mutex
+	scheds  map[schedKey]*schedule.Schedule
+
+	broken atomic.Pointer[error] // first fatal error, if any
+	closed atomic.Bool
+	active sync.WaitGroup // collectives in flight, for Close
+}
+
+type schedKey struct{ collective, algorithm string }
+
+// New checks cfg and returns a Group. Shared memory is set up lazily by the
+// first collective (or by Setup), exactly once even when many goroutines
+// arrive together.
+func New(ctx context.Context, cfg Config) (*Group, error) {
+	if cfg.World < 1 || cfg.World > 64 {
+		return nil, fmt.Errorf("host: world size %d out of range 1..64", cfg.World)
+	}
+	if cfg.Rank < 0 || cfg.Rank >= cfg.World {
+		return nil, fmt.Errorf("host: rank %d out of range 0..%d", cfg.Rank, cfg.World-1)
+	}
+	if cfg.Store == nil {
+		return nil, errors.New("host: Config.Store is nil; ranks need a rendezvous store to agree on segment names")
+	}
+	if cfg.Group == "" {
+		return nil, errors.New("host: Config.Group is empty; name the group (unique per store)")
+	}
+	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > 64 {
+		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
+	}
+	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout,
+		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*schedule.Schedule{}}
+	if g.lib == nil {
+		g.lib = PortableLibrary()
+	}
+	if g.prov == nil {
+		if cfg.Shared {
+			g.prov = shm.Posix{}
+		} else {
+			g.prov = shm.InProcess{}
+		}
+	}
+	if g.timeout <= 0 {
+		g.timeout = DefaultTimeout
+	}
+	return g, nil
+}
+
+// Rank returns this rank's index.
+func (g *Group) Rank() int { return g.cfg.Rank }
+
+// World returns the group size.
+func (g *Group) World() int { return g.cfg.World }
+
+// defaultLayout resolves the zero fields of the config.
+func (g *Group) defaultLayout() layout {
+	w := g.cfg.World
+	l := layout{Slots: g.cfg.Slots, Lanes: g.cfg.Lanes}
+	if l.Slots == 0 {
+		l.Slots = 4
+	}
+	if l.Lanes == 0 {
+		l.Lanes = min(max(runtime.NumCPU()/w, 1), 8)
+	}
+	sb := g.cfg.SlotBytes
+	if sb == 0 {
+		sb = min(max(32<<20/w, 256<<10), 8<<20)
+	}
+	lane := laneBytes(sb, l.Lanes, w)
+	l.LaneBytes = lane
+	return l
+}
+
+// laneBytes splits a slot of sb bytes into lanes, page aligned, and at
+// least big enough for one 64-byte vector per rank in Stage and Scratch.
+func laneBytes(sb, lanes, world int) int {
+	return max(sb/lanes/pageBytes*pageBytes, roundUp(2*world*64, pageBytes))
+}
+
+// waitCtx returns the context for one wait: ctx bounded by the group's
+// timeout.
+func (g *Group) waitCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, g.timeout)
+}
+
+// fail records the first fatal error and tells peers, through our abort
+// word, to stop waiting for us.
+func (g *Group) fail(err error) {
+	if g.broken.CompareAndSwap(nil, &err) && g.self != nil {
+		// Single writer (us); peers' wait loops load it with
+		// atomic.LoadUint64 and give up on seeing nonzero.
+		atomic.StoreUint64(hdr(g.self.Bytes(), hdrAbort), 1)
+	}
+}
+
+func (g *Group) brokenErr() error {
+	if p := g.broken.Load(); p != nil {
+		return fmt.Errorf("%w: %w", ErrBroken, *p)
+	}
+	return nil
+}
+
+// Close tells peers this rank has left (so a peer still waiting for it
+// fails fast), waits for this rank's collectives in flight, unmaps every
+// segment and, if set-up never finished, unlinks whatever names it created.
+// Close is idempotent.
+func (g *Group) Close() error {
+	if !g.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	g.active.Wait()
+	g.setupMu.Lock()
+	defer g.setupMu.Unlock()
+	if g.self == nil {
+		return nil
+	}
+	// Single writer (us); read by peers' wait loops after their counter
+	// load, so a peer that sees closed and re-reads our counter sees
+	// every arrival we made before closing.
+	atomic.StoreUint64(hdr(g.self.Bytes(), hdrClosed), 1)
+	var first error
+	for i, s := range g.peers {
+		if s == nil {
+			continue
+		}
+		if err := s.Close(); err != nil && first == nil {
+			first = err
+		}
+		g.peers[i] = nil
+	}
+	g.self, g.mems = nil, nil
+	return first
+}
+
+// begin registers a collective in flight and returns its error if the
+// group cannot run one.
+func (g *Group) begin() error {
+	g.active.Add(1)
+	if g.closed.Load() {
+		g.active.Done()
+		return ErrClosed
+	}
+	if err := g.brokenErr(); err != nil {
+		g.active.Done()
+		return err
+	}
+	return nil
+}
+
+// schedule returns the cached schedule of a collective and algorithm.
+func (g *Group) schedule(collective, algorithm string) (*schedule.Schedule, error) {
+	g.schedMu.Lock()
+	defer g.schedMu.Unlock()
+	k := schedKey{collective, algorithm}
+	if s, ok := g.scheds[k]; ok {
+		return s, nil
+	}
+	s, err := schedule.Build(collective, algorithm, g.cfg.World)
+	if err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
+	for _, ph := range s.Phases {
+		for _, st := range ph.Steps {
+			if !st.Dst.Rank.IsSelf() {
+				return nil, fmt.Errorf("host: %s writes a peer's %s; the host backend maps peers read-only", s.Name(), st.Dst.Buf)
+			}
+			if st.Dst.Buf == schedule.Input {
+				return nil, fmt.Errorf("host: %s writes its input", s.Name())
+			}
+		}
+	}
+	if n := len(s.Phases); n == 0 || !s.Phases[n-1].Sync || s.Barriers() < 2 {
+		return nil, fmt.Errorf("host: %s must end in a barrier and have at least two", s.Name())
+	}
+	g.scheds[k] = s
+	return s, nil
+}
+
+// choose returns the algorithm for a collective of the given total size.
+func (g *Group) choose(collective string, bytes int64, forced string) string {
+	if forced != "" {
+		return forced
+	}
+	if sel, ok := g.lib.Selection(schedule.KindHostShm, collective, g.cfg.World); ok {
+		if a := sel.Choose(bytes); a != "nccl" {
+			return a
+		}
+	}
+	if collective == schedule.AllReduce && bytes > 32<<10 {
+		return schedule.TwoShot
+	}
+	return schedule.OneShot
+}
+
+// Algorithm returns the algorithm a collective of the given total byte size
+// would run without Options.Algorithm.
+func (g *Group) Algorithm(collective string, bytes int64) string {
+	return g.choose(collective, bytes, "")
+}
+
+// AllReduce reduces count elements of dtype across all ranks with op (sum,
+// max, min): out = op over every rank's in. in and out hold count elements
+// each and may be the same slice (in place).
+func (g *Group) AllReduce(ctx context.Context, in, out []byte, count int, dtype, op string, opts Options) error {
+	return g.run(ctx, call{collective: schedule.AllReduce, in: in, out: out, count: count, dtype: dtype, op: op, opts: opts})
+}
+
+// ReduceScatter reduces World*recvCount elements across ranks and leaves
+// block Rank of the result in out: in holds World*recvCount elements, out
+// recvCount. In place is out = in[Rank*recvCount*size:].
+func (g *Group) ReduceScatter(ctx context.Context, in, out []byte, recvCount int, dtype, op string, opts Options) error {
+	return g.run(ctx, call{collective: schedule.ReduceScatter, in: in, out: out, count: recvCount, dtype: dtype, op: op, opts: opts})
+}
+
+// AllGather concatenates every rank's sendCount elements in rank order into
+// out (World*sendCount elements). In place is in = out[Rank*sendCount*size:].
+func (g *Group) AllGather(ctx context.Context, in, out []byte, sendCount int, dtype string, opts Options) error {
+	return g.run(ctx, call{collective: schedule.AllGather, in: in, out: out, count: sendCount, dtype: dtype, opts: opts})
+}
+
+// Setup creates and maps the shared segments now instead of on the first
+// collective. Every rank must call it (or a collective).
+func (g *Group) Setup(ctx context.Context) error {
+	if err := g.begin(); err != nil {
+		return err
+	}
+	defer g.active.Done()
+	return g.ensureSetup(ctx)
+}
+
+// PortableLibrary returns a Library with the portable reduce loops of
+// package numeric for every host dtype and op, and the spec's default
+// host_shm selection rules (one-shot all-reduce up to 32 KiB, two-shot
+// above). It stands in for the generated library in tests and in tools
+// built without generated code.
+func PortableLibrary() *kernels.Library {
+	lib := &kernels.Library{Package: "portable", HostReducers: map[kernels.HostKey]kernels.HostReduceFunc{}}
+	for _, dt := range numeric.DTypes {
+		for _, op := range numeric.Ops {
+			f, err := numeric.Reducer(dt, op)
+			if err != nil {
+				panic(err)
+			}
+			lib.HostReducers[kernels.HostKey{DType: dt, Op: op}] = f
+		}
+	}
+	worlds := make([]int, 64)
+	for i := range worlds {
+		worlds[i] = i + 1
+	}
+	sel := func(c string, rules ...kernels.Rule) kernels.Selection {
+		return kernels.Selection{Topology: "host", Kind: schedule.KindHostShm, Collective: c, Worlds: worlds, Rules: rules}
+	}
+	lib.Selections = []kernels.Selection{
+		sel(schedule.AllReduce, kernels.Rule{UpTo: 32 << 10, Use: schedule.OneShot}, kernels.Rule{Use: schedule.TwoShot}),
+		sel(schedule.ReduceScatter, kernels.Rule{Use: schedule.OneShot}),
+		sel(schedule.AllGather, kernels.Rule{Use: schedule.OneShot}),
+	}
+	return lib
+}

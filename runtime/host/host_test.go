@@ -1,0 +1,246 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/schedule"
+)
+
+// TestCorrectnessGoroutines runs every dtype x op x algorithm on sampled
+// world sizes of the host spec (1..64) with tiny, odd and multi-piece
+// counts, in and out of place, on goroutine ranks; all-reduce results must
+// also be bitwise identical on every rank.
+func TestCorrectnessGoroutines(t *testing.T) {
+	worlds := []int{1, 2, 3, 4, 5, 8, 16, 33, 64}
+	if testing.Short() {
+		worlds = []int{1, 2, 3, 8}
+	}
+	for _, w := range worlds {
+		t.Run(fmt.Sprint("w", w), func(t *testing.T) {
+			counts := []int{1, 7, 3*w*16 + 5}
+			if w <= 8 {
+				// Several pieces over several lanes: slots of 3 lanes of 4 KiB.
+				counts = append(counts, 5000)
+			}
+			ops := sweep(counts, w)
+			outs := make([][][]byte, w)
+			cfg := Config{Lanes: 3, SlotBytes: 3 * 4096}
+			if w > 8 {
+				cfg = Config{Lanes: 1, SlotBytes: 2 * w * 64}
+			}
+			errs := goroutineGroup(t, w, cfg, func(g *Group) error {
+				for _, o := range ops {
+					out, err := runOp(context.Background(), g, o)
+					if err != nil {
+						return err
+					}
+					if o.coll == schedule.AllReduce {
+						outs[g.Rank()] = append(outs[g.Rank()], out)
+					}
+				}
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			for r := 1; r < w; r++ {
+				for i := range outs[0] {
+					if !bytes.Equal(outs[0][i], outs[r][i]) {
+						t.Fatalf("all-reduce %d: rank %d's result differs from rank 0's", i, r)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestZeroCountAndErrors covers argument checking.
+func TestZeroCountAndErrors(t *testing.T) {
+	errs := goroutineGroup(t, 2, Config{}, func(g *Group) error {
+		ctx := context.Background()
+		if err := g.AllReduce(ctx, nil, nil, 0, "f32", "sum", Options{}); err != nil {
+			return err
+		}
+		if err := g.AllReduce(ctx, make([]byte, 4), make([]byte, 4), 2, "f32", "sum", Options{}); err == nil {
+			return errors.New("short buffers accepted")
+		}
+		if err := g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f17", "sum", Options{}); err == nil {
+			return errors.New("bad dtype accepted")
+		}
+		if err := g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "prod", Options{}); err == nil {
+			return errors.New("bad op accepted")
+		}
+		if err := g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "sum", Options{Algorithm: "hcm"}); err == nil {
+			return errors.New("hcm accepted at world 2")
+		}
+		b := make([]byte, 12)
+		if err := g.AllReduce(ctx, b[1:9], b[1:9], 2, "f32", "sum", Options{}); err == nil {
+			return errors.New("misaligned buffer accepted")
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAlgorithmSelection checks the host_shm size rules and that an
+// explicit algorithm is honoured.
+func TestAlgorithmSelection(t *testing.T) {
+	g, err := New(context.Background(), Config{Rank: 0, World: 4, Store: nopStore{}, Group: "sel", Library: testLibrary})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		coll  string
+		bytes int64
+		want  string
+	}{
+		{schedule.AllReduce, 4 << 10, schedule.OneShot},
+		{schedule.AllReduce, 32 << 10, schedule.OneShot},
+		{schedule.AllReduce, 32<<10 + 1, schedule.TwoShot},
+		{schedule.AllReduce, 16 << 20, schedule.TwoShot},
+		{schedule.ReduceScatter, 16 << 20, schedule.OneShot},
+		{schedule.AllGather, 1, schedule.OneShot},
+	} {
+		if got := g.Algorithm(c.coll, c.bytes); got != c.want {
+			t.Errorf("%s %d bytes: %s, want %s", c.coll, c.bytes, got, c.want)
+		}
+	}
+	if got := g.choose(schedule.AllReduce, 16<<20, schedule.OneShot); got != schedule.OneShot {
+		t.Errorf("explicit oneshot gave %s", got)
+	}
+}
+
+// TestConcurrentCollectives issues collectives from 8 goroutines per rank
+// at once, with the first ones racing into lazy set-up; each goroutine owns
+// the tags congruent to its index, so streams never share a slot.
+func TestConcurrentCollectives(t *testing.T) {
+	const world, streams, per = 4, 8, 6
+	setups := countSetups(t)
+	errs := goroutineGroup(t, world, Config{Slots: streams, Lanes: 2, SlotBytes: 2 * 4096}, func(g *Group) error {
+		var wg sync.WaitGroup
+		errs := make([]error, streams)
+		for s := 0; s < streams; s++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < per; i++ {
+					tag := uint64(s + streams*i + streams) // nonzero, == s mod streams
+					o := op{coll: schedule.AllReduce, dtype: []string{"f32", "bf16", "i64"}[i%3], red: "sum",
+						count: 100 + 977*s + 13*i, tag: tag, seed: int(tag)}
+					if i%3 == 2 {
+						o = op{coll: schedule.AllGather, dtype: "f16", count: 50 + s, tag: tag, seed: int(tag)}
+					}
+					if _, err := runOp(context.Background(), g, o); err != nil {
+						errs[s] = err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	if n := setups(); n != world {
+		t.Fatalf("set-up ran %d times for %d ranks", n, world)
+	}
+}
+
+// TestTagMismatchNeverMixes: two ranks run different collectives on the
+// same slot (tags 1 and 5 with 4 slots); both must fail with ErrMismatch
+// instead of combining each other's data.
+func TestTagMismatchNeverMixes(t *testing.T) {
+	errs := goroutineGroup(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
+		tag := uint64(1 + 4*g.Rank())
+		_, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 64, tag: tag})
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrPeerFailed) {
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+	if !errors.Is(errs[0], ErrMismatch) && !errors.Is(errs[1], ErrMismatch) {
+		t.Errorf("no rank saw the mismatch: %v", errs)
+	}
+}
+
+// TestTwoGroupsSameRanks runs two groups over the same goroutine ranks at
+// once: one pair with different names on one store, one pair with the
+// same name on two stores (the nonce keeps their segments apart).
+func TestTwoGroupsSameRanks(t *testing.T) {
+	for _, sameName := range []bool{false, true} {
+		t.Run(fmt.Sprint("sameName=", sameName), func(t *testing.T) {
+			var wg sync.WaitGroup
+			var errA, errB []error
+			cfgA, cfgB := Config{Group: "A"}, Config{Group: "B"}
+			if sameName {
+				cfgB.Group = "A"
+			}
+			run := func(cfg Config, seed int, out *[]error) {
+				defer wg.Done()
+				*out = goroutineGroup(t, 3, cfg, func(g *Group) error {
+					for i := 0; i < 20; i++ {
+						if _, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, dtype: "f64", red: "sum", count: 333 + i, seed: seed + i}); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			}
+			wg.Add(2)
+			go run(cfgA, 100, &errA)
+			go run(cfgB, 200, &errB)
+			wg.Wait()
+			if err := errors.Join(firstErr(errA), firstErr(errB)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestTimeoutNamesMissingRank: rank 1 sets up but never joins the
+// collective; rank 0 fails within its timeout naming rank 1, and the group
+// is broken afterwards.
+func TestTimeoutNamesMissingRank(t *testing.T) {
+	var mu sync.Mutex
+	var got error
+	errs := goroutineGroup(t, 2, Config{Timeout: 300 * time.Millisecond}, func(g *Group) error {
+		if err := g.Setup(context.Background()); err != nil {
+			return err
+		}
+		if g.Rank() == 1 {
+			time.Sleep(600 * time.Millisecond)
+			return nil
+		}
+		start := time.Now()
+		err := g.AllReduce(context.Background(), make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{})
+		if d := time.Since(start); d > 2*time.Second {
+			return fmt.Errorf("took %v", d)
+		}
+		mu.Lock()
+		got = err
+		mu.Unlock()
+		if err2 := g.AllReduce(context.Background(), make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{}); !errors.Is(err2, ErrBroken) {
+			return fmt.Errorf("second call after failure: %v, want ErrBroken", err2)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(got, ErrTimeout) || !bytes.Contains([]byte(got.Error()), []byte("ranks [1]")) {
+		t.Fatalf("got %v, want a timeout naming ranks [1]", got)
+	}
+	t.Log(got)
+}

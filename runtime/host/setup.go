@@ -1,0 +1,265 @@
+package host
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/shm"
+)
+
+// testHook, when set (by tests only), is called at named points of set-up
+// and execution so a test can kill or stall a rank exactly there.
+var testHook func(rank int, point string)
+
+func (g *Group) hook(point string) {
+	if testHook != nil {
+		testHook(g.cfg.Rank, point)
+	}
+}
+
+// SegmentName returns the name of a rank's segment for a group and nonce:
+// collgen-<sha256(group, world)[:8 bytes]>-<nonce>-r<rank>.
+func SegmentName(group string, world int, nonce string, rank int) string {
+	return fmt.Sprintf("%s%s-%s-r%d", shm.Prefix, GroupHash(group, world), nonce, rank)
+}
+
+// GroupHash is the group part of segment names: 16 hex digits of
+// sha256(group name, world size). Tests scan /dev/shm for it.
+func GroupHash(group string, world int) string {
+	h := sha256.Sum256([]byte(group + "\x00" + strconv.Itoa(world)))
+	return hex.EncodeToString(h[:8])
+}
+
+// ensureSetup runs set-up once; goroutines arriving together wait for the
+// first, and all see its result. A failed set-up breaks the group.
+func (g *Group) ensureSetup(ctx context.Context) error {
+	if g.ready.Load() {
+		return nil
+	}
+	g.setupMu.Lock()
+	defer g.setupMu.Unlock()
+	if g.ready.Load() {
+		return nil
+	}
+	if err := g.brokenErr(); err != nil {
+		return err
+	}
+	if g.closed.Load() {
+		return ErrClosed
+	}
+	if err := g.setup(ctx); err != nil {
+		err = fmt.Errorf("host: rank %d set-up of group %q: %w", g.cfg.Rank, g.cfg.Group, err)
+		g.fail(err)
+		return err
+	}
+	g.ready.Store(true)
+	return nil
+}
+
+// setup agrees on a nonce and layout through the store, creates this
+// rank's segment, maps every peer's, and unlinks all names once every rank
+// has mapped every segment. Store keys (under g.prefix):
+//
+//	nonce        random hex, set by the first rank to get there (CAS)
+//	layout       rank 0's layout
+//	created/r<i> rank i created and initialised its segment
+//	mapped/r<i>  rank i mapped every segment
+//
+// Who unlinks: after the mapped barrier every rank unlinks every name
+// (ENOENT is fine), so names vanish even if some rank dies right after the
+// barrier. On failure before that, the failing rank unlinks every name of
+// the group too, so a rank killed during set-up leaves nothing behind as
+// long as one rank survives to time out.
+func (g *Group) setup(ctx context.Context) error {
+	ctx, cancel := g.waitCtx(ctx)
+	defer cancel()
+	st, w, rank := g.cfg.Store, g.cfg.World, g.cfg.Rank
+	g.hook("setup:start")
+
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return err
+	}
+	cur, _, err := st.CompareAndSet(ctx, g.prefix+"nonce", nil, []byte(hex.EncodeToString(rnd[:])))
+	if err != nil {
+		return fmt.Errorf("agree on a segment nonce: %w", err)
+	}
+	nonce := string(cur)
+	if shm.CheckName(shm.Prefix+nonce) != nil || len(nonce) == 0 || len(nonce) > 32 {
+		return fmt.Errorf("bad nonce %q in store key %snonce", nonce, g.prefix)
+	}
+
+	lay := g.defaultLayout()
+	if rank == 0 {
+		if err := st.Set(ctx, g.prefix+"layout", lay.encode()); err != nil {
+			return fmt.Errorf("publish layout: %w", err)
+		}
+	} else {
+		b, err := st.Get(ctx, g.prefix+"layout")
+		if err != nil {
+			return fmt.Errorf("read rank 0's layout: %w", wrapStoreErr(err))
+		}
+		l0, err := decodeLayout(b)
+		if err != nil {
+			return err
+		}
+		if (g.cfg.Slots != 0 && g.cfg.Slots != l0.Slots) || (g.cfg.Lanes != 0 && g.cfg.Lanes != l0.Lanes) ||
+			(g.cfg.SlotBytes != 0 && laneBytes(g.cfg.SlotBytes, l0.Lanes, w) != l0.LaneBytes) {
+			return fmt.Errorf("layout differs from rank 0's (slots %d, lanes %d, lane bytes %d here; %d, %d, %d there): pass the same Slots, Lanes and SlotBytes on every rank",
+				lay.Slots, lay.Lanes, lay.LaneBytes, l0.Slots, l0.Lanes, l0.LaneBytes)
+		}
+		lay = l0
+	}
+	if lay.Slots < 1 || lay.Lanes < 1 || lay.LaneBytes < 2*w*64 || lay.LaneBytes%pageBytes != 0 {
+		return fmt.Errorf("bad layout %+v for world %d", lay, w)
+	}
+	g.lay = lay
+	g.names = make([]string, w)
+	for r := range g.names {
+		g.names[r] = SegmentName(g.cfg.Group, w, nonce, r)
+	}
+	g.pidNS = pidNamespace()
+
+	ok := false
+	defer func() {
+		if ok {
+			return
+		}
+		// Failed set-up: remove our name and any a dead peer left, and
+		// unmap what we mapped.
+		g.unlinkVerified()
+		for i, s := range g.peers {
+			if s != nil {
+				s.Close()
+				g.peers[i] = nil
+			}
+		}
+		g.self, g.mems = nil, nil
+	}()
+
+	g.hook("setup:create")
+	self, err := g.prov.Create(g.names[rank], lay.size())
+	if err != nil {
+		return err
+	}
+	g.self = self
+	g.peers = make([]shm.Segment, w)
+	g.peers[rank] = self
+	mem := self.Bytes()
+	// Header words are written before the created key is published; peers
+	// read them only after seeing that key (the store orders the two).
+	for i, v := range map[int]uint64{hdrWorld: uint64(w), hdrRank: uint64(rank), hdrPID: uint64(os.Getpid()),
+		hdrPIDNS: g.pidNS, hdrSlots: uint64(lay.Slots), hdrLanes: uint64(lay.Lanes), hdrLaneLen: uint64(lay.LaneBytes)} {
+		atomic.StoreUint64(hdr(mem, i), v)
+	}
+	atomic.StoreUint64(hdr(mem, hdrMagic), magic)
+	g.hook("setup:created")
+	if err := st.Set(ctx, g.prefix+"created/r"+strconv.Itoa(rank), []byte(nonce)); err != nil {
+		return fmt.Errorf("publish segment: %w", err)
+	}
+	if err := st.Wait(ctx, g.rankKeys("created/")...); err != nil {
+		return fmt.Errorf("wait for every rank to create its segment: %w", wrapStoreErr(err))
+	}
+	for r := 0; r < w; r++ {
+		if r == rank {
+			continue
+		}
+		s, err := g.prov.Open(g.names[r], lay.size())
+		if err != nil {
+			return fmt.Errorf("map rank %d's segment: %w", r, err)
+		}
+		g.peers[r] = s
+		pm := s.Bytes()
+		if loadHdr(pm, hdrMagic) != magic || loadHdr(pm, hdrWorld) != uint64(w) || loadHdr(pm, hdrRank) != uint64(r) ||
+			loadHdr(pm, hdrSlots) != uint64(lay.Slots) || loadHdr(pm, hdrLanes) != uint64(lay.Lanes) || loadHdr(pm, hdrLaneLen) != uint64(lay.LaneBytes) {
+			return fmt.Errorf("rank %d's segment %s has a bad header (not this group's rank %d); refusing it", r, g.names[r], r)
+		}
+	}
+	g.hook("setup:mapped")
+	if err := st.Set(ctx, g.prefix+"mapped/r"+strconv.Itoa(rank), []byte{1}); err != nil {
+		return fmt.Errorf("publish mapped: %w", err)
+	}
+	if err := st.Wait(ctx, g.rankKeys("mapped/")...); err != nil {
+		return fmt.Errorf("wait for every rank to map every segment: %w", wrapStoreErr(err))
+	}
+	g.hook("setup:unlink")
+	g.unlinkAll()
+	g.mems = make([][]byte, w)
+	for r, s := range g.peers {
+		g.mems[r] = s.Bytes()
+	}
+	g.slotLock = make([]chan struct{}, lay.Slots)
+	for i := range g.slotLock {
+		g.slotLock[i] = make(chan struct{}, 1)
+	}
+	ok = true
+	g.hook("setup:done")
+	return nil
+}
+
+func (g *Group) rankKeys(sub string) []string {
+	keys := make([]string, g.cfg.World)
+	for r := range keys {
+		keys[r] = g.prefix + sub + "r" + strconv.Itoa(r)
+	}
+	return keys
+}
+
+// unlinkAll removes every segment name of the group, ignoring names that
+// are already gone. It runs after the mapped barrier, when every name is
+// known to be this group's.
+func (g *Group) unlinkAll() {
+	for _, n := range g.names {
+		_ = g.prov.Unlink(n) // ErrNotFound: another rank was first
+	}
+}
+
+// unlinkVerified is the failure path's clean-up: it removes our own name
+// and every peer name that passes Open's checks (our uid, mode 0600, the
+// layout's size) and carries this group's header for that rank, so a rank
+// killed during set-up leaves nothing behind, while a file squatted under
+// one of the names by someone else is left alone.
+func (g *Group) unlinkVerified() {
+	for r, n := range g.names {
+		if r == g.cfg.Rank {
+			if g.self != nil {
+				_ = g.prov.Unlink(n)
+			}
+			continue
+		}
+		s, err := g.prov.Open(n, g.lay.size())
+		if err != nil {
+			continue
+		}
+		m := s.Bytes()
+		if loadHdr(m, hdrMagic) == 0 || loadHdr(m, hdrMagic) == magic && loadHdr(m, hdrWorld) == uint64(g.cfg.World) && loadHdr(m, hdrRank) == uint64(r) {
+			_ = g.prov.Unlink(n)
+		}
+		s.Close()
+	}
+}
+
+func wrapStoreErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout) {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	return err
+}
+
+// pidNamespace returns the inode of this process's pid namespace, or 0.
+func pidNamespace() uint64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/pid", &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
