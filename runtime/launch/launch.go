@@ -60,6 +60,7 @@ type ExitError struct {
 	Signal os.Signal // the signal that killed the rank, or that interrupted the group
 }
 
+// Error says which rank failed and how, or which signal interrupted the group.
 func (e *ExitError) Error() string {
 	switch {
 	case e.Rank < 0:

@@ -30,6 +30,7 @@ type WaitError struct {
 	Missing []string
 }
 
+// Error reads `rendezvous: timeout waiting for keys "a", "c"`.
 func (e *WaitError) Error() string {
 	q := make([]string, len(e.Missing))
 	for i, k := range e.Missing {
@@ -56,6 +57,8 @@ type MissingRanksError struct {
 	Missing []int
 }
 
+// Error reads "rendezvous: 3/4 ranks joined after 30s; missing rank 2" (or
+// "missing ranks 1, 2").
 func (e *MissingRanksError) Error() string {
 	s := make([]string, len(e.Missing))
 	for i, r := range e.Missing {

@@ -18,6 +18,17 @@ var ErrClosed = errors.New("rendezvous: store closed")
 // Store is a small key-value store shared by the ranks of a group. Every
 // method honours ctx: a wait ends with an error wrapping ErrTimeout when the
 // ctx deadline (or the store's default timeout, if ctx has none) passes.
+//
+// Implementations: NewMemStore (goroutine ranks), NewFileStore (a shared
+// directory) and DialTCP (a Server run by a rank, `collgen run` or
+// `collgen store`); Open and FromEnv pick one from an address.
+//
+// Values: a present key always reads as a non-nil slice (possibly empty);
+// nil means "absent" only in CompareAndSet's old and current. Add keeps
+// counters as decimal text, so Get of a counter returns e.g. "3", and Add on
+// a non-decimal value fails. Keys are arbitrary strings; Barrier, AllGather
+// and Join use keys under "collgen/". All methods are safe for concurrent
+// use.
 type Store interface {
 	// Set stores value under key, replacing any previous value.
 	Set(ctx context.Context, key string, value []byte) error
