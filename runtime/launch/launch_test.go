@@ -121,7 +121,7 @@ func TestEnvAndPrefixes(t *testing.T) {
 func TestFailureStopsOthers(t *testing.T) {
 	for _, mode := range []string{"fail", "fail-stubborn"} {
 		t.Run(mode, func(t *testing.T) {
-			cfg, out, errb := config(4, mode, "2", "7")
+			cfg, _, errb := config(4, mode, "2", "7")
 			start := time.Now()
 			g, err := Start(cfg)
 			if err != nil {
@@ -137,9 +137,6 @@ func TestFailureStopsOthers(t *testing.T) {
 			}
 			if want := "collgen run: rank 2 exited with status 7; stopping the other ranks\n"; errb.String() != want {
 				t.Fatalf("stderr = %q, want %q", errb.String(), want)
-			}
-			if n := strings.Count(out.String(), "waiting"); n != 3 {
-				t.Fatalf("stdout %q: want 3 waiting ranks", out.String())
 			}
 		})
 	}

@@ -125,7 +125,10 @@ func TestJoinWorldSizeMismatch(t *testing.T) {
 			peer := k.setup(t)
 			a, b := peer(), peer()
 			go Join(short(t, 2*time.Second), a, "g", 0, 4)
-			time.Sleep(20 * time.Millisecond) // let rank 0 register the size first
+			// Let rank 0 register the size first.
+			if err := a.Wait(short(t, 2*time.Second), joinPrefix+"g/world"); err != nil {
+				t.Fatal(err)
+			}
 			err := Join(short(t, time.Second), b, "g", 1, 3)
 			want := `rendezvous: world size mismatch: group "g": rank 1 has world size 3 but the group was formed with world size 4; start every rank with the same world size`
 			if fmt.Sprint(err) != want || !errors.Is(err, ErrWorldSizeMismatch) {
@@ -207,5 +210,19 @@ func TestFileStoreAcrossHandlesCAS(t *testing.T) {
 	wins.Wait()
 	if winners != 1 {
 		t.Fatalf("%d CAS winners, want 1", winners)
+	}
+}
+
+func TestRoundWait(t *testing.T) {
+	for in, want := range map[time.Duration]time.Duration{
+		299400 * time.Microsecond:            300 * time.Millisecond,
+		300 * time.Millisecond:               300 * time.Millisecond,
+		30*time.Second - 3*time.Millisecond:  30 * time.Second,
+		4200 * time.Microsecond:              5 * time.Millisecond,
+		DefaultTimeout - 20*time.Millisecond: DefaultTimeout,
+	} {
+		if got := roundWait(in); got != want {
+			t.Errorf("roundWait(%v) = %v, want %v", in, got, want)
+		}
 	}
 }

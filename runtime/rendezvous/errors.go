@@ -75,11 +75,16 @@ func (e *MissingRanksError) Error() string {
 // Unwrap makes errors.Is(err, ErrTimeout) true.
 func (e *MissingRanksError) Unwrap() error { return ErrTimeout }
 
-// roundWait rounds a wait to what a person would have configured: whole
-// milliseconds below a second, tenths of a second above.
+// roundWait turns the time left when a wait began back into the timeout a
+// person configured: a little always passes between making the ctx and
+// measuring it, so round up (to 1ms below 10ms, 10ms below 1s, else 100ms).
 func roundWait(d time.Duration) time.Duration {
-	if d < time.Second {
-		return d.Round(time.Millisecond)
+	g := 100 * time.Millisecond
+	switch {
+	case d < 10*time.Millisecond:
+		g = time.Millisecond
+	case d < time.Second:
+		g = 10 * time.Millisecond
 	}
-	return d.Round(100 * time.Millisecond)
+	return (d + g - 1).Truncate(g)
 }
