@@ -28,6 +28,8 @@ const char *cg_nvrtc_symbol(int i) {
 }
 void cg_cu_resolve(void *h, void **out) {
   for (int i = 0; i < CG_CU_COUNT; i++) out[i] = dlsym(h, cg_cu_names[i]);
+  // Older exports with the same prototype, for drivers before the newer one.
+  if (!out[CG_cuEventElapsedTime]) out[CG_cuEventElapsedTime] = dlsym(h, "cuEventElapsedTime");
 }
 void cg_cu_commit(void **tbl) { memcpy(cg_cu, tbl, sizeof(cg_cu)); }
 void cg_nvrtc_resolve(void *h, void **out) {

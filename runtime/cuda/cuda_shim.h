@@ -30,7 +30,10 @@ typedef struct _nvrtcProgram *nvrtcProgram;
 // all below 1000.
 #define CG_MISSING_BASE 100000
 
-// X-macro list of driver symbols: X(index name, exported symbol).
+// X-macro list of driver symbols: X(index name, exported symbol). Where the
+// preferred symbol is newer than some drivers, cuda_shim.c falls back to an
+// older export with the same prototype (cuEventElapsedTime_v2, CUDA 12.8+,
+// falls back to cuEventElapsedTime).
 #define CG_CU_SYMBOLS(X)                                                       \
   X(cuInit, "cuInit")                                                          \
   X(cuDriverGetVersion, "cuDriverGetVersion")                                  \
@@ -71,7 +74,7 @@ typedef struct _nvrtcProgram *nvrtcProgram;
   X(cuEventDestroy, "cuEventDestroy_v2")                                       \
   X(cuEventRecord, "cuEventRecord")                                            \
   X(cuEventSynchronize, "cuEventSynchronize")                                  \
-  X(cuEventElapsedTime, "cuEventElapsedTime")                                  \
+  X(cuEventElapsedTime, "cuEventElapsedTime_v2")                               \
   X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer")                            \
   X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess")                            \
   X(cuStreamBeginCapture, "cuStreamBeginCapture_v2")                           \

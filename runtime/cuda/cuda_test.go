@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -729,4 +730,50 @@ func peerCheck(d *cuda.Device, bufs []cuda.DevicePtr, r, n int) error {
 		return fmt.Errorf("peer copy read %v, want %v", v, 2-r)
 	}
 	return nil
+}
+
+// TestCacheConcurrentProcesses re-executes the test binary as several
+// processes that fill and read one cache entry at once; no reader may see
+// a corrupt entry and no temporary file may be left behind.
+func TestCacheConcurrentProcesses(t *testing.T) {
+	var k cuda.CacheKey
+	k[0] = 0xcc
+	if dir := os.Getenv("COLLGEN_CACHE_TEST_CHILD"); dir != "" {
+		c := &cuda.Cache{Dir: dir}
+		w := os.Getpid() % 251
+		for i := 0; i < 100; i++ {
+			img := append([]byte("\x7fELF"), bytes.Repeat([]byte{byte(w)}, 5000+97*i)...)
+			if err := c.Put(k, img); err != nil {
+				t.Fatal(err)
+			}
+			c.Get(k)
+		}
+		if st := c.Stats(); st.Corrupt != 0 {
+			t.Fatalf("child saw %d corrupt entries", st.Corrupt)
+		}
+		return
+	}
+	dir := t.TempDir()
+	var cmds []*exec.Cmd
+	for i := 0; i < 4; i++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCacheConcurrentProcesses$")
+		cmd.Env = append(os.Environ(), "COLLGEN_CACHE_TEST_CHILD="+dir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child %d: %v", i, err)
+		}
+	}
+	c := &cuda.Cache{Dir: dir}
+	if _, ok := c.Get(k); !ok {
+		t.Error("final entry invalid")
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 1 {
+		t.Errorf("cache dir holds %d files, want 1", len(left))
+	}
 }

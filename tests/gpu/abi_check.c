@@ -173,7 +173,7 @@ int main(void) {
   SYM(cuEventCreate, "cuEventCreate");
   SYM(cuEventDestroy, "cuEventDestroy_v2");
   SYM(cuEventRecord, "cuEventRecord");
-  SYM(cuEventElapsedTime, "cuEventElapsedTime");
+  SYM(cuEventElapsedTime, "cuEventElapsedTime_v2");
   SYM(cuStreamBeginCapture, "cuStreamBeginCapture_v2");
   SYM(cuStreamEndCapture, "cuStreamEndCapture");
   SYM(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags");
