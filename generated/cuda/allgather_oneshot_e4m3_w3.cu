@@ -26,22 +26,22 @@ allgather_oneshot_e4m3_w3(const collgen_args_w3 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[0])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[rank] <- copy(input@rank[0])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input, n);
   }
   { // output@rank[rank+1] <- copy(stage@rank+1[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // output@rank[rank+2] <- copy(stage@rank+2[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.stage[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;

@@ -31,42 +31,42 @@ allgather_oneshot_e5m2_w8(const collgen_args_w8 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[0])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[rank] <- copy(input@rank[0])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input, n);
   }
   { // output@rank[rank+1] <- copy(stage@rank+1[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // output@rank[rank+2] <- copy(stage@rank+2[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.stage[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // output@rank[rank+3] <- copy(stage@rank+3[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.stage[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   { // output@rank[rank+4] <- copy(stage@rank+4[rank+4])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.stage[cg_rel(rank, 4, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n);
   }
   { // output@rank[rank+5] <- copy(stage@rank+5[rank+5])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.stage[cg_rel(rank, 5, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n);
   }
   { // output@rank[rank+6] <- copy(stage@rank+6[rank+6])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.stage[cg_rel(rank, 6, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n);
   }
   { // output@rank[rank+7] <- copy(stage@rank+7[rank+7])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.stage[cg_rel(rank, 7, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;

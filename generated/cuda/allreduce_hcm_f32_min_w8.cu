@@ -55,42 +55,42 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n);
   }
   { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n);
   }
   { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n);
   }
   { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // scratch@rank[rank] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank], stage@[1 1 1 1 5 5 5 5][rank][rank], stage@[2 2 2 2 6 6 6 6][rank][rank], stage@[3 3 3 3 7 7 7 7][rank][rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, rank).lo,
@@ -100,7 +100,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // scratch@rank[rank+1] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+1], stage@[1 1 1 1 5 5 5 5][rank][rank+1], stage@[2 2 2 2 6 6 6 6][rank][rank+1], stage@[3 3 3 3 7 7 7 7][rank][rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
@@ -110,7 +110,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // scratch@rank[rank+2] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+2], stage@[1 1 1 1 5 5 5 5][rank][rank+2], stage@[2 2 2 2 6 6 6 6][rank][rank+2], stage@[3 3 3 3 7 7 7 7][rank][rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
@@ -120,7 +120,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n);
   }
   { // scratch@rank[rank+3] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+3], stage@[1 1 1 1 5 5 5 5][rank][rank+3], stage@[2 2 2 2 6 6 6 6][rank][rank+3], stage@[3 3 3 3 7 7 7 7][rank][rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
@@ -130,7 +130,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n);
   }
   { // scratch@rank[rank+4] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+4], stage@[1 1 1 1 5 5 5 5][rank][rank+4], stage@[2 2 2 2 6 6 6 6][rank][rank+4], stage@[3 3 3 3 7 7 7 7][rank][rank+4])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
@@ -140,7 +140,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n);
   }
   { // scratch@rank[rank+5] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+5], stage@[1 1 1 1 5 5 5 5][rank][rank+5], stage@[2 2 2 2 6 6 6 6][rank][rank+5], stage@[3 3 3 3 7 7 7 7][rank][rank+5])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
@@ -150,7 +150,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n);
   }
   { // scratch@rank[rank+6] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+6], stage@[1 1 1 1 5 5 5 5][rank][rank+6], stage@[2 2 2 2 6 6 6 6][rank][rank+6], stage@[3 3 3 3 7 7 7 7][rank][rank+6])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
@@ -160,7 +160,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n);
   }
   { // scratch@rank[rank+7] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+7], stage@[1 1 1 1 5 5 5 5][rank][rank+7], stage@[2 2 2 2 6 6 6 6][rank][rank+7], stage@[3 3 3 3 7 7 7 7][rank][rank+7])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[table0[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
         (const E*)a.stage[table1[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
@@ -173,7 +173,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
 
   // phase 2
   { // output@rank[rank] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank], scratch@[4 5 6 7 4 5 6 7][rank][rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, rank).lo
@@ -181,7 +181,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+1], scratch@[4 5 6 7 4 5 6 7][rank][rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
@@ -189,7 +189,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // output@rank[rank+2] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+2], scratch@[4 5 6 7 4 5 6 7][rank][rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
@@ -197,7 +197,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n);
   }
   { // output@rank[rank+3] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+3], scratch@[4 5 6 7 4 5 6 7][rank][rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
@@ -205,7 +205,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n);
   }
   { // output@rank[rank+4] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+4], scratch@[4 5 6 7 4 5 6 7][rank][rank+4])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
@@ -213,7 +213,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n);
   }
   { // output@rank[rank+5] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+5], scratch@[4 5 6 7 4 5 6 7][rank][rank+5])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
@@ -221,7 +221,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n);
   }
   { // output@rank[rank+6] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+6], scratch@[4 5 6 7 4 5 6 7][rank][rank+6])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
@@ -229,7 +229,7 @@ allreduce_hcm_f32_min_w8(const collgen_args_w8 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n);
   }
   { // output@rank[rank+7] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+7], scratch@[4 5 6 7 4 5 6 7][rank][rank+7])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
     const E* const src[2] = {
         (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
         (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo

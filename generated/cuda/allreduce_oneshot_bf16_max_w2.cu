@@ -27,18 +27,18 @@ allreduce_oneshot_bf16_max_w2(const collgen_args_w2 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[2] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, rank).lo
@@ -46,7 +46,7 @@ allreduce_oneshot_bf16_max_w2(const collgen_args_w2 a) {
     cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[2] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo

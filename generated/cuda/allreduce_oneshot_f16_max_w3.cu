@@ -29,22 +29,22 @@ allreduce_oneshot_f16_max_w3(const collgen_args_w3 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[3] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, rank).lo,
@@ -53,7 +53,7 @@ allreduce_oneshot_f16_max_w3(const collgen_args_w3 a) {
     cg_reduce<T, OP, 3, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[3] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
@@ -62,7 +62,7 @@ allreduce_oneshot_f16_max_w3(const collgen_args_w3 a) {
     cg_reduce<T, OP, 3, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[3] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,

@@ -31,26 +31,26 @@ allreduce_oneshot_f32_max_w4(const collgen_args_w4 a) {
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[4] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, rank).lo,
@@ -60,7 +60,7 @@ allreduce_oneshot_f32_max_w4(const collgen_args_w4 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1], stage@3[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
@@ -70,7 +70,7 @@ allreduce_oneshot_f32_max_w4(const collgen_args_w4 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2], stage@3[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
@@ -80,7 +80,7 @@ allreduce_oneshot_f32_max_w4(const collgen_args_w4 a) {
     cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n);
   }
   { // output@rank[rank+3] <- reduce(stage@0[rank+3], stage@1[rank+3], stage@2[rank+3], stage@3[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     const E* const src[4] = {
         (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
         (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,

@@ -33,22 +33,22 @@ allreduce_twoshot_f16_max_w4(const collgen_args_w4 a) {
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // scratch@rank[rank] <- reduce(input@rank[rank], stage@rank+1[rank], stage@rank+2[rank], stage@rank+3[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[4] = {
         (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, rank).lo,
@@ -61,19 +61,19 @@ allreduce_twoshot_f16_max_w4(const collgen_args_w4 a) {
 
   // phase 2
   { // output@rank[rank] <- copy(scratch@rank[rank])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, rank).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // output@rank[rank+2] <- copy(scratch@rank+2[rank+2])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.scratch[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // output@rank[rank+3] <- copy(scratch@rank+3[rank+3])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.scratch[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 3, 2)) return;

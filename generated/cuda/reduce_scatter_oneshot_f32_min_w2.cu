@@ -25,14 +25,14 @@ reduce_scatter_oneshot_f32_min_w2(const collgen_args_w2 a) {
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_i64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
+    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], stage@rank+1[rank])
-    const cg_i64 n = (cg_i64)a.chunk;
+    const cg_s64 n = (cg_s64)a.chunk;
     const E* const src[2] = {
         (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
         (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, rank).lo

@@ -168,11 +168,11 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 				kind = "reduce"
 			}
 			sc.Comment = fmt.Sprintf("%s <- %s(%s)", st.Dst, kind, strings.Join(srcs, ", "))
-			n := "(cg_i64)a.chunk"
+			n := "(cg_s64)a.chunk"
 			if !single(st.Dst.Buf) {
 				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
 			}
-			sc.Lines = append(sc.Lines, "const cg_i64 n = "+n+";")
+			sc.Lines = append(sc.Lines, "const cg_s64 n = "+n+";")
 			switch st.Kind {
 			case schedule.Copy:
 				sc.Lines = append(sc.Lines, fmt.Sprintf("cg_copy<T, VB>(%s, %s, n);", ptr(st.Dst, false), ptr(st.Srcs[0], true)))

@@ -5,7 +5,7 @@
 #pragma once
 
 typedef unsigned long long cg_u64;
-typedef long long cg_i64;
+typedef long long cg_s64;  // signed element index
 
 // The largest grid any kernel launches; signal pads and sequence counters
 // hold this many blocks.
@@ -142,27 +142,27 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 // same ownership.
 
 template <class T, int VB>
-__device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_i64 n) {
+__device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_s64 n) {
   typedef typename T::E E;
   constexpr int V = VB / sizeof(E);
   if (dst == (E*)src || n <= 0) return;  // zero-copy input already in place
-  const cg_i64 nvec = n / V;
-  const cg_i64 gid = (cg_i64)blockIdx.x * blockDim.x + threadIdx.x;
-  const cg_i64 stride = (cg_i64)gridDim.x * blockDim.x;
+  const cg_s64 nvec = n / V;
+  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
+  const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   if ((((cg_u64)dst | (cg_u64)src) % VB) == 0) {
-    for (cg_i64 v = gid; v < nvec; v += stride) {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
       typename cg_raw<VB>::T x;
       cg_ld(x, src + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = x;
     }
   } else {
-    for (cg_i64 v = gid; v < nvec; v += stride) {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
 #pragma unroll
       for (int e = 0; e < V; e++) dst[v * V + e] = cg_ld_elem(src + v * V + e);
     }
   }
   if (nvec * V < n && gid == nvec % stride) {
-    for (cg_i64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
+    for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
   }
 }
 
@@ -170,19 +170,19 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
 // accumulating in T::A. All NS loads of a vector are issued before the first
 // use, so peers' latencies overlap.
 template <class T, class OP, int NS, int VB>
-__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_i64 n) {
+__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_s64 n) {
   typedef typename T::E E;
   typedef typename T::A A;
   constexpr int V = VB / sizeof(E);
   if (n <= 0) return;
-  const cg_i64 nvec = n / V;
-  const cg_i64 gid = (cg_i64)blockIdx.x * blockDim.x + threadIdx.x;
-  const cg_i64 stride = (cg_i64)gridDim.x * blockDim.x;
+  const cg_s64 nvec = n / V;
+  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
+  const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   cg_u64 bits = (cg_u64)dst;
 #pragma unroll
   for (int j = 0; j < NS; j++) bits |= (cg_u64)src[j];
   if (bits % VB == 0) {
-    for (cg_i64 v = gid; v < nvec; v += stride) {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
       cg_vec<E, VB> x[NS];
 #pragma unroll
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
@@ -197,10 +197,10 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       *(typename cg_raw<VB>::T*)(dst + v * V) = out.raw;
     }
   } else {
-    for (cg_i64 v = gid; v < nvec; v += stride) {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
 #pragma unroll
       for (int e = 0; e < V; e++) {
-        const cg_i64 i = v * V + e;
+        const cg_s64 i = v * V + e;
         A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
         for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(cg_ld_elem(src[j] + i)));
@@ -209,7 +209,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
     }
   }
   if (nvec * V < n && gid == nvec % stride) {
-    for (cg_i64 i = nvec * V; i < n; i++) {
+    for (cg_s64 i = nvec * V; i < n; i++) {
       A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
       for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(cg_ld_elem(src[j] + i)));
@@ -222,13 +222,13 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
 // min((c+1)*chunk, count)); a 1-chunk buffer (reduce-scatter output,
 // all-gather input) covers [0, chunk).
 
-struct cg_span { cg_i64 lo, n; };
+struct cg_span { cg_s64 lo, n; };
 
 __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
   cg_u64 lo = (cg_u64)c * chunk, hi = lo + chunk;
   if (lo > count) lo = count;
   if (hi > count) hi = count;
-  cg_span s = {(cg_i64)lo, (cg_i64)(hi - lo)};
+  cg_span s = {(cg_s64)lo, (cg_s64)(hi - lo)};
   return s;
 }
 
