@@ -225,7 +225,9 @@ func (g *gpuComm) pickTopology() error {
 	topo := cfg.Topology
 	if topo == "" {
 		// Prefer a fully connected NVLink topology, then spec order.
-		sort.SliceStable(names, func(i, j int) bool { return g.kindOf(names[i]) == schedule.KindNVLinkFull && g.kindOf(names[j]) != schedule.KindNVLinkFull })
+		sort.SliceStable(names, func(i, j int) bool {
+			return g.kindOf(names[i]) == schedule.KindNVLinkFull && g.kindOf(names[j]) != schedule.KindNVLinkFull
+		})
 		topo = names[0]
 	} else if !seen[topo] {
 		return fmt.Errorf("comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
