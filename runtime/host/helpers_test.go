@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -261,3 +262,5 @@ func releaseInputs(dtype string, n, seed, w int) {
 		delete(inputCache.refs, k)
 	}
 }
+
+func numGoroutines() int { return runtime.NumGoroutine() }

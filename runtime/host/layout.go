@@ -85,7 +85,11 @@ func roundUp(x, m int) int { return (x + m - 1) / m * m }
 // word aligned), so sync/atomic may operate on it. Peers' segments are
 // mapped read-only: only loads are legal on their words.
 func word(mem []byte, off int) *uint64 {
-	_ = mem[off+7]
+	if off < 0 || off+8 > len(mem) {
+		// Compare lengths rather than touch mem[off+7]: a plain read of a
+		// byte a peer writes atomically would be a data race.
+		panic(fmt.Sprintf("host: word offset %d outside a %d-byte segment", off, len(mem)))
+	}
 	return (*uint64)(unsafe.Pointer(&mem[off]))
 }
 

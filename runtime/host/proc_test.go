@@ -1,0 +1,295 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/shm"
+	"github.com/collgen/collgen/schedule"
+)
+
+// Child-process protocol: the test binary re-executes itself with
+// COLLGEN_HOST_CHILD set; TestMain then runs childMain instead of the tests.
+const (
+	envChild   = "COLLGEN_HOST_CHILD"   // mode: "sweep" or "kill"
+	envRank    = "COLLGEN_HOST_RANK"    //
+	envWorld   = "COLLGEN_HOST_WORLD"   //
+	envStore   = "COLLGEN_HOST_STORE"   // file store directory
+	envGroup   = "COLLGEN_HOST_GROUP"   //
+	envKillAt  = "COLLGEN_HOST_KILL_AT" // hook point at which this child SIGKILLs itself
+	envTimeout = "COLLGEN_HOST_TIMEOUT" // Config.Timeout
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(envChild); mode != "" {
+		os.Exit(childMain(mode))
+	}
+	os.Exit(m.Run())
+}
+
+// childMain is one rank process. It prints "ok" or "error: ..." on stderr
+// and exits 0 or 3.
+func childMain(mode string) int {
+	sharedInputs = false
+	rank, _ := strconv.Atoi(os.Getenv(envRank))
+	world, _ := strconv.Atoi(os.Getenv(envWorld))
+	timeout, _ := time.ParseDuration(os.Getenv(envTimeout))
+	if at := os.Getenv(envKillAt); at != "" {
+		testHook = func(r int, point string) {
+			if point == at {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+	}
+	st, err := rendezvous.NewFileStore(os.Getenv(envStore))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return 3
+	}
+	defer st.Close()
+	cfg := Config{Rank: rank, World: world, Store: st, Group: os.Getenv(envGroup), Shared: true,
+		Library: testLibrary, Timeout: timeout, Lanes: 2, SlotBytes: 2 * 8192}
+	g, err := New(context.Background(), cfg)
+	if err == nil {
+		err = childRun(mode, g)
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return 3
+	}
+	fmt.Fprintln(os.Stderr, "ok")
+	return 0
+}
+
+func childRun(mode string, g *Group) error {
+	ctx := context.Background()
+	switch mode {
+	case "sweep":
+		for _, o := range sweep([]int{1, 7, 1000, 5000}, g.World()) {
+			if _, err := runOp(ctx, g, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "kill":
+		if err := g.Setup(ctx); err != nil {
+			return err
+		}
+		for i := 0; i < 3; i++ {
+			if _, err := runOp(ctx, g, op{coll: schedule.AllReduce, alg: schedule.TwoShot, dtype: "f32", red: "sum", count: 4096, seed: i}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown child mode %q", mode)
+}
+
+type childResult struct {
+	rank   int
+	err    error // from Wait
+	stderr string
+	took   time.Duration
+}
+
+// startChildren runs world rank processes of the test binary and waits.
+func startChildren(t *testing.T, mode, group string, world int, timeout time.Duration, extra func(rank int) []string) []childResult {
+	t.Helper()
+	dir := t.TempDir()
+	res := make([]childResult, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		cmd := osexec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envChild+"="+mode, envRank+"="+strconv.Itoa(r), envWorld+"="+strconv.Itoa(world),
+			envStore+"="+filepath.Join(dir, "store"), envGroup+"="+group, envTimeout+"="+timeout.String())
+		if extra != nil {
+			cmd.Env = append(cmd.Env, extra(r)...)
+		}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := cmd.Wait()
+			res[r] = childResult{rank: r, err: err, stderr: strings.TrimSpace(stderr.String()), took: time.Since(start)}
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// leftovers returns the /dev/shm names of a group.
+func leftovers(t *testing.T, group string, world int) []string {
+	t.Helper()
+	names, err := shm.Leftovers("", GroupHash(group, world))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+func uniqueGroup(t *testing.T) string {
+	return fmt.Sprintf("%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "."), os.Getpid(), time.Now().UnixNano())
+}
+
+// TestMultiProcessSweep runs the dtype x op x algorithm sweep on rank
+// processes over POSIX shared memory.
+func TestMultiProcessSweep(t *testing.T) {
+	for _, w := range []int{2, 4} {
+		group := uniqueGroup(t)
+		for _, r := range startChildren(t, "sweep", group, w, 20*time.Second, nil) {
+			if r.err != nil || r.stderr != "ok" {
+				t.Errorf("w%d rank %d: %v: %s", w, r.rank, r.err, r.stderr)
+			}
+		}
+		if l := leftovers(t, group, w); len(l) > 0 {
+			t.Errorf("left in /dev/shm: %v", l)
+		}
+	}
+}
+
+// TestKillRankAtEachPhase SIGKILLs rank 1 of 3 at every set-up step and
+// every phase of a two-shot all-reduce. The survivors must fail within
+// their deadline with an error naming what went wrong, and /dev/shm must
+// hold nothing of the group afterwards.
+func TestKillRankAtEachPhase(t *testing.T) {
+	points := []string{"setup:start", "setup:create", "setup:created", "setup:mapped", "setup:unlink", "setup:done", "phase:0", "phase:1", "phase:2"}
+	const world, victim = 3, 1
+	const timeout = 1500 * time.Millisecond
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			group := uniqueGroup(t)
+			res := startChildren(t, "kill", group, world, timeout, func(rank int) []string {
+				if rank == victim {
+					return []string{envKillAt + "=" + point}
+				}
+				return nil
+			})
+			for _, r := range res {
+				if r.rank == victim {
+					var ee *osexec.ExitError
+					if !errors.As(r.err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+						t.Errorf("victim: %v (%s), want killed by SIGKILL", r.err, r.stderr)
+					}
+					continue
+				}
+				if r.err == nil {
+					t.Errorf("rank %d succeeded without rank %d", r.rank, victim)
+				}
+				want := "died"
+				if strings.HasPrefix(point, "setup:") && point != "setup:unlink" && point != "setup:done" {
+					want = "timeout"
+				}
+				// A survivor may learn of the death from the other
+				// survivor's abort flag first.
+				if !strings.Contains(r.stderr, want) && !(want == "died" && strings.Contains(r.stderr, "abandoned")) {
+					t.Errorf("rank %d: %q, want an error containing %q", r.rank, r.stderr, want)
+				}
+				// Deadline: the timeout for the wait that failed, plus
+				// process start-up and slack for a loaded CI machine.
+				if r.took > timeout+5*time.Second {
+					t.Errorf("rank %d took %v to fail", r.rank, r.took)
+				}
+				t.Logf("rank %d after %v: %s", r.rank, r.took.Round(time.Millisecond), r.stderr)
+			}
+			if l := leftovers(t, group, world); len(l) > 0 {
+				t.Errorf("left in /dev/shm: %v", l)
+			}
+		})
+	}
+}
+
+// TestSquattedSegmentRefused pre-creates rank 0's segment name (the nonce
+// is forced through the store, as a squatter who learnt it would); set-up
+// must refuse it, leave the squatter's file alone and leave nothing else.
+func TestSquattedSegmentRefused(t *testing.T) {
+	const world = 2
+	group := uniqueGroup(t)
+	st := rendezvous.NewMemStore()
+	defer st.Close()
+	st.Set(context.Background(), "collgen/host/"+group+"/nonce", []byte("feedface"))
+	squat := shm.Posix{}.Path(SegmentName(group, world, "feedface", 0))
+	if err := os.WriteFile(squat, []byte("not yours"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(squat)
+	errs := goroutineGroup(t, world, Config{Store: st, Group: group, Shared: true, Timeout: 500 * time.Millisecond}, func(g *Group) error {
+		return g.Setup(context.Background())
+	})
+	if !errors.Is(errs[0], shm.ErrExists) {
+		t.Errorf("rank 0: %v, want shm.ErrExists", errs[0])
+	}
+	if !errors.Is(errs[1], ErrTimeout) {
+		t.Errorf("rank 1: %v, want a timeout", errs[1])
+	}
+	if b, err := os.ReadFile(squat); err != nil || string(b) != "not yours" {
+		t.Errorf("squatter's file touched: %q %v", b, err)
+	}
+	if l := leftovers(t, group, world); len(l) != 1 {
+		t.Errorf("left in /dev/shm: %v, want only the squatter's", l)
+	}
+}
+
+// TestNoLeaksAfterClose runs POSIX-backed groups on goroutine ranks and
+// checks that goroutines, file descriptors, mappings and names are all
+// gone after Close.
+func TestNoLeaksAfterClose(t *testing.T) {
+	countFDs := func() int { e, _ := os.ReadDir("/proc/self/fd"); return len(e) }
+	countMaps := func() int {
+		b, _ := os.ReadFile("/proc/self/maps")
+		return strings.Count(string(b), "/"+shm.Prefix)
+	}
+	// Warm up anything lazily started (timers, store goroutines).
+	goroutineGroup(t, 2, Config{Shared: true, Group: uniqueGroup(t)}, func(g *Group) error { return g.Setup(context.Background()) })
+	time.Sleep(50 * time.Millisecond)
+	g0, fd0, m0 := numGoroutines(), countFDs(), countMaps()
+	group := uniqueGroup(t)
+	errs := goroutineGroup(t, 4, Config{Shared: true, Group: group, Lanes: 4, SlotBytes: 4 * 4096}, func(g *Group) error {
+		for i := 0; i < 10; i++ {
+			if _, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, dtype: "f32", red: "sum", count: 20000 + i, seed: i}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for numGoroutines() > g0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g1 := numGoroutines(); g1 > g0 {
+		t.Errorf("goroutines: %d before, %d after", g0, g1)
+	}
+	if fd1 := countFDs(); fd1 > fd0 {
+		t.Errorf("fds: %d before, %d after", fd0, fd1)
+	}
+	if m1 := countMaps(); m1 > m0 {
+		t.Errorf("shm mappings: %d before, %d after", m0, m1)
+	}
+	if l := leftovers(t, group, 4); len(l) > 0 {
+		t.Errorf("left in /dev/shm: %v", l)
+	}
+}
