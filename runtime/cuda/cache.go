@@ -68,6 +68,7 @@ func DefaultCache() (*Cache, error) {
 // CacheKey identifies one compile.
 type CacheKey [32]byte
 
+// String returns the key in hex, as used in cache file names.
 func (k CacheKey) String() string { return hex.EncodeToString(k[:]) }
 
 // Key hashes the source, the headers (sorted by name), the effective

@@ -175,6 +175,7 @@ func (d *Device) Close() error {
 // Arch returns the compute capability as an integer (9.0 -> 90).
 func (d *Device) Arch() int { return d.Major*10 + d.Minor }
 
+// String describes the device for logs.
 func (d *Device) String() string {
 	return fmt.Sprintf("device %d (%s, sm_%d, %d SMs)", d.Ordinal, d.Name, d.Arch(), d.SMCount)
 }

@@ -46,6 +46,7 @@ type Error struct {
 	Name   string // e.g. "CUDA_ERROR_OUT_OF_MEMORY", or "symbol cuX not found in libcuda"
 }
 
+// Error formats the failed call, device and CUresult name.
 func (e *Error) Error() string {
 	if e.Device >= 0 {
 		return fmt.Sprintf("cuda: %s on device %d: %s", e.Op, e.Device, e.Name)

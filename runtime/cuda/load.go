@@ -47,6 +47,7 @@ type LibraryError struct {
 	Reason string   // dlerror text or other detail
 }
 
+// Error names the library, what was tried and why it failed.
 func (e *LibraryError) Error() string {
 	if e.Symbol != "" {
 		return fmt.Sprintf("cuda: %s (%s) lacks symbol %s: %s", e.Lib, strings.Join(e.Tried, ", "), e.Symbol, e.Reason)

@@ -33,6 +33,7 @@ type CompileError struct {
 	Log    string
 }
 
+// Error gives the program, target, NVRTC result and the compile log.
 func (e *CompileError) Error() string {
 	return fmt.Sprintf("cuda: nvrtc compile of %s for sm_%d failed: %s\n%s", e.Name, e.Arch, e.Result, strings.TrimSpace(e.Log))
 }

@@ -70,6 +70,7 @@ func (t DataType) Size() int {
 	return 0
 }
 
+// String returns the collgen name of the type (f32, bf16, e4m3, ...).
 func (t DataType) String() string {
 	names := map[DataType]string{Int8: "i8", Uint8: "u8", Int32: "i32", Uint32: "u32", Int64: "i64", Uint64: "u64",
 		Float16: "f16", Float32: "f32", Float64: "f64", BFloat16: "bf16", F8E4M3: "e4m3", F8E5M2: "e5m2"}
@@ -91,6 +92,7 @@ const (
 	Avg  RedOp = 4
 )
 
+// String returns the op name (sum, max, ...).
 func (o RedOp) String() string {
 	switch o {
 	case Sum:
@@ -131,6 +133,7 @@ type Error struct {
 	Detail string // ncclGetLastError, when available
 }
 
+// Error formats the failed call, rank, NCCL message and last-error detail.
 func (e *Error) Error() string {
 	s := fmt.Sprintf("nccl: %s", e.Op)
 	if e.Rank >= 0 {
@@ -165,6 +168,7 @@ type LibraryError struct {
 	Reason string
 }
 
+// Error names what was tried and why it failed.
 func (e *LibraryError) Error() string {
 	if e.Symbol != "" {
 		return fmt.Sprintf("nccl: %s lacks symbol %s: %s", strings.Join(e.Tried, ", "), e.Symbol, e.Reason)
@@ -181,6 +185,7 @@ type Lib struct {
 // Version is an NCCL version.
 type Version struct{ Major, Minor, Patch int }
 
+// String formats the version as major.minor.patch.
 func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
 
 // Version returns the library's version (ncclGetVersion).
