@@ -35,6 +35,11 @@ struct collgen_args {
 };
 
 
+// Layout checks. NVRTC lacks __builtin_offsetof, so they run under nvcc
+// (`make cuda-check`, CI); NVRTC compiles the very same struct.
+#ifndef __CUDACC_RTC__
+#endif
+
 // ---- element types: storage type E, accumulator type A, up/down conversions.
 // f16 and bf16 accumulate in f32 and round to nearest even once.
 

@@ -1,0 +1,638 @@
+// Package proof proves every generated GPU kernel combination on real GPUs:
+// random inputs with a fixed seed against a float64 host reference, counts
+// of 1, small odd numbers, counts not divisible by the world size and tens
+// of megabytes, poisoned outputs with guard regions before and after, in
+// place and out of place, goroutine-per-GPU and process-per-GPU, and CUDA
+// graph capture and replay. It skips without GPUs. tests/proof/run.sh runs
+// it on the GPU machine and writes a summary table.
+package proof
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// guard is the poisoned margin before and after every output.
+const guard = 4096
+
+const poison = 0xA7
+
+// stagingBytes lets forced algorithms run the large counts.
+const stagingBytes = 80 << 20
+
+// gpus returns the number of visible GPUs, or skips.
+func gpus(t *testing.T) int {
+	t.Helper()
+	if err := cuda.Init(); err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil || n < 2 {
+		t.Skipf("need at least 2 GPUs (have %d, %v)", n, err)
+	}
+	return n
+}
+
+// counts returns the element counts to prove: per-rank counts for
+// reduce-scatter and all-gather, total counts for all-reduce.
+func counts(collective string, w int, large bool) []int {
+	var cs []int
+	if collective == "allreduce" {
+		cs = []int{1, 7, 33, 1000*w + 3, 65537}
+		if large {
+			cs = append(cs, 8<<20+5)
+		}
+	} else {
+		cs = []int{1, 7, 1001, 16384}
+		if large {
+			cs = append(cs, 2<<20+3)
+		}
+	}
+	return cs
+}
+
+// input returns rank's deterministic input for a case.
+func input(dtype string, n, seed, rank int) []byte {
+	b := make([]byte, n*numeric.Size(dtype))
+	if dtype == "e4m3" || dtype == "e5m2" {
+		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
+		for i := range b {
+			b[i] = byte(r.IntN(256))
+		}
+		return b
+	}
+	numeric.Fill(dtype, b, seed, rank)
+	return b
+}
+
+// expect checks rank's output of one collective against the host reference
+// computed from every rank's input.
+func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte) error {
+	size := numeric.Size(c.DType)
+	switch c.Collective {
+	case "allreduce":
+		return numeric.Check(c.DType, c.Op, got, ins)
+	case "reduce_scatter":
+		part := make([][]byte, w)
+		for r := range ins {
+			part[r] = ins[r][rank*n*size : (rank+1)*n*size]
+		}
+		return numeric.Check(c.DType, c.Op, got, part)
+	default:
+		want := bytes.Join(ins, nil)
+		if !bytes.Equal(got, want) {
+			for i := range got {
+				if got[i] != want[i] {
+					return fmt.Errorf("byte %d (element %d of rank %d's part) is %#x, want %#x", i, i/size/n, i/size%n, got[i], want[i])
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// rankCase is one rank's buffers for one collective call.
+type rankCase struct {
+	in, out   cuda.DevicePtr // out includes the guards
+	inBytes   int
+	outBytes  int
+	alloc     []cuda.DevicePtr
+	inputHost []byte
+}
+
+// sizes returns input and output element counts for a call with count n.
+func sizes(collective string, w, n int) (in, out int) {
+	switch collective {
+	case "allreduce":
+		return n, n
+	case "reduce_scatter":
+		return n * w, n
+	}
+	return n, n * w
+}
+
+// prepare allocates and fills one rank's buffers. In place, the output is
+// the input buffer (all-reduce), or the input is the rank's slice of the
+// output (all-gather), or the output is the rank's slice of the input
+// (reduce-scatter), as NCCL defines in-place use.
+func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, inPlace bool) (*rankCase, error) {
+	size := numeric.Size(c.DType)
+	inN, outN := sizes(c.Collective, w, n)
+	rc := &rankCase{inBytes: inN * size, outBytes: outN * size, inputHost: input(c.DType, inN, seed, rank)}
+	big := max(inN, outN) * size
+	buf, err := dev.Alloc(big + 2*guard)
+	if err != nil {
+		return nil, err
+	}
+	rc.alloc = append(rc.alloc, buf)
+	if err := dev.Memset8(buf, poison, big+2*guard); err != nil {
+		return nil, err
+	}
+	base := buf + guard
+	switch {
+	case !inPlace:
+		in, err := dev.Alloc(rc.inBytes)
+		if err != nil {
+			return nil, err
+		}
+		rc.alloc = append(rc.alloc, in)
+		rc.in, rc.out = in, base
+	case c.Collective == "allreduce":
+		rc.in, rc.out = base, base
+	case c.Collective == "reduce_scatter":
+		rc.in, rc.out = base, base+cuda.DevicePtr(rank*n*size)
+	default:
+		rc.in, rc.out = base+cuda.DevicePtr(rank*n*size), base
+	}
+	if err := dev.CopyHtoD(rc.in, rc.inputHost); err != nil {
+		return nil, err
+	}
+	return rc, nil
+}
+
+// verify reads back the output and both guards.
+func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte, inPlace bool) error {
+	buf := rc.alloc[0]
+	size := numeric.Size(c.DType)
+	inN, outN := sizes(c.Collective, w, n)
+	big := max(inN, outN) * size
+	all := make([]byte, big+2*guard)
+	if err := dev.CopyDtoH(all, buf); err != nil {
+		return err
+	}
+	// The output region within the poisoned buffer.
+	off := int(rc.out - buf)
+	for i := 0; i < off; i++ {
+		if all[i] != poison && !(inPlace && i >= guard) {
+			return fmt.Errorf("guard before the output overwritten at byte %d", i-off)
+		}
+	}
+	for i := off + rc.outBytes; i < len(all); i++ {
+		if all[i] != poison && !(inPlace && i < guard+big) {
+			return fmt.Errorf("guard after the output overwritten at byte %d past its end", i-off-rc.outBytes)
+		}
+	}
+	return expect(c, rank, w, n, ins, all[off:off+rc.outBytes])
+}
+
+func (rc *rankCase) free(dev *cuda.Device) {
+	for _, p := range rc.alloc {
+		dev.Free(p)
+	}
+}
+
+// issue runs one collective on a communicator.
+func issue(cm *comm.Communicator, c collectives.Combination, rc *rankCase, n int, s *cuda.Stream) error {
+	o := comm.Options{Algorithm: c.Algorithm, Stream: s}
+	in, out := comm.DeviceBuffer(rc.in), comm.DeviceBuffer(rc.out)
+	switch c.Collective {
+	case "allreduce":
+		return cm.AllReduce(in, out, n, c.DType, c.Op, o)
+	case "reduce_scatter":
+		return cm.ReduceScatter(in, out, n, c.DType, c.Op, o)
+	}
+	return cm.AllGather(in, out, n, c.DType, o)
+}
+
+// result is one line of the summary.
+type result struct {
+	mode  string
+	combo string
+	cases int
+	err   error
+}
+
+var (
+	resultsMu sync.Mutex
+	results   []result
+)
+
+func record(mode, combo string, cases int, err error) {
+	resultsMu.Lock()
+	results = append(results, result{mode, combo, cases, err})
+	resultsMu.Unlock()
+}
+
+// writeSummary writes the results table to $PROOF_SUMMARY if set.
+func writeSummary(t *testing.T) {
+	path := os.Getenv("PROOF_SUMMARY")
+	if path == "" || len(results) == 0 {
+		return
+	}
+	sort.Slice(results, func(i, j int) bool {
+		if results[i].mode != results[j].mode {
+			return results[i].mode < results[j].mode
+		}
+		return results[i].combo < results[j].combo
+	})
+	var b strings.Builder
+	pass, fail := 0, 0
+	for _, r := range results {
+		if r.err == nil {
+			pass++
+		} else {
+			fail++
+		}
+	}
+	fmt.Fprintf(&b, "%d combination runs passed, %d failed\n\n| mode | kernel | cases | result |\n|---|---|---:|---|\n", pass, fail)
+	for _, r := range results {
+		res := "pass"
+		if r.err != nil {
+			res = "FAIL: " + strings.ReplaceAll(r.err.Error(), "\n", " ")
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s |\n", r.mode, r.combo, r.cases, res)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Errorf("summary: %v", err)
+		return
+	}
+	defer f.Close()
+	f.WriteString(b.String())
+}
+
+// newComms creates world goroutine-rank communicators.
+func newComms(t *testing.T, w int, cfg comm.Config) []*comm.Communicator {
+	t.Helper()
+	store := rendezvous.NewMemStore()
+	comms := make([]*comm.Communicator, w)
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for r := 0; r < w; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Rank, c.WorldSize, c.Device, c.Store = r, w, r, store
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			comms[r], errs[r] = comm.New(ctx, c)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("comm.New at world %d: %v", w, err)
+	}
+	return comms
+}
+
+func closeComms(comms []*comm.Communicator) error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = c.Close() }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// TestProofGoroutines proves every combination with goroutine ranks (peer
+// access) at every world size the machine has GPUs for: eager, in place and
+// out of place, all counts including large; then graph capture and replay.
+func TestProofGoroutines(t *testing.T) {
+	ngpu := gpus(t)
+	defer writeSummary(t)
+	for _, w := range worlds(ngpu) {
+		comms := newComms(t, w, comm.Config{Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, Group: fmt.Sprintf("proof-w%d", w)})
+		for _, c := range collectives.Combinations {
+			if c.World != w {
+				continue
+			}
+			cases, err := proveCombination(comms, c, true)
+			if err == nil {
+				var g int
+				g, err = proveGraph(comms, c)
+				cases += g
+			}
+			record("goroutines", c.Kernel, cases, err)
+			if err != nil {
+				t.Errorf("%s: %v", c.Kernel, err)
+			}
+		}
+		if err := closeComms(comms); err != nil {
+			t.Errorf("close at world %d: %v", w, err)
+		}
+	}
+}
+
+// worlds returns the world sizes to prove: $PROOF_WORLDS or 2, 3, 4 up to
+// the GPU count.
+func worlds(ngpu int) []int {
+	var ws []int
+	if s := os.Getenv("PROOF_WORLDS"); s != "" {
+		for _, f := range strings.Split(s, ",") {
+			if w, err := strconv.Atoi(f); err == nil && w <= ngpu {
+				ws = append(ws, w)
+			}
+		}
+		return ws
+	}
+	for _, w := range []int{2, 3, 4, 8} {
+		if w <= ngpu {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// proveCombination runs every count, in place and out of place, on all
+// ranks at once and checks every rank's output and guards.
+func proveCombination(comms []*comm.Communicator, c collectives.Combination, large bool) (int, error) {
+	w := len(comms)
+	cases := 0
+	for ci, n := range counts(c.Collective, w, large) {
+		for _, inPlace := range []bool{false, true} {
+			seed := ci*2 + boolInt(inPlace) + 17
+			if err := runCase(comms, c, n, seed, inPlace, 1); err != nil {
+				return cases, fmt.Errorf("count %d, in place %v: %w", n, inPlace, err)
+			}
+			cases++
+		}
+	}
+	return cases, nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runCase prepares every rank, issues the collective (replays times, the
+// same inputs each time), and verifies.
+func runCase(comms []*comm.Communicator, c collectives.Combination, n, seed int, inPlace bool, replays int) error {
+	w := len(comms)
+	rcs := make([]*rankCase, w)
+	errs := make([]error, w)
+	var wg sync.WaitGroup
+	for r, cm := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rcs[r], errs[r] = prepare(cm.Device(), c, r, w, n, seed, inPlace)
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for r, rc := range rcs {
+			if rc != nil {
+				rc.free(comms[r].Device())
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	ins := make([][]byte, w)
+	for r := range rcs {
+		ins[r] = rcs[r].inputHost
+	}
+	for r, cm := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[r] = issue(cm, c, rcs[r], n, nil); errs[r] != nil {
+				return
+			}
+			errs[r] = rcs[r].verify(cm.Device(), c, r, w, n, ins, inPlace)
+			if errs[r] != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// proveGraph captures three collectives of one combination into a CUDA
+// graph on every rank and replays it five times; the output (out of place,
+// inputs unchanged) must be right after the replays, and the barrier
+// sequence must stay in step across replays.
+func proveGraph(comms []*comm.Communicator, c collectives.Combination) (int, error) {
+	w := len(comms)
+	n := 4099
+	if c.Collective != "allreduce" {
+		n = 1031
+	}
+	rcs := make([]*rankCase, w)
+	errs := make([]error, w)
+	ins := make([][]byte, w)
+	var wg sync.WaitGroup
+	for r, cm := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := cm.Device()
+			rc, err := prepare(dev, c, r, w, n, 99, false)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			rcs[r] = rc
+			ins[r] = rc.inputHost
+		}()
+	}
+	wg.Wait()
+	defer func() {
+		for r, rc := range rcs {
+			if rc != nil {
+				rc.free(comms[r].Device())
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	for r, cm := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = func() error {
+				dev := cm.Device()
+				s, err := dev.NewStream()
+				if err != nil {
+					return err
+				}
+				defer s.Destroy()
+				// Warm up outside the capture: compile/load happens here.
+				if err := issue(cm, c, rcs[r], n, s); err != nil {
+					return err
+				}
+				if err := s.Synchronize(); err != nil {
+					return err
+				}
+				if err := s.BeginCapture(); err != nil {
+					return err
+				}
+				for i := 0; i < 3; i++ {
+					if err := issue(cm, c, rcs[r], n, s); err != nil {
+						s.EndCapture()
+						return err
+					}
+				}
+				g, err := s.EndCapture()
+				if err != nil {
+					return err
+				}
+				defer g.Destroy()
+				ge, err := g.Instantiate()
+				if err != nil {
+					return err
+				}
+				defer ge.Destroy()
+				for i := 0; i < 5; i++ {
+					if err := ge.Launch(s); err != nil {
+						return err
+					}
+				}
+				if err := cm.Synchronize(s); err != nil {
+					return err
+				}
+				return rcs[r].verify(dev, c, r, w, n, ins, false)
+			}()
+			if errs[r] != nil {
+				errs[r] = fmt.Errorf("graph replay, rank %d: %w", r, errs[r])
+			}
+		}()
+	}
+	wg.Wait()
+	return 1, errors.Join(errs...)
+}
+
+// TestTimeoutReported checks that a rank whose peer never arrives gets a
+// TimeoutError naming the collective, itself and the peer, within the
+// deadline, instead of hanging.
+func TestTimeoutReported(t *testing.T) {
+	gpus(t)
+	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 300 * time.Millisecond, Group: "timeout"})
+	dev := comms[0].Device()
+	buf, err := dev.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(buf)
+	start := time.Now()
+	err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: "oneshot"})
+	var te *comm.TimeoutError
+	if !errors.As(err, &te) {
+		t.Fatalf("got %v, want a *comm.TimeoutError", err)
+	}
+	if te.Rank != 0 || te.Peer != 1 || te.Kernel != "allreduce_oneshot_f32_sum_w2" {
+		t.Errorf("timeout names rank %d, peer %d, kernel %s", te.Rank, te.Peer, te.Kernel)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("timeout took %v", el)
+	}
+	t.Logf("error: %v (after %v)", err, time.Since(start))
+	if err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{}); !errors.As(err, &te) {
+		t.Errorf("a broken communicator accepted another collective: %v", err)
+	}
+	closeComms(comms)
+}
+
+// TestForcedAlgorithmRefused checks that an algorithm the library lacks or a
+// size over the staging buffer is refused with the reason.
+func TestForcedAlgorithmRefused(t *testing.T) {
+	gpus(t)
+	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 1 << 20, Group: "refuse"})
+	defer closeComms(comms)
+	dev := comms[0].Device()
+	buf, err := dev.Alloc(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(buf)
+	b := comm.DeviceBuffer(buf)
+	cases := []struct {
+		alg  string
+		n    int
+		want string
+	}{
+		{"hcm", 16, "has no kernel hcm"},
+		{"oneshot", 1 << 20, "exceed the 1048576-byte staging buffer"},
+		{"nccl", 16, "NCCL is disabled"},
+	}
+	for _, c := range cases {
+		err := comms[0].AllReduce(b, b, c.n, "f32", "sum", comm.Options{Algorithm: c.alg})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s with %d elements: got %v, want %q", c.alg, c.n, err, c.want)
+		}
+	}
+}
+
+// TestProofProcess is one rank of the process-per-GPU proof, started by
+// `collgen run -n W -- proof.test -test.run TestProofProcess` (see
+// tests/proof/run.sh): IPC handles instead of peer access, fatbin loading
+// when $COLLGEN_FATBIN is set.
+func TestProofProcess(t *testing.T) {
+	if os.Getenv("COLLGEN_RANK") == "" {
+		t.Skip("run through collgen run (tests/proof/run.sh)")
+	}
+	gpus(t)
+	defer writeSummary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, store, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
+		Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cm.Close()
+	w, rank := env.WorldSize, env.Rank
+	for _, c := range collectives.Combinations {
+		if c.World != w {
+			continue
+		}
+		cases := 0
+		var cerr error
+		for ci, n := range counts(c.Collective, w, false) {
+			for _, inPlace := range []bool{false, true} {
+				seed := ci*2 + boolInt(inPlace) + 17
+				rc, err := prepare(cm.Device(), c, rank, w, n, seed, inPlace)
+				if err == nil {
+					ins := make([][]byte, w)
+					for r := range ins {
+						inN, _ := sizes(c.Collective, w, n)
+						ins[r] = input(c.DType, inN, seed, r)
+					}
+					if err = issue(cm, c, rc, n, nil); err == nil {
+						err = rc.verify(cm.Device(), c, rank, w, n, ins, inPlace)
+					}
+					rc.free(cm.Device())
+				}
+				if err != nil && cerr == nil {
+					cerr = fmt.Errorf("rank %d, count %d, in place %v: %w", rank, n, inPlace, err)
+				}
+				cases++
+			}
+		}
+		if rank == 0 || cerr != nil {
+			record(fmt.Sprintf("processes (rank %d)", rank), c.Kernel, cases, cerr)
+		}
+		if cerr != nil {
+			t.Errorf("%s: %v", c.Kernel, cerr)
+		}
+	}
+}
