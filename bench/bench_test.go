@@ -1,0 +1,100 @@
+package bench
+
+import (
+	"bytes"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sample() []Result {
+	var rs []Result
+	for _, b := range []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
+		us := 5 + float64(b)/4e3
+		rs = append(rs, Result{Backend: "host", Collective: "allreduce", Algorithm: "twoshot", DType: "f32", Op: "sum", World: 4,
+			Bytes: b, Iters: 100, MedianUS: us, BusGBps: BusBandwidth("allreduce", b, 4, us), Baseline: "gloo", Ratio: 3.5})
+		rs = append(rs, Result{Backend: "host", Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 4,
+			Bytes: b, Iters: 100, MedianUS: us / 2, BusGBps: BusBandwidth("allgather", b, 4, us/2)})
+	}
+	return rs
+}
+
+func TestBusBandwidth(t *testing.T) {
+	// 1 GB in 1 s on 4 ranks: algbw 1, all-reduce busbw 1.5, all-gather 0.75.
+	if got := BusBandwidth("allreduce", 1e9, 4, 1e6); math.Abs(got-1.5) > 1e-12 {
+		t.Errorf("allreduce: %v", got)
+	}
+	if got := BusBandwidth("allgather", 1e9, 4, 1e6); math.Abs(got-0.75) > 1e-12 {
+		t.Errorf("allgather: %v", got)
+	}
+	if got := BusBandwidth("allreduce", 1e9, 1, 1e6); got != 0 {
+		t.Errorf("world 1: %v", got)
+	}
+	if Median([]float64{3, 1, 2}) != 2 || Median([]float64{4, 1, 2, 3}) != 2.5 || Median(nil) != 0 {
+		t.Error("Median")
+	}
+}
+
+func TestOutputs(t *testing.T) {
+	rs := sample()
+	var b bytes.Buffer
+	if err := WriteTable(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "3.50x gloo") || !strings.Contains(b.String(), "16MiB") || strings.Count(b.String(), "\n") != len(rs)+1 {
+		t.Errorf("table:\n%s", b.String())
+	}
+	b.Reset()
+	if err := WriteJSON(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadJSON(&b)
+	if err != nil || len(back) != len(rs) || back[3] != rs[3] {
+		t.Errorf("JSON round trip: %v %v", err, back)
+	}
+	b.Reset()
+	if err := WriteCSV(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != len(rs)+1 || !strings.HasPrefix(lines[0], "backend,collective") {
+		t.Errorf("csv:\n%s", b.String())
+	}
+	path := filepath.Join(t.TempDir(), "plot.png")
+	if err := WritePNG(path, rs); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Bounds().Dx() < 500 || img.Bounds().Dy() < 600 {
+		t.Errorf("image %v", img.Bounds())
+	}
+	if err := WritePNG(path, nil); err == nil {
+		t.Error("empty plot accepted")
+	}
+}
+
+func TestProgress(t *testing.T) {
+	var b bytes.Buffer
+	p := NewProgress(&b, 4, false)
+	p.Step("x")
+	if b.Len() != 0 {
+		t.Errorf("drew on a non-terminal: %q", b.String())
+	}
+	p = NewProgress(&b, 4, true)
+	p.Step("allreduce 4KiB")
+	p.Step("allreduce 8KiB")
+	p.Finish()
+	if !strings.Contains(b.String(), "2/4 allreduce 8KiB") {
+		t.Errorf("progress: %q", b.String())
+	}
+}
