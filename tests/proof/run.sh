@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The per-combination GPU proof, run on a GPU machine from the repository
+# root with the prebuilt bundle (make gpu-bundle: .gpu/proof.test,
+# .gpu/collgen). Writes $OUT/proof-summary.md (one line per kernel and mode)
+# and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow).
+#
+#   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/out}
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export COLLGEN_CACHE_DIR="$TMP/cache"
+export PROOF_SUMMARY="$OUT/proof-summary.md"
+: >"$PROOF_SUMMARY"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4; do [ "$w" -le "$ngpu" ] && printf '%s,' $w; done | sed 's/,$//')}
+export PROOF_WORLDS
+status=0
+
+echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS"
+echo "## goroutine ranks (peer access, kernels compiled with NVRTC)" >>"$PROOF_SUMMARY"
+start=$(date +%s)
+timeout ${GOROUTINE_TIMEOUT:-420} .gpu/proof.test -test.v -test.timeout 0 \
+  -test.run 'TestProofGoroutines|TestTimeoutReported|TestForcedAlgorithmRefused' >"$OUT/proof-goroutines.log" 2>&1 || status=1
+echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
+grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
+
+echo "== process ranks (CUDA IPC, fatbin from nvcc)"
+if /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
+  export COLLGEN_FATBIN="$TMP/collgen.fatbin"
+else
+  echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"
+fi
+for w in ${PROOF_WORLDS//,/ }; do
+  echo "## process ranks, world $w (CUDA IPC, ${COLLGEN_FATBIN:+fatbin}${COLLGEN_FATBIN:-NVRTC})" >>"$PROOF_SUMMARY"
+  timeout ${PROCESS_TIMEOUT:-240} .gpu/collgen run -n "$w" -- .gpu/proof.test -test.v -test.run TestProofProcess \
+    >>"$OUT/proof-processes.log" 2>&1 || { status=1; echo "world $w: process proof failed"; }
+done
+grep -cE '\| pass \|' "$PROOF_SUMMARY" | sed 's/^/passing lines: /'
+grep -E 'FAIL' "$PROOF_SUMMARY" | head -20
+exit $status
