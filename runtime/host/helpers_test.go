@@ -10,16 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/schedule"
 )
 
-// testLibrary is the Library the tests run with. It is the portable one
-// until the generated package lands; then a _test.go file switches it to
-// collectives.Library.
-var testLibrary = PortableLibrary()
+// testLibrary is the Library the tests run with: the generated one, whose
+// reduce loops and host_shm rules production uses. (TestPortableLibrary
+// covers PortableLibrary.)
+var testLibrary = collectives.Library
 
 // op is one collective in a test sweep.
 type op struct {

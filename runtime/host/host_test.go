@@ -244,3 +244,19 @@ func TestTimeoutNamesMissingRank(t *testing.T) {
 	}
 	t.Log(got)
 }
+
+// TestPortableLibrary runs a reduced sweep with the portable reduce loops
+// that stand in when no generated library is linked.
+func TestPortableLibrary(t *testing.T) {
+	errs := goroutineGroup(t, 3, Config{Library: PortableLibrary()}, func(g *Group) error {
+		for _, o := range sweep([]int{1, 100}, 3) {
+			if _, err := runOp(context.Background(), g, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,259 @@
+// Package hostbench times the host backend's collectives on one rank of a
+// group; every rank runs the same sweep in the same order, and rank 0 gets
+// the results (the slowest rank's time per iteration, median over
+// iterations).
+package hostbench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/runtime/host"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/schedule"
+)
+
+// Options is the sweep.
+type Options struct {
+	Collectives []string // allreduce, reduce_scatter, allgather
+	Algorithms  []string // empty: the group's automatic choice per size
+	DTypes      []string
+	Ops         []string // ignored for all-gather
+	Sizes       []int64  // message sizes in bytes (the larger of input and output)
+	Iters       int      // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
+	Check       bool     // verify every case's result against a float64 reference first
+}
+
+// Case is one configuration of the sweep.
+type Case struct {
+	Collective, Algorithm, DType, Op string
+	Bytes                            int64
+}
+
+// Label describes the case for progress lines and errors.
+func (c Case) Label() string {
+	return fmt.Sprintf("%s %s %s %s %s", c.Collective, c.Algorithm, c.DType, c.Op, bench.FormatBytes(c.Bytes))
+}
+
+// Cases enumerates the sweep for a world size, skipping algorithms that do
+// not exist for a collective or world and sizes below one element per rank.
+func Cases(o Options, world int) []Case {
+	var out []Case
+	for _, coll := range o.Collectives {
+		algs := o.Algorithms
+		if len(algs) == 0 {
+			algs = []string{""}
+		}
+		for _, alg := range algs {
+			if alg != "" {
+				if _, err := schedule.Build(coll, alg, world); err != nil {
+					continue
+				}
+			}
+			for _, dt := range o.DTypes {
+				ops := o.Ops
+				if coll == schedule.AllGather {
+					ops = []string{""}
+				}
+				for _, op := range ops {
+					for _, b := range o.Sizes {
+						esz := int64(numeric.Size(dt))
+						if esz == 0 || b/esz < int64(world) && coll != schedule.AllReduce || b < esz {
+							continue
+						}
+						out = append(out, Case{coll, alg, dt, op, b})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// counts returns the element count argument and the buffer sizes of a case.
+func counts(c Case, world int) (count, inBytes, outBytes int) {
+	esz := numeric.Size(c.DType)
+	n := int(c.Bytes) / esz
+	switch c.Collective {
+	case schedule.ReduceScatter:
+		count = n / world
+		return count, count * world * esz, count * esz
+	case schedule.AllGather:
+		count = n / world
+		return count, count * esz, count * world * esz
+	}
+	return n, n * esz, n * esz
+}
+
+// Run runs every case on g and returns the results (identical on every
+// rank). progress, if non-nil, is called after each case.
+func Run(ctx context.Context, g *host.Group, o Options, progress func(done int, label string)) ([]bench.Result, error) {
+	w := g.World()
+	cases := Cases(o, w)
+	if len(cases) == 0 {
+		return nil, fmt.Errorf("bench: the sweep is empty (check --collective, --algorithms, --dtype and --sizes for world %d)", w)
+	}
+	if err := g.Setup(ctx); err != nil {
+		return nil, err
+	}
+	var maxIn, maxOut int
+	for _, c := range cases {
+		_, in, out := counts(c, w)
+		maxIn, maxOut = max(maxIn, in), max(maxOut, out)
+	}
+	inBuf, outBuf := alignedBytes(maxIn), alignedBytes(maxOut)
+	var results []bench.Result
+	for i, c := range cases {
+		r, err := runCase(ctx, g, o, c, inBuf, outBuf)
+		if err != nil {
+			return nil, fmt.Errorf("bench %s: %w", c.Label(), err)
+		}
+		results = append(results, r)
+		if progress != nil {
+			progress(i+1, c.Label())
+		}
+	}
+	return results, nil
+}
+
+// alignedBytes returns n zeroed bytes starting on a 64-byte boundary.
+func alignedBytes(n int) []byte {
+	b := make([]byte, n+64)
+	off := int(-uintptr(unsafe.Pointer(unsafe.SliceData(b))) & 63)
+	return b[off : off+n]
+}
+
+func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) error {
+	opts := host.Options{Algorithm: c.Algorithm}
+	switch c.Collective {
+	case schedule.AllReduce:
+		return g.AllReduce(ctx, in, out, count, c.DType, c.Op, opts)
+	case schedule.ReduceScatter:
+		return g.ReduceScatter(ctx, in, out, count, c.DType, c.Op, opts)
+	case schedule.AllGather:
+		return g.AllGather(ctx, in, out, count, c.DType, opts)
+	}
+	return fmt.Errorf("unknown collective %q", c.Collective)
+}
+
+// maxAll returns the elementwise maximum of xs over every rank.
+func maxAll(ctx context.Context, g *host.Group, xs []float64) ([]float64, error) {
+	b := make([]byte, 8*len(xs))
+	for i, x := range xs {
+		numeric.Put("f64", b, i, x)
+	}
+	if err := g.AllReduce(ctx, b, b, len(xs), "f64", "max", host.Options{}); err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(xs))
+	for i := range out {
+		out[i] = numeric.Get("f64", b, i)
+	}
+	return out, nil
+}
+
+func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBuf []byte) (bench.Result, error) {
+	w, rank := g.World(), g.Rank()
+	count, inB, outB := counts(c, w)
+	in, out := inBuf[:inB], outBuf[:outB]
+	numeric.Fill(c.DType, in, int(c.Bytes), rank)
+	alg := c.Algorithm
+	if alg == "" {
+		alg = g.Algorithm(c.Collective, c.Bytes)
+	}
+	if o.Check {
+		if err := do(ctx, g, c, in, out, count); err != nil {
+			return bench.Result{}, err
+		}
+		if err := check(c, w, rank, count, out); err != nil {
+			return bench.Result{}, fmt.Errorf("wrong result: %w", err)
+		}
+	}
+	// Warm up, and size the iteration count from the slowest rank's
+	// warm-up time so every rank runs the same number.
+	const warm = 3
+	start := time.Now()
+	for i := 0; i < warm; i++ {
+		if err := do(ctx, g, c, in, out, count); err != nil {
+			return bench.Result{}, err
+		}
+	}
+	iters := o.Iters
+	if iters <= 0 {
+		per, err := maxAll(ctx, g, []float64{time.Since(start).Seconds() / warm})
+		if err != nil {
+			return bench.Result{}, err
+		}
+		iters = int(math.Min(2000, math.Max(5, 0.25/math.Max(per[0], 1e-9))))
+	}
+	us := make([]float64, iters)
+	for i := range us {
+		t0 := time.Now()
+		if err := do(ctx, g, c, in, out, count); err != nil {
+			return bench.Result{}, err
+		}
+		us[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
+	}
+	us, err := maxAll(ctx, g, us)
+	if err != nil {
+		return bench.Result{}, err
+	}
+	med := bench.Median(us)
+	return bench.Result{Backend: "host", Collective: c.Collective, Algorithm: alg, DType: c.DType, Op: c.Op, World: w,
+		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med)}, nil
+}
+
+// check verifies out against every rank's regenerated input.
+func check(c Case, w, rank, count int, out []byte) error {
+	esz := numeric.Size(c.DType)
+	_, inB, _ := counts(c, w)
+	inputs := make([][]byte, w)
+	for r := range inputs {
+		inputs[r] = make([]byte, inB)
+		numeric.Fill(c.DType, inputs[r], int(c.Bytes), r)
+	}
+	switch c.Collective {
+	case schedule.AllReduce:
+		return numeric.Check(c.DType, c.Op, out, inputs)
+	case schedule.ReduceScatter:
+		for r := range inputs {
+			inputs[r] = inputs[r][rank*count*esz : (rank+1)*count*esz]
+		}
+		return numeric.Check(c.DType, c.Op, out, inputs)
+	}
+	for r := range inputs {
+		if string(out[r*count*esz:(r+1)*count*esz]) != string(inputs[r]) {
+			return fmt.Errorf("all-gather block %d differs from rank %d's input", r, r)
+		}
+	}
+	return nil
+}
+
+// MemcpyGBps measures copy bandwidth of a bytes-sized buffer with threads
+// goroutines each copying its share, best of several rounds, in GB/s of
+// bytes copied (read once, written once).
+func MemcpyGBps(bytes, threads int) float64 {
+	src, dst := alignedBytes(bytes), alignedBytes(bytes)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src) // fault every page in
+	best := math.Inf(1)
+	for round := 0; round < 5; round++ {
+		done := make(chan struct{}, threads)
+		t0 := time.Now()
+		for t := 0; t < threads; t++ {
+			lo, hi := bytes*t/threads, bytes*(t+1)/threads
+			go func() { copy(dst[lo:hi], src[lo:hi]); done <- struct{}{} }()
+		}
+		for t := 0; t < threads; t++ {
+			<-done
+		}
+		best = math.Min(best, time.Since(t0).Seconds())
+	}
+	return float64(bytes) / best / 1e9
+}

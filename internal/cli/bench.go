@@ -1,0 +1,482 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/bench/hostbench"
+	"github.com/collgen/collgen/runtime/host"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/launch"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/schedule"
+	"github.com/collgen/collgen/spec"
+)
+
+func init() { register("bench", newCmdBench) }
+
+// gpuBench runs `collgen bench --backend gpu`; it is set by the file that
+// links the GPU runtime. Nil means this binary has no GPU bench.
+var gpuBench func(io *IO, o *BenchOptions) error
+
+// hostLibrary supplies the host backend's reduce loops and selection rules;
+// the file that links generated/collectives sets it. Nil means the portable
+// loops of runtime/numeric (host.PortableLibrary).
+var hostLibrary *kernels.Library
+
+// BenchOptions are `collgen bench`'s flags, shared by the host and GPU
+// benches.
+type BenchOptions struct {
+	Backend     string   // host or gpu
+	World       int      // ranks
+	Sizes       []int64  // message sizes in bytes
+	DTypes      []string //
+	Ops         []string //
+	Collectives []string //
+	Algorithms  []string // empty: automatic selection per size
+	Iters       int      // 0: by time
+	Check       bool     // verify results before timing
+	Goroutines  bool     // host: ranks are goroutines of this process
+	JSON        string   // write results as JSON to this file ("-": stdout, instead of the table)
+	CSV         string   // write results as CSV to this file
+	PNG         string   // plot results into this PNG file
+	Progress    bool     // draw the progress bar even when stderr is not a terminal
+	Baseline    string   // JSON results (bench.Result) to compare with
+	Memcpy      bool     // measure and print memcpy bandwidth
+	SlotBytes   int      // host: Config.SlotBytes (0: default)
+	Lanes       int      // host: Config.Lanes (0: default)
+	Timeout     time.Duration
+
+	worker     bool   // host: this process is one rank (env from collgen run or the bench itself)
+	resultFile string // worker rank 0: write JSON results here instead of printing
+}
+
+func newCmdBench(io *IO) *cobra.Command {
+	o := &BenchOptions{}
+	var sizes, dtypes, ops, colls, algs string
+	cmd := &cobra.Command{
+		Use:   "bench [--backend host|gpu] -n N [flags]",
+		Short: "Benchmark collectives over a sweep of sizes and print a latency/bandwidth table",
+		Long: `Bench times collectives for every combination of --collective, --algorithms,
+--dtype, --op and --sizes and prints one table row per case: the median over
+iterations of the slowest rank's time, and the bus bandwidth (NCCL's
+convention: all-reduce bytes/time*2(W-1)/W, reduce-scatter and all-gather
+bytes/time*(W-1)/W).
+
+--backend host runs the shared-memory CPU backend across -n processes on this
+host (bench starts them itself; or run "collgen run -n N -- collgen bench
+--backend host --worker ...") or, with --goroutines, across -n goroutines.
+--check verifies every case against a float64 reference before timing it.
+--baseline FILE reads results of another backend (JSON, as --json writes) and
+adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
+		Example: `  collgen bench --backend host -n 4 --sizes 4KiB,64KiB,1MiB,16MiB --check
+  collgen bench --backend host -n 8 --goroutines --collective allreduce,allgather --dtype f32,bf16
+  collgen bench --backend host -n 4 --sizes 1KiB-64MiB --json out.json --png out.png`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.Sizes, err = parseSizes(sizes); err != nil {
+				return usageError(fmt.Errorf("bench: --sizes: %w", err))
+			}
+			o.DTypes, o.Ops, o.Collectives, o.Algorithms = splitList(dtypes), splitList(ops), splitList(colls), splitList(algs)
+			if err := o.validate(); err != nil {
+				return usageError(err)
+			}
+			if o.Backend == "gpu" {
+				if gpuBench == nil {
+					return errors.New("bench: gpu bench is not built in this binary; use --backend host, or build collgen with the GPU runtime")
+				}
+				return gpuBench(io, o)
+			}
+			return runHostBench(io, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Backend, "backend", "gpu", "backend to benchmark: host or gpu")
+	f.IntVarP(&o.World, "world", "n", 2, "number of ranks")
+	f.StringVar(&sizes, "sizes", "1KiB-64MiB", "message sizes: a list of sizes and FROM-TO ranges that double, e.g. 4KiB,64KiB or 1KiB-256MiB")
+	f.StringVar(&dtypes, "dtype", "f32", "element types, comma separated (host: f32 f64 f16 bf16 i32 i64)")
+	f.StringVar(&ops, "op", "sum", "reduce ops, comma separated: sum, max, min")
+	f.StringVar(&colls, "collective", "allreduce", "collectives, comma separated: allreduce, reduce_scatter, allgather")
+	f.StringVar(&algs, "algorithms", "", "algorithms, comma separated (default: chosen per size by the spec's rules)")
+	f.IntVar(&o.Iters, "iters", 0, "timed iterations per case (default: about 0.25s per case)")
+	f.BoolVar(&o.Check, "check", false, "verify each case's result against a float64 reference before timing it")
+	f.BoolVar(&o.Goroutines, "goroutines", false, "host: run the ranks as goroutines of this process instead of processes")
+	f.StringVar(&o.JSON, "json", "", "also write results as JSON to `FILE` (\"-\": to stdout instead of the table)")
+	f.StringVar(&o.CSV, "csv", "", "also write results as CSV to `FILE`")
+	f.StringVar(&o.PNG, "png", "", "plot latency and bandwidth against size into `FILE`")
+	f.BoolVar(&o.Progress, "progress", false, "show the progress bar even when stderr is not a terminal")
+	f.StringVar(&o.Baseline, "baseline", "", "JSON results of another backend (e.g. gloo) to report speed-ups against")
+	f.BoolVar(&o.Memcpy, "memcpy", false, "measure and print this host's memcpy bandwidth")
+	f.IntVar(&o.SlotBytes, "slot-bytes", 0, "host: shared memory per slot per rank (default: the backend's)")
+	f.IntVar(&o.Lanes, "lanes", 0, "host: worker goroutines per rank for large messages (default: the backend's)")
+	f.DurationVar(&o.Timeout, "timeout", 60*time.Second, "host: how long a rank waits for its peers before failing")
+	f.BoolVar(&o.worker, "worker", false, "host: run as one rank whose environment comes from collgen run")
+	f.StringVar(&o.resultFile, "result-file", "", "host worker: rank 0 writes JSON results here")
+	f.MarkHidden("result-file")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	return cmd
+}
+
+func (o *BenchOptions) validate() error {
+	if o.Backend != "host" && o.Backend != "gpu" {
+		return fmt.Errorf("bench: --backend %q: want host or gpu", o.Backend)
+	}
+	if o.World < 1 || o.World > 64 {
+		return fmt.Errorf("bench: -n %d: want 1..64 ranks", o.World)
+	}
+	for _, c := range o.Collectives {
+		if schedule.Algorithms(c) == nil {
+			return fmt.Errorf("bench: unknown collective %q (known: %v)", c, schedule.Collectives())
+		}
+	}
+	if o.Backend == "host" {
+		for _, d := range o.DTypes {
+			if err := numeric.CheckDType(d); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+		}
+		for _, p := range o.Ops {
+			if err := numeric.CheckOp(p); err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+		}
+	}
+	if len(o.Sizes) == 0 || len(o.DTypes) == 0 || len(o.Ops) == 0 || len(o.Collectives) == 0 {
+		return errors.New("bench: --sizes, --dtype, --op and --collective must each name at least one value")
+	}
+	return nil
+}
+
+// parseSizes parses "4KiB,64KiB" and "1KiB-1MiB" (doubling) lists.
+func parseSizes(s string) ([]int64, error) {
+	var out []int64
+	for _, part := range splitList(s) {
+		from, to, isRange := strings.Cut(part, "-")
+		a, err := spec.ParseSize(from)
+		if err != nil {
+			return nil, err
+		}
+		if !isRange {
+			out = append(out, a)
+			continue
+		}
+		b, err := spec.ParseSize(to)
+		if err != nil {
+			return nil, err
+		}
+		if a <= 0 || b < a {
+			return nil, fmt.Errorf("bad range %q: want FROM-TO with 0 < FROM <= TO", part)
+		}
+		for x := a; x <= b; x *= 2 {
+			out = append(out, x)
+		}
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (o *BenchOptions) sweep() hostbench.Options {
+	return hostbench.Options{Collectives: o.Collectives, Algorithms: o.Algorithms, DTypes: o.DTypes, Ops: o.Ops,
+		Sizes: o.Sizes, Iters: o.Iters, Check: o.Check}
+}
+
+func (o *BenchOptions) hostConfig(rank int, st rendezvous.Store, shared bool) host.Config {
+	return host.Config{Rank: rank, World: o.World, Store: st, Group: "bench", Library: hostLibrary, Shared: shared,
+		Timeout: o.Timeout, SlotBytes: o.SlotBytes, Lanes: o.Lanes}
+}
+
+func runHostBench(io *IO, o *BenchOptions) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if o.worker {
+		return runHostWorker(ctx, io, o)
+	}
+	if hostLibrary == nil {
+		fmt.Fprintln(io.Err, "collgen bench: using the portable reduce loops (this binary has no generated library)")
+	}
+	total := len(hostbench.Cases(o.sweep(), o.World))
+	prog := bench.NewProgress(io.Err, total, o.Progress)
+	var results []bench.Result
+	var err error
+	if o.Goroutines {
+		results, err = benchGoroutines(ctx, o, prog)
+	} else {
+		results, err = benchProcesses(ctx, io, o, prog)
+	}
+	prog.Finish()
+	if err != nil {
+		return err
+	}
+	return report(io, o, results)
+}
+
+// benchGoroutines runs the sweep on o.World goroutine ranks.
+func benchGoroutines(ctx context.Context, o *BenchOptions, prog *bench.Progress) ([]bench.Result, error) {
+	st := rendezvous.NewMemStore()
+	defer st.Close()
+	var wg sync.WaitGroup
+	errs := make([]error, o.World)
+	var results []bench.Result
+	for r := 0; r < o.World; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := host.New(ctx, o.hostConfig(r, st, false))
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer g.Close()
+			var progress func(int, string)
+			if r == 0 {
+				progress = func(_ int, label string) { prog.Step(label) }
+			}
+			res, err := hostbench.Run(ctx, g, o.sweep(), progress)
+			errs[r] = err
+			if r == 0 {
+				results = res
+			}
+		}()
+	}
+	wg.Wait()
+	return results, errors.Join(errs...)
+}
+
+// selfExe returns how to re-run this program: os.Args[0] (resolved through
+// PATH when it has no slash), falling back to os.Executable.
+func selfExe() (string, error) {
+	if a := os.Args[0]; strings.ContainsRune(a, '/') {
+		return a, nil
+	} else if p, err := exec.LookPath(a); err == nil {
+		return p, nil
+	}
+	return os.Executable()
+}
+
+// benchProcesses starts o.World worker processes of this program with a
+// file store in a temporary directory; rank 0 writes the results to a file
+// (one line per finished case for the progress bar, then the JSON).
+func benchProcesses(ctx context.Context, io *IO, o *BenchOptions, prog *bench.Progress) ([]bench.Result, error) {
+	exe, err := selfExe()
+	if err != nil {
+		return nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "collgen-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	resFile := filepath.Join(dir, "results.json")
+	args := []string{exe, "bench", "--backend", "host", "--worker", "--result-file", resFile,
+		"-n", strconv.Itoa(o.World), "--sizes", joinSizes(o.Sizes), "--dtype", strings.Join(o.DTypes, ","),
+		"--op", strings.Join(o.Ops, ","), "--collective", strings.Join(o.Collectives, ","),
+		"--algorithms", strings.Join(o.Algorithms, ","), "--iters", strconv.Itoa(o.Iters),
+		"--slot-bytes", strconv.Itoa(o.SlotBytes), "--lanes", strconv.Itoa(o.Lanes), "--timeout", o.Timeout.String()}
+	if o.Check {
+		args = append(args, "--check")
+	}
+	done := make(chan struct{})
+	go func() {
+		// Rank 0 appends a line to resFile.progress per finished case.
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if b, err := os.ReadFile(resFile + ".progress"); err == nil {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					prog.Set(len(lines), lines[len(lines)-1])
+				}
+			}
+		}
+	}()
+	err = launch.Run(ctx, launch.Config{N: o.World, Args: args, Store: "file://" + filepath.Join(dir, "store"),
+		Stdout: io.Err, Stderr: io.Err})
+	close(done)
+	if err != nil {
+		var ee *launch.ExitError
+		if errors.As(err, &ee) {
+			return nil, &ExitError{Code: ee.Code, Err: fmt.Errorf("bench: %w (its output is above)", err)}
+		}
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	f, err := os.Open(resFile)
+	if err != nil {
+		return nil, fmt.Errorf("bench: rank 0 wrote no results: %w", err)
+	}
+	defer f.Close()
+	return bench.ReadJSON(f)
+}
+
+func joinSizes(s []int64) string {
+	parts := make([]string, len(s))
+	for i, x := range s {
+		parts[i] = strconv.FormatInt(x, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// runHostWorker is one rank process: its rank, world and store come from
+// the environment collgen run (or benchProcesses) set.
+func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
+	env, st, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		return fmt.Errorf("bench worker: %w", err)
+	}
+	defer st.Close()
+	o.World = env.WorldSize
+	g, err := host.New(ctx, o.hostConfig(env.Rank, st, true))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	var progress func(int, string)
+	if env.Rank == 0 && o.resultFile != "" {
+		pf, err := os.OpenFile(o.resultFile+".progress", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		progress = func(_ int, label string) { fmt.Fprintln(pf, label) }
+	}
+	results, err := hostbench.Run(ctx, g, o.sweep(), progress)
+	if err != nil {
+		return err
+	}
+	if env.Rank != 0 {
+		return nil
+	}
+	if o.resultFile != "" {
+		var b bytes.Buffer
+		bench.WriteJSON(&b, results)
+		tmp := o.resultFile + ".tmp"
+		if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+			return err
+		}
+		return os.Rename(tmp, o.resultFile)
+	}
+	return report(io, o, results)
+}
+
+// report prints the table (or JSON to stdout) and writes the requested
+// files.
+func report(io *IO, o *BenchOptions, results []bench.Result) error {
+	if o.Baseline != "" {
+		if err := applyBaseline(o.Baseline, results); err != nil {
+			return err
+		}
+	}
+	var err error
+	if o.JSON == "-" {
+		err = bench.WriteJSON(io.Out, results)
+	} else {
+		err = bench.WriteTable(io.Out, results)
+	}
+	if err != nil {
+		return err
+	}
+	write := func(path string, fn func(w *bufio.Writer) error) error {
+		if path == "" || path == "-" {
+			return nil
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		w := bufio.NewWriter(f)
+		if err := fn(w); err != nil {
+			f.Close()
+			return err
+		}
+		if err := w.Flush(); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(o.JSON, func(w *bufio.Writer) error { return bench.WriteJSON(w, results) }); err != nil {
+		return err
+	}
+	if err := write(o.CSV, func(w *bufio.Writer) error { return bench.WriteCSV(w, results) }); err != nil {
+		return err
+	}
+	if o.PNG != "" {
+		if err := bench.WritePNG(o.PNG, results); err != nil {
+			return err
+		}
+	}
+	if o.Memcpy {
+		printMemcpy(io, o, results)
+	}
+	return nil
+}
+
+// applyBaseline sets Baseline and Ratio on every result that has a
+// baseline row with the same collective, dtype, op, world and size.
+func applyBaseline(path string, results []bench.Result) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("bench: --baseline: %w", err)
+	}
+	defer f.Close()
+	base, err := bench.ReadJSON(f)
+	if err != nil {
+		return fmt.Errorf("bench: --baseline %s: %w", path, err)
+	}
+	for i := range results {
+		r := &results[i]
+		for _, b := range base {
+			if b.Collective == r.Collective && b.DType == r.DType && b.Op == r.Op && b.World == r.World && b.Bytes == r.Bytes && b.MedianUS > 0 {
+				r.Baseline, r.Ratio = b.Backend, b.MedianUS/r.MedianUS
+			}
+		}
+	}
+	return nil
+}
+
+// printMemcpy measures copy bandwidth with 1 and with World threads on a
+// 256 MiB buffer and relates the largest all-reduce to it.
+func printMemcpy(io *IO, o *BenchOptions, results []bench.Result) {
+	const size = 256 << 20
+	one := hostbench.MemcpyGBps(size, 1)
+	many := hostbench.MemcpyGBps(size, max(o.World, 1))
+	all := hostbench.MemcpyGBps(size, runtime.NumCPU())
+	fmt.Fprintf(io.Out, "memcpy bandwidth (256MiB, copied bytes per second): 1 thread %.1f GB/s, %d threads %.1f GB/s, %d threads %.1f GB/s\n",
+		one, o.World, many, runtime.NumCPU(), all)
+	for _, r := range results {
+		if r.Collective == schedule.AllReduce && r.Bytes == o.Sizes[len(o.Sizes)-1] {
+			alg := float64(r.Bytes) / (r.MedianUS * 1e-6) / 1e9
+			fmt.Fprintf(io.Out, "%s %s %s: algbw %.2f GB/s, busbw %.2f GB/s = %.0f%% of 1-thread memcpy, %.0f%% of %d-thread memcpy\n",
+				r.Collective, r.DType, bench.FormatBytes(r.Bytes), alg, r.BusGBps, 100*r.BusGBps/one, 100*r.BusGBps/many, o.World)
+		}
+	}
+}
