@@ -327,8 +327,10 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 		deadline = d
 	}
 	spin := spinFor
-	if !g.cfg.Shared {
-		spin = 0 // peers are goroutines of this process: yield to them at once
+	if !g.cfg.Shared || g.oversubscribed {
+		// Peers are goroutines of this process, or processes competing
+		// for too few CPUs: spinning only delays them, so yield at once.
+		spin = 0
 	}
 	nextLive := start.Add(liveness)
 	sleep := time.Microsecond
@@ -376,6 +378,11 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 				x.name(), phase, lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
 		}
 		if now.Sub(start) < yieldFor {
+			if g.cfg.Shared {
+				// Peers are processes: give the CPU to them (Gosched would
+				// only switch goroutines of this process).
+				osYield()
+			}
 			runtime.Gosched()
 			continue
 		}
