@@ -1,0 +1,464 @@
+// Package benchgpu is the sweep behind `collgen bench --backend gpu`: for
+// every message size and every variant of one collective (each generated
+// algorithm forced, the automatic selection, and NCCL) it measures the
+// per-operation latency on real GPUs, side by side in the same processes,
+// and derives NCCL-convention bus bandwidth and the ratio to NCCL.
+//
+// # Method
+//
+// Ranks are goroutines of one process, one GPU each (Run), or processes
+// that share a rendezvous store (RunRank). Every rank issues exactly the
+// same sequence of operations, with a host barrier between measurements.
+// For one (size, variant):
+//
+//  1. --check: the variant runs once; every rank copies its output back and
+//     compares it with a float64 host reference (numeric.Check), regenerating
+//     every rank's input from its seed.
+//  2. Warm-up: Warmup collectives, launched eagerly (this also compiles the
+//     kernel on first use).
+//  3. Graph mode (default): OpsPerGraph (K=20) back-to-back collectives are
+//     captured into one CUDA graph on each rank's own stream. The captured
+//     ops alternate between two input buffers holding different random data
+//     (never zeros), so consecutive ops do not re-read one L2-resident
+//     buffer; both buffers are as large as the message, so at sizes below
+//     the 50 MiB L2 both may still be cache resident, as they would be in an
+//     application that reuses its buffers.
+//  4. Calibration: one replay is timed; the number of timed replays R is
+//     chosen so that they take about Target (20 ms), at least MinReplays,
+//     at most MaxReplays (or exactly Replays when set).
+//  5. Timing: after a host barrier every rank enqueues one untimed replay
+//     (it lines the ranks up on the GPU: a collective cannot finish before
+//     every rank has joined it) and then R replays back to back; rank 0
+//     records a CUDA event between consecutive replays. Per-op latency of a
+//     replay is its event time / K; the reported latency is the median over
+//     the R replays.
+//
+// With Eager, step 3 is skipped and a "replay" is K collectives launched
+// one by one from the host, so launch overhead is part of the figure.
+package benchgpu
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/schedule"
+	"github.com/collgen/collgen/spec"
+)
+
+// Variant names that are not generated algorithms.
+const (
+	// Auto is the automatic, size-based selection (comm.Options.Algorithm "").
+	Auto = "auto"
+	// NCCL is NCCL itself, called through the communicator.
+	NCCL = "nccl"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultOpsPerGraph = 20
+	DefaultWarmup      = 5
+	DefaultMinReplays  = 5
+	DefaultMaxReplays  = 1000
+	DefaultTargetMs    = 20.0
+	DefaultSizes       = "1KiB..256MiB"
+)
+
+// ParseSizes parses a size list: comma-separated items, each a size
+// ("4MiB", "1000000", "1MB") or a doubling range "LO..HI" (both ends
+// included; "1KiB..256MiB" is 1 KiB, 2 KiB, ..., 256 MiB). A range may name
+// its factor: "1KiB..1GiB:x4". The result is sorted and free of duplicates.
+func ParseSizes(s string) ([]int64, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("empty size list; give sizes such as %s or 4KiB,1MiB", DefaultSizes)
+	}
+	seen := map[int64]bool{}
+	var out []int64
+	add := func(n int64) {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		lo, hi, isRange := strings.Cut(item, "..")
+		if !isRange {
+			n, err := parsePositive(item)
+			if err != nil {
+				return nil, err
+			}
+			add(n)
+			continue
+		}
+		factor := int64(2)
+		if h, f, ok := strings.Cut(hi, ":"); ok {
+			hi = h
+			f = strings.TrimPrefix(strings.TrimSpace(f), "x")
+			if _, err := fmt.Sscanf(f, "%d", &factor); err != nil || factor < 2 || fmt.Sprint(factor) != f {
+				return nil, fmt.Errorf("bad range %q: the factor after ':' must be x2, x4, ... (an integer of at least 2)", item)
+			}
+		}
+		a, err := parsePositive(lo)
+		if err != nil {
+			return nil, err
+		}
+		b, err := parsePositive(hi)
+		if err != nil {
+			return nil, err
+		}
+		if a > b {
+			return nil, fmt.Errorf("bad range %q: %s is larger than %s; write the smaller size first", item, lo, hi)
+		}
+		for n := a; n <= b; n *= factor {
+			add(n)
+			if n > math.MaxInt64/factor {
+				break
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func parsePositive(s string) (int64, error) {
+	n, err := spec.ParseSize(strings.TrimSpace(s))
+	if err != nil {
+		return 0, err
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("size %q must be positive", s)
+	}
+	return n, nil
+}
+
+// FormatSize renders a byte count the way tables show it (1KiB, 256MiB).
+func FormatSize(n int64) string { return spec.FormatSize(n) }
+
+// BusFactor is NCCL's bus-bandwidth factor for a collective at a world
+// size: 2(W-1)/W for all-reduce, (W-1)/W for reduce-scatter and all-gather.
+func BusFactor(collective string, world int) float64 {
+	if world < 1 {
+		return 0
+	}
+	w := float64(world)
+	if collective == schedule.AllReduce {
+		return 2 * (w - 1) / w
+	}
+	return (w - 1) / w
+}
+
+// BusBandwidthGBps is NCCL's bus bandwidth in GB/s (10^9 bytes per second)
+// for a collective of bytes (the full buffer: for reduce-scatter and
+// all-gather the gathered size) that took seconds at a world size.
+func BusBandwidthGBps(collective string, bytes int64, seconds float64, world int) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return float64(bytes) / seconds * BusFactor(collective, world) / 1e9
+}
+
+// AlgBandwidthGBps is bytes / time in GB/s.
+func AlgBandwidthGBps(bytes int64, seconds float64) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return float64(bytes) / seconds / 1e9
+}
+
+// Median returns the median of xs (the mean of the middle two for an even
+// count), or 0 for none. xs is not modified.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[m]
+	}
+	return (s[m-1] + s[m]) / 2
+}
+
+// Replays returns how many timed replays to run when one replay takes
+// replayMs: enough for targetMs, clamped to [min, max].
+func Replays(replayMs, targetMs float64, min, max int) int {
+	if max < min {
+		max = min
+	}
+	if replayMs <= 0 || math.IsNaN(replayMs) {
+		return max
+	}
+	r := math.Ceil(targetMs / replayMs)
+	if r < float64(min) {
+		return min
+	}
+	if r > float64(max) {
+		return max
+	}
+	return int(r)
+}
+
+// ElemSize is the size in bytes of one element of dtype, including the fp8
+// copy types (1 byte); 0 when unknown.
+func ElemSize(dtype string) int {
+	switch dtype {
+	case "e4m3", "e5m2":
+		return 1
+	}
+	return numeric.Size(dtype)
+}
+
+// Shape is what one message size means for a collective.
+type Shape struct {
+	// Bytes is the full buffer (for reduce-scatter the input, for
+	// all-gather the output), rounded down to a whole number of elements
+	// per rank; the size the tables report.
+	Bytes int64
+	// Count is the count argument of the call: elements for all-reduce,
+	// recvCount for reduce-scatter, sendCount for all-gather.
+	Count int
+	// InBytes and OutBytes are each rank's input and output sizes.
+	InBytes, OutBytes int64
+}
+
+// ShapeFor maps a requested size to a collective's call shape. ok is false
+// when the size holds less than one element per rank.
+func ShapeFor(collective, dtype string, bytes int64, world int) (sh Shape, ok bool) {
+	es := int64(ElemSize(dtype))
+	if es == 0 || world < 1 {
+		return Shape{}, false
+	}
+	switch collective {
+	case schedule.AllReduce:
+		n := bytes / es
+		if n < 1 {
+			return Shape{}, false
+		}
+		b := n * es
+		return Shape{Bytes: b, Count: int(n), InBytes: b, OutBytes: b}, true
+	default:
+		per := bytes / es / int64(world)
+		if per < 1 {
+			return Shape{}, false
+		}
+		full, part := per*es*int64(world), per*es
+		sh := Shape{Bytes: full, Count: int(per)}
+		if collective == schedule.ReduceScatter {
+			sh.InBytes, sh.OutBytes = full, part
+		} else {
+			sh.InBytes, sh.OutBytes = part, full
+		}
+		return sh, true
+	}
+}
+
+// Variant is one column of the comparison.
+type Variant struct {
+	// Name is what tables show: an algorithm name, Auto or NCCL.
+	Name string
+	// Algorithm is comm.Options.Algorithm: the forced algorithm, "nccl",
+	// or "" for the automatic selection.
+	Algorithm string
+}
+
+// Custom reports whether the variant forces a generated kernel.
+func (v Variant) Custom() bool { return v.Algorithm != "" && v.Algorithm != NCCL }
+
+// Algorithms lists, in library order, the generated algorithms of a
+// collective for a dtype, op and world size.
+func Algorithms(lib *kernels.Library, collective, dtype, op string, world int) []string {
+	var out []string
+	seen := map[string]bool{}
+	if collective == schedule.AllGather {
+		op = ""
+	}
+	for _, k := range lib.Kernels {
+		if k.Collective == collective && k.DType == dtype && k.Op == op && k.World == world && !seen[k.Algorithm] {
+			seen[k.Algorithm] = true
+			out = append(out, k.Algorithm)
+		}
+	}
+	return out
+}
+
+// Variants builds the variant list: requested names in the given order, or
+// (for none, or the single name "all") every generated algorithm of the
+// collective, then Auto, then NCCL. An unknown name is an error listing
+// what exists.
+func Variants(lib *kernels.Library, collective, dtype, op string, world int, requested []string) ([]Variant, error) {
+	algs := Algorithms(lib, collective, dtype, op, world)
+	var names []string
+	for _, r := range requested {
+		for _, n := range strings.Split(r, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
+	if len(names) == 0 || (len(names) == 1 && names[0] == "all") {
+		names = append(append(names[:0], algs...), Auto, NCCL)
+	}
+	var out []Variant
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
+		switch {
+		case n == Auto:
+			out = append(out, Variant{Name: Auto})
+		case n == NCCL:
+			out = append(out, Variant{Name: NCCL, Algorithm: NCCL})
+		case contains(algs, n):
+			out = append(out, Variant{Name: n, Algorithm: n})
+		default:
+			have := strings.Join(append(append([]string(nil), algs...), Auto, NCCL), ", ")
+			return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s", n, collective, dtype, opOrDash(collective, op), world, have)
+		}
+	}
+	return out, nil
+}
+
+func opOrDash(collective, op string) string {
+	if collective == schedule.AllGather {
+		return "(copy)"
+	}
+	return op
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// SkipReason says why a variant is not measured at a size, or "" when it
+// runs: a forced generated algorithm above the staging buffer (stagingBytes)
+// cannot run (comm refuses it rather than substituting), and NCCL cannot
+// run when it is unavailable (ncclErr).
+func SkipReason(v Variant, bytes, stagingBytes int64, ncclErr error) string {
+	switch {
+	case v.Algorithm == NCCL && ncclErr != nil:
+		return "nccl unavailable: " + ncclErr.Error()
+	case v.Custom() && bytes > stagingBytes:
+		return fmt.Sprintf("%s above its %s staging buffer (raise --staging or the sweep's largest forced size)", FormatSize(bytes), FormatSize(stagingBytes))
+	}
+	return ""
+}
+
+// StagingFor returns the staging size a sweep needs: the largest size a
+// forced generated algorithm is asked for, at least the largest size any
+// GPU selection rule of the library sends to a generated kernel at this
+// world size (so the automatic selection is what users get), and at most
+// limit when limit > 0.
+func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Variant, limit int64) int64 {
+	var s int64
+	forced := false
+	for _, v := range variants {
+		forced = forced || v.Custom()
+	}
+	if forced && len(sizes) > 0 {
+		s = sizes[len(sizes)-1]
+	}
+	for i := range lib.Selections {
+		sel := &lib.Selections[i]
+		if sel.Kind == schedule.KindHostShm || !containsInt(sel.Worlds, world) {
+			continue
+		}
+		if m, _ := sel.MaxCustomBytes(); m > s {
+			s = m
+		}
+	}
+	if limit > 0 && s > limit {
+		s = limit
+	}
+	if s <= 0 {
+		s = 1 << 20
+	}
+	return s
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Measurement is one (size, variant) result of a sweep.
+type Measurement struct {
+	Collective string `json:"collective"`
+	DType      string `json:"dtype"`
+	Op         string `json:"op,omitempty"`
+	World      int    `json:"world"`
+	// Bytes is the full buffer size (see Shape.Bytes).
+	Bytes int64 `json:"bytes"`
+	// Variant is the column: an algorithm, "auto" or "nccl".
+	Variant string `json:"variant"`
+	// Algorithm is what ran: the forced algorithm, or for "auto" the one
+	// the selection picked.
+	Algorithm string `json:"algorithm,omitempty"`
+	// Mode is "graph" (CUDA-graph replay) or "eager".
+	Mode string `json:"mode"`
+	// LatencyUs is the median per-op latency in microseconds; MinUs and
+	// MaxUs the fastest and slowest replay's per-op latency.
+	LatencyUs float64 `json:"latency_us,omitempty"`
+	MinUs     float64 `json:"min_us,omitempty"`
+	MaxUs     float64 `json:"max_us,omitempty"`
+	// BusGBps is NCCL-convention bus bandwidth; AlgGBps is bytes/time.
+	BusGBps float64 `json:"bus_gbps,omitempty"`
+	AlgGBps float64 `json:"alg_gbps,omitempty"`
+	// VsNCCL is NCCL's latency / this latency (above 1: faster than NCCL);
+	// 0 when NCCL was not measured at this size.
+	VsNCCL float64 `json:"vs_nccl,omitempty"`
+	// Replays is the number of timed replays, OpsPerReplay the collectives
+	// in each.
+	Replays      int `json:"replays,omitempty"`
+	OpsPerReplay int `json:"ops_per_replay,omitempty"`
+	// Skipped says why the variant was not measured ("" when it was).
+	Skipped string `json:"skipped,omitempty"`
+	// Error is a failure of this measurement (it was not timed).
+	Error string `json:"error,omitempty"`
+	// Check is "ok", "FAIL: ..." or "" when not checked.
+	Check string `json:"check,omitempty"`
+}
+
+// Measured reports whether the measurement holds a latency.
+func (m *Measurement) Measured() bool { return m.Skipped == "" && m.Error == "" && m.LatencyUs > 0 }
+
+// CheckFailed reports whether --check found a wrong result.
+func (m *Measurement) CheckFailed() bool { return strings.HasPrefix(m.Check, "FAIL") }
+
+// fillDerived sets bandwidths and, per size, the ratio to NCCL.
+func fillDerived(ms []Measurement) {
+	ncclAt := map[int64]float64{}
+	for i := range ms {
+		m := &ms[i]
+		if !m.Measured() {
+			continue
+		}
+		sec := m.LatencyUs * 1e-6
+		m.BusGBps = BusBandwidthGBps(m.Collective, m.Bytes, sec, m.World)
+		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
+		if m.Variant == NCCL {
+			ncclAt[m.Bytes] = m.LatencyUs
+		}
+	}
+	for i := range ms {
+		m := &ms[i]
+		if n, ok := ncclAt[m.Bytes]; ok && m.Measured() {
+			m.VsNCCL = n / m.LatencyUs
+		}
+	}
+}

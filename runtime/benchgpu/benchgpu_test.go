@@ -1,0 +1,407 @@
+package benchgpu
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/schedule"
+)
+
+func TestParseSizes(t *testing.T) {
+	cases := []struct {
+		in   string
+		want []int64
+	}{
+		{"1KiB..8KiB", []int64{1024, 2048, 4096, 8192}},
+		{"1KiB..256MiB", nil}, // length checked below
+		{"4MiB,1KiB", []int64{1024, 4 << 20}},
+		{"1KiB..64KiB:x4", []int64{1 << 10, 1 << 12, 1 << 14, 1 << 16}},
+		{"1KiB..3KiB", []int64{1024, 2048}},
+		{"1000, 1KiB..2KiB, 1024", []int64{1000, 1024, 2048}},
+		{"1MB", []int64{1000000}},
+	}
+	for _, c := range cases {
+		got, err := ParseSizes(c.in)
+		if err != nil {
+			t.Fatalf("ParseSizes(%q): %v", c.in, err)
+		}
+		if c.want == nil {
+			if len(got) != 19 || got[0] != 1024 || got[18] != 256<<20 {
+				t.Errorf("ParseSizes(%q) = %v, want the 19 powers of two 1KiB..256MiB", c.in, got)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("ParseSizes(%q) = %v, want %v", c.in, got, c.want)
+		}
+	}
+	for _, bad := range []string{"", "0", "8KiB..1KiB", "1KiB..4KiB:x1", "1KiB..4KiB:y", "1.5MiB", "abc", "1KiB..", "-4"} {
+		if _, err := ParseSizes(bad); err == nil {
+			t.Errorf("ParseSizes(%q): want an error", bad)
+		}
+	}
+}
+
+func TestBusBandwidth(t *testing.T) {
+	// 1 GB in 1 s: algbw 1 GB/s.
+	const gb = int64(1e9)
+	if got := BusBandwidthGBps(schedule.AllReduce, gb, 1, 4); math.Abs(got-1.5) > 1e-12 {
+		t.Errorf("allreduce W=4: %v, want 1.5", got)
+	}
+	if got := BusBandwidthGBps(schedule.AllReduce, gb, 1, 2); math.Abs(got-1) > 1e-12 {
+		t.Errorf("allreduce W=2: %v, want 1", got)
+	}
+	if got := BusBandwidthGBps(schedule.ReduceScatter, gb, 0.5, 4); math.Abs(got-1.5) > 1e-12 {
+		t.Errorf("reduce_scatter W=4 in 0.5s: %v, want 1.5", got)
+	}
+	if got := BusBandwidthGBps(schedule.AllGather, gb, 1, 8); math.Abs(got-0.875) > 1e-12 {
+		t.Errorf("allgather W=8: %v, want 0.875", got)
+	}
+	if got := BusBandwidthGBps(schedule.AllReduce, gb, 0, 4); got != 0 {
+		t.Errorf("zero time: %v, want 0", got)
+	}
+	if got := AlgBandwidthGBps(2*gb, 2); got != 1 {
+		t.Errorf("algbw: %v, want 1", got)
+	}
+}
+
+func TestMedianAndReplays(t *testing.T) {
+	if m := Median(nil); m != 0 {
+		t.Errorf("Median(nil) = %v", m)
+	}
+	xs := []float64{5, 1, 3}
+	if m := Median(xs); m != 3 {
+		t.Errorf("Median odd = %v", m)
+	}
+	if xs[0] != 5 {
+		t.Error("Median modified its input")
+	}
+	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("Median even = %v", m)
+	}
+	for _, c := range []struct {
+		ms   float64
+		want int
+	}{{0.1, 200}, {10, 5}, {0.001, 1000}, {0, 1000}, {3, 7}} {
+		if got := Replays(c.ms, 20, 5, 1000); got != c.want {
+			t.Errorf("Replays(%v ms) = %d, want %d", c.ms, got, c.want)
+		}
+	}
+}
+
+func TestShapeFor(t *testing.T) {
+	sh, ok := ShapeFor(schedule.AllReduce, "bf16", 1024, 4)
+	if !ok || sh.Count != 512 || sh.InBytes != 1024 || sh.OutBytes != 1024 || sh.Bytes != 1024 {
+		t.Errorf("allreduce: %+v %v", sh, ok)
+	}
+	sh, ok = ShapeFor(schedule.ReduceScatter, "f32", 1024, 4)
+	if !ok || sh.Count != 64 || sh.InBytes != 1024 || sh.OutBytes != 256 {
+		t.Errorf("reduce_scatter: %+v %v", sh, ok)
+	}
+	sh, ok = ShapeFor(schedule.AllGather, "e4m3", 1024, 4)
+	if !ok || sh.Count != 256 || sh.InBytes != 256 || sh.OutBytes != 1024 {
+		t.Errorf("allgather: %+v %v", sh, ok)
+	}
+	// World 3 rounds down to whole elements per rank.
+	sh, ok = ShapeFor(schedule.AllGather, "bf16", 1024, 3)
+	if !ok || sh.Count != 170 || sh.Bytes != 1020 {
+		t.Errorf("allgather w3: %+v %v", sh, ok)
+	}
+	if _, ok := ShapeFor(schedule.ReduceScatter, "f32", 8, 4); ok {
+		t.Error("8 bytes of f32 over 4 ranks should not fit")
+	}
+	if _, ok := ShapeFor(schedule.AllReduce, "nope", 1024, 4); ok {
+		t.Error("unknown dtype should not fit")
+	}
+}
+
+func names(vs []Variant) []string {
+	var out []string
+	for _, v := range vs {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
+func TestVariants(t *testing.T) {
+	lib := collectives.Library
+	vs, err := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := names(vs)
+	if len(got) < 3 || got[len(got)-2] != Auto || got[len(got)-1] != NCCL || !contains(got, "oneshot") || !contains(got, "twoshot") {
+		t.Errorf("allreduce bf16 sum w4 variants = %v, want the generated algorithms, auto, nccl", got)
+	}
+	for _, v := range vs {
+		if (v.Name == Auto) != (v.Algorithm == "") || (v.Name == NCCL) != (v.Algorithm == NCCL) {
+			t.Errorf("variant %+v: wrong Algorithm", v)
+		}
+		if v.Custom() != (v.Name != Auto && v.Name != NCCL) {
+			t.Errorf("variant %+v: Custom() = %v", v, v.Custom())
+		}
+	}
+	if all, _ := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"all"}); !reflect.DeepEqual(names(all), got) {
+		t.Errorf("\"all\" = %v, want %v", names(all), got)
+	}
+	vs, err = Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"nccl,auto", "oneshot", "auto"})
+	if err != nil || !reflect.DeepEqual(names(vs), []string{NCCL, Auto, "oneshot"}) {
+		t.Errorf("requested order: %v, %v", names(vs), err)
+	}
+	if _, err := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"ring"}); err == nil || !strings.Contains(err.Error(), "oneshot") {
+		t.Errorf("unknown algorithm: %v, want an error listing what exists", err)
+	}
+	// All-gather ignores the op; fp8 has copy kernels.
+	vs, err = Variants(lib, schedule.AllGather, "e4m3", "sum", 2, nil)
+	if err != nil || !contains(names(vs), "oneshot") {
+		t.Errorf("allgather e4m3: %v, %v", names(vs), err)
+	}
+	// No kernels for this world: only auto and nccl.
+	vs, _ = Variants(lib, schedule.AllReduce, "bf16", "sum", 5, nil)
+	if !reflect.DeepEqual(names(vs), []string{Auto, NCCL}) {
+		t.Errorf("world 5: %v", names(vs))
+	}
+}
+
+func TestSkipReason(t *testing.T) {
+	one := Variant{Name: "oneshot", Algorithm: "oneshot"}
+	if r := SkipReason(one, 1<<20, 1<<20, nil); r != "" {
+		t.Errorf("at the staging size: %q", r)
+	}
+	if r := SkipReason(one, 2<<20, 1<<20, nil); !strings.Contains(r, "staging") {
+		t.Errorf("above staging: %q", r)
+	}
+	if r := SkipReason(Variant{Name: Auto}, 1<<30, 1<<20, nil); r != "" {
+		t.Errorf("auto never skips: %q", r)
+	}
+	nc := Variant{Name: NCCL, Algorithm: NCCL}
+	if r := SkipReason(nc, 1<<30, 1<<20, nil); r != "" {
+		t.Errorf("nccl available: %q", r)
+	}
+	if r := SkipReason(nc, 1, 1<<20, errors.New("no libnccl")); !strings.Contains(r, "no libnccl") {
+		t.Errorf("nccl unavailable: %q", r)
+	}
+}
+
+func TestStagingFor(t *testing.T) {
+	lib := collectives.Library
+	all, _ := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, nil)
+	sizes := []int64{1 << 10, 256 << 20}
+	if s := StagingFor(lib, 4, sizes, all, 0); s != 256<<20 {
+		t.Errorf("forced algorithms up to 256MiB: staging %d", s)
+	}
+	if s := StagingFor(lib, 4, sizes, all, 64<<20); s != 64<<20 {
+		t.Errorf("limit: staging %d", s)
+	}
+	// Without forced algorithms, the rules' largest custom size (10MiB for
+	// the shipped nvswitch all-reduce) still fits, so auto is unchanged.
+	auto := []Variant{{Name: Auto}, {Name: NCCL, Algorithm: NCCL}}
+	if s := StagingFor(lib, 4, []int64{1 << 10}, auto, 0); s < 10<<20 {
+		t.Errorf("auto only: staging %d, want at least the rules' 10MiB", s)
+	}
+}
+
+func TestPlan(t *testing.T) {
+	cfg := Config{Library: collectives.Library, World: 4, Collective: schedule.ReduceScatter, DType: "f32", Op: "sum",
+		Sizes: []int64{8, 16, 1024, 1025}}
+	var log bytes.Buffer
+	cfg.Log = &log
+	p, err := NewPlan(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 bytes: under one element per rank; 1025 rounds down to 1024.
+	if len(p.Shapes) != 2 || p.Shapes[0].Bytes != 16 || p.Shapes[1].Bytes != 1024 {
+		t.Errorf("shapes %+v", p.Shapes)
+	}
+	if !strings.Contains(log.String(), "8B") {
+		t.Errorf("no note about the skipped size: %q", log.String())
+	}
+	for _, bad := range []Config{
+		{World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
+		{Library: collectives.Library, World: 4, Collective: "broadcast", DType: "f32", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "e4m3", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "avg", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "sum"},
+		{Library: collectives.Library, World: 2, Devices: []int{0}, Collective: schedule.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}},
+	} {
+		if _, err := NewPlan(bad); err == nil {
+			t.Errorf("NewPlan(%+v): want an error", bad)
+		}
+	}
+}
+
+func TestFillDerived(t *testing.T) {
+	ms := []Measurement{
+		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUs: 10},
+		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: Auto, LatencyUs: 20},
+		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: NCCL, LatencyUs: 30},
+		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: "twoshot", Skipped: "too big"},
+	}
+	fillDerived(ms)
+	if ms[0].VsNCCL != 3 || ms[1].VsNCCL != 1.5 || ms[2].VsNCCL != 1 || ms[3].VsNCCL != 0 {
+		t.Errorf("ratios %v %v %v %v", ms[0].VsNCCL, ms[1].VsNCCL, ms[2].VsNCCL, ms[3].VsNCCL)
+	}
+	// 1 MB in 10 us = 100 GB/s alg, 150 GB/s bus at W=4.
+	if math.Abs(ms[0].AlgGBps-100) > 1e-9 || math.Abs(ms[0].BusGBps-150) > 1e-9 {
+		t.Errorf("bandwidth alg %v bus %v", ms[0].AlgGBps, ms[0].BusGBps)
+	}
+}
+
+func TestFillAndVerify(t *testing.T) {
+	for _, dt := range []string{"bf16", "f32", "f16", "e4m3"} {
+		b := make([]byte, PatternBytes+4096)
+		FillInput(dt, b, seed0, 1)
+		es := ElemSize(dt)
+		for i := 0; i < len(b)/es; i++ {
+			if bytes.Count(b[i*es:(i+1)*es], []byte{0}) == es {
+				t.Fatalf("%s: element %d is zero", dt, i)
+			}
+		}
+		// A shorter buffer's data is a prefix of a longer one's.
+		small := make([]byte, 4096)
+		FillInput(dt, small, seed0, 1)
+		if !bytes.Equal(small, b[:4096]) {
+			t.Errorf("%s: the fill is not prefix-consistent", dt)
+		}
+		if !bytes.Equal(b[PatternBytes:], b[:4096]) {
+			t.Errorf("%s: the fill does not repeat with period PatternBytes", dt)
+		}
+	}
+	const world = 3
+	for _, c := range []struct{ coll, dt, op string }{
+		{schedule.AllReduce, "bf16", "sum"}, {schedule.AllReduce, "f32", "max"},
+		{schedule.ReduceScatter, "f16", "sum"}, {schedule.AllGather, "e5m2", ""}, {schedule.AllGather, "bf16", ""},
+	} {
+		// Crosses the pattern period, so windows split.
+		sh, _ := ShapeFor(c.coll, c.dt, PatternBytes*world+6*1024, world)
+		ins := make([][]byte, world)
+		for r := range ins {
+			ins[r] = make([]byte, sh.InBytes)
+			FillInput(c.dt, ins[r], seed0, r)
+		}
+		for rank := 0; rank < world; rank++ {
+			got := make([]byte, sh.OutBytes)
+			switch c.coll {
+			case schedule.AllGather:
+				for r := range ins {
+					copy(got[int64(r)*sh.InBytes:], ins[r])
+				}
+			default:
+				base := int64(0)
+				if c.coll == schedule.ReduceScatter {
+					base = int64(rank) * sh.OutBytes
+				}
+				srcs := make([][]byte, world)
+				for r := range ins {
+					srcs[r] = ins[r][base : base+sh.OutBytes]
+				}
+				red, err := numeric.Reducer(c.dt, c.op)
+				if err != nil {
+					t.Fatal(err)
+				}
+				red(got, srcs)
+			}
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, got); err != nil {
+				t.Errorf("%s %s %s rank %d: correct output rejected: %v", c.coll, c.dt, c.op, rank, err)
+			}
+			bad := append([]byte(nil), got...)
+			bad[len(bad)-1] ^= 0x40
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, bad); err == nil {
+				t.Errorf("%s %s %s rank %d: corrupted output accepted", c.coll, c.dt, c.op, rank)
+			}
+			unwritten := append([]byte(nil), got...)
+			for i := PatternBytes / 2; i < PatternBytes/2+64; i++ {
+				unwritten[i] = 0xff
+			}
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, unwritten); err == nil {
+				t.Errorf("%s %s %s rank %d: unwritten output accepted", c.coll, c.dt, c.op, rank)
+			}
+		}
+	}
+}
+
+func TestLocalPeers(t *testing.T) {
+	const world, rounds = 4, 200
+	ps := LocalPeers(world)
+	var wg sync.WaitGroup
+	errs := make(chan error, world)
+	for r := 0; r < world; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				all, err := ps[r].AllGather(context.Background(), []byte{byte(r), byte(i)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				for q, b := range all {
+					if len(b) != 2 || b[0] != byte(q) || b[1] != byte(i) {
+						errs <- errors.New("rank saw another round's blob")
+						return
+					}
+				}
+			}
+			var e error
+			if r == 2 {
+				e = errors.New("boom")
+			}
+			if err := agree(context.Background(), ps[r], e); err == nil || !strings.Contains(err.Error(), "rank 2: boom") {
+				errs <- errors.New("agree did not report rank 2's error: " + errString(err))
+			}
+		}(r)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// A rank alone gives up with its context.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := LocalPeers(2)[0].AllGather(ctx, nil); err == nil {
+		t.Error("a lone rank's AllGather returned without its peer")
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
+
+// TestRunNoGPU: without a GPU, Run fails cleanly (no hang, no panic); with
+// enough GPUs it runs a tiny sweep.
+func TestRunGPU(t *testing.T) {
+	n, err := cuda.DeviceCount()
+	cfg := Config{Library: collectives.Library, World: 2, Collective: schedule.AllReduce, DType: "bf16", Op: "sum",
+		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Replays: 5}
+	if err != nil || n < 2 {
+		if _, rerr := Run(context.Background(), cfg); rerr == nil {
+			t.Fatal("Run without two GPUs succeeded")
+		}
+		t.Skipf("needs 2 GPUs (have %d, %v)", n, err)
+	}
+	ms, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		t.Logf("%+v", m)
+		if m.Skipped == "" && (!m.Measured() || m.Check != "ok") {
+			t.Errorf("%s at %d: not measured or check failed: %+v", m.Variant, m.Bytes, m)
+		}
+	}
+}

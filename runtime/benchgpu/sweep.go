@@ -1,0 +1,612 @@
+package benchgpu
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/schedule"
+)
+
+// Config describes one sweep. Every rank must use the same Config.
+type Config struct {
+	// Library is the generated kernel library (collectives.Library).
+	Library *kernels.Library
+	// World is the number of ranks (GPUs).
+	World int
+	// Devices are the CUDA ordinals of ranks 0..World-1; nil means 0..World-1.
+	Devices []int
+	// Collective is schedule.AllReduce, ReduceScatter or AllGather.
+	Collective string
+	// DType and Op select the kernels (Op is ignored for all-gather).
+	DType, Op string
+	// Sizes are the message sizes in bytes (full buffer; see Shape).
+	Sizes []int64
+	// Algorithms are the variant names (see Variants); nil means all.
+	Algorithms []string
+	// Topology is passed to comm.Config.Topology ("" lets comm choose).
+	Topology string
+	// Eager times collectives launched one by one instead of graph replays.
+	Eager bool
+	// Check verifies every variant's result once per size before timing it.
+	Check bool
+	// ZeroCopy puts the inputs in symmetric buffers (Communicator.Alloc), so
+	// generated kernels read them in place instead of copying them into the
+	// staging buffer first.
+	ZeroCopy bool
+	// OpsPerGraph is K, the collectives per replay (default 20).
+	OpsPerGraph int
+	// Warmup is the eager collectives before capture (default 5).
+	Warmup int
+	// Replays fixes the number of timed replays; 0 adapts it to TargetMs,
+	// within [MinReplays, MaxReplays] (defaults 20 ms, 5, 1000).
+	Replays                int
+	TargetMs               float64
+	MinReplays, MaxReplays int
+	// StagingBytes overrides the staging size (default StagingFor's).
+	StagingBytes int64
+	// Timeout bounds each in-kernel wait (comm.Config.Timeout).
+	Timeout time.Duration
+	// FatbinPath loads kernels from a prebuilt fatbin (comm.Config.FatbinPath).
+	FatbinPath string
+	// Progress, when set, is called on rank 0 after each measurement with
+	// the number done, the total, and the measurement.
+	Progress func(done, total int, m *Measurement)
+	// Log receives notes (skips, the staging size); nil discards them.
+	Log io.Writer
+}
+
+func (c *Config) withDefaults() Config {
+	o := *c
+	if o.OpsPerGraph <= 0 {
+		o.OpsPerGraph = DefaultOpsPerGraph
+	}
+	if o.Warmup <= 0 {
+		o.Warmup = DefaultWarmup
+	}
+	if o.TargetMs <= 0 {
+		o.TargetMs = DefaultTargetMs
+	}
+	if o.MinReplays <= 0 {
+		o.MinReplays = DefaultMinReplays
+	}
+	if o.MaxReplays <= 0 {
+		o.MaxReplays = DefaultMaxReplays
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if o.Collective == schedule.AllGather {
+		o.Op = ""
+	}
+	return o
+}
+
+// validate checks what can be checked without a GPU.
+func (c *Config) validate() ([]Variant, error) {
+	switch {
+	case c.Library == nil:
+		return nil, errors.New("benchgpu: Config.Library is nil; pass the generated collectives.Library")
+	case c.World < 1:
+		return nil, fmt.Errorf("benchgpu: world size %d must be at least 1", c.World)
+	case c.Devices != nil && len(c.Devices) != c.World:
+		return nil, fmt.Errorf("benchgpu: %d devices for world size %d; give one per rank", len(c.Devices), c.World)
+	case len(c.Sizes) == 0:
+		return nil, errors.New("benchgpu: no sizes to measure")
+	case ElemSize(c.DType) == 0:
+		return nil, fmt.Errorf("benchgpu: unknown dtype %q", c.DType)
+	}
+	switch c.Collective {
+	case schedule.AllReduce, schedule.ReduceScatter:
+		if err := numeric.CheckOp(c.Op); err != nil {
+			return nil, fmt.Errorf("benchgpu: %w", err)
+		}
+		if numeric.Size(c.DType) == 0 {
+			return nil, fmt.Errorf("benchgpu: %s cannot reduce %s (a copy-only type); use it with allgather", c.Collective, c.DType)
+		}
+	case schedule.AllGather:
+	default:
+		return nil, fmt.Errorf("benchgpu: unknown collective %q (want %s, %s or %s)", c.Collective, schedule.AllReduce, schedule.ReduceScatter, schedule.AllGather)
+	}
+	return Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
+}
+
+// Plan is the sweep's agreed set-up, the same on every rank.
+type Plan struct {
+	Variants []Variant
+	Staging  int64
+	Shapes   []Shape // one per usable size, in order
+}
+
+// NewPlan validates cfg and works out variants, staging and shapes.
+func NewPlan(cfg Config) (*Plan, error) {
+	c := cfg.withDefaults()
+	vs, err := c.validate()
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{Variants: vs}
+	for _, b := range c.Sizes {
+		sh, ok := ShapeFor(c.Collective, c.DType, b, c.World)
+		if !ok {
+			fmt.Fprintf(c.Log, "note: %s is less than one %s element per rank at world %d; skipped\n", FormatSize(b), c.DType, c.World)
+			continue
+		}
+		if n := len(p.Shapes); n > 0 && p.Shapes[n-1].Bytes == sh.Bytes {
+			continue
+		}
+		p.Shapes = append(p.Shapes, sh)
+	}
+	if len(p.Shapes) == 0 {
+		return nil, errors.New("benchgpu: no size holds one element per rank; use larger sizes")
+	}
+	sizes := make([]int64, len(p.Shapes))
+	for i, sh := range p.Shapes {
+		sizes[i] = sh.Bytes
+	}
+	p.Staging = c.StagingBytes
+	if p.Staging <= 0 {
+		p.Staging = StagingFor(c.Library, c.World, sizes, vs, 0)
+	}
+	return p, nil
+}
+
+// Run measures the sweep with one goroutine per GPU in this process and
+// returns the measurements in (size, variant) order. Measurements that fail
+// are recorded with Error and the sweep goes on, unless a communicator
+// broke (a kernel timed out), which ends the sweep with an error next to
+// the measurements made so far.
+func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
+	if _, err := NewPlan(cfg); err != nil {
+		return nil, err
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("benchgpu: %w", err)
+	}
+	devs := cfg.Devices
+	if devs == nil {
+		for r := 0; r < cfg.World; r++ {
+			devs = append(devs, r)
+		}
+	}
+	for _, d := range devs {
+		if d >= n {
+			return nil, fmt.Errorf("benchgpu: world size %d needs GPU %d, but this machine has %d GPU(s); lower -n", cfg.World, d, n)
+		}
+	}
+	cfg.Devices = devs
+	store := rendezvous.NewMemStore()
+	peers := LocalPeers(cfg.World)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		res  []Measurement
+		errs = make([]error, cfg.World)
+	)
+	for r := 0; r < cfg.World; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			ms, err := runRank(ctx, cfg, r, store, peers[r])
+			if err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				cancel() // unblock peers waiting in a host barrier
+			}
+			if r == 0 {
+				res = ms
+			}
+		}(r)
+	}
+	wg.Wait()
+	return res, errors.Join(errs...)
+}
+
+// RunRank runs one rank of a sweep whose ranks are processes sharing
+// store; rank 0 returns the measurements, the others return nil.
+// cfg.Devices[rank] (default rank) is this process's GPU.
+func RunRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store) ([]Measurement, error) {
+	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/peers", rank, cfg.World))
+}
+
+// rankState is one rank's resources.
+type rankState struct {
+	cfg    Config
+	plan   *Plan
+	rank   int
+	c      *comm.Communicator
+	dev    *cuda.Device
+	s      *cuda.Stream
+	peers  Peers
+	in     [2]cuda.DevicePtr
+	out    cuda.DevicePtr
+	host   []byte // output copy-back for --check
+	events []*cuda.Event
+	owned  []cuda.DevicePtr // plain allocations to free
+}
+
+func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, peers Peers) (ms []Measurement, err error) {
+	plan, err := NewPlan(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if rank != 0 {
+		cfg.Log = io.Discard
+	}
+	dev := rank
+	if cfg.Devices != nil {
+		dev = cfg.Devices[rank]
+	}
+	if rank == 0 {
+		fmt.Fprintf(cfg.Log, "staging buffer: %s per rank (forced generated algorithms above it are skipped)\n", FormatSize(plan.Staging))
+	}
+	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
+		Library: cfg.Library, Group: "bench", Topology: cfg.Topology, Timeout: cfg.Timeout,
+		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath})
+	if err != nil {
+		return nil, err
+	}
+	st := &rankState{cfg: cfg, plan: plan, rank: rank, c: c, dev: c.Device(), peers: peers}
+	defer func() {
+		err = errors.Join(err, st.release())
+	}()
+	if err := agree(ctx, peers, st.setup(ctx)); err != nil {
+		return nil, fmt.Errorf("set-up: %w", err)
+	}
+	return st.sweep(ctx)
+}
+
+// setup allocates the inputs (largest size, filled once: every size reads
+// a prefix) and the output, and the stream.
+func (st *rankState) setup(ctx context.Context) error {
+	var err error
+	if st.s, err = st.dev.NewStream(); err != nil {
+		return err
+	}
+	var maxIn, maxOut int64
+	for _, sh := range st.plan.Shapes {
+		maxIn, maxOut = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes)
+	}
+	host := make([]byte, maxIn)
+	for i, seed := range []int{seed0, seed1} {
+		if st.cfg.ZeroCopy {
+			st.in[i], err = st.c.Alloc(ctx, int(maxIn))
+		} else {
+			st.in[i], err = st.alloc(int(maxIn))
+		}
+		if err != nil {
+			return fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn), err)
+		}
+		FillInput(st.cfg.DType, host, seed, st.rank)
+		if err := st.dev.CopyHtoD(st.in[i], host); err != nil {
+			return err
+		}
+	}
+	if st.out, err = st.alloc(int(maxOut)); err != nil {
+		return fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut), err)
+	}
+	if st.cfg.Check {
+		st.host = make([]byte, maxOut)
+	}
+	return nil
+}
+
+func (st *rankState) alloc(n int) (cuda.DevicePtr, error) {
+	p, err := st.dev.Alloc(n)
+	if err == nil {
+		st.owned = append(st.owned, p)
+	}
+	return p, err
+}
+
+func (st *rankState) release() error {
+	var errs []error
+	if st.s != nil {
+		errs = append(errs, st.s.Synchronize())
+	}
+	for _, e := range st.events {
+		errs = append(errs, e.Destroy())
+	}
+	for _, p := range st.owned {
+		errs = append(errs, st.dev.Free(p))
+	}
+	if st.s != nil {
+		errs = append(errs, st.s.Destroy())
+	}
+	// Last: Close may release the device's context.
+	errs = append(errs, st.c.Close())
+	return errors.Join(errs...)
+}
+
+// sweep measures every (size, variant).
+func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
+	cfg := st.cfg
+	// NCCL is available when the communicator would hand it an
+	// impossibly large message (every rank gets the same answer).
+	var ncclErr error
+	if _, err := st.c.Choose(cfg.Collective, math.MaxInt64/2, cfg.DType, cfg.Op); err != nil {
+		ncclErr = err
+	}
+	mode := "graph"
+	if cfg.Eager {
+		mode = "eager"
+	}
+	total := len(st.plan.Shapes) * len(st.plan.Variants)
+	var out []Measurement
+	for _, sh := range st.plan.Shapes {
+		var group []Measurement
+		for _, v := range st.plan.Variants {
+			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
+				Bytes: sh.Bytes, Variant: v.Name, Algorithm: v.Algorithm, Mode: mode}
+			if v.Name == Auto {
+				if a, err := st.c.Choose(cfg.Collective, sh.Bytes, cfg.DType, cfg.Op); err == nil {
+					m.Algorithm = a
+				}
+			}
+			if why := SkipReason(v, sh.Bytes, st.plan.Staging, ncclErr); why != "" {
+				m.Skipped = why
+				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name, why)
+			} else if err := st.measure(ctx, sh, v, &m); err != nil {
+				m.Error = err.Error()
+				fmt.Fprintf(cfg.Log, "error: %s %s: %v\n", FormatSize(sh.Bytes), v.Name, err)
+				if cerr := st.broken(ctx); cerr != nil {
+					group = append(group, m)
+					out = append(out, group...)
+					fillDerived(out)
+					return out, fmt.Errorf("%s at %s left a communicator unusable, sweep stopped: %w", v.Name, FormatSize(sh.Bytes), cerr)
+				}
+			}
+			if m.CheckFailed() {
+				fmt.Fprintf(cfg.Log, "CHECK FAILED: %s %s %s %s: %s\n", cfg.Collective, cfg.DType, FormatSize(sh.Bytes), v.Name, m.Check)
+			}
+			group = append(group, m)
+			if st.rank == 0 && cfg.Progress != nil {
+				cfg.Progress(len(out)+len(group), total, &group[len(group)-1])
+			}
+		}
+		fillDerived(group)
+		out = append(out, group...)
+	}
+	return out, nil
+}
+
+// broken reports (agreed) whether any rank's communicator is unusable.
+func (st *rankState) broken(ctx context.Context) error {
+	return agree(ctx, st.peers, st.c.Err())
+}
+
+// issue enqueues collective number i (inputs alternate) on the stream.
+func (st *rankState) issue(sh Shape, alg string, i int) error {
+	cfg := st.cfg
+	in, out := comm.DeviceBuffer(st.in[i%2]), comm.DeviceBuffer(st.out)
+	o := comm.Options{Stream: st.s, Algorithm: alg}
+	switch cfg.Collective {
+	case schedule.AllReduce:
+		return st.c.AllReduce(in, out, sh.Count, cfg.DType, cfg.Op, o)
+	case schedule.ReduceScatter:
+		return st.c.ReduceScatter(in, out, sh.Count, cfg.DType, cfg.Op, o)
+	default:
+		return st.c.AllGather(in, out, sh.Count, cfg.DType, o)
+	}
+}
+
+// issueK enqueues K collectives.
+func (st *rankState) issueK(sh Shape, alg string) error {
+	for i := 0; i < st.cfg.OpsPerGraph; i++ {
+		if err := st.issue(sh, alg, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// event returns rank 0's i-th timing event, creating it on first use.
+func (st *rankState) event(i int) (*cuda.Event, error) {
+	for len(st.events) <= i {
+		e, err := st.dev.NewEvent()
+		if err != nil {
+			return nil, err
+		}
+		st.events = append(st.events, e)
+	}
+	return st.events[i], nil
+}
+
+// measure checks (optionally), warms up, captures and times one variant at
+// one size, filling m on rank 0.
+func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measurement) error {
+	cfg := st.cfg
+	if err := barrier(ctx, st.peers); err != nil {
+		return err
+	}
+	if cfg.Check {
+		res, err := st.check(sh, v)
+		if err := agree(ctx, st.peers, err); err != nil {
+			return fmt.Errorf("check run: %w", err)
+		}
+		all, err := st.peers.AllGather(ctx, []byte(res))
+		if err != nil {
+			return err
+		}
+		m.Check = "ok"
+		var fails []string
+		for r, b := range all {
+			if len(b) > 0 {
+				fails = append(fails, fmt.Sprintf("rank %d: %s", r, b))
+			}
+		}
+		if len(fails) > 0 {
+			m.Check = "FAIL: " + strings.Join(fails, "; ")
+		}
+	}
+	// Warm-up (compiles the kernel on first use).
+	err := func() error {
+		for i := 0; i < cfg.Warmup; i++ {
+			if err := st.issue(sh, v.Algorithm, i); err != nil {
+				return err
+			}
+		}
+		return st.c.Synchronize(st.s)
+	}()
+	if err := agree(ctx, st.peers, err); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	// The replay: a graph of K collectives, or K eager launches.
+	replay := func() error { return st.issueK(sh, v.Algorithm) }
+	if !cfg.Eager {
+		ge, err := st.capture(sh, v.Algorithm)
+		if err := agree(ctx, st.peers, err); err != nil {
+			if ge != nil {
+				ge.Destroy()
+			}
+			return fmt.Errorf("graph capture: %w", err)
+		}
+		defer ge.Destroy()
+		replay = func() error { return ge.Launch(st.s) }
+	}
+	// Calibrate R.
+	r := cfg.Replays
+	if r <= 0 {
+		ms, err := st.timeReplays(ctx, replay, 1)
+		if err != nil {
+			return fmt.Errorf("calibration: %w", err)
+		}
+		var blob [8]byte
+		if st.rank == 0 {
+			binary.LittleEndian.PutUint64(blob[:], uint64(Replays(ms[0], cfg.TargetMs, cfg.MinReplays, cfg.MaxReplays)))
+		}
+		all, err := st.peers.AllGather(ctx, blob[:])
+		if err != nil {
+			return err
+		}
+		r = int(binary.LittleEndian.Uint64(all[0]))
+	}
+	ms, err := st.timeReplays(ctx, replay, r)
+	if err != nil {
+		return err
+	}
+	if st.rank == 0 {
+		per := make([]float64, len(ms))
+		for i, t := range ms {
+			per[i] = t * 1e3 / float64(cfg.OpsPerGraph)
+		}
+		m.LatencyUs = Median(per)
+		m.MinUs, m.MaxUs = per[0], per[0]
+		for _, p := range per {
+			m.MinUs, m.MaxUs = math.Min(m.MinUs, p), math.Max(m.MaxUs, p)
+		}
+		m.Replays, m.OpsPerReplay = r, cfg.OpsPerGraph
+	}
+	return nil
+}
+
+// check runs the variant once from input 0 and verifies this rank's
+// output; the returned string is a check failure ("" when correct), the
+// error a failure to run.
+func (st *rankState) check(sh Shape, v Variant) (string, error) {
+	if err := st.dev.Memset8(st.out, 0xff, int(sh.OutBytes)); err != nil {
+		return "", err
+	}
+	if err := st.issue(sh, v.Algorithm, 0); err != nil {
+		return "", err
+	}
+	if err := st.c.Synchronize(st.s); err != nil {
+		return "", err
+	}
+	got := st.host[:sh.OutBytes]
+	if err := st.dev.CopyDtoH(got, st.out); err != nil {
+		return "", err
+	}
+	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got); err != nil {
+		return err.Error(), nil
+	}
+	return "", nil
+}
+
+// capture records K collectives into a graph on the rank's stream.
+func (st *rankState) capture(sh Shape, alg string) (*cuda.GraphExec, error) {
+	if err := st.s.BeginCapture(); err != nil {
+		return nil, err
+	}
+	ierr := st.issueK(sh, alg)
+	g, err := st.s.EndCapture()
+	if ierr != nil || err != nil {
+		if g != nil {
+			g.Destroy()
+		}
+		return nil, errors.Join(ierr, err)
+	}
+	defer g.Destroy()
+	return g.Instantiate()
+}
+
+// timeReplays runs one untimed replay and then n timed ones back to back
+// on every rank (after a host barrier), and returns on rank 0 the n replay
+// times in milliseconds. Errors are agreed across ranks.
+func (st *rankState) timeReplays(ctx context.Context, replay func() error, n int) ([]float64, error) {
+	if err := barrier(ctx, st.peers); err != nil {
+		return nil, err
+	}
+	var times []float64
+	err := func() error {
+		if err := replay(); err != nil {
+			return err
+		}
+		if st.rank == 0 {
+			for i := 0; i <= n; i++ {
+				if _, err := st.event(i); err != nil {
+					return err
+				}
+			}
+			if err := st.events[0].Record(st.s); err != nil {
+				return err
+			}
+		}
+		for i := 1; i <= n; i++ {
+			if err := replay(); err != nil {
+				return err
+			}
+			if st.rank == 0 {
+				if err := st.events[i].Record(st.s); err != nil {
+					return err
+				}
+			}
+		}
+		if err := st.c.Synchronize(st.s); err != nil {
+			return err
+		}
+		if st.rank == 0 {
+			for i := 1; i <= n; i++ {
+				ms, err := cuda.ElapsedMs(st.events[i-1], st.events[i])
+				if err != nil {
+					return err
+				}
+				times = append(times, float64(ms))
+			}
+		}
+		return nil
+	}()
+	if err := agree(ctx, st.peers, err); err != nil {
+		return nil, err
+	}
+	if st.rank == 0 && len(times) == 0 {
+		return nil, errors.New("no replay times recorded")
+	}
+	if st.rank != 0 {
+		times = make([]float64, n) // placeholders; only rank 0 times
+	}
+	return times, nil
+}
