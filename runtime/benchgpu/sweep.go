@@ -35,6 +35,9 @@ type Config struct {
 	Sizes []int64
 	// Algorithms are the variant names (see Variants); nil means all.
 	Algorithms []string
+	// Group names the sweep's communicators and store keys (default
+	// "bench"); sweeps sharing a store one after another need distinct ones.
+	Group string
 	// Topology is passed to comm.Config.Topology ("" lets comm choose).
 	Topology string
 	// Eager times collectives launched one by one instead of graph replays.
@@ -86,6 +89,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
+	}
+	if o.Group == "" {
+		o.Group = "bench"
 	}
 	if o.Collective == schedule.AllGather {
 		o.Op = ""
@@ -173,7 +179,10 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 	}
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return nil, fmt.Errorf("benchgpu: %w", err)
+		return nil, fmt.Errorf("benchgpu: no usable CUDA driver (%w); the GPU bench needs NVIDIA GPUs", err)
+	}
+	if n == 0 {
+		return nil, errors.New("benchgpu: no CUDA GPU found; the GPU bench needs NVIDIA GPUs (--backend host benchmarks the CPU backend)")
 	}
 	devs := cfg.Devices
 	if devs == nil {
@@ -218,7 +227,8 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 // store; rank 0 returns the measurements, the others return nil.
 // cfg.Devices[rank] (default rank) is this process's GPU.
 func RunRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store) ([]Measurement, error) {
-	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/peers", rank, cfg.World))
+	c := cfg.withDefaults()
+	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/"+c.Group+"/peers", rank, cfg.World))
 }
 
 // rankState is one rank's resources.
@@ -254,7 +264,7 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 		fmt.Fprintf(cfg.Log, "staging buffer: %s per rank (forced generated algorithms above it are skipped)\n", FormatSize(plan.Staging))
 	}
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
-		Library: cfg.Library, Group: "bench", Topology: cfg.Topology, Timeout: cfg.Timeout,
+		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
 		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,537 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/benchgpu"
+	"github.com/collgen/collgen/runtime/launch"
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/schedule"
+	"github.com/collgen/collgen/spec"
+)
+
+// The GPU bench: runtime/benchgpu's sweep behind `collgen bench --backend
+// gpu`. bench.go owns the command and the shared flags; this file sets its
+// gpuBench hook and adds the GPU-only flags to the command.
+func init() {
+	gpuBench = runGPUBench
+	if prev := constructors["bench"]; prev != nil {
+		register("bench", func(io *IO) *cobra.Command { return addGPUBenchFlags(io, prev(io)) })
+	}
+}
+
+// gpuBenchFlags are the GPU-only flags of one bench command, found by the
+// IO the command was built with (gpuBench receives that IO).
+type gpuBenchFlags struct {
+	eager      bool
+	zeroCopy   bool
+	processes  bool
+	staging    string
+	devices    string
+	sizesSet   bool // --sizes given: otherwise the GPU default 1KiB..256MiB
+	timeoutSet bool // --timeout given: otherwise comm's default in-kernel timeout
+}
+
+var (
+	gpuFlagsMu sync.Mutex
+	gpuFlags   = map[*IO]*gpuBenchFlags{}
+)
+
+func flagsFor(io *IO) *gpuBenchFlags {
+	gpuFlagsMu.Lock()
+	defer gpuFlagsMu.Unlock()
+	if f := gpuFlags[io]; f != nil {
+		return f
+	}
+	return &gpuBenchFlags{}
+}
+
+// addGPUBenchFlags adds --eager, --zero-copy, --processes, --staging and
+// --devices to the bench command (each only if bench.go does not define it).
+func addGPUBenchFlags(io *IO, cmd *cobra.Command) *cobra.Command {
+	g := &gpuBenchFlags{}
+	gpuFlagsMu.Lock()
+	gpuFlags[io] = g
+	gpuFlagsMu.Unlock()
+	f := cmd.Flags()
+	if f.Lookup("eager") == nil {
+		f.BoolVar(&g.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
+	}
+	if f.Lookup("zero-copy") == nil {
+		f.BoolVar(&g.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
+	}
+	if f.Lookup("processes") == nil {
+		f.BoolVar(&g.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
+	}
+	if f.Lookup("staging") == nil {
+		f.StringVar(&g.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
+	}
+	if f.Lookup("devices") == nil {
+		f.StringVar(&g.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
+	}
+	if run := cmd.RunE; run != nil {
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			g.sizesSet = c.Flags().Changed("sizes")
+			g.timeoutSet = c.Flags().Changed("timeout")
+			return run(c, args)
+		}
+	}
+	cmd.Long += `
+
+--backend gpu measures on this host's GPUs, one goroutine per GPU (or, with
+--processes, one process per GPU; or run "collgen run -n N -- collgen bench
+--backend gpu --worker ..."). For every size it times each generated
+algorithm forced, the automatic selection ("auto") and NCCL, all in the same
+run: K=20 back-to-back collectives captured in a CUDA graph (--eager: launched
+one by one), replayed until about 20 ms (or --iters times), median per-op
+latency; the ratio column is NCCL's latency over the row's. Default sizes
+1KiB-256MiB; default algorithms: all of them. See docs/performance.md.`
+	cmd.Example += `
+  collgen bench --backend gpu -n 4 --dtype bf16 --op sum --sizes 1KiB-256MiB --check --json ar.json --png ar.png
+  collgen bench --backend gpu -n 2 --collective reduce_scatter,allgather --dtype bf16 --algorithms auto,nccl`
+	return cmd
+}
+
+// gpuSweep is one (collective, dtype, op) sweep of a GPU bench.
+type gpuSweep struct {
+	cfg  benchgpu.Config
+	plan *benchgpu.Plan
+}
+
+// gpuSweeps expands the options into sweeps (all-gather ignores --op).
+func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
+	sizes := o.Sizes
+	if !g.sizesSet {
+		var err error
+		if sizes, err = benchgpu.ParseSizes(benchgpu.DefaultSizes); err != nil {
+			return nil, err
+		}
+	}
+	var staging int64
+	if g.staging != "" {
+		var err error
+		if staging, err = spec.ParseSize(g.staging); err != nil || staging <= 0 {
+			return nil, usageError(fmt.Errorf("bench: --staging %q: want a positive size such as 256MiB", g.staging))
+		}
+	}
+	var devices []int
+	if g.devices != "" {
+		for _, s := range splitList(g.devices) {
+			d, err := strconv.Atoi(s)
+			if err != nil || d < 0 {
+				return nil, usageError(fmt.Errorf("bench: --devices %q: want CUDA ordinals such as 0,1,2,3", g.devices))
+			}
+			devices = append(devices, d)
+		}
+		if len(devices) != o.World {
+			return nil, usageError(fmt.Errorf("bench: --devices names %d GPUs for -n %d; name one per rank", len(devices), o.World))
+		}
+	}
+	var timeout time.Duration
+	if g.timeoutSet {
+		timeout = o.Timeout
+	}
+	var out []gpuSweep
+	seen := map[string]bool{}
+	for _, coll := range o.Collectives {
+		for _, dt := range o.DTypes {
+			for _, op := range o.Ops {
+				if coll == schedule.AllGather {
+					op = ""
+				}
+				key := coll + "/" + dt + "/" + op
+				if seen[key] {
+					continue
+				}
+				seen[key] = true
+				cfg := benchgpu.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll,
+					DType: dt, Op: op, Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
+					ZeroCopy: g.zeroCopy, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
+				plan, err := benchgpu.NewPlan(cfg)
+				if err != nil {
+					return nil, usageError(fmt.Errorf("bench: %w", err))
+				}
+				out = append(out, gpuSweep{cfg: cfg, plan: plan})
+			}
+		}
+	}
+	return out, nil
+}
+
+func runGPUBench(io *IO, o *BenchOptions) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	g := flagsFor(io)
+	if o.worker {
+		// The launcher decides the world size.
+		env, err := rendezvous.ReadEnv()
+		if err != nil {
+			return fmt.Errorf("bench worker: %w", err)
+		}
+		o.World = env.WorldSize
+	}
+	sweeps, err := gpuSweeps(o, g)
+	if err != nil {
+		return err
+	}
+	if o.worker {
+		return runGPUWorker(ctx, io, o, sweeps)
+	}
+	total := 0
+	for _, s := range sweeps {
+		total += len(s.plan.Shapes) * len(s.plan.Variants)
+	}
+	prog := bench.NewProgress(io.Err, total, o.Progress)
+	var (
+		ms   []benchgpu.Measurement
+		logs bytes.Buffer
+	)
+	if g.processes {
+		ms, err = benchGPUProcesses(ctx, io, o, g, prog, &logs)
+	} else {
+		for _, s := range sweeps {
+			s.cfg.Log = &logs
+			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) { prog.Step(progressLabel(m)) }
+			var got []benchgpu.Measurement
+			got, err = benchgpu.Run(ctx, s.cfg)
+			ms = append(ms, got...)
+			if err != nil {
+				break
+			}
+		}
+	}
+	prog.Finish()
+	io.Err.Write(logs.Bytes())
+	return reportGPU(io, o, ms, err)
+}
+
+func progressLabel(m *benchgpu.Measurement) string {
+	return fmt.Sprintf("%s %s %s %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant)
+}
+
+// reportGPU prints the shared table (and files), then the side-by-side
+// summary, then any failure loudly; failures make the exit status 1.
+func reportGPU(io *IO, o *BenchOptions, ms []benchgpu.Measurement, runErr error) error {
+	results := gpuResults(ms)
+	if len(results) > 0 {
+		if err := report(io, o, results); err != nil {
+			return errors.Join(runErr, err)
+		}
+		if o.JSON != "-" {
+			fmt.Fprintln(io.Out)
+			writeGPUSummary(io.Out, ms)
+		}
+	}
+	var bad []string
+	for _, m := range ms {
+		if m.CheckFailed() {
+			bad = append(bad, fmt.Sprintf("CHECK FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant, m.World, m.Check))
+		}
+		if m.Error != "" {
+			bad = append(bad, fmt.Sprintf("FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant, m.World, m.Error))
+		}
+	}
+	for _, b := range bad {
+		fmt.Fprintln(io.Err, b)
+	}
+	switch {
+	case runErr != nil:
+		return fmt.Errorf("bench: %w", runErr)
+	case len(bad) > 0:
+		return &ExitError{Code: 1, Err: fmt.Errorf("bench: %d measurement(s) failed or gave wrong results (listed above)", len(bad))}
+	}
+	return nil
+}
+
+// gpuResults converts measured rows to the shared bench.Result.
+func gpuResults(ms []benchgpu.Measurement) []bench.Result {
+	var out []bench.Result
+	for _, m := range ms {
+		if !m.Measured() {
+			continue
+		}
+		backend := "gpu"
+		if m.Mode == "eager" {
+			backend = "gpu-eager"
+		}
+		r := bench.Result{Backend: backend, Collective: m.Collective, Algorithm: m.Variant, DType: m.DType, Op: m.Op,
+			World: m.World, Bytes: m.Bytes, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUs, BusGBps: m.BusGBps}
+		if m.VsNCCL > 0 && m.Variant != benchgpu.NCCL {
+			r.Baseline, r.Ratio = benchgpu.NCCL, m.VsNCCL
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// writeGPUSummary prints one block per (collective, dtype, op, world,
+// mode): a row per size, a column per variant (latency in us), the
+// algorithm auto picked, and auto's speed-up over NCCL.
+func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Measurement) {
+	type key struct {
+		coll, dt, op, mode string
+		world              int
+	}
+	var keys []key
+	groups := map[key][]benchgpu.Measurement{}
+	for _, m := range ms {
+		k := key{m.Collective, m.DType, m.Op, m.Mode, m.World}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], m)
+	}
+	for _, k := range keys {
+		g := groups[k]
+		var variants []string
+		var sizes []int64
+		cell := map[string]*benchgpu.Measurement{}
+		for i := range g {
+			m := &g[i]
+			if !containsString(variants, m.Variant) {
+				variants = append(variants, m.Variant)
+			}
+			if len(sizes) == 0 || sizes[len(sizes)-1] != m.Bytes {
+				sizes = append(sizes, m.Bytes)
+			}
+			cell[fmt.Sprint(m.Bytes, "/", m.Variant)] = m
+		}
+		sort.Slice(sizes, func(i, j int) bool { return sizes[i] < sizes[j] })
+		op := k.op
+		if op == "" {
+			op = "copy"
+		}
+		fmt.Fprintf(w, "%s %s %s, world %d, %s: per-op latency (us, median), busbw in GB/s for auto and nccl\n", k.coll, k.dt, op, k.world, modeText(k.mode))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		head := []string{"size"}
+		head = append(head, variants...)
+		head = append(head, "auto picks", "auto busbw", "nccl busbw", "auto vs nccl")
+		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+		for _, b := range sizes {
+			row := []string{benchgpu.FormatSize(b)}
+			for _, v := range variants {
+				m := cell[fmt.Sprint(b, "/", v)]
+				switch {
+				case m == nil:
+					row = append(row, "")
+				case m.Measured():
+					s := fmt.Sprintf("%.2f", m.LatencyUs)
+					if m.CheckFailed() {
+						s += "!"
+					}
+					row = append(row, s)
+				case m.Skipped != "":
+					row = append(row, "skip")
+				default:
+					row = append(row, "FAIL")
+				}
+			}
+			a, n := cell[fmt.Sprint(b, "/", benchgpu.Auto)], cell[fmt.Sprint(b, "/", benchgpu.NCCL)]
+			pick, abw, nbw, ratio := "", "", "", ""
+			if a != nil {
+				pick = a.Algorithm
+				if a.Measured() {
+					abw = fmt.Sprintf("%.1f", a.BusGBps)
+					if a.VsNCCL > 0 {
+						ratio = fmt.Sprintf("%.2fx", a.VsNCCL)
+					}
+				}
+			}
+			if n != nil && n.Measured() {
+				nbw = fmt.Sprintf("%.1f", n.BusGBps)
+			}
+			row = append(row, pick, abw, nbw, ratio)
+			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+}
+
+func modeText(mode string) string {
+	if mode == "eager" {
+		return "eager launches"
+	}
+	return "CUDA-graph replay"
+}
+
+func containsString(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// runGPUWorker is one rank process (environment from collgen run or
+// benchGPUProcesses): its GPU is its local rank (or --devices[rank]).
+// Rank 0 reports, or writes its measurements to --result-file.
+func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSweep) error {
+	env, st, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		return fmt.Errorf("bench worker: %w", err)
+	}
+	defer st.Close()
+	var progress *os.File
+	if env.Rank == 0 && o.resultFile != "" {
+		if progress, err = os.OpenFile(o.resultFile+".progress", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
+			return err
+		}
+		defer progress.Close()
+	}
+	var (
+		ms   []benchgpu.Measurement
+		logs bytes.Buffer
+		rerr error
+	)
+	for i, s := range sweeps {
+		s.cfg.Log = &logs
+		if s.cfg.Devices == nil {
+			s.cfg.Devices = make([]int, o.World)
+			s.cfg.Devices[env.Rank] = env.LocalRank
+		}
+		if progress != nil {
+			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) { fmt.Fprintln(progress, progressLabel(m)) }
+		}
+		// Each sweep gets its own keys in the shared store.
+		s.cfg.Group = fmt.Sprintf("bench%d", i)
+		var got []benchgpu.Measurement
+		got, rerr = benchgpu.RunRank(ctx, s.cfg, env.Rank, st)
+		ms = append(ms, got...)
+		if rerr != nil {
+			break
+		}
+	}
+	if env.Rank != 0 {
+		return rerr
+	}
+	if o.resultFile != "" {
+		b, err := json.Marshal(gpuWorkerResult{Measurements: ms, Log: logs.String(), Error: errString(rerr)})
+		if err != nil {
+			return err
+		}
+		tmp := o.resultFile + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o600); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, o.resultFile); err != nil {
+			return err
+		}
+		return rerr
+	}
+	io.Err.Write(logs.Bytes())
+	return reportGPU(io, o, ms, rerr)
+}
+
+// gpuWorkerResult is what rank 0 hands back to benchGPUProcesses.
+type gpuWorkerResult struct {
+	Measurements []benchgpu.Measurement `json:"measurements"`
+	Log          string                 `json:"log"`
+	Error        string                 `json:"error,omitempty"`
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// benchGPUProcesses starts o.World worker processes of this program (the
+// way collgen run does, with a file store in a temporary directory) and
+// reads rank 0's measurements back.
+func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBenchFlags, prog *bench.Progress, logs *bytes.Buffer) ([]benchgpu.Measurement, error) {
+	exe, err := selfExe()
+	if err != nil {
+		return nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "collgen-bench-gpu-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	resFile := filepath.Join(dir, "results.json")
+	sizes := o.Sizes
+	if !g.sizesSet {
+		sizes, _ = benchgpu.ParseSizes(benchgpu.DefaultSizes)
+	}
+	args := []string{exe, "bench", "--backend", "gpu", "--worker", "--result-file", resFile,
+		"-n", strconv.Itoa(o.World), "--sizes", joinSizes(sizes), "--dtype", strings.Join(o.DTypes, ","),
+		"--op", strings.Join(o.Ops, ","), "--collective", strings.Join(o.Collectives, ","),
+		"--algorithms", strings.Join(o.Algorithms, ","), "--iters", strconv.Itoa(o.Iters)}
+	if o.Check {
+		args = append(args, "--check")
+	}
+	if g.eager {
+		args = append(args, "--eager")
+	}
+	if g.zeroCopy {
+		args = append(args, "--zero-copy")
+	}
+	if g.staging != "" {
+		args = append(args, "--staging", g.staging)
+	}
+	if g.devices != "" {
+		args = append(args, "--devices", g.devices)
+	}
+	if g.timeoutSet {
+		args = append(args, "--timeout", o.Timeout.String())
+	}
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if b, err := os.ReadFile(resFile + ".progress"); err == nil && len(b) > 0 {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					prog.Set(len(lines), lines[len(lines)-1])
+				}
+			}
+		}
+	}()
+	lerr := launch.Run(ctx, launch.Config{N: o.World, Args: args, Store: "file://" + filepath.Join(dir, "store"),
+		Stdout: io.Err, Stderr: io.Err})
+	close(done)
+	b, err := os.ReadFile(resFile)
+	if err != nil {
+		if lerr != nil {
+			return nil, fmt.Errorf("bench: %w (the ranks' output is above)", lerr)
+		}
+		return nil, fmt.Errorf("bench: rank 0 wrote no results: %w", err)
+	}
+	var res gpuWorkerResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, fmt.Errorf("bench: rank 0's results: %w", err)
+	}
+	logs.WriteString(res.Log)
+	if res.Error != "" {
+		return res.Measurements, errors.New(res.Error)
+	}
+	if lerr != nil {
+		return res.Measurements, fmt.Errorf("bench: %w (the ranks' output is above)", lerr)
+	}
+	return res.Measurements, nil
+}

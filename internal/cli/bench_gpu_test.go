@@ -1,0 +1,80 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/collgen/collgen/runtime/benchgpu"
+)
+
+// TestGPUBenchFlags: bench_gpu.go adds its flags to bench.go's command and
+// sets the gpuBench hook.
+func TestGPUBenchFlags(t *testing.T) {
+	if gpuBench == nil {
+		t.Fatal("gpuBench hook is not set")
+	}
+	io := &IO{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}
+	root := NewRoot(io)
+	cmd, _, err := root.Find([]string{"bench"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"eager", "zero-copy", "processes", "staging", "devices"} {
+		if cmd.Flags().Lookup(f) == nil {
+			t.Errorf("bench has no --%s flag", f)
+		}
+	}
+}
+
+func TestGPUSweeps(t *testing.T) {
+	o := &BenchOptions{World: 4, Collectives: []string{"allreduce", "allgather"}, DTypes: []string{"bf16"},
+		Ops: []string{"sum", "max"}, Sizes: []int64{1024}}
+	sw, err := gpuSweeps(o, &gpuBenchFlags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// allreduce sum, allreduce max, allgather (op ignored, once).
+	if len(sw) != 3 {
+		t.Fatalf("%d sweeps, want 3", len(sw))
+	}
+	if n := len(sw[0].plan.Shapes); n != 19 {
+		t.Errorf("default GPU sizes: %d, want 19 (1KiB..256MiB)", n)
+	}
+	sw, err = gpuSweeps(o, &gpuBenchFlags{sizesSet: true, staging: "64MiB"})
+	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 {
+		t.Errorf("--sizes/--staging not used: %v", err)
+	}
+	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}} {
+		if _, err := gpuSweeps(o, g); err == nil {
+			t.Errorf("%+v: want a usage error", g)
+		}
+	}
+}
+
+func TestGPUReport(t *testing.T) {
+	ms := []benchgpu.Measurement{
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "oneshot", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, Replays: 10, OpsPerReplay: 20, Check: "ok"},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "twoshot", Algorithm: "twoshot", Mode: "graph", Skipped: "too big"},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "auto", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, VsNCCL: 3, BusGBps: 0.3},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "nccl", Algorithm: "nccl", Mode: "graph", LatencyUs: 15, VsNCCL: 1},
+	}
+	rs := gpuResults(ms)
+	if len(rs) != 3 || rs[0].Iters != 200 || rs[1].Ratio != 3 || rs[1].Baseline != "nccl" || rs[2].Ratio != 0 {
+		t.Errorf("results %+v", rs)
+	}
+	var b bytes.Buffer
+	writeGPUSummary(&b, ms)
+	out := b.String()
+	for _, want := range []string{"CUDA-graph replay", "oneshot", "skip", "3.00x", "1KiB"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	var eo, ee bytes.Buffer
+	ms[0].Check = "FAIL: rank 1: wrong"
+	err := reportGPU(&IO{Out: &eo, Err: &ee}, &BenchOptions{}, ms, nil)
+	if err == nil || !strings.Contains(ee.String(), "CHECK FAILED") {
+		t.Errorf("a check failure must fail loudly: %v\n%s", err, ee.String())
+	}
+}
