@@ -21,6 +21,7 @@ import (
 
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/bench/hostbench"
+	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/launch"
@@ -36,10 +37,10 @@ func init() { register("bench", newCmdBench) }
 // links the GPU runtime. Nil means this binary has no GPU bench.
 var gpuBench func(io *IO, o *BenchOptions) error
 
-// hostLibrary supplies the host backend's reduce loops and selection rules;
-// the file that links generated/collectives sets it. Nil means the portable
-// loops of runtime/numeric (host.PortableLibrary).
-var hostLibrary *kernels.Library
+// hostLibrary supplies the host backend's reduce loops and selection rules:
+// the generated library (this package already links it for the GPU bench).
+// Nil would mean the portable loops of runtime/numeric (host.PortableLibrary).
+var hostLibrary *kernels.Library = collectives.Library
 
 // BenchOptions are `collgen bench`'s flags, shared by the host and GPU
 // benches.
