@@ -200,6 +200,8 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 		total += len(s.plan.Shapes) * len(s.plan.Variants)
 	}
 	prog := bench.NewProgress(io.Err, total, o.Progress)
+	// Without a bar (logs), each measurement gets a line as it finishes.
+	lines := !o.Progress && !bench.IsTerminal(io.Err)
 	var (
 		ms   []benchgpu.Measurement
 		logs bytes.Buffer
@@ -209,7 +211,12 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	} else {
 		for _, s := range sweeps {
 			s.cfg.Log = &logs
-			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) { prog.Step(progressLabel(m)) }
+			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) {
+				prog.Step(progressLabel(m))
+				if lines {
+					fmt.Fprintln(io.Err, measurementLine(m))
+				}
+			}
 			var got []benchgpu.Measurement
 			got, err = benchgpu.Run(ctx, s.cfg)
 			ms = append(ms, got...)
@@ -221,6 +228,22 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	prog.Finish()
 	io.Err.Write(logs.Bytes())
 	return reportGPU(io, o, ms, err)
+}
+
+// measurementLine is one finished measurement, for logs.
+func measurementLine(m *benchgpu.Measurement) string {
+	s := "bench: " + progressLabel(m)
+	switch {
+	case m.Skipped != "":
+		return s + ": skipped: " + m.Skipped
+	case m.Error != "":
+		return s + ": FAILED: " + m.Error
+	}
+	s += fmt.Sprintf(": %.2f us (min %.2f, max %.2f, %d replays)", m.LatencyUs, m.MinUs, m.MaxUs, m.Replays)
+	if m.Check != "" {
+		s += ", check " + m.Check
+	}
+	return s
 }
 
 func progressLabel(m *benchgpu.Measurement) string {
@@ -410,7 +433,12 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 			s.cfg.Devices[env.Rank] = env.LocalRank
 		}
 		if progress != nil {
-			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) { fmt.Fprintln(progress, progressLabel(m)) }
+			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) {
+				fmt.Fprintln(progress, progressLabel(m))
+				if !o.Progress {
+					fmt.Fprintln(io.Err, measurementLine(m))
+				}
+			}
 		}
 		// Each sweep gets its own keys in the shared store.
 		s.cfg.Group = fmt.Sprintf("bench%d", i)

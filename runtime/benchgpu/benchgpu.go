@@ -68,8 +68,8 @@ const (
 )
 
 // ParseSizes parses a size list: comma-separated items, each a size
-// ("4MiB", "1000000", "1MB") or a doubling range "LO..HI" (both ends
-// included; "1KiB..256MiB" is 1 KiB, 2 KiB, ..., 256 MiB). A range may name
+// ("4MiB", "1000000", "1MB") or a doubling range "LO..HI" or "LO-HI" (both
+// ends included; "1KiB..256MiB" is 1 KiB, 2 KiB, ..., 256 MiB). A range may name
 // its factor: "1KiB..1GiB:x4". The result is sorted and free of duplicates.
 func ParseSizes(s string) ([]int64, error) {
 	if strings.TrimSpace(s) == "" {
@@ -86,6 +86,9 @@ func ParseSizes(s string) ([]int64, error) {
 	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
 		lo, hi, isRange := strings.Cut(item, "..")
+		if !isRange {
+			lo, hi, isRange = strings.Cut(item, "-") // bench's --sizes syntax
+		}
 		if !isRange {
 			n, err := parsePositive(item)
 			if err != nil {

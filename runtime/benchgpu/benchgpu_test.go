@@ -29,6 +29,7 @@ func TestParseSizes(t *testing.T) {
 		{"1KiB..3KiB", []int64{1024, 2048}},
 		{"1000, 1KiB..2KiB, 1024", []int64{1000, 1024, 2048}},
 		{"1MB", []int64{1000000}},
+		{"1KiB-4KiB", []int64{1024, 2048, 4096}},
 	}
 	for _, c := range cases {
 		got, err := ParseSizes(c.in)
@@ -45,7 +46,7 @@ func TestParseSizes(t *testing.T) {
 			t.Errorf("ParseSizes(%q) = %v, want %v", c.in, got, c.want)
 		}
 	}
-	for _, bad := range []string{"", "0", "8KiB..1KiB", "1KiB..4KiB:x1", "1KiB..4KiB:y", "1.5MiB", "abc", "1KiB..", "-4"} {
+	for _, bad := range []string{"", "0", "8KiB..1KiB", "1KiB..4KiB:x1", "1KiB..4KiB:y", "1.5MiB", "abc", "1KiB..", "-4", "1KiB-"} {
 		if _, err := ParseSizes(bad); err == nil {
 			t.Errorf("ParseSizes(%q): want an error", bad)
 		}
