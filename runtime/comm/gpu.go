@@ -346,7 +346,7 @@ func (g *gpuComm) run(c call) error {
 	if c.n < 0 || c.perRank < 0 {
 		return fmt.Errorf("comm: %s: negative count", c.collective)
 	}
-	size := numeric.Size(c.dtype)
+	size := kernels.DTypeSize(c.dtype)
 	if size == 0 {
 		return fmt.Errorf("comm: %s: unknown dtype %q", c.collective, c.dtype)
 	}
@@ -412,7 +412,7 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 // zeroCopy reports whether the call's input lies in a symmetric buffer and
 // the collective can read it in place.
 func (g *gpuComm) zeroCopy(c call) bool {
-	_, _, ok := g.symFor(c.in, c.n*int64(numeric.Size(c.dtype)))
+	_, _, ok := g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
 	return ok && c.collective != schedule.AllGather
 }
 
@@ -521,7 +521,7 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	if err != nil {
 		return err
 	}
-	size := int64(numeric.Size(c.dtype))
+	size := int64(kernels.DTypeSize(c.dtype))
 	vec := int64(k.Launch.VectorBytes) / size
 	if vec < 1 {
 		vec = 1

@@ -152,3 +152,19 @@ func (l *Library) HostReducer(dtype, op string) (HostReduceFunc, bool) {
 	f, ok := l.HostReducers[HostKey{dtype, op}]
 	return f, ok
 }
+
+// DTypeSize returns the size in bytes of one element of a dtype name, or 0
+// for an unknown name. It covers every dtype a spec may name, fp8 included.
+func DTypeSize(dtype string) int {
+	switch dtype {
+	case "f64", "i64":
+		return 8
+	case "f32", "i32":
+		return 4
+	case "f16", "bf16":
+		return 2
+	case "e4m3", "e5m2":
+		return 1
+	}
+	return 0
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -69,7 +70,7 @@ func counts(collective string, w int, large bool) []int {
 
 // input returns rank's deterministic input for a case.
 func input(dtype string, n, seed, rank int) []byte {
-	b := make([]byte, n*numeric.Size(dtype))
+	b := make([]byte, n*kernels.DTypeSize(dtype))
 	if dtype == "e4m3" || dtype == "e5m2" {
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 		for i := range b {
@@ -84,7 +85,7 @@ func input(dtype string, n, seed, rank int) []byte {
 // expect checks rank's output of one collective against the host reference
 // computed from every rank's input.
 func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte) error {
-	size := numeric.Size(c.DType)
+	size := kernels.DTypeSize(c.DType)
 	switch c.Collective {
 	case "allreduce":
 		return numeric.Check(c.DType, c.Op, got, ins)
@@ -132,7 +133,7 @@ func sizes(collective string, w, n int) (in, out int) {
 // output (all-gather), or the output is the rank's slice of the input
 // (reduce-scatter), as NCCL defines in-place use.
 func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, inPlace bool) (*rankCase, error) {
-	size := numeric.Size(c.DType)
+	size := kernels.DTypeSize(c.DType)
 	inN, outN := sizes(c.Collective, w, n)
 	rc := &rankCase{inBytes: inN * size, outBytes: outN * size, inputHost: input(c.DType, inN, seed, rank)}
 	big := max(inN, outN) * size
@@ -169,7 +170,7 @@ func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, 
 // verify reads back the output and both guards.
 func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte, inPlace bool) error {
 	buf := rc.alloc[0]
-	size := numeric.Size(c.DType)
+	size := kernels.DTypeSize(c.DType)
 	inN, outN := sizes(c.Collective, w, n)
 	big := max(inN, outN) * size
 	all := make([]byte, big+2*guard)
@@ -568,7 +569,7 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 	}{
 		{"hcm", 16, "has no kernel hcm"},
 		{"oneshot", 1 << 20, "exceed the 1048576-byte staging buffer"},
-		{"nccl", 16, "NCCL is disabled"},
+		{"nccl", 16, "disabled by Config.DisableNCCL"},
 	}
 	for _, c := range cases {
 		err := comms[0].AllReduce(b, b, c.n, "f32", "sum", comm.Options{Algorithm: c.alg})
