@@ -74,6 +74,6 @@ for w in $WORLDS; do
 done
 
 # The side-by-side summaries and every failure, for a quick look.
-grep -E '^(== world|CHECK FAILED|FAILED|collgen:)' "$LOG"
+grep -E '^(CHECK FAILED|FAILED|collgen:)' "$LOG"
 awk '/per-op latency/{p=1} p{print} /^$/{p=0}' "$LOG"
 exit $status
