@@ -27,6 +27,7 @@ type Layout struct {
 //	count        unsigned long long   elements in the full buffer
 //	chunk        unsigned long long   elements per chunk
 //	timeout_ns   unsigned long long   how long one barrier may wait
+//	slot_bytes   unsigned long long   distance between the two stage slots; 0 = one slot
 //	rank         int                  this rank
 //	kernel_id    int                  the kernel's index in the library, echoed in timeout reports
 var argFields = []struct {
@@ -44,6 +45,7 @@ var argFields = []struct {
 	{"count", 8, false},
 	{"chunk", 8, false},
 	{"timeout_ns", 8, false},
+	{"slot_bytes", 8, false},
 	{"rank", 4, false},
 	{"kernel_id", 4, false},
 }

@@ -156,3 +156,37 @@ func CheckRaces(s *Schedule) error {
 	}
 	return nil
 }
+
+// FinalBarrierRemovable reports whether a backend that alternates every
+// rank's Stage buffer between two slots on consecutive collectives may skip
+// the schedule's final barrier. The argument, for consecutive collectives
+// k and k+1 on one group:
+//
+//   - A rank starts collective k+1 only after finishing k. It waited in k's
+//     first barrier for every peer to arrive in k, so every peer had
+//     finished k-1 by then.
+//   - Writes before the first barrier of k+1 go only to Stage (required
+//     here), into the slot k-1 used: every peer finished reading it (above).
+//     Peers may still be reading k's slot, which is the other one.
+//   - Writes after the first barrier of k+1 happen once every peer arrived
+//     in k+1, so every peer has finished k and reads none of k's data.
+//
+// So the schedule needs at least two barriers (one stays), no symmetric
+// buffer but Stage may be written before the first barrier, and its final
+// phase must end in a barrier (the one to drop).
+func FinalBarrierRemovable(s *Schedule) bool {
+	if len(s.Phases) == 0 || !s.Phases[len(s.Phases)-1].Sync || s.Barriers() < 2 {
+		return false
+	}
+	for _, ph := range s.Phases {
+		for _, st := range ph.Steps {
+			if st.Dst.Buf.Symmetric() && st.Dst.Buf != Stage {
+				return false
+			}
+		}
+		if ph.Sync {
+			return true // reached the first barrier
+		}
+	}
+	return true
+}

@@ -121,3 +121,28 @@ func TestCheckersCatchBrokenSchedules(t *testing.T) {
 		t.Errorf("missing final barrier: got %v", err)
 	}
 }
+
+func TestFinalBarrierRemovable(t *testing.T) {
+	for _, coll := range Collectives() {
+		for _, alg := range Algorithms(coll) {
+			w := 4
+			if alg == HCM {
+				w = 8
+			}
+			s, _ := Build(coll, alg, w)
+			if !FinalBarrierRemovable(s) {
+				t.Errorf("%s: final barrier not removable", s.Name())
+			}
+		}
+	}
+	s, _ := Build(AllReduce, TwoShot, 4)
+	s.Phases[0].Steps = append(s.Phases[0].Steps, Step{Kind: Copy, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: Self},
+		Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Self}}})
+	if FinalBarrierRemovable(s) {
+		t.Error("a scratch write before the first barrier must keep the final barrier")
+	}
+	one := &Schedule{Collective: AllGather, Algorithm: "x", World: 2, Phases: []Phase{{Sync: true}}}
+	if FinalBarrierRemovable(one) {
+		t.Error("a single barrier cannot be removed")
+	}
+}

@@ -4,7 +4,7 @@ package collectives
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (112 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -16,8 +16,9 @@ type ArgsW2 struct {
 	Count     uint64    // C: count at offset 80
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
-	Rank      int32     // C: rank at offset 104
-	KernelId  int32     // C: kernel_id at offset 108
+	SlotBytes uint64    // C: slot_bytes at offset 104
+	Rank      int32     // C: rank at offset 112
+	KernelId  int32     // C: kernel_id at offset 116
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
@@ -74,19 +75,24 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 104,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 112,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 108,
+		Offset: 116,
 		Size:   4,
 	}},
-	Size: 112,
+	Size: 120,
 }
 
-// ArgsW3 mirrors the CUDA struct collgen_args_w3 (136 bytes), the by-value argument of every world-size-3 kernel. Pointers are device addresses.
+// ArgsW3 mirrors the CUDA struct collgen_args_w3 (144 bytes), the by-value argument of every world-size-3 kernel. Pointers are device addresses.
 type ArgsW3 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -98,8 +104,9 @@ type ArgsW3 struct {
 	Count     uint64    // C: count at offset 104
 	Chunk     uint64    // C: chunk at offset 112
 	TimeoutNs uint64    // C: timeout_ns at offset 120
-	Rank      int32     // C: rank at offset 128
-	KernelId  int32     // C: kernel_id at offset 132
+	SlotBytes uint64    // C: slot_bytes at offset 128
+	Rank      int32     // C: rank at offset 136
+	KernelId  int32     // C: kernel_id at offset 140
 }
 
 var argsLayoutW3 = &kernels.ArgLayout{
@@ -156,19 +163,24 @@ var argsLayoutW3 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 128,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 136,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 132,
+		Offset: 140,
 		Size:   4,
 	}},
-	Size: 136,
+	Size: 144,
 }
 
-// ArgsW4 mirrors the CUDA struct collgen_args_w4 (160 bytes), the by-value argument of every world-size-4 kernel. Pointers are device addresses.
+// ArgsW4 mirrors the CUDA struct collgen_args_w4 (168 bytes), the by-value argument of every world-size-4 kernel. Pointers are device addresses.
 type ArgsW4 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -180,8 +192,9 @@ type ArgsW4 struct {
 	Count     uint64    // C: count at offset 128
 	Chunk     uint64    // C: chunk at offset 136
 	TimeoutNs uint64    // C: timeout_ns at offset 144
-	Rank      int32     // C: rank at offset 152
-	KernelId  int32     // C: kernel_id at offset 156
+	SlotBytes uint64    // C: slot_bytes at offset 152
+	Rank      int32     // C: rank at offset 160
+	KernelId  int32     // C: kernel_id at offset 164
 }
 
 var argsLayoutW4 = &kernels.ArgLayout{
@@ -238,19 +251,24 @@ var argsLayoutW4 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 152,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 160,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 156,
+		Offset: 164,
 		Size:   4,
 	}},
-	Size: 160,
+	Size: 168,
 }
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (256 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -262,8 +280,9 @@ type ArgsW8 struct {
 	Count     uint64    // C: count at offset 224
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
-	Rank      int32     // C: rank at offset 248
-	KernelId  int32     // C: kernel_id at offset 252
+	SlotBytes uint64    // C: slot_bytes at offset 248
+	Rank      int32     // C: rank at offset 256
+	KernelId  int32     // C: kernel_id at offset 260
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
@@ -320,14 +339,19 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 248,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 256,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 252,
+		Offset: 260,
 		Size:   4,
 	}},
-	Size: 256,
+	Size: 264,
 }

@@ -36,39 +36,40 @@ allreduce_oneshot_bf16_sum_w8(const collgen_args_w8 a) {
   constexpr int VB = 16;
   const int rank = a.rank;
   const cg_u64 seq = cg_seq_begin(a.seq);
+  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
     const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   { // stage@rank[rank+4] <- copy(input@rank[rank+4])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n);
   }
   { // stage@rank[rank+5] <- copy(input@rank[rank+5])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n);
   }
   { // stage@rank[rank+6] <- copy(input@rank[rank+6])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n);
   }
   { // stage@rank[rank+7] <- copy(input@rank[rank+7])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
@@ -76,116 +77,118 @@ allreduce_oneshot_bf16_sum_w8(const collgen_args_w8 a) {
   { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank], stage@4[rank], stage@5[rank], stage@6[rank], stage@7[rank])
     const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1], stage@3[rank+1], stage@4[rank+1], stage@5[rank+1], stage@6[rank+1], stage@7[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2], stage@3[rank+2], stage@4[rank+2], stage@5[rank+2], stage@6[rank+2], stage@7[rank+2])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n);
   }
   { // output@rank[rank+3] <- reduce(stage@0[rank+3], stage@1[rank+3], stage@2[rank+3], stage@3[rank+3], stage@4[rank+3], stage@5[rank+3], stage@6[rank+3], stage@7[rank+3])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n);
   }
   { // output@rank[rank+4] <- reduce(stage@0[rank+4], stage@1[rank+4], stage@2[rank+4], stage@3[rank+4], stage@4[rank+4], stage@5[rank+4], stage@6[rank+4], stage@7[rank+4])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n);
   }
   { // output@rank[rank+5] <- reduce(stage@0[rank+5], stage@1[rank+5], stage@2[rank+5], stage@3[rank+5], stage@4[rank+5], stage@5[rank+5], stage@6[rank+5], stage@7[rank+5])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n);
   }
   { // output@rank[rank+6] <- reduce(stage@0[rank+6], stage@1[rank+6], stage@2[rank+6], stage@3[rank+6], stage@4[rank+6], stage@5[rank+6], stage@6[rank+6], stage@7[rank+6])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n);
   }
   { // output@rank[rank+7] <- reduce(stage@0[rank+7], stage@1[rank+7], stage@2[rank+7], stage@3[rank+7], stage@4[rank+7], stage@5[rank+7], stage@6[rank+7], stage@7[rank+7])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
     const E* const src[8] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[3] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[4] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[5] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[6] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.stage[7] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
+        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
     };
     cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n);
   }
-  if (!cg_barrier<W>(a, seq + 2, 1)) return;
+  // Final barrier: needed only with one stage slot (zero-copy input).
+  if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;
 
-  cg_seq_end(a.seq, seq + 2);
+  cg_seq_end(a.seq, seq + (a.slot_bytes ? 1 : 2));
+  if (a.slot_bytes) cg_collective_end(a.seq);
 }

@@ -26,19 +26,20 @@ allreduce_oneshot_f32_max_w3(const collgen_args_w3 a) {
   constexpr int VB = 16;
   const int rank = a.rank;
   const cg_u64 seq = cg_seq_begin(a.seq);
+  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
     const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
@@ -46,31 +47,33 @@ allreduce_oneshot_f32_max_w3(const collgen_args_w3 a) {
   { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank])
     const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[3] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
     };
     cg_reduce<T, OP, 3, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
   { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
     const E* const src[3] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
     };
     cg_reduce<T, OP, 3, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n);
   }
   { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
     const E* const src[3] = {
-        (const E*)a.stage[0] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[1] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.stage[2] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
+        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
+        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
     };
     cg_reduce<T, OP, 3, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n);
   }
-  if (!cg_barrier<W>(a, seq + 2, 1)) return;
+  // Final barrier: needed only with one stage slot (zero-copy input).
+  if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;
 
-  cg_seq_end(a.seq, seq + 2);
+  cg_seq_end(a.seq, seq + (a.slot_bytes ? 1 : 2));
+  if (a.slot_bytes) cg_collective_end(a.seq);
 }

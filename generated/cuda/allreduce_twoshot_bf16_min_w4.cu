@@ -30,19 +30,20 @@ allreduce_twoshot_bf16_min_w4(const collgen_args_w4 a) {
   constexpr int VB = 16;
   const int rank = a.rank;
   const cg_u64 seq = cg_seq_begin(a.seq);
+  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
@@ -51,9 +52,9 @@ allreduce_twoshot_bf16_min_w4(const collgen_args_w4 a) {
     const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
     const E* const src[4] = {
         (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
     };
     cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, src, n);
   }
@@ -76,7 +77,9 @@ allreduce_twoshot_bf16_min_w4(const collgen_args_w4 a) {
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.scratch[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n);
   }
-  if (!cg_barrier<W>(a, seq + 3, 2)) return;
+  // Final barrier: needed only with one stage slot (zero-copy input).
+  if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;
 
-  cg_seq_end(a.seq, seq + 3);
+  cg_seq_end(a.seq, seq + (a.slot_bytes ? 2 : 3));
+  if (a.slot_bytes) cg_collective_end(a.seq);
 }

@@ -8,7 +8,9 @@ typedef unsigned long long cg_u64;
 typedef long long cg_s64;  // signed element index
 
 // The largest grid any kernel launches; signal pads and sequence counters
-// hold this many blocks.
+// hold this many blocks. args.seq has CG_MAX_BLOCKS + 2 words: per-block
+// barrier sequences, then the collective counter and the finished-block
+// counter that choose the stage slot (see cg_stage_slot).
 #define CG_MAX_BLOCKS 32
 
 // Status word codes, written to args.status by the first thread that gives
@@ -30,6 +32,7 @@ struct collgen_args {
   cg_u64 count;                 // elements in the full buffer
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
+  cg_u64 slot_bytes;            // distance between the two stage slots; 0: one slot
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
 };
@@ -42,7 +45,7 @@ typedef collgen_args<8> collgen_args_w8;
 // Layout checks. NVRTC lacks __builtin_offsetof, so they run under nvcc
 // (`make cuda-check`, CI); NVRTC compiles the very same struct.
 #ifndef __CUDACC_RTC__
-static_assert(sizeof(collgen_args_w2) == 112, "collgen_args_w2 size");
+static_assert(sizeof(collgen_args_w2) == 120, "collgen_args_w2 size");
 static_assert(__builtin_offsetof(collgen_args_w2, input) == 0, "collgen_args_w2.input offset");
 static_assert(__builtin_offsetof(collgen_args_w2, output) == 8, "collgen_args_w2.output offset");
 static_assert(__builtin_offsetof(collgen_args_w2, stage) == 16, "collgen_args_w2.stage offset");
@@ -53,9 +56,10 @@ static_assert(__builtin_offsetof(collgen_args_w2, status) == 72, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w2, count) == 80, "collgen_args_w2.count offset");
 static_assert(__builtin_offsetof(collgen_args_w2, chunk) == 88, "collgen_args_w2.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w2, timeout_ns) == 96, "collgen_args_w2.timeout_ns offset");
-static_assert(__builtin_offsetof(collgen_args_w2, rank) == 104, "collgen_args_w2.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 108, "collgen_args_w2.kernel_id offset");
-static_assert(sizeof(collgen_args_w3) == 136, "collgen_args_w3 size");
+static_assert(__builtin_offsetof(collgen_args_w2, slot_bytes) == 104, "collgen_args_w2.slot_bytes offset");
+static_assert(__builtin_offsetof(collgen_args_w2, rank) == 112, "collgen_args_w2.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 116, "collgen_args_w2.kernel_id offset");
+static_assert(sizeof(collgen_args_w3) == 144, "collgen_args_w3 size");
 static_assert(__builtin_offsetof(collgen_args_w3, input) == 0, "collgen_args_w3.input offset");
 static_assert(__builtin_offsetof(collgen_args_w3, output) == 8, "collgen_args_w3.output offset");
 static_assert(__builtin_offsetof(collgen_args_w3, stage) == 16, "collgen_args_w3.stage offset");
@@ -66,9 +70,10 @@ static_assert(__builtin_offsetof(collgen_args_w3, status) == 96, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w3, count) == 104, "collgen_args_w3.count offset");
 static_assert(__builtin_offsetof(collgen_args_w3, chunk) == 112, "collgen_args_w3.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w3, timeout_ns) == 120, "collgen_args_w3.timeout_ns offset");
-static_assert(__builtin_offsetof(collgen_args_w3, rank) == 128, "collgen_args_w3.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w3, kernel_id) == 132, "collgen_args_w3.kernel_id offset");
-static_assert(sizeof(collgen_args_w4) == 160, "collgen_args_w4 size");
+static_assert(__builtin_offsetof(collgen_args_w3, slot_bytes) == 128, "collgen_args_w3.slot_bytes offset");
+static_assert(__builtin_offsetof(collgen_args_w3, rank) == 136, "collgen_args_w3.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w3, kernel_id) == 140, "collgen_args_w3.kernel_id offset");
+static_assert(sizeof(collgen_args_w4) == 168, "collgen_args_w4 size");
 static_assert(__builtin_offsetof(collgen_args_w4, input) == 0, "collgen_args_w4.input offset");
 static_assert(__builtin_offsetof(collgen_args_w4, output) == 8, "collgen_args_w4.output offset");
 static_assert(__builtin_offsetof(collgen_args_w4, stage) == 16, "collgen_args_w4.stage offset");
@@ -79,9 +84,10 @@ static_assert(__builtin_offsetof(collgen_args_w4, status) == 120, "collgen_args_
 static_assert(__builtin_offsetof(collgen_args_w4, count) == 128, "collgen_args_w4.count offset");
 static_assert(__builtin_offsetof(collgen_args_w4, chunk) == 136, "collgen_args_w4.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w4, timeout_ns) == 144, "collgen_args_w4.timeout_ns offset");
-static_assert(__builtin_offsetof(collgen_args_w4, rank) == 152, "collgen_args_w4.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w4, kernel_id) == 156, "collgen_args_w4.kernel_id offset");
-static_assert(sizeof(collgen_args_w8) == 256, "collgen_args_w8 size");
+static_assert(__builtin_offsetof(collgen_args_w4, slot_bytes) == 152, "collgen_args_w4.slot_bytes offset");
+static_assert(__builtin_offsetof(collgen_args_w4, rank) == 160, "collgen_args_w4.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w4, kernel_id) == 164, "collgen_args_w4.kernel_id offset");
+static_assert(sizeof(collgen_args_w8) == 264, "collgen_args_w8 size");
 static_assert(__builtin_offsetof(collgen_args_w8, input) == 0, "collgen_args_w8.input offset");
 static_assert(__builtin_offsetof(collgen_args_w8, output) == 8, "collgen_args_w8.output offset");
 static_assert(__builtin_offsetof(collgen_args_w8, stage) == 16, "collgen_args_w8.stage offset");
@@ -92,8 +98,9 @@ static_assert(__builtin_offsetof(collgen_args_w8, status) == 216, "collgen_args_
 static_assert(__builtin_offsetof(collgen_args_w8, count) == 224, "collgen_args_w8.count offset");
 static_assert(__builtin_offsetof(collgen_args_w8, chunk) == 232, "collgen_args_w8.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w8, timeout_ns) == 240, "collgen_args_w8.timeout_ns offset");
-static_assert(__builtin_offsetof(collgen_args_w8, rank) == 248, "collgen_args_w8.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 252, "collgen_args_w8.kernel_id offset");
+static_assert(__builtin_offsetof(collgen_args_w8, slot_bytes) == 248, "collgen_args_w8.slot_bytes offset");
+static_assert(__builtin_offsetof(collgen_args_w8, rank) == 256, "collgen_args_w8.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 260, "collgen_args_w8.kernel_id offset");
 #endif
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
@@ -344,6 +351,35 @@ __device__ __forceinline__ cg_u64 cg_seq_begin(const cg_u64* seq) {
 }
 __device__ __forceinline__ void cg_seq_end(cg_u64* seq, cg_u64 value) {
   if (threadIdx.x == 0) seq[blockIdx.x] = value;
+}
+
+// ---- stage slots. With args.slot_bytes != 0 every rank's stage buffer has
+// two slots, and consecutive collectives alternate between them: the slot
+// is the parity of a collective counter in args.seq[CG_MAX_BLOCKS], which
+// every block reads at its start and the last block to finish increments,
+// so all blocks (whatever the grid) and all ranks (same sequence of
+// collectives) agree. Alternating slots is what lets a kernel skip its
+// final barrier (schedule.FinalBarrierRemovable has the argument).
+// slot_bytes == 0 (zero-copy input) means one slot and the final barrier.
+
+__device__ __forceinline__ int cg_stage_slot(const cg_u64* seq, cg_u64 slot_bytes) {
+  return slot_bytes ? (int)(*(volatile const cg_u64*)(seq + CG_MAX_BLOCKS) & 1) : 0;
+}
+__device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
+  return (char*)p + (cg_u64)slot * slot_bytes;
+}
+// cg_collective_end: the last block of the grid to get here bumps the
+// collective counter for the next launch (a later kernel on the stream, so
+// it sees the new value) and resets the finished-block count.
+__device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long done = atomicAdd(seq + CG_MAX_BLOCKS + 1, 1ull);
+    if (done == gridDim.x - 1) {
+      seq[CG_MAX_BLOCKS + 1] = 0;
+      seq[CG_MAX_BLOCKS] += 1;
+    }
+  }
 }
 
 __device__ __forceinline__ int cg_rel(int rank, int k, int w) {

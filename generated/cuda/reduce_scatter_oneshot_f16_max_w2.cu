@@ -22,11 +22,12 @@ reduce_scatter_oneshot_f16_max_w2(const collgen_args_w2 a) {
   constexpr int VB = 16;
   const int rank = a.rank;
   const cg_u64 seq = cg_seq_begin(a.seq);
+  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
     const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    cg_copy<T, VB>((E*)a.stage[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
@@ -35,11 +36,13 @@ reduce_scatter_oneshot_f16_max_w2(const collgen_args_w2 a) {
     const cg_s64 n = (cg_s64)a.chunk;
     const E* const src[2] = {
         (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.stage[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
     };
     cg_reduce<T, OP, 2, VB>((E*)a.output, src, n);
   }
-  if (!cg_barrier<W>(a, seq + 2, 1)) return;
+  // Final barrier: needed only with one stage slot (zero-copy input).
+  if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;
 
-  cg_seq_end(a.seq, seq + 2);
+  cg_seq_end(a.seq, seq + (a.slot_bytes ? 1 : 2));
+  if (a.slot_bytes) cg_collective_end(a.seq);
 }

@@ -21,10 +21,13 @@ import (
 
 // gpuComm is the GPU backend. Memory it owns, per rank:
 //
-//	region   one cuMemAlloc: [stage S][scratch S][signal pad], exported to
-//	         peers through ipc (peers read stage and scratch, and write
-//	         their arrival flags into the signal pad)
-//	seq      MaxBlocks barrier sequence counters (local device memory)
+//	region   one cuMemAlloc: [stage slot 0, S][stage slot 1, S][scratch S]
+//	         [signal pad], exported to peers through ipc (peers read stage
+//	         and scratch, and write their arrival flags into the signal pad);
+//	         consecutive collectives alternate stage slots, which lets the
+//	         kernels skip their final barrier (see the CUDA header)
+//	seq      MaxBlocks barrier sequence counters plus the collective and
+//	         finished-block counters (local device memory)
 //	status   one pinned, device-mapped word where kernels report timeouts
 //	syms     symmetric buffers from Alloc, each exported like region
 //
@@ -167,24 +170,25 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	}
 
 	// The registered region: stage, scratch, signal pad.
-	g.maxBlocks = 1
+	g.maxBlocks = lib.MaxBlocks
 	for _, k := range lib.Kernels {
 		if k.Launch.MaxBlocks > g.maxBlocks {
-			g.maxBlocks = k.Launch.MaxBlocks
+			return nil, fmt.Errorf("comm: kernel %s launches %d blocks, more than the library's MaxBlocks %d; regenerate", k.Name, k.Launch.MaxBlocks, g.maxBlocks)
 		}
 	}
 	sigBytes := alignUp(int64(g.maxBlocks*g.world*8), regionAlign)
-	total := 2*g.staging + sigBytes
+	total := 3*g.staging + sigBytes
 	if g.region, err = dev.Alloc(int(total)); err != nil {
 		return nil, fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err)
 	}
 	if err := dev.Memset8(g.region, 0, int(total)); err != nil {
 		return nil, err
 	}
-	if g.seq, err = dev.Alloc(g.maxBlocks * 8); err != nil {
+	seqBytes := (g.maxBlocks + 2) * 8
+	if g.seq, err = dev.Alloc(seqBytes); err != nil {
 		return nil, err
 	}
-	if err := dev.Memset8(g.seq, 0, g.maxBlocks*8); err != nil {
+	if err := dev.Memset8(g.seq, 0, seqBytes); err != nil {
 		return nil, err
 	}
 	if g.status, err = dev.HostAlloc(8, true); err != nil {
@@ -195,8 +199,8 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	}
 	for _, p := range g.regionMap.Peers() {
 		g.stage = append(g.stage, p)
-		g.scratch = append(g.scratch, p+cuda.DevicePtr(g.staging))
-		g.signal = append(g.signal, p+cuda.DevicePtr(2*g.staging))
+		g.scratch = append(g.scratch, p+cuda.DevicePtr(2*g.staging))
+		g.signal = append(g.signal, p+cuda.DevicePtr(3*g.staging))
 	}
 	// Every rank has zeroed its pad before any rank can signal into it.
 	if err := rendezvous.Barrier(ctx, cfg.Store, key+"/ready", cfg.Rank, g.world); err != nil {
@@ -527,11 +531,14 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		vec = 1
 	}
 	chunk := int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(vec)))
-	stage := g.stage
+	stage, slotBytes := g.stage, uint64(g.staging)
 	if base, peers, ok := g.symFor(c.in, c.n*size); ok && c.collective != schedule.AllGather {
 		// Zero-copy: peers read this input in place; the copy-in steps
-		// become no-ops because source and destination coincide.
+		// become no-ops because source and destination coincide. One
+		// slot only, so the kernel keeps its final barrier (the caller
+		// may overwrite its input as soon as the kernel ends).
 		off := c.in - base
+		slotBytes = 0
 		stage = make([]cuda.DevicePtr, g.world)
 		for r, p := range peers {
 			stage[r] = p + off
@@ -560,6 +567,7 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	put("count", 0, uint64(c.n))
 	put("chunk", 0, uint64(chunk))
 	put("timeout_ns", 0, uint64(g.cfg.Timeout.Nanoseconds()))
+	put("slot_bytes", 0, slotBytes)
 	put("rank", 0, uint64(g.cfg.Rank))
 	put("kernel_id", 0, uint64(g.kernelIDs[k.Name]))
 	threads := int64(k.Launch.Threads)

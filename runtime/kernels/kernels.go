@@ -117,6 +117,9 @@ type Library struct {
 	Headers      map[string]string // header name -> source, for NVRTC includes
 	HostReducers map[HostKey]HostReduceFunc
 	Manifest     string // content hashes of the specs and templates that made it
+	// MaxBlocks is the CUDA header's CG_MAX_BLOCKS: signal pads hold this
+	// many blocks per rank, and the sequence array MaxBlocks + 2 words.
+	MaxBlocks int
 }
 
 // Kernel returns the kernel with the given attributes.

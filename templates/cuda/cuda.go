@@ -84,6 +84,11 @@ type kernelContext struct {
 	Tables          []table
 	Phases          []phaseContext
 	Barriers        int
+	// FinalOptional: the last barrier runs only with one stage slot
+	// (schedule.FinalBarrierRemovable); BarriersWithoutFinal counts the rest.
+	FinalOptional        bool
+	BarriersWithoutFinal int
+	UsesStage            bool // some step touches Stage (needs the slot)
 }
 
 type table struct{ Name, Values string }
@@ -91,7 +96,8 @@ type table struct{ Name, Values string }
 type phaseContext struct {
 	Steps     []stepContext
 	Sync      bool
-	SeqOffset int // this barrier's sequence value is seq + SeqOffset
+	SeqOffset int  // this barrier's sequence value is seq + SeqOffset
+	Optional  bool // the final barrier, skipped when stage slots alternate
 }
 
 type stepContext struct {
@@ -101,7 +107,9 @@ type stepContext struct {
 
 func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 	s := k.Schedule
-	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers()}
+	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers(),
+		FinalOptional: schedule.FinalBarrierRemovable(s)}
+	c.BarriersWithoutFinal = c.Barriers - 1
 	var lines []string
 	for _, l := range strings.Split(strings.TrimRight(s.String(), "\n"), "\n") {
 		lines = append(lines, "//   "+l)
@@ -146,6 +154,9 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 			base = fmt.Sprintf("(%s)a.input", q)
 		case schedule.Output:
 			base = fmt.Sprintf("(%s)a.output", q)
+		case schedule.Stage:
+			c.UsesStage = true
+			base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, idx(r.Rank))
 		default:
 			base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, idx(r.Rank))
 		}
@@ -197,6 +208,9 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 			pc.SeqOffset = seq
 		}
 		c.Phases = append(c.Phases, pc)
+	}
+	if c.FinalOptional {
+		c.Phases[len(c.Phases)-1].Optional = true
 	}
 	return c, nil
 }

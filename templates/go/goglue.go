@@ -124,6 +124,7 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 		jen.Id("Headers"):      jen.Id("cudaHeaders"),
 		jen.Id("HostReducers"): jen.Id("hostReducers"),
 		jen.Id("Manifest"):     jen.Id("Manifest"),
+		jen.Id("MaxBlocks"):    jen.Id("MaxBlocks"),
 	})
 	f.Line()
 	f.Comment("Manifest lists the content hashes of the specs and templates that produced this package.")

@@ -8,7 +8,9 @@ typedef unsigned long long cg_u64;
 typedef long long cg_s64;  // signed element index
 
 // The largest grid any kernel launches; signal pads and sequence counters
-// hold this many blocks.
+// hold this many blocks. args.seq has CG_MAX_BLOCKS + 2 words: per-block
+// barrier sequences, then the collective counter and the finished-block
+// counter that choose the stage slot (see cg_stage_slot).
 #define CG_MAX_BLOCKS 16
 
 // Status word codes, written to args.status by the first thread that gives
@@ -30,6 +32,7 @@ struct collgen_args {
   cg_u64 count;                 // elements in the full buffer
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
+  cg_u64 slot_bytes;            // distance between the two stage slots; 0: one slot
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
 };
@@ -39,7 +42,7 @@ typedef collgen_args<8> collgen_args_w8;
 // Layout checks. NVRTC lacks __builtin_offsetof, so they run under nvcc
 // (`make cuda-check`, CI); NVRTC compiles the very same struct.
 #ifndef __CUDACC_RTC__
-static_assert(sizeof(collgen_args_w8) == 256, "collgen_args_w8 size");
+static_assert(sizeof(collgen_args_w8) == 264, "collgen_args_w8 size");
 static_assert(__builtin_offsetof(collgen_args_w8, input) == 0, "collgen_args_w8.input offset");
 static_assert(__builtin_offsetof(collgen_args_w8, output) == 8, "collgen_args_w8.output offset");
 static_assert(__builtin_offsetof(collgen_args_w8, stage) == 16, "collgen_args_w8.stage offset");
@@ -50,8 +53,9 @@ static_assert(__builtin_offsetof(collgen_args_w8, status) == 216, "collgen_args_
 static_assert(__builtin_offsetof(collgen_args_w8, count) == 224, "collgen_args_w8.count offset");
 static_assert(__builtin_offsetof(collgen_args_w8, chunk) == 232, "collgen_args_w8.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w8, timeout_ns) == 240, "collgen_args_w8.timeout_ns offset");
-static_assert(__builtin_offsetof(collgen_args_w8, rank) == 248, "collgen_args_w8.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 252, "collgen_args_w8.kernel_id offset");
+static_assert(__builtin_offsetof(collgen_args_w8, slot_bytes) == 248, "collgen_args_w8.slot_bytes offset");
+static_assert(__builtin_offsetof(collgen_args_w8, rank) == 256, "collgen_args_w8.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 260, "collgen_args_w8.kernel_id offset");
 #endif
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
@@ -302,6 +306,35 @@ __device__ __forceinline__ cg_u64 cg_seq_begin(const cg_u64* seq) {
 }
 __device__ __forceinline__ void cg_seq_end(cg_u64* seq, cg_u64 value) {
   if (threadIdx.x == 0) seq[blockIdx.x] = value;
+}
+
+// ---- stage slots. With args.slot_bytes != 0 every rank's stage buffer has
+// two slots, and consecutive collectives alternate between them: the slot
+// is the parity of a collective counter in args.seq[CG_MAX_BLOCKS], which
+// every block reads at its start and the last block to finish increments,
+// so all blocks (whatever the grid) and all ranks (same sequence of
+// collectives) agree. Alternating slots is what lets a kernel skip its
+// final barrier (schedule.FinalBarrierRemovable has the argument).
+// slot_bytes == 0 (zero-copy input) means one slot and the final barrier.
+
+__device__ __forceinline__ int cg_stage_slot(const cg_u64* seq, cg_u64 slot_bytes) {
+  return slot_bytes ? (int)(*(volatile const cg_u64*)(seq + CG_MAX_BLOCKS) & 1) : 0;
+}
+__device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
+  return (char*)p + (cg_u64)slot * slot_bytes;
+}
+// cg_collective_end: the last block of the grid to get here bumps the
+// collective counter for the next launch (a later kernel on the stream, so
+// it sees the new value) and resets the finished-block count.
+__device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long done = atomicAdd(seq + CG_MAX_BLOCKS + 1, 1ull);
+    if (done == gridDim.x - 1) {
+      seq[CG_MAX_BLOCKS + 1] = 0;
+      seq[CG_MAX_BLOCKS] += 1;
+    }
+  }
 }
 
 __device__ __forceinline__ int cg_rel(int rank, int k, int w) {

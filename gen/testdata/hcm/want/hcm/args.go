@@ -4,7 +4,7 @@ package hcm
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (256 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -16,8 +16,9 @@ type ArgsW8 struct {
 	Count     uint64    // C: count at offset 224
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
-	Rank      int32     // C: rank at offset 248
-	KernelId  int32     // C: kernel_id at offset 252
+	SlotBytes uint64    // C: slot_bytes at offset 248
+	Rank      int32     // C: rank at offset 256
+	KernelId  int32     // C: kernel_id at offset 260
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
@@ -74,14 +75,19 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 248,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 256,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 252,
+		Offset: 260,
 		Size:   4,
 	}},
-	Size: 256,
+	Size: 264,
 }

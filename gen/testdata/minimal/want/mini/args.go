@@ -4,7 +4,7 @@ package mini
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (112 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -16,8 +16,9 @@ type ArgsW2 struct {
 	Count     uint64    // C: count at offset 80
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
-	Rank      int32     // C: rank at offset 104
-	KernelId  int32     // C: kernel_id at offset 108
+	SlotBytes uint64    // C: slot_bytes at offset 104
+	Rank      int32     // C: rank at offset 112
+	KernelId  int32     // C: kernel_id at offset 116
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
@@ -74,14 +75,19 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		Size:   8,
 	}, {
 		Count:  1,
-		Name:   "rank",
+		Name:   "slot_bytes",
 		Offset: 104,
+		Size:   8,
+	}, {
+		Count:  1,
+		Name:   "rank",
+		Offset: 112,
 		Size:   4,
 	}, {
 		Count:  1,
 		Name:   "kernel_id",
-		Offset: 108,
+		Offset: 116,
 		Size:   4,
 	}},
-	Size: 112,
+	Size: 120,
 }

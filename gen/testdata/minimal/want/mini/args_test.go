@@ -26,6 +26,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"scratch":    unsafe.Offsetof(a.Scratch),
 			"seq":        unsafe.Offsetof(a.Seq),
 			"signal":     unsafe.Offsetof(a.Signal),
+			"slot_bytes": unsafe.Offsetof(a.SlotBytes),
 			"stage":      unsafe.Offsetof(a.Stage),
 			"status":     unsafe.Offsetof(a.Status),
 			"timeout_ns": unsafe.Offsetof(a.TimeoutNs),
