@@ -138,7 +138,7 @@ func TestShipped(t *testing.T) {
 	if got := s.Topology("hcm8").Choose(ReduceScatter, 1); got != NCCL {
 		t.Errorf("hcm8 reduce_scatter chooses %q, want nccl", got)
 	}
-	if got := s.Launch(AllReduce, "twoshot"); got != (Launch{Threads: 512, MaxBlocks: 32, VectorBytes: 16}) {
+	if got := s.Launch(AllReduce, "twoshot"); got != (Launch{Threads: 512, MaxBlocks: 128, VectorBytes: 16}) {
 		t.Errorf("twoshot launch %+v", got)
 	}
 	if got := s.Launch(AllGather, "nosuch"); got != DefaultLaunch() {

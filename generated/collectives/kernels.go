@@ -16,7 +16,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -32,7 +32,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -48,7 +48,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -64,7 +64,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -80,7 +80,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e4m3",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -96,7 +96,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e4m3",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -112,7 +112,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e4m3",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -128,7 +128,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e4m3",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -144,7 +144,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e5m2",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -160,7 +160,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e5m2",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -176,7 +176,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e5m2",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -192,7 +192,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "e5m2",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -208,7 +208,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -224,7 +224,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -240,7 +240,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -256,7 +256,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -272,7 +272,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -288,7 +288,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -304,7 +304,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -320,7 +320,7 @@ var Library = &kernels.Library{
 		Collective: "allgather",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -336,7 +336,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -352,7 +352,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -368,7 +368,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -384,7 +384,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -400,7 +400,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -416,7 +416,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -432,7 +432,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -448,7 +448,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -464,7 +464,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -480,7 +480,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -496,7 +496,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -512,7 +512,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -528,7 +528,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -544,7 +544,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -560,7 +560,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -576,7 +576,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -592,7 +592,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -608,7 +608,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -624,7 +624,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -640,7 +640,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -656,7 +656,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -672,7 +672,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -688,7 +688,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -704,7 +704,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -720,7 +720,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -736,7 +736,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -752,7 +752,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -768,7 +768,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -784,7 +784,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -800,7 +800,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -816,7 +816,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -832,7 +832,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -848,7 +848,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -864,7 +864,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -880,7 +880,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -896,7 +896,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -912,7 +912,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -928,7 +928,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -944,7 +944,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -960,7 +960,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -976,7 +976,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -992,7 +992,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1008,7 +1008,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1024,7 +1024,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1040,7 +1040,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1056,7 +1056,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1072,7 +1072,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1088,7 +1088,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1104,7 +1104,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1120,7 +1120,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1136,7 +1136,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1152,7 +1152,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1168,7 +1168,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1184,7 +1184,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1200,7 +1200,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1216,7 +1216,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1232,7 +1232,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1248,7 +1248,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1264,7 +1264,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1280,7 +1280,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1296,7 +1296,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1312,7 +1312,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1328,7 +1328,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1344,7 +1344,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1360,7 +1360,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1376,7 +1376,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1392,7 +1392,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1408,7 +1408,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1424,7 +1424,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1440,7 +1440,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1456,7 +1456,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1472,7 +1472,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1488,7 +1488,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1504,7 +1504,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1520,7 +1520,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1536,7 +1536,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1552,7 +1552,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1568,7 +1568,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1584,7 +1584,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1600,7 +1600,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1616,7 +1616,7 @@ var Library = &kernels.Library{
 		Collective: "allreduce",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   32,
+			MaxBlocks:   128,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1632,7 +1632,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1648,7 +1648,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1664,7 +1664,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1680,7 +1680,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1696,7 +1696,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1712,7 +1712,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1728,7 +1728,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1744,7 +1744,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1760,7 +1760,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1776,7 +1776,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1792,7 +1792,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1808,7 +1808,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "bf16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1824,7 +1824,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1840,7 +1840,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1856,7 +1856,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1872,7 +1872,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1888,7 +1888,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1904,7 +1904,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1920,7 +1920,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1936,7 +1936,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1952,7 +1952,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1968,7 +1968,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -1984,7 +1984,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2000,7 +2000,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f16",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2016,7 +2016,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2032,7 +2032,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2048,7 +2048,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2064,7 +2064,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2080,7 +2080,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2096,7 +2096,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2112,7 +2112,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2128,7 +2128,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2144,7 +2144,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2160,7 +2160,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2176,7 +2176,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2192,7 +2192,7 @@ var Library = &kernels.Library{
 		Collective: "reduce_scatter",
 		DType:      "f32",
 		Launch: kernels.Launch{
-			MaxBlocks:   24,
+			MaxBlocks:   64,
 			Threads:     512,
 			VectorBytes: 16,
 		},
@@ -2303,7 +2303,7 @@ var Library = &kernels.Library{
 }
 
 // Manifest lists the content hashes of the specs and templates that produced this package.
-const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec b3bac473e491122268fe6fec3c42d3f67d67cc7bd36c95690c7ceaf42945c548 collgen.yaml\ntemplate 5ccc96994c249dea6c5a6853ac55de924a1c8873f7b856c5e7b819ebcc91e40b templates/cuda/common.cuh.tmpl\ntemplate 81de6d44b66c2934358075edfaa42d2d780d32411d7fc51d07e954647b8530dd templates/cuda/kernel.cu.tmpl\ntemplate 731e13a4cf9bfb5f4e61b752168dd100c936c2f570d80efc49b6101411716d5c templates/go/goglue.go\ntemplate 9d6e664cb0c0952c94eaa59973bcb4bf73d7de3470f21c9fb1593da4e9b242f8 templates/go/host.go\n"
+const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec 997fc850e765f14cd4f2d6d9824f84391e77ad54eb267f9076f1d750c6c93f7a collgen.yaml\ntemplate c7f5d0a4696536dfd14351ed7792f01030f96d90867724b943be4723cd5af5fc templates/cuda/common.cuh.tmpl\ntemplate 81de6d44b66c2934358075edfaa42d2d780d32411d7fc51d07e954647b8530dd templates/cuda/kernel.cu.tmpl\ntemplate 731e13a4cf9bfb5f4e61b752168dd100c936c2f570d80efc49b6101411716d5c templates/go/goglue.go\ntemplate 9d6e664cb0c0952c94eaa59973bcb4bf73d7de3470f21c9fb1593da4e9b242f8 templates/go/host.go\n"
 
 // MaxBlocks is the largest grid any kernel launches: signal pads and sequence counters must hold this many blocks.
-const MaxBlocks = 32
+const MaxBlocks = 128

@@ -570,8 +570,10 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	put("slot_bytes", 0, slotBytes)
 	put("rank", 0, uint64(g.cfg.Rank))
 	put("kernel_id", 0, uint64(g.kernelIDs[k.Name]))
+	// Enough threads for one vector of every chunk each (the kernels spread
+	// a phase's chunks over distinct threads), capped by the spec.
 	threads := int64(k.Launch.Threads)
-	vecs := (chunk + vec - 1) / vec
+	vecs := int64(g.world) * ((chunk + vec - 1) / vec)
 	blocks := (vecs + threads - 1) / threads
 	if blocks < 1 {
 		blocks = 1

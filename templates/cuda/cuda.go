@@ -184,9 +184,16 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
 			}
 			sc.Lines = append(sc.Lines, "const cg_s64 n = "+n+";")
+			// The work-split shift comes from the step's chunk index: the
+			// destination's, or for a one-chunk destination its sources'.
+			chunkRef := st.Dst
+			if single(chunkRef.Buf) {
+				chunkRef = st.Srcs[0]
+			}
+			sc.Lines = append(sc.Lines, fmt.Sprintf("const cg_s64 shift = cg_shift(%s, a.chunk, VB / sizeof(E));", idx(chunkRef.Chunk)))
 			switch st.Kind {
 			case schedule.Copy:
-				sc.Lines = append(sc.Lines, fmt.Sprintf("cg_copy<T, VB>(%s, %s, n);", ptr(st.Dst, false), ptr(st.Srcs[0], true)))
+				sc.Lines = append(sc.Lines, fmt.Sprintf("cg_copy<T, VB>(%s, %s, n, shift);", ptr(st.Dst, false), ptr(st.Srcs[0], true)))
 			case schedule.Reduce:
 				if k.Op == "" {
 					return nil, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
@@ -199,7 +206,7 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 					}
 					sc.Lines = append(sc.Lines, "    "+ptr(r, true)+comma)
 				}
-				sc.Lines = append(sc.Lines, "};", fmt.Sprintf("cg_reduce<T, OP, %d, VB>(%s, src, n);", len(st.Srcs), ptr(st.Dst, false)))
+				sc.Lines = append(sc.Lines, "};", fmt.Sprintf("cg_reduce<T, OP, %d, VB>(%s, src, n, shift);", len(st.Srcs), ptr(st.Dst, false)))
 			}
 			pc.Steps = append(pc.Steps, sc)
 		}

@@ -127,22 +127,38 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 }
 
 // ---- work split. Elements of a chunk are owned in vectors of VB bytes:
-// vector v belongs to global thread v mod (grid * block). Every rank uses
-// the same split for the same chunk (it depends only on the chunk's length),
-// so the block that writes an element on one rank is the block that reads it
-// on the others, and per-block barriers suffice. A trailing partial vector
-// belongs to the thread that would own the next full vector. The split does
-// not depend on alignment: unaligned buffers take the scalar path over the
-// same ownership.
+// vector v of chunk c belongs to global thread (v + shift) mod (grid *
+// block), where shift = c * (vectors per chunk). Every rank uses the same
+// split for the same chunk (it depends only on the chunk's index and
+// length), so the block that writes an element on one rank is the block that
+// reads it on the others, and per-block barriers suffice. The shift puts the
+// chunks of one phase on different threads, so for small messages the
+// loads of all chunks are in flight at once instead of one chunk after
+// another. A trailing partial vector belongs to the thread that would own
+// the next full vector. The split does not depend on alignment: unaligned
+// buffers take the scalar path over the same ownership.
+
+// cg_first returns this thread's first vector index for a chunk with the
+// given shift, and the stride between its vectors.
+__device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
+  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
+  const cg_s64 s = shift % stride;
+  return gid >= s ? gid - s : gid - s + stride;
+}
+
+// cg_shift is the work-split shift of chunk c: c times the vectors per chunk.
+__device__ __forceinline__ cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
+  return (cg_s64)c * (cg_s64)((chunk + vec - 1) / vec);
+}
 
 template <class T, int VB>
-__device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_s64 n) {
+__device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_s64 n, cg_s64 shift) {
   typedef typename T::E E;
   constexpr int V = VB / sizeof(E);
   if (dst == (E*)src || n <= 0) return;  // zero-copy input already in place
   const cg_s64 nvec = n / V;
-  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+  const cg_s64 gid = cg_first(shift, stride);
   if ((((cg_u64)dst | (cg_u64)src) % VB) == 0) {
     for (cg_s64 v = gid; v < nvec; v += stride) {
       typename cg_raw<VB>::T x;
@@ -164,14 +180,14 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
 // accumulating in T::A. All NS loads of a vector are issued before the first
 // use, so peers' latencies overlap.
 template <class T, class OP, int NS, int VB>
-__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_s64 n) {
+__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_s64 n, cg_s64 shift) {
   typedef typename T::E E;
   typedef typename T::A A;
   constexpr int V = VB / sizeof(E);
   if (n <= 0) return;
   const cg_s64 nvec = n / V;
-  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+  const cg_s64 gid = cg_first(shift, stride);
   cg_u64 bits = (cg_u64)dst;
 #pragma unroll
   for (int j = 0; j < NS; j++) bits |= (cg_u64)src[j];
