@@ -313,19 +313,19 @@ func TestFillAndVerify(t *testing.T) {
 				}
 				red(got, srcs)
 			}
-			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, got); err != nil {
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, got, false); err != nil {
 				t.Errorf("%s %s %s rank %d: correct output rejected: %v", c.coll, c.dt, c.op, rank, err)
 			}
 			bad := append([]byte(nil), got...)
 			bad[len(bad)-1] ^= 0x40
-			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, bad); err == nil {
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, bad, false); err == nil {
 				t.Errorf("%s %s %s rank %d: corrupted output accepted", c.coll, c.dt, c.op, rank)
 			}
 			unwritten := append([]byte(nil), got...)
 			for i := PatternBytes / 2; i < PatternBytes/2+64; i++ {
 				unwritten[i] = 0xff
 			}
-			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, unwritten); err == nil {
+			if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, unwritten, false); err == nil {
 				t.Errorf("%s %s %s rank %d: unwritten output accepted", c.coll, c.dt, c.op, rank)
 			}
 		}

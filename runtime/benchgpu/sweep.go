@@ -540,7 +540,7 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 	if err := st.dev.CopyDtoH(got, st.out); err != nil {
 		return "", err
 	}
-	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got); err != nil {
+	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, v.Algorithm == "nccl"); err != nil {
 		return err.Error(), nil
 	}
 	return "", nil
