@@ -126,11 +126,11 @@ func TestShipped(t *testing.T) {
 	if !reflect.DeepEqual(nv.Generate[AllReduce], []string{"oneshot", "twoshot"}) {
 		t.Errorf("nvswitch generate %v", nv.Generate)
 	}
-	wantSel := []Rule{{UpTo: 256 << 10, Use: "oneshot"}, {UpTo: 10 << 20, Use: "twoshot"}, {Use: NCCL}}
+	wantSel := []Rule{{UpTo: 512 << 10, Use: "oneshot"}, {UpTo: 10 << 20, Use: "twoshot"}, {Use: NCCL}}
 	if !reflect.DeepEqual(nv.Select[AllReduce], wantSel) {
 		t.Errorf("nvswitch select %v, want %v", nv.Select[AllReduce], wantSel)
 	}
-	for n, want := range map[int64]string{1: "oneshot", 256 << 10: "oneshot", 256<<10 + 1: "twoshot", 10 << 20: "twoshot", 1 << 30: NCCL} {
+	for n, want := range map[int64]string{1: "oneshot", 512 << 10: "oneshot", 512<<10 + 1: "twoshot", 10 << 20: "twoshot", 1 << 30: NCCL} {
 		if got := nv.Choose(AllReduce, n); got != want {
 			t.Errorf("Choose(allreduce, %d) = %q, want %q", n, got, want)
 		}

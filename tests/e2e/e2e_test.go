@@ -35,7 +35,7 @@ func TestGeneratedRegistry(t *testing.T) {
 	for _, c := range []struct {
 		bytes int64
 		want  string
-	}{{1024, "oneshot"}, {256 << 10, "oneshot"}, {256<<10 + 1, "twoshot"}, {10 << 20, "twoshot"}, {10<<20 + 1, "nccl"}} {
+	}{{1024, "oneshot"}, {512 << 10, "oneshot"}, {512<<10 + 1, "twoshot"}, {10 << 20, "twoshot"}, {10<<20 + 1, "nccl"}} {
 		if got := sel.Choose(c.bytes); got != c.want {
 			t.Errorf("%d bytes: %s, want %s", c.bytes, got, c.want)
 		}

@@ -313,12 +313,12 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
 }
 
 // Block-wide sequence bookkeeping: the first barrier of a launch uses
-// seq[block] + 1; the launch stores back seq[block] + barriers at the end.
+// seq[block] + 1; thread 0 stores back seq[block] + barriers at the end.
+// Every thread loads the value itself (no block sync): the previous kernel
+// on the stream wrote it, so all threads see the same value, and the load
+// overlaps the first phase's copies.
 __device__ __forceinline__ cg_u64 cg_seq_begin(const cg_u64* seq) {
-  __shared__ cg_u64 base;
-  if (threadIdx.x == 0) base = seq[blockIdx.x];
-  __syncthreads();
-  return base;
+  return seq[blockIdx.x];
 }
 __device__ __forceinline__ void cg_seq_end(cg_u64* seq, cg_u64 value) {
   if (threadIdx.x == 0) seq[blockIdx.x] = value;
