@@ -67,7 +67,23 @@ type BenchOptions struct {
 
 	worker     bool   // host: this process is one rank (env from collgen run or the bench itself)
 	resultFile string // worker rank 0: write JSON results here instead of printing
+	gpu        gpuBenchFlags
 }
+
+// gpuBenchFlags are the GPU-only flags (see bench_gpu.go).
+type gpuBenchFlags struct {
+	eager      bool
+	zeroCopy   bool
+	processes  bool
+	staging    string
+	devices    string
+	sizesSet   bool // --sizes given: otherwise the GPU default 1KiB..256MiB
+	timeoutSet bool // --timeout given: otherwise comm's default in-kernel timeout
+}
+
+// benchHelp holds functions that extend the bench command's help text
+// (the GPU bench adds its mode from bench_gpu.go).
+var benchHelp []func(*cobra.Command)
 
 func newCmdBench(io *IO) *cobra.Command {
 	o := &BenchOptions{}
@@ -100,6 +116,8 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 			if err := o.validate(); err != nil {
 				return usageError(err)
 			}
+			o.gpu.sizesSet = cmd.Flags().Changed("sizes")
+			o.gpu.timeoutSet = cmd.Flags().Changed("timeout")
 			if o.Backend == "gpu" {
 				if gpuBench == nil {
 					return errors.New("bench: gpu bench is not built in this binary; use --backend host, or build collgen with the GPU runtime")
@@ -132,7 +150,15 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.BoolVar(&o.worker, "worker", false, "host: run as one rank whose environment comes from collgen run")
 	f.StringVar(&o.resultFile, "result-file", "", "host worker: rank 0 writes JSON results here")
 	f.MarkHidden("result-file")
+	f.BoolVar(&o.gpu.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
+	f.BoolVar(&o.gpu.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
+	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
+	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
+	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	for _, add := range benchHelp {
+		add(cmd)
+	}
 	return cmd
 }
 

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -29,71 +28,16 @@ import (
 )
 
 // The GPU bench: runtime/benchgpu's sweep behind `collgen bench --backend
-// gpu`. bench.go owns the command and the shared flags; this file sets its
-// gpuBench hook and adds the GPU-only flags to the command.
+// gpu`. bench.go owns the command and every flag (the GPU-only ones are in
+// BenchOptions.gpu); this file sets its gpuBench hook and documents the GPU
+// mode in the command's help.
 func init() {
 	gpuBench = runGPUBench
-	if prev := constructors["bench"]; prev != nil {
-		register("bench", func(io *IO) *cobra.Command { return addGPUBenchFlags(io, prev(io)) })
-	}
+	benchHelp = append(benchHelp, addGPUBenchHelp)
 }
 
-// gpuBenchFlags are the GPU-only flags of one bench command, found by the
-// IO the command was built with (gpuBench receives that IO).
-type gpuBenchFlags struct {
-	eager      bool
-	zeroCopy   bool
-	processes  bool
-	staging    string
-	devices    string
-	sizesSet   bool // --sizes given: otherwise the GPU default 1KiB..256MiB
-	timeoutSet bool // --timeout given: otherwise comm's default in-kernel timeout
-}
-
-var (
-	gpuFlagsMu sync.Mutex
-	gpuFlags   = map[*IO]*gpuBenchFlags{}
-)
-
-func flagsFor(io *IO) *gpuBenchFlags {
-	gpuFlagsMu.Lock()
-	defer gpuFlagsMu.Unlock()
-	if f := gpuFlags[io]; f != nil {
-		return f
-	}
-	return &gpuBenchFlags{}
-}
-
-// addGPUBenchFlags adds --eager, --zero-copy, --processes, --staging and
-// --devices to the bench command (each only if bench.go does not define it).
-func addGPUBenchFlags(io *IO, cmd *cobra.Command) *cobra.Command {
-	g := &gpuBenchFlags{}
-	gpuFlagsMu.Lock()
-	gpuFlags[io] = g
-	gpuFlagsMu.Unlock()
-	f := cmd.Flags()
-	if f.Lookup("eager") == nil {
-		f.BoolVar(&g.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
-	}
-	if f.Lookup("zero-copy") == nil {
-		f.BoolVar(&g.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
-	}
-	if f.Lookup("processes") == nil {
-		f.BoolVar(&g.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
-	}
-	if f.Lookup("staging") == nil {
-		f.StringVar(&g.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
-	}
-	if f.Lookup("devices") == nil {
-		f.StringVar(&g.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
-	}
-	if run := cmd.RunE; run != nil {
-		cmd.RunE = func(c *cobra.Command, args []string) error {
-			g.sizesSet = c.Flags().Changed("sizes")
-			g.timeoutSet = c.Flags().Changed("timeout")
-			return run(c, args)
-		}
-	}
+// addGPUBenchHelp extends the bench command's help with the GPU mode.
+func addGPUBenchHelp(cmd *cobra.Command) {
 	cmd.Long += `
 
 --backend gpu measures on this host's GPUs, one goroutine per GPU (or, with
@@ -107,7 +51,6 @@ latency; the ratio column is NCCL's latency over the row's. Default sizes
 	cmd.Example += `
   collgen bench --backend gpu -n 4 --dtype bf16 --op sum --sizes 1KiB-256MiB --check --json ar.json --png ar.png
   collgen bench --backend gpu -n 2 --collective reduce_scatter,allgather --dtype bf16 --algorithms auto,nccl`
-	return cmd
 }
 
 // gpuSweep is one (collective, dtype, op) sweep of a GPU bench.
@@ -179,7 +122,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 func runGPUBench(io *IO, o *BenchOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	g := flagsFor(io)
+	g := &o.gpu
 	if o.worker {
 		// The launcher decides the world size.
 		env, err := rendezvous.ReadEnv()
