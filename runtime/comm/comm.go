@@ -61,7 +61,8 @@ type Config struct {
 	// FatbinPath loads kernels from a fatbin built by `make fatbin` instead
 	// of compiling the embedded sources with NVRTC.
 	FatbinPath string
-	// Cache is the NVRTC cache; nil uses cuda.DefaultCache.
+	// Cache is the NVRTC cache; nil uses cuda.DefaultCache when a cache
+	// directory can be found, and compiles without caching otherwise.
 	Cache *cuda.Cache
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.

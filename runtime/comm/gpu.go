@@ -111,12 +111,7 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	if g.stream, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
-	g.cache = cfg.Cache
-	if g.cache == nil && cfg.FatbinPath == "" {
-		if g.cache, err = cuda.DefaultCache(); err != nil {
-			return nil, err
-		}
-	}
+	g.cache = cfg.Cache // nil: LoadSource uses the default cache if it can
 	if cfg.FatbinPath != "" {
 		if g.fatbin, err = dev.LoadFatbinFile(cfg.FatbinPath); err != nil {
 			return nil, fmt.Errorf("comm: load fatbin %s: %w", cfg.FatbinPath, err)
