@@ -44,7 +44,6 @@ import (
 	"strings"
 
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
@@ -208,13 +207,7 @@ func Replays(replayMs, targetMs float64, min, max int) int {
 
 // ElemSize is the size in bytes of one element of dtype, including the fp8
 // copy types (1 byte); 0 when unknown.
-func ElemSize(dtype string) int {
-	switch dtype {
-	case "e4m3", "e5m2":
-		return 1
-	}
-	return numeric.Size(dtype)
-}
+func ElemSize(dtype string) int { return kernels.DTypeSize(dtype) }
 
 // Shape is what one message size means for a collective.
 type Shape struct {
