@@ -193,10 +193,14 @@ func (c *Communicator) Choose(collective string, bytes int64, dtype, op string) 
 }
 
 // Alloc returns a symmetric device buffer of the given size: every rank
-// allocates one in the same call (it is collective), and collectives whose
-// input lies in such a buffer, at the same offset on every rank, read it in
-// place instead of copying it into the staging buffer (zero-copy). Free it
-// with Close. GPU only.
+// allocates one in the same call (it is collective), and all-reduce and
+// reduce-scatter calls whose input lies in such a buffer read it in place
+// instead of copying it into the staging buffer (zero-copy). The choice is
+// made per call from the input address and is not agreed through the store,
+// so every rank must pass a symmetric input (at the same offset) in the
+// same calls: a call where some ranks do and others do not runs kernels
+// with different barrier counts, which then report a TimeoutError. Freed by
+// Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	if c.gpu == nil {
 		return 0, errors.New("comm: Alloc is for GPU communicators; host buffers are plain []byte")
