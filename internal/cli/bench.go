@@ -307,28 +307,51 @@ func selfExe() (string, error) {
 	return os.Executable()
 }
 
-// benchProcesses starts o.World worker processes of this program with a
-// file store in a temporary directory; rank 0 writes the results to a file
-// (one line per finished case for the progress bar, then the JSON).
+// benchProcesses starts o.World host worker processes and reads rank 0's
+// results back.
 func benchProcesses(ctx context.Context, io *IO, o *BenchOptions, prog *bench.Progress) ([]bench.Result, error) {
-	exe, err := selfExe()
-	if err != nil {
-		return nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
-	}
-	dir, err := os.MkdirTemp("", "collgen-bench-")
+	extra := []string{"--slot-bytes", strconv.Itoa(o.SlotBytes), "--lanes", strconv.Itoa(o.Lanes), "--timeout", o.Timeout.String()}
+	out, lerr, err := runWorkers(ctx, io, o, "host", o.Sizes, extra, prog)
 	if err != nil {
 		return nil, err
 	}
+	if lerr != nil {
+		var ee *launch.ExitError
+		if errors.As(lerr, &ee) {
+			return nil, &ExitError{Code: ee.Code, Err: fmt.Errorf("bench: %w (its output is above)", lerr)}
+		}
+		return nil, fmt.Errorf("bench: %w", lerr)
+	}
+	if out == nil {
+		return nil, errors.New("bench: rank 0 wrote no results")
+	}
+	return bench.ReadJSON(bytes.NewReader(out))
+}
+
+// runWorkers starts o.World worker processes of this program (`collgen
+// bench --backend B --worker`, the way collgen run does, with a file store
+// in a temporary directory), shows rank 0's progress lines on prog, and
+// returns the results file rank 0 wrote (nil if none) and the launch error.
+// err is for failures to start at all.
+func runWorkers(ctx context.Context, io *IO, o *BenchOptions, backend string, sizes []int64, extra []string, prog *bench.Progress) (out []byte, launchErr, err error) {
+	exe, err := selfExe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "collgen-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
 	defer os.RemoveAll(dir)
 	resFile := filepath.Join(dir, "results.json")
-	args := []string{exe, "bench", "--backend", "host", "--worker", "--result-file", resFile,
-		"-n", strconv.Itoa(o.World), "--sizes", joinSizes(o.Sizes), "--dtype", strings.Join(o.DTypes, ","),
+	args := []string{exe, "bench", "--backend", backend, "--worker", "--result-file", resFile,
+		"-n", strconv.Itoa(o.World), "--sizes", joinSizes(sizes), "--dtype", strings.Join(o.DTypes, ","),
 		"--op", strings.Join(o.Ops, ","), "--collective", strings.Join(o.Collectives, ","),
-		"--algorithms", strings.Join(o.Algorithms, ","), "--iters", strconv.Itoa(o.Iters),
-		"--slot-bytes", strconv.Itoa(o.SlotBytes), "--lanes", strconv.Itoa(o.Lanes), "--timeout", o.Timeout.String()}
+		"--algorithms", strings.Join(o.Algorithms, ","), "--iters", strconv.Itoa(o.Iters)}
 	if o.Check {
 		args = append(args, "--check")
 	}
+	args = append(args, extra...)
 	done := make(chan struct{})
 	go func() {
 		// Rank 0 appends a line to resFile.progress per finished case.
@@ -339,29 +362,18 @@ func benchProcesses(ctx context.Context, io *IO, o *BenchOptions, prog *bench.Pr
 			case <-done:
 				return
 			case <-t.C:
-				if b, err := os.ReadFile(resFile + ".progress"); err == nil {
+				if b, err := os.ReadFile(resFile + ".progress"); err == nil && len(b) > 0 {
 					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 					prog.Set(len(lines), lines[len(lines)-1])
 				}
 			}
 		}
 	}()
-	err = launch.Run(ctx, launch.Config{N: o.World, Args: args, Store: "file://" + filepath.Join(dir, "store"),
+	launchErr = launch.Run(ctx, launch.Config{N: o.World, Args: args, Store: "file://" + filepath.Join(dir, "store"),
 		Stdout: io.Err, Stderr: io.Err})
 	close(done)
-	if err != nil {
-		var ee *launch.ExitError
-		if errors.As(err, &ee) {
-			return nil, &ExitError{Code: ee.Code, Err: fmt.Errorf("bench: %w (its output is above)", err)}
-		}
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	f, err := os.Open(resFile)
-	if err != nil {
-		return nil, fmt.Errorf("bench: rank 0 wrote no results: %w", err)
-	}
-	defer f.Close()
-	return bench.ReadJSON(f)
+	out, _ = os.ReadFile(resFile)
+	return out, launchErr, nil
 }
 
 func joinSizes(s []int64) string {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/benchgpu"
-	"github.com/collgen/collgen/runtime/launch"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
@@ -427,71 +425,38 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// benchGPUProcesses starts o.World worker processes of this program (the
-// way collgen run does, with a file store in a temporary directory) and
-// reads rank 0's measurements back.
+// benchGPUProcesses starts o.World GPU worker processes and reads rank 0's
+// measurements back.
 func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBenchFlags, prog *bench.Progress, logs *bytes.Buffer) ([]benchgpu.Measurement, error) {
-	exe, err := selfExe()
-	if err != nil {
-		return nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
-	}
-	dir, err := os.MkdirTemp("", "collgen-bench-gpu-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	resFile := filepath.Join(dir, "results.json")
 	sizes := o.Sizes
 	if !g.sizesSet {
 		sizes, _ = benchgpu.ParseSizes(benchgpu.DefaultSizes)
 	}
-	args := []string{exe, "bench", "--backend", "gpu", "--worker", "--result-file", resFile,
-		"-n", strconv.Itoa(o.World), "--sizes", joinSizes(sizes), "--dtype", strings.Join(o.DTypes, ","),
-		"--op", strings.Join(o.Ops, ","), "--collective", strings.Join(o.Collectives, ","),
-		"--algorithms", strings.Join(o.Algorithms, ","), "--iters", strconv.Itoa(o.Iters)}
-	if o.Check {
-		args = append(args, "--check")
-	}
+	var extra []string
 	if g.eager {
-		args = append(args, "--eager")
+		extra = append(extra, "--eager")
 	}
 	if g.zeroCopy {
-		args = append(args, "--zero-copy")
+		extra = append(extra, "--zero-copy")
 	}
 	if g.staging != "" {
-		args = append(args, "--staging", g.staging)
+		extra = append(extra, "--staging", g.staging)
 	}
 	if g.devices != "" {
-		args = append(args, "--devices", g.devices)
+		extra = append(extra, "--devices", g.devices)
 	}
 	if g.timeoutSet {
-		args = append(args, "--timeout", o.Timeout.String())
+		extra = append(extra, "--timeout", o.Timeout.String())
 	}
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				if b, err := os.ReadFile(resFile + ".progress"); err == nil && len(b) > 0 {
-					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-					prog.Set(len(lines), lines[len(lines)-1])
-				}
-			}
-		}
-	}()
-	lerr := launch.Run(ctx, launch.Config{N: o.World, Args: args, Store: "file://" + filepath.Join(dir, "store"),
-		Stdout: io.Err, Stderr: io.Err})
-	close(done)
-	b, err := os.ReadFile(resFile)
+	b, lerr, err := runWorkers(ctx, io, o, "gpu", sizes, extra, prog)
 	if err != nil {
+		return nil, err
+	}
+	if b == nil {
 		if lerr != nil {
 			return nil, fmt.Errorf("bench: %w (the ranks' output is above)", lerr)
 		}
-		return nil, fmt.Errorf("bench: rank 0 wrote no results: %w", err)
+		return nil, errors.New("bench: rank 0 wrote no results")
 	}
 	var res gpuWorkerResult
 	if err := json.Unmarshal(b, &res); err != nil {
