@@ -8,15 +8,19 @@ import (
 // builders maps collective -> algorithm -> schedule builder.
 var builders = map[string]map[string]func(w int) (*Schedule, error){
 	AllReduce: {
-		OneShot: allReduceOneShot,
-		TwoShot: allReduceTwoShot,
-		HCM:     allReduceHCM,
+		OneShot:   allReduceOneShot,
+		TwoShot:   allReduceTwoShot,
+		HCM:       allReduceHCM,
+		OneShotLL: allReduceOneShotLL,
+		TwoShotLL: allReduceTwoShotLL,
 	},
 	ReduceScatter: {
-		OneShot: reduceScatterOneShot,
+		OneShot:   reduceScatterOneShot,
+		OneShotLL: reduceScatterOneShotLL,
 	},
 	AllGather: {
-		OneShot: allGatherOneShot,
+		OneShot:   allGatherOneShot,
+		OneShotLL: allGatherOneShotLL,
 	},
 }
 
@@ -75,8 +79,9 @@ func Build(collective, algorithm string, world int) (*Schedule, error) {
 }
 
 // CanRun reports whether an algorithm can run on a topology kind at a world
-// size: the schedule must exist and every peer read must use a link of the
-// topology. The error says why not.
+// size: the schedule must exist, every peer access must use a link of the
+// topology, and a push (LL) schedule needs a GPU kind. The error says why
+// not.
 func CanRun(kind, collective, algorithm string, world int) error {
 	topo, err := NewTopology(kind, world)
 	if err != nil {
@@ -86,7 +91,20 @@ func CanRun(kind, collective, algorithm string, world int) error {
 	if err != nil {
 		return err
 	}
+	if err := HostCanRun(s); kind == KindHostShm && err != nil {
+		return err
+	}
 	return CheckLinks(s, topo)
+}
+
+// HostCanRun reports whether the host backend can execute a schedule: it
+// maps peers' segments read-only, so schedules that write into peers'
+// memory (ProtocolLL) are GPU-only.
+func HostCanRun(s *Schedule) error {
+	if s.Protocol == ProtocolLL {
+		return fmt.Errorf("%s %s writes into peers' memory (LL protocol), which the host backend does not allow (peers' segments are mapped read-only); use it on a GPU topology", s.Collective, s.Algorithm)
+	}
+	return nil
 }
 
 // stageCopies copies every chunk of the input into this rank's stage buffer,
@@ -228,5 +246,93 @@ func allGatherOneShot(w int) (*Schedule, error) {
 		gather = append(gather, Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Rel(k)}, Srcs: []Ref{src}})
 	}
 	s.Phases = append(s.Phases, Phase{Steps: gather, Sync: true})
+	return s, nil
+}
+
+// inbox returns the Ref of chunk c in lane `lane` of rank `rank`'s Inbox.
+func inbox(rank, lane, c Index) Ref { return Ref{Buf: Inbox, Rank: rank, Lane: lane, Chunk: c} }
+
+// allReduceOneShotLL: every rank puts its whole input into every rank's
+// Inbox (its own included, so that the reduction below can name all W
+// contributions by absolute lane), then reduces every chunk from its own
+// Inbox in absolute lane order, waiting per line for the data. All ranks
+// reduce in the same order, so results are bitwise identical. One one-way
+// trip of NVLink latency, no barrier.
+func allReduceOneShotLL(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllReduce, Algorithm: OneShotLL, World: w, InChunks: w, OutChunks: w, Protocol: ProtocolLL}
+	var puts, reds []Step
+	for j := 0; j < w; j++ {
+		c := Rel(j)
+		for k := 0; k < w; k++ {
+			puts = append(puts, Step{Kind: Put, Dst: inbox(Rel(k), Self, c), Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: c}}})
+		}
+		st := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: c}}
+		for p := 0; p < w; p++ {
+			st.Srcs = append(st.Srcs, inbox(Self, ConstIndex(p), c))
+		}
+		reds = append(reds, st)
+	}
+	s.Phases = []Phase{{Steps: puts}, {Steps: reds}}
+	return s, nil
+}
+
+// allReduceTwoShotLL: rank r puts chunk k of its input into rank k's Inbox;
+// rank k reduces its chunk from its own input and its Inbox and puts the
+// result into every peer's Inbox (fused with the reduce: the same thread
+// writes the output line and sends it); every rank copies the other
+// reduced chunks out of its Inbox. Two one-way trips, no barrier.
+func allReduceTwoShotLL(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllReduce, Algorithm: TwoShotLL, World: w, InChunks: w, OutChunks: w, Protocol: ProtocolLL}
+	var scatter []Step
+	for k := 1; k < w; k++ {
+		scatter = append(scatter, Step{Kind: Put, Dst: inbox(Rel(k), Self, Rel(k)), Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Rel(k)}}})
+	}
+	red := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: Self}, Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Self}}}
+	for k := 1; k < w; k++ {
+		red.Srcs = append(red.Srcs, inbox(Self, Rel(k), Self))
+	}
+	reduce := []Step{red}
+	for k := 1; k < w; k++ {
+		reduce = append(reduce, Step{Kind: Put, Dst: inbox(Rel(k), Self, Self), Srcs: []Ref{red.Dst}})
+	}
+	var gather []Step
+	for k := 1; k < w; k++ {
+		gather = append(gather, Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Rel(k)}, Srcs: []Ref{inbox(Self, Rel(k), Rel(k))}})
+	}
+	s.Phases = []Phase{{Steps: scatter}, {Steps: reduce}, {Steps: gather}}
+	return s, nil
+}
+
+// reduceScatterOneShotLL: rank r puts chunk k of its input into rank k's
+// Inbox, then reduces its own chunk from its input and its Inbox.
+func reduceScatterOneShotLL(w int) (*Schedule, error) {
+	s := &Schedule{Collective: ReduceScatter, Algorithm: OneShotLL, World: w, InChunks: w, OutChunks: 1, Protocol: ProtocolLL}
+	var puts []Step
+	for k := 1; k < w; k++ {
+		puts = append(puts, Step{Kind: Put, Dst: inbox(Rel(k), Self, Rel(k)), Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Rel(k)}}})
+	}
+	red := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: ConstIndex(0)}, Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Self}}}
+	for k := 1; k < w; k++ {
+		red.Srcs = append(red.Srcs, inbox(Self, Rel(k), Self))
+	}
+	s.Phases = []Phase{{Steps: puts}, {Steps: []Step{red}}}
+	return s, nil
+}
+
+// allGatherOneShotLL: every rank puts its input into every peer's Inbox,
+// copies its own input into place, then copies the peers' chunks out of its
+// Inbox.
+func allGatherOneShotLL(w int) (*Schedule, error) {
+	s := &Schedule{Collective: AllGather, Algorithm: OneShotLL, World: w, InChunks: 1, OutChunks: w, Protocol: ProtocolLL}
+	in := Ref{Buf: Input, Rank: Self, Chunk: ConstIndex(0)}
+	var puts []Step
+	for k := 1; k < w; k++ {
+		puts = append(puts, Step{Kind: Put, Dst: inbox(Rel(k), Self, Self), Srcs: []Ref{in}})
+	}
+	gather := []Step{{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Self}, Srcs: []Ref{in}}}
+	for k := 1; k < w; k++ {
+		gather = append(gather, Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Rel(k)}, Srcs: []Ref{inbox(Self, Rel(k), Rel(k))}})
+	}
+	s.Phases = []Phase{{Steps: puts}, {Steps: gather}}
 	return s, nil
 }

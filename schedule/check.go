@@ -44,27 +44,87 @@ func NewTopology(kind string, world int) (*Topology, error) {
 // Linked reports whether rank a can read rank b's memory directly.
 func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
 
-// Validate checks a schedule's structure: steps write only the executing
-// rank's own buffers, indices are in range, copies have one source, reduces
-// at least one, and the last phase ends in a barrier when peers are read (so
-// the next collective cannot overwrite a stage buffer a peer still reads).
+// Validate checks a schedule's structure: indices are in range, copies and
+// puts have one source, reduces at least one, and the protocol's rules hold.
+//
+// ProtocolBarrier: steps write only the executing rank's buffers, no Inbox
+// or Put appears, and the last phase ends in a barrier when peers are read
+// (so the next collective cannot overwrite a stage buffer a peer still
+// reads).
+//
+// ProtocolLL: no barriers; peers are only ever written through Put (into
+// the writer's own lane of their Inbox) and never read; Inboxes are read
+// only by their owner; each Inbox chunk is written at most once per
+// collective (its flag then names exactly one write); a Put sends Input or
+// the result of the step just before it (the kernel fuses the two, so the
+// same thread produces and sends each line); and every rank reads a lane
+// written by every other rank. That last rule is what makes two
+// alternating Inbox slots enough: a rank starts collective k+2 only after
+// reading data every peer sent in k+1, which each peer sent only after
+// finishing k, so no write of k+2 can land in a slot a peer still reads
+// for k.
 func Validate(s *Schedule) error {
 	w := s.World
 	readsPeers := false
+	ll := s.Protocol == ProtocolLL
+	if !ll && s.Protocol != ProtocolBarrier {
+		return fmt.Errorf("%s: unknown protocol %q", s.Name(), s.Protocol)
+	}
+	inboxWrites := map[region]string{}
+	heard := make([]map[int]bool, w) // heard[r][s]: rank r reads a lane rank s writes
+	for r := range heard {
+		heard[r] = map[int]bool{}
+	}
 	for pi, ph := range s.Phases {
+		if ll && ph.Sync {
+			return fmt.Errorf("%s phase %d: LL schedules have no barriers (readers wait per line)", s.Name(), pi)
+		}
 		for si, st := range ph.Steps {
 			where := fmt.Sprintf("%s phase %d step %d", s.Name(), pi, si)
-			if !st.Dst.Rank.IsSelf() {
-				return fmt.Errorf("%s: writes %s; steps may only write the executing rank's buffers", where, st.Dst)
-			}
-			if st.Kind == Copy && len(st.Srcs) != 1 {
-				return fmt.Errorf("%s: copy has %d sources, want 1", where, len(st.Srcs))
+			if (st.Kind == Copy || st.Kind == Put) && len(st.Srcs) != 1 {
+				return fmt.Errorf("%s: %s has %d sources, want 1", where, st.Kind, len(st.Srcs))
 			}
 			if len(st.Srcs) == 0 {
 				return fmt.Errorf("%s: reduce has no sources", where)
 			}
-			for _, ref := range append([]Ref{st.Dst}, st.Srcs...) {
-				if !ref.Buf.Symmetric() && !ref.Rank.IsSelf() {
+			if st.Kind == Put {
+				if !ll {
+					return fmt.Errorf("%s: put needs the LL protocol", where)
+				}
+				if st.Dst.Buf != Inbox || !st.Dst.Lane.IsSelf() {
+					return fmt.Errorf("%s: put writes %s; a put writes the executing rank's own lane of an inbox", where, st.Dst)
+				}
+				src := st.Srcs[0]
+				fused := false
+				for j := si - 1; j >= 0; j-- {
+					if prev := ph.Steps[j]; prev.Kind != Put {
+						fused = prev.Dst.Equal(src)
+						break
+					}
+				}
+				if src.Buf != Input && !fused {
+					return fmt.Errorf("%s: put sends %s, which is neither input nor the result of the step just before the puts", where, src)
+				}
+			} else {
+				if !st.Dst.Rank.IsSelf() {
+					return fmt.Errorf("%s: writes %s; steps other than put may only write the executing rank's buffers", where, st.Dst)
+				}
+				if st.Dst.Buf == Inbox {
+					return fmt.Errorf("%s: writes %s; only puts write inboxes", where, st.Dst)
+				}
+			}
+			for i, ref := range append([]Ref{st.Dst}, st.Srcs...) {
+				isDst := i == 0
+				if ref.Buf == Inbox && !ll {
+					return fmt.Errorf("%s: uses %s, but inboxes need the LL protocol", where, ref)
+				}
+				if ll && (ref.Buf == Stage || ref.Buf == Scratch) {
+					return fmt.Errorf("%s: uses %s; LL schedules keep their symmetric data in the inbox", where, ref)
+				}
+				if ref.Buf == Inbox && !isDst && !ref.Rank.IsSelf() {
+					return fmt.Errorf("%s: reads %s; an inbox is read only by its owner", where, ref)
+				}
+				if !ref.Buf.Symmetric() && ref.Buf != Inbox && !ref.Rank.IsSelf() {
 					return fmt.Errorf("%s: %s is private to its rank and cannot be read by peers", where, ref)
 				}
 				if ref.Buf == Scratch && !s.UsesScratch {
@@ -78,9 +138,33 @@ func Validate(s *Schedule) error {
 					if n := s.chunks(ref.Buf); chunk < 0 || chunk >= n {
 						return fmt.Errorf("%s: %s names chunk %d on rank %d; %s has %d chunks", where, ref, chunk, r, ref.Buf, n)
 					}
-					if peer != r {
+					if ref.Buf == Inbox {
+						lane := ref.Lane.Eval(r, w)
+						if lane < 0 || lane >= w {
+							return fmt.Errorf("%s: %s names lane %d on rank %d, outside 0..%d", where, ref, lane, r, w-1)
+						}
+						g := region{owner: peer, buf: Inbox, lane: lane, chunk: chunk}
+						if isDst {
+							if prev, dup := inboxWrites[g]; dup {
+								return fmt.Errorf("%s: rank %d writes lane %d chunk %d of rank %d's inbox, already written at %s; each inbox chunk may be written once per collective", where, r, lane, chunk, peer, prev)
+							}
+							inboxWrites[g] = where
+						} else if lane != r {
+							heard[r][lane] = true
+						}
+					}
+					if peer != r && !ll {
 						readsPeers = true
 					}
+				}
+			}
+		}
+	}
+	if ll {
+		for r := 0; r < w; r++ {
+			for p := 0; p < w; p++ {
+				if p != r && !heard[r][p] {
+					return fmt.Errorf("%s: rank %d never reads data rank %d sends, so two inbox slots could not keep collectives apart", s.Name(), r, p)
 				}
 			}
 		}
@@ -102,19 +186,24 @@ func (s *Schedule) chunks(b Buffer) int {
 	return s.World
 }
 
-// CheckLinks proves that every peer access of the schedule uses a link of
-// the topology; the error names the first access that does not.
+// CheckLinks proves that every peer access of the schedule (reads, and the
+// writes of puts) uses a link of the topology; the error names the first
+// access that does not.
 func CheckLinks(s *Schedule, t *Topology) error {
 	if t.World != s.World {
 		return fmt.Errorf("%s: topology %s has %d ranks, schedule %d", s.Name(), t.Kind, t.World, s.World)
 	}
 	for pi, ph := range s.Phases {
 		for si, st := range ph.Steps {
-			for _, ref := range st.Srcs {
+			refs, verb := st.Srcs, "reads"
+			if st.Kind == Put {
+				refs, verb = []Ref{st.Dst}, "writes"
+			}
+			for _, ref := range refs {
 				for r := 0; r < s.World; r++ {
 					if p := ref.Rank.Eval(r, s.World); !t.Linked(r, p) {
-						return fmt.Errorf("%s phase %d step %d: rank %d reads %s of rank %d, but %s has no link %d-%d",
-							s.Name(), pi, si, r, ref.Buf, p, t.Kind, r, p)
+						return fmt.Errorf("%s phase %d step %d: rank %d %s %s of rank %d, but %s has no link %d-%d",
+							s.Name(), pi, si, r, verb, ref.Buf, p, t.Kind, r, p)
 					}
 				}
 			}
@@ -123,29 +212,34 @@ func CheckLinks(s *Schedule, t *Topology) error {
 	return nil
 }
 
-// region is one chunk of one rank's buffer.
+// region is one chunk of one rank's buffer (and lane, for the Inbox).
 type region struct {
 	owner int
 	buf   Buffer
+	lane  int
 	chunk int
 }
 
 // CheckRaces proves that no rank reads a peer's chunk in the same phase in
 // which that peer writes it: such a read would race with the write, since
-// ranks meet only at barriers.
+// ranks meet only at barriers. LL schedules have no such reads (Validate:
+// peers are only written, through puts, and readers wait per line).
 func CheckRaces(s *Schedule) error {
 	w := s.World
+	if s.Protocol == ProtocolLL {
+		return nil
+	}
 	for pi, ph := range s.Phases {
 		writes := map[region]bool{}
 		for _, st := range ph.Steps {
 			for r := 0; r < w; r++ {
-				writes[region{r, st.Dst.Buf, st.Dst.Chunk.Eval(r, w)}] = true
+				writes[region{owner: r, buf: st.Dst.Buf, chunk: st.Dst.Chunk.Eval(r, w)}] = true
 			}
 		}
 		for si, st := range ph.Steps {
 			for _, ref := range st.Srcs {
 				for r := 0; r < w; r++ {
-					g := region{ref.Rank.Eval(r, w), ref.Buf, ref.Chunk.Eval(r, w)}
+					g := region{owner: ref.Rank.Eval(r, w), buf: ref.Buf, chunk: ref.Chunk.Eval(r, w)}
 					if g.owner != r && writes[g] {
 						return fmt.Errorf("%s phase %d step %d: rank %d reads %s chunk %d of rank %d while that rank writes it in the same phase",
 							s.Name(), pi, si, r, g.buf, g.chunk, g.owner)
@@ -175,6 +269,9 @@ func CheckRaces(s *Schedule) error {
 // buffer but Stage may be written before the first barrier, and its final
 // phase must end in a barrier (the one to drop).
 func FinalBarrierRemovable(s *Schedule) bool {
+	if s.Protocol == ProtocolLL {
+		return false // no barriers at all
+	}
 	if len(s.Phases) == 0 || !s.Phases[len(s.Phases)-1].Sync || s.Barriers() < 2 {
 		return false
 	}

@@ -8,15 +8,26 @@
 // Data model. A collective over W ranks splits its data into W chunks. Chunk i
 // covers elements [min(i*C, N), min((i+1)*C, N)) of an N-element buffer, where
 // C is the chunk size chosen at run time (see ChunkElems). Every rank holds
-// four buffers:
+// five buffers:
 //
 //	Input   the caller's input (private to the rank)
 //	Output  the caller's output (private to the rank)
 //	Stage   a symmetric buffer of W chunks that peers may read
 //	Scratch a second symmetric buffer of W chunks, for partial results
+//	Inbox   W lanes of W chunks that peers write into (LL protocol only):
+//	        lane s is written only by rank s, each chunk at most once per
+//	        collective
 //
-// A step names buffers through Refs whose rank and chunk are Index
+// A step names buffers through Refs whose rank, lane and chunk are Index
 // expressions of the executing rank, so one Schedule serves every rank.
+//
+// Two protocols. With ProtocolBarrier (pull), steps write only the executing
+// rank's buffers and read peers' Stage and Scratch, and phases end in
+// barriers. With ProtocolLL (low latency, push), Put steps write into peers'
+// Inboxes, every Inbox line carries its collective's flag next to its data,
+// and a step that reads an Inbox chunk waits for the flags of exactly the
+// lines it reads: there are no barriers, and a rank waits only for the data
+// it needs.
 package schedule
 
 import (
@@ -36,6 +47,9 @@ const (
 	OneShot = "oneshot"
 	TwoShot = "twoshot"
 	HCM     = "hcm"
+	// OneShotLL and TwoShotLL are the push (LL protocol) variants.
+	OneShotLL = "oneshot_ll"
+	TwoShotLL = "twoshot_ll"
 )
 
 // Topology kind names.
@@ -54,15 +68,30 @@ const (
 	Output
 	Stage
 	Scratch
+	Inbox
 )
 
+// NumBuffers is how many buffers a rank holds.
+const NumBuffers = 5
+
 func (b Buffer) String() string {
-	return [...]string{"input", "output", "stage", "scratch"}[b]
+	return [...]string{"input", "output", "stage", "scratch", "inbox"}[b]
 }
 
 // Symmetric reports whether peers may read the buffer (it lives in memory
 // every rank has mapped).
 func (b Buffer) Symmetric() bool { return b == Stage || b == Scratch }
+
+// Protocol names how a schedule's ranks synchronise.
+type Protocol string
+
+const (
+	// ProtocolBarrier: pull steps separated by barriers.
+	ProtocolBarrier Protocol = ""
+	// ProtocolLL: push steps (Put) into peers' Inboxes with a flag in every
+	// line; readers wait per line, no barriers.
+	ProtocolLL Protocol = "ll"
+)
 
 // IndexKind says how an Index is evaluated.
 type IndexKind int
@@ -108,6 +137,19 @@ func (x Index) Eval(rank, w int) int {
 	}
 }
 
+// Equal reports whether two indices are the same expression.
+func (x Index) Equal(y Index) bool {
+	if x.Kind != y.Kind || x.K != y.K || len(x.Table) != len(y.Table) {
+		return false
+	}
+	for i := range x.Table {
+		if x.Table[i] != y.Table[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // IsSelf reports whether the index always names the executing rank.
 func (x Index) IsSelf() bool { return x.Kind == RankPlus && x.K == 0 }
 
@@ -129,10 +171,21 @@ func (x Index) String() string {
 type Ref struct {
 	Buf   Buffer
 	Rank  Index // whose buffer; always Self for Input and Output
+	Lane  Index // Inbox only: the lane, i.e. the rank that writes it
 	Chunk Index
 }
 
-func (r Ref) String() string { return fmt.Sprintf("%s@%s[%s]", r.Buf, r.Rank, r.Chunk) }
+// Equal reports whether two refs name the same chunk on every rank.
+func (r Ref) Equal(o Ref) bool {
+	return r.Buf == o.Buf && r.Rank.Equal(o.Rank) && r.Lane.Equal(o.Lane) && r.Chunk.Equal(o.Chunk)
+}
+
+func (r Ref) String() string {
+	if r.Buf == Inbox {
+		return fmt.Sprintf("%s@%s[%s][%s]", r.Buf, r.Rank, r.Lane, r.Chunk)
+	}
+	return fmt.Sprintf("%s@%s[%s]", r.Buf, r.Rank, r.Chunk)
+}
 
 // StepKind says what a step computes.
 type StepKind int
@@ -145,7 +198,12 @@ const (
 	// schedule's contract: all ranks that compute the same chunk use the
 	// same order so their results are bitwise identical.
 	Reduce
+	// Put copies its single source (the executing rank's) into a peer's
+	// Inbox, in the executing rank's lane (ProtocolLL only).
+	Put
 )
+
+func (k StepKind) String() string { return [...]string{"copy", "reduce", "put"}[k] }
 
 // Step writes one chunk, elementwise, from one or more source chunks of the
 // same length.
@@ -175,7 +233,18 @@ type Schedule struct {
 	InChunks, OutChunks int
 	// UsesScratch reports whether the schedule needs the Scratch buffer.
 	UsesScratch bool
-	Phases      []Phase
+	// Protocol is how ranks synchronise; see the package comment.
+	Protocol Protocol
+	Phases   []Phase
+}
+
+// InboxChunks is how many chunk-sized Inbox areas a rank needs: W lanes of
+// W chunks for an LL schedule, none otherwise.
+func (s *Schedule) InboxChunks() int {
+	if s.Protocol != ProtocolLL {
+		return 0
+	}
+	return s.World * s.World
 }
 
 // Name is the schedule's readable name, e.g. "allreduce_twoshot_w4".
@@ -202,10 +271,7 @@ func (s *Schedule) String() string {
 	for i, p := range s.Phases {
 		fmt.Fprintf(&b, "  phase %d:\n", i)
 		for _, st := range p.Steps {
-			op := "copy"
-			if st.Kind == Reduce {
-				op = "reduce"
-			}
+			op := st.Kind.String()
 			srcs := make([]string, len(st.Srcs))
 			for j, r := range st.Srcs {
 				srcs[j] = r.String()

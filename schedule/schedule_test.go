@@ -130,8 +130,8 @@ func TestFinalBarrierRemovable(t *testing.T) {
 				w = 8
 			}
 			s, _ := Build(coll, alg, w)
-			if !FinalBarrierRemovable(s) {
-				t.Errorf("%s: final barrier not removable", s.Name())
+			if got, want := FinalBarrierRemovable(s), s.Protocol != ProtocolLL; got != want {
+				t.Errorf("%s: FinalBarrierRemovable = %v, want %v (LL schedules have no barriers)", s.Name(), got, want)
 			}
 		}
 	}
@@ -144,5 +144,84 @@ func TestFinalBarrierRemovable(t *testing.T) {
 	one := &Schedule{Collective: AllGather, Algorithm: "x", World: 2, Phases: []Phase{{Sync: true}}}
 	if FinalBarrierRemovable(one) {
 		t.Error("a single barrier cannot be removed")
+	}
+}
+
+// TestLLRules breaks each LL rule once and checks the error names it.
+func TestLLRules(t *testing.T) {
+	build := func(coll, alg string, w int) *Schedule {
+		t.Helper()
+		s, err := Build(coll, alg, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	cases := []struct {
+		name    string
+		breakIt func(s *Schedule)
+		want    string
+	}{
+		{"barrier", func(s *Schedule) { s.Phases[0].Sync = true }, "LL schedules have no barriers"},
+		{"put to other lane", func(s *Schedule) { s.Phases[0].Steps[0].Dst.Lane = Rel(1) }, "a put writes the executing rank's own lane"},
+		{"put to stage", func(s *Schedule) { s.Phases[0].Steps[0].Dst.Buf = Stage }, "a put writes the executing rank's own lane"},
+		{"double write", func(s *Schedule) {
+			s.Phases[0].Steps = append(s.Phases[0].Steps, s.Phases[0].Steps[0])
+		}, "each inbox chunk may be written once per collective"},
+		{"read peer inbox", func(s *Schedule) { s.Phases[1].Steps[0].Srcs[1].Rank = Rel(1) }, "an inbox is read only by its owner"},
+		{"deaf to a peer", func(s *Schedule) {
+			st := &s.Phases[1].Steps[0]
+			st.Srcs = st.Srcs[:len(st.Srcs)-1]
+		}, "never reads data rank"},
+		{"put of unfused output", func(s *Schedule) {
+			s.Phases[0].Steps[0].Srcs[0].Buf = Output
+		}, "neither input nor the result of the step just before"},
+		{"write peer output", func(s *Schedule) { s.Phases[1].Steps[0].Dst.Rank = Rel(1) }, "may only write the executing rank's buffers"},
+		{"unknown protocol", func(s *Schedule) { s.Protocol = "carrier-pigeon" }, "unknown protocol"},
+	}
+	for _, tc := range cases {
+		s := build(ReduceScatter, OneShotLL, 4)
+		tc.breakIt(s)
+		if err := Validate(s); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+	// A put in a barrier schedule, and an inbox read there.
+	b := build(AllGather, OneShot, 2)
+	b.Phases[0].Steps[0].Kind = Put
+	if err := Validate(b); err == nil || !strings.Contains(err.Error(), "put needs the LL protocol") {
+		t.Errorf("put in a barrier schedule: got %v", err)
+	}
+	// A deadlock: rank waits for a put that comes after its own wait.
+	d := build(AllGather, OneShotLL, 2)
+	d.Phases[0], d.Phases[1] = d.Phases[1], d.Phases[0]
+	if err := Simulate(d, 8, 1); err == nil || !strings.Contains(err.Error(), "deadlock") {
+		t.Errorf("wait before send: got %v, want a deadlock", err)
+	}
+	// Two-shot LL's fused reduce+put is accepted; reordering the put before
+	// the reduce is not.
+	tw := build(AllReduce, TwoShotLL, 4)
+	ph := &tw.Phases[1]
+	ph.Steps[0], ph.Steps[1] = ph.Steps[1], ph.Steps[0]
+	if err := Validate(tw); err == nil || !strings.Contains(err.Error(), "neither input nor the result") {
+		t.Errorf("put before its reduce: got %v", err)
+	}
+}
+
+func TestLLNeedsGPU(t *testing.T) {
+	for _, coll := range Collectives() {
+		err := CanRun(KindHostShm, coll, OneShotLL, 4)
+		if err == nil || !strings.Contains(err.Error(), "host backend does not allow") {
+			t.Errorf("%s oneshot_ll on host_shm: got %v", coll, err)
+		}
+		if err := CanRun(KindNVLinkFull, coll, OneShotLL, 4); err != nil {
+			t.Errorf("%s oneshot_ll on nvlink_full: %v", coll, err)
+		}
+	}
+	hcm, _ := NewTopology(KindHybridCubeMesh, 8)
+	s, _ := Build(AllReduce, OneShotLL, 8)
+	want := "allreduce_oneshot_ll_w8 phase 0 step 1: rank 3 writes inbox of rank 4, but hybrid_cube_mesh has no link 3-4"
+	if err := CheckLinks(s, hcm); err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
 	}
 }

@@ -50,10 +50,14 @@ func Simulate(s *Schedule, n, vecElems int) error {
 		}
 		return n
 	}
-	bufs := make([][4][]cell, w)
+	bufs := make([][NumBuffers][]cell, w)
 	for r := range bufs {
-		for b := Input; b <= Scratch; b++ {
-			bufs[r][b] = make([]cell, bufLen(b))
+		for b := Input; b < NumBuffers; b++ {
+			n := bufLen(b)
+			if b == Inbox {
+				n = w * bufLen(Stage) // W lanes, each a full W-chunk buffer
+			}
+			bufs[r][b] = make([]cell, n)
 			for i := range bufs[r][b] {
 				bufs[r][b][i] = cell{elem: -1}
 			}
@@ -66,60 +70,135 @@ func Simulate(s *Schedule, n, vecElems int) error {
 			bufs[r][Input][i] = leaf(elem, r)
 		}
 	}
-	// span returns the element range of chunk ch in buffer b.
-	span := func(b Buffer, ch int) (int, int) {
-		if s.chunks(b) == 1 {
+	// span returns the element range of a ref's chunk on rank r.
+	span := func(ref Ref, r int) (int, int) {
+		if s.chunks(ref.Buf) == 1 {
 			return 0, c
 		}
-		return ChunkRange(ch, c, n)
+		lo, hi := ChunkRange(ref.Chunk.Eval(r, w), c, n)
+		if ref.Buf == Inbox {
+			off := ref.Lane.Eval(r, w) * bufLen(Stage)
+			lo, hi = lo+off, hi+off
+		}
+		return lo, hi
+	}
+	// exec runs step st of rank r, naming it by phase pi and index si.
+	exec := func(pi, si int, st Step, r int) error {
+		dlo, dhi := span(st.Dst, r)
+		dst := bufs[st.Dst.Rank.Eval(r, w)][st.Dst.Buf][dlo:dhi]
+		srcs := make([][]cell, len(st.Srcs))
+		for j, ref := range st.Srcs {
+			lo, hi := span(ref, r)
+			if hi-lo != dhi-dlo {
+				return fmt.Errorf("%s phase %d step %d rank %d: source %s has %d elements, destination %s has %d",
+					s.Name(), pi, si, r, ref, hi-lo, st.Dst, dhi-dlo)
+			}
+			srcs[j] = bufs[ref.Rank.Eval(r, w)][ref.Buf][lo:hi]
+		}
+		out := make([]cell, len(dst))
+		for i := range out {
+			acc := srcs[0][i]
+			for j := 1; j < len(srcs); j++ {
+				v := srcs[j][i]
+				if acc.elem < 0 || v.elem < 0 {
+					return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
+				}
+				if acc.elem != v.elem {
+					return fmt.Errorf("%s phase %d step %d rank %d: combines element %d with element %d", s.Name(), pi, si, r, acc.elem, v.elem)
+				}
+				if acc.ranks&v.ranks != 0 {
+					return fmt.Errorf("%s phase %d step %d rank %d: element %d counts ranks %b twice", s.Name(), pi, si, r, acc.elem, acc.ranks&v.ranks)
+				}
+				acc = cell{elem: acc.elem, ranks: acc.ranks | v.ranks, order: mix(acc.order, v.order)}
+			}
+			if acc.elem < 0 {
+				return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
+			}
+			out[i] = acc
+		}
+		copy(dst, out)
+		return nil
+	}
+	if s.Protocol == ProtocolLL {
+		if err := simulateLL(s, exec); err != nil {
+			return err
+		}
+		return checkResult(s, bufs, n, c)
 	}
 	for pi, ph := range s.Phases {
 		for si, st := range ph.Steps {
 			for r := 0; r < w; r++ {
-				dlo, dhi := span(st.Dst.Buf, st.Dst.Chunk.Eval(r, w))
-				dst := bufs[r][st.Dst.Buf][dlo:dhi]
-				srcs := make([][]cell, len(st.Srcs))
-				for j, ref := range st.Srcs {
-					lo, hi := span(ref.Buf, ref.Chunk.Eval(r, w))
-					if hi-lo != dhi-dlo {
-						return fmt.Errorf("%s phase %d step %d rank %d: source %s has %d elements, destination %s has %d",
-							s.Name(), pi, si, r, ref, hi-lo, st.Dst, dhi-dlo)
-					}
-					srcs[j] = bufs[ref.Rank.Eval(r, w)][ref.Buf][lo:hi]
-				}
-				out := make([]cell, len(dst))
-				for i := range out {
-					acc := srcs[0][i]
-					for j := 1; j < len(srcs); j++ {
-						v := srcs[j][i]
-						if acc.elem < 0 || v.elem < 0 {
-							return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
-						}
-						if acc.elem != v.elem {
-							return fmt.Errorf("%s phase %d step %d rank %d: combines element %d with element %d", s.Name(), pi, si, r, acc.elem, v.elem)
-						}
-						if acc.ranks&v.ranks != 0 {
-							return fmt.Errorf("%s phase %d step %d rank %d: element %d counts ranks %b twice", s.Name(), pi, si, r, acc.elem, acc.ranks&v.ranks)
-						}
-						acc = cell{elem: acc.elem, ranks: acc.ranks | v.ranks, order: mix(acc.order, v.order)}
-					}
-					if acc.elem < 0 {
-						return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
-					}
-					out[i] = acc
-				}
 				// Ranks run a phase concurrently, but CheckRaces proved that no
 				// rank reads what another writes in it, so writing now is safe.
-				copy(dst, out)
+				if err := exec(pi, si, st, r); err != nil {
+					return err
+				}
 			}
 		}
 	}
 	return checkResult(s, bufs, n, c)
 }
 
+// simulateLL runs an LL schedule as dataflow: each rank runs its steps in
+// program order (phases are only grouping), and a step that reads an Inbox
+// chunk waits until the put that writes it has run, as the kernels wait for
+// each line's flag. Ranks advance round-robin, as far as they can; if no
+// rank can advance before all are done, the schedule deadlocks.
+func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error {
+	w := s.World
+	type pos struct{ pi, si int }
+	var order []pos
+	for pi, ph := range s.Phases {
+		for si := range ph.Steps {
+			order = append(order, pos{pi, si})
+		}
+	}
+	written := map[region]bool{}
+	next := make([]int, w)
+	for done := 0; done < w; {
+		progress := false
+		done = 0
+		for r := 0; r < w; r++ {
+			for next[r] < len(order) {
+				p := order[next[r]]
+				st := s.Phases[p.pi].Steps[p.si]
+				ready := true
+				for _, ref := range st.Srcs {
+					if ref.Buf == Inbox && !written[region{owner: ref.Rank.Eval(r, w), buf: Inbox, lane: ref.Lane.Eval(r, w), chunk: ref.Chunk.Eval(r, w)}] {
+						ready = false
+					}
+				}
+				if !ready {
+					break
+				}
+				if err := exec(p.pi, p.si, st, r); err != nil {
+					return err
+				}
+				if st.Dst.Buf == Inbox {
+					written[region{owner: st.Dst.Rank.Eval(r, w), buf: Inbox, lane: st.Dst.Lane.Eval(r, w), chunk: st.Dst.Chunk.Eval(r, w)}] = true
+				}
+				next[r]++
+				progress = true
+			}
+			if next[r] == len(order) {
+				done++
+			}
+		}
+		if done < w && !progress {
+			for r := 0; r < w; r++ {
+				if next[r] < len(order) {
+					p := order[next[r]]
+					return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d for inbox data nobody sends", s.Name(), r, p.pi, p.si)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // checkResult compares every rank's output with what the collective must
 // produce.
-func checkResult(s *Schedule, bufs [][4][]cell, n, c int) error {
+func checkResult(s *Schedule, bufs [][NumBuffers][]cell, n, c int) error {
 	w := s.World
 	all := uint64(1)<<uint(w) - 1
 	if w == 64 {

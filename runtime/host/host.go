@@ -283,6 +283,9 @@ func (g *Group) schedule(collective, algorithm string) (*schedule.Schedule, erro
 	if err != nil {
 		return nil, fmt.Errorf("host: %w", err)
 	}
+	if err := schedule.HostCanRun(s); err != nil {
+		return nil, fmt.Errorf("host: %w", err)
+	}
 	for _, ph := range s.Phases {
 		for _, st := range ph.Steps {
 			if !st.Dst.Rank.IsSelf() {

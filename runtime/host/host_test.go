@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -78,6 +79,10 @@ func TestZeroCountAndErrors(t *testing.T) {
 		}
 		if err := g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "sum", Options{Algorithm: "hcm"}); err == nil {
 			return errors.New("hcm accepted at world 2")
+		}
+		if err := g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "sum", Options{Algorithm: "oneshot_ll"}); err == nil ||
+			!strings.Contains(err.Error(), "host backend does not allow") {
+			return fmt.Errorf("oneshot_ll on the host: got %v, want a refusal", err)
 		}
 		b := make([]byte, 12)
 		if err := g.AllReduce(ctx, b[1:9], b[1:9], 2, "f32", "sum", Options{}); err == nil {
