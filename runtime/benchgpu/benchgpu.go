@@ -338,15 +338,20 @@ func contains(xs []string, x string) bool {
 }
 
 // SkipReason says why a variant is not measured at a size, or "" when it
-// runs: a forced generated algorithm above the staging buffer (stagingBytes)
-// cannot run (comm refuses it rather than substituting), and NCCL cannot
-// run when it is unavailable (ncclErr).
-func SkipReason(v Variant, bytes, stagingBytes int64, ncclErr error) string {
+// runs: a forced generated algorithm that needs more stage-slot bytes
+// (need, from kernels.Library.SlotBound) than the staging buffer
+// (stagingBytes) cannot run (comm refuses it rather than substituting), and
+// NCCL cannot run when it is unavailable (ncclErr).
+func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) string {
 	switch {
 	case v.Algorithm == NCCL && ncclErr != nil:
 		return "nccl unavailable: " + ncclErr.Error()
-	case v.Custom() && bytes > stagingBytes:
-		return fmt.Sprintf("%s above its %s staging buffer (raise --staging or the sweep's largest forced size)", FormatSize(bytes), FormatSize(stagingBytes))
+	case v.Custom() && need > stagingBytes:
+		what := FormatSize(bytes)
+		if need != bytes {
+			what += fmt.Sprintf(" (needing %s of inbox)", FormatSize(need))
+		}
+		return fmt.Sprintf("%s above its %s staging buffer (raise --staging or the sweep's largest forced size)", what, FormatSize(stagingBytes))
 	}
 	return ""
 }
@@ -354,7 +359,7 @@ func SkipReason(v Variant, bytes, stagingBytes int64, ncclErr error) string {
 // StagingFor returns the staging size a sweep needs: the largest size a
 // forced generated algorithm is asked for, at least the largest size any
 // GPU selection rule of the library sends to a generated kernel at this
-// world size (so the automatic selection is what users get), and at most
+// world size needs (so the automatic selection is what users get), and at most
 // limit when limit > 0.
 func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Variant, limit int64) int64 {
 	var s int64
@@ -370,8 +375,13 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 		if sel.Kind == schedule.KindHostShm || !containsInt(sel.Worlds, world) {
 			continue
 		}
-		if m, _ := sel.MaxCustomBytes(); m > s {
-			s = m
+		for _, r := range sel.Rules {
+			if r.Use == NCCL {
+				continue
+			}
+			if m := lib.SlotBound(sel.Collective, r.Use, world, r.UpTo); m > s {
+				s = m
+			}
 		}
 	}
 	if limit > 0 && s > limit {

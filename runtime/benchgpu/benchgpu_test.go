@@ -176,20 +176,24 @@ func TestVariants(t *testing.T) {
 
 func TestSkipReason(t *testing.T) {
 	one := Variant{Name: "oneshot", Algorithm: "oneshot"}
-	if r := SkipReason(one, 1<<20, 1<<20, nil); r != "" {
+	if r := SkipReason(one, 1<<20, 1<<20, 1<<20, nil); r != "" {
 		t.Errorf("at the staging size: %q", r)
 	}
-	if r := SkipReason(one, 2<<20, 1<<20, nil); !strings.Contains(r, "staging") {
+	if r := SkipReason(one, 2<<20, 2<<20, 1<<20, nil); !strings.Contains(r, "staging") {
 		t.Errorf("above staging: %q", r)
 	}
-	if r := SkipReason(Variant{Name: Auto}, 1<<30, 1<<20, nil); r != "" {
+	ll := Variant{Name: "oneshot_ll", Algorithm: "oneshot_ll"}
+	if r := SkipReason(ll, 1<<20, 8<<20, 4<<20, nil); !strings.Contains(r, "1MiB (needing 8MiB of inbox) above its 4MiB staging buffer") {
+		t.Errorf("LL above staging: %q", r)
+	}
+	if r := SkipReason(Variant{Name: Auto}, 1<<30, 1<<30, 1<<20, nil); r != "" {
 		t.Errorf("auto never skips: %q", r)
 	}
 	nc := Variant{Name: NCCL, Algorithm: NCCL}
-	if r := SkipReason(nc, 1<<30, 1<<20, nil); r != "" {
+	if r := SkipReason(nc, 1<<30, 1<<30, 1<<20, nil); r != "" {
 		t.Errorf("nccl available: %q", r)
 	}
-	if r := SkipReason(nc, 1, 1<<20, errors.New("no libnccl")); !strings.Contains(r, "no libnccl") {
+	if r := SkipReason(nc, 1, 1, 1<<20, errors.New("no libnccl")); !strings.Contains(r, "no libnccl") {
 		t.Errorf("nccl unavailable: %q", r)
 	}
 }
@@ -204,11 +208,15 @@ func TestStagingFor(t *testing.T) {
 	if s := StagingFor(lib, 4, sizes, all, 64<<20); s != 64<<20 {
 		t.Errorf("limit: staging %d", s)
 	}
-	// Without forced algorithms, the rules' largest custom size (10MiB for
-	// the shipped nvswitch all-reduce) still fits, so auto is unchanged.
+	// Without forced algorithms, what the rules send to generated kernels
+	// still fits, so auto is unchanged: every rule's need at its bound.
 	auto := []Variant{{Name: Auto}, {Name: NCCL, Algorithm: NCCL}}
-	if s := StagingFor(lib, 4, []int64{1 << 10}, auto, 0); s < 10<<20 {
-		t.Errorf("auto only: staging %d, want at least the rules' 10MiB", s)
+	s := StagingFor(lib, 4, []int64{1 << 10}, auto, 0)
+	sel, _ := lib.Selection("nvlink_full", schedule.AllReduce, 4)
+	for _, r := range sel.Rules {
+		if need := lib.SlotBound(schedule.AllReduce, r.Use, 4, r.UpTo); r.Use != NCCL && need > s {
+			t.Errorf("auto only: staging %d, but %s up to %d needs %d", s, r.Use, r.UpTo, need)
+		}
 	}
 }
 

@@ -367,7 +367,8 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 					m.Algorithm = a
 				}
 			}
-			if why := SkipReason(v, sh.Bytes, st.plan.Staging, ncclErr); why != "" {
+			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
+			if why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr); why != "" {
 				m.Skipped = why
 				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name, why)
 			} else if err := st.measure(ctx, sh, v, &m); err != nil {

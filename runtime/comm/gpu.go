@@ -27,7 +27,8 @@ import (
 //	         consecutive collectives alternate stage slots, which lets the
 //	         kernels skip their final barrier (see the CUDA header)
 //	seq      MaxBlocks barrier sequence counters plus the collective and
-//	         finished-block counters (local device memory)
+//	         finished-block counters and the LL abort word (local device
+//	         memory)
 //	status   one pinned, device-mapped word where kernels report timeouts
 //	syms     symmetric buffers from Alloc, each exported like region
 //
@@ -179,7 +180,7 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	if err := dev.Memset8(g.region, 0, int(total)); err != nil {
 		return nil, err
 	}
-	seqBytes := (g.maxBlocks + 2) * 8
+	seqBytes := (g.maxBlocks + 3) * 8
 	if g.seq, err = dev.Alloc(seqBytes); err != nil {
 		return nil, err
 	}
@@ -239,12 +240,16 @@ func (g *gpuComm) pickTopology() error {
 			continue
 		}
 		g.sels[s.Collective] = s
-		m, unbounded := s.MaxCustomBytes()
-		if unbounded && cfg.StagingBytes == 0 {
+		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
 			return fmt.Errorf("comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
 		}
-		if m > max {
-			max = m
+		for _, r := range s.Rules {
+			if r.Use == NCCL {
+				continue
+			}
+			if m := lib.SlotBound(s.Collective, r.Use, cfg.WorldSize, r.UpTo); m > max {
+				max = m
+			}
 		}
 	}
 	if cfg.StagingBytes > 0 {
@@ -255,6 +260,21 @@ func (g *gpuComm) pickTopology() error {
 	}
 	g.staging = alignUp(max, regionAlign)
 	return nil
+}
+
+// slotNeed is the stage-slot bytes kernel k needs for call c.
+func (g *gpuComm) slotNeed(k *kernels.Kernel, c call) int64 {
+	size := int64(kernels.DTypeSize(c.dtype))
+	return k.SlotBytes(c.n*size, g.chunkElems(k, c)*size)
+}
+
+// chunkElems is the chunk size launch passes to kernel k for call c.
+func (g *gpuComm) chunkElems(k *kernels.Kernel, c call) int64 {
+	vec := int64(k.Launch.VectorBytes) / int64(kernels.DTypeSize(c.dtype))
+	if vec < 1 {
+		vec = 1
+	}
+	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(vec)))
 }
 
 func (g *gpuComm) kindOf(topology string) string {
@@ -316,9 +336,9 @@ func (g *gpuComm) choose(collective string, bytes int64, dtype, op string) (stri
 		alg = sel.Choose(bytes)
 	}
 	if alg != NCCL {
-		if _, ok := g.lib.Kernel(collective, alg, dtype, op, g.world); !ok {
+		if k, ok := g.lib.Kernel(collective, alg, dtype, op, g.world); !ok {
 			alg = NCCL // the spec generated no kernel for this dtype/op: the rules' fallback
-		} else if bytes > g.staging {
+		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(kernels.DTypeSize(dtype)), dtype: dtype}) > g.staging {
 			alg = NCCL
 		}
 	}
@@ -397,11 +417,17 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 		}
 		return nil
 	}
-	if _, ok := g.lib.Kernel(c.collective, alg, c.dtype, c.op, g.world); !ok {
+	k, ok := g.lib.Kernel(c.collective, alg, c.dtype, c.op, g.world)
+	if !ok {
 		return fmt.Errorf("comm: %s with algorithm %s refused: the library has no kernel %s for %s %s at world size %d; add it to the spec and regenerate",
 			c.collective, alg, alg, c.dtype, c.op, g.world)
 	}
-	if bytes > g.staging && !g.zeroCopy(c) {
+	if k.Protocol == kernels.ProtocolLL {
+		if need := g.slotNeed(k, c); need > g.staging {
+			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (LL lines carry 8 payload bytes in 16), more than the %d-byte staging buffer; raise Config.StagingBytes or use another algorithm",
+				c.collective, alg, bytes, need, g.staging)
+		}
+	} else if bytes > g.staging && !g.zeroCopy(c) {
 		return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
 			c.collective, alg, bytes, g.staging)
 	}
@@ -410,6 +436,7 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 
 // zeroCopy reports whether the call's input lies in a symmetric buffer and
 // the collective can read it in place.
+// LL kernels never read in place (they push from the input).
 func (g *gpuComm) zeroCopy(c call) bool {
 	_, _, ok := g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
 	return ok && c.collective != schedule.AllGather
@@ -525,9 +552,11 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	if vec < 1 {
 		vec = 1
 	}
-	chunk := int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(vec)))
+	chunk := g.chunkElems(k, c)
 	stage, slotBytes := g.stage, uint64(g.staging)
-	if base, peers, ok := g.symFor(c.in, c.n*size); ok && c.collective != schedule.AllGather {
+	// LL kernels push from the input into the stage slots' inboxes, so a
+	// symmetric input changes nothing for them.
+	if base, peers, ok := g.symFor(c.in, c.n*size); ok && c.collective != schedule.AllGather && k.Protocol != kernels.ProtocolLL {
 		// Zero-copy: peers read this input in place; the copy-in steps
 		// become no-ops because source and destination coincide. One
 		// slot only, so the kernel keeps its final barrier (the caller
@@ -538,6 +567,8 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		for r, p := range peers {
 			stage[r] = p + off
 		}
+	} else if need := g.slotNeed(k, c); need > g.staging {
+		return fmt.Errorf("comm: %s: needs %d bytes of stage slot, the staging buffer has %d", k.Name, need, g.staging)
 	}
 	l := k.Args
 	a := make([]byte, l.Size)
@@ -616,13 +647,19 @@ type TimeoutError struct {
 	Kernel  string // the kernel that timed out
 	Rank    int    // the rank that waited
 	Peer    int    // the rank it waited for
-	Barrier int    // which barrier of the kernel
+	Barrier int    // which barrier of the kernel; for Data, the phase
 	Block   int
+	// Data: an LL kernel waited for the peer's data (there are no barriers).
+	Data bool
 }
 
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d at barrier %d (block %d); the peer is dead, stalled or issuing a different collective",
-		e.Kernel, e.Rank, e.Peer, e.Barrier, e.Block)
+	at := fmt.Sprintf("at barrier %d", e.Barrier)
+	if e.Data {
+		at = fmt.Sprintf("for its data in phase %d", e.Barrier)
+	}
+	return fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d %s (block %d); the peer is dead, stalled or issuing a different collective",
+		e.Kernel, e.Rank, e.Peer, at, e.Block)
 }
 
 // statusErr decodes the status word (see CG_STATUS_TIMEOUT in the CUDA
@@ -643,7 +680,8 @@ func (g *gpuComm) statusErr() error {
 	}
 	hi := g.status.LoadUint32(4)
 	v := uint64(hi)<<32 | uint64(lo)
-	e := &TimeoutError{Rank: int(v >> 8 & 0xff), Peer: int(v >> 16 & 0xff), Barrier: int(v >> 24 & 0xff), Block: int(v >> 32 & 0xffff)}
+	e := &TimeoutError{Rank: int(v >> 8 & 0xff), Peer: int(v >> 16 & 0xff), Barrier: int(v >> 24 & 0xff), Block: int(v >> 32 & 0xffff),
+		Data: v&0xff == 2} // CG_STATUS_LL_TIMEOUT
 	if id := int(v >> 48); id < len(g.lib.Kernels) {
 		e.Kernel = g.lib.Kernels[id].Name
 	}

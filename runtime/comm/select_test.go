@@ -27,8 +27,11 @@ func TestPickTopology(t *testing.T) {
 	if g.topology != "nvswitch" {
 		t.Errorf("auto topology %q, want nvswitch (nvlink_full preferred)", g.topology)
 	}
-	if g.staging != 10<<20 {
-		t.Errorf("staging %d, want the largest custom rule, 10 MiB", g.staging)
+	// The largest need of any rule: all-gather's one-shot up to 16 MiB
+	// (twoshot_ll up to 1 MiB needs 16 inbox chunks of 256 KiB payload,
+	// 512 KiB as LL lines: 8 MiB).
+	if g.staging != 16<<20 {
+		t.Errorf("staging %d, want the largest custom rule's need, 16 MiB", g.staging)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 4, Topology: "pcie", StagingBytes: 3000})
 	if err != nil || g.topology != "pcie" || g.staging != 3072 {
@@ -66,10 +69,11 @@ func TestChooseAndRefuse(t *testing.T) {
 		bytes       int64
 		want        string
 	}{
-		{"allreduce", "bf16", 4 << 10, "oneshot"},
-		{"allreduce", "bf16", 1 << 20, "twoshot"},
+		{"allreduce", "bf16", 4 << 10, "oneshot_ll"},
+		{"allreduce", "bf16", 1 << 20, "twoshot_ll"},
+		{"allreduce", "bf16", 4 << 20, "twoshot"},
 		{"reduce_scatter", "f32", 4 << 20, "oneshot"},
-		{"allgather", "e4m3", 64 << 10, "oneshot"},
+		{"allgather", "e4m3", 64 << 10, "oneshot_ll"},
 	} {
 		got, err := g.choose(c.coll, c.bytes, c.dtype, "sum")
 		if c.coll == "allgather" {
@@ -95,7 +99,8 @@ func TestChooseAndRefuse(t *testing.T) {
 	}{
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "hcm", "has no kernel hcm for bf16 sum at world size 4"},
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "nccl", "algorithm nccl refused: NCCL is unavailable on rank 2"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 16 << 20}, "twoshot", "exceed the 10485760-byte staging buffer"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 16 << 20}, "twoshot", "exceed the 16777216-byte staging buffer"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox"},
 	}
 	for _, r := range refuse {
 		size := int64(kernels.DTypeSize(r.c.dtype))
@@ -111,6 +116,11 @@ func TestChooseAndRefuse(t *testing.T) {
 func TestTimeoutErrorText(t *testing.T) {
 	e := &TimeoutError{Kernel: "allreduce_oneshot_bf16_sum_w4", Rank: 1, Peer: 3, Barrier: 0, Block: 2}
 	want := "comm: allreduce_oneshot_bf16_sum_w4 timed out: rank 1 waited for rank 3 at barrier 0 (block 2); the peer is dead, stalled or issuing a different collective"
+	if e.Error() != want {
+		t.Errorf("got %q", e.Error())
+	}
+	e = &TimeoutError{Kernel: "allreduce_oneshot_ll_bf16_sum_w4", Rank: 1, Peer: 3, Barrier: 1, Block: 2, Data: true}
+	want = "comm: allreduce_oneshot_ll_bf16_sum_w4 timed out: rank 1 waited for rank 3 for its data in phase 1 (block 2); the peer is dead, stalled or issuing a different collective"
 	if e.Error() != want {
 		t.Errorf("got %q", e.Error())
 	}

@@ -54,6 +54,29 @@ type Kernel struct {
 	Source      string // file name of its .cu in Library.Sources
 	Barriers    int    // barriers per launch (each bumps the per-block sequence)
 	UsesScratch bool   // needs the symmetric scratch buffer
+	// Protocol is "" for barrier (pull) kernels and "ll" for push kernels
+	// that write into peers' inboxes with a flag in every 16-byte line.
+	Protocol string
+	// InboxChunks is, for LL kernels, how many chunk-sized inbox areas one
+	// stage slot holds (W lanes of W chunks); see LLChunkBytes.
+	InboxChunks int
+}
+
+// ProtocolLL is Kernel.Protocol of push kernels.
+const ProtocolLL = "ll"
+
+// LLChunkBytes is the inbox footprint of a chunk of chunkBytes payload
+// bytes: one 16-byte line (8 payload bytes and two flags) per 8 bytes.
+func LLChunkBytes(chunkBytes int64) int64 { return (chunkBytes + 7) / 8 * 16 }
+
+// SlotBytes returns how many bytes of a stage slot the kernel needs for a
+// collective whose buffer holds fullBytes split in chunks of chunkBytes:
+// the whole buffer for barrier kernels, the inbox for LL kernels.
+func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
+	if k.Protocol == ProtocolLL {
+		return int64(k.InboxChunks) * LLChunkBytes(chunkBytes)
+	}
+	return fullBytes
 }
 
 // Rule maps sizes up to UpTo bytes (0: no bound) to an algorithm or "nccl".
@@ -118,8 +141,30 @@ type Library struct {
 	HostReducers map[HostKey]HostReduceFunc
 	Manifest     string // content hashes of the specs and templates that made it
 	// MaxBlocks is the CUDA header's CG_MAX_BLOCKS: signal pads hold this
-	// many blocks per rank, and the sequence array MaxBlocks + 2 words.
+	// many blocks per rank, and the sequence array MaxBlocks + 3 words.
 	MaxBlocks int
+}
+
+// SlotBound is the most stage-slot bytes an algorithm needs at a world
+// size for a collective of up to bytes (the full buffer): bytes itself for
+// barrier kernels, the inbox for LL kernels (chunks rounded up to the
+// kernel's vector width, as the runtime chunks them).
+func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64) int64 {
+	need := bytes
+	for i := range l.Kernels {
+		k := &l.Kernels[i]
+		if k.Collective != collective || k.Algorithm != algorithm || k.World != world {
+			continue
+		}
+		chunk := (bytes + int64(world) - 1) / int64(world)
+		if v := int64(k.Launch.VectorBytes); collective == "allreduce" && v > 1 {
+			chunk = (chunk + v - 1) / v * v
+		}
+		if n := k.SlotBytes(bytes, chunk); n > need {
+			need = n
+		}
+	}
+	return need
 }
 
 // Kernel returns the kernel with the given attributes.

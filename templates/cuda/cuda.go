@@ -89,6 +89,9 @@ type kernelContext struct {
 	FinalOptional        bool
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
+	// LL: the schedule uses schedule.ProtocolLL; its steps are rendered as
+	// fused line loops (see llGroups) with no barriers.
+	LL bool
 }
 
 type table struct{ Name, Values string }
@@ -165,6 +168,21 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		}
 		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, idx(r.Chunk))
 	}
+	if s.Protocol == schedule.ProtocolLL {
+		c.LL = true
+		for pi, ph := range s.Phases {
+			pc := phaseContext{}
+			for _, g := range llGroups(ph.Steps) {
+				sc, err := llGroup(k, g, pi, idx, single)
+				if err != nil {
+					return nil, err
+				}
+				pc.Steps = append(pc.Steps, sc)
+			}
+			c.Phases = append(c.Phases, pc)
+		}
+		return c, nil
+	}
 	seq := 0
 	for _, ph := range s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
@@ -174,11 +192,7 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 			for i, r := range st.Srcs {
 				srcs[i] = r.String()
 			}
-			kind := "copy"
-			if st.Kind == schedule.Reduce {
-				kind = "reduce"
-			}
-			sc.Comment = fmt.Sprintf("%s <- %s(%s)", st.Dst, kind, strings.Join(srcs, ", "))
+			sc.Comment = fmt.Sprintf("%s <- %s(%s)", st.Dst, st.Kind, strings.Join(srcs, ", "))
 			n := "(cg_s64)a.chunk"
 			if !single(st.Dst.Buf) {
 				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
@@ -220,4 +234,139 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		c.Phases[len(c.Phases)-1].Optional = true
 	}
 	return c, nil
+}
+
+// llGroups splits an LL phase into groups rendered as one loop each: a lead
+// step and the puts right after it that send the lead's value (its source,
+// for a put; its destination, otherwise). Fusing is what makes a
+// reduce-then-put correct without a barrier: the thread that computes a
+// line is the thread that sends it (schedule.Validate requires every put of
+// a computed value to follow its step).
+func llGroups(steps []schedule.Step) [][]schedule.Step {
+	var groups [][]schedule.Step
+	for i := 0; i < len(steps); {
+		lead := steps[i]
+		value := lead.Dst
+		if lead.Kind == schedule.Put {
+			value = lead.Srcs[0]
+		}
+		j := i + 1
+		for j < len(steps) && steps[j].Kind == schedule.Put && steps[j].Srcs[0].Equal(value) {
+			j++
+		}
+		groups = append(groups, steps[i:j])
+		i = j
+	}
+	return groups
+}
+
+// llGroup renders one LL group as a loop over the 8-byte payload lines of
+// its chunk. Every step of a kernel that touches chunk c uses the same
+// work-split shift (c times the lines per chunk), so one thread handles
+// line l of chunk c in every phase.
+func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool) (stepContext, error) {
+	lead := g[0]
+	var comments []string
+	for _, st := range g {
+		srcs := make([]string, len(st.Srcs))
+		for i, r := range st.Srcs {
+			srcs[i] = r.String()
+		}
+		comments = append(comments, fmt.Sprintf("%s <- %s(%s)", st.Dst, st.Kind, strings.Join(srcs, ", ")))
+	}
+	sc := stepContext{Comment: strings.Join(comments, "; ")}
+	add := func(format string, args ...any) { sc.Lines = append(sc.Lines, fmt.Sprintf(format, args...)) }
+	chunkRef := lead.Dst
+	if single(chunkRef.Buf) {
+		chunkRef = lead.Srcs[0]
+	}
+	if single(chunkRef.Buf) {
+		add("const cg_span sp = {0, (cg_s64)a.chunk};")
+	} else {
+		add("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", idx(chunkRef.Chunk))
+	}
+	add("const cg_s64 lines = cg_ll_lines<E>(sp.n);")
+	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
+	// ptr declares a pointer to a ref's chunk and returns its name.
+	names := 0
+	ptr := func(r schedule.Ref, constant bool) string {
+		name := fmt.Sprintf("p%d", names)
+		names++
+		q := "E*"
+		if constant {
+			q = "const E*"
+		}
+		switch {
+		case r.Buf == schedule.Inbox:
+			cq := "char*"
+			if constant {
+				cq = "const char*"
+			}
+			add("%s const %s = cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll);", cq, name, idx(r.Rank), idx(r.Lane), idx(r.Chunk))
+		case single(r.Buf):
+			add("%s const %s = (%s)a.%s;", q, name, q, r.Buf)
+		default:
+			add("%s const %s = (%s)a.%s + cg_chunk(a.count, a.chunk, %s).lo;", q, name, q, r.Buf, idx(r.Chunk))
+		}
+		return name
+	}
+	var body []string
+	line := func(format string, args ...any) { body = append(body, "  "+fmt.Sprintf(format, args...)) }
+	wait := func(src schedule.Ref, p, x string) {
+		line("if (!cg_ll_wait(a, %s + l * 16, flag, %s, %s, %d)) goto done;", p, x, idx(src.Lane), phase)
+	}
+	puts := g[1:]
+	switch lead.Kind {
+	case schedule.Put:
+		src := ptr(lead.Srcs[0], true)
+		line("const cg_line x = cg_line_ld(%s, l, sp.n);", src)
+		puts = g
+	case schedule.Copy:
+		src, dst := ptr(lead.Srcs[0], true), ptr(lead.Dst, false)
+		if lead.Srcs[0].Buf == schedule.Inbox {
+			line("cg_line x;")
+			wait(lead.Srcs[0], src, "x")
+		} else {
+			line("const cg_line x = cg_line_ld(%s, l, sp.n);", src)
+		}
+		line("cg_line_st(%s, l, sp.n, x);", dst)
+	case schedule.Reduce:
+		if k.Op == "" {
+			return sc, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
+		}
+		srcs := make([]string, len(lead.Srcs))
+		for i, r := range lead.Srcs {
+			srcs[i] = ptr(r, true)
+		}
+		dst := ptr(lead.Dst, false)
+		line("cg_line xs[%d];", len(srcs))
+		line("bool ok = true;")
+		anyLL := false
+		for i, r := range lead.Srcs {
+			if r.Buf == schedule.Inbox {
+				anyLL = true
+				line("ok &= cg_ll_try(%s + l * 16, flag, xs[%d]);", srcs[i], i)
+			} else {
+				line("xs[%d] = cg_line_ld(%s, l, sp.n);", i, srcs[i])
+			}
+		}
+		if anyLL {
+			line("if (!ok) {")
+			for i, r := range lead.Srcs {
+				if r.Buf == schedule.Inbox {
+					line("  if (!cg_ll_wait(a, %s + l * 16, flag, xs[%d], %s, %d)) goto done;", srcs[i], i, idx(r.Lane), phase)
+				}
+			}
+			line("}")
+		}
+		line("const cg_line x = cg_line_reduce<T, OP, %d>(xs);", len(srcs))
+		line("cg_line_st(%s, l, sp.n, x);", dst)
+	}
+	for _, p := range puts {
+		line("cg_ll_store(%s + l * 16, x, flag);", ptr(p.Dst, false))
+	}
+	add("for (cg_s64 l = cg_first(cg_shift(%s, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {", idx(chunkRef.Chunk))
+	sc.Lines = append(sc.Lines, body...)
+	add("}")
+	return sc, nil
 }

@@ -83,7 +83,7 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 		"Pass Library to the runtime (comm.Config.Library).", p.Package))
 	var ks []jen.Code
 	for _, k := range p.Kernels {
-		ks = append(ks, jen.Values(jen.Dict{
+		d := jen.Dict{
 			jen.Id("Name"):        jen.Lit(k.Name),
 			jen.Id("Collective"):  jen.Lit(k.Collective),
 			jen.Id("Algorithm"):   jen.Lit(k.Algorithm),
@@ -95,7 +95,12 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 			jen.Id("Source"):      jen.Lit(k.File()),
 			jen.Id("Barriers"):    jen.Lit(k.Schedule.Barriers()),
 			jen.Id("UsesScratch"): jen.Lit(k.Schedule.UsesScratch),
-		}))
+		}
+		if k.Schedule.Protocol != "" {
+			d[jen.Id("Protocol")] = jen.Lit(string(k.Schedule.Protocol))
+			d[jen.Id("InboxChunks")] = jen.Lit(k.Schedule.InboxChunks())
+		}
+		ks = append(ks, jen.Values(d))
 	}
 	var sels []jen.Code
 	for _, s := range p.Selections {

@@ -32,13 +32,24 @@ func TestGeneratedRegistry(t *testing.T) {
 	if !ok {
 		t.Fatal("no nvlink_full allreduce selection at world 4")
 	}
-	for _, c := range []struct {
-		bytes int64
-		want  string
-	}{{1024, "oneshot"}, {512 << 10, "oneshot"}, {512<<10 + 1, "twoshot"}, {10 << 20, "twoshot"}, {10<<20 + 1, "nccl"}} {
-		if got := sel.Choose(c.bytes); got != c.want {
-			t.Errorf("%d bytes: %s, want %s", c.bytes, got, c.want)
+	// The rules are tuned (spec/collgen.yaml); check that the generated
+	// table follows them at every bound and ends in NCCL.
+	for i, r := range sel.Rules {
+		if r.UpTo == 0 {
+			if i != len(sel.Rules)-1 || r.Use != "nccl" {
+				t.Errorf("rule %d %+v: only the last rule is unbounded, and it is nccl", i, r)
+			}
+			continue
 		}
+		if got := sel.Choose(r.UpTo); got != r.Use {
+			t.Errorf("%d bytes: %s, want %s", r.UpTo, got, r.Use)
+		}
+		if got := sel.Choose(r.UpTo + 1); got != sel.Rules[i+1].Use {
+			t.Errorf("%d bytes: %s, want %s", r.UpTo+1, got, sel.Rules[i+1].Use)
+		}
+	}
+	if got := sel.Choose(1024); got != "oneshot_ll" {
+		t.Errorf("1 KiB all-reduce picks %s, want the LL one-shot", got)
 	}
 	hcm, ok := lib.Selection("hybrid_cube_mesh", "allreduce", 8)
 	if !ok || hcm.Choose(256<<10) != "hcm" || hcm.Choose(256<<10+1) != "nccl" {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,8 +35,9 @@ const guard = 4096
 
 const poison = 0xA7
 
-// stagingBytes lets forced algorithms run the large counts.
-const stagingBytes = 80 << 20
+// stagingBytes lets forced algorithms run the large counts (LL kernels
+// need 2W times the message in inbox lines: 256 MiB for 32 MiB at world 4).
+const stagingBytes = 320 << 20
 
 // gpus returns the number of visible GPUs, or skips.
 func gpus(t *testing.T) int {
@@ -313,7 +315,7 @@ func TestProofGoroutines(t *testing.T) {
 	for _, w := range worlds(ngpu) {
 		comms := newComms(t, w, comm.Config{Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, Group: fmt.Sprintf("proof-w%d", w)})
 		for _, c := range collectives.Combinations {
-			if c.World != w {
+			if c.World != w || !selected(c.Kernel) {
 				continue
 			}
 			cases, err := proveCombination(comms, c, true)
@@ -331,6 +333,17 @@ func TestProofGoroutines(t *testing.T) {
 			t.Errorf("close at world %d: %v", w, err)
 		}
 	}
+}
+
+// selected reports whether $PROOF_ONLY (a path.Match glob over kernel
+// names, e.g. '*_ll_*') keeps a kernel; unset keeps all.
+func selected(kernel string) bool {
+	glob := os.Getenv("PROOF_ONLY")
+	if glob == "" {
+		return true
+	}
+	ok, err := path.Match(glob, kernel)
+	return ok && err == nil
 }
 
 // worlds returns the world sizes to prove: $PROOF_WORLDS or 2, 3, 4 up to
@@ -523,30 +536,37 @@ func proveGraph(comms []*comm.Communicator, c collectives.Combination) (int, err
 // deadline, instead of hanging.
 func TestTimeoutReported(t *testing.T) {
 	gpus(t)
-	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 300 * time.Millisecond, Group: "timeout"})
-	dev := comms[0].Device()
-	buf, err := dev.Alloc(4096)
-	if err != nil {
-		t.Fatal(err)
+	for _, alg := range []string{"oneshot", "oneshot_ll", "twoshot_ll"} {
+		t.Run(alg, func(t *testing.T) {
+			comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 300 * time.Millisecond, Group: "timeout-" + alg})
+			defer closeComms(comms)
+			dev := comms[0].Device()
+			buf, err := dev.Alloc(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(buf)
+			start := time.Now()
+			err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: alg})
+			var te *comm.TimeoutError
+			if !errors.As(err, &te) {
+				t.Fatalf("got %v, want a *comm.TimeoutError", err)
+			}
+			if want := "allreduce_" + alg + "_f32_sum_w2"; te.Rank != 0 || te.Peer != 1 || te.Kernel != want {
+				t.Errorf("timeout names rank %d, peer %d, kernel %s; want 0, 1, %s", te.Rank, te.Peer, te.Kernel, want)
+			}
+			if ll := strings.HasSuffix(alg, "_ll"); te.Data != ll {
+				t.Errorf("Data = %v, want %v (LL kernels wait for data, not barriers)", te.Data, ll)
+			}
+			if el := time.Since(start); el > 10*time.Second {
+				t.Errorf("timeout took %v", el)
+			}
+			t.Logf("error: %v (after %v)", err, time.Since(start))
+			if err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{}); !errors.As(err, &te) {
+				t.Errorf("a broken communicator accepted another collective: %v", err)
+			}
+		})
 	}
-	defer dev.Free(buf)
-	start := time.Now()
-	err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: "oneshot"})
-	var te *comm.TimeoutError
-	if !errors.As(err, &te) {
-		t.Fatalf("got %v, want a *comm.TimeoutError", err)
-	}
-	if te.Rank != 0 || te.Peer != 1 || te.Kernel != "allreduce_oneshot_f32_sum_w2" {
-		t.Errorf("timeout names rank %d, peer %d, kernel %s", te.Rank, te.Peer, te.Kernel)
-	}
-	if el := time.Since(start); el > 10*time.Second {
-		t.Errorf("timeout took %v", el)
-	}
-	t.Logf("error: %v (after %v)", err, time.Since(start))
-	if err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{}); !errors.As(err, &te) {
-		t.Errorf("a broken communicator accepted another collective: %v", err)
-	}
-	closeComms(comms)
 }
 
 // TestForcedAlgorithmRefused checks that an algorithm the library lacks or a
@@ -603,7 +623,7 @@ func TestProofProcess(t *testing.T) {
 	defer cm.Close()
 	w, rank := env.WorldSize, env.Rank
 	for _, c := range collectives.Combinations {
-		if c.World != w {
+		if c.World != w || !selected(c.Kernel) {
 			continue
 		}
 		cases := 0
@@ -667,7 +687,7 @@ func TestProofZeroCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range collectives.Combinations {
-		if c.World != w || c.Collective == "allgather" {
+		if c.World != w || c.Collective == "allgather" || !selected(c.Kernel) {
 			continue
 		}
 		cases := 0

@@ -2,7 +2,8 @@
 # The per-combination GPU proof, run on a GPU machine from the repository
 # root with the prebuilt bundle (make gpu-bundle: .gpu/proof.test,
 # .gpu/collgen). Writes $OUT/proof-summary.md (one line per kernel and mode)
-# and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow).
+# and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow);
+# kernels: PROOF_ONLY, a glob over kernel names (default all).
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail

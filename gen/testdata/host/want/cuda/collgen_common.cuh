@@ -8,15 +8,18 @@ typedef unsigned long long cg_u64;
 typedef long long cg_s64;  // signed element index
 
 // The largest grid any kernel launches; signal pads and sequence counters
-// hold this many blocks. args.seq has CG_MAX_BLOCKS + 2 words: per-block
+// hold this many blocks. args.seq has CG_MAX_BLOCKS + 3 words: per-block
 // barrier sequences, then the collective counter and the finished-block
-// counter that choose the stage slot (see cg_stage_slot).
+// counter that choose the stage slot (see cg_stage_slot), then the abort
+// word LL kernels raise after a timeout (see cg_ll_spin).
 #define CG_MAX_BLOCKS 24
 
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
 // [24,32) barrier index, [32,48) block, [48,64) kernel id.
 #define CG_STATUS_TIMEOUT 1ull
+// An LL kernel waited too long for a peer's data; [24,32) is the phase.
+#define CG_STATUS_LL_TIMEOUT 2ull
 
 // The by-value argument struct of every kernel of world size W. Member
 // offsets are fixed by collgen's plan and asserted below for each W.
@@ -266,6 +269,14 @@ __device__ __forceinline__ cg_u64 cg_now_ns() {
   return t;
 }
 
+// cg_report_timeout writes the status word unless a report is already there.
+__device__ __noinline__ void cg_report_timeout(cg_u64* status, cg_u64 code, int rank, int peer, int index, int kernel_id) {
+  volatile cg_u64* st = status;
+  if (*st == 0)
+    *st = code | ((cg_u64)rank << 8) | ((cg_u64)peer << 16) | ((cg_u64)index << 24) |
+          ((cg_u64)blockIdx.x << 32) | ((cg_u64)(kernel_id & 0xffff) << 48);
+}
+
 // cg_barrier returns false (for every thread of the block) if any wait timed out.
 template <int W>
 __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq, int index) {
@@ -281,11 +292,7 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
         const cg_u64 deadline = cg_now_ns() + a.timeout_ns;
         while (cg_ld_acquire(mine) < seq) {
           if (cg_now_ns() > deadline) {
-            volatile cg_u64* st = a.status;
-            if (*st == 0)
-              *st = CG_STATUS_TIMEOUT | ((cg_u64)a.rank << 8) | ((cg_u64)p << 16) |
-                    ((cg_u64)index << 24) | ((cg_u64)blockIdx.x << 32) |
-                    ((cg_u64)(a.kernel_id & 0xffff) << 48);
+            cg_report_timeout(a.status, CG_STATUS_TIMEOUT, a.rank, p, index, a.kernel_id);
             timed_out = 1;
             break;
           }
@@ -336,6 +343,156 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
       seq[CG_MAX_BLOCKS] += 1;
     }
   }
+}
+
+// ---- LL protocol (schedule.ProtocolLL): push with a flag in every line.
+// A line is 16 bytes, {d0, flag, d1, flag}: 8 payload bytes in two 4-byte
+// words, each followed by the collective's flag. The writer stores a line
+// with one 16-byte volatile store (to a peer's memory, over NVLink); the
+// reader loads it from its own memory with one 16-byte volatile load and
+// accepts it only when both flags match. No fence is needed: each 8-byte
+// half (data word + flag) is written as one unit, so a half that carries
+// the current flag carries the current data.
+//
+// Flags and slots come from the collective counter in args.seq (the
+// epoch): slot = epoch & 1, flag = (epoch >> 1) + 1. Consecutive
+// collectives alternate slots, so a slot's lines always hold the flag of an
+// earlier collective (or zero from the initial memset), never the current
+// one, until the current collective writes them. Why two slots suffice is
+// in schedule.Validate (every rank hears from every peer).
+//
+// Inbox layout, inside stage slot `slot` of every rank: W lanes of W
+// chunks; chunk c of lane s starts at (s * W + c) * chunk_ll bytes, where
+// chunk_ll = cg_ll_chunk_bytes(chunk * sizeof(E)) (a line per 8 payload
+// bytes, 16 bytes each). Lane s is written only by rank s.
+
+struct cg_line { unsigned x, y; };
+
+__device__ __forceinline__ cg_u64 cg_ll_chunk_bytes(cg_u64 chunk_bytes) { return (chunk_bytes + 7) / 8 * 16; }
+
+template <class E>
+__device__ __forceinline__ cg_s64 cg_ll_lines(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 7) / 8; }
+
+template <int W>
+__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
+  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
+}
+
+__device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
+  return *(volatile const cg_u64*)(seq + CG_MAX_BLOCKS);
+}
+
+__device__ __forceinline__ void cg_ll_store(void* p, cg_line d, unsigned flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(flag), "r"(d.y), "r"(flag) : "memory");
+}
+
+// cg_ll_try loads a line once; true when both halves carry flag.
+__device__ __forceinline__ bool cg_ll_try(const void* p, unsigned flag, cg_line& d) {
+  unsigned f0, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(f0), "=r"(d.y), "=r"(f1) : "l"(p) : "memory");
+  return f0 == flag && f1 == flag;
+}
+
+// cg_ll_spin spins until the line carries flag. It gives up (ok false)
+// after timeout_ns, reporting the peer and phase in the status word and
+// raising the abort word (args.seq[CG_MAX_BLOCKS + 2], device memory),
+// or as soon as another thread has raised it, so a dead peer costs one
+// timeout, not one per line. The spin never reads the host-mapped status
+// word: PCIe reads of host memory serialise, and thousands of spinning
+// threads reading it cost milliseconds. Out of line: it is the slow path;
+// scalar arguments and a by-value result keep the caller's lines in
+// registers and its argument struct in constant memory.
+struct cg_ll_result { cg_line d; bool ok; };
+__device__ __noinline__ cg_ll_result cg_ll_spin(const void* p, unsigned flag, cg_u64* status, cg_u64* seq, cg_u64 timeout_ns,
+                                                int rank, int peer, int phase, int kernel_id) {
+  cg_ll_result r;
+  r.ok = false;
+  r.d.x = r.d.y = 0;
+  volatile cg_u64* abort = seq + CG_MAX_BLOCKS + 2;
+  const cg_u64 deadline = cg_now_ns() + timeout_ns;
+  for (unsigned it = 1;; it++) {
+    if (cg_ll_try(p, flag, r.d)) {
+      r.ok = true;
+      return r;
+    }
+    if ((it & 63) == 0) {
+      if (*abort != 0) return r;
+      if (cg_now_ns() > deadline) {
+        cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
+        *abort = 1;
+        return r;
+      }
+    }
+  }
+}
+
+// cg_ll_wait returns the line once it carries flag (see cg_ll_spin).
+template <int W>
+__device__ __forceinline__ bool cg_ll_wait(const collgen_args<W>& a, const void* p, unsigned flag, cg_line& d, int peer, int phase) {
+  if (cg_ll_try(p, flag, d)) return true;
+  const cg_ll_result r = cg_ll_spin(p, flag, a.status, a.seq, a.timeout_ns, a.rank, peer, phase, a.kernel_id);
+  d = r.d;
+  return r.ok;
+}
+
+// A line's payload viewed as elements.
+template <class E>
+union cg_line_elems {
+  cg_line l;
+  uint2 u;
+  E e[8 / sizeof(E)];
+};
+
+// cg_line_ld reads payload line `line` of an n-element span (elements past
+// n read as zero); cg_line_st writes the line's elements that lie inside
+// the span. Both take the scalar path when the span is not 8-byte aligned.
+template <class E>
+__device__ __forceinline__ cg_line cg_line_ld(const E* p, cg_s64 line, cg_s64 n) {
+  constexpr int V = 8 / sizeof(E);
+  cg_line_elems<E> v;
+  const cg_s64 i = line * V;
+  if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
+    cg_ld(v.u, p + i);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; e++) v.e[e] = i + e < n ? cg_ld_elem(p + i + e) : (E)0;
+  }
+  return v.l;
+}
+
+template <class E>
+__device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line l) {
+  constexpr int V = 8 / sizeof(E);
+  cg_line_elems<E> v;
+  v.l = l;
+  const cg_s64 i = line * V;
+  if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
+    *(uint2*)(p + i) = v.u;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; e++)
+      if (i + e < n) p[i + e] = v.e[e];
+  }
+}
+
+// cg_line_reduce combines NS lines elementwise in source order, accumulating
+// in T::A (as cg_reduce does).
+template <class T, class OP, int NS>
+__device__ __forceinline__ cg_line cg_line_reduce(const cg_line (&x)[NS]) {
+  typedef typename T::E E;
+  typedef typename T::A A;
+  constexpr int V = 8 / sizeof(E);
+  cg_line_elems<E> in[NS], out;
+#pragma unroll
+  for (int j = 0; j < NS; j++) in[j].l = x[j];
+#pragma unroll
+  for (int e = 0; e < V; e++) {
+    A acc = T::up(in[0].e[e]);
+#pragma unroll
+    for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(in[j].e[e]));
+    out.e[e] = T::down(acc);
+  }
+  return out.l;
 }
 
 __device__ __forceinline__ int cg_rel(int rank, int k, int w) {
