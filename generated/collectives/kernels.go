@@ -2642,7 +2642,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_max_w2",
@@ -2660,7 +2660,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_max_w3",
@@ -2678,7 +2678,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_max_w4",
@@ -2696,7 +2696,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_max_w8",
@@ -2714,7 +2714,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_min_w2",
@@ -2732,7 +2732,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_min_w3",
@@ -2750,7 +2750,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_min_w4",
@@ -2768,7 +2768,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_min_w8",
@@ -2786,7 +2786,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_sum_w2",
@@ -2804,7 +2804,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_sum_w3",
@@ -2822,7 +2822,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_sum_w4",
@@ -2840,7 +2840,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_bf16_sum_w8",
@@ -2858,7 +2858,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_max_w2",
@@ -2876,7 +2876,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_max_w3",
@@ -2894,7 +2894,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_max_w4",
@@ -2912,7 +2912,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_max_w8",
@@ -2930,7 +2930,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_min_w2",
@@ -2948,7 +2948,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_min_w3",
@@ -2966,7 +2966,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_min_w4",
@@ -2984,7 +2984,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_min_w8",
@@ -3002,7 +3002,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_sum_w2",
@@ -3020,7 +3020,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_sum_w3",
@@ -3038,7 +3038,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_sum_w4",
@@ -3056,7 +3056,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f16_sum_w8",
@@ -3074,7 +3074,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_max_w2",
@@ -3092,7 +3092,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_max_w3",
@@ -3110,7 +3110,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_max_w4",
@@ -3128,7 +3128,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_max_w8",
@@ -3146,7 +3146,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_min_w2",
@@ -3164,7 +3164,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_min_w3",
@@ -3182,7 +3182,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_min_w4",
@@ -3200,7 +3200,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_min_w8",
@@ -3218,7 +3218,7 @@ var Library = &kernels.Library{
 		InboxChunks: 4,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_sum_w2",
@@ -3236,7 +3236,7 @@ var Library = &kernels.Library{
 		InboxChunks: 9,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_sum_w3",
@@ -3254,7 +3254,7 @@ var Library = &kernels.Library{
 		InboxChunks: 16,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_sum_w4",
@@ -3272,7 +3272,7 @@ var Library = &kernels.Library{
 		InboxChunks: 64,
 		Launch: kernels.Launch{
 			MaxBlocks:   128,
-			Threads:     1024,
+			Threads:     512,
 			VectorBytes: 8,
 		},
 		Name:        "allreduce_twoshot_ll_f32_sum_w8",
@@ -4616,7 +4616,7 @@ var Library = &kernels.Library{
 }
 
 // Manifest lists the content hashes of the specs and templates that produced this package.
-const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec e86953940c620201e338fbdca79a37759359a7ea15fe2803c2538c50d1375416 collgen.yaml\ntemplate a19d1c76a1c3b934eeb81b9d0d11fd95a31b720c73231a1ad1b503b526de6057 templates/cuda/common.cuh.tmpl\ntemplate c104748361988a5f5f25e57dcc50a176e26dc95344f5ead11067d146a1c92ba3 templates/cuda/kernel.cu.tmpl\ntemplate d0a5056b22d5321c82f6bcda312b7e4a78245f73a54a2e1c39ba403964546a40 templates/go/goglue.go\ntemplate 9d6e664cb0c0952c94eaa59973bcb4bf73d7de3470f21c9fb1593da4e9b242f8 templates/go/host.go\n"
+const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec 4f3ed8a6d9c2989551fc80d257c256508ff450b0f84346b7b4f011a5b541bc9e collgen.yaml\ntemplate a19d1c76a1c3b934eeb81b9d0d11fd95a31b720c73231a1ad1b503b526de6057 templates/cuda/common.cuh.tmpl\ntemplate c104748361988a5f5f25e57dcc50a176e26dc95344f5ead11067d146a1c92ba3 templates/cuda/kernel.cu.tmpl\ntemplate d0a5056b22d5321c82f6bcda312b7e4a78245f73a54a2e1c39ba403964546a40 templates/go/goglue.go\ntemplate 9d6e664cb0c0952c94eaa59973bcb4bf73d7de3470f21c9fb1593da4e9b242f8 templates/go/host.go\n"
 
 // MaxBlocks is the largest grid any kernel launches: signal pads and sequence counters must hold this many blocks.
 const MaxBlocks = 128
