@@ -40,7 +40,9 @@ func (c Case) Label() string {
 }
 
 // Cases enumerates the sweep for a world size, skipping algorithms that do
-// not exist for a collective or world and sizes below one element per rank.
+// not exist for a collective or world or that the host backend cannot run
+// (LL schedules push into peers' memory), and sizes below one element per
+// rank.
 func Cases(o Options, world int) []Case {
 	var out []Case
 	for _, coll := range o.Collectives {
@@ -50,7 +52,8 @@ func Cases(o Options, world int) []Case {
 		}
 		for _, alg := range algs {
 			if alg != "" {
-				if _, err := schedule.Build(coll, alg, world); err != nil {
+				s, err := schedule.Build(coll, alg, world)
+				if err != nil || schedule.HostCanRun(s) != nil {
 					continue
 				}
 			}
