@@ -143,7 +143,7 @@ func Validate(s *Schedule) error {
 						if lane < 0 || lane >= w {
 							return fmt.Errorf("%s: %s names lane %d on rank %d, outside 0..%d", where, ref, lane, r, w-1)
 						}
-						g := region{owner: peer, buf: Inbox, lane: lane, chunk: chunk}
+						g := regionOf(ref, r, w)
 						if isDst {
 							if prev, dup := inboxWrites[g]; dup {
 								return fmt.Errorf("%s: rank %d writes lane %d chunk %d of rank %d's inbox, already written at %s; each inbox chunk may be written once per collective", where, r, lane, chunk, peer, prev)
@@ -220,6 +220,15 @@ type region struct {
 	chunk int
 }
 
+// regionOf is the region a ref names on rank r of a w-rank world.
+func regionOf(ref Ref, r, w int) region {
+	g := region{owner: ref.Rank.Eval(r, w), buf: ref.Buf, chunk: ref.Chunk.Eval(r, w)}
+	if ref.Buf == Inbox {
+		g.lane = ref.Lane.Eval(r, w)
+	}
+	return g
+}
+
 // CheckRaces proves that no rank reads a peer's chunk in the same phase in
 // which that peer writes it: such a read would race with the write, since
 // ranks meet only at barriers. LL schedules have no such reads (Validate:
@@ -233,13 +242,13 @@ func CheckRaces(s *Schedule) error {
 		writes := map[region]bool{}
 		for _, st := range ph.Steps {
 			for r := 0; r < w; r++ {
-				writes[region{owner: r, buf: st.Dst.Buf, chunk: st.Dst.Chunk.Eval(r, w)}] = true
+				writes[regionOf(st.Dst, r, w)] = true
 			}
 		}
 		for si, st := range ph.Steps {
 			for _, ref := range st.Srcs {
 				for r := 0; r < w; r++ {
-					g := region{owner: ref.Rank.Eval(r, w), buf: ref.Buf, chunk: ref.Chunk.Eval(r, w)}
+					g := regionOf(ref, r, w)
 					if g.owner != r && writes[g] {
 						return fmt.Errorf("%s phase %d step %d: rank %d reads %s chunk %d of rank %d while that rank writes it in the same phase",
 							s.Name(), pi, si, r, g.buf, g.chunk, g.owner)

@@ -164,7 +164,7 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 				st := s.Phases[p.pi].Steps[p.si]
 				ready := true
 				for _, ref := range st.Srcs {
-					if ref.Buf == Inbox && !written[region{owner: ref.Rank.Eval(r, w), buf: Inbox, lane: ref.Lane.Eval(r, w), chunk: ref.Chunk.Eval(r, w)}] {
+					if ref.Buf == Inbox && !written[regionOf(ref, r, w)] {
 						ready = false
 					}
 				}
@@ -175,7 +175,7 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 					return err
 				}
 				if st.Dst.Buf == Inbox {
-					written[region{owner: st.Dst.Rank.Eval(r, w), buf: Inbox, lane: st.Dst.Lane.Eval(r, w), chunk: st.Dst.Chunk.Eval(r, w)}] = true
+					written[regionOf(st.Dst, r, w)] = true
 				}
 				next[r]++
 				progress = true

@@ -375,13 +375,8 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 		if sel.Kind == schedule.KindHostShm || !containsInt(sel.Worlds, world) {
 			continue
 		}
-		for _, r := range sel.Rules {
-			if r.Use == NCCL {
-				continue
-			}
-			if m := lib.SlotBound(sel.Collective, r.Use, world, r.UpTo); m > s {
-				s = m
-			}
+		if m := lib.RulesSlotBound(sel, world); m > s {
+			s = m
 		}
 	}
 	if limit > 0 && s > limit {

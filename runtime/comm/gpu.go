@@ -243,13 +243,8 @@ func (g *gpuComm) pickTopology() error {
 		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
 			return fmt.Errorf("comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
 		}
-		for _, r := range s.Rules {
-			if r.Use == NCCL {
-				continue
-			}
-			if m := lib.SlotBound(s.Collective, r.Use, cfg.WorldSize, r.UpTo); m > max {
-				max = m
-			}
+		if m := lib.RulesSlotBound(s, cfg.WorldSize); m > max {
+			max = m
 		}
 	}
 	if cfg.StagingBytes > 0 {
@@ -270,11 +265,7 @@ func (g *gpuComm) slotNeed(k *kernels.Kernel, c call) int64 {
 
 // chunkElems is the chunk size launch passes to kernel k for call c.
 func (g *gpuComm) chunkElems(k *kernels.Kernel, c call) int64 {
-	vec := int64(k.Launch.VectorBytes) / int64(kernels.DTypeSize(c.dtype))
-	if vec < 1 {
-		vec = 1
-	}
-	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(vec)))
+	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(k.VecElems(kernels.DTypeSize(c.dtype)))))
 }
 
 func (g *gpuComm) kindOf(topology string) string {
@@ -427,19 +418,24 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (LL lines carry 8 payload bytes in 16), more than the %d-byte staging buffer; raise Config.StagingBytes or use another algorithm",
 				c.collective, alg, bytes, need, g.staging)
 		}
-	} else if bytes > g.staging && !g.zeroCopy(c) {
-		return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
-			c.collective, alg, bytes, g.staging)
+	} else if bytes > g.staging {
+		if _, _, zc := g.zeroCopy(k, c); !zc {
+			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
+				c.collective, alg, bytes, g.staging)
+		}
 	}
 	return nil
 }
 
-// zeroCopy reports whether the call's input lies in a symmetric buffer and
-// the collective can read it in place.
-// LL kernels never read in place (they push from the input).
-func (g *gpuComm) zeroCopy(c call) bool {
-	_, _, ok := g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
-	return ok && c.collective != schedule.AllGather
+// zeroCopy reports whether kernel k reads the call's input in place: the
+// input lies in a symmetric buffer (base, mapped at peers' addresses
+// peers), the collective reduces, and k pulls (LL kernels push from the
+// input, so a symmetric input changes nothing for them).
+func (g *gpuComm) zeroCopy(k *kernels.Kernel, c call) (base cuda.DevicePtr, peers []cuda.DevicePtr, ok bool) {
+	if c.collective == schedule.AllGather || k.Protocol == kernels.ProtocolLL {
+		return 0, nil, false
+	}
+	return g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
 }
 
 func (g *gpuComm) runNCCL(c call, s *cuda.Stream) error {
@@ -548,15 +544,10 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		return err
 	}
 	size := int64(kernels.DTypeSize(c.dtype))
-	vec := int64(k.Launch.VectorBytes) / size
-	if vec < 1 {
-		vec = 1
-	}
+	vec := k.VecElems(int(size))
 	chunk := g.chunkElems(k, c)
 	stage, slotBytes := g.stage, uint64(g.staging)
-	// LL kernels push from the input into the stage slots' inboxes, so a
-	// symmetric input changes nothing for them.
-	if base, peers, ok := g.symFor(c.in, c.n*size); ok && c.collective != schedule.AllGather && k.Protocol != kernels.ProtocolLL {
+	if base, peers, ok := g.zeroCopy(k, c); ok {
 		// Zero-copy: peers read this input in place; the copy-in steps
 		// become no-ops because source and destination coincide. One
 		// slot only, so the kernel keeps its final barrier (the caller
@@ -567,7 +558,7 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		for r, p := range peers {
 			stage[r] = p + off
 		}
-	} else if need := g.slotNeed(k, c); need > g.staging {
+	} else if need := k.SlotBytes(c.n*size, chunk*size); need > g.staging {
 		return fmt.Errorf("comm: %s: needs %d bytes of stage slot, the staging buffer has %d", k.Name, need, g.staging)
 	}
 	l := k.Args

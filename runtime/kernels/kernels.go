@@ -4,7 +4,12 @@
 // beyond lookups, so generated code and the runtime agree on one vocabulary.
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+
+	"github.com/collgen/collgen/schedule"
+)
 
 // Launch is a kernel's launch configuration from the spec.
 type Launch struct {
@@ -60,6 +65,16 @@ type Kernel struct {
 	// InboxChunks is, for LL kernels, how many chunk-sized inbox areas one
 	// stage slot holds (W lanes of W chunks); see LLChunkBytes.
 	InboxChunks int
+}
+
+// VecElems is how many elements of elemSize bytes one of the kernel's
+// vectors holds (at least 1): the unit chunks are rounded to and that one
+// thread owns.
+func (k *Kernel) VecElems(elemSize int) int64 {
+	if v := k.Launch.VectorBytes / elemSize; v > 1 {
+		return int64(v)
+	}
+	return 1
 }
 
 // ProtocolLL is Kernel.Protocol of push kernels.
@@ -140,15 +155,21 @@ type Library struct {
 	Headers      map[string]string // header name -> source, for NVRTC includes
 	HostReducers map[HostKey]HostReduceFunc
 	Manifest     string // content hashes of the specs and templates that made it
+	// index maps kernel attributes to Kernels' entries, built on the first
+	// lookup (Kernels must not change after it): Kernel runs on every
+	// collective, and a scan of hundreds of kernels costs microseconds.
+	indexOnce sync.Once
+	index     map[kernelKey]*Kernel
 	// MaxBlocks is the CUDA header's CG_MAX_BLOCKS: signal pads hold this
 	// many blocks per rank, and the sequence array MaxBlocks + 3 words.
 	MaxBlocks int
 }
 
 // SlotBound is the most stage-slot bytes an algorithm needs at a world
-// size for a collective of up to bytes (the full buffer): bytes itself for
-// barrier kernels, the inbox for LL kernels (chunks rounded up to the
-// kernel's vector width, as the runtime chunks them).
+// size for a collective of up to bytes (the full buffer), over the dtypes
+// it has kernels for: bytes itself for barrier kernels, the inbox for LL
+// kernels. Chunks are schedule.ChunkElems's, counted in bytes (vectors of
+// VectorBytes), an upper bound for every element size.
 func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64) int64 {
 	need := bytes
 	for i := range l.Kernels {
@@ -156,10 +177,7 @@ func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64
 		if k.Collective != collective || k.Algorithm != algorithm || k.World != world {
 			continue
 		}
-		chunk := (bytes + int64(world) - 1) / int64(world)
-		if v := int64(k.Launch.VectorBytes); collective == "allreduce" && v > 1 {
-			chunk = (chunk + v - 1) / v * v
-		}
+		chunk := int64(schedule.ChunkElems(collective, int(bytes), world, k.Launch.VectorBytes))
 		if n := k.SlotBytes(bytes, chunk); n > need {
 			need = n
 		}
@@ -167,15 +185,38 @@ func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64
 	return need
 }
 
-// Kernel returns the kernel with the given attributes.
-func (l *Library) Kernel(collective, algorithm, dtype, op string, world int) (*Kernel, bool) {
-	for i := range l.Kernels {
-		k := &l.Kernels[i]
-		if k.Collective == collective && k.Algorithm == algorithm && k.DType == dtype && k.Op == op && k.World == world {
-			return k, true
+// RulesSlotBound is the most stage-slot bytes any rule of a selection that
+// uses a generated algorithm needs at a world size (0 when every rule is
+// NCCL; unbounded rules count at 0 bytes, see MaxCustomBytes).
+func (l *Library) RulesSlotBound(s *Selection, world int) int64 {
+	var max int64
+	for _, r := range s.Rules {
+		if r.Use == "nccl" {
+			continue
+		}
+		if m := l.SlotBound(s.Collective, r.Use, world, r.UpTo); m > max {
+			max = m
 		}
 	}
-	return nil, false
+	return max
+}
+
+type kernelKey struct {
+	collective, algorithm, dtype, op string
+	world                            int
+}
+
+// Kernel returns the kernel with the given attributes.
+func (l *Library) Kernel(collective, algorithm, dtype, op string, world int) (*Kernel, bool) {
+	l.indexOnce.Do(func() {
+		l.index = make(map[kernelKey]*Kernel, len(l.Kernels))
+		for i := range l.Kernels {
+			k := &l.Kernels[i]
+			l.index[kernelKey{k.Collective, k.Algorithm, k.DType, k.Op, k.World}] = k
+		}
+	})
+	k, ok := l.index[kernelKey{collective, algorithm, dtype, op, world}]
+	return k, ok
 }
 
 // Selection returns the rules of a topology kind for a collective at a world

@@ -160,6 +160,8 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		case schedule.Stage:
 			c.UsesStage = true
 			base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, idx(r.Rank))
+		case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
+			return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", idx(r.Rank), idx(r.Lane), idx(r.Chunk))
 		default:
 			base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, idx(r.Rank))
 		}
@@ -173,7 +175,7 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		for pi, ph := range s.Phases {
 			pc := phaseContext{}
 			for _, g := range llGroups(ph.Steps) {
-				sc, err := llGroup(k, g, pi, idx, single)
+				sc, err := llGroup(k, g, pi, idx, single, ptr)
 				if err != nil {
 					return nil, err
 				}
@@ -187,12 +189,7 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 	for _, ph := range s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
 		for _, st := range ph.Steps {
-			sc := stepContext{}
-			srcs := make([]string, len(st.Srcs))
-			for i, r := range st.Srcs {
-				srcs[i] = r.String()
-			}
-			sc.Comment = fmt.Sprintf("%s <- %s(%s)", st.Dst, st.Kind, strings.Join(srcs, ", "))
+			sc := stepContext{Comment: stepComment(st)}
 			n := "(cg_s64)a.chunk"
 			if !single(st.Dst.Buf) {
 				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
@@ -236,6 +233,15 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 	return c, nil
 }
 
+// stepComment renders a step for the generated code's comments.
+func stepComment(st schedule.Step) string {
+	srcs := make([]string, len(st.Srcs))
+	for i, r := range st.Srcs {
+		srcs[i] = r.String()
+	}
+	return fmt.Sprintf("%s <- %s(%s)", st.Dst, st.Kind, strings.Join(srcs, ", "))
+}
+
 // llGroups splits an LL phase into groups rendered as one loop each: a lead
 // step and the puts right after it that send the lead's value (its source,
 // for a put; its destination, otherwise). Fusing is what makes a
@@ -264,15 +270,12 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 // its chunk. Every step of a kernel that touches chunk c uses the same
 // work-split shift (c times the lines per chunk), so one thread handles
 // line l of chunk c in every phase.
-func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool) (stepContext, error) {
+func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool,
+	expr func(schedule.Ref, bool) string) (stepContext, error) {
 	lead := g[0]
-	var comments []string
-	for _, st := range g {
-		srcs := make([]string, len(st.Srcs))
-		for i, r := range st.Srcs {
-			srcs[i] = r.String()
-		}
-		comments = append(comments, fmt.Sprintf("%s <- %s(%s)", st.Dst, st.Kind, strings.Join(srcs, ", ")))
+	comments := make([]string, len(g))
+	for i, st := range g {
+		comments[i] = stepComment(st)
 	}
 	sc := stepContext{Comment: strings.Join(comments, "; ")}
 	add := func(format string, args ...any) { sc.Lines = append(sc.Lines, fmt.Sprintf(format, args...)) }
@@ -287,27 +290,20 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	}
 	add("const cg_s64 lines = cg_ll_lines<E>(sp.n);")
 	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
-	// ptr declares a pointer to a ref's chunk and returns its name.
+	// ptr declares a pointer to a ref's chunk (expr's expression) and
+	// returns its name; inbox pointers are bytes (16-byte lines).
 	names := 0
 	ptr := func(r schedule.Ref, constant bool) string {
 		name := fmt.Sprintf("p%d", names)
 		names++
-		q := "E*"
+		typ := "E*"
+		if r.Buf == schedule.Inbox {
+			typ = "char*"
+		}
 		if constant {
-			q = "const E*"
+			typ = "const " + typ
 		}
-		switch {
-		case r.Buf == schedule.Inbox:
-			cq := "char*"
-			if constant {
-				cq = "const char*"
-			}
-			add("%s const %s = cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll);", cq, name, idx(r.Rank), idx(r.Lane), idx(r.Chunk))
-		case single(r.Buf):
-			add("%s const %s = (%s)a.%s;", q, name, q, r.Buf)
-		default:
-			add("%s const %s = (%s)a.%s + cg_chunk(a.count, a.chunk, %s).lo;", q, name, q, r.Buf, idx(r.Chunk))
-		}
+		add("%s const %s = %s;", typ, name, expr(r, constant))
 		return name
 	}
 	var body []string

@@ -366,7 +366,8 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
 // chunk_ll = cg_ll_chunk_bytes(chunk * sizeof(E)) (a line per 8 payload
 // bytes, 16 bytes each). Lane s is written only by rank s.
 
-struct cg_line { unsigned x, y; };
+// A line's 8 payload bytes, as two words (cg_vec<E, 8> views them as elements).
+typedef uint2 cg_line;
 
 __device__ __forceinline__ cg_u64 cg_ll_chunk_bytes(cg_u64 chunk_bytes) { return (chunk_bytes + 7) / 8 * 16; }
 
@@ -435,39 +436,31 @@ __device__ __forceinline__ bool cg_ll_wait(const collgen_args<W>& a, const void*
   return r.ok;
 }
 
-// A line's payload viewed as elements.
-template <class E>
-union cg_line_elems {
-  cg_line l;
-  uint2 u;
-  E e[8 / sizeof(E)];
-};
-
 // cg_line_ld reads payload line `line` of an n-element span (elements past
 // n read as zero); cg_line_st writes the line's elements that lie inside
 // the span. Both take the scalar path when the span is not 8-byte aligned.
 template <class E>
 __device__ __forceinline__ cg_line cg_line_ld(const E* p, cg_s64 line, cg_s64 n) {
   constexpr int V = 8 / sizeof(E);
-  cg_line_elems<E> v;
+  cg_vec<E, 8> v;
   const cg_s64 i = line * V;
   if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
-    cg_ld(v.u, p + i);
+    cg_ld(v.raw, p + i);
   } else {
 #pragma unroll
     for (int e = 0; e < V; e++) v.e[e] = i + e < n ? cg_ld_elem(p + i + e) : (E)0;
   }
-  return v.l;
+  return v.raw;
 }
 
 template <class E>
 __device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line l) {
   constexpr int V = 8 / sizeof(E);
-  cg_line_elems<E> v;
-  v.l = l;
+  cg_vec<E, 8> v;
+  v.raw = l;
   const cg_s64 i = line * V;
   if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
-    *(uint2*)(p + i) = v.u;
+    *(uint2*)(p + i) = v.raw;
   } else {
 #pragma unroll
     for (int e = 0; e < V; e++)
@@ -482,9 +475,9 @@ __device__ __forceinline__ cg_line cg_line_reduce(const cg_line (&x)[NS]) {
   typedef typename T::E E;
   typedef typename T::A A;
   constexpr int V = 8 / sizeof(E);
-  cg_line_elems<E> in[NS], out;
+  cg_vec<E, 8> in[NS], out;
 #pragma unroll
-  for (int j = 0; j < NS; j++) in[j].l = x[j];
+  for (int j = 0; j < NS; j++) in[j].raw = x[j];
 #pragma unroll
   for (int e = 0; e < V; e++) {
     A acc = T::up(in[0].e[e]);
@@ -492,7 +485,7 @@ __device__ __forceinline__ cg_line cg_line_reduce(const cg_line (&x)[NS]) {
     for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(in[j].e[e]));
     out.e[e] = T::down(acc);
   }
-  return out.l;
+  return out.raw;
 }
 
 __device__ __forceinline__ int cg_rel(int rank, int k, int w) {
