@@ -78,7 +78,7 @@ func (k *Kernel) VecElems(elemSize int) int64 {
 }
 
 // ProtocolLL is Kernel.Protocol of push kernels.
-const ProtocolLL = "ll"
+const ProtocolLL = string(schedule.ProtocolLL)
 
 // LLChunkBytes is the inbox footprint of a chunk of chunkBytes payload
 // bytes: one 16-byte line (8 payload bytes and two flags) per 8 bytes.
