@@ -8,20 +8,37 @@ import (
 // builders maps collective -> algorithm -> schedule builder.
 var builders = map[string]map[string]func(w int) (*Schedule, error){
 	AllReduce: {
-		OneShot:   allReduceOneShot,
-		TwoShot:   allReduceTwoShot,
-		HCM:       allReduceHCM,
-		OneShotLL: allReduceOneShotLL,
-		TwoShotLL: allReduceTwoShotLL,
+		OneShot:      allReduceOneShot,
+		TwoShot:      allReduceTwoShot,
+		HCM:          allReduceHCM,
+		OneShotLL:    allReduceOneShotLL,
+		TwoShotLL:    allReduceTwoShotLL,
+		OneShotLL128: ll128(OneShotLL128, allReduceOneShotLL),
+		TwoShotLL128: ll128(TwoShotLL128, allReduceTwoShotLL),
 	},
 	ReduceScatter: {
-		OneShot:   reduceScatterOneShot,
-		OneShotLL: reduceScatterOneShotLL,
+		OneShot:      reduceScatterOneShot,
+		OneShotLL:    reduceScatterOneShotLL,
+		OneShotLL128: ll128(OneShotLL128, reduceScatterOneShotLL),
 	},
 	AllGather: {
-		OneShot:   allGatherOneShot,
-		OneShotLL: allGatherOneShotLL,
+		OneShot:      allGatherOneShot,
+		OneShotLL:    allGatherOneShotLL,
+		OneShotLL128: ll128(OneShotLL128, allGatherOneShotLL),
 	},
+}
+
+// ll128 turns an LL schedule builder into its ProtocolLL128 twin: the same
+// steps under another algorithm name.
+func ll128(name string, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
+	return func(w int) (*Schedule, error) {
+		s, err := build(w)
+		if err != nil {
+			return nil, err
+		}
+		s.Algorithm, s.Protocol = name, ProtocolLL128
+		return s, nil
+	}
 }
 
 // Collectives returns the collective names in canonical order.
@@ -99,10 +116,10 @@ func CanRun(kind, collective, algorithm string, world int) error {
 
 // HostCanRun reports whether the host backend can execute a schedule: it
 // maps peers' segments read-only, so schedules that write into peers'
-// memory (ProtocolLL) are GPU-only.
+// memory (push protocols) are GPU-only.
 func HostCanRun(s *Schedule) error {
-	if s.Protocol == ProtocolLL {
-		return fmt.Errorf("%s %s writes into peers' memory (LL protocol), which the host backend does not allow (peers' segments are mapped read-only); use it on a GPU topology", s.Collective, s.Algorithm)
+	if s.Protocol.Push() {
+		return fmt.Errorf("%s %s writes into peers' memory (%s protocol), which the host backend does not allow (peers' segments are mapped read-only); use it on a GPU topology", s.Collective, s.Algorithm, s.Protocol)
 	}
 	return nil
 }

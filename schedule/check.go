@@ -52,8 +52,9 @@ func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
 // (so the next collective cannot overwrite a stage buffer a peer still
 // reads).
 //
-// ProtocolLL: no barriers; peers are only ever written through Put (into
-// the writer's own lane of their Inbox) and never read; Inboxes are read
+// ProtocolLL and ProtocolLL128 (Protocol.Push): no barriers; peers are
+// only ever written through Put (into the writer's own lane of their
+// Inbox) and never read; Inboxes are read
 // only by their owner; each Inbox chunk is written at most once per
 // collective (its flag then names exactly one write); a Put sends Input or
 // the result of the step just before it (the kernel fuses the two, so the
@@ -66,8 +67,8 @@ func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
 func Validate(s *Schedule) error {
 	w := s.World
 	readsPeers := false
-	ll := s.Protocol == ProtocolLL
-	if !ll && s.Protocol != ProtocolBarrier {
+	ll := s.Protocol.Push()
+	if !s.Protocol.Known() {
 		return fmt.Errorf("%s: unknown protocol %q", s.Name(), s.Protocol)
 	}
 	inboxWrites := map[region]string{}
@@ -235,7 +236,7 @@ func regionOf(ref Ref, r, w int) region {
 // peers are only written, through puts, and readers wait per line).
 func CheckRaces(s *Schedule) error {
 	w := s.World
-	if s.Protocol == ProtocolLL {
+	if s.Protocol.Push() {
 		return nil
 	}
 	for pi, ph := range s.Phases {
@@ -278,7 +279,7 @@ func CheckRaces(s *Schedule) error {
 // buffer but Stage may be written before the first barrier, and its final
 // phase must end in a barrier (the one to drop).
 func FinalBarrierRemovable(s *Schedule) bool {
-	if s.Protocol == ProtocolLL {
+	if s.Protocol.Push() {
 		return false // no barriers at all
 	}
 	if len(s.Phases) == 0 || !s.Phases[len(s.Phases)-1].Sync || s.Barriers() < 2 {

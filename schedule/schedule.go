@@ -27,7 +27,8 @@
 // Inboxes, every Inbox line carries its collective's flag next to its data,
 // and a step that reads an Inbox chunk waits for the flags of exactly the
 // lines it reads: there are no barriers, and a rank waits only for the data
-// it needs.
+// it needs. ProtocolLL128 is the same push protocol with a denser line:
+// schedules are identical, only the kernels' line format differs.
 package schedule
 
 import (
@@ -50,6 +51,10 @@ const (
 	// OneShotLL and TwoShotLL are the push (LL protocol) variants.
 	OneShotLL = "oneshot_ll"
 	TwoShotLL = "twoshot_ll"
+	// OneShotLL128 and TwoShotLL128 are the same push schedules over
+	// ProtocolLL128 lines.
+	OneShotLL128 = "oneshot_ll128"
+	TwoShotLL128 = "twoshot_ll128"
 )
 
 // Topology kind names.
@@ -91,7 +96,19 @@ const (
 	// ProtocolLL: push steps (Put) into peers' Inboxes with a flag in every
 	// line; readers wait per line, no barriers.
 	ProtocolLL Protocol = "ll"
+	// ProtocolLL128: ProtocolLL's schedules with 128-byte lines, each
+	// holding 120 payload bytes and one flag, written by 8 threads of a
+	// warp as one store (see templates/cuda/common.cuh.tmpl, cg_ll128).
+	ProtocolLL128 Protocol = "ll128"
 )
+
+// Push reports whether the protocol writes into peers' Inboxes with a flag
+// in every line (ProtocolLL or ProtocolLL128); every rule of the IR that
+// speaks of "LL" schedules applies to both.
+func (p Protocol) Push() bool { return p == ProtocolLL || p == ProtocolLL128 }
+
+// Known reports whether the protocol is one of the three defined.
+func (p Protocol) Known() bool { return p == ProtocolBarrier || p.Push() }
 
 // IndexKind says how an Index is evaluated.
 type IndexKind int
@@ -199,7 +216,7 @@ const (
 	// same order so their results are bitwise identical.
 	Reduce
 	// Put copies its single source (the executing rank's) into a peer's
-	// Inbox, in the executing rank's lane (ProtocolLL only).
+	// Inbox, in the executing rank's lane (push protocols only).
 	Put
 )
 
@@ -241,7 +258,7 @@ type Schedule struct {
 // InboxChunks is how many chunk-sized Inbox areas a rank needs: W lanes of
 // W chunks for an LL schedule, none otherwise.
 func (s *Schedule) InboxChunks() int {
-	if s.Protocol != ProtocolLL {
+	if !s.Protocol.Push() {
 		return 0
 	}
 	return s.World * s.World

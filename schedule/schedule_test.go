@@ -130,7 +130,7 @@ func TestFinalBarrierRemovable(t *testing.T) {
 				w = 8
 			}
 			s, _ := Build(coll, alg, w)
-			if got, want := FinalBarrierRemovable(s), s.Protocol != ProtocolLL; got != want {
+			if got, want := FinalBarrierRemovable(s), !s.Protocol.Push(); got != want {
 				t.Errorf("%s: FinalBarrierRemovable = %v, want %v (LL schedules have no barriers)", s.Name(), got, want)
 			}
 		}
@@ -210,12 +210,14 @@ func TestLLRules(t *testing.T) {
 
 func TestLLNeedsGPU(t *testing.T) {
 	for _, coll := range Collectives() {
-		err := CanRun(KindHostShm, coll, OneShotLL, 4)
-		if err == nil || !strings.Contains(err.Error(), "host backend does not allow") {
-			t.Errorf("%s oneshot_ll on host_shm: got %v", coll, err)
-		}
-		if err := CanRun(KindNVLinkFull, coll, OneShotLL, 4); err != nil {
-			t.Errorf("%s oneshot_ll on nvlink_full: %v", coll, err)
+		for _, alg := range []string{OneShotLL, OneShotLL128} {
+			err := CanRun(KindHostShm, coll, alg, 4)
+			if err == nil || !strings.Contains(err.Error(), "host backend does not allow") {
+				t.Errorf("%s %s on host_shm: got %v", coll, alg, err)
+			}
+			if err := CanRun(KindNVLinkFull, coll, alg, 4); err != nil {
+				t.Errorf("%s %s on nvlink_full: %v", coll, alg, err)
+			}
 		}
 	}
 	hcm, _ := NewTopology(KindHybridCubeMesh, 8)

@@ -119,7 +119,7 @@ func Simulate(s *Schedule, n, vecElems int) error {
 		copy(dst, out)
 		return nil
 	}
-	if s.Protocol == ProtocolLL {
+	if s.Protocol.Push() {
 		if err := simulateLL(s, exec); err != nil {
 			return err
 		}

@@ -123,7 +123,7 @@ func TestShipped(t *testing.T) {
 	if !reflect.DeepEqual(nv.DTypes, s.DTypes) {
 		t.Errorf("nvswitch dtypes %v, want the spec's %v", nv.DTypes, s.DTypes)
 	}
-	if !reflect.DeepEqual(nv.Generate[AllReduce], []string{"oneshot", "twoshot", "oneshot_ll", "twoshot_ll"}) {
+	if !reflect.DeepEqual(nv.Generate[AllReduce], []string{"oneshot", "twoshot", "oneshot_ll", "twoshot_ll", "oneshot_ll128", "twoshot_ll128"}) {
 		t.Errorf("nvswitch generate %v", nv.Generate)
 	}
 	// The thresholds are tuned from measurements (docs/performance.md), so
@@ -163,8 +163,9 @@ func TestShipped(t *testing.T) {
 	for _, a := range s.Algorithms {
 		algs = append(algs, string(a.Collective)+"/"+a.Name)
 	}
-	if want := []string{"allreduce/hcm", "allreduce/oneshot", "allreduce/oneshot_ll", "allreduce/twoshot", "allreduce/twoshot_ll",
-		"reduce_scatter/oneshot", "reduce_scatter/oneshot_ll", "allgather/oneshot", "allgather/oneshot_ll"}; !reflect.DeepEqual(algs, want) {
+	if want := []string{"allreduce/hcm", "allreduce/oneshot", "allreduce/oneshot_ll", "allreduce/oneshot_ll128", "allreduce/twoshot",
+		"allreduce/twoshot_ll", "allreduce/twoshot_ll128", "reduce_scatter/oneshot", "reduce_scatter/oneshot_ll", "reduce_scatter/oneshot_ll128",
+		"allgather/oneshot", "allgather/oneshot_ll", "allgather/oneshot_ll128"}; !reflect.DeepEqual(algs, want) {
 		t.Errorf("algorithms %v, want %v", algs, want)
 	}
 	if len(s.Sources) != 1 || s.Sources[0].Path != "collgen.yaml" || len(s.Sources[0].Content) == 0 {

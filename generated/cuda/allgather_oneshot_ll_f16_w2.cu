@@ -3,7 +3,7 @@
 // allgather_oneshot_ll_f16_w2: allgather, oneshot_ll algorithm, f16, world size 2.
 // Launch: 256 threads per block, at most 128 blocks, 8-byte vectors.
 //
-// Schedule (LL protocol: no barriers; a read of an inbox waits for each line's flag):
+// Schedule (ll protocol: no barriers; a read of an inbox waits for each line's flag):
 //   allgather_oneshot_ll_w2:
 //     phase 0:
 //       inbox@rank+1[rank][rank] <- put(input@rank[0])
@@ -18,46 +18,47 @@ allgather_oneshot_ll_f16_w2(const collgen_args_w2 a) {
   typedef T::E E;
   constexpr int W = 2;
   const int rank = a.rank;
+  typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
   const unsigned flag = (unsigned)(epoch >> 1) + 1u;
-  const cg_u64 chunk_ll = cg_ll_chunk_bytes(a.chunk * sizeof(E));
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
   { // inbox@rank+1[rank][rank] <- put(input@rank[0])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- copy(input@rank[0])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_line_st(p1, l, sp.n, x);
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::st(p1, u, sp.n, x);
     }
   }
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line x;
-      if (!cg_ll_wait(a, p0 + l * 16, flag, x, cg_rel(rank, 1, W), 1)) goto done;
-      cg_line_st(p1, l, sp.n, x);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1)) goto done;
+      PR::st(p1, u, sp.n, x);
     }
   }
 

@@ -3,7 +3,7 @@
 // allreduce_oneshot_ll_f32_sum_w8: allreduce, oneshot_ll algorithm, f32, sum, world size 8.
 // Launch: 256 threads per block, at most 128 blocks, 8-byte vectors.
 //
-// Schedule (LL protocol: no barriers; a read of an inbox waits for each line's flag):
+// Schedule (ll protocol: no barriers; a read of an inbox waits for each line's flag):
 //   allreduce_oneshot_ll_w8:
 //     phase 0:
 //       inbox@rank[rank][rank] <- put(input@rank[rank])
@@ -88,15 +88,16 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
   typedef cg_sum OP;
   constexpr int W = 8;
   const int rank = a.rank;
+  typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
   const unsigned flag = (unsigned)(epoch >> 1) + 1u;
-  const cg_u64 chunk_ll = cg_ll_chunk_bytes(a.chunk * sizeof(E));
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
   { // inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]); inbox@rank+3[rank][rank] <- put(input@rank[rank]); inbox@rank+4[rank][rank] <- put(input@rank[rank]); inbox@rank+5[rank][rank] <- put(input@rank[rank]); inbox@rank+6[rank][rank] <- put(input@rank[rank]); inbox@rank+7[rank][rank] <- put(input@rank[rank])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, rank, chunk_ll);
@@ -107,21 +108,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+3[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+4[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+5[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+6[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+7[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
@@ -132,21 +133,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+3[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+4[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+5[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+6[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+7[rank][rank+2] <- put(input@rank[rank+2])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
@@ -157,21 +158,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 2, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+1[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+2[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+4[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+5[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+6[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+7[rank][rank+3] <- put(input@rank[rank+3])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
@@ -182,21 +183,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 3, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+1[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+2[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+3[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+5[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+6[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+7[rank][rank+4] <- put(input@rank[rank+4])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
@@ -207,21 +208,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 4, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+1[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+2[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+3[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+4[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+6[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+7[rank][rank+5] <- put(input@rank[rank+5])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
@@ -232,21 +233,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 5, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+1[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+2[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+3[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+4[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+5[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+7[rank][rank+6] <- put(input@rank[rank+6])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
@@ -257,21 +258,21 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 6, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
   { // inbox@rank[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+1[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+2[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+3[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+4[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+5[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+6[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
@@ -282,23 +283,23 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 7, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
-      cg_ll_store(p2 + l * 16, x, flag);
-      cg_ll_store(p3 + l * 16, x, flag);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
-      cg_ll_store(p6 + l * 16, x, flag);
-      cg_ll_store(p7 + l * 16, x, flag);
-      cg_ll_store(p8 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+      PR::store(p3 + u * 16, x, flag);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
+      PR::store(p6 + u * 16, x, flag);
+      PR::store(p7 + u * 16, x, flag);
+      PR::store(p8 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank], inbox@rank[4][rank], inbox@rank[5][rank], inbox@rank[6][rank], inbox@rank[7][rank])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, rank, chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, rank, chunk_ll);
@@ -309,34 +310,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, rank, chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, rank, chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1], inbox@rank[3][rank+1], inbox@rank[4][rank+1], inbox@rank[5][rank+1], inbox@rank[6][rank+1], inbox@rank[7][rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 1, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 1, W), chunk_ll);
@@ -347,34 +348,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 1, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 1, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2], inbox@rank[3][rank+2], inbox@rank[4][rank+2], inbox@rank[5][rank+2], inbox@rank[6][rank+2], inbox@rank[7][rank+2])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 2, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 2, W), chunk_ll);
@@ -385,34 +386,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 2, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 2, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 2, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+3] <- reduce(inbox@rank[0][rank+3], inbox@rank[1][rank+3], inbox@rank[2][rank+3], inbox@rank[3][rank+3], inbox@rank[4][rank+3], inbox@rank[5][rank+3], inbox@rank[6][rank+3], inbox@rank[7][rank+3])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 3, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 3, W), chunk_ll);
@@ -423,34 +424,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 3, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 3, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 3, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+4] <- reduce(inbox@rank[0][rank+4], inbox@rank[1][rank+4], inbox@rank[2][rank+4], inbox@rank[3][rank+4], inbox@rank[4][rank+4], inbox@rank[5][rank+4], inbox@rank[6][rank+4], inbox@rank[7][rank+4])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 4, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 4, W), chunk_ll);
@@ -461,34 +462,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 4, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 4, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 4, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+5] <- reduce(inbox@rank[0][rank+5], inbox@rank[1][rank+5], inbox@rank[2][rank+5], inbox@rank[3][rank+5], inbox@rank[4][rank+5], inbox@rank[5][rank+5], inbox@rank[6][rank+5], inbox@rank[7][rank+5])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 5, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 5, W), chunk_ll);
@@ -499,34 +500,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 5, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 5, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 5, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+6] <- reduce(inbox@rank[0][rank+6], inbox@rank[1][rank+6], inbox@rank[2][rank+6], inbox@rank[3][rank+6], inbox@rank[4][rank+6], inbox@rank[5][rank+6], inbox@rank[6][rank+6], inbox@rank[7][rank+6])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 6, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 6, W), chunk_ll);
@@ -537,34 +538,34 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 6, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 6, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 6, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
   { // output@rank[rank+7] <- reduce(inbox@rank[0][rank+7], inbox@rank[1][rank+7], inbox@rank[2][rank+7], inbox@rank[3][rank+7], inbox@rank[4][rank+7], inbox@rank[5][rank+7], inbox@rank[6][rank+7], inbox@rank[7][rank+7])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 7, W), chunk_ll);
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 7, W), chunk_ll);
@@ -575,29 +576,29 @@ allreduce_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 7, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 7, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 7, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      ok &= cg_ll_try(p0 + l * 16, flag, xs[0]);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p0 + l * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], 7, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
 

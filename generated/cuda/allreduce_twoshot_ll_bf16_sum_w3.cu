@@ -3,7 +3,7 @@
 // allreduce_twoshot_ll_bf16_sum_w3: allreduce, twoshot_ll algorithm, bf16, sum, world size 3.
 // Launch: 512 threads per block, at most 128 blocks, 8-byte vectors.
 //
-// Schedule (LL protocol: no barriers; a read of an inbox waits for each line's flag):
+// Schedule (ll protocol: no barriers; a read of an inbox waits for each line's flag):
 //   allreduce_twoshot_ll_w3:
 //     phase 0:
 //       inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
@@ -24,39 +24,40 @@ allreduce_twoshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
   typedef cg_sum OP;
   constexpr int W = 3;
   const int rank = a.rank;
+  typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
   const unsigned flag = (unsigned)(epoch >> 1) + 1u;
-  const cg_u64 chunk_ll = cg_ll_chunk_bytes(a.chunk * sizeof(E));
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 2, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank]); inbox@rank+2[rank][rank] <- put(output@rank[rank])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
@@ -64,46 +65,46 @@ allreduce_twoshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p5 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[3];
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[3];
       bool ok = true;
-      xs[0] = cg_line_ld(p0, l, sp.n);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
+      xs[0] = PR::ld(p0, u, sp.n);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
       if (!ok) {
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 3>(xs);
-      cg_line_st(p3, l, sp.n, x);
-      cg_ll_store(p4 + l * 16, x, flag);
-      cg_ll_store(p5 + l * 16, x, flag);
+      const PR::P x = PR::reduce<T, OP, 3>(xs);
+      PR::st(p3, u, sp.n, x);
+      PR::store(p4 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag);
     }
   }
 
   // phase 2
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line x;
-      if (!cg_ll_wait(a, p0 + l * 16, flag, x, cg_rel(rank, 1, W), 2)) goto done;
-      cg_line_st(p1, l, sp.n, x);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2)) goto done;
+      PR::st(p1, u, sp.n, x);
     }
   }
   { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 2, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line x;
-      if (!cg_ll_wait(a, p0 + l * 16, flag, x, cg_rel(rank, 2, W), 2)) goto done;
-      cg_line_st(p1, l, sp.n, x);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2)) goto done;
+      PR::st(p1, u, sp.n, x);
     }
   }
 

@@ -3,7 +3,7 @@
 // reduce_scatter_oneshot_ll_f16_min_w2: reduce_scatter, oneshot_ll algorithm, f16, min, world size 2.
 // Launch: 256 threads per block, at most 128 blocks, 8-byte vectors.
 //
-// Schedule (LL protocol: no barriers; a read of an inbox waits for each line's flag):
+// Schedule (ll protocol: no barriers; a read of an inbox waits for each line's flag):
 //   reduce_scatter_oneshot_ll_w2:
 //     phase 0:
 //       inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
@@ -18,42 +18,43 @@ reduce_scatter_oneshot_ll_f16_min_w2(const collgen_args_w2 a) {
   typedef cg_min OP;
   constexpr int W = 2;
   const int rank = a.rank;
+  typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
   const unsigned flag = (unsigned)(epoch >> 1) + 1u;
-  const cg_u64 chunk_ll = cg_ll_chunk_bytes(a.chunk * sizeof(E));
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], inbox@rank[rank+1][rank])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
     E* const p2 = (E*)a.output;
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[2];
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[2];
       bool ok = true;
-      xs[0] = cg_line_ld(p0, l, sp.n);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
+      xs[0] = PR::ld(p0, u, sp.n);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
       if (!ok) {
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 2>(xs);
-      cg_line_st(p2, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 2>(xs);
+      PR::st(p2, u, sp.n, x);
     }
   }
 

@@ -3,7 +3,7 @@
 // reduce_scatter_oneshot_ll_f32_sum_w8: reduce_scatter, oneshot_ll algorithm, f32, sum, world size 8.
 // Launch: 256 threads per block, at most 128 blocks, 8-byte vectors.
 //
-// Schedule (LL protocol: no barriers; a read of an inbox waits for each line's flag):
+// Schedule (ll protocol: no barriers; a read of an inbox waits for each line's flag):
 //   reduce_scatter_oneshot_ll_w8:
 //     phase 0:
 //       inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
@@ -24,94 +24,95 @@ reduce_scatter_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
   typedef cg_sum OP;
   constexpr int W = 8;
   const int rank = a.rank;
+  typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
   const unsigned flag = (unsigned)(epoch >> 1) + 1u;
-  const cg_u64 chunk_ll = cg_ll_chunk_bytes(a.chunk * sizeof(E));
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 1, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 2, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 3, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 4, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 5, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 6, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
   { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 l = cg_first(cg_shift(cg_rel(rank, 7, W), a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      const cg_line x = cg_line_ld(p0, l, sp.n);
-      cg_ll_store(p1 + l * 16, x, flag);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank], inbox@rank[rank+3][rank], inbox@rank[rank+4][rank], inbox@rank[rank+5][rank], inbox@rank[rank+6][rank], inbox@rank[rank+7][rank])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 lines = cg_ll_lines<E>(sp.n);
+    const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
@@ -122,28 +123,28 @@ reduce_scatter_oneshot_ll_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), rank, chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), rank, chunk_ll);
     E* const p8 = (E*)a.output;
-    for (cg_s64 l = cg_first(cg_shift(rank, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {
-      cg_line xs[8];
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[8];
       bool ok = true;
-      xs[0] = cg_line_ld(p0, l, sp.n);
-      ok &= cg_ll_try(p1 + l * 16, flag, xs[1]);
-      ok &= cg_ll_try(p2 + l * 16, flag, xs[2]);
-      ok &= cg_ll_try(p3 + l * 16, flag, xs[3]);
-      ok &= cg_ll_try(p4 + l * 16, flag, xs[4]);
-      ok &= cg_ll_try(p5 + l * 16, flag, xs[5]);
-      ok &= cg_ll_try(p6 + l * 16, flag, xs[6]);
-      ok &= cg_ll_try(p7 + l * 16, flag, xs[7]);
+      xs[0] = PR::ld(p0, u, sp.n);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
       if (!ok) {
-        if (!cg_ll_wait(a, p1 + l * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_ll_wait(a, p2 + l * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
-        if (!cg_ll_wait(a, p3 + l * 16, flag, xs[3], cg_rel(rank, 3, W), 1)) goto done;
-        if (!cg_ll_wait(a, p4 + l * 16, flag, xs[4], cg_rel(rank, 4, W), 1)) goto done;
-        if (!cg_ll_wait(a, p5 + l * 16, flag, xs[5], cg_rel(rank, 5, W), 1)) goto done;
-        if (!cg_ll_wait(a, p6 + l * 16, flag, xs[6], cg_rel(rank, 6, W), 1)) goto done;
-        if (!cg_ll_wait(a, p7 + l * 16, flag, xs[7], cg_rel(rank, 7, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], cg_rel(rank, 4, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], cg_rel(rank, 5, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], cg_rel(rank, 6, W), 1)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], cg_rel(rank, 7, W), 1)) goto done;
       }
-      const cg_line x = cg_line_reduce<T, OP, 8>(xs);
-      cg_line_st(p8, l, sp.n, x);
+      const PR::P x = PR::reduce<T, OP, 8>(xs);
+      PR::st(p8, u, sp.n, x);
     }
   }
 

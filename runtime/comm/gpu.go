@@ -21,11 +21,17 @@ import (
 
 // gpuComm is the GPU backend. Memory it owns, per rank:
 //
-//	region   one cuMemAlloc: [stage slot 0, S][stage slot 1, S][scratch S]
+//	region   one cuMemAlloc: [stage slot 0][stage slot 1][scratch S]
 //	         [signal pad], exported to peers through ipc (peers read stage
-//	         and scratch, and write their arrival flags into the signal pad);
-//	         consecutive collectives alternate stage slots, which lets the
-//	         kernels skip their final barrier (see the CUDA header)
+//	         and scratch, write inbox lines into stage, and write their
+//	         arrival flags into the signal pad); consecutive collectives
+//	         alternate stage slots, which lets the kernels skip their final
+//	         barrier (see the CUDA header). A slot holds one area of S bytes
+//	         per protocol the library's kernels use at this world size
+//	         (barrier, ll, ll128; see areaStage): a push kernel reads a line's
+//	         flag words, and only lines of its own protocol are sure to hold
+//	         a flag there (a barrier kernel's staged data, or another line
+//	         format, could hold any bits, the current flag included).
 //	seq      MaxBlocks barrier sequence counters plus the collective and
 //	         finished-block counters and the LL abort word (local device
 //	         memory)
@@ -44,11 +50,12 @@ type gpuComm struct {
 
 	topology   string
 	sels       map[string]*kernels.Selection // by collective
-	staging    int64                         // S, bytes
+	staging    int64                         // S, bytes: each protocol's area of a stage slot
+	slotBytes  int64                         // one stage slot: S per protocol
 	maxBlocks  int
 	region     cuda.DevicePtr
 	regionMap  *ipc.Mapping
-	stage      []cuda.DevicePtr // by rank
+	areaStage  map[string][]cuda.DevicePtr // protocol -> by rank: its area in slot 0
 	scratch    []cuda.DevicePtr
 	signal     []cuda.DevicePtr
 	seq        cuda.DevicePtr
@@ -75,7 +82,8 @@ type symBuffer struct {
 	m     *ipc.Mapping
 }
 
-// regionAlign keeps every part of the region 256-byte aligned.
+// regionAlign keeps every part of the region 256-byte aligned (LL128
+// kernels need their stage slots 128-byte aligned).
 const regionAlign = 256
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
@@ -173,7 +181,19 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 		}
 	}
 	sigBytes := alignUp(int64(g.maxBlocks*g.world*8), regionAlign)
-	total := 3*g.staging + sigBytes
+	g.areaStage = map[string][]cuda.DevicePtr{}
+	for _, k := range lib.Kernels {
+		if k.World == g.world {
+			g.areaStage[k.Protocol] = nil
+		}
+	}
+	protocols := make([]string, 0, len(g.areaStage))
+	for p := range g.areaStage {
+		protocols = append(protocols, p)
+	}
+	sort.Strings(protocols)
+	g.slotBytes = int64(len(protocols)) * g.staging
+	total := 2*g.slotBytes + g.staging + sigBytes
 	if g.region, err = dev.Alloc(int(total)); err != nil {
 		return nil, fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err)
 	}
@@ -194,9 +214,11 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
 	}
 	for _, p := range g.regionMap.Peers() {
-		g.stage = append(g.stage, p)
-		g.scratch = append(g.scratch, p+cuda.DevicePtr(2*g.staging))
-		g.signal = append(g.signal, p+cuda.DevicePtr(3*g.staging))
+		for i, proto := range protocols {
+			g.areaStage[proto] = append(g.areaStage[proto], p+cuda.DevicePtr(int64(i)*g.staging))
+		}
+		g.scratch = append(g.scratch, p+cuda.DevicePtr(2*g.slotBytes))
+		g.signal = append(g.signal, p+cuda.DevicePtr(2*g.slotBytes+g.staging))
 	}
 	// Every rank has zeroed its pad before any rank can signal into it.
 	if err := rendezvous.Barrier(ctx, cfg.Store, key+"/ready", cfg.Rank, g.world); err != nil {
@@ -413,10 +435,10 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 		return fmt.Errorf("comm: %s with algorithm %s refused: the library has no kernel %s for %s %s at world size %d; add it to the spec and regenerate",
 			c.collective, alg, alg, c.dtype, c.op, g.world)
 	}
-	if k.Protocol == kernels.ProtocolLL {
+	if k.Push() {
 		if need := g.slotNeed(k, c); need > g.staging {
-			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (LL lines carry 8 payload bytes in 16), more than the %d-byte staging buffer; raise Config.StagingBytes or use another algorithm",
-				c.collective, alg, bytes, need, g.staging)
+			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (%s), more than the %d-byte staging buffer; raise Config.StagingBytes or use another algorithm",
+				c.collective, alg, bytes, need, kernels.PayloadPerLine(k.Protocol), g.staging)
 		}
 	} else if bytes > g.staging {
 		if _, _, zc := g.zeroCopy(k, c); !zc {
@@ -429,10 +451,10 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 
 // zeroCopy reports whether kernel k reads the call's input in place: the
 // input lies in a symmetric buffer (base, mapped at peers' addresses
-// peers), the collective reduces, and k pulls (LL kernels push from the
+// peers), the collective reduces, and k pulls (push kernels send from the
 // input, so a symmetric input changes nothing for them).
 func (g *gpuComm) zeroCopy(k *kernels.Kernel, c call) (base cuda.DevicePtr, peers []cuda.DevicePtr, ok bool) {
-	if c.collective == schedule.AllGather || k.Protocol == kernels.ProtocolLL {
+	if c.collective == schedule.AllGather || k.Push() {
 		return 0, nil, false
 	}
 	return g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
@@ -544,9 +566,8 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		return err
 	}
 	size := int64(kernels.DTypeSize(c.dtype))
-	vec := k.VecElems(int(size))
 	chunk := g.chunkElems(k, c)
-	stage, slotBytes := g.stage, uint64(g.staging)
+	stage, slotBytes := g.areaStage[k.Protocol], uint64(g.slotBytes)
 	if base, peers, ok := g.zeroCopy(k, c); ok {
 		// Zero-copy: peers read this input in place; the copy-in steps
 		// become no-ops because source and destination coincide. One
@@ -587,11 +608,12 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	put("slot_bytes", 0, slotBytes)
 	put("rank", 0, uint64(g.cfg.Rank))
 	put("kernel_id", 0, uint64(g.kernelIDs[k.Name]))
-	// Enough threads for one vector of every chunk each (the kernels spread
-	// a phase's chunks over distinct threads), capped by the spec.
+	// Enough threads for one unit (vector or inbox unit) of every chunk
+	// each (the kernels spread a phase's chunks over distinct threads),
+	// capped by the spec.
 	threads := int64(k.Launch.Threads)
-	vecs := int64(g.world) * ((chunk + vec - 1) / vec)
-	blocks := (vecs + threads - 1) / threads
+	units := int64(g.world) * k.ThreadUnits(chunk, int(size))
+	blocks := (units + threads - 1) / threads
 	if blocks < 1 {
 		blocks = 1
 	}

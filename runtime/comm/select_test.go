@@ -70,7 +70,9 @@ func TestChooseAndRefuse(t *testing.T) {
 		want        string
 	}{
 		{"allreduce", "bf16", 4 << 10, "oneshot_ll"},
-		{"allreduce", "bf16", 1 << 20, "twoshot_ll"},
+		{"allreduce", "bf16", 128 << 10, "twoshot_ll"},
+		{"allreduce", "bf16", 1 << 20, "twoshot_ll128"},
+		{"reduce_scatter", "f16", 1 << 20, "oneshot_ll128"},
 		{"allreduce", "bf16", 4 << 20, "twoshot"},
 		{"reduce_scatter", "f32", 4 << 20, "oneshot"},
 		{"allgather", "e4m3", 64 << 10, "oneshot_ll"},
@@ -100,7 +102,8 @@ func TestChooseAndRefuse(t *testing.T) {
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "hcm", "has no kernel hcm for bf16 sum at world size 4"},
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "nccl", "algorithm nccl refused: NCCL is unavailable on rank 2"},
 		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 16 << 20}, "twoshot", "exceed the 16777216-byte staging buffer"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16)"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "twoshot_ll128", "4194304 bytes need 17897472 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 	}
 	for _, r := range refuse {
 		size := int64(kernels.DTypeSize(r.c.dtype))

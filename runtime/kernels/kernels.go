@@ -59,17 +59,17 @@ type Kernel struct {
 	Source      string // file name of its .cu in Library.Sources
 	Barriers    int    // barriers per launch (each bumps the per-block sequence)
 	UsesScratch bool   // needs the symmetric scratch buffer
-	// Protocol is "" for barrier (pull) kernels and "ll" for push kernels
-	// that write into peers' inboxes with a flag in every 16-byte line.
+	// Protocol is "" for barrier (pull) kernels, "ll" or "ll128" for push
+	// kernels that write into peers' inboxes with a flag in every line
+	// (schedule.Protocol).
 	Protocol string
-	// InboxChunks is, for LL kernels, how many chunk-sized inbox areas one
-	// stage slot holds (W lanes of W chunks); see LLChunkBytes.
+	// InboxChunks is, for push kernels, how many chunk-sized inbox areas
+	// one stage slot holds (W lanes of W chunks); see InboxChunkBytes.
 	InboxChunks int
 }
 
 // VecElems is how many elements of elemSize bytes one of the kernel's
-// vectors holds (at least 1): the unit chunks are rounded to and that one
-// thread owns.
+// vectors holds (at least 1): the unit chunks are rounded to.
 func (k *Kernel) VecElems(elemSize int) int64 {
 	if v := k.Launch.VectorBytes / elemSize; v > 1 {
 		return int64(v)
@@ -77,19 +77,54 @@ func (k *Kernel) VecElems(elemSize int) int64 {
 	return 1
 }
 
-// ProtocolLL is Kernel.Protocol of push kernels.
-const ProtocolLL = string(schedule.ProtocolLL)
+// Protocol names, as in Kernel.Protocol (schedule's constants).
+const (
+	ProtocolLL    = string(schedule.ProtocolLL)
+	ProtocolLL128 = string(schedule.ProtocolLL128)
+)
 
-// LLChunkBytes is the inbox footprint of a chunk of chunkBytes payload
-// bytes: one 16-byte line (8 payload bytes and two flags) per 8 bytes.
-func LLChunkBytes(chunkBytes int64) int64 { return (chunkBytes + 7) / 8 * 16 }
+// Push reports whether the kernel writes into peers' inboxes (an LL or
+// LL128 kernel): it never reads its input in place from a peer, and its
+// stage-slot need is its inbox.
+func (k *Kernel) Push() bool { return schedule.Protocol(k.Protocol).Push() }
+
+// InboxChunkBytes is the inbox footprint of a chunk of chunkBytes payload
+// bytes under a push protocol: one 16-byte LL line per 8 payload bytes, or
+// one 128-byte LL128 line per 120 payload bytes (always a multiple of 128,
+// so every LL128 line stays 128-byte aligned).
+func InboxChunkBytes(protocol string, chunkBytes int64) int64 {
+	if protocol == ProtocolLL128 {
+		return (chunkBytes + 119) / 120 * 128
+	}
+	return (chunkBytes + 7) / 8 * 16
+}
+
+// PayloadPerLine describes a push protocol's line for error messages.
+func PayloadPerLine(protocol string) string {
+	if protocol == ProtocolLL128 {
+		return "LL128 lines carry 120 payload bytes in 128"
+	}
+	return "LL lines carry 8 payload bytes in 16"
+}
+
+// ThreadUnits is how many units of work one chunk of chunkElems elements
+// gives the kernel's threads: vectors for barrier kernels, 16-byte inbox
+// units for push kernels (an LL line, or one eighth of an LL128 line).
+// Launches size their grid from it.
+func (k *Kernel) ThreadUnits(chunkElems int64, elemSize int) int64 {
+	if k.Push() {
+		return InboxChunkBytes(k.Protocol, chunkElems*int64(elemSize)) / 16
+	}
+	vec := k.VecElems(elemSize)
+	return (chunkElems + vec - 1) / vec
+}
 
 // SlotBytes returns how many bytes of a stage slot the kernel needs for a
 // collective whose buffer holds fullBytes split in chunks of chunkBytes:
-// the whole buffer for barrier kernels, the inbox for LL kernels.
+// the whole buffer for barrier kernels, the inbox for push kernels.
 func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
-	if k.Protocol == ProtocolLL {
-		return int64(k.InboxChunks) * LLChunkBytes(chunkBytes)
+	if k.Push() {
+		return int64(k.InboxChunks) * InboxChunkBytes(k.Protocol, chunkBytes)
 	}
 	return fullBytes
 }

@@ -89,9 +89,11 @@ type kernelContext struct {
 	FinalOptional        bool
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
-	// LL: the schedule uses schedule.ProtocolLL; its steps are rendered as
-	// fused line loops (see llGroups) with no barriers.
-	LL bool
+	// LL: the schedule uses a push protocol (schedule.Protocol.Push); its
+	// steps are rendered as fused unit loops (see llGroups) with no
+	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
+	LL    bool
+	Proto string
 }
 
 type table struct{ Name, Values string }
@@ -170,8 +172,9 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		}
 		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, idx(r.Chunk))
 	}
-	if s.Protocol == schedule.ProtocolLL {
+	if s.Protocol.Push() {
 		c.LL = true
+		c.Proto = "cg_" + string(s.Protocol)
 		for pi, ph := range s.Phases {
 			pc := phaseContext{}
 			for _, g := range llGroups(ph.Steps) {
@@ -266,10 +269,13 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 	return groups
 }
 
-// llGroup renders one LL group as a loop over the 8-byte payload lines of
-// its chunk. Every step of a kernel that touches chunk c uses the same
-// work-split shift (c times the lines per chunk), so one thread handles
-// line l of chunk c in every phase.
+// llGroup renders one push group as a loop over the 16-byte inbox units of
+// its chunk, through the protocol struct PR (common.cuh.tmpl). Every step
+// of a kernel that touches chunk c uses the same work-split shift (c times
+// the units per chunk), so one thread handles unit u of chunk c in every
+// phase. The loop's trip count is the same for all threads of a line
+// (units and the grid are multiples of a line's units), so the threads of
+// an LL128 line reach every poll and store together.
 func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool,
 	expr func(schedule.Ref, bool) string) (stepContext, error) {
 	lead := g[0]
@@ -288,10 +294,10 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	} else {
 		add("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", idx(chunkRef.Chunk))
 	}
-	add("const cg_s64 lines = cg_ll_lines<E>(sp.n);")
+	add("const cg_s64 units = PR::units<E>(sp.n);")
 	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	// ptr declares a pointer to a ref's chunk (expr's expression) and
-	// returns its name; inbox pointers are bytes (16-byte lines).
+	// returns its name; inbox pointers are bytes (16-byte units).
 	names := 0
 	ptr := func(r schedule.Ref, constant bool) string {
 		name := fmt.Sprintf("p%d", names)
@@ -309,23 +315,23 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	var body []string
 	line := func(format string, args ...any) { body = append(body, "  "+fmt.Sprintf(format, args...)) }
 	wait := func(src schedule.Ref, p, x string) {
-		line("if (!cg_ll_wait(a, %s + l * 16, flag, %s, %s, %d)) goto done;", p, x, idx(src.Lane), phase)
+		line("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d)) goto done;", p, x, idx(src.Lane), phase)
 	}
 	puts := g[1:]
 	switch lead.Kind {
 	case schedule.Put:
 		src := ptr(lead.Srcs[0], true)
-		line("const cg_line x = cg_line_ld(%s, l, sp.n);", src)
+		line("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		puts = g
 	case schedule.Copy:
 		src, dst := ptr(lead.Srcs[0], true), ptr(lead.Dst, false)
 		if lead.Srcs[0].Buf == schedule.Inbox {
-			line("cg_line x;")
+			line("PR::P x;")
 			wait(lead.Srcs[0], src, "x")
 		} else {
-			line("const cg_line x = cg_line_ld(%s, l, sp.n);", src)
+			line("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		}
-		line("cg_line_st(%s, l, sp.n, x);", dst)
+		line("PR::st(%s, u, sp.n, x);", dst)
 	case schedule.Reduce:
 		if k.Op == "" {
 			return sc, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
@@ -335,33 +341,33 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 			srcs[i] = ptr(r, true)
 		}
 		dst := ptr(lead.Dst, false)
-		line("cg_line xs[%d];", len(srcs))
+		line("PR::P xs[%d];", len(srcs))
 		line("bool ok = true;")
 		anyLL := false
 		for i, r := range lead.Srcs {
 			if r.Buf == schedule.Inbox {
 				anyLL = true
-				line("ok &= cg_ll_try(%s + l * 16, flag, xs[%d]);", srcs[i], i)
+				line("ok &= PR::poll(%s + u * 16, flag, xs[%d]);", srcs[i], i)
 			} else {
-				line("xs[%d] = cg_line_ld(%s, l, sp.n);", i, srcs[i])
+				line("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
 			}
 		}
 		if anyLL {
 			line("if (!ok) {")
 			for i, r := range lead.Srcs {
 				if r.Buf == schedule.Inbox {
-					line("  if (!cg_ll_wait(a, %s + l * 16, flag, xs[%d], %s, %d)) goto done;", srcs[i], i, idx(r.Lane), phase)
+					line("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d)) goto done;", srcs[i], i, idx(r.Lane), phase)
 				}
 			}
 			line("}")
 		}
-		line("const cg_line x = cg_line_reduce<T, OP, %d>(xs);", len(srcs))
-		line("cg_line_st(%s, l, sp.n, x);", dst)
+		line("const PR::P x = PR::reduce<T, OP, %d>(xs);", len(srcs))
+		line("PR::st(%s, u, sp.n, x);", dst)
 	}
 	for _, p := range puts {
-		line("cg_ll_store(%s + l * 16, x, flag);", ptr(p.Dst, false))
+		line("PR::store(%s + u * 16, x, flag);", ptr(p.Dst, false))
 	}
-	add("for (cg_s64 l = cg_first(cg_shift(%s, a.chunk, 8 / sizeof(E)), stride); l < lines; l += stride) {", idx(chunkRef.Chunk))
+	add("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); u < units; u += stride) {", idx(chunkRef.Chunk))
 	sc.Lines = append(sc.Lines, body...)
 	add("}")
 	return sc, nil

@@ -30,7 +30,7 @@ echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
 
 echo "== process ranks (CUDA IPC, fatbin from nvcc)"
-if /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
+if /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && ONLY="${PROOF_ONLY:-*}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
   export COLLGEN_FATBIN="$TMP/collgen.fatbin"
 else
   echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"

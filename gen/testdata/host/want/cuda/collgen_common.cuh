@@ -11,14 +11,14 @@ typedef long long cg_s64;  // signed element index
 // hold this many blocks. args.seq has CG_MAX_BLOCKS + 3 words: per-block
 // barrier sequences, then the collective counter and the finished-block
 // counter that choose the stage slot (see cg_stage_slot), then the abort
-// word LL kernels raise after a timeout (see cg_ll_spin).
+// word push kernels raise after a timeout (see cg_push_spin).
 #define CG_MAX_BLOCKS 24
 
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
 // [24,32) barrier index, [32,48) block, [48,64) kernel id.
 #define CG_STATUS_TIMEOUT 1ull
-// An LL kernel waited too long for a peer's data; [24,32) is the phase.
+// A push (LL, LL128) kernel waited too long for a peer's data; [24,32) is the phase.
 #define CG_STATUS_LL_TIMEOUT 2ull
 
 // The by-value argument struct of every kernel of world size W. Member
@@ -345,14 +345,10 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
   }
 }
 
-// ---- LL protocol (schedule.ProtocolLL): push with a flag in every line.
-// A line is 16 bytes, {d0, flag, d1, flag}: 8 payload bytes in two 4-byte
-// words, each followed by the collective's flag. The writer stores a line
-// with one 16-byte volatile store (to a peer's memory, over NVLink); the
-// reader loads it from its own memory with one 16-byte volatile load and
-// accepts it only when both flags match. No fence is needed: each 8-byte
-// half (data word + flag) is written as one unit, so a half that carries
-// the current flag carries the current data.
+// ---- push protocols (schedule.Protocol.Push): every rank stores its data
+// straight into peers' inboxes with the collective's flag in every line;
+// a reader spins on its own memory until a line carries the flag. No
+// barrier, no fence, no remote read.
 //
 // Flags and slots come from the collective counter in args.seq (the
 // epoch): slot = epoch & 1, flag = (epoch >> 1) + 1. Consecutive
@@ -361,83 +357,32 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
 // one, until the current collective writes them. Why two slots suffice is
 // in schedule.Validate (every rank hears from every peer).
 //
-// Inbox layout, inside stage slot `slot` of every rank: W lanes of W
-// chunks; chunk c of lane s starts at (s * W + c) * chunk_ll bytes, where
-// chunk_ll = cg_ll_chunk_bytes(chunk * sizeof(E)) (a line per 8 payload
-// bytes, 16 bytes each). Lane s is written only by rank s.
+// Inbox memory is a sequence of 16-byte units. Inbox layout, inside stage
+// slot `slot` of every rank: W lanes of W chunks; chunk c of lane s starts
+// at (s * W + c) * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
+// 16. Lane s is written only by rank s. Unit u of a chunk is handled by the
+// same thread on every rank and in every phase (work split above, with
+// shift c * PR::units<E>(chunk)), so a thread that computes a unit's value
+// is the thread that sends it.
+//
+// The two protocols, cg_ll and cg_ll128, share one interface, which the
+// generated kernels use through `typedef cg_ll PR;` (or cg_ll128):
+//   P                      a unit's payload, in registers
+//   units<E>(n)            16-byte inbox units of an n-element span
+//   ld<E>(p, u, n)         unit u's payload from an n-element span (zero past n)
+//   st<E>(p, u, n, x)      unit u's payload into a span (only elements < n)
+//   store(p, x, flag)      send a unit: p is its inbox address
+//   poll(p, flag, x)       load a unit once; true when it carries flag
+//   reduce<T, OP, NS>(xs)  elementwise reduction of NS payloads
+//   agree(b)               b as its line's leader sees it (one value per line)
+// poll, store and agree must be reached by all threads of a line together
+// (for LL128, the 8 threads of a line; the generated loops guarantee it).
 
-// A line's 8 payload bytes, as two words (cg_vec<E, 8> views them as elements).
+// An 8-byte payload word (cg_vec<E, 8> views it as elements).
 typedef uint2 cg_line;
 
-__device__ __forceinline__ cg_u64 cg_ll_chunk_bytes(cg_u64 chunk_bytes) { return (chunk_bytes + 7) / 8 * 16; }
-
-template <class E>
-__device__ __forceinline__ cg_s64 cg_ll_lines(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 7) / 8; }
-
-template <int W>
-__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
-  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
-}
-
-__device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
-  return *(volatile const cg_u64*)(seq + CG_MAX_BLOCKS);
-}
-
-__device__ __forceinline__ void cg_ll_store(void* p, cg_line d, unsigned flag) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(flag), "r"(d.y), "r"(flag) : "memory");
-}
-
-// cg_ll_try loads a line once; true when both halves carry flag.
-__device__ __forceinline__ bool cg_ll_try(const void* p, unsigned flag, cg_line& d) {
-  unsigned f0, f1;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(f0), "=r"(d.y), "=r"(f1) : "l"(p) : "memory");
-  return f0 == flag && f1 == flag;
-}
-
-// cg_ll_spin spins until the line carries flag. It gives up (ok false)
-// after timeout_ns, reporting the peer and phase in the status word and
-// raising the abort word (args.seq[CG_MAX_BLOCKS + 2], device memory),
-// or as soon as another thread has raised it, so a dead peer costs one
-// timeout, not one per line. The spin never reads the host-mapped status
-// word: PCIe reads of host memory serialise, and thousands of spinning
-// threads reading it cost milliseconds. Out of line: it is the slow path;
-// scalar arguments and a by-value result keep the caller's lines in
-// registers and its argument struct in constant memory.
-struct cg_ll_result { cg_line d; bool ok; };
-__device__ __noinline__ cg_ll_result cg_ll_spin(const void* p, unsigned flag, cg_u64* status, cg_u64* seq, cg_u64 timeout_ns,
-                                                int rank, int peer, int phase, int kernel_id) {
-  cg_ll_result r;
-  r.ok = false;
-  r.d.x = r.d.y = 0;
-  volatile cg_u64* abort = seq + CG_MAX_BLOCKS + 2;
-  const cg_u64 deadline = cg_now_ns() + timeout_ns;
-  for (unsigned it = 1;; it++) {
-    if (cg_ll_try(p, flag, r.d)) {
-      r.ok = true;
-      return r;
-    }
-    if ((it & 63) == 0) {
-      if (*abort != 0) return r;
-      if (cg_now_ns() > deadline) {
-        cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
-        *abort = 1;
-        return r;
-      }
-    }
-  }
-}
-
-// cg_ll_wait returns the line once it carries flag (see cg_ll_spin).
-template <int W>
-__device__ __forceinline__ bool cg_ll_wait(const collgen_args<W>& a, const void* p, unsigned flag, cg_line& d, int peer, int phase) {
-  if (cg_ll_try(p, flag, d)) return true;
-  const cg_ll_result r = cg_ll_spin(p, flag, a.status, a.seq, a.timeout_ns, a.rank, peer, phase, a.kernel_id);
-  d = r.d;
-  return r.ok;
-}
-
-// cg_line_ld reads payload line `line` of an n-element span (elements past
-// n read as zero); cg_line_st writes the line's elements that lie inside
+// cg_line_ld reads 8-byte word `line` of an n-element span (elements past
+// n read as zero); cg_line_st writes the word's elements that lie inside
 // the span. Both take the scalar path when the span is not 8-byte aligned.
 template <class E>
 __device__ __forceinline__ cg_line cg_line_ld(const E* p, cg_s64 line, cg_s64 n) {
@@ -468,14 +413,14 @@ __device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line 
   }
 }
 
-// cg_line_reduce combines NS lines elementwise in source order, accumulating
-// in T::A (as cg_reduce does).
-template <class T, class OP, int NS>
-__device__ __forceinline__ cg_line cg_line_reduce(const cg_line (&x)[NS]) {
+// cg_words_reduce combines NS payloads of VB bytes elementwise in source
+// order, accumulating in T::A (as cg_reduce does).
+template <class T, class OP, int NS, int VB, class R>
+__device__ __forceinline__ R cg_words_reduce(const R (&x)[NS]) {
   typedef typename T::E E;
   typedef typename T::A A;
-  constexpr int V = 8 / sizeof(E);
-  cg_vec<E, 8> in[NS], out;
+  constexpr int V = VB / sizeof(E);
+  cg_vec<E, VB> in[NS], out;
 #pragma unroll
   for (int j = 0; j < NS; j++) in[j].raw = x[j];
 #pragma unroll
@@ -486,6 +431,143 @@ __device__ __forceinline__ cg_line cg_line_reduce(const cg_line (&x)[NS]) {
     out.e[e] = T::down(acc);
   }
   return out.raw;
+}
+
+// cg_ll (schedule.ProtocolLL): a unit is a line of 16 bytes, {d0, flag,
+// d1, flag}: 8 payload bytes in two 4-byte words, each followed by the
+// flag, written with one 16-byte volatile store and read with one 16-byte
+// volatile load. No fence is needed: each 8-byte half (data word + flag)
+// is written as one unit, so a half that carries the current flag carries
+// the current data.
+struct cg_ll {
+  typedef cg_line P;
+  template <class E>
+  static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 7) / 8; }
+  template <class E>
+  static __device__ __forceinline__ P ld(const E* p, cg_s64 u, cg_s64 n) { return cg_line_ld(p, u, n); }
+  template <class E>
+  static __device__ __forceinline__ void st(E* p, cg_s64 u, cg_s64 n, P x) { cg_line_st(p, u, n, x); }
+  static __device__ __forceinline__ void store(void* p, P d, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(flag), "r"(d.y), "r"(flag) : "memory");
+  }
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d) {
+    unsigned f0, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(f0), "=r"(d.y), "=r"(f1) : "l"(p) : "memory");
+    return f0 == flag && f1 == flag;
+  }
+  template <class T, class OP, int NS>
+  static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 8>(x); }
+  static __device__ __forceinline__ bool agree(bool b) { return b; }
+};
+
+// cg_ll128 (schedule.ProtocolLL128): a line is 128 bytes (8 units) holding
+// 120 payload bytes: 15 8-byte words, then the flag twice in the last 8
+// bytes. Line L of a span carries payload words 15L..15L+14; unit j of the
+// line holds words 15L+2j and 15L+2j+1, except unit 7, which holds word
+// 15L+14 and the flag. The 8 threads that own a line (consecutive lanes
+// 8k..8k+7 of one warp, by the work split, since units per chunk and
+// threads per grid are multiples of 8) store it with one warp-wide 16-byte
+// volatile store and load it with one 16-byte volatile load; the flag
+// thread checks the flag and tells the others with a shuffle.
+//
+// Correctness rests on the hardware, not the PTX memory model: a warp's
+// store of a whole aligned 128-byte line over NVLink reaches the peer's
+// memory as one unit, and a warp's load of it reads one unit. NCCL's LL128
+// protocol relies on the same property and enables it on NVLink GPUs from
+// Volta on (Hopper included); the proof (tests/proof) checks every kernel
+// on the machine. The __syncwarp before each store and load keeps the
+// line's 8 threads converged so the access is one instruction.
+struct cg_ll128 {
+  typedef uint4 P;  // two payload words; the flag unit's second word is unused
+  template <class E>
+  static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 119) / 120 * 8; }
+  static __device__ __forceinline__ bool flag_unit(cg_s64 u) { return (u & 7) == 7; }
+  static __device__ __forceinline__ cg_s64 word(cg_s64 u) { return (u >> 3) * 15 + (u & 7) * 2; }
+  static __device__ __forceinline__ unsigned line_mask() { return 0xffu << (threadIdx.x & 24); }
+  template <class E>
+  static __device__ __forceinline__ P ld(const E* p, cg_s64 u, cg_s64 n) {
+    const cg_s64 w = word(u);
+    const cg_line lo = cg_line_ld(p, w, n);
+    cg_line hi = {0u, 0u};
+    if (!flag_unit(u)) hi = cg_line_ld(p, w + 1, n);
+    P x = {lo.x, lo.y, hi.x, hi.y};
+    return x;
+  }
+  template <class E>
+  static __device__ __forceinline__ void st(E* p, cg_s64 u, cg_s64 n, P x) {
+    const cg_s64 w = word(u);
+    const cg_line lo = {x.x, x.y}, hi = {x.z, x.w};
+    cg_line_st(p, w, n, lo);
+    if (!flag_unit(u)) cg_line_st(p, w + 1, n, hi);
+  }
+  // store: p is unit u's inbox address; lines are 128-byte aligned, so the
+  // flag unit is the one at offset 112 of its line.
+  static __device__ __forceinline__ void store(void* p, P d, unsigned flag) {
+    if ((((cg_u64)p >> 4) & 7) == 7) d.z = d.w = flag;
+    __syncwarp(line_mask());
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
+  }
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d) {
+    __syncwarp(line_mask());
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w) : "l"(p) : "memory");
+    return agree(d.z == flag && d.w == flag);
+  }
+  template <class T, class OP, int NS>
+  static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 16>(x); }
+  static __device__ __forceinline__ bool agree(bool b) { return __shfl_sync(line_mask(), (int)b, 7, 8) != 0; }
+};
+
+template <int W>
+__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
+  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
+}
+
+__device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
+  return *(volatile const cg_u64*)(seq + CG_MAX_BLOCKS);
+}
+
+// cg_push_spin spins until the unit carries flag. It gives up (ok false)
+// after timeout_ns, reporting the peer and phase in the status word and
+// raising the abort word (args.seq[CG_MAX_BLOCKS + 2], device memory),
+// or as soon as another thread has raised it, so a dead peer costs one
+// timeout, not one per line. Threads of one line decide together (agree),
+// so they stay converged. The spin never reads the host-mapped status
+// word: PCIe reads of host memory serialise, and thousands of spinning
+// threads reading it cost milliseconds. Out of line: it is the slow path;
+// scalar arguments and a by-value result keep the caller's lines in
+// registers and its argument struct in constant memory.
+template <class PR>
+struct cg_push_result { typename PR::P d; bool ok; };
+template <class PR>
+__device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned flag, cg_u64* status, cg_u64* seq, cg_u64 timeout_ns,
+                                                        int rank, int peer, int phase, int kernel_id) {
+  cg_push_result<PR> r;
+  r.ok = false;
+  volatile cg_u64* abort = seq + CG_MAX_BLOCKS + 2;
+  const cg_u64 deadline = cg_now_ns() + timeout_ns;
+  for (unsigned it = 1;; it++) {
+    if (PR::poll(p, flag, r.d)) {
+      r.ok = true;
+      return r;
+    }
+    if ((it & 63) == 0) {
+      if (PR::agree(*abort != 0)) return r;
+      if (PR::agree(cg_now_ns() > deadline)) {
+        cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
+        *abort = 1;
+        return r;
+      }
+    }
+  }
+}
+
+// cg_push_wait returns the unit once it carries flag (see cg_push_spin).
+template <class PR, int W>
+__device__ __forceinline__ bool cg_push_wait(const collgen_args<W>& a, const void* p, unsigned flag, typename PR::P& d, int peer, int phase) {
+  if (PR::poll(p, flag, d)) return true;
+  const cg_push_result<PR> r = cg_push_spin<PR>(p, flag, a.status, a.seq, a.timeout_ns, a.rank, peer, phase, a.kernel_id);
+  d = r.d;
+  return r.ok;
 }
 
 __device__ __forceinline__ int cg_rel(int rank, int k, int w) {

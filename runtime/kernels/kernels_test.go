@@ -1,0 +1,42 @@
+package kernels
+
+import "testing"
+
+// TestInboxFootprint pins the inbox sizes the CUDA header computes
+// (cg_ll::units, cg_ll128::units times 16 bytes): the runtime sizes stage
+// slots and grids from them, so a mismatch would overrun a slot.
+func TestInboxFootprint(t *testing.T) {
+	for _, c := range []struct {
+		protocol string
+		bytes    int64
+		want     int64
+	}{
+		{ProtocolLL, 0, 0},
+		{ProtocolLL, 1, 16},
+		{ProtocolLL, 8, 16},
+		{ProtocolLL, 9, 32},
+		{ProtocolLL128, 1, 128},
+		{ProtocolLL128, 120, 128},
+		{ProtocolLL128, 121, 256},
+		{ProtocolLL128, 1 << 20, 8739 * 128},
+	} {
+		if got := InboxChunkBytes(c.protocol, c.bytes); got != c.want {
+			t.Errorf("InboxChunkBytes(%q, %d) = %d, want %d", c.protocol, c.bytes, got, c.want)
+		}
+	}
+	k := &Kernel{Protocol: ProtocolLL128, InboxChunks: 16, Launch: Launch{VectorBytes: 8}}
+	// 1000 bf16 elements: 2000 bytes, 17 lines of 8 units.
+	if got := k.ThreadUnits(1000, 2); got != 17*8 {
+		t.Errorf("LL128 ThreadUnits = %d, want %d", got, 17*8)
+	}
+	if got := k.SlotBytes(8000, 2000); got != 16*17*128 {
+		t.Errorf("LL128 SlotBytes = %d, want %d", got, 16*17*128)
+	}
+	b := &Kernel{Launch: Launch{VectorBytes: 16}}
+	if got := b.ThreadUnits(1000, 2); got != 125 || b.Push() || !k.Push() {
+		t.Errorf("barrier ThreadUnits = %d (want 125), Push %v/%v", got, b.Push(), k.Push())
+	}
+	if got := b.SlotBytes(8000, 2000); got != 8000 {
+		t.Errorf("barrier SlotBytes = %d, want 8000", got)
+	}
+}
