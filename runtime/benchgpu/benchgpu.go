@@ -375,8 +375,10 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 		if sel.Kind == schedule.KindHostShm || !containsInt(sel.Worlds, world) {
 			continue
 		}
-		if m := lib.RulesSlotBound(sel, world); m > s {
-			s = m
+		for _, m := range lib.RulesSlotBounds(sel, world) {
+			if m > s {
+				s = m
+			}
 		}
 	}
 	if limit > 0 && s > limit {

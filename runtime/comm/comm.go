@@ -52,8 +52,11 @@ type Config struct {
 	// Timeout bounds every wait of a rank for a peer; a kernel that waits
 	// longer reports a timeout instead of hanging. Default DefaultTimeout.
 	Timeout time.Duration
-	// StagingBytes sizes the registered staging buffer (GPU). 0 takes the
-	// largest message size the topology's rules send to a generated kernel.
+	// StagingBytes sizes the registered staging buffer (GPU): each stage
+	// slot holds one area per kernel protocol (barrier, ll, ll128), and
+	// StagingBytes sets every area. 0 sizes each area for the largest
+	// message the topology's rules send to a kernel of its protocol (an LL
+	// inbox takes 2W times the message, an LL128 inbox about 1.07W times).
 	StagingBytes int64
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.

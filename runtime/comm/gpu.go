@@ -26,9 +26,9 @@ import (
 //	         and scratch, write inbox lines into stage, and write their
 //	         arrival flags into the signal pad); consecutive collectives
 //	         alternate stage slots, which lets the kernels skip their final
-//	         barrier (see the CUDA header). A slot holds one area of S bytes
-//	         per protocol the library's kernels use at this world size
-//	         (barrier, ll, ll128; see areaStage): a push kernel reads a line's
+//	         barrier (see the CUDA header). A slot holds one area per
+//	         protocol the library's kernels use at this world size
+//	         (barrier, ll, ll128; see area and areaStage): a push kernel reads a line's
 //	         flag words, and only lines of its own protocol are sure to hold
 //	         a flag there (a barrier kernel's staged data, or another line
 //	         format, could hold any bits, the current flag included).
@@ -50,8 +50,8 @@ type gpuComm struct {
 
 	topology   string
 	sels       map[string]*kernels.Selection // by collective
-	staging    int64                         // S, bytes: each protocol's area of a stage slot
-	slotBytes  int64                         // one stage slot: S per protocol
+	area       map[string]int64              // protocol -> bytes of its area in each stage slot
+	slotBytes  int64                         // one stage slot: the sum of the areas
 	maxBlocks  int
 	region     cuda.DevicePtr
 	regionMap  *ipc.Mapping
@@ -130,7 +130,7 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	// Agree on everything that could differ between ranks.
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := agreement{Library: fmt.Sprintf("%x", sha256.Sum256([]byte(lib.Manifest))), Topology: g.topology,
-		Staging: g.staging, World: g.world}
+		Staging: g.slotBytes, World: g.world}
 	var lib0 *nccl.Lib
 	switch {
 	case cfg.DisableNCCL:
@@ -181,19 +181,8 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 		}
 	}
 	sigBytes := alignUp(int64(g.maxBlocks*g.world*8), regionAlign)
-	g.areaStage = map[string][]cuda.DevicePtr{}
-	for _, k := range lib.Kernels {
-		if k.World == g.world {
-			g.areaStage[k.Protocol] = nil
-		}
-	}
-	protocols := make([]string, 0, len(g.areaStage))
-	for p := range g.areaStage {
-		protocols = append(protocols, p)
-	}
-	sort.Strings(protocols)
-	g.slotBytes = int64(len(protocols)) * g.staging
-	total := 2*g.slotBytes + g.staging + sigBytes
+	scratchBytes := g.area[""] // only barrier kernels use scratch
+	total := 2*g.slotBytes + scratchBytes + sigBytes
 	if g.region, err = dev.Alloc(int(total)); err != nil {
 		return nil, fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err)
 	}
@@ -213,12 +202,17 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	if g.regionMap, err = ipc.Exchange(ctx, cfg.Store, key+"/region", cfg.Rank, g.world, dev, g.region, int(total)); err != nil {
 		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
 	}
+	// Areas in protocol order, barrier ("") first: zero-copy's single
+	// slot then starts where the barrier area does.
+	g.areaStage = map[string][]cuda.DevicePtr{}
 	for _, p := range g.regionMap.Peers() {
-		for i, proto := range protocols {
-			g.areaStage[proto] = append(g.areaStage[proto], p+cuda.DevicePtr(int64(i)*g.staging))
+		off := int64(0)
+		for _, proto := range g.lib.Protocols(g.world) {
+			g.areaStage[proto] = append(g.areaStage[proto], p+cuda.DevicePtr(off))
+			off += g.area[proto]
 		}
 		g.scratch = append(g.scratch, p+cuda.DevicePtr(2*g.slotBytes))
-		g.signal = append(g.signal, p+cuda.DevicePtr(2*g.slotBytes+g.staging))
+		g.signal = append(g.signal, p+cuda.DevicePtr(2*g.slotBytes+scratchBytes))
 	}
 	// Every rank has zeroed its pad before any rank can signal into it.
 	if err := rendezvous.Barrier(ctx, cfg.Store, key+"/ready", cfg.Rank, g.world); err != nil {
@@ -255,7 +249,7 @@ func (g *gpuComm) pickTopology() error {
 		return fmt.Errorf("comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
 	}
 	g.topology = topo
-	var max int64
+	bounds := map[string]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
 		if s.Topology != topo {
@@ -265,17 +259,23 @@ func (g *gpuComm) pickTopology() error {
 		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
 			return fmt.Errorf("comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
 		}
-		if m := lib.RulesSlotBound(s, cfg.WorldSize); m > max {
-			max = m
+		for p, m := range lib.RulesSlotBounds(s, cfg.WorldSize) {
+			bounds[p] = max(bounds[p], m)
 		}
 	}
-	if cfg.StagingBytes > 0 {
-		max = cfg.StagingBytes
+	// Each protocol's area holds what its rules need, or StagingBytes.
+	g.area, g.slotBytes = map[string]int64{}, 0
+	for _, p := range lib.Protocols(cfg.WorldSize) {
+		n := bounds[p]
+		if cfg.StagingBytes > 0 {
+			n = cfg.StagingBytes
+		}
+		if n == 0 {
+			n = 1 << 20 // room for explicitly requested small collectives
+		}
+		g.area[p] = alignUp(n, regionAlign)
+		g.slotBytes += g.area[p]
 	}
-	if max == 0 {
-		max = 1 << 20 // room for explicitly requested small collectives
-	}
-	g.staging = alignUp(max, regionAlign)
 	return nil
 }
 
@@ -351,7 +351,7 @@ func (g *gpuComm) choose(collective string, bytes int64, dtype, op string) (stri
 	if alg != NCCL {
 		if k, ok := g.lib.Kernel(collective, alg, dtype, op, g.world); !ok {
 			alg = NCCL // the spec generated no kernel for this dtype/op: the rules' fallback
-		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(kernels.DTypeSize(dtype)), dtype: dtype}) > g.staging {
+		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(kernels.DTypeSize(dtype)), dtype: dtype}) > g.area[k.Protocol] {
 			alg = NCCL
 		}
 	}
@@ -436,14 +436,14 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 			c.collective, alg, alg, c.dtype, c.op, g.world)
 	}
 	if k.Push() {
-		if need := g.slotNeed(k, c); need > g.staging {
-			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (%s), more than the %d-byte staging buffer; raise Config.StagingBytes or use another algorithm",
-				c.collective, alg, bytes, need, kernels.PayloadPerLine(k.Protocol), g.staging)
+		if need := g.slotNeed(k, c); need > g.area[k.Protocol] {
+			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
+				c.collective, alg, bytes, need, kernels.PayloadPerLine(k.Protocol), g.area[k.Protocol], k.Protocol)
 		}
-	} else if bytes > g.staging {
+	} else if bytes > g.area[k.Protocol] {
 		if _, _, zc := g.zeroCopy(k, c); !zc {
 			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
-				c.collective, alg, bytes, g.staging)
+				c.collective, alg, bytes, g.area[k.Protocol])
 		}
 	}
 	return nil
@@ -579,8 +579,8 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 		for r, p := range peers {
 			stage[r] = p + off
 		}
-	} else if need := k.SlotBytes(c.n*size, chunk*size); need > g.staging {
-		return fmt.Errorf("comm: %s: needs %d bytes of stage slot, the staging buffer has %d", k.Name, need, g.staging)
+	} else if need := k.SlotBytes(c.n*size, chunk*size); need > g.area[k.Protocol] {
+		return fmt.Errorf("comm: %s: needs %d bytes of stage slot, the staging buffer's area for it has %d", k.Name, need, g.area[k.Protocol])
 	}
 	l := k.Args
 	a := make([]byte, l.Size)

@@ -2,6 +2,7 @@ package comm
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -27,15 +28,18 @@ func TestPickTopology(t *testing.T) {
 	if g.topology != "nvswitch" {
 		t.Errorf("auto topology %q, want nvswitch (nvlink_full preferred)", g.topology)
 	}
-	// The largest need of any rule: all-gather's one-shot up to 16 MiB
-	// (twoshot_ll up to 1 MiB needs 16 inbox chunks of 256 KiB payload,
-	// 512 KiB as LL lines: 8 MiB).
-	if g.staging != 16<<20 {
-		t.Errorf("staging %d, want the largest custom rule's need, 16 MiB", g.staging)
+	// Each protocol's area holds its rules' largest need: barrier kernels
+	// all-gather's one-shot up to 16 MiB; LL all-reduce's twoshot_ll and
+	// all-gather's oneshot_ll up to 256 KiB (16 inbox chunks of 64 KiB
+	// payload, 128 KiB as LL lines: 2 MiB); LL128 all-reduce's twoshot_ll128
+	// up to 8 MiB (16 chunks of 2 MiB payload in 17477 lines of 128 bytes).
+	want := map[string]int64{"": 16 << 20, "ll": 2 << 20, "ll128": 16 * 17477 * 128}
+	if !maps.Equal(g.area, want) || g.slotBytes != want[""]+want["ll"]+want["ll128"] {
+		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 4, Topology: "pcie", StagingBytes: 3000})
-	if err != nil || g.topology != "pcie" || g.staging != 3072 {
-		t.Errorf("pcie with 3000 staging bytes: %q %d %v", g.topology, g.staging, err)
+	if err != nil || g.topology != "pcie" || g.area[""] != 3072 || g.area["ll128"] != 3072 {
+		t.Errorf("pcie with 3000 staging bytes: %q %v %v", g.topology, g.area, err)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 8})
 	if err != nil || g.topology != "nvswitch" {
@@ -73,7 +77,8 @@ func TestChooseAndRefuse(t *testing.T) {
 		{"allreduce", "bf16", 128 << 10, "twoshot_ll"},
 		{"allreduce", "bf16", 1 << 20, "twoshot_ll128"},
 		{"reduce_scatter", "f16", 1 << 20, "oneshot_ll128"},
-		{"allreduce", "bf16", 4 << 20, "twoshot"},
+		{"allreduce", "bf16", 4 << 20, "twoshot_ll128"},
+		{"allreduce", "bf16", 9 << 20, "twoshot"},
 		{"reduce_scatter", "f32", 4 << 20, "oneshot"},
 		{"allgather", "e4m3", 64 << 10, "oneshot_ll"},
 	} {
@@ -102,8 +107,8 @@ func TestChooseAndRefuse(t *testing.T) {
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "hcm", "has no kernel hcm for bf16 sum at world size 4"},
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "nccl", "algorithm nccl refused: NCCL is unavailable on rank 2"},
 		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 16 << 20}, "twoshot", "exceed the 16777216-byte staging buffer"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16)"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "twoshot_ll128", "4194304 bytes need 17897472 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 2097152-byte ll area"},
+		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 8 << 20}, "twoshot_ll128", "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 	}
 	for _, r := range refuse {
 		size := int64(kernels.DTypeSize(r.c.dtype))

@@ -6,6 +6,7 @@ package kernels
 
 import (
 	"fmt"
+	"sort"
 	"sync"
 
 	"github.com/collgen/collgen/schedule"
@@ -220,20 +221,52 @@ func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64
 	return need
 }
 
-// RulesSlotBound is the most stage-slot bytes any rule of a selection that
-// uses a generated algorithm needs at a world size (0 when every rule is
-// NCCL; unbounded rules count at 0 bytes, see MaxCustomBytes).
-func (l *Library) RulesSlotBound(s *Selection, world int) int64 {
-	var max int64
+// RulesSlotBounds is, per protocol (Kernel.Protocol), the most stage-slot
+// bytes any rule of a selection needs at a world size among the rules that
+// use a generated algorithm of that protocol (NCCL rules and algorithms
+// without kernels at this world count for nothing; unbounded rules count
+// at 0 bytes, see MaxCustomBytes).
+func (l *Library) RulesSlotBounds(s *Selection, world int) map[string]int64 {
+	bounds := map[string]int64{}
 	for _, r := range s.Rules {
 		if r.Use == "nccl" {
 			continue
 		}
-		if m := l.SlotBound(s.Collective, r.Use, world, r.UpTo); m > max {
-			max = m
+		protocol, ok := l.protocolOf(s.Collective, r.Use, world)
+		if !ok {
+			continue
+		}
+		if m := l.SlotBound(s.Collective, r.Use, world, r.UpTo); m > bounds[protocol] {
+			bounds[protocol] = m
 		}
 	}
-	return max
+	return bounds
+}
+
+// protocolOf returns the protocol of an algorithm's kernels at a world size.
+func (l *Library) protocolOf(collective, algorithm string, world int) (string, bool) {
+	for i := range l.Kernels {
+		k := &l.Kernels[i]
+		if k.Collective == collective && k.Algorithm == algorithm && k.World == world {
+			return k.Protocol, true
+		}
+	}
+	return "", false
+}
+
+// Protocols lists, sorted, the protocols of the library's kernels at a
+// world size (barrier, "", first).
+func (l *Library) Protocols(world int) []string {
+	seen := map[string]bool{}
+	var out []string
+	for i := range l.Kernels {
+		if p := l.Kernels[i].Protocol; l.Kernels[i].World == world && !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 type kernelKey struct {
