@@ -669,7 +669,10 @@ func TestProofZeroCopy(t *testing.T) {
 	defer writeSummary(t)
 	ws := worlds(ngpu)
 	w := ws[len(ws)-1]
-	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, Group: "zerocopy"})
+	// Barrier kernels read the symmetric input in place whatever the
+	// staging size; push kernels (never zero-copy) need their inbox area to
+	// hold the largest count below, more than the rules' default sizing.
+	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 16 << 20, Group: "zerocopy"})
 	defer closeComms(comms)
 	const maxBytes = 4 << 20
 	syms := make([]cuda.DevicePtr, w)
