@@ -79,7 +79,7 @@ func TestChooseAndRefuse(t *testing.T) {
 		{"reduce_scatter", "f16", 1 << 20, "oneshot_ll128"},
 		{"allreduce", "bf16", 4 << 20, "twoshot_ll128"},
 		{"allreduce", "bf16", 9 << 20, "twoshot"},
-		{"reduce_scatter", "f32", 4 << 20, "oneshot"},
+		{"reduce_scatter", "f32", 4 << 20, "oneshot_ll128"},
 		{"allgather", "e4m3", 64 << 10, "oneshot_ll"},
 	} {
 		got, err := g.choose(c.coll, c.bytes, c.dtype, "sum")
