@@ -21,17 +21,19 @@ import (
 
 // gpuComm is the GPU backend. Memory it owns, per rank:
 //
-//	region   one cuMemAlloc: [stage slot 0][stage slot 1][scratch S]
+//	region   one cuMemAlloc: [stage slot 0][stage slot 1][scratch]
 //	         [signal pad], exported to peers through ipc (peers read stage
 //	         and scratch, write inbox lines into stage, and write their
 //	         arrival flags into the signal pad); consecutive collectives
 //	         alternate stage slots, which lets the kernels skip their final
 //	         barrier (see the CUDA header). A slot holds one area per
 //	         protocol the library's kernels use at this world size
-//	         (barrier, ll, ll128; see area and areaStage): a push kernel reads a line's
-//	         flag words, and only lines of its own protocol are sure to hold
-//	         a flag there (a barrier kernel's staged data, or another line
-//	         format, could hold any bits, the current flag included).
+//	         (barrier, ll, ll128; see area and areaStage): a push kernel
+//	         reads a line's flag words, and only lines of its own protocol
+//	         are sure to hold an older flag there (a barrier kernel's staged
+//	         data, or another line format, could hold any bits, the current
+//	         flag included). Scratch, used by barrier kernels only, is as
+//	         large as the barrier area.
 //	seq      MaxBlocks barrier sequence counters plus the collective and
 //	         finished-block counters and the LL abort word (local device
 //	         memory)
@@ -202,8 +204,7 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	if g.regionMap, err = ipc.Exchange(ctx, cfg.Store, key+"/region", cfg.Rank, g.world, dev, g.region, int(total)); err != nil {
 		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
 	}
-	// Areas in protocol order, barrier ("") first: zero-copy's single
-	// slot then starts where the barrier area does.
+	// Areas in Library.Protocols order, the same on every rank.
 	g.areaStage = map[string][]cuda.DevicePtr{}
 	for _, p := range g.regionMap.Peers() {
 		off := int64(0)
