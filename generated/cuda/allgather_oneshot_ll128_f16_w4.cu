@@ -37,11 +37,12 @@ allgather_oneshot_ll128_f16_w4(const collgen_args_w4 a) {
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
     }
   }
 
@@ -52,7 +53,7 @@ allgather_oneshot_ll128_f16_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::st(p1, u, sp.n, x);
     }
@@ -63,9 +64,10 @@ allgather_oneshot_ll128_f16_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -75,9 +77,10 @@ allgather_oneshot_ll128_f16_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -87,9 +90,10 @@ allgather_oneshot_ll128_f16_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 1)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 1, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }

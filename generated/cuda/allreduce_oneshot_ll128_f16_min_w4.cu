@@ -52,12 +52,13 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+3[rank][rank+1] <- put(input@rank[rank+1])
@@ -69,12 +70,13 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+3[rank][rank+2] <- put(input@rank[rank+2])
@@ -86,12 +88,13 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+1[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+2[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
@@ -103,12 +106,13 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
     }
   }
 
@@ -122,18 +126,19 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, rank, chunk_ll);
     const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, rank, chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 4>(xs);
       PR::st(p4, u, sp.n, x);
@@ -148,18 +153,19 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 1, W), chunk_ll);
     const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 1, W), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 4>(xs);
       PR::st(p4, u, sp.n, x);
@@ -174,18 +180,19 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 2, W), chunk_ll);
     const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 2, W), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 4>(xs);
       PR::st(p4, u, sp.n, x);
@@ -200,18 +207,19 @@ allreduce_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
     const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 3, W), chunk_ll);
     const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 3, W), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 4>(xs);
       PR::st(p4, u, sp.n, x);

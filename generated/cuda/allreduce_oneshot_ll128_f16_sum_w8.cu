@@ -108,16 +108,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+3[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+4[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+5[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+6[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+7[rank][rank+1] <- put(input@rank[rank+1])
@@ -133,16 +134,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+3[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+4[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+5[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+6[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+7[rank][rank+2] <- put(input@rank[rank+2])
@@ -158,16 +160,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+1[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+2[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+4[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+5[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+6[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+7[rank][rank+3] <- put(input@rank[rank+3])
@@ -183,16 +186,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+1[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+2[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+3[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+5[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+6[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+7[rank][rank+4] <- put(input@rank[rank+4])
@@ -208,16 +212,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+1[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+2[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+3[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+4[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+6[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+7[rank][rank+5] <- put(input@rank[rank+5])
@@ -233,16 +238,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+1[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+2[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+3[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+4[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+5[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+7[rank][rank+6] <- put(input@rank[rank+6])
@@ -258,16 +264,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+1[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+2[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+3[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+4[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+5[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+6[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
@@ -283,16 +290,17 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
     char* const p8 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-      PR::store(p2 + u * 16, x, flag);
-      PR::store(p3 + u * 16, x, flag);
-      PR::store(p4 + u * 16, x, flag);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
-      PR::store(p8 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+      PR::store(p4 + u * 16, x, flag, on);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
+      PR::store(p8 + u * 16, x, flag, on);
     }
   }
 
@@ -310,26 +318,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, rank, chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, rank, chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -348,26 +357,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 1, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 1, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -386,26 +396,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 2, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 2, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -424,26 +435,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 3, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 3, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -462,26 +474,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 4, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 4, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -500,26 +513,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 5, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 5, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -538,26 +552,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 6, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 6, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
@@ -576,26 +591,27 @@ allreduce_oneshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 6, cg_rel(rank, 7, W), chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 7, cg_rel(rank, 7, W), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1)) goto done;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);

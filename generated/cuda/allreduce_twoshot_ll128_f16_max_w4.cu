@@ -40,9 +40,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
@@ -51,9 +52,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
@@ -62,9 +64,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -81,23 +84,24 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     char* const p5 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1)) goto done;
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 4>(xs);
       PR::st(p4, u, sp.n, x);
-      PR::store(p5 + u * 16, x, flag);
-      PR::store(p6 + u * 16, x, flag);
-      PR::store(p7 + u * 16, x, flag);
+      PR::store(p5 + u * 16, x, flag, on);
+      PR::store(p6 + u * 16, x, flag, on);
+      PR::store(p7 + u * 16, x, flag, on);
     }
   }
 
@@ -108,9 +112,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -120,9 +125,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -132,9 +138,10 @@ allreduce_twoshot_ll128_f16_max_w4(const collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }

@@ -52,9 +52,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
@@ -63,9 +64,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
@@ -74,9 +76,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
@@ -85,9 +88,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
@@ -96,9 +100,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
@@ -107,9 +112,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
@@ -118,9 +124,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -145,35 +152,36 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     char* const p13 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p14 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
     char* const p15 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], cg_rel(rank, 4, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], cg_rel(rank, 5, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], cg_rel(rank, 6, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], cg_rel(rank, 7, W), 1)) goto done;
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], cg_rel(rank, 4, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], cg_rel(rank, 5, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], cg_rel(rank, 6, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], cg_rel(rank, 7, W), 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);
-      PR::store(p9 + u * 16, x, flag);
-      PR::store(p10 + u * 16, x, flag);
-      PR::store(p11 + u * 16, x, flag);
-      PR::store(p12 + u * 16, x, flag);
-      PR::store(p13 + u * 16, x, flag);
-      PR::store(p14 + u * 16, x, flag);
-      PR::store(p15 + u * 16, x, flag);
+      PR::store(p9 + u * 16, x, flag, on);
+      PR::store(p10 + u * 16, x, flag, on);
+      PR::store(p11 + u * 16, x, flag, on);
+      PR::store(p12 + u * 16, x, flag, on);
+      PR::store(p13 + u * 16, x, flag, on);
+      PR::store(p14 + u * 16, x, flag, on);
+      PR::store(p15 + u * 16, x, flag, on);
     }
   }
 
@@ -184,9 +192,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -196,9 +205,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -208,9 +218,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -220,9 +231,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 4, W), cg_rel(rank, 4, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 4, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 4, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -232,9 +244,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 5, W), cg_rel(rank, 5, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 5, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 5, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -244,9 +257,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), cg_rel(rank, 6, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 6, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 6, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -256,9 +270,10 @@ allreduce_twoshot_ll128_f16_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), cg_rel(rank, 7, W), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 7, W), 2)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 7, W), 2, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }

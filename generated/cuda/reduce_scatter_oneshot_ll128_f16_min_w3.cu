@@ -32,9 +32,10 @@ reduce_scatter_oneshot_ll128_f16_min_w3(const collgen_args_w3 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
@@ -43,9 +44,10 @@ reduce_scatter_oneshot_ll128_f16_min_w3(const collgen_args_w3 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -58,15 +60,16 @@ reduce_scatter_oneshot_ll128_f16_min_w3(const collgen_args_w3 a) {
     const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
     const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), rank, chunk_ll);
     E* const p3 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[3];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 3>(xs);
       PR::st(p3, u, sp.n, x);

@@ -37,9 +37,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
@@ -48,9 +49,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
@@ -59,9 +61,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
@@ -70,9 +73,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
@@ -81,9 +85,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
@@ -92,9 +97,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
   { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
@@ -103,9 +109,10 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
     char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -123,25 +130,26 @@ reduce_scatter_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
     const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), rank, chunk_ll);
     const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), rank, chunk_ll);
     E* const p8 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
       PR::P xs[8];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2]);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3]);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4]);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5]);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6]);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7]);
-      if (!ok) {
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], cg_rel(rank, 4, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], cg_rel(rank, 5, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], cg_rel(rank, 6, W), 1)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], cg_rel(rank, 7, W), 1)) goto done;
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], cg_rel(rank, 3, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], cg_rel(rank, 4, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], cg_rel(rank, 5, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], cg_rel(rank, 6, W), 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], cg_rel(rank, 7, W), 1, on)) goto done;
       }
       const PR::P x = PR::reduce<T, OP, 8>(xs);
       PR::st(p8, u, sp.n, x);

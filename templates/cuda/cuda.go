@@ -273,9 +273,9 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 // its chunk, through the protocol struct PR (common.cuh.tmpl). Every step
 // of a kernel that touches chunk c uses the same work-split shift (c times
 // the units per chunk), so one thread handles unit u of chunk c in every
-// phase. The loop's trip count is the same for all threads of a line
-// (units and the grid are multiples of a line's units), so the threads of
-// an LL128 line reach every poll and store together.
+// phase. LL128 loops are warp uniform (every lane of a warp runs every
+// iteration; see common.cuh.tmpl), so the 8 threads of a line, and the
+// whole warp, reach every poll and store together.
 func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool,
 	expr func(schedule.Ref, bool) string) (stepContext, error) {
 	lead := g[0]
@@ -295,6 +295,14 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 		add("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", idx(chunkRef.Chunk))
 	}
 	add("const cg_s64 units = PR::units<E>(sp.n);")
+	// LL128 loops are warp uniform: they run while any lane of the warp
+	// has a unit, and a lane past the span passes on = false to the
+	// protocol calls (common.cuh.tmpl). LL loops are per thread.
+	warp := k.Schedule.Protocol == schedule.ProtocolLL128
+	on, notOK, cond := "", "!ok", "u < units"
+	if warp {
+		on, notOK, cond = ", on", "PR::any(!ok)", "PR::any(u < units)"
+	}
 	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	// ptr declares a pointer to a ref's chunk (expr's expression) and
 	// returns its name; inbox pointers are bytes (16-byte units).
@@ -315,7 +323,7 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	var body []string
 	line := func(format string, args ...any) { body = append(body, "  "+fmt.Sprintf(format, args...)) }
 	wait := func(src schedule.Ref, p, x string) {
-		line("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d)) goto done;", p, x, idx(src.Lane), phase)
+		line("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d%s)) goto done;", p, x, idx(src.Lane), phase, on)
 	}
 	puts := g[1:]
 	switch lead.Kind {
@@ -347,16 +355,16 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 		for i, r := range lead.Srcs {
 			if r.Buf == schedule.Inbox {
 				anyLL = true
-				line("ok &= PR::poll(%s + u * 16, flag, xs[%d]);", srcs[i], i)
+				line("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
 			} else {
 				line("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
 			}
 		}
 		if anyLL {
-			line("if (!ok) {")
+			line("if (%s) {", notOK)
 			for i, r := range lead.Srcs {
 				if r.Buf == schedule.Inbox {
-					line("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d)) goto done;", srcs[i], i, idx(r.Lane), phase)
+					line("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d%s)) goto done;", srcs[i], i, idx(r.Lane), phase, on)
 				}
 			}
 			line("}")
@@ -365,9 +373,12 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 		line("PR::st(%s, u, sp.n, x);", dst)
 	}
 	for _, p := range puts {
-		line("PR::store(%s + u * 16, x, flag);", ptr(p.Dst, false))
+		line("PR::store(%s + u * 16, x, flag%s);", ptr(p.Dst, false), on)
 	}
-	add("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); u < units; u += stride) {", idx(chunkRef.Chunk))
+	add("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", idx(chunkRef.Chunk), cond)
+	if warp && strings.Contains(strings.Join(body, "\n"), ", on)") {
+		add("  const bool on = u < units;")
+	}
 	sc.Lines = append(sc.Lines, body...)
 	add("}")
 	return sc, nil

@@ -386,12 +386,17 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
 //   units<E>(n)            16-byte inbox units of an n-element span
 //   ld<E>(p, u, n)         unit u's payload from an n-element span (zero past n)
 //   st<E>(p, u, n, x)      unit u's payload into a span (only elements < n)
-//   store(p, x, flag)      send a unit: p is its inbox address
-//   poll(p, flag, x)       load a unit once; true when it carries flag
+//   store(p, x, flag, on)  send a unit: p is its inbox address
+//   poll(p, flag, x, on)   load a unit once; true when its line carries flag
 //   reduce<T, OP, NS>(xs)  elementwise reduction of NS payloads
-//   agree(b)               b as its line's leader sees it (one value per line)
-// poll, store and agree must be reached by all threads of a line together
-// (for LL128, the 8 threads of a line; the generated loops guarantee it).
+//   all(b), any(b)         b over the threads that decide together
+// `on` is false for a thread whose unit lies past the span: it takes part
+// in the collective calls but touches no memory (its poll is true). For
+// LL every thread decides alone and `on` is always true. For LL128 the
+// threads of a whole warp decide together: the generated loops are warp
+// uniform (the loop runs while any lane has a unit), so poll, store, all
+// and any are reached by all 32 lanes at once, and their shuffles and
+// votes use the full, constant mask.
 
 // An 8-byte payload word (cg_vec<E, 8> views it as elements).
 typedef uint2 cg_line;
@@ -462,17 +467,18 @@ struct cg_ll {
   static __device__ __forceinline__ P ld(const E* p, cg_s64 u, cg_s64 n) { return cg_line_ld(p, u, n); }
   template <class E>
   static __device__ __forceinline__ void st(E* p, cg_s64 u, cg_s64 n, P x) { cg_line_st(p, u, n, x); }
-  static __device__ __forceinline__ void store(void* p, P d, unsigned flag) {
+  static __device__ __forceinline__ void store(void* p, P d, unsigned flag, bool on = true) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(flag), "r"(d.y), "r"(flag) : "memory");
   }
-  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d) {
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on = true) {
     unsigned f0, f1;
     asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(f0), "=r"(d.y), "=r"(f1) : "l"(p) : "memory");
     return f0 == flag && f1 == flag;
   }
   template <class T, class OP, int NS>
   static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 8>(x); }
-  static __device__ __forceinline__ bool agree(bool b) { return b; }
+  static __device__ __forceinline__ bool all(bool b) { return b; }
+  static __device__ __forceinline__ bool any(bool b) { return b; }
 };
 
 // cg_ll128 (schedule.ProtocolLL128): a line is 128 bytes (8 units) holding
@@ -483,7 +489,10 @@ struct cg_ll {
 // 8k..8k+7 of one warp, by the work split, since units per chunk and
 // threads per grid are multiples of 8) store it with one warp-wide 16-byte
 // volatile store and load it with one 16-byte volatile load; the flag
-// thread checks the flag and tells the others with a shuffle.
+// thread checks the flag and tells the others with a shuffle. Loops over
+// LL128 units are warp uniform (see the interface above), so every
+// shuffle, vote and __syncwarp names the whole warp with a constant mask;
+// partial masks made nvcc emit slow collective sequences (docs/performance.md).
 //
 // Correctness rests on the hardware, not the PTX memory model: a warp's
 // store of a whole aligned 128-byte line over NVLink reaches the peer's
@@ -491,14 +500,13 @@ struct cg_ll {
 // protocol relies on the same property and enables it on NVLink GPUs from
 // Volta on (Hopper included); the proof (tests/proof) checks every kernel
 // on the machine. The __syncwarp before each store and load keeps the
-// line's 8 threads converged so the access is one instruction.
+// warp converged, so a line's 8 threads access it in one instruction.
 struct cg_ll128 {
   typedef uint4 P;  // two payload words; the flag unit's second word is unused
   template <class E>
   static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 119) / 120 * 8; }
   static __device__ __forceinline__ bool flag_unit(cg_s64 u) { return (u & 7) == 7; }
   static __device__ __forceinline__ cg_s64 word(cg_s64 u) { return (u >> 3) * 15 + (u & 7) * 2; }
-  static __device__ __forceinline__ unsigned line_mask() { return 0xffu << (threadIdx.x & 24); }
   template <class E>
   static __device__ __forceinline__ P ld(const E* p, cg_s64 u, cg_s64 n) {
     const cg_s64 w = word(u);
@@ -517,19 +525,24 @@ struct cg_ll128 {
   }
   // store: p is unit u's inbox address; lines are 128-byte aligned, so the
   // flag unit is the one at offset 112 of its line.
-  static __device__ __forceinline__ void store(void* p, P d, unsigned flag) {
+  static __device__ __forceinline__ void store(void* p, P d, unsigned flag, bool on) {
     if ((((cg_u64)p >> 4) & 7) == 7) d.z = d.w = flag;
-    __syncwarp(line_mask());
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
+    __syncwarp();
+    if (on) asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
   }
-  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d) {
-    __syncwarp(line_mask());
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w) : "l"(p) : "memory");
-    return agree(d.z == flag && d.w == flag);
+  // poll: the flag thread's answer, for its whole line (lane 8k+7 holds
+  // unit 7 of its line, by the work split).
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on) {
+    d.x = d.y = d.z = d.w = 0u;
+    __syncwarp();
+    if (on) asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w) : "l"(p) : "memory");
+    const bool mine = !on || (d.z == flag && d.w == flag);
+    return __shfl_sync(0xffffffffu, (int)mine, (int)(threadIdx.x & 31) | 7) != 0;
   }
   template <class T, class OP, int NS>
   static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 16>(x); }
-  static __device__ __forceinline__ bool agree(bool b) { return __shfl_sync(line_mask(), (int)b, 7, 8) != 0; }
+  static __device__ __forceinline__ bool all(bool b) { return __all_sync(0xffffffffu, b) != 0; }
+  static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
 };
 
 template <int W>
@@ -545,8 +558,8 @@ __device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
 // after timeout_ns, reporting the peer and phase in the status word and
 // raising the abort word (args.seq[CG_MAX_BLOCKS + 2], device memory),
 // or as soon as another thread has raised it, so a dead peer costs one
-// timeout, not one per line. Threads of one line decide together (agree),
-// so they stay converged. The spin never reads the host-mapped status
+// timeout, not one per line. Threads that decide together (PR::all,
+// PR::any) return together. The spin never reads the host-mapped status
 // word: PCIe reads of host memory serialise, and thousands of spinning
 // threads reading it cost milliseconds. Out of line: it is the slow path;
 // scalar arguments and a by-value result keep the caller's lines in
@@ -555,19 +568,19 @@ template <class PR>
 struct cg_push_result { typename PR::P d; bool ok; };
 template <class PR>
 __device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned flag, cg_u64* status, cg_u64* seq, cg_u64 timeout_ns,
-                                                        int rank, int peer, int phase, int kernel_id) {
+                                                        int rank, int peer, int phase, int kernel_id, bool on) {
   cg_push_result<PR> r;
   r.ok = false;
   volatile cg_u64* abort = seq + CG_MAX_BLOCKS + 2;
   const cg_u64 deadline = cg_now_ns() + timeout_ns;
   for (unsigned it = 1;; it++) {
-    if (PR::poll(p, flag, r.d)) {
+    if (PR::all(PR::poll(p, flag, r.d, on))) {
       r.ok = true;
       return r;
     }
     if ((it & 63) == 0) {
-      if (PR::agree(*abort != 0)) return r;
-      if (PR::agree(cg_now_ns() > deadline)) {
+      if (PR::any(*abort != 0)) return r;
+      if (PR::any(cg_now_ns() > deadline)) {
         cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
         *abort = 1;
         return r;
@@ -578,9 +591,10 @@ __device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned 
 
 // cg_push_wait returns the unit once it carries flag (see cg_push_spin).
 template <class PR, int W>
-__device__ __forceinline__ bool cg_push_wait(const collgen_args<W>& a, const void* p, unsigned flag, typename PR::P& d, int peer, int phase) {
-  if (PR::poll(p, flag, d)) return true;
-  const cg_push_result<PR> r = cg_push_spin<PR>(p, flag, a.status, a.seq, a.timeout_ns, a.rank, peer, phase, a.kernel_id);
+__device__ __forceinline__ bool cg_push_wait(const collgen_args<W>& a, const void* p, unsigned flag, typename PR::P& d, int peer, int phase,
+                                             bool on = true) {
+  if (PR::all(PR::poll(p, flag, d, on))) return true;
+  const cg_push_result<PR> r = cg_push_spin<PR>(p, flag, a.status, a.seq, a.timeout_ns, a.rank, peer, phase, a.kernel_id, on);
   d = r.d;
   return r.ok;
 }
