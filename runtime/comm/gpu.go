@@ -206,9 +206,10 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	}
 	// Areas in Library.Protocols order, the same on every rank.
 	g.areaStage = map[string][]cuda.DevicePtr{}
+	protocols := g.lib.Protocols(g.world)
 	for _, p := range g.regionMap.Peers() {
 		off := int64(0)
-		for _, proto := range g.lib.Protocols(g.world) {
+		for _, proto := range protocols {
 			g.areaStage[proto] = append(g.areaStage[proto], p+cuda.DevicePtr(off))
 			off += g.area[proto]
 		}

@@ -207,18 +207,26 @@ type Library struct {
 // kernels. Chunks are schedule.ChunkElems's, counted in bytes (vectors of
 // VectorBytes), an upper bound for every element size.
 func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64) int64 {
-	need := bytes
+	need, _, _ := l.slotBound(collective, algorithm, world, bytes)
+	return need
+}
+
+// slotBound is SlotBound plus the protocol of the algorithm's kernels; ok
+// is false when it has no kernels at this world size.
+func (l *Library) slotBound(collective, algorithm string, world int, bytes int64) (need int64, protocol string, ok bool) {
+	need = bytes
 	for i := range l.Kernels {
 		k := &l.Kernels[i]
 		if k.Collective != collective || k.Algorithm != algorithm || k.World != world {
 			continue
 		}
+		protocol, ok = k.Protocol, true
 		chunk := int64(schedule.ChunkElems(collective, int(bytes), world, k.Launch.VectorBytes))
 		if n := k.SlotBytes(bytes, chunk); n > need {
 			need = n
 		}
 	}
-	return need
+	return need, protocol, ok
 }
 
 // RulesSlotBounds is, per protocol (Kernel.Protocol), the most stage-slot
@@ -232,26 +240,11 @@ func (l *Library) RulesSlotBounds(s *Selection, world int) map[string]int64 {
 		if r.Use == "nccl" {
 			continue
 		}
-		protocol, ok := l.protocolOf(s.Collective, r.Use, world)
-		if !ok {
-			continue
-		}
-		if m := l.SlotBound(s.Collective, r.Use, world, r.UpTo); m > bounds[protocol] {
-			bounds[protocol] = m
+		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, r.UpTo); ok && need > bounds[protocol] {
+			bounds[protocol] = need
 		}
 	}
 	return bounds
-}
-
-// protocolOf returns the protocol of an algorithm's kernels at a world size.
-func (l *Library) protocolOf(collective, algorithm string, world int) (string, bool) {
-	for i := range l.Kernels {
-		k := &l.Kernels[i]
-		if k.Collective == collective && k.Algorithm == algorithm && k.World == world {
-			return k.Protocol, true
-		}
-	}
-	return "", false
 }
 
 // Protocols lists, sorted, the protocols of the library's kernels at a

@@ -303,6 +303,7 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	if warp {
 		on, notOK, cond = ", on", "PR::any(!ok)", "PR::any(u < units)"
 	}
+	usesOn := false // the body passes on to a poll, wait or store
 	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	// ptr declares a pointer to a ref's chunk (expr's expression) and
 	// returns its name; inbox pointers are bytes (16-byte units).
@@ -323,6 +324,7 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	var body []string
 	line := func(format string, args ...any) { body = append(body, "  "+fmt.Sprintf(format, args...)) }
 	wait := func(src schedule.Ref, p, x string) {
+		usesOn = true
 		line("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d%s)) goto done;", p, x, idx(src.Lane), phase, on)
 	}
 	puts := g[1:]
@@ -354,7 +356,7 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 		anyLL := false
 		for i, r := range lead.Srcs {
 			if r.Buf == schedule.Inbox {
-				anyLL = true
+				anyLL, usesOn = true, true
 				line("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
 			} else {
 				line("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
@@ -373,10 +375,11 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 		line("PR::st(%s, u, sp.n, x);", dst)
 	}
 	for _, p := range puts {
+		usesOn = true
 		line("PR::store(%s + u * 16, x, flag%s);", ptr(p.Dst, false), on)
 	}
 	add("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", idx(chunkRef.Chunk), cond)
-	if warp && strings.Contains(strings.Join(body, "\n"), ", on)") {
+	if warp && usesOn {
 		add("  const bool on = u < units;")
 	}
 	sc.Lines = append(sc.Lines, body...)
