@@ -105,8 +105,20 @@ struct cg_e5m2 { typedef unsigned char E; };
 
 // ---- reduce ops.
 struct cg_sum { template <class A> static __device__ __forceinline__ A f(A x, A y) { return x + y; } };
-struct cg_max { template <class A> static __device__ __forceinline__ A f(A x, A y) { return x > y ? x : y; } };
-struct cg_min { template <class A> static __device__ __forceinline__ A f(A x, A y) { return x < y ? x : y; } };
+// max and min of floating-point values are IEEE maxNum/minNum, as NCCL's
+// (fmaxf/fminf, fmax/fmin; f16 and bf16 are combined in f32, where the
+// same rule gives the same element): a NaN operand is ignored unless both
+// are NaN (then the canonical NaN), so the result does not depend on the
+// order in which an algorithm combines ranks. A plain x > y ? x : y would
+// keep or drop a NaN depending on its position. Integers compare as usual.
+struct cg_max {
+  static __device__ __forceinline__ float f(float x, float y) { return fmaxf(x, y); }
+  static __device__ __forceinline__ double f(double x, double y) { return fmax(x, y); }
+  template <class A> static __device__ __forceinline__ A f(A x, A y) { return x > y ? x : y; } };
+struct cg_min {
+  static __device__ __forceinline__ float f(float x, float y) { return fminf(x, y); }
+  static __device__ __forceinline__ double f(double x, double y) { return fmin(x, y); }
+  template <class A> static __device__ __forceinline__ A f(A x, A y) { return x < y ? x : y; } };
 
 // ---- memory access. Loads of data other ranks wrote use ld.global.cg (cache
 // in L2 only), so no stale L1 line from an earlier collective is ever read.
