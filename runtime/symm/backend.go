@@ -1,0 +1,152 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"os"
+	"time"
+)
+
+// Backend is the memory a Pool is made of. The pool decides sizes,
+// addresses, ids and who talks to whom; the backend only makes, shares and
+// maps memory and runs signal operations on it. Two implementations are
+// planned: the host twin (NewHostBackend: memfd shared memory, CPU ranks)
+// and the GPU backend (CUDA VMM), which implements the same methods as:
+//
+//	Granularity  cuMemGetAllocationGranularity (recommended), one device
+//	Reserve      cuMemAddressReserve
+//	Release      cuMemAddressFree
+//	Create       cuMemCreate (POSIX-fd shareable), cuMemMap at addr,
+//	             cuMemSetAccess, then zero the memory (cuMemsetD8)
+//	Chunk.Export cuMemExportToShareableHandle → fd
+//	Chunk.Unmap  cuMemUnmap, cuMemRelease (the reservation stays)
+//	Import       cuMemImportFromShareableHandle(fd), cuMemAddressReserve,
+//	             cuMemMap, cuMemSetAccess; Mapping.Unmap undoes all four
+//	Signal       a one-block kernel on the stream the Ordering names
+//
+// Ownership: memory lives while any rank maps it. Each rank owns exactly
+// its own Chunk and Mappings and releases them; the kernel (for memfd) or
+// the driver (for VMM handles) frees the memory once the last holder in any
+// process has let go, so a rank never frees memory a peer still maps, and a
+// killed process's holds are dropped by the kernel.
+//
+// Methods are called by one goroutine at a time per Chunk or Mapping, but
+// Reserve, Create and Import may run concurrently for different chunks.
+type Backend interface {
+	// Kind names the backend in errors and agreement checks ("host").
+	// Every rank of a pool must use the same kind.
+	Kind() string
+	// Granularity is the size that every reservation and chunk is a
+	// multiple of (the page size on the host).
+	Granularity() int
+	// HostAccessible reports whether the CPU can load and store through
+	// the addresses this backend returns (true on the host twin).
+	HostAccessible() bool
+	// Reserve reserves size bytes of address space with no memory behind
+	// it, so no other mapping can take the range.
+	Reserve(size int) (addr uintptr, err error)
+	// Release returns a reservation; nothing may be mapped in it.
+	Release(addr uintptr, size int) error
+	// Create makes size bytes of new, zeroed memory that other processes
+	// can map, and maps it read-write at addr, the start of a reservation
+	// of at least size bytes.
+	Create(addr uintptr, size int) (Chunk, error)
+	// Import maps a peer's chunk, exported as f, read-write at a fresh
+	// address. It checks that f is memory of the expected size that this
+	// user owns, and refuses anything else. The caller still owns f and
+	// closes it afterwards; the mapping does not need it.
+	Import(f *os.File, size int) (Mapping, error)
+	// Signal runs op in the ordering o. An ordering the backend cannot
+	// honour is an error; a wait past op.Timeout is a *TimeoutError
+	// (possibly reported later through the ordering, on the GPU).
+	Signal(o Ordering, op *SignalOp) error
+}
+
+// Chunk is a rank's own memory, created by Backend.Create.
+type Chunk interface {
+	// Export returns a new descriptor for the memory that a peer process
+	// can pass to Backend.Import. The caller closes it.
+	Export() (*os.File, error)
+	// Unmap removes the memory from this process and drops this rank's
+	// hold on it; the address range goes back to being reserved, so a
+	// persistent allocation can map new memory at the same address. The
+	// memory itself lives on while any peer still maps it.
+	Unmap() error
+}
+
+// Mapping is a peer's chunk mapped into this process by Backend.Import.
+type Mapping interface {
+	// Addr is where the peer's chunk starts in this process.
+	Addr() uintptr
+	// Unmap removes the mapping and its address range and drops this
+	// rank's hold on the peer's memory.
+	Unmap() error
+}
+
+// Ordering says where a signal operation runs. Now runs it on the calling
+// goroutine, which returns when it completed or its deadline passed: that
+// is all the host twin has. The GPU backend adds orderings that name a
+// stream: operations then run in stream order and the call returns once
+// they are enqueued.
+type Ordering interface {
+	// String names the ordering in errors.
+	String() string
+}
+
+// Now is the Ordering that runs a signal operation synchronously on the
+// calling goroutine.
+var Now Ordering = now{}
+
+type now struct{}
+
+func (now) String() string { return "now (the calling goroutine)" }
+
+// SignalKind is what a SignalOp does.
+type SignalKind uint8
+
+// The signal operations. Each signal word belongs to one (channel, sender)
+// pair of one receiver's pad and holds 0 (empty) or 1 (signalled). A put
+// sets the word in the receiver's pad from 0 to 1 with release ordering,
+// waiting while it is still 1 (the previous signal not yet consumed); a
+// wait changes the word in the caller's own pad from 1 to 0 with acquire
+// ordering, waiting while it is 0. So every store the sender made before
+// its put is visible to the receiver after its wait, and the words need no
+// reset between rounds.
+const (
+	// SignalPut signals every peer in Peers through Put[i].
+	SignalPut SignalKind = iota + 1
+	// SignalWait consumes a signal from every peer in Peers at Wait[i].
+	SignalWait
+	// SignalBarrier puts to every peer, then waits for every peer.
+	SignalBarrier
+)
+
+func (k SignalKind) String() string {
+	switch k {
+	case SignalPut:
+		return "put"
+	case SignalWait:
+		return "wait"
+	case SignalBarrier:
+		return "barrier"
+	}
+	return "signal?"
+}
+
+// SignalOp is one signal operation, with every address resolved by the
+// Handle so that a backend only touches words.
+type SignalOp struct {
+	Kind SignalKind
+	// Rank is the calling rank and Channel the channel, for errors.
+	Rank, Channel int
+	// Peers are the ranks signalled or waited for, in order.
+	Peers []int
+	// Put[i] is the address of this rank's word in Peers[i]'s pad, as
+	// mapped in this process (SignalPut and SignalBarrier).
+	Put []uintptr
+	// Wait[i] is the address of Peers[i]'s word in this rank's own pad
+	// (SignalWait and SignalBarrier).
+	Wait []uintptr
+	// Timeout bounds the whole operation.
+	Timeout time.Duration
+}

@@ -1,0 +1,103 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// Buffer is one local allocation of a Pool: Size bytes at Addr, followed
+// in the same chunk by this rank's signal pad for the allocation.
+//
+// Free semantics: Free is local and returns at once. It unmaps this rank's
+// chunk and every peer mapping made by Rendezvous; peers keep their own
+// mappings of this rank's memory, which stays allocated (kernel or driver
+// reference counts) until the last of them frees its Handle, and is then
+// released without anyone's help, even when ranks were killed. Writes a
+// peer makes after this rank's Free land in memory nobody reads. So
+// nothing is freed under a peer and nothing leaks, but a rank must not
+// Free while it expects peers to read its data: put a Barrier first.
+type Buffer struct {
+	pool       *Pool
+	addr       uintptr
+	size       int
+	chunkSize  int
+	padOff     int
+	id         uint64
+	persistent bool
+
+	// mu is held for writing by Free and Rendezvous, and for reading by
+	// signal operations, so Free never unmaps memory a signal operation
+	// of this process is touching.
+	mu     sync.RWMutex
+	chunk  Chunk
+	handle *Handle
+	freed  bool
+}
+
+// Pool is the pool the buffer came from.
+func (b *Buffer) Pool() *Pool { return b.pool }
+
+// Addr is where the buffer starts in this process (a device address on
+// the GPU backend). A persistent buffer's Addr is the same for every
+// allocation under its id.
+func (b *Buffer) Addr() uintptr { return b.addr }
+
+// Size is the number of bytes asked for.
+func (b *Buffer) Size() int { return b.size }
+
+// ID returns the persistent id and true for a buffer from
+// AllocPersistent, and 0, false otherwise.
+func (b *Buffer) ID() (uint64, bool) { return b.id, b.persistent }
+
+// Bytes is the buffer's memory, when the backend's memory is host
+// accessible (the host twin), and nil otherwise or once freed. The slice
+// must not be used after Free: the pages behind it are gone.
+func (b *Buffer) Bytes() []byte {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.freed || !b.pool.be.HostAccessible() {
+		return nil
+	}
+	return unsafe.Slice((*byte)(ptrAt(b.addr)), b.size)
+}
+
+// Handle returns the buffer's Handle if Rendezvous has run on it, else nil.
+func (b *Buffer) Handle() *Handle {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.handle
+}
+
+// Free releases this rank's hold on the buffer (see the type's comment)
+// and removes it from Lookup. The buffer and its Handle report ErrFreed
+// afterwards, and a persistent id becomes free for AllocPersistent.
+func (b *Buffer) Free() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return fmt.Errorf("%w: the buffer at %#x was already freed", ErrFreed, b.addr)
+	}
+	b.freed = true
+	unregister(b)
+	var errs []error
+	if b.handle != nil {
+		errs = append(errs, b.handle.unmap())
+	}
+	errs = append(errs, b.chunk.Unmap())
+	p := b.pool
+	p.mu.Lock()
+	delete(p.live, b)
+	if b.persistent {
+		// The slot is still there: Close releases slots only after the
+		// Free of every live buffer has returned.
+		p.persist[b.id].buf = nil
+	} else {
+		errs = append(errs, p.be.Release(b.addr, b.chunkSize))
+	}
+	p.mu.Unlock()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,61 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrTimeout is wrapped by every error that reports a passed deadline: a
+// signal wait (*TimeoutError), a rendezvous whose peers did not all arrive.
+var ErrTimeout = errors.New("symm: timeout")
+
+// ErrClosed is returned by operations on a closed Pool.
+var ErrClosed = errors.New("symm: pool closed")
+
+// ErrFreed is wrapped by operations on a freed Buffer or its Handle.
+var ErrFreed = errors.New("symm: buffer freed")
+
+// ErrNotFromPool is wrapped by Rendezvous when the buffer was not
+// allocated by the pool it is given to.
+var ErrNotFromPool = errors.New("symm: buffer not from this pool")
+
+// ErrMismatch is wrapped when ranks disagree on something they must agree
+// on (world size, allocation size, channels, backend); the message names
+// both values and both ranks.
+var ErrMismatch = errors.New("symm: ranks disagree")
+
+// TimeoutError reports a signal operation that passed its deadline: the
+// peer is dead, stuck, or not taking part. It wraps ErrTimeout. After a
+// timeout the channel's words are in an unknown state (a put may have
+// landed while its wait did not); treat the group as broken.
+type TimeoutError struct {
+	// Op is the operation: put, wait or barrier.
+	Op SignalKind
+	// Rank is the rank that timed out; Peer the rank it waited for.
+	Rank, Peer int
+	// Channel is the signal channel.
+	Channel int
+	// Waited is how long the operation ran before giving up.
+	Waited time.Duration
+	// Consume is true when the wait was for Peer to consume this rank's
+	// previous signal (a put into a full word), false when it was for
+	// Peer's signal to arrive.
+	Consume bool
+}
+
+// Error reads "symm: rank 0 barrier on channel 3: no signal from rank 2
+// after 2s" or "... rank 2 has not consumed the previous signal after 2s".
+func (e *TimeoutError) Error() string {
+	what := fmt.Sprintf("no signal from rank %d", e.Peer)
+	if e.Consume {
+		what = fmt.Sprintf("rank %d has not consumed the previous signal", e.Peer)
+	}
+	return fmt.Sprintf("symm: rank %d %s on channel %d: %s after %v (dead, stuck or not taking part)",
+		e.Rank, e.Op, e.Channel, what, e.Waited.Round(time.Millisecond))
+}
+
+// Unwrap makes errors.Is(err, ErrTimeout) true.
+func (e *TimeoutError) Unwrap() error { return ErrTimeout }

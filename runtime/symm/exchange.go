@@ -1,0 +1,110 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// exchange publishes blob as this rank's entry of the next generation of
+// prefix and returns every rank's entry, indexed by rank. Generation g of
+// rank r lives at prefix+"<g>/r<r>", g counted per rank at prefix+"gen/r<r>",
+// so the n-th exchange of every rank meets the n-th of every other.
+//
+// check vets each entry (this rank's included) before the exchange
+// returns. Rank 0's entry is read and checked first: every rank compares
+// with the same reference, so a rank that disagrees with rank 0 (on world
+// size, say, which decides how many entries there are) fails as soon as
+// rank 0 has published instead of waiting for ranks that will never come,
+// and rank 0 fails on the disagreeing rank's entry. When the deadline
+// passes, the entries that did arrive are still checked, since a
+// disagreement explains more than a timeout does.
+func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, world int, blob []byte, check func(r int, b []byte) error) ([][]byte, error) {
+	start := time.Now()
+	g, err := st.Add(ctx, prefix+"gen/r"+strconv.Itoa(rank), 1)
+	if err != nil {
+		return nil, fmt.Errorf("count exchanges: %w", err)
+	}
+	keys := make([]string, world)
+	for r := range keys {
+		keys[r] = prefix + strconv.FormatInt(g, 10) + "/r" + strconv.Itoa(r)
+	}
+	if err := st.Set(ctx, keys[rank], blob); err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	out := make([][]byte, world)
+	get := func(r int) error {
+		b, err := st.Get(ctx, keys[r])
+		if err != nil {
+			return late(ctx, st, keys, check, time.Since(start), err)
+		}
+		if err := check(r, b); err != nil {
+			return err
+		}
+		out[r] = b
+		return nil
+	}
+	if err := get(0); err != nil {
+		return nil, err
+	}
+	// The rest at once, so that a timeout names every missing rank.
+	if err := st.Wait(ctx, keys...); err != nil {
+		return nil, late(ctx, st, keys, check, time.Since(start), err)
+	}
+	for r := 1; r < world; r++ {
+		if err := get(r); err != nil {
+			return nil, err
+		}
+	}
+	if g > 1 {
+		// Every rank has published generation g, so every rank is done
+		// reading g-1: our old entry can go (best effort, it only costs
+		// store memory).
+		st.Delete(ctx, prefix+strconv.FormatInt(g-1, 10)+"/r"+strconv.Itoa(rank))
+	}
+	return out, nil
+}
+
+// late explains a failed wait: a disagreement among the entries that did
+// arrive if there is one, else which ranks are missing (wrapping ErrTimeout
+// and a *rendezvous.MissingRanksError). Errors other than a passed
+// deadline (a closed store, a cancelled ctx) are returned as they are.
+func late(ctx context.Context, st rendezvous.Store, keys []string, check func(int, []byte) error, waited time.Duration, err error) error {
+	if !errors.Is(err, rendezvous.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// The caller's ctx has expired; look once more with a little time of
+	// our own.
+	c2, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	var missing []int
+	var we *rendezvous.WaitError
+	if werr := st.Wait(c2, keys...); errors.As(werr, &we) {
+		gone := map[string]bool{}
+		for _, k := range we.Missing {
+			gone[k] = true
+		}
+		for r, k := range keys {
+			if gone[k] {
+				missing = append(missing, r)
+				continue
+			}
+			if b, gerr := st.Get(c2, k); gerr == nil {
+				if cerr := check(r, b); cerr != nil {
+					return cerr
+				}
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return fmt.Errorf("%w: %w", ErrTimeout, err)
+	}
+	mre := &rendezvous.MissingRanksError{Joined: len(keys) - len(missing), World: len(keys), After: waited, Missing: missing}
+	return fmt.Errorf("%w: %w", ErrTimeout, mre)
+}

@@ -1,0 +1,308 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// Handle is the result of a Rendezvous: every rank's buffer and signal
+// pad, mapped into this process. It belongs to its Buffer and lives until
+// the buffer is freed.
+//
+// Signal pads: each rank's pad holds Channels × WorldSize words of 4
+// bytes; word (ch, s) of rank r's pad, at pad_r + 4·(ch·WorldSize + s), is
+// written only by rank s (put: 0 → 1) and cleared only by rank r (wait:
+// 1 → 0). Pads start zeroed, and every allocation has a new one: the pool
+// never reuses memory a peer may still map, so a pad can never hold a
+// stale signal (a persistent id reuses the address, not the memory). See
+// SignalKind for the memory ordering.
+type Handle struct {
+	buf      *Buffer
+	rank     int
+	world    int
+	channels int
+	timeout  time.Duration
+	ptrs     []uintptr // every rank's buffer, as mapped here
+	pads     []uintptr // every rank's signal pad, as mapped here
+	maps     []Mapping // peers' chunks; nil at this rank
+}
+
+// rdvInfo is what each rank publishes at a Rendezvous.
+type rdvInfo struct {
+	Bytes int    // the buffer's size
+	Chunk int    // its chunk's size
+	Seq   uint64 // the descriptor's sequence number at the rank's server
+}
+
+// rdvStatus is each rank's outcome of mapping its peers.
+type rdvStatus struct{ Err string }
+
+// Rendezvous maps every rank's corresponding buffer into this process and
+// returns the Handle. It is collective: every rank calls it on its own
+// buffer, in the same order as its other Rendezvous calls. It is cached:
+// later calls on the same buffer return the same Handle without talking
+// to anyone.
+//
+// Every rank checks every rank's buffer size; a mismatch fails on every
+// rank with an error naming both sizes (wrapping ErrMismatch). If any rank
+// cannot map a peer's memory, every rank fails with that rank's reason
+// and unmaps what it mapped. A buffer from another pool, or freed, is an
+// error (ErrNotFromPool, ErrFreed) without any collective step.
+func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
+	if b == nil || b.pool != p {
+		return nil, fmt.Errorf("%w: group %q rank %d: pass a buffer this pool allocated (Lookup finds the buffer of a pointer)", ErrNotFromPool, p.cfg.Group, p.cfg.Rank)
+	}
+	if h := b.Handle(); h != nil {
+		return h, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return nil, fmt.Errorf("%w: rendezvous on the buffer at %#x", ErrFreed, b.addr)
+	}
+	if b.handle != nil {
+		return b.handle, nil // another goroutine's call finished first
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	p.rdvMu.Lock()
+	defer p.rdvMu.Unlock()
+	p.rdvCount++
+	h, err := p.rendezvous(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
+	}
+	b.handle = h
+	return h, nil
+}
+
+func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+	rank, world := p.cfg.Rank, p.cfg.WorldSize
+	f, err := b.chunk.Export()
+	if err != nil {
+		return nil, err
+	}
+	// Offered before publishing, withdrawn (and closed) after the second
+	// exchange: by then every rank has pulled it or given up.
+	seq := p.offer(f)
+	defer p.withdraw(seq)
+
+	mine := rdvInfo{Bytes: b.size, Chunk: b.chunkSize, Seq: seq}
+	infos := make([]rdvInfo, world)
+	_, err = exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
+		var in rdvInfo
+		if err := json.Unmarshal(raw, &in); err != nil {
+			return fmt.Errorf("rank %d's entry: %w", r, err)
+		}
+		if in.Bytes != mine.Bytes {
+			return fmt.Errorf("%w: rank %d's buffer has %d bytes but rank %d's (this rank's) has %d; every rank must rendezvous on buffers of one size, in the same order",
+				ErrMismatch, r, in.Bytes, rank, mine.Bytes)
+		}
+		if in.Chunk != mine.Chunk {
+			return fmt.Errorf("%w: rank %d's chunk has %d bytes but rank %d's (this rank's) has %d (backends of different granularity)",
+				ErrMismatch, r, in.Chunk, rank, mine.Chunk)
+		}
+		infos[r] = in
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	maps := make([]Mapping, world)
+	unmapAll := func() {
+		for _, m := range maps {
+			if m != nil {
+				m.Unmap()
+			}
+		}
+	}
+	var failed error
+	for r := range world {
+		if r == rank {
+			continue
+		}
+		m, err := p.pull(ctx, r, infos[r].Seq, b.chunkSize)
+		if err != nil {
+			failed = fmt.Errorf("map rank %d's memory: %w", r, err)
+			break
+		}
+		maps[r] = m
+	}
+	// Everyone reports, so a rank that failed takes the others down with
+	// it instead of leaving them with a half-formed handle.
+	status := rdvStatus{}
+	if failed != nil {
+		status.Err = failed.Error()
+	}
+	var theirs error
+	_, err = exchange(ctx, p.cfg.Store, p.ns+"mapped/", rank, world, mustJSON(status), func(r int, raw []byte) error {
+		var st rdvStatus
+		if err := json.Unmarshal(raw, &st); err != nil {
+			return fmt.Errorf("rank %d's status: %w", r, err)
+		}
+		if st.Err != "" && r != rank && theirs == nil {
+			theirs = fmt.Errorf("rank %d failed: %s", r, st.Err)
+		}
+		return nil
+	})
+	if err = errors.Join(failed, err); err == nil {
+		err = theirs
+	}
+	if err != nil {
+		unmapAll()
+		return nil, err
+	}
+
+	h := &Handle{buf: b, rank: rank, world: world, channels: p.cfg.Channels, timeout: p.cfg.Timeout,
+		ptrs: make([]uintptr, world), pads: make([]uintptr, world), maps: maps}
+	for r := range world {
+		base := b.addr
+		if r != rank {
+			base = maps[r].Addr()
+		}
+		h.ptrs[r] = base
+		h.pads[r] = base + uintptr(b.padOff)
+	}
+	return h, nil
+}
+
+// unmap drops the peer mappings; the buffer's write lock is held.
+func (h *Handle) unmap() error {
+	var errs []error
+	for _, m := range h.maps {
+		if m != nil {
+			errs = append(errs, m.Unmap())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Buffer is the local buffer the handle belongs to.
+func (h *Handle) Buffer() *Buffer { return h.buf }
+
+// Rank is this rank.
+func (h *Handle) Rank() int { return h.rank }
+
+// WorldSize is the number of ranks.
+func (h *Handle) WorldSize() int { return h.world }
+
+// Channels is the number of signal channels.
+func (h *Handle) Channels() int { return h.channels }
+
+// Peer returns the address of rank's buffer in this process (this rank's
+// own buffer for rank == Rank()). On the host twin it is a CPU address;
+// on the GPU backend a device address usable in kernels and copies. It
+// panics if rank is out of range, like a slice index.
+func (h *Handle) Peer(rank int) uintptr { return h.ptrs[rank] }
+
+// PeerBytes is rank's buffer as a slice when the backend's memory is host
+// accessible, nil otherwise or once the buffer is freed. Loads and stores
+// through it are plain: order them with signals (PutSignal after writing,
+// WaitSignal before reading).
+func (h *Handle) PeerBytes(rank int) []byte {
+	h.buf.mu.RLock()
+	defer h.buf.mu.RUnlock()
+	if h.buf.freed || !h.buf.pool.be.HostAccessible() {
+		return nil
+	}
+	return unsafe.Slice((*byte)(ptrAt(h.ptrs[rank])), h.buf.size)
+}
+
+// BufferPtrs returns every rank's buffer address in this process, indexed
+// by rank (a copy). The GPU backend will also offer it as an array in
+// device memory for custom kernels.
+func (h *Handle) BufferPtrs() []uintptr { return append([]uintptr(nil), h.ptrs...) }
+
+// SignalPadPtrs returns every rank's signal pad address in this process,
+// indexed by rank (a copy); see Handle for the pad's layout.
+func (h *Handle) SignalPadPtrs() []uintptr { return append([]uintptr(nil), h.pads...) }
+
+// PutSignal signals peer on channel ch: it sets this rank's word in the
+// peer's pad, first waiting (up to timeout) for the peer to have consumed
+// the previous signal. Stores this rank made before it are visible to the
+// peer once its WaitSignal returns. A zero timeout means the pool's.
+func (h *Handle) PutSignal(o Ordering, peer, ch int, timeout time.Duration) error {
+	if err := h.check(peer, ch); err != nil {
+		return err
+	}
+	return h.signal(o, &SignalOp{Kind: SignalPut, Rank: h.rank, Channel: ch, Peers: []int{peer},
+		Put: []uintptr{h.word(peer, ch, h.rank)}, Timeout: h.bound(timeout)})
+}
+
+// WaitSignal waits (up to timeout) for peer's signal on channel ch and
+// consumes it. A peer that does not signal in time is a *TimeoutError
+// naming it and the channel.
+func (h *Handle) WaitSignal(o Ordering, peer, ch int, timeout time.Duration) error {
+	if err := h.check(peer, ch); err != nil {
+		return err
+	}
+	return h.signal(o, &SignalOp{Kind: SignalWait, Rank: h.rank, Channel: ch, Peers: []int{peer},
+		Wait: []uintptr{h.word(h.rank, ch, peer)}, Timeout: h.bound(timeout)})
+}
+
+// Barrier signals every other rank on channel ch and then waits for every
+// other rank's signal, all within timeout. It is a full barrier for the
+// memory of all ranks: what any rank stored before its Barrier is visible
+// to every rank after its own. Consecutive barriers may use one channel.
+func (h *Handle) Barrier(o Ordering, ch int, timeout time.Duration) error {
+	if err := h.check(h.rank, ch); err != nil {
+		return err
+	}
+	op := &SignalOp{Kind: SignalBarrier, Rank: h.rank, Channel: ch, Timeout: h.bound(timeout)}
+	for r := range h.world {
+		if r == h.rank {
+			continue
+		}
+		op.Peers = append(op.Peers, r)
+		op.Put = append(op.Put, h.word(r, ch, h.rank))
+		op.Wait = append(op.Wait, h.word(h.rank, ch, r))
+	}
+	return h.signal(o, op)
+}
+
+func (h *Handle) check(peer, ch int) error {
+	if peer < 0 || peer >= h.world {
+		return fmt.Errorf("symm: peer %d is out of range for world size %d", peer, h.world)
+	}
+	if ch < 0 || ch >= h.channels {
+		return fmt.Errorf("symm: channel %d is out of range: the pool has %d channels", ch, h.channels)
+	}
+	return nil
+}
+
+func (h *Handle) bound(timeout time.Duration) time.Duration {
+	if timeout <= 0 {
+		return h.timeout
+	}
+	return timeout
+}
+
+// word is the address, in this process, of sender's word for channel ch
+// in owner's pad.
+func (h *Handle) word(owner, ch, sender int) uintptr {
+	return h.pads[owner] + uintptr(4*(ch*h.world+sender))
+}
+
+// signal runs op while holding the buffer's read lock, so the pads stay
+// mapped until it returns.
+func (h *Handle) signal(o Ordering, op *SignalOp) error {
+	h.buf.mu.RLock()
+	defer h.buf.mu.RUnlock()
+	if h.buf.freed {
+		return fmt.Errorf("%w: signal %s on the buffer at %#x", ErrFreed, op.Kind, h.buf.addr)
+	}
+	return h.buf.pool.be.Signal(o, op)
+}

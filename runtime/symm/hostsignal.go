@@ -1,0 +1,75 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// ptrAt turns an address of memory outside the Go heap (a mapping made by
+// a Backend) into a pointer. The garbage collector ignores such pointers,
+// and the memory stays mapped while its Buffer or Handle is live; the
+// double indirection only keeps vet from taking it for a heap pointer
+// smuggled through a uintptr.
+func ptrAt(addr uintptr) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&addr)) }
+
+// word is the signal word at addr.
+func word(addr uintptr) *uint32 { return (*uint32)(ptrAt(addr)) }
+
+// hostSignal runs op with CPU atomics on the calling goroutine. Go's
+// atomics are sequentially consistent, which includes the release (put)
+// and acquire (wait) ordering the protocol needs; on shared mappings they
+// order stores between processes too (x86 LOCK CMPXCHG, arm64 LDAXR/STLXR
+// on the same physical memory).
+func hostSignal(op *SignalOp) error {
+	start := time.Now()
+	deadline := start.Add(op.Timeout)
+	timeout := func(i int, consume bool) error {
+		return &TimeoutError{Op: op.Kind, Rank: op.Rank, Peer: op.Peers[i], Channel: op.Channel, Waited: time.Since(start), Consume: consume}
+	}
+	if op.Kind == SignalPut || op.Kind == SignalBarrier {
+		for i, a := range op.Put {
+			if !spin(word(a), 0, 1, deadline) {
+				return timeout(i, true)
+			}
+		}
+	}
+	if op.Kind == SignalWait || op.Kind == SignalBarrier {
+		for i, a := range op.Wait {
+			if !spin(word(a), 1, 0, deadline) {
+				return timeout(i, false)
+			}
+		}
+	}
+	return nil
+}
+
+// spin swaps *w from old to new, retrying until deadline: first busily (a
+// peer on another core answers within microseconds), then yielding, then
+// sleeping up to 100µs between tries so that waiting ranks do not starve
+// the ones they wait for on a machine with fewer cores than ranks. It makes
+// one last try at the deadline, so a signal that arrived during the final
+// sleep still counts.
+func spin(w *uint32, old, new uint32, deadline time.Time) bool {
+	sleep := time.Microsecond
+	for i := 0; ; i++ {
+		if atomic.CompareAndSwapUint32(w, old, new) {
+			return true
+		}
+		switch {
+		case i < 64:
+		case i < 128:
+			runtime.Gosched()
+		default:
+			left := time.Until(deadline)
+			if left <= 0 {
+				return atomic.CompareAndSwapUint32(w, old, new)
+			}
+			time.Sleep(min(sleep, left))
+			sleep = min(2*sleep, 100*time.Microsecond)
+		}
+	}
+}

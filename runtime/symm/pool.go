@@ -1,0 +1,476 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm/fdpass"
+)
+
+// DefaultChannels is the number of signal channels per pad when
+// Config.Channels is 0.
+const DefaultChannels = 64
+
+// MaxChannels bounds Config.Channels (a pad holds Channels × WorldSize
+// words of 4 bytes).
+const MaxChannels = 4096
+
+// DefaultTimeout bounds collective calls whose ctx has no deadline and
+// signal operations given no timeout, when Config.Timeout is 0.
+const DefaultTimeout = 5 * time.Minute
+
+// Config describes one rank of a pool.
+type Config struct {
+	// Group names the group: store keys live under "collgen/symm/<Group>/".
+	// Ranks with different group names never meet (a rank started with
+	// the wrong name shows up as missing on the others).
+	Group string
+	// Rank is this rank, 0 ≤ Rank < WorldSize.
+	Rank int
+	// WorldSize is the number of ranks; all must agree.
+	WorldSize int
+	// Device is the GPU ordinal for the GPU backend; the host twin
+	// ignores it.
+	Device int
+	// Store is the rendezvous store shared by the ranks. The pool does not
+	// close it.
+	Store rendezvous.Store
+	// Backend makes the memory; nil means NewHostBackend(). All ranks must
+	// use the same kind.
+	Backend Backend
+	// Channels is the number of signal channels per pad (DefaultChannels
+	// when 0); all ranks must agree.
+	Channels int
+	// Timeout bounds collective calls whose ctx has no deadline and signal
+	// operations given a zero timeout (DefaultTimeout when 0).
+	Timeout time.Duration
+}
+
+// Pool is one rank's view of a group's symmetric memory: it allocates
+// local buffers, runs the collective Rendezvous that maps every rank's
+// buffer into every rank, and serves this rank's memory descriptors to
+// peers over an fdpass socket.
+//
+// Alloc, AllocPersistent, Free and Lookup are local and safe for
+// concurrent use. Rendezvous is collective: every rank must call it on
+// corresponding buffers in the same order (the n-th Rendezvous of each
+// rank meets the n-th of every other); the pool runs one at a time.
+type Pool struct {
+	cfg   Config
+	be    Backend
+	gran  int
+	pad   int    // signal pad bytes per chunk
+	nonce string // rank 0's random id of this pool instance
+	ns    string // store prefix of this pool instance
+	socks []string
+	ln    *fdpass.Listener
+
+	// rdvMu serialises Rendezvous calls, so the order they meet in is the
+	// order they were made in; rdvCount numbers them for errors.
+	rdvMu    sync.Mutex
+	rdvCount int
+
+	mu      sync.Mutex
+	closed  bool
+	live    map[*Buffer]struct{}
+	persist map[uint64]*slot
+
+	// The descriptor server: srvMu guards exports (descriptors offered
+	// during a Rendezvous, by sequence number) and conns (connections
+	// being served, closed by Close); wg counts the server goroutines.
+	srvMu   sync.Mutex
+	exports map[uint64]*os.File
+	nextSeq uint64
+	conns   map[*fdpass.Conn]struct{}
+	srvDone bool
+	wg      sync.WaitGroup
+}
+
+// slot is a persistent id's address reservation. It outlives the buffers
+// allocated under the id and is released by Close.
+type slot struct {
+	addr  uintptr
+	bytes int
+	chunk int
+	buf   *Buffer // the live buffer, nil while the id is free
+}
+
+// poolInfo is what each rank publishes when a pool forms.
+type poolInfo struct {
+	World    int
+	Channels int
+	Backend  string
+	Sock     string
+	Nonce    string
+}
+
+// NewPool forms this rank's pool. It is collective: it returns once every
+// rank of the group has called it with the same world size, channel count
+// and backend kind, or fails on every rank that can see a disagreement,
+// with an error (wrapping ErrMismatch) naming both values. A rank that
+// never comes makes the others fail at ctx's deadline (or Config.Timeout)
+// with an error wrapping ErrTimeout that names it.
+func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("symm: Config.Store is nil: ranks need a rendezvous store")
+	case cfg.Group == "":
+		return nil, errors.New("symm: Config.Group is empty: name the group")
+	case cfg.WorldSize < 1:
+		return nil, fmt.Errorf("symm: world size %d: want at least 1", cfg.WorldSize)
+	case cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize:
+		return nil, fmt.Errorf("symm: rank %d is out of range for world size %d", cfg.Rank, cfg.WorldSize)
+	case cfg.Channels < 0 || cfg.Channels > MaxChannels:
+		return nil, fmt.Errorf("symm: %d signal channels: want 0 (default %d) to %d", cfg.Channels, DefaultChannels, MaxChannels)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("symm: negative timeout %v", cfg.Timeout)
+	}
+	if cfg.Channels == 0 {
+		cfg.Channels = DefaultChannels
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Backend == nil {
+		cfg.Backend = NewHostBackend()
+	}
+	p := &Pool{cfg: cfg, be: cfg.Backend, gran: cfg.Backend.Granularity(), pad: 4 * cfg.Channels * cfg.WorldSize,
+		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}, conns: map[*fdpass.Conn]struct{}{}}
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+
+	ln, err := fdpass.Listen("collgen-symm-")
+	if err != nil {
+		return nil, err
+	}
+	p.ln = ln
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	mine := poolInfo{World: cfg.WorldSize, Channels: cfg.Channels, Backend: p.be.Kind(), Sock: ln.Addr(), Nonce: hex.EncodeToString(rnd[:])}
+	infos := make([]poolInfo, cfg.WorldSize)
+	_, err = exchange(ctx, cfg.Store, "collgen/symm/"+cfg.Group+"/pool/", cfg.Rank, cfg.WorldSize, mustJSON(mine), func(r int, b []byte) error {
+		var in poolInfo
+		if err := json.Unmarshal(b, &in); err != nil {
+			return fmt.Errorf("symm: group %q: rank %d's pool entry: %w", cfg.Group, r, err)
+		}
+		if err := agree(cfg, r, "world size", in.World, mine.World); err != nil {
+			return err
+		}
+		if err := agree(cfg, r, "signal channel count", in.Channels, mine.Channels); err != nil {
+			return err
+		}
+		if in.Backend != mine.Backend {
+			return fmt.Errorf("%w: group %q: rank %d uses the %q backend but rank %d (this rank) uses %q",
+				ErrMismatch, cfg.Group, r, in.Backend, cfg.Rank, mine.Backend)
+		}
+		if r < len(infos) {
+			infos[r] = in
+		}
+		return nil
+	})
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("symm: rank %d forming group %q: %w", cfg.Rank, cfg.Group, err)
+	}
+	p.nonce = infos[0].Nonce
+	p.ns = "collgen/symm/" + cfg.Group + "/" + p.nonce + "/"
+	p.socks = make([]string, cfg.WorldSize)
+	for r, in := range infos {
+		p.socks[r] = in.Sock
+	}
+	p.wg.Add(1)
+	go p.serve()
+	return p, nil
+}
+
+// agree returns an ErrMismatch error naming both ranks and values unless
+// theirs equals ours.
+func agree(cfg Config, r int, what string, theirs, ours int) error {
+	if theirs == ours {
+		return nil
+	}
+	return fmt.Errorf("%w: group %q: rank %d has %s %d but rank %d (this rank) has %s %d; start every rank with the same value",
+		ErrMismatch, cfg.Group, r, what, theirs, cfg.Rank, what, ours)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // plain structs of ints and strings always encode
+	}
+	return b
+}
+
+// bound gives ctx the pool's default deadline if it has none.
+func (p *Pool) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, p.cfg.Timeout)
+}
+
+// Rank is this pool's rank.
+func (p *Pool) Rank() int { return p.cfg.Rank }
+
+// WorldSize is the number of ranks in the group.
+func (p *Pool) WorldSize() int { return p.cfg.WorldSize }
+
+// Group is the group's name.
+func (p *Pool) Group() string { return p.cfg.Group }
+
+// Backend is the memory backend the pool uses.
+func (p *Pool) Backend() Backend { return p.be }
+
+// layout returns where the signal pad starts in a chunk for a buffer of
+// n bytes, and the chunk's size: [buffer, padded to 64 bytes][pad], rounded
+// up to the backend's granularity.
+func (p *Pool) layout(n int) (padOff, chunk int) {
+	padOff = (n + 63) &^ 63
+	chunk = (padOff + p.pad + p.gran - 1) / p.gran * p.gran
+	return padOff, chunk
+}
+
+// Alloc allocates a buffer of n bytes backed by new zeroed memory, with a
+// zeroed signal pad after it. It is local: no other rank takes part until
+// Rendezvous.
+func (p *Pool) Alloc(n int) (*Buffer, error) { return p.alloc(n, 0, false) }
+
+// AllocPersistent allocates like Alloc, at an address that is the same
+// for every allocation under id: the first one reserves an address range
+// that the pool keeps until Close, and later ones (after Free) map new
+// memory at the same address, so pointers captured in a CUDA graph stay
+// valid. It fails if the id's buffer is still live, or if n differs from
+// the id's first size (naming both).
+func (p *Pool) AllocPersistent(n int, id uint64) (*Buffer, error) { return p.alloc(n, id, true) }
+
+func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("symm: allocation of %d bytes: want a positive size", n)
+	}
+	padOff, chunk := p.layout(n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	var s *slot
+	var addr uintptr
+	if persistent {
+		if s = p.persist[id]; s != nil {
+			if s.buf != nil {
+				return nil, fmt.Errorf("symm: persistent id %d is in use (%d bytes at %#x); free that buffer first", id, s.bytes, s.addr)
+			}
+			if s.bytes != n {
+				return nil, fmt.Errorf("symm: persistent id %d was allocated with %d bytes, now with %d: an id keeps its first size", id, s.bytes, n)
+			}
+			addr = s.addr
+		}
+	}
+	if addr == 0 {
+		a, err := p.be.Reserve(chunk)
+		if err != nil {
+			return nil, err
+		}
+		addr = a
+	}
+	c, err := p.be.Create(addr, chunk)
+	if err != nil {
+		if s == nil {
+			p.be.Release(addr, chunk)
+		}
+		return nil, err
+	}
+	b := &Buffer{pool: p, addr: addr, size: n, chunkSize: chunk, padOff: padOff, id: id, persistent: persistent, chunk: c}
+	if persistent {
+		if s == nil {
+			s = &slot{addr: addr, bytes: n, chunk: chunk}
+			p.persist[id] = s
+		}
+		s.buf = b
+	}
+	p.live[b] = struct{}{}
+	register(b)
+	return b, nil
+}
+
+// Close frees every live buffer (as Free), releases the persistent
+// reservations, stops serving descriptors and closes the socket. It is
+// local and does not wait for peers: memory they still map lives on until
+// they free it. A second Close does nothing.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	var bufs []*Buffer
+	for b := range p.live {
+		bufs = append(bufs, b)
+	}
+	p.mu.Unlock()
+	var errs []error
+	for _, b := range bufs {
+		if err := b.Free(); err != nil && !errors.Is(err, ErrFreed) {
+			errs = append(errs, err)
+		}
+	}
+	p.mu.Lock()
+	for id, s := range p.persist {
+		errs = append(errs, p.be.Release(s.addr, s.chunk))
+		delete(p.persist, id)
+	}
+	p.mu.Unlock()
+
+	p.srvMu.Lock()
+	p.srvDone = true
+	for c := range p.conns {
+		c.Close()
+	}
+	p.srvMu.Unlock()
+	errs = append(errs, p.ln.Close())
+	p.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// fdRequest asks a peer's server for the descriptor it offers under Seq.
+type fdRequest struct {
+	Nonce string
+	Seq   uint64
+	Rank  int
+}
+
+// fdReply answers an fdRequest; the descriptor rides along unless Err is
+// set.
+type fdReply struct{ Err string }
+
+// serve accepts peers' connections until the listener closes.
+func (p *Pool) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			// A foreign user's connection (already refused and closed),
+			// or a transient failure such as running out of descriptors:
+			// keep serving, without spinning on the latter.
+			if !errors.Is(err, fdpass.ErrForeignUser) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			continue
+		}
+		p.srvMu.Lock()
+		if p.srvDone {
+			p.srvMu.Unlock()
+			c.Close()
+			return
+		}
+		p.conns[c] = struct{}{}
+		p.wg.Add(1)
+		p.srvMu.Unlock()
+		go p.serveConn(c)
+	}
+}
+
+// serveConn answers one request on c, bounded by the pool's timeout.
+func (p *Pool) serveConn(c *fdpass.Conn) {
+	defer p.wg.Done()
+	defer func() {
+		p.srvMu.Lock()
+		delete(p.conns, c)
+		p.srvMu.Unlock()
+		c.Close()
+	}()
+	c.SetDeadline(time.Now().Add(p.cfg.Timeout))
+	b, _, err := c.Recv(0)
+	if err != nil {
+		return
+	}
+	var req fdRequest
+	if err := json.Unmarshal(b, &req); err != nil {
+		c.Send(mustJSON(fdReply{Err: "bad request: " + err.Error()}))
+		return
+	}
+	if req.Nonce != p.nonce {
+		c.Send(mustJSON(fdReply{Err: fmt.Sprintf("request for pool %q reached rank %d of another pool instance", req.Nonce, p.cfg.Rank)}))
+		return
+	}
+	// Held while sending so Rendezvous cannot close the descriptor
+	// under us; the send is one datagram on a local socket.
+	p.srvMu.Lock()
+	defer p.srvMu.Unlock()
+	f := p.exports[req.Seq]
+	if f == nil {
+		c.Send(mustJSON(fdReply{Err: fmt.Sprintf("rank %d offers nothing under sequence %d", p.cfg.Rank, req.Seq)}))
+		return
+	}
+	c.Send(mustJSON(fdReply{}), f)
+}
+
+// offer makes f available to peers until withdraw(seq), which closes it.
+func (p *Pool) offer(f *os.File) uint64 {
+	p.srvMu.Lock()
+	defer p.srvMu.Unlock()
+	p.nextSeq++
+	p.exports[p.nextSeq] = f
+	return p.nextSeq
+}
+
+func (p *Pool) withdraw(seq uint64) {
+	p.srvMu.Lock()
+	f := p.exports[seq]
+	delete(p.exports, seq)
+	p.srvMu.Unlock()
+	f.Close()
+}
+
+// pull fetches peer's descriptor offered under seq and maps it.
+func (p *Pool) pull(ctx context.Context, peer int, seq uint64, size int) (Mapping, error) {
+	c, err := fdpass.Dial(ctx, p.socks[peer])
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	if err := c.Send(mustJSON(fdRequest{Nonce: p.nonce, Seq: seq, Rank: p.cfg.Rank})); err != nil {
+		return nil, err
+	}
+	b, files, err := c.Recv(1)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var rep fdReply
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("bad reply: %w", err)
+	}
+	if rep.Err != "" {
+		return nil, errors.New(rep.Err)
+	}
+	if len(files) != 1 {
+		return nil, fmt.Errorf("reply carries %d descriptors, want 1", len(files))
+	}
+	return p.be.Import(files[0], size)
+}

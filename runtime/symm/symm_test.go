@@ -1,0 +1,569 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+func TestAllocLookupFree(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	if _, err := p.Alloc(0); err == nil {
+		t.Error("Alloc(0) succeeded")
+	}
+	b, err := p.Alloc(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := b.Bytes()
+	if len(mem) != 1000 || b.Size() != 1000 || b.Addr() == 0 {
+		t.Fatalf("buffer of %d bytes at %#x, Size %d", len(mem), b.Addr(), b.Size())
+	}
+	if !bytes.Equal(mem, make([]byte, 1000)) {
+		t.Error("new buffer is not zeroed")
+	}
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	if got, off, ok := Lookup(b.Addr() + 10); !ok || got != b || off != 10 {
+		t.Errorf("Lookup(addr+10) = %p, %d, %v; want the buffer at offset 10", got, off, ok)
+	}
+	if got, _, ok := Lookup(b.Addr() + 1000); ok && got == b {
+		t.Error("Lookup found the buffer one past its end")
+	}
+	if got, _, ok := Lookup(b.Addr() - 1); ok && got == b {
+		t.Error("Lookup found the buffer one before its start")
+	}
+	if _, ok := b.ID(); ok {
+		t.Error("a plain allocation has a persistent id")
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, ok := Lookup(b.Addr()); ok && got == b {
+		t.Error("Lookup still finds a freed buffer")
+	}
+	if b.Bytes() != nil {
+		t.Error("Bytes of a freed buffer is not nil")
+	}
+	if err := b.Free(); !errors.Is(err, ErrFreed) {
+		t.Errorf("second Free: %v, want ErrFreed", err)
+	}
+}
+
+func TestLookupMatchesScan(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	var bufs []*Buffer
+	for i := 0; i < 64; i++ {
+		b, err := p.Alloc(1 + i*97)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, b)
+	}
+	for i := 0; i < len(bufs); i += 3 {
+		if err := bufs[i].Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, b := range bufs {
+		live := i%3 != 0
+		for _, off := range []int{0, b.Size() / 2, b.Size() - 1} {
+			got, gotOff, ok := Lookup(b.Addr() + uintptr(off))
+			if live && (!ok || got != b || gotOff != off) {
+				t.Errorf("buffer %d offset %d: Lookup = %p, %d, %v", i, off, got, gotOff, ok)
+			}
+			if !live && ok && got == b {
+				t.Errorf("freed buffer %d found", i)
+			}
+		}
+	}
+}
+
+func TestLookupAllocatesNothing(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	b, err := p.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink atomic.Int64
+	n := testing.AllocsPerRun(1000, func() {
+		_, off, _ := Lookup(b.Addr() + 7)
+		sink.Add(int64(off))
+	})
+	if n != 0 {
+		t.Errorf("Lookup allocates %v times per call", n)
+	}
+}
+
+func TestPersistent(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	a, err := p.AllocPersistent(5000, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := a.ID(); !ok || id != 7 {
+		t.Errorf("ID() = %d, %v", id, ok)
+	}
+	copy(a.Bytes(), "old contents")
+	if _, err := p.AllocPersistent(5000, 7); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("second allocation of a live id: %v", err)
+	}
+	other, err := p.AllocPersistent(5000, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other.Addr() == a.Addr() {
+		t.Error("two ids share an address")
+	}
+	addr := a.Addr()
+	if err := a.Free(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.AllocPersistent(6000, 7)
+	if err == nil || !strings.Contains(err.Error(), "5000") || !strings.Contains(err.Error(), "6000") {
+		t.Errorf("size change of id 7: %v, want an error naming 5000 and 6000", err)
+	}
+	b, err := p.AllocPersistent(5000, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Addr() != addr {
+		t.Errorf("id 7 moved from %#x to %#x", addr, b.Addr())
+	}
+	if !bytes.Equal(b.Bytes(), make([]byte, 5000)) {
+		t.Error("re-allocated persistent buffer holds the old memory, not new zeroed memory")
+	}
+	if got, _, ok := Lookup(addr); !ok || got != b {
+		t.Error("Lookup does not find the re-allocated buffer")
+	}
+}
+
+func TestRendezvousPeersAndCache(t *testing.T) {
+	const world, n = 3, 1 << 16
+	pools := newPools(t, world, nil)
+	bufs, hs := allocAll(t, pools, n)
+	checkErrs(t, onRanks(world, func(r int) error {
+		h := hs[r]
+		again, err := pools[r].Rendezvous(context.Background(), bufs[r])
+		if err != nil || again != h || bufs[r].Handle() != h {
+			return fmt.Errorf("second Rendezvous: %p, %v; want the cached %p", again, err, h)
+		}
+		ptrs, pads := h.BufferPtrs(), h.SignalPadPtrs()
+		if len(ptrs) != world || ptrs[r] != bufs[r].Addr() || h.Peer(r) != bufs[r].Addr() || len(pads) != world {
+			return fmt.Errorf("pointer arrays %x, %x", ptrs, pads)
+		}
+		for q := range world {
+			if q != r && (ptrs[q] == bufs[q].Addr() || pads[q] <= ptrs[q] || pads[q]-ptrs[q] < n) {
+				return fmt.Errorf("rank %d's buffer at %#x pad %#x: want a mapping of its own, pad after the buffer", q, ptrs[q], pads[q])
+			}
+		}
+		// Each rank fills its own buffer, then writes its rank into a slot
+		// of every peer's buffer.
+		mem := bufs[r].Bytes()
+		for i := 0; i < n/2; i++ {
+			mem[i] = byte(r + 1)
+		}
+		for q := range world {
+			h.PeerBytes(q)[n/2+r] = byte(100 + r)
+		}
+		if err := h.Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		for q := range world {
+			pm := h.PeerBytes(q)
+			if pm[0] != byte(q+1) || pm[n/2-1] != byte(q+1) {
+				return fmt.Errorf("rank %d's buffer reads %d, %d; want %d", q, pm[0], pm[n/2-1], q+1)
+			}
+			if mem[n/2+q] != byte(100+q) {
+				return fmt.Errorf("slot %d of own buffer holds %d; rank %d wrote %d", q, mem[n/2+q], q, 100+q)
+			}
+		}
+		// Nobody frees before everyone has read.
+		return h.Barrier(Now, 0, 0)
+	}))
+}
+
+func TestRendezvousSizeMismatch(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	errs := onRanks(2, func(r int) error {
+		b, err := pools[r].Alloc(4096 * (r + 1))
+		if err != nil {
+			return err
+		}
+		_, err = pools[r].Rendezvous(context.Background(), b)
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "4096") || !strings.Contains(err.Error(), "8192") {
+			t.Errorf("rank %d: %v; want a mismatch naming 4096 and 8192", r, err)
+		}
+	}
+}
+
+func TestNewPoolMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(r int, c *Config)
+		words []string
+	}{
+		{"world", func(r int, c *Config) { c.WorldSize = 2 + r }, []string{"world size 2", "world size 3"}},
+		{"channels", func(r int, c *Config) { c.Channels = 8 << r }, []string{"channel count 8", "channel count 16"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := rendezvous.NewMemStore()
+			group := uniqueGroup(t)
+			errs := onRanks(2, func(r int) error {
+				cfg := Config{Group: group, Rank: r, WorldSize: 2, Store: st, Timeout: 20 * time.Second}
+				tc.edit(r, &cfg)
+				p, err := NewPool(context.Background(), cfg)
+				if err == nil {
+					p.Close()
+				}
+				return err
+			})
+			for r, err := range errs {
+				if !errors.Is(err, ErrMismatch) {
+					t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+					continue
+				}
+				for _, w := range tc.words {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("rank %d: %v does not name %q", r, err, w)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestNewPoolMissingRank(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := NewPool(ctx, Config{Group: uniqueGroup(t), Rank: 0, WorldSize: 3, Store: st})
+	var mre *rendezvous.MissingRanksError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &mre) || len(mre.Missing) != 2 {
+		t.Fatalf("got %v; want a timeout naming ranks 1 and 2", err)
+	}
+}
+
+func TestRendezvousRefusals(t *testing.T) {
+	a := newPools(t, 1, nil)[0]
+	b := newPools(t, 1, nil)[0]
+	buf, err := b.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Rendezvous(context.Background(), buf); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("another pool's buffer: %v", err)
+	}
+	if _, err := a.Rendezvous(context.Background(), nil); !errors.Is(err, ErrNotFromPool) {
+		t.Errorf("nil buffer: %v", err)
+	}
+	buf.Free()
+	if _, err := b.Rendezvous(context.Background(), buf); !errors.Is(err, ErrFreed) {
+		t.Errorf("freed buffer: %v", err)
+	}
+}
+
+func TestSignalPingPong(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	bufs, hs := allocAll(t, pools, 8)
+	const rounds = 200
+	checkErrs(t, onRanks(2, func(r int) error {
+		h, peer := hs[r], 1-r
+		for i := 0; i < rounds; i++ {
+			if (i%2 == 0) == (r == 0) {
+				// Plain store, then put: the put's release orders it.
+				h.PeerBytes(peer)[0] = byte(i)
+				if err := h.PutSignal(Now, peer, 5, 0); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := h.WaitSignal(Now, peer, 5, 0); err != nil {
+				return err
+			}
+			if got := bufs[r].Bytes()[0]; got != byte(i) {
+				return fmt.Errorf("round %d: read %d after the wait", i, got)
+			}
+		}
+		return nil
+	}))
+}
+
+func TestSignalTimeouts(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	_, hs := allocAll(t, pools, 64)
+	const d = 50 * time.Millisecond
+
+	err := hs[1].WaitSignal(Now, 0, 3, d)
+	var te *TimeoutError
+	if !errors.As(err, &te) || !errors.Is(err, ErrTimeout) || te.Rank != 1 || te.Peer != 0 || te.Channel != 3 || te.Op != SignalWait || te.Consume {
+		t.Errorf("wait for a silent peer: %#v", err)
+	}
+	if err != nil && (!strings.Contains(err.Error(), "rank 0") || !strings.Contains(err.Error(), "channel 3")) {
+		t.Errorf("message %q does not name the peer and channel", err)
+	}
+
+	// A second put before the peer consumed the first one waits for it.
+	if err := hs[0].PutSignal(Now, 1, 4, d); err != nil {
+		t.Fatal(err)
+	}
+	err = hs[0].PutSignal(Now, 1, 4, d)
+	if !errors.As(err, &te) || te.Peer != 1 || te.Channel != 4 || !te.Consume || te.Op != SignalPut {
+		t.Errorf("put into a full word: %v", err)
+	}
+	if err := hs[1].WaitSignal(Now, 0, 4, d); err != nil {
+		t.Errorf("the first put's signal: %v", err)
+	}
+
+	if err := hs[0].PutSignal(Now, 2, 0, d); err == nil {
+		t.Error("put to rank 2 of 2")
+	}
+	if err := hs[0].WaitSignal(Now, 1, DefaultChannels, d); err == nil {
+		t.Error("wait on a channel past the last")
+	}
+	if err := hs[0].PutSignal(nil, 1, 0, d); err == nil {
+		t.Error("the host twin accepted an ordering other than Now")
+	}
+}
+
+func TestBarrierRounds(t *testing.T) {
+	const world, rounds = 4, 100
+	pools := newPools(t, world, nil)
+	bufs, hs := allocAll(t, pools, 64)
+	checkErrs(t, onRanks(world, func(r int) error {
+		h := hs[r]
+		for i := 0; i < rounds; i++ {
+			bufs[r].Bytes()[0] = byte(i)
+			if err := h.Barrier(Now, i%3, 0); err != nil {
+				return err
+			}
+			for q := range world {
+				if got := h.PeerBytes(q)[0]; got != byte(i) {
+					return fmt.Errorf("round %d: rank %d's buffer holds %d", i, q, got)
+				}
+			}
+			// No rank overwrites its value before all have read it.
+			if err := h.Barrier(Now, 3, 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+func TestBarrierTimeoutNamesAbsentRank(t *testing.T) {
+	const world = 3
+	pools := newPools(t, world, nil)
+	_, hs := allocAll(t, pools, 64)
+	errs := onRanks(world-1, func(r int) error { return hs[r].Barrier(Now, 2, 100*time.Millisecond) })
+	for r, err := range errs {
+		var te *TimeoutError
+		if !errors.As(err, &te) || te.Peer != 2 || te.Channel != 2 || te.Op != SignalBarrier || te.Rank != r {
+			t.Errorf("rank %d: %v; want a barrier timeout naming rank 2 and channel 2", r, err)
+		}
+	}
+}
+
+// TestRecycledSignalPad leaves an unconsumed signal in rank 1's pad, frees
+// the allocation and re-allocates it under the same persistent id: the
+// address is the same, the pad is zero (the stale signal is gone) and a
+// bounded barrier completes.
+func TestRecycledSignalPad(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	alloc := func(r int) (*Buffer, *Handle, error) {
+		b, err := pools[r].AllocPersistent(4096, 1)
+		if err != nil {
+			return nil, nil, err
+		}
+		h, err := pools[r].Rendezvous(context.Background(), b)
+		return b, h, err
+	}
+	addrs := make([]uintptr, 2)
+	checkErrs(t, onRanks(2, func(r int) error {
+		b, h, err := alloc(r)
+		if err != nil {
+			return err
+		}
+		addrs[r] = b.Addr()
+		if err := h.Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		if r == 0 {
+			if err := h.PutSignal(Now, 1, 1, 0); err != nil {
+				return err
+			}
+		}
+		if err := h.Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		if r == 1 && atomic.LoadUint32(word(h.word(1, 1, 0))) != 1 {
+			return fmt.Errorf("rank 0's put on channel 1 is not in rank 1's pad")
+		}
+		return b.Free()
+	}))
+	if t.Failed() {
+		return
+	}
+	checkErrs(t, onRanks(2, func(r int) error {
+		b, h, err := alloc(r)
+		if err != nil {
+			return err
+		}
+		if b.Addr() != addrs[r] {
+			return fmt.Errorf("persistent id moved from %#x to %#x", addrs[r], b.Addr())
+		}
+		pad := unsafeBytes(h.SignalPadPtrs()[r], 4*h.Channels()*h.WorldSize())
+		if !bytes.Equal(pad, make([]byte, len(pad))) {
+			return fmt.Errorf("recycled pad is not zero")
+		}
+		if r == 1 {
+			// Rank 0 cannot have signalled on channel 1 yet: it waits in
+			// the barrier on channel 0 below for this rank.
+			if err := h.WaitSignal(Now, 0, 1, 20*time.Millisecond); !errors.Is(err, ErrTimeout) {
+				return fmt.Errorf("the stale signal survived the re-allocation: %v", err)
+			}
+		}
+		if err := h.Barrier(Now, 0, 10*time.Second); err != nil {
+			return err
+		}
+		return h.Barrier(Now, 1, 10*time.Second)
+	}))
+}
+
+func TestFreeAndCloseRelease(t *testing.T) {
+	warm := newPools(t, 1, nil)[0]
+	if _, err := warm.Alloc(1); err != nil {
+		t.Fatal(err)
+	}
+	before := countResources(t)
+	goroutines := runtime.NumGoroutine()
+	st := rendezvous.NewMemStore()
+	group := uniqueGroup(t)
+	pools := make([]*Pool, 2)
+	checkErrs(t, onRanks(2, func(r int) error {
+		var err error
+		pools[r], err = NewPool(context.Background(), Config{Group: group, Rank: r, WorldSize: 2, Store: st})
+		return err
+	}))
+	if t.Failed() {
+		return
+	}
+	var kept []*Buffer
+	checkErrs(t, onRanks(2, func(r int) error {
+		p := pools[r]
+		for i := 0; i < 4; i++ {
+			b, err := p.AllocPersistent(10000, uint64(i))
+			if err != nil {
+				return err
+			}
+			h, err := p.Rendezvous(context.Background(), b)
+			if err != nil {
+				return err
+			}
+			if err := h.Barrier(Now, 0, 0); err != nil {
+				return err
+			}
+			if i%2 == 0 {
+				if err := b.Free(); err != nil {
+					return err
+				}
+				if err := h.Barrier(Now, 0, 0); !errors.Is(err, ErrFreed) {
+					return fmt.Errorf("barrier on a freed handle: %v", err)
+				}
+			}
+		}
+		b, err := p.Alloc(3)
+		if r == 0 {
+			kept = append(kept, b)
+		}
+		return err
+	}))
+	if got := countResources(t); got.maps <= before.maps {
+		t.Errorf("no memfd mappings while buffers are live (%d, %d before)", got.maps, before.maps)
+	}
+	for _, p := range pools {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := p.Close(); err != nil {
+			t.Errorf("second Close: %v", err)
+		}
+		if _, err := p.Alloc(1); !errors.Is(err, ErrClosed) {
+			t.Errorf("Alloc after Close: %v", err)
+		}
+	}
+	if _, _, ok := Lookup(kept[0].Addr()); ok {
+		t.Error("Lookup finds a buffer of a closed pool")
+	}
+	if !eventually(func() bool { return countResources(t) == before }) {
+		t.Errorf("after Close: %+v, before: %+v", countResources(t), before)
+	}
+	if !eventually(func() bool { return runtime.NumGoroutine() <= goroutines }) {
+		t.Errorf("%d goroutines after Close, %d before", runtime.NumGoroutine(), goroutines)
+	}
+}
+
+// TestConcurrentUse runs local allocation, Lookup and Free on several
+// goroutines per rank while one goroutine per rank runs collective
+// rendezvous and barriers (collectives must be issued in one order per
+// rank). Run with -race.
+func TestConcurrentUse(t *testing.T) {
+	const world, workers, iters = 2, 3, 50
+	pools := newPools(t, world, nil)
+	checkErrs(t, onRanks(world, func(r int) error {
+		p := pools[r]
+		errs := onRanks(workers+1, func(w int) error {
+			if w == workers {
+				for i := 0; i < iters/5; i++ {
+					b, err := p.Alloc(256)
+					if err != nil {
+						return err
+					}
+					h, err := p.Rendezvous(context.Background(), b)
+					if err != nil {
+						return err
+					}
+					if err := h.Barrier(Now, 0, 0); err != nil {
+						return err
+					}
+					if err := b.Free(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			for i := 0; i < iters; i++ {
+				b, err := p.Alloc(100 + w)
+				if err != nil {
+					return err
+				}
+				if got, off, ok := Lookup(b.Addr() + 99); !ok || got != b || off != 99 {
+					return fmt.Errorf("Lookup of a live buffer: %p, %d, %v", got, off, ok)
+				}
+				b.Bytes()[99] = byte(i)
+				if err := b.Free(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		return errors.Join(errs...)
+	}))
+}
+
+func unsafeBytes(addr uintptr, n int) []byte { return unsafe.Slice((*byte)(ptrAt(addr)), n) }
