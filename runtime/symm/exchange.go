@@ -80,12 +80,16 @@ func late(ctx context.Context, st rendezvous.Store, keys []string, check func(in
 		return err
 	}
 	// The caller's ctx has expired; look once more with a little time of
-	// our own.
-	c2, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	// our own: a short wait to learn which keys are missing, then reads
+	// of the ones present.
+	base := context.WithoutCancel(ctx)
+	cw, cancelW := context.WithTimeout(base, 100*time.Millisecond)
+	defer cancelW()
+	c2, cancel := context.WithTimeout(base, time.Second)
 	defer cancel()
 	var missing []int
 	var we *rendezvous.WaitError
-	if werr := st.Wait(c2, keys...); errors.As(werr, &we) {
+	if werr := st.Wait(cw, keys...); errors.As(werr, &we) {
 		gone := map[string]bool{}
 		for _, k := range we.Missing {
 			gone[k] = true

@@ -177,9 +177,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 			return fmt.Errorf("%w: group %q: rank %d uses the %q backend but rank %d (this rank) uses %q",
 				ErrMismatch, cfg.Group, r, in.Backend, cfg.Rank, mine.Backend)
 		}
-		if r < len(infos) {
-			infos[r] = in
-		}
+		infos[r] = in
 		return nil
 	})
 	if err != nil {

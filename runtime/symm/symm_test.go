@@ -259,6 +259,24 @@ func TestNewPoolMissingRank(t *testing.T) {
 	}
 }
 
+func TestRendezvousMissingRank(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	b, err := pools[0].Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err = pools[0].Rendezvous(ctx, b)
+	var mre *rendezvous.MissingRanksError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &mre) || len(mre.Missing) != 1 || mre.Missing[0] != 1 {
+		t.Fatalf("got %v; want a timeout naming rank 1", err)
+	}
+	if b.Handle() != nil {
+		t.Error("a failed rendezvous left a handle")
+	}
+}
+
 func TestRendezvousRefusals(t *testing.T) {
 	a := newPools(t, 1, nil)[0]
 	b := newPools(t, 1, nil)[0]

@@ -5,9 +5,12 @@ package fdpass
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,4 +173,79 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// envDial makes the test binary, re-executed, dial the address it holds
+// and report the outcome on stdout instead of running tests.
+const envDial = "FDPASS_TEST_DIAL"
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(envDial); addr != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := Dial(ctx, addr)
+		if err == nil {
+			c.Close()
+			fmt.Println("dialled")
+			os.Exit(0)
+		}
+		fmt.Println(err)
+		os.Exit(3)
+	}
+	os.Exit(m.Run())
+}
+
+// TestForeignUserRefused connects from a process of another user (the
+// test binary re-executed as nobody, which needs root): both ends refuse
+// the connection.
+func TestForeignUserRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start a process of another user")
+	}
+	// nobody must be able to execute a copy of the test binary.
+	dir, err := os.MkdirTemp("", "fdpass-foreign-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "fdpass.test")
+	if err := os.WriteFile(exe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Listen("collgen-fdpass-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	const nobody = 65534
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envDial+"="+ln.Addr())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.Output()
+	if err == nil || !strings.Contains(string(out), "another user") {
+		t.Errorf("the foreign process: %v: %s; want its Dial to refuse a listener of uid 0", err, out)
+	}
+	select {
+	case err := <-accepted:
+		if !errors.Is(err, ErrForeignUser) || !strings.Contains(err.Error(), fmt.Sprintf("uid %d", nobody)) {
+			t.Errorf("Accept: %v; want ErrForeignUser naming uid %d", err, nobody)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Accept never saw the foreign connection")
+	}
 }

@@ -1,0 +1,59 @@
+//go:build linux && (amd64 || arm64)
+
+package symm
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestHostImportRefusals: Import maps only sealed memory of this user,
+// mode 0600 and the expected size.
+func TestHostImportRefusals(t *testing.T) {
+	be := NewHostBackend()
+	page := be.Granularity()
+	addr, err := be.Reserve(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Release(addr, page)
+	c, err := be.Create(addr, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Unmap()
+	f, err := c.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := be.Import(f, page)
+	if err != nil {
+		t.Fatalf("own export refused: %v", err)
+	}
+	if err := m.Unmap(); err != nil {
+		t.Error(err)
+	}
+	if _, err := be.Import(f, 2*page); err == nil || !strings.Contains(err.Error(), "bytes") {
+		t.Errorf("wrong size accepted: %v", err)
+	}
+
+	plain, err := os.CreateTemp(t.TempDir(), "unsealed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.Truncate(int64(page)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := be.Import(plain, page); err == nil || !strings.Contains(err.Error(), "sealed") {
+		t.Errorf("unsealed file accepted: %v", err)
+	}
+	if err := plain.Chmod(0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := be.Import(plain, page); err == nil || !strings.Contains(err.Error(), "mode") {
+		t.Errorf("mode 0644 accepted: %v", err)
+	}
+}
