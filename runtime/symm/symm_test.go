@@ -403,10 +403,16 @@ func TestBarrierTimeoutNamesAbsentRank(t *testing.T) {
 // bounded barrier completes.
 func TestRecycledSignalPad(t *testing.T) {
 	pools := newPools(t, 2, nil)
+	// alloc checks the pad before the rendezvous: right after it, a
+	// peer's barrier may already have signalled into it.
 	alloc := func(r int) (*Buffer, *Handle, error) {
 		b, err := pools[r].AllocPersistent(4096, 1)
 		if err != nil {
 			return nil, nil, err
+		}
+		pad := unsafeBytes(b.addr+uintptr(b.padOff), 4*DefaultChannels*2)
+		if !bytes.Equal(pad, make([]byte, len(pad))) {
+			return nil, nil, fmt.Errorf("the signal pad at %#x is not zero", b.addr)
 		}
 		h, err := pools[r].Rendezvous(context.Background(), b)
 		return b, h, err
@@ -445,9 +451,8 @@ func TestRecycledSignalPad(t *testing.T) {
 		if b.Addr() != addrs[r] {
 			return fmt.Errorf("persistent id moved from %#x to %#x", addrs[r], b.Addr())
 		}
-		pad := unsafeBytes(h.SignalPadPtrs()[r], 4*h.Channels()*h.WorldSize())
-		if !bytes.Equal(pad, make([]byte, len(pad))) {
-			return fmt.Errorf("recycled pad is not zero")
+		if h.SignalPadPtrs()[r] != b.addr+uintptr(b.padOff) {
+			return fmt.Errorf("own pad at %#x, want %#x", h.SignalPadPtrs()[r], b.addr+uintptr(b.padOff))
 		}
 		if r == 1 {
 			// Rank 0 cannot have signalled on channel 1 yet: it waits in
