@@ -97,8 +97,10 @@ type Ordering interface {
 // calling goroutine.
 var Now Ordering = now{}
 
+// now is Now's type.
 type now struct{}
 
+// String names the ordering.
 func (now) String() string { return "now (the calling goroutine)" }
 
 // SignalKind is what a SignalOp does.
@@ -121,6 +123,7 @@ const (
 	SignalBarrier
 )
 
+// String returns put, wait or barrier.
 func (k SignalKind) String() string {
 	switch k {
 	case SignalPut:

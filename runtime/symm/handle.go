@@ -86,6 +86,7 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	return h, nil
 }
 
+// rendezvous is Rendezvous's collective part; b.mu and p.rdvMu are held.
 func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	ctx, cancel := p.bound(ctx)
 	defer cancel()
@@ -140,6 +141,9 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 			break
 		}
 		maps[r] = m
+	}
+	if testHook != nil {
+		testHook(rank, "rdv:mapped")
 	}
 	// Everyone reports, so a rank that failed takes the others down with
 	// it instead of leaving them with a half-formed handle.
@@ -273,6 +277,7 @@ func (h *Handle) Barrier(o Ordering, ch int, timeout time.Duration) error {
 	return h.signal(o, op)
 }
 
+// check refuses a peer or channel out of range.
 func (h *Handle) check(peer, ch int) error {
 	if peer < 0 || peer >= h.world {
 		return fmt.Errorf("symm: peer %d is out of range for world size %d", peer, h.world)
@@ -283,6 +288,7 @@ func (h *Handle) check(peer, ch int) error {
 	return nil
 }
 
+// bound turns a zero timeout into the pool's.
 func (h *Handle) bound(timeout time.Duration) time.Duration {
 	if timeout <= 0 {
 		return h.timeout

@@ -43,10 +43,12 @@ func NewHostBackend() Backend { return hostBackend{page: os.Getpagesize()} }
 // reserveFlags map address space without memory: a reservation.
 const reserveFlags = syscall.MAP_PRIVATE | syscall.MAP_ANONYMOUS | syscall.MAP_NORESERVE
 
+// Kind, Granularity and HostAccessible: "host", the page size, true.
 func (hostBackend) Kind() string         { return "host" }
 func (b hostBackend) Granularity() int   { return b.page }
 func (hostBackend) HostAccessible() bool { return true }
 
+// checkSize accepts positive multiples of the page size.
 func (b hostBackend) checkSize(n int) error {
 	if n <= 0 || n%b.page != 0 {
 		return fmt.Errorf("symm: host: size %d is not a positive multiple of the page size %d", n, b.page)
@@ -63,6 +65,7 @@ func mmap(addr uintptr, size int, prot, flags uintptr, fd int) (uintptr, error) 
 	return r, nil
 }
 
+// munmap is munmap(2) on an address from mmap.
 func munmap(addr uintptr, size int) error {
 	if _, _, e := syscall.Syscall(syscall.SYS_MUNMAP, addr, uintptr(size), 0); e != 0 {
 		return e
@@ -70,6 +73,7 @@ func munmap(addr uintptr, size int) error {
 	return nil
 }
 
+// fcntl is fcntl(2) with an integer argument.
 func fcntl(fd int, cmd, arg uintptr) (uintptr, error) {
 	r, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), cmd, arg)
 	if e != 0 {
@@ -200,6 +204,8 @@ func (b hostBackend) Import(f *os.File, size int) (Mapping, error) {
 	return &hostMapping{addr: addr, size: size}, nil
 }
 
+// importFD checks and maps fd. It runs inside f's SyscallConn.Control,
+// which keeps fd open meanwhile.
 func (b hostBackend) importFD(fd, size int) (uintptr, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
@@ -232,6 +238,7 @@ type hostMapping struct {
 	size int
 }
 
+// Addr is where the peer's chunk is mapped.
 func (m *hostMapping) Addr() uintptr { return m.addr }
 
 // Unmap unmaps the peer's chunk; a second call does nothing.

@@ -26,6 +26,10 @@ const DefaultChannels = 64
 // words of 4 bytes).
 const MaxChannels = 4096
 
+// testHook, set only by tests, runs at named points of a Rendezvous so
+// that a test can kill a rank exactly there.
+var testHook func(rank int, point string)
+
 // DefaultTimeout bounds collective calls whose ctx has no deadline and
 // signal operations given no timeout, when Config.Timeout is 0.
 const DefaultTimeout = 5 * time.Minute
@@ -205,6 +209,7 @@ func agree(cfg Config, r int, what string, theirs, ours int) error {
 		ErrMismatch, cfg.Group, r, what, theirs, cfg.Rank, what, ours)
 }
 
+// mustJSON encodes v, a plain struct of ints and strings.
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -255,6 +260,7 @@ func (p *Pool) Alloc(n int) (*Buffer, error) { return p.alloc(n, 0, false) }
 // the id's first size (naming both).
 func (p *Pool) AllocPersistent(n int, id uint64) (*Buffer, error) { return p.alloc(n, id, true) }
 
+// alloc is Alloc and AllocPersistent.
 func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("symm: allocation of %d bytes: want a positive size", n)
@@ -421,7 +427,8 @@ func (p *Pool) serveConn(c *fdpass.Conn) {
 	c.Send(mustJSON(fdReply{}), f)
 }
 
-// offer makes f available to peers until withdraw(seq), which closes it.
+// offer makes f available to peers until withdraw(seq), which closes it,
+// and returns seq.
 func (p *Pool) offer(f *os.File) uint64 {
 	p.srvMu.Lock()
 	defer p.srvMu.Unlock()
@@ -430,6 +437,7 @@ func (p *Pool) offer(f *os.File) uint64 {
 	return p.nextSeq
 }
 
+// withdraw stops offering seq's descriptor and closes it.
 func (p *Pool) withdraw(seq uint64) {
 	p.srvMu.Lock()
 	f := p.exports[seq]

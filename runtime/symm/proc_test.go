@@ -30,6 +30,7 @@ const (
 	envWorld = "SYMM_TEST_WORLD"
 	envStore = "SYMM_TEST_STORE"
 	envGroup = "SYMM_TEST_GROUP"
+	envKill  = "SYMM_TEST_KILL_AT" // testHook point at which the child SIGKILLs itself
 )
 
 const procBytes = 1 << 16
@@ -54,12 +55,24 @@ func childMain(mode string) int {
 func childRun(mode string) error {
 	rank, _ := strconv.Atoi(os.Getenv(envRank))
 	world, _ := strconv.Atoi(os.Getenv(envWorld))
+	if at := os.Getenv(envKill); at != "" {
+		testHook = func(_ int, point string) {
+			if point == at {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {}
+			}
+		}
+	}
 	st, err := rendezvous.NewFileStore(os.Getenv(envStore))
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	p, b, h, err := procSetup(st, os.Getenv(envGroup), rank, world)
+	timeout := 30 * time.Second
+	if mode == "rdv-survivor" {
+		timeout = 3 * time.Second
+	}
+	p, b, h, err := procSetup(st, os.Getenv(envGroup), rank, world, timeout)
 	if err != nil {
 		return err
 	}
@@ -75,14 +88,16 @@ func childRun(mode string) error {
 		select {} // killed by the parent
 	case "survivor":
 		return h.Barrier(Now, 1, 3*time.Second)
+	case "rdv-survivor":
+		return errors.New("the rendezvous succeeded without rank 2")
 	}
 	return fmt.Errorf("unknown mode %q", mode)
 }
 
 // procSetup forms the pool, allocates, rendezvouses and passes one
 // barrier, as every process rank does first.
-func procSetup(st rendezvous.Store, group string, rank, world int) (*Pool, *Buffer, *Handle, error) {
-	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Timeout: 30 * time.Second})
+func procSetup(st rendezvous.Store, group string, rank, world int, timeout time.Duration) (*Pool, *Buffer, *Handle, error) {
+	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Timeout: timeout})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -133,11 +148,12 @@ type child struct {
 }
 
 // startChild runs rank of the group as a process of the test binary.
-func startChild(t *testing.T, mode, dir, group string, rank, world int) *child {
+func startChild(t *testing.T, mode, dir, group string, rank, world int, env ...string) *child {
 	t.Helper()
 	cmd := osexec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"="+mode, envRank+"="+strconv.Itoa(rank), envWorld+"="+strconv.Itoa(world),
 		envStore+"="+dir, envGroup+"="+group)
+	cmd.Env = append(cmd.Env, env...)
 	c := &child{cmd: cmd, ready: make(chan struct{}), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()
@@ -198,7 +214,7 @@ func TestProcessRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	p, b, h, err := procSetup(st, group, 0, world)
+	p, b, h, err := procSetup(st, group, 0, world, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +256,7 @@ func TestKilledRankMidBarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	p, b, h, err := procSetup(st, group, 0, world)
+	p, b, h, err := procSetup(st, group, 0, world, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,5 +293,40 @@ func TestKilledRankMidBarrier(t *testing.T) {
 	st.Close()
 	if !eventually(func() bool { return countResources(t) == before }) {
 		t.Errorf("after Close: %+v; before: %+v", countResources(t), before)
+	}
+}
+
+// TestKilledRankMidRendezvous SIGKILLs rank 2 after it mapped its peers'
+// memory and before it reported so. Ranks 0 (this process) and 1 must fail
+// within their deadline naming rank 2, and this process must hold nothing
+// of the group afterwards: the offered descriptor and the mappings already
+// made are released on the failure path.
+func TestKilledRankMidRendezvous(t *testing.T) {
+	const world, victim = 3, 2
+	warmUp(t)
+	before := countResources(t)
+	dir := filepath.Join(t.TempDir(), "store")
+	group := uniqueGroup(t)
+	survivor := startChild(t, "rdv-survivor", dir, group, 1, world)
+	dead := startChild(t, "victim", dir, group, victim, world, envKill+"=rdv:mapped")
+	st, err := rendezvous.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err = procSetup(st, group, 0, world, 3*time.Second)
+	var mre *rendezvous.MissingRanksError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &mre) || len(mre.Missing) != 1 || mre.Missing[0] != victim {
+		t.Errorf("rank 0: %v; want a timeout naming rank %d", err, victim)
+	}
+	if err, out := survivor.wait(t); err == nil || !strings.Contains(out, "missing rank 2") {
+		t.Errorf("rank 1: %v: %s; want a timeout naming rank 2", err, out)
+	}
+	var ee *osexec.ExitError
+	if err, _ := dead.wait(t); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("victim: %v, want killed by SIGKILL", err)
+	}
+	st.Close()
+	if !eventually(func() bool { return countResources(t) == before }) {
+		t.Errorf("after the failed rendezvous: %+v; before: %+v", countResources(t), before)
 	}
 }
