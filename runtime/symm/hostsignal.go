@@ -22,8 +22,9 @@ func word(addr uintptr) *uint32 { return (*uint32)(ptrAt(addr)) }
 // hostSignal runs op with CPU atomics on the calling goroutine. Go's
 // atomics are sequentially consistent, which includes the release (put)
 // and acquire (wait) ordering the protocol needs; on shared mappings they
-// order stores between processes too (x86 LOCK CMPXCHG, arm64 LDAXR/STLXR
-// on the same physical memory).
+// order stores between processes too: they are hardware instructions on
+// the physical memory (x86 LOCK CMPXCHG; arm64 CASAL, or LDAXR/STLXR
+// without LSE), not locks private to this process.
 func hostSignal(op *SignalOp) error {
 	start := time.Now()
 	deadline := start.Add(op.Timeout)
