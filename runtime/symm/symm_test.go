@@ -590,3 +590,34 @@ func TestConcurrentUse(t *testing.T) {
 }
 
 func unsafeBytes(addr uintptr, n int) []byte { return unsafe.Slice((*byte)(ptrAt(addr)), n) }
+
+// TestFreeWhilePeerMaps: rank 0 frees while rank 1 still maps its memory.
+// Rank 1 keeps reading and writing it without fault (the memory lives on
+// through rank 1's mapping), and once rank 1 frees too, nothing is held.
+func TestFreeWhilePeerMaps(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	before := countResources(t)
+	bufs, hs := allocAll(t, pools, 4096)
+	copy(bufs[0].Bytes(), "rank 0 was here")
+	checkErrs(t, onRanks(2, func(r int) error { return hs[r].Barrier(Now, 0, 0) }))
+	if err := bufs[0].Free(); err != nil {
+		t.Fatal(err)
+	}
+	if hs[0].PeerBytes(1) != nil {
+		t.Error("rank 0's handle still gives out rank 1's memory after Free")
+	}
+	peer := hs[1].PeerBytes(0)
+	if got := string(peer[:15]); got != "rank 0 was here" {
+		t.Errorf("rank 1 reads %q from rank 0's freed buffer", got)
+	}
+	copy(peer, "late write")
+	if got := countResources(t); got.maps != before.maps+2 {
+		t.Errorf("%d memfd mappings with rank 1's own chunk and its mapping of rank 0's, want %d", got.maps, before.maps+2)
+	}
+	if err := bufs[1].Free(); err != nil {
+		t.Fatal(err)
+	}
+	if got := countResources(t); got != before {
+		t.Errorf("after both Frees: %+v, before: %+v", got, before)
+	}
+}
