@@ -11,6 +11,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,11 +69,11 @@ func childRun(mode string) error {
 		return err
 	}
 	defer st.Close()
-	timeout := 30 * time.Second
+	rdvTimeout := 30 * time.Second
 	if mode == "rdv-survivor" {
-		timeout = 3 * time.Second
+		rdvTimeout = 3 * time.Second
 	}
-	p, b, h, err := procSetup(st, os.Getenv(envGroup), rank, world, timeout)
+	p, b, h, err := procSetup(st, os.Getenv(envGroup), rank, world, rdvTimeout)
 	if err != nil {
 		return err
 	}
@@ -87,24 +88,27 @@ func childRun(mode string) error {
 	case "victim":
 		select {} // killed by the parent
 	case "survivor":
-		return h.Barrier(Now, 1, 3*time.Second)
+		return h.Barrier(Now, 1, 5*time.Second)
 	case "rdv-survivor":
 		return errors.New("the rendezvous succeeded without rank 2")
 	}
 	return fmt.Errorf("unknown mode %q", mode)
 }
 
-// procSetup forms the pool, allocates, rendezvouses and passes one
-// barrier, as every process rank does first.
-func procSetup(st rendezvous.Store, group string, rank, world int, timeout time.Duration) (*Pool, *Buffer, *Handle, error) {
-	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Timeout: timeout})
+// procSetup forms the pool, allocates, rendezvouses (within rdvTimeout)
+// and passes one barrier, as every process rank does first. Forming the
+// pool gets 30s: processes of a loaded machine may take seconds to start.
+func procSetup(st rendezvous.Store, group string, rank, world int, rdvTimeout time.Duration) (*Pool, *Buffer, *Handle, error) {
+	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Timeout: 30 * time.Second})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	b, err := p.Alloc(procBytes)
 	if err == nil {
 		var h *Handle
-		if h, err = p.Rendezvous(context.Background(), b); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), rdvTimeout)
+		defer cancel()
+		if h, err = p.Rendezvous(ctx, b); err == nil {
 			if err = h.Barrier(Now, 0, 0); err == nil {
 				return p, b, h, nil
 			}
@@ -244,7 +248,7 @@ func TestProcessRanks(t *testing.T) {
 // no descriptor or mapping of the group once it frees and closes.
 func TestKilledRankMidBarrier(t *testing.T) {
 	const world, victim = 3, 2
-	const timeout = 3 * time.Second
+	const timeout = 5 * time.Second
 	warmUp(t)
 	before := countResources(t)
 	dir := filepath.Join(t.TempDir(), "store")
@@ -261,6 +265,7 @@ func TestKilledRankMidBarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-dead.ready
+	<-survivor.ready
 	res := make(chan error, 1)
 	go func() { res <- h.Barrier(Now, 1, timeout) }()
 	if err := dead.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -315,10 +320,11 @@ func TestKilledRankMidRendezvous(t *testing.T) {
 	}
 	_, _, _, err = procSetup(st, group, 0, world, 3*time.Second)
 	var mre *rendezvous.MissingRanksError
-	if !errors.Is(err, ErrTimeout) || !errors.As(err, &mre) || len(mre.Missing) != 1 || mre.Missing[0] != victim {
+	// Rank 2 is missing; on a badly loaded machine rank 1 may be late too.
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &mre) || !slices.Contains(mre.Missing, victim) {
 		t.Errorf("rank 0: %v; want a timeout naming rank %d", err, victim)
 	}
-	if err, out := survivor.wait(t); err == nil || !strings.Contains(out, "missing rank 2") {
+	if err, out := survivor.wait(t); err == nil || !strings.Contains(out, "missing rank 2") && !strings.Contains(out, "missing ranks 0, 2") {
 		t.Errorf("rank 1: %v: %s; want a timeout naming rank 2", err, out)
 	}
 	var ee *osexec.ExitError

@@ -388,8 +388,14 @@ func TestBarrierTimeoutNamesAbsentRank(t *testing.T) {
 	const world = 3
 	pools := newPools(t, world, nil)
 	_, hs := allocAll(t, pools, 64)
-	errs := onRanks(world-1, func(r int) error { return hs[r].Barrier(Now, 2, 100*time.Millisecond) })
-	for r, err := range errs {
+	// Run sequentially so no deadline depends on scheduling: rank 1's
+	// signal is in rank 0's pad before rank 0's barrier starts, and rank
+	// 0's is in rank 1's before rank 1's starts. Only rank 2 never comes.
+	if err := hs[1].PutSignal(Now, 0, 2, 0); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < world-1; r++ {
+		err := hs[r].Barrier(Now, 2, 100*time.Millisecond)
 		var te *TimeoutError
 		if !errors.As(err, &te) || te.Peer != 2 || te.Channel != 2 || te.Op != SignalBarrier || te.Rank != r {
 			t.Errorf("rank %d: %v; want a barrier timeout naming rank 2 and channel 2", r, err)
