@@ -421,7 +421,7 @@ func (p *Pool) serveConn(c *fdpass.Conn) {
 	defer p.srvMu.Unlock()
 	f := p.exports[req.Seq]
 	if f == nil {
-		c.Send(mustJSON(fdReply{Err: fmt.Sprintf("rank %d offers nothing under sequence %d", p.cfg.Rank, req.Seq)}))
+		c.Send(mustJSON(fdReply{Err: fmt.Sprintf("rank %d offers nothing under sequence %d to rank %d (its rendezvous ended: timed out or failed)", p.cfg.Rank, req.Seq, req.Rank)}))
 		return
 	}
 	c.Send(mustJSON(fdReply{}), f)
