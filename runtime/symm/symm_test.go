@@ -5,6 +5,7 @@ package symm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -15,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm/fdpass"
 )
 
 func TestAllocLookupFree(t *testing.T) {
@@ -625,5 +627,39 @@ func TestFreeWhilePeerMaps(t *testing.T) {
 	}
 	if got := countResources(t); got != before {
 		t.Errorf("after both Frees: %+v, before: %+v", got, before)
+	}
+}
+
+// TestServerRefusals asks a pool's descriptor server for what it must not
+// give: another pool instance's descriptor, a sequence it does not offer,
+// and a malformed request. Each gets an error reply and no descriptor.
+func TestServerRefusals(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	for _, tc := range []struct {
+		req  []byte
+		want string
+	}{
+		{mustJSON(fdRequest{Nonce: "0123456789abcdef", Seq: 1, Rank: 3}), "another pool instance"},
+		{mustJSON(fdRequest{Nonce: p.nonce, Seq: 99, Rank: 3}), "nothing under sequence 99 to rank 3"},
+		{[]byte("{"), "bad request"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := fdpass.Dial(ctx, p.socks[0])
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Send(tc.req); err != nil {
+			t.Fatal(err)
+		}
+		b, files, err := c.Recv(1)
+		c.Close()
+		var rep fdReply
+		if err != nil || json.Unmarshal(b, &rep) != nil || len(files) != 0 || !strings.Contains(rep.Err, tc.want) {
+			t.Errorf("request %s: reply %q, %d descriptors, %v; want an error with %q", tc.req, b, len(files), err, tc.want)
+		}
+		for _, f := range files {
+			f.Close()
+		}
 	}
 }
