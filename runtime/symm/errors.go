@@ -59,3 +59,20 @@ func (e *TimeoutError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrTimeout) true.
 func (e *TimeoutError) Unwrap() error { return ErrTimeout }
+
+// tagged is an error that reads as its message alone and matches every
+// error in is with errors.Is and errors.As. Sentinels are matched without
+// their text ("symm: ranks disagree") repeated inside a message that a
+// caller has already prefixed with where it happened.
+type tagged struct {
+	msg string
+	is  []error
+}
+
+func (e *tagged) Error() string   { return e.msg }
+func (e *tagged) Unwrap() []error { return e.is }
+
+// mismatchf formats a disagreement between ranks; it matches ErrMismatch.
+func mismatchf(format string, args ...any) error {
+	return &tagged{msg: fmt.Sprintf(format, args...), is: []error{ErrMismatch}}
+}

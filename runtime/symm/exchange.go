@@ -107,8 +107,8 @@ func late(ctx context.Context, st rendezvous.Store, keys []string, check func(in
 		}
 	}
 	if len(missing) == 0 {
-		return fmt.Errorf("%w: %w", ErrTimeout, err)
+		return &tagged{msg: err.Error(), is: []error{ErrTimeout, err}}
 	}
 	mre := &rendezvous.MissingRanksError{Joined: len(keys) - len(missing), World: len(keys), After: waited, Missing: missing}
-	return fmt.Errorf("%w: %w", ErrTimeout, mre)
+	return &tagged{msg: mre.Error(), is: []error{ErrTimeout, mre}}
 }

@@ -108,12 +108,12 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 			return fmt.Errorf("rank %d's entry: %w", r, err)
 		}
 		if in.Bytes != mine.Bytes {
-			return fmt.Errorf("%w: rank %d's buffer has %d bytes but rank %d's (this rank's) has %d; every rank must rendezvous on buffers of one size, in the same order",
-				ErrMismatch, r, in.Bytes, rank, mine.Bytes)
+			return mismatchf("rank %d's buffer has %d bytes but rank %d's (this rank's) has %d; every rank must rendezvous on buffers of one size, in the same order",
+				r, in.Bytes, rank, mine.Bytes)
 		}
 		if in.Chunk != mine.Chunk {
-			return fmt.Errorf("%w: rank %d's chunk has %d bytes but rank %d's (this rank's) has %d (backends of different granularity)",
-				ErrMismatch, r, in.Chunk, rank, mine.Chunk)
+			return mismatchf("rank %d's chunk has %d bytes but rank %d's (this rank's) has %d (backends of different granularity)",
+				r, in.Chunk, rank, mine.Chunk)
 		}
 		infos[r] = in
 		return nil

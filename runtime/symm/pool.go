@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -164,6 +166,14 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		ln.Close()
 		return nil, err
 	}
+	// The group is the namespace below, so ranks with different group
+	// names cannot meet there; this store-wide note lets a timeout say
+	// which group a missing rank went to instead.
+	seen := seenNote{Group: cfg.Group, World: cfg.WorldSize}
+	if err := cfg.Store.Set(ctx, seenKey(cfg.Rank), mustJSON(seen)); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("symm: rank %d forming group %q: %w", cfg.Rank, cfg.Group, err)
+	}
 	mine := poolInfo{World: cfg.WorldSize, Channels: cfg.Channels, Backend: p.be.Kind(), Sock: ln.Addr(), Nonce: hex.EncodeToString(rnd[:])}
 	infos := make([]poolInfo, cfg.WorldSize)
 	_, err = exchange(ctx, cfg.Store, "collgen/symm/"+cfg.Group+"/pool/", cfg.Rank, cfg.WorldSize, mustJSON(mine), func(r int, b []byte) error {
@@ -178,15 +188,14 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 			return err
 		}
 		if in.Backend != mine.Backend {
-			return fmt.Errorf("%w: group %q: rank %d uses the %q backend but rank %d (this rank) uses %q",
-				ErrMismatch, cfg.Group, r, in.Backend, cfg.Rank, mine.Backend)
+			return mismatchf("rank %d uses the %q backend but rank %d (this rank) uses %q", r, in.Backend, cfg.Rank, mine.Backend)
 		}
 		infos[r] = in
 		return nil
 	})
 	if err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("symm: rank %d forming group %q: %w", cfg.Rank, cfg.Group, err)
+		return nil, fmt.Errorf("symm: rank %d forming group %q: %w", cfg.Rank, cfg.Group, otherGroups(ctx, cfg, err))
 	}
 	p.nonce = infos[0].Nonce
 	p.ns = "collgen/symm/" + cfg.Group + "/" + p.nonce + "/"
@@ -199,14 +208,68 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	return p, nil
 }
 
+// seenNote is what NewPool records under seenKey(rank): the group this
+// rank number of the store last started to form.
+type seenNote struct {
+	Group string
+	World int
+}
+
+// seenKey is store-wide, outside every group's namespace.
+func seenKey(rank int) string { return "collgen/symm/seen/r" + strconv.Itoa(rank) }
+
+// otherGroups adds to a NewPool timeout the group names that missing ranks
+// last started to form, when those differ from ours: the error then wraps
+// ErrMismatch as well as ErrTimeout and names both groups. (A rank number
+// can be in several groups of one store, so this is reported as what was
+// seen, next to the timeout, not instead of it.)
+func otherGroups(ctx context.Context, cfg Config, err error) error {
+	var mre *rendezvous.MissingRanksError
+	if !errors.As(err, &mre) {
+		return err
+	}
+	base := context.WithoutCancel(ctx)
+	cw, cancelW := context.WithTimeout(base, 100*time.Millisecond)
+	defer cancelW()
+	keys := make([]string, len(mre.Missing))
+	for i, r := range mre.Missing {
+		keys[i] = seenKey(r)
+	}
+	absent := map[string]bool{}
+	var we *rendezvous.WaitError
+	if werr := cfg.Store.Wait(cw, keys...); errors.As(werr, &we) {
+		for _, k := range we.Missing {
+			absent[k] = true
+		}
+	}
+	cg, cancel := context.WithTimeout(base, time.Second)
+	defer cancel()
+	var notes []string
+	for i, r := range mre.Missing {
+		if absent[keys[i]] {
+			continue
+		}
+		b, gerr := cfg.Store.Get(cg, keys[i])
+		var n seenNote
+		if gerr != nil || json.Unmarshal(b, &n) != nil || n.Group == cfg.Group {
+			continue
+		}
+		notes = append(notes, fmt.Sprintf("rank %d last started group %q (world size %d), not %q", r, n.Group, n.World, cfg.Group))
+	}
+	if len(notes) == 0 {
+		return err
+	}
+	return &tagged{msg: err.Error() + "; " + strings.Join(notes, "; ") + ": start every rank with the same group name", is: []error{ErrMismatch, err}}
+}
+
 // agree returns an ErrMismatch error naming both ranks and values unless
 // theirs equals ours.
 func agree(cfg Config, r int, what string, theirs, ours int) error {
 	if theirs == ours {
 		return nil
 	}
-	return fmt.Errorf("%w: group %q: rank %d has %s %d but rank %d (this rank) has %s %d; start every rank with the same value",
-		ErrMismatch, cfg.Group, r, what, theirs, cfg.Rank, what, ours)
+	return mismatchf("rank %d has %s %d but rank %d (this rank) has %s %d; start every rank with the same value",
+		r, what, theirs, cfg.Rank, what, ours)
 }
 
 // mustJSON encodes v, a plain struct of ints and strings.

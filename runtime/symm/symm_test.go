@@ -250,6 +250,29 @@ func TestNewPoolMismatch(t *testing.T) {
 	}
 }
 
+// TestNewPoolGroupMismatch starts rank 0 in one group and rank 1 in
+// another: the group names a namespace, so they cannot meet, but both time
+// out with an error naming both groups.
+func TestNewPoolGroupMismatch(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	groups := []string{uniqueGroup(t) + "-tp", uniqueGroup(t) + "-dp"}
+	errs := onRanks(2, func(r int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		p, err := NewPool(ctx, Config{Group: groups[r], Rank: r, WorldSize: 2, Store: st})
+		if err == nil {
+			p.Close()
+		}
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrMismatch) ||
+			!strings.Contains(err.Error(), groups[0]) || !strings.Contains(err.Error(), groups[1]) {
+			t.Errorf("rank %d: %v; want a timeout and a mismatch naming both groups", r, err)
+		}
+	}
+}
+
 func TestNewPoolMissingRank(t *testing.T) {
 	st := rendezvous.NewMemStore()
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
