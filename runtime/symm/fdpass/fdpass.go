@@ -6,6 +6,7 @@
 // descriptor, even when the process is killed), descriptors carried as
 // SCM_RIGHTS control messages, and both ends checked with SO_PEERCRED so a
 // descriptor is never handed to, or accepted from, another user's process.
+// Abstract names belong to a network namespace: both ends must share one.
 //
 // A Conn carries messages: a payload of at most MaxPayload bytes plus up to
 // MaxFiles descriptors. Received descriptors are close-on-exec and owned by
