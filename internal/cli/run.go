@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,8 +46,8 @@ forwarded to every rank; a second one kills them at once.`,
   collgen run -n 2 --store file:///shared/rdzv -- ./prog`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if n < 1 {
-				return usageError(fmt.Errorf("run: -n must be at least 1 (got %d)", n))
+			if n < 1 || n > launch.MaxRanks {
+				return usageError(fmt.Errorf("run: -n must be 1..%d (got %d)", launch.MaxRanks, n))
 			}
 			if len(args) == 0 {
 				return usageError(errors.New("run: no program given; usage: collgen run -n N -- CMD [ARGS...]"))
@@ -76,23 +78,39 @@ forwarded to every rank; a second one kills them at once.`,
 			sigs := make(chan os.Signal, 2)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)
-			g, err := launch.Start(cfg)
-			if err != nil {
-				return fmt.Errorf("run: %w", err)
-			}
+			// A signal while ranks are starting cancels the start; once
+			// the group runs it is forwarded to every rank.
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			var group atomic.Pointer[launch.Group]
 			done := make(chan struct{})
 			defer close(done)
 			go func() {
 				for {
 					select {
 					case sig := <-sigs:
-						fmt.Fprintf(io.Err, "collgen run: %v: stopping all ranks\n", sig)
-						g.Signal(sig)
+						fmt.Fprintf(io.Err, "collgen run: %s: stopping all ranks\n", launch.SignalName(sig))
+						cancel(signalError{sig})
+						if g := group.Load(); g != nil {
+							g.Signal(sig)
+						}
 					case <-done:
 						return
 					}
 				}
 			}()
+			g, err := launch.StartContext(ctx, cfg)
+			if err != nil {
+				var se signalError
+				if errors.As(context.Cause(ctx), &se) {
+					return &ExitError{Code: 128 + int(se.sig.(syscall.Signal))}
+				}
+				return fmt.Errorf("run: %w", err)
+			}
+			group.Store(g)
+			if se, ok := context.Cause(ctx).(signalError); ok {
+				g.Signal(se.sig) // arrived between the start and the Store
+			}
 			err = g.Wait()
 			var ee *launch.ExitError
 			if errors.As(err, &ee) {
@@ -102,7 +120,7 @@ forwarded to every rank; a second one kills them at once.`,
 			return err
 		},
 	}
-	cmd.Flags().IntVarP(&n, "nproc", "n", 0, "number of ranks to start (required)")
+	cmd.Flags().IntVarP(&n, "nproc", "n", 0, "number of ranks to start (required, at most 1024)")
 	cmd.Flags().StringVar(&store, "store", "", "existing store for the ranks: tcp://host:port or file:///path (default: serve one)")
 	cmd.Flags().DurationVar(&grace, "grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
 	// Everything from CMD on belongs to CMD, "--" or not.
@@ -110,3 +128,8 @@ forwarded to every rank; a second one kills them at once.`,
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
+
+// signalError is the cause of a start cancelled by a signal.
+type signalError struct{ sig os.Signal }
+
+func (e signalError) Error() string { return "interrupted by " + launch.SignalName(e.sig) }

@@ -16,14 +16,15 @@ func init() { register("store", newCmdStore) }
 func newCmdStore(io *IO) *cobra.Command {
 	var listen, addrFile string
 	var maxFrame int
+	var insecure bool
 	cmd := &cobra.Command{
 		Use:   "store [--listen ADDR]",
 		Short: "Serve a standalone rendezvous TCP store until interrupted",
 		Long: `Store serves the TCP rendezvous store that ranks reach through
 COLLGEN_STORE=tcp://host:port (or collgen run --store). It listens on
-loopback unless --listen names another host; anything beyond loopback should
-set COLLGEN_STORE_SECRET, which every rank must share. Ctrl-C or SIGTERM
-stops it.`,
+loopback unless --listen names another host; anything beyond loopback needs
+COLLGEN_STORE_SECRET, which every rank must share (or --insecure, for a
+trusted network only). Ctrl-C or SIGTERM stops it.`,
 		Example: `  collgen store --listen 127.0.0.1:29500
   COLLGEN_STORE_SECRET=... collgen store --listen 0.0.0.0:29500`,
 		Args: cobra.NoArgs,
@@ -33,6 +34,7 @@ stops it.`,
 			defer signal.Stop(sigs)
 			srv, err := rendezvous.NewTCPServer(listen, rendezvous.ServerOptions{
 				MaxFrameSize: maxFrame,
+				Insecure:     insecure,
 				Logf:         func(f string, a ...any) { fmt.Fprintf(io.Err, "collgen store: "+f+"\n", a...) },
 			})
 			if err != nil {
@@ -64,6 +66,7 @@ stops it.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:29500", "address to listen on; a bare :PORT means loopback")
 	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0)")
 	cmd.Flags().IntVar(&maxFrame, "max-frame-size", rendezvous.DefaultMaxFrameSize, "largest request in bytes; bigger ones disconnect the client")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow listening beyond loopback without "+rendezvous.SecretEnv+" (anyone who can connect can read and change the store)")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }

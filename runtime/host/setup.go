@@ -27,7 +27,9 @@ func (g *Group) hook(point string) {
 }
 
 // SegmentName returns the name of a rank's segment for a group and nonce:
-// collgen-<sha256(group, world)[:8 bytes]>-<nonce>-r<rank>.
+// collgen-<sha256(group, world)[:8 bytes]>-<nonce>-r<rank>. Under a
+// launcher the nonce starts with the run id (shm.RunNonce), so the launcher
+// can sweep every segment of the run once its ranks have exited.
 func SegmentName(group string, world int, nonce string, rank int) string {
 	return fmt.Sprintf("%s%s-%s-r%d", shm.Prefix, GroupHash(group, world), nonce, rank)
 }
@@ -89,12 +91,19 @@ func (g *Group) setup(ctx context.Context) error {
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return err
 	}
-	cur, _, err := st.CompareAndSet(ctx, g.prefix+"nonce", nil, []byte(hex.EncodeToString(rnd[:])))
+	// The run id (COLLGEN_RUN_ID, set by collgen run) tags the names so
+	// the launcher can remove a killed rank's segment; an invalid one is
+	// refused by rendezvous.ReadEnv and ignored here.
+	runID := os.Getenv(rendezvous.RunIDEnv)
+	if rendezvous.CheckRunID(runID) != nil {
+		runID = ""
+	}
+	cur, _, err := st.CompareAndSet(ctx, g.prefix+"nonce", nil, []byte(shm.RunNonce(runID, hex.EncodeToString(rnd[:]))))
 	if err != nil {
 		return fmt.Errorf("agree on a segment nonce: %w", err)
 	}
 	nonce := string(cur)
-	if shm.CheckName(shm.Prefix+nonce) != nil || len(nonce) == 0 || len(nonce) > 32 {
+	if shm.CheckName(shm.Prefix+nonce) != nil || len(nonce) == 0 || len(nonce) > 40 {
 		return fmt.Errorf("bad nonce %q in store key %snonce", nonce, g.prefix)
 	}
 
@@ -224,10 +233,12 @@ func (g *Group) unlinkAll() {
 }
 
 // unlinkVerified is the failure path's clean-up: it removes our own name
-// and every peer name that passes Open's checks (our uid, mode 0600, the
-// layout's size) and carries this group's header for that rank, so a rank
-// killed during set-up leaves nothing behind, while a file squatted under
-// one of the names by someone else is left alone.
+// and every peer name that shm.RemoveStale accepts: owned by our uid with
+// mode 0600 and either empty (a peer killed between creating the file and
+// reserving its memory) or of the layout's size carrying this group's
+// header for that rank (or none yet). So a rank killed during set-up leaves
+// nothing behind, while a file squatted under one of the names by someone
+// else (another uid, other permissions, another size) is left alone.
 func (g *Group) unlinkVerified() {
 	for r, n := range g.names {
 		if r == g.cfg.Rank {
@@ -236,15 +247,9 @@ func (g *Group) unlinkVerified() {
 			}
 			continue
 		}
-		s, err := g.prov.Open(n, g.lay.size())
-		if err != nil {
-			continue
-		}
-		m := s.Bytes()
-		if loadHdr(m, hdrMagic) == 0 || loadHdr(m, hdrMagic) == magic && loadHdr(m, hdrWorld) == uint64(g.cfg.World) && loadHdr(m, hdrRank) == uint64(r) {
-			_ = g.prov.Unlink(n)
-		}
-		s.Close()
+		_, _ = shm.RemoveStale(g.prov, n, g.lay.size(), func(m []byte) bool {
+			return loadHdr(m, hdrMagic) == 0 || loadHdr(m, hdrMagic) == magic && loadHdr(m, hdrWorld) == uint64(g.cfg.World) && loadHdr(m, hdrRank) == uint64(r)
+		})
 	}
 }
 

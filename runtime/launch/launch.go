@@ -3,16 +3,22 @@
 // COLLGEN_WORLD_SIZE, COLLGEN_LOCAL_RANK and COLLGEN_STORE, its output lines
 // are prefixed with "[rank R] ", and the first rank to fail takes the others
 // down (SIGTERM, then SIGKILL after a grace period) and decides the exit
-// code.
+// code. Every run gets a fresh run id (COLLGEN_RUN_ID): ranks key the store
+// and name their shared-memory segments by it, and once every rank has
+// exited the launcher removes the segments and file-store keys of the run
+// that killed ranks left behind.
 package launch
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +30,20 @@ import (
 
 // DefaultGrace is how long stopped ranks get between SIGTERM and SIGKILL.
 const DefaultGrace = 5 * time.Second
+
+// MaxRanks bounds Config.N: one host runs at most this many ranks (each
+// needs a few file descriptors and a process; collectives go up to 64).
+const MaxRanks = 1024
+
+// ErrTooManyRanks is wrapped by Start when Config.N is above MaxRanks or
+// above what the file-descriptor limit allows.
+var ErrTooManyRanks = errors.New("launch: too many ranks")
+
+// settleWindow is how long Wait, after a rank exits with a non-zero status,
+// waits for other ranks' exits before naming the cause: a rank killed by a
+// signal is usually why a peer then failed, and its exit may be reaped a
+// moment later than the peer's.
+const settleWindow = 150 * time.Millisecond
 
 // Config describes a group of ranks to start.
 type Config struct {
@@ -48,25 +68,38 @@ type Config struct {
 	// Grace is the SIGTERM-to-SIGKILL delay when stopping ranks; default
 	// DefaultGrace.
 	Grace time.Duration
+	// RunID is the run's generation, passed to ranks as COLLGEN_RUN_ID
+	// (8 to 16 letters and digits); "" makes a fresh random one.
+	RunID string
+	// ShmDir is where Wait sweeps the run's shared-memory segments
+	// ("" : /dev/shm). Tests point it elsewhere.
+	ShmDir string
 }
 
-// ExitError reports why a group did not succeed: the first rank that failed
-// (Rank ≥ 0), or an interrupt (Rank −1). Code is the exit code to pass on:
-// the rank's own exit status, or 128+signal for a rank killed by a signal
-// and for an interrupt.
+// ExitError reports why a group did not succeed: the rank whose failure
+// came first (Rank ≥ 0), or an interrupt (Rank −1). A rank killed by a
+// signal is preferred as the cause over peers that exited with an error
+// around the same time, since their errors usually follow from its death.
+// Code is the exit code to pass on: the rank's own exit status, or
+// 128+signal for a rank killed by a signal and for an interrupt.
 type ExitError struct {
 	Rank   int
 	Code   int
 	Signal os.Signal // the signal that killed the rank, or that interrupted the group
+	// Stopped lists, ascending, the ranks that the launcher stopped
+	// (SIGTERM/SIGKILL) and that then exited with an error: their own
+	// messages are consequences of the stop, not causes.
+	Stopped []int
 }
 
-// Error says which rank failed and how, or which signal interrupted the group.
+// Error says which rank failed and how ("rank 2 was killed by SIGKILL"),
+// or which signal interrupted the group.
 func (e *ExitError) Error() string {
 	switch {
 	case e.Rank < 0:
-		return fmt.Sprintf("interrupted by %v; stopped all ranks", e.Signal)
+		return fmt.Sprintf("interrupted by %s; stopped all ranks", SignalName(e.Signal))
 	case e.Signal != nil:
-		return fmt.Sprintf("rank %d was killed by %v", e.Rank, e.Signal)
+		return fmt.Sprintf("rank %d was killed by %s", e.Rank, SignalName(e.Signal))
 	default:
 		return fmt.Sprintf("rank %d exited with status %d", e.Rank, e.Code)
 	}
@@ -86,6 +119,9 @@ type Group struct {
 	first    *ExitError // first failure, or the interrupt
 }
 
+// RunID returns the run id every rank got as COLLGEN_RUN_ID.
+func (g *Group) RunID() string { return g.cfg.RunID }
+
 type result struct {
 	rank int
 	err  error
@@ -93,9 +129,28 @@ type result struct {
 
 // Start starts every rank. If a rank cannot start, the ranks already started
 // are killed and Start returns the error.
-func Start(cfg Config) (*Group, error) {
+func Start(cfg Config) (*Group, error) { return StartContext(context.Background(), cfg) }
+
+// StartContext is Start, stopping early when ctx is cancelled (a Ctrl-C
+// while many ranks start): the ranks already started are killed and
+// reaped, and the error wraps ctx's.
+func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.N < 1 {
 		return nil, fmt.Errorf("launch: %d ranks: want at least 1", cfg.N)
+	}
+	if cfg.N > MaxRanks {
+		return nil, fmt.Errorf("%w: %d ranks, at most %d on one host", ErrTooManyRanks, cfg.N, MaxRanks)
+	}
+	if err := checkFDs(cfg.N); err != nil {
+		return nil, err
+	}
+	if cfg.RunID == "" {
+		var b [8]byte
+		rand.Read(b[:])
+		cfg.RunID = hex.EncodeToString(b[:])
+	}
+	if err := rendezvous.CheckRunID(cfg.RunID); err != nil {
+		return nil, fmt.Errorf("launch: %w", err)
 	}
 	if len(cfg.Args) == 0 {
 		return nil, errors.New("launch: no program to run")
@@ -113,7 +168,7 @@ func Start(cfg Config) (*Group, error) {
 	if base == nil {
 		base = os.Environ()
 	}
-	base = withoutVars(base, rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv, rendezvous.StoreEnv)
+	base = withoutVars(base, rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv, rendezvous.StoreEnv, rendezvous.RunIDEnv)
 	if cfg.Secret != "" {
 		base = append(withoutVars(base, rendezvous.SecretEnv), rendezvous.SecretEnv+"="+cfg.Secret)
 	}
@@ -128,6 +183,7 @@ func Start(cfg Config) (*Group, error) {
 			rendezvous.WorldSizeEnv+"="+strconv.Itoa(cfg.N),
 			rendezvous.LocalRankEnv+"="+strconv.Itoa(r),
 			rendezvous.StoreEnv+"="+cfg.Store,
+			rendezvous.RunIDEnv+"="+cfg.RunID,
 		)
 		prefix := fmt.Sprintf("[rank %d] ", r)
 		stdout := &prefixWriter{mu: &outMu, w: cfg.Stdout, prefix: prefix}
@@ -137,11 +193,16 @@ func Start(cfg Config) (*Group, error) {
 		// If a rank leaves children holding its output open, give up on
 		// them this long after the rank exits.
 		cmd.WaitDelay = cfg.Grace + time.Second
-		if err := cmd.Start(); err != nil {
+		err := ctx.Err()
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
 			for _, c := range g.cmds {
 				killGroup(c, syscall.SIGKILL)
 				c.Wait()
 			}
+			g.cleanup()
 			return nil, fmt.Errorf("launch: start rank %d: %w", r, err)
 		}
 		g.cmds = append(g.cmds, cmd)
@@ -204,45 +265,127 @@ func (g *Group) signalAll(sig os.Signal) {
 }
 
 // Wait waits for every rank. It returns nil when all exit 0, and otherwise
-// an *ExitError for the first rank that failed (or for the interrupt).
-// When a rank fails, Wait stops the others (SIGTERM, then SIGKILL after the
-// grace period) and says so on Stderr.
+// an *ExitError for the rank whose failure is the cause (or for the
+// interrupt). When a rank fails, Wait stops the others (SIGTERM, then
+// SIGKILL after the grace period) and says so on Stderr. Once every rank
+// has exited it removes what the run left behind: shared-memory segments
+// named with the run id (those of ranks killed during set-up) and, for a
+// file store, the run's directory (see rendezvous.RunDir).
 func (g *Group) Wait() error {
-	for range g.cmds {
-		res := <-g.results
-		code, sig := exitStatus(res.err)
-		if code == 0 {
-			continue
+	var (
+		failures []*ExitError // failures before the launcher stopped anyone
+		stopped  []int
+		settle   <-chan time.Time
+		decided  bool
+	)
+	decide := func() {
+		decided, settle = true, nil
+		cause := failures[0]
+		for _, f := range failures {
+			if f.Signal != nil {
+				cause = f
+				break
+			}
+		}
+		for _, f := range failures {
+			if f != cause {
+				stopped = append(stopped, f.Rank)
+			}
 		}
 		g.mu.Lock()
 		first := g.first == nil
 		if first {
-			g.first = &ExitError{Rank: res.rank, Code: code, Signal: sig}
+			g.first = cause
 		}
 		g.mu.Unlock()
 		if first {
-			fmt.Fprintf(g.cfg.Stderr, "collgen run: %v; stopping the other ranks\n", g.first)
+			fmt.Fprintf(g.cfg.Stderr, "collgen run: %v; stopping the other ranks\n", cause)
 			g.stop(syscall.SIGTERM)
 		}
+	}
+	for left := len(g.cmds); left > 0; {
+		select {
+		case res := <-g.results:
+			left--
+			code, sig := exitStatus(res.err)
+			if code == 0 {
+				continue
+			}
+			g.mu.Lock()
+			stopping := g.stopping
+			g.mu.Unlock()
+			if decided || stopping {
+				stopped = append(stopped, res.rank)
+				continue
+			}
+			failures = append(failures, &ExitError{Rank: res.rank, Code: code, Signal: sig})
+			if sig != nil {
+				decide()
+			} else if settle == nil {
+				settle = time.After(settleWindow)
+			}
+		case <-settle:
+			decide()
+		}
+	}
+	if !decided && len(failures) > 0 {
+		decide()
 	}
 	for _, w := range g.outs {
 		w.flush()
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.killer != nil {
 		g.killer.Stop()
 	}
-	if g.first != nil {
-		return g.first
+	first := g.first
+	g.mu.Unlock()
+	if first != nil && first.Rank >= 0 && len(stopped) > 0 {
+		slices.Sort(stopped)
+		first.Stopped = stopped
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: %s stopped after rank %d failed; their errors follow from that\n", rankList(stopped), first.Rank)
 	}
-	return nil
+	g.cleanup()
+	if first == nil {
+		return nil
+	}
+	return first
+}
+
+// rankList reads "rank 3" or "ranks 0, 1 and 3".
+func rankList(ranks []int) string {
+	if len(ranks) == 1 {
+		return "rank " + strconv.Itoa(ranks[0])
+	}
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(r)
+	}
+	return "ranks " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// cleanup removes what the run's ranks may have left: shared-memory
+// segments carrying the run id, and a file store's run directory. It runs
+// when no rank of the run is alive any more.
+func (g *Group) cleanup() {
+	removed, err := sweepShm(g.cfg.ShmDir, g.cfg.RunID)
+	if len(removed) > 0 {
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: removed %d shared-memory segment(s) left by the ranks: %s\n", len(removed), strings.Join(removed, ", "))
+	}
+	if err != nil {
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: %v\n", err)
+	}
+	if scheme, dir, err := rendezvous.ParseStoreAddr(g.cfg.Store); err == nil && scheme == "file" {
+		if err := os.RemoveAll(rendezvous.RunDir(dir, g.cfg.RunID)); err != nil {
+			fmt.Fprintf(g.cfg.Stderr, "collgen run: remove the run's store keys: %v\n", err)
+		}
+	}
 }
 
 // Run starts the group and waits for it. Cancelling ctx stops the ranks
 // like Signal(SIGTERM).
 func Run(ctx context.Context, cfg Config) error {
-	g, err := Start(cfg)
+	g, err := StartContext(ctx, cfg)
 	if err != nil {
 		return err
 	}

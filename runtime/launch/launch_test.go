@@ -2,10 +2,13 @@ package launch
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -49,6 +52,45 @@ func helper(args []string) int {
 	case "sleep":
 		fmt.Println("ready")
 		time.Sleep(30 * time.Second)
+		return 0
+	case "killed-then-fail": // killed-then-fail VICTIM: the victim is SIGKILLed, the others exit 1 at once
+		victim, _ := strconv.Atoi(args[1])
+		if rank == victim {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+		fmt.Fprintln(os.Stderr, "peer gone")
+		return 1
+	case "shm": // shm DIR: leave a segment of this run (and one of another run) in DIR, then die
+		name := fmt.Sprintf("collgen-0011223344556677-%s.ab-r%d", os.Getenv("COLLGEN_RUN_ID"), rank)
+		os.WriteFile(filepath.Join(args[1], name), nil, 0o600)
+		if rank == 0 {
+			os.WriteFile(filepath.Join(args[1], "collgen-0011223344556677-otherrun1.ab-r0"), nil, 0o600)
+		}
+		os.MkdirAll(strings.TrimPrefix(os.Getenv("COLLGEN_STORE"), "file://")+"/run-"+os.Getenv("COLLGEN_RUN_ID"), 0o700)
+		// Die once every rank has made its segment (4 files with the other run's).
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if e, _ := os.ReadDir(args[1]); len(e) >= 4 {
+				break
+			}
+		}
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	case "launcher": // launcher N PIDFILE: a collgen run of N sleeping ranks whose pids go to PIDFILE
+		n, _ := strconv.Atoi(args[1])
+		exe, _ := os.Executable()
+		g, err := Start(Config{N: n, Args: []string{exe, "pid", args[2]}, Env: os.Environ(), Store: "tcp://127.0.0.1:1"})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		g.Wait()
+		return 0
+	case "pid": // pid FILE: append our pid to FILE, then sleep
+		f, _ := os.OpenFile(args[1], os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+		fmt.Fprintln(f, os.Getpid())
+		f.Close()
+		time.Sleep(60 * time.Second)
 		return 0
 	}
 	return 99
@@ -135,7 +177,8 @@ func TestFailureStopsOthers(t *testing.T) {
 			if !errors.As(err, &ee) || ee.Rank != 2 || ee.Code != 7 || err.Error() != "rank 2 exited with status 7" {
 				t.Fatalf("Wait = %#v (%v), want rank 2 status 7", err, err)
 			}
-			if want := "collgen run: rank 2 exited with status 7; stopping the other ranks\n"; errb.String() != want {
+			if want := "collgen run: rank 2 exited with status 7; stopping the other ranks\n" +
+				"collgen run: ranks 0, 1 and 3 stopped after rank 2 failed; their errors follow from that\n"; errb.String() != want {
 				t.Fatalf("stderr = %q, want %q", errb.String(), want)
 			}
 		})
@@ -158,7 +201,7 @@ func TestSignalStopsAll(t *testing.T) {
 	g.Signal(os.Interrupt)
 	err = g.Wait()
 	var ee *ExitError
-	if !errors.As(err, &ee) || ee.Code != 130 || ee.Rank != -1 || err.Error() != "interrupted by interrupt; stopped all ranks" {
+	if !errors.As(err, &ee) || ee.Code != 130 || ee.Rank != -1 || err.Error() != "interrupted by SIGINT; stopped all ranks" {
 		t.Fatalf("Wait = %v, want an interrupt with code 130", err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
@@ -194,4 +237,140 @@ func TestPrefixWriterLongAndSplitLines(t *testing.T) {
 	if n := strings.Count(out.String(), "[rank 1] "); n != 2 {
 		t.Fatalf("long line split into %d pieces, want 2", n)
 	}
+}
+
+// TestKilledRankIsTheCause: rank 2 is SIGKILLed and the others exit 1
+// because of it, possibly reaped first. The report names rank 2 and the
+// signal by name, and lists the others as consequences.
+func TestKilledRankIsTheCause(t *testing.T) {
+	cfg, _, errb := config(4, "killed-then-fail", "2")
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = g.Wait()
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Rank != 2 || ee.Signal != syscall.SIGKILL || ee.Code != 137 {
+		t.Fatalf("Wait = %v, want rank 2 killed by SIGKILL", err)
+	}
+	if err.Error() != "rank 2 was killed by SIGKILL" {
+		t.Fatalf("message %q", err)
+	}
+	if !strings.Contains(errb.String(), "collgen run: rank 2 was killed by SIGKILL; stopping the other ranks\n") {
+		t.Fatalf("stderr:\n%s", errb)
+	}
+	if fmt.Sprint(ee.Stopped) != "[0 1 3]" {
+		t.Fatalf("Stopped = %v, want [0 1 3]", ee.Stopped)
+	}
+}
+
+func TestSignalName(t *testing.T) {
+	for sig, want := range map[os.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM", os.Interrupt: "SIGINT", syscall.Signal(77): "signal 77"} {
+		if got := SignalName(sig); got != want {
+			t.Errorf("SignalName(%d) = %q, want %q", sig, got, want)
+		}
+	}
+}
+
+// TestTooManyRanks: an absurd -n is refused before anything starts.
+func TestTooManyRanks(t *testing.T) {
+	cfg, _, _ := config(100000, "env")
+	start := time.Now()
+	_, err := Start(cfg)
+	if !errors.Is(err, ErrTooManyRanks) || !strings.Contains(err.Error(), "100000 ranks, at most 1024") {
+		t.Fatalf("Start = %v, want ErrTooManyRanks", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("refusing took %v", d)
+	}
+}
+
+// TestCancelDuringStart: a cancelled context stops starting ranks, and the
+// ones started are reaped.
+func TestCancelDuringStart(t *testing.T) {
+	cfg, _, _ := config(3, "sleep")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := StartContext(ctx, cfg); !errors.Is(err, context.Canceled) {
+		t.Fatalf("StartContext = %v, want context.Canceled", err)
+	}
+}
+
+// TestSweepAfterKilledRanks: ranks killed after creating shared-memory
+// segments (as during host set-up) and file-store keys leave nothing of
+// their run once Wait returns; another run's segment stays.
+func TestSweepAfterKilledRanks(t *testing.T) {
+	shmDir, storeDir := t.TempDir(), t.TempDir()
+	cfg, _, errb := config(3, "shm", shmDir)
+	cfg.ShmDir, cfg.Store, cfg.RunID = shmDir, "file://"+storeDir, "testrun42"
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Wait(); err == nil {
+		t.Fatal("killed ranks succeeded")
+	}
+	left, _ := os.ReadDir(shmDir)
+	if len(left) != 1 || left[0].Name() != "collgen-0011223344556677-otherrun1.ab-r0" {
+		t.Fatalf("left in shm dir: %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(storeDir, "run-testrun42")); !os.IsNotExist(err) {
+		t.Fatalf("run directory of the file store survived: %v", err)
+	}
+	if !strings.Contains(errb.String(), "removed 3 shared-memory segment(s)") {
+		t.Fatalf("stderr:\n%s", errb)
+	}
+}
+
+// TestNoOrphansWhenLauncherKilled: SIGKILL the launcher; its ranks die too
+// (parent-death signal).
+func TestNoOrphansWhenLauncherKilled(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, "launcher", "2", pidFile)
+	cmd.Env = append(os.Environ(), "LAUNCH_TEST_HELPER=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for deadline := time.Now().Add(10 * time.Second); len(pids) < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("ranks did not start")
+		}
+		b, _ := os.ReadFile(pidFile)
+		pids = pids[:0]
+		for _, f := range strings.Fields(string(b)) {
+			p, _ := strconv.Atoi(f)
+			pids = append(pids, p)
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for _, pid := range pids {
+		deadline := time.Now().Add(5 * time.Second)
+		// The ranks are the launcher's children, reparented on its death
+		// and reaped by init (or a subreaper): gone means kill(pid, 0)
+		// fails or the process is a zombie.
+		for !processGone(pid) {
+			if time.Now().After(deadline) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("rank pid %d outlived its launcher", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// processGone reports whether pid has exited (or is a zombie).
+func processGone(pid int) bool {
+	if syscall.Kill(pid, 0) == syscall.ESRCH {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }

@@ -3,6 +3,7 @@
 package launch
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 )
@@ -19,3 +20,8 @@ func killGroup(cmd *exec.Cmd, sig os.Signal) {
 		cmd.Process.Kill()
 	}
 }
+
+func checkFDs(n int) error { return nil }
+
+// SignalName names a signal.
+func SignalName(sig os.Signal) string { return fmt.Sprint(sig) }

@@ -29,6 +29,10 @@ type Env struct {
 	// HostStore is true when this rank must serve the store itself: rank 0
 	// under the torchrun fallback, where no collgen store is running.
 	HostStore bool
+	// RunID is the run's generation from COLLGEN_RUN_ID ("" when unset).
+	// FromEnv keys the store by it, so a rerun on the same store never
+	// sees this run's keys.
+	RunID string
 }
 
 // ReadEnv reads the rank environment: COLLGEN_RANK, COLLGEN_WORLD_SIZE,
@@ -89,6 +93,11 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	}
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
 		return Env{}, err
+	}
+	if e.RunID, _ = lookup(RunIDEnv); e.RunID != "" {
+		if err := CheckRunID(e.RunID); err != nil {
+			return Env{}, err
+		}
 	}
 	return e, nil
 }
@@ -161,19 +170,52 @@ func Open(ctx context.Context, addr string) (Store, error) {
 	return DialTCP(ctx, rest, ClientOptions{})
 }
 
-// FromEnv reads the rank environment (see ReadEnv) and opens its store. When
+// OpenRun opens the store at addr for one run: with a run id, a file store
+// uses the run's own subdirectory (RunDir) and any other store keeps every
+// key under "collgen/run/<id>/", so state left by an earlier run on the same
+// store is never adopted. An empty runID is Open.
+func OpenRun(ctx context.Context, addr, runID string) (Store, error) {
+	if runID == "" {
+		return Open(ctx, addr)
+	}
+	if err := CheckRunID(runID); err != nil {
+		return nil, err
+	}
+	scheme, rest, err := ParseStoreAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if scheme == "file" {
+		return NewFileStore(RunDir(rest, runID))
+	}
+	s, err := DialTCP(ctx, rest, ClientOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return Scoped(s, "collgen/run/"+runID+"/"), nil
+}
+
+// FromEnv reads the rank environment (see ReadEnv) and opens its store,
+// keyed by the run id when COLLGEN_RUN_ID is set (see OpenRun). When
 // env.HostStore is set this rank also serves the store, and closing the
-// returned Store stops that server too. Callers usually Join next.
+// returned Store stops that server too; a store served beyond loopback
+// needs $COLLGEN_STORE_SECRET (the same on every rank) and is refused
+// without it. Callers usually Join next.
 func FromEnv(ctx context.Context) (Env, Store, error) {
 	e, err := ReadEnv()
 	if err != nil {
 		return Env{}, nil, err
 	}
 	if !e.HostStore {
-		s, err := Open(ctx, e.Store)
+		s, err := OpenRun(ctx, e.Store, e.RunID)
 		return e, s, err
 	}
 	srv, err := NewTCPServer(e.Store, ServerOptions{})
+	if errors.Is(err, ErrInsecure) {
+		return Env{}, nil, fmt.Errorf("rendezvous: rank 0 cannot serve the store on %s (MASTER_ADDR is not a loopback address) without a secret: "+
+			"set %s to the same random value on every rank (e.g. export %s=$(openssl rand -hex 16)), or set MASTER_ADDR=127.0.0.1 when all ranks run on this host: %w",
+			e.Store, SecretEnv, SecretEnv, err)
+	}
 	if err != nil {
 		return Env{}, nil, fmt.Errorf("rendezvous: rank 0 serving the store: %w", err)
 	}

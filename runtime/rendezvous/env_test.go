@@ -2,8 +2,10 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -100,4 +102,100 @@ func TestFromEnvTorchrunRankZeroHostsStore(t *testing.T) {
 func unsetenv(t *testing.T, k string) {
 	t.Helper()
 	os.Unsetenv(k)
+}
+
+// TestFromEnvTorchrunOpenStoreNeedsSecret: rank 0 under torchrun with a
+// MASTER_ADDR beyond loopback refuses to serve an open store, naming the
+// variable to set; with the secret set it serves.
+func TestFromEnvTorchrunOpenStoreNeedsSecret(t *testing.T) {
+	for _, k := range []string{"COLLGEN_RANK", "COLLGEN_WORLD_SIZE", "COLLGEN_LOCAL_RANK", "COLLGEN_STORE", "TORCHELASTIC_RUN_ID"} {
+		t.Setenv(k, "")
+		unsetenv(t, k)
+	}
+	t.Setenv(SecretEnv, "")
+	t.Setenv("MASTER_ADDR", "0.0.0.0") // every interface: not loopback
+	t.Setenv("MASTER_PORT", "0")
+	t.Setenv("WORLD_SIZE", "1")
+	t.Setenv("RANK", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, s, err := FromEnv(ctx)
+	if !errors.Is(err, ErrInsecure) || !strings.Contains(err.Error(), "set "+SecretEnv) || !strings.Contains(err.Error(), "MASTER_ADDR=127.0.0.1") {
+		t.Fatalf("FromEnv = %v, want ErrInsecure naming %s", err, SecretEnv)
+	}
+	if s != nil {
+		t.Fatal("a store came back with the error")
+	}
+	t.Setenv(SecretEnv, "s3cret")
+	_, s, err = FromEnv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}
+
+// TestNewTCPServerRefusesOpenNonLoopback: listening beyond loopback needs
+// a secret or an explicit Insecure.
+func TestNewTCPServerRefusesOpenNonLoopback(t *testing.T) {
+	if _, err := NewTCPServer("0.0.0.0:0", ServerOptions{Secret: []byte{}}); !errors.Is(err, ErrInsecure) {
+		t.Fatalf("NewTCPServer = %v, want ErrInsecure", err)
+	}
+	srv, err := NewTCPServer("0.0.0.0:0", ServerOptions{Secret: []byte{}, Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	srv, err = NewTCPServer("127.0.0.1:0", ServerOptions{Secret: []byte{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+}
+
+// TestRunScopedStores: two runs on one file store or one TCP server never
+// see each other's keys, and a timeout names keys as the caller wrote them.
+func TestRunScopedStores(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	srv, err := NewTCPServer("127.0.0.1:0", ServerOptions{Secret: []byte{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, addr := range []string{"file://" + dir, "tcp://" + srv.Addr()} {
+		t.Run(addr[:3], func(t *testing.T) {
+			old, err := OpenRun(ctx, addr, "run00001")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			if err := Join(ctx, old, "g", 0, 1); err != nil {
+				t.Fatal(err)
+			}
+			old.Set(ctx, "stale", []byte("x"))
+			cur, err := OpenRun(ctx, addr, "run00002")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cur.Close()
+			// The old run's join would make this a duplicate rank.
+			if err := Join(ctx, cur, "g", 0, 1); err != nil {
+				t.Fatalf("second run adopted the first one's keys: %v", err)
+			}
+			wctx, wcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer wcancel()
+			err = cur.Wait(wctx, "stale")
+			var we *WaitError
+			if !errors.As(err, &we) || fmt.Sprint(we.Missing) != "[stale]" {
+				t.Fatalf("Wait = %v, want a timeout naming \"stale\"", err)
+			}
+			if _, err := OpenRun(ctx, addr, "bad id!"); err == nil {
+				t.Fatal("accepted a bad run id")
+			}
+		})
+	}
+	if _, err := os.Stat(RunDir(dir, "run00001")); err != nil {
+		t.Fatalf("file store run directory: %v", err)
+	}
 }

@@ -20,6 +20,10 @@ import (
 // TCP servers and clients use when their options give none.
 const SecretEnv = "COLLGEN_STORE_SECRET"
 
+// ErrInsecure is returned (wrapped) by NewTCPServer for a listener beyond
+// loopback without a secret, unless ServerOptions.Insecure says so.
+var ErrInsecure = errors.New("rendezvous: refusing to serve beyond loopback without a secret")
+
 // ErrAuth is returned (wrapped) by DialTCP when the server refuses the
 // client's secret.
 var ErrAuth = errors.New("rendezvous: authentication failed")
@@ -78,6 +82,10 @@ type ServerOptions struct {
 	// MaxConns bounds concurrent connections; extra ones are closed at once.
 	// Default 1024.
 	MaxConns int
+	// Insecure allows listening beyond loopback without a secret; without
+	// it NewTCPServer refuses such a listener (ErrInsecure), because anyone
+	// who can reach it could read and change the store.
+	Insecure bool
 	// Logf, if set, receives one line per dropped client and other events.
 	Logf func(format string, args ...any)
 }
@@ -142,6 +150,10 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: tcp store: %w", err)
+	}
+	if len(secret) == 0 && !isLoopback(ln.Addr()) && !opts.Insecure {
+		ln.Close()
+		return nil, fmt.Errorf("%w: %s is reachable from other hosts; set %s (the same value for the server and every rank) or listen on 127.0.0.1", ErrInsecure, ln.Addr(), SecretEnv)
 	}
 	s := &Server{
 		ln:      ln,

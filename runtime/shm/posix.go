@@ -176,3 +176,94 @@ func Leftovers(dir, infix string) ([]string, error) {
 	}
 	return names, nil
 }
+
+// removeStale is RemoveStale for POSIX segments; see there.
+func (p Posix) removeStale(name string, size int, valid func([]byte) bool) (bool, error) {
+	if err := CheckName(name); err != nil {
+		return false, err
+	}
+	path := p.Path(name)
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return false, fmt.Errorf("shm: stat %s: %w", path, err)
+	}
+	if !ownedBySelf(&st) {
+		return false, nil
+	}
+	switch {
+	case st.Size == 0:
+		// A creator killed between open(O_CREAT) and fallocate: the file
+		// holds nothing, and our uid with mode 0600 says it is ours.
+	case st.Size == int64(size) && valid != nil:
+		mem, err := syscall.Mmap(fd, 0, size, syscall.PROT_READ, syscall.MAP_SHARED)
+		if err != nil {
+			return false, fmt.Errorf("shm: map %s: %w", path, err)
+		}
+		ok := valid(mem)
+		syscall.Munmap(mem)
+		if !ok {
+			return false, nil
+		}
+	default:
+		return false, nil
+	}
+	if err := syscall.Unlink(path); err != nil && !errors.Is(err, syscall.ENOENT) {
+		return false, fmt.Errorf("shm: unlink %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// ownedBySelf reports whether st is a regular file of the caller's
+// effective uid with no group or other permissions: what Create makes.
+func ownedBySelf(st *syscall.Stat_t) bool {
+	return st.Mode&syscall.S_IFMT == syscall.S_IFREG && st.Uid == uint32(os.Geteuid()) && st.Mode&0o077 == 0
+}
+
+// SweepRun unlinks every segment in dir (DefaultDir when empty) whose name
+// carries the run tag of runID (see RunNonce) and that the caller owns:
+// a regular file of the caller's uid with mode 0600, whatever its size.
+// Launchers call it after every rank of a run has exited, so segments of
+// ranks killed during set-up, which no survivor was left to remove, are
+// removed too. It returns the names it removed.
+func SweepRun(dir, runID string) ([]string, error) {
+	if err := CheckRunID(runID); err != nil {
+		return nil, err
+	}
+	if dir == "" {
+		dir = DefaultDir
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("shm: sweep run %s: %w", runID, err)
+	}
+	tag := "-" + runID + "."
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		n := e.Name()
+		if !strings.HasPrefix(n, Prefix) || !strings.Contains(n, tag) {
+			continue
+		}
+		path := filepath.Join(dir, n)
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err != nil || !ownedBySelf(&st) {
+			continue
+		}
+		if err := syscall.Unlink(path); err != nil {
+			if !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("shm: unlink %s: %w", path, err))
+			}
+			continue
+		}
+		removed = append(removed, n)
+	}
+	return removed, errors.Join(errs...)
+}

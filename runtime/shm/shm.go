@@ -59,6 +59,57 @@ type Provider interface {
 	Unlink(name string) error
 }
 
+// RemoveStale removes a segment name left by a rank that died during
+// set-up, if the caller owns it: for POSIX segments a regular file of the
+// caller's uid with mode 0600 that is either empty (its creator was killed
+// between creating the file and reserving its memory) or of exactly size
+// bytes with contents valid accepts (nil accepts nothing of that size).
+// Anything else (another user's file, other permissions, another size) is
+// left alone, so a squatter's file is never removed. It reports whether
+// it removed the name; a name that does not exist is not an error.
+func RemoveStale(p Provider, name string, size int, valid func([]byte) bool) (bool, error) {
+	if px, ok := p.(Posix); ok {
+		return px.removeStale(name, size, valid)
+	}
+	s, err := p.Open(name, size)
+	if err != nil {
+		return false, nil
+	}
+	ok := valid != nil && valid(s.Bytes())
+	s.Close()
+	if !ok {
+		return false, nil
+	}
+	if err := p.Unlink(name); err != nil && !errors.Is(err, ErrNotFound) {
+		return false, err
+	}
+	return true, nil
+}
+
+// RunNonce returns the segment-name nonce for a run: runID, a dot, then
+// random (both checked by the caller), so SweepRun(runID) finds every
+// segment of the run. Without a run id the nonce is random alone.
+func RunNonce(runID, random string) string {
+	if runID == "" {
+		return random
+	}
+	return runID + "." + random
+}
+
+// CheckRunID returns an error unless id is a valid run id: 8 to 16
+// letters and digits (collgen run makes 16 hex digits).
+func CheckRunID(id string) error {
+	if len(id) < 8 || len(id) > 16 {
+		return fmt.Errorf("shm: run id %q: want 8 to 16 letters and digits", id)
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return fmt.Errorf("shm: run id %q: want 8 to 16 letters and digits", id)
+		}
+	}
+	return nil
+}
+
 // CheckName returns an error unless name is a valid collgen segment name:
 // it starts with Prefix and holds only [A-Za-z0-9._-].
 func CheckName(name string) error {

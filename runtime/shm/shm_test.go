@@ -122,3 +122,75 @@ func TestCheckName(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRemoveStale: what a rank killed during set-up leaves (an empty file,
+// or a whole segment with a valid header) is removed whatever its size,
+// while files that are not provably ours stay.
+func TestRemoveStale(t *testing.T) {
+	p := Posix{}
+	valid := func(m []byte) bool { return m[0] == 'c' }
+	for _, tc := range []struct {
+		name    string
+		content []byte
+		mode    os.FileMode
+		removed bool
+	}{
+		{"empty", nil, 0o600, true}, // killed between open(O_CREAT) and fallocate
+		{"whole", append([]byte{'c'}, make([]byte, 4095)...), 0o600, true},
+		{"whole-invalid", make([]byte, 4096), 0o600, false}, // valid says not ours
+		{"other-size", []byte("not yours"), 0o600, false},
+		{"empty-0644", nil, 0o644, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := testName(t)
+			path := p.Path(name)
+			if err := os.WriteFile(path, tc.content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Remove(path)
+			os.Chmod(path, tc.mode)
+			removed, err := RemoveStale(p, name, 4096, valid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, statErr := os.Stat(path)
+			if removed != tc.removed || os.IsNotExist(statErr) != tc.removed {
+				t.Fatalf("removed = %v, file gone = %v; want %v", removed, os.IsNotExist(statErr), tc.removed)
+			}
+		})
+	}
+	if removed, err := RemoveStale(p, testName(t)+"-missing", 4096, valid); removed || err != nil {
+		t.Fatalf("missing name: %v %v", removed, err)
+	}
+}
+
+// TestSweepRun removes every name of one run that we own, whatever its
+// size, and nothing of other runs or other owners' modes.
+func TestSweepRun(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, size int, mode os.FileMode) {
+		if err := os.WriteFile(filepath.Join(dir, name), make([]byte, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(filepath.Join(dir, name), mode)
+	}
+	write("collgen-0011223344556677-run12345.aa-r0", 0, 0o600)
+	write("collgen-0011223344556677-run12345.aa-r1", 8192, 0o600)
+	write("collgen-0011223344556677-run99999.aa-r0", 0, 0o600) // another run
+	write("collgen-0011223344556677-run12345.aa-r2", 0, 0o644) // not our mode
+	write("other-0011223344556677-run12345.aa-r0", 0, 0o600)   // not collgen's
+	removed, err := SweepRun(dir, "run12345")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(removed) != "[collgen-0011223344556677-run12345.aa-r0 collgen-0011223344556677-run12345.aa-r1]" {
+		t.Fatalf("removed %v", removed)
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 3 {
+		t.Fatalf("left %v, want 3 names", left)
+	}
+	if _, err := SweepRun(dir, "x"); err == nil {
+		t.Fatal("accepted a bad run id")
+	}
+}
