@@ -9,10 +9,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -77,18 +79,46 @@ type ServerOptions struct {
 	// client. Default DefaultMaxFrameSize.
 	MaxFrameSize int
 	// HandshakeTimeout bounds how long a new connection may take to
-	// authenticate. Default 10s.
+	// authenticate. Default 3s.
 	HandshakeTimeout time.Duration
-	// MaxConns bounds concurrent connections; extra ones are closed at once.
-	// Default 1024.
+	// MaxConns bounds concurrent authenticated connections; a client that
+	// authenticates beyond it is closed at once. Default 1024.
 	MaxConns int
+	// MaxHandshakes bounds connections still authenticating, separately
+	// from MaxConns, so unauthenticated connections can never crowd out
+	// authenticated ones. When full, a new connection evicts the oldest
+	// pending one: an honest client authenticates within a round trip, so
+	// a flood of idle connections only evicts itself. Default 64.
+	MaxHandshakes int
+	// MaxHandshakesPerPeer bounds the connections one remote IP may have
+	// authenticating; beyond it the peer's own oldest is evicted. Default 16.
+	MaxHandshakesPerPeer int
+	// IdleTimeout closes an authenticated connection with no request in
+	// flight for this long (clients reconnect transparently when they next
+	// need the store). Default 10 min; negative disables it.
+	IdleTimeout time.Duration
+	// FrameTimeout bounds how long the body of one request frame may take
+	// to arrive once its length is read; a client trickling bytes slower is
+	// disconnected. Default 30s.
+	FrameTimeout time.Duration
+	// MaxInflightBytes bounds the bytes of large frames (over 64 KiB) the
+	// server holds at once, requests being read or applied and responses
+	// being written: a reader waits for room before allocating. Small
+	// frames are exempt, so trickled large frames cannot stall ordinary
+	// traffic. Default max(4 x MaxFrameSize, 64 MiB).
+	MaxInflightBytes int64
 	// Insecure allows listening beyond loopback without a secret; without
 	// it NewTCPServer refuses such a listener (ErrInsecure), because anyone
 	// who can reach it could read and change the store.
 	Insecure bool
-	// Logf, if set, receives one line per dropped client and other events.
+	// Logf, if set, receives lines about dropped and refused clients and
+	// other events, rate-limited (a burst of 10, then 2 a second; the next
+	// line says how many were suppressed), so a flood cannot flood the log.
 	Logf func(format string, args ...any)
 }
+
+// smallFrame is the size up to which frames bypass the in-flight budget.
+const smallFrame = 64 << 10
 
 // Server is a TCP store server. Any rank, `collgen run` or `collgen store`
 // can run one; clients reach it with DialTCP.
@@ -99,10 +129,15 @@ type Server struct {
 	data   *memStore
 
 	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
+	conns   map[net.Conn]*connState
+	pending []*connState // authenticating, oldest first
+	authed  int          // authenticated connections
 	clients map[uint64]*clientState
 	closed  bool
 	wg      sync.WaitGroup
+
+	budget *byteBudget
+	log    rateLogger
 
 	// dropReply, if set (tests only), is asked after each applied request
 	// whether to hang up instead of replying, simulating a lost response.
@@ -138,10 +173,25 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 		opts.MaxFrameSize = DefaultMaxFrameSize
 	}
 	if opts.HandshakeTimeout <= 0 {
-		opts.HandshakeTimeout = 10 * time.Second
+		opts.HandshakeTimeout = 3 * time.Second
 	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 1024
+	}
+	if opts.MaxHandshakes <= 0 {
+		opts.MaxHandshakes = 64
+	}
+	if opts.MaxHandshakesPerPeer <= 0 {
+		opts.MaxHandshakesPerPeer = 16
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = 10 * time.Minute
+	}
+	if opts.FrameTimeout <= 0 {
+		opts.FrameTimeout = 30 * time.Second
+	}
+	if opts.MaxInflightBytes <= 0 {
+		opts.MaxInflightBytes = max(4*int64(opts.MaxFrameSize), 64<<20)
 	}
 	secret := opts.Secret
 	if secret == nil {
@@ -160,8 +210,10 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 		opts:    opts,
 		secret:  secret,
 		data:    newMemStore(DefaultTimeout),
-		conns:   map[net.Conn]struct{}{},
+		conns:   map[net.Conn]*connState{},
 		clients: map[uint64]*clientState{},
+		budget:  newByteBudget(opts.MaxInflightBytes),
+		log:     rateLogger{logf: opts.Logf, burst: 10, every: 500 * time.Millisecond},
 	}
 	if len(secret) == 0 && !isLoopback(ln.Addr()) {
 		s.logf("rendezvous: warning: store listening on %s without a secret; any host that can reach it can read and change it (set %s)", ln.Addr(), SecretEnv)
@@ -194,6 +246,7 @@ func (s *Server) Close() error {
 		c.Close()
 	}
 	s.mu.Unlock()
+	s.budget.close()
 	s.data.Close()
 	s.wg.Wait()
 	return err
@@ -209,10 +262,23 @@ func (s *Server) dropConnections() {
 	}
 }
 
-func (s *Server) logf(format string, args ...any) {
-	if s.opts.Logf != nil {
-		s.opts.Logf(format, args...)
+func (s *Server) logf(format string, args ...any) { s.log.printf(format, args...) }
+
+// connState is the server's view of one connection.
+type connState struct {
+	c     net.Conn
+	peer  string // remote IP
+	since time.Time
+	// evicted is set (under Server.mu) when the connection was closed to
+	// make room for newer handshakes.
+	evicted bool
+}
+
+func peerIP(c net.Conn) string {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return ta.IP.String()
 	}
+	return c.RemoteAddr().String()
 }
 
 func (s *Server) accept() {
@@ -224,29 +290,89 @@ func (s *Server) accept() {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return // listener closed
+			if errors.Is(err, net.ErrClosed) {
+				return // listener closed
+			}
+			// Out of descriptors or similar: back off instead of spinning.
+			s.logf("rendezvous: accept: %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
 		}
+		cs := &connState{c: c, peer: peerIP(c), since: time.Now()}
 		s.mu.Lock()
-		if s.closed || len(s.conns) >= s.opts.MaxConns {
+		if s.closed {
 			s.mu.Unlock()
-			s.logf("rendezvous: refusing %s: %d connections open", c.RemoteAddr(), s.opts.MaxConns)
 			c.Close()
 			continue
 		}
-		s.conns[c] = struct{}{}
+		s.admitLocked(cs)
+		s.conns[c] = cs
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
-			err := s.serve(c)
+			err := s.serve(cs)
 			s.mu.Lock()
 			delete(s.conns, c)
+			evicted := cs.evicted
 			s.mu.Unlock()
 			c.Close()
-			if err != nil {
+			if err != nil && !evicted {
 				s.logf("rendezvous: dropped client %s: %v", c.RemoteAddr(), err)
 			}
 		}()
+	}
+}
+
+// admitLocked makes room for cs among the pending handshakes, evicting the
+// peer's oldest when the peer is at its limit, else the oldest overall when
+// all are taken, and appends cs. s.mu is held.
+func (s *Server) admitLocked(cs *connState) {
+	evict := func(i int) {
+		old := s.pending[i]
+		old.evicted = true
+		old.c.Close()
+		s.pending = append(s.pending[:i], s.pending[i+1:]...)
+		s.logf("rendezvous: closed %s: still authenticating after %v while %d handshakes are pending",
+			old.c.RemoteAddr(), time.Since(old.since).Round(time.Millisecond), len(s.pending)+1)
+	}
+	n, first := 0, -1
+	for i, p := range s.pending {
+		if p.peer == cs.peer {
+			if first < 0 {
+				first = i
+			}
+			n++
+		}
+	}
+	if n >= s.opts.MaxHandshakesPerPeer {
+		evict(first)
+	} else if len(s.pending) >= s.opts.MaxHandshakes {
+		evict(0)
+	}
+	s.pending = append(s.pending, cs)
+}
+
+// authenticated moves cs from the pending handshakes to the authenticated
+// connections, or reports false when MaxConns are already authenticated
+// (or cs was evicted meanwhile).
+func (s *Server) authenticated(cs *connState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.removePendingLocked(cs)
+	if cs.evicted || s.authed >= s.opts.MaxConns {
+		return false
+	}
+	s.authed++
+	return true
+}
+
+func (s *Server) removePendingLocked(cs *connState) {
+	for i, p := range s.pending {
+		if p == cs {
+			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			return
+		}
 	}
 }
 
@@ -254,54 +380,167 @@ func (s *Server) accept() {
 // goroutine decodes frames so that a hang-up (or a bad frame) cancels a
 // blocked wait at once. It returns why a misbehaving client was dropped, or
 // nil for an ordinary hang-up.
-func (s *Server) serve(c net.Conn) error {
+func (s *Server) serve(cs *connState) error {
+	c := cs.c
 	id, err := s.handshake(c)
 	if err != nil {
+		s.mu.Lock()
+		s.removePendingLocked(cs)
+		s.mu.Unlock()
 		return err
 	}
+	if !s.authenticated(cs) {
+		if cs.evicted {
+			return nil
+		}
+		return fmt.Errorf("refused: %d authenticated connections open", s.opts.MaxConns)
+	}
+	defer func() {
+		s.mu.Lock()
+		s.authed--
+		s.mu.Unlock()
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reqs := make(chan *frame)
+
+	// Idle watchdog: close the connection when no request has been in
+	// flight for IdleTimeout. busy counts requests read but not yet
+	// answered; last is when the count last changed.
+	var (
+		idleMu sync.Mutex
+		busy   int
+		last   = time.Now()
+		idle   atomic.Bool
+	)
+	setBusy := func(d int) {
+		idleMu.Lock()
+		busy += d
+		last = time.Now()
+		idleMu.Unlock()
+	}
+	if s.opts.IdleTimeout > 0 {
+		var t *time.Timer
+		t = time.AfterFunc(s.opts.IdleTimeout, func() {
+			idleMu.Lock()
+			left := s.opts.IdleTimeout - time.Since(last)
+			quiet := busy == 0 && left <= 0
+			idleMu.Unlock()
+			if quiet {
+				idle.Store(true)
+				c.Close()
+				return
+			}
+			t.Reset(max(left, s.opts.IdleTimeout/10))
+		})
+		defer t.Stop()
+	}
+
+	type request struct {
+		f    *frame
+		held int64 // budget bytes to release once answered
+	}
+	reqs := make(chan request)
 	var readErr error
 	go func() {
 		defer cancel()
 		r := bufio.NewReader(c)
 		for {
-			f, err := readFrame(r, s.opts.MaxFrameSize)
+			f, held, err := s.readRequest(ctx, c, r)
 			if err != nil {
 				if errors.Is(err, errFrame) {
 					readErr = err
 				}
 				return
 			}
+			setBusy(1)
 			select {
-			case reqs <- f:
+			case reqs <- request{f, held}:
 			case <-ctx.Done():
+				s.budget.release(held)
 				return
 			}
 		}
 	}()
 	w := bufio.NewWriter(c)
 	for {
-		var req *frame
+		var req request
 		select {
 		case req = <-reqs:
 		case <-ctx.Done():
 			c.Close() // unblocks the reader if we are the one stopping
+			if idle.Load() {
+				s.logf("rendezvous: closed idle client %s after %v", c.RemoteAddr(), s.opts.IdleTimeout)
+				return nil
+			}
 			return readErr
 		}
-		req.ID = id // a client may only speak for itself
-		resp, ok := s.handle(ctx, req)
+		req.f.ID = id // a client may only speak for itself
+		resp, ok := s.handle(ctx, req.f)
+		s.budget.release(req.held)
 		if !ok {
 			return nil // hang-up during a wait, or a test drop
 		}
-		if err := writeFrame(w, resp, s.opts.MaxFrameSize); err != nil {
-			return err
-		}
-		if err := w.Flush(); err != nil {
+		err := s.writeResponse(ctx, w, resp)
+		setBusy(-1)
+		if err != nil {
+			if errors.Is(err, errTooLarge) {
+				return err
+			}
 			return nil
 		}
 	}
+}
+
+// readRequest reads one frame, taking room in the in-flight budget for a
+// large one before allocating it, and bounding the time its body may take.
+// held is what the caller must release once the request is answered.
+func (s *Server) readRequest(ctx context.Context, c net.Conn, r *bufio.Reader) (f *frame, held int64, err error) {
+	var hdr [frameLenSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, 0, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(s.opts.MaxFrameSize) {
+		return nil, 0, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errFrame, n, s.opts.MaxFrameSize)
+	}
+	if n > smallFrame {
+		if err := s.budget.acquire(ctx, int64(n)); err != nil {
+			return nil, 0, err
+		}
+		held = int64(n)
+	}
+	c.SetReadDeadline(time.Now().Add(s.opts.FrameTimeout))
+	p := make([]byte, n)
+	_, err = io.ReadFull(r, p)
+	c.SetReadDeadline(time.Time{})
+	if err == nil {
+		f, err = decodeFrame(p)
+	}
+	if err != nil {
+		s.budget.release(held)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			err = fmt.Errorf("%w: a %d-byte frame did not arrive within %v", errFrame, n, s.opts.FrameTimeout)
+		}
+		return nil, 0, err
+	}
+	return f, held, nil
+}
+
+// writeResponse writes resp, holding room in the in-flight budget for a
+// large one while it is encoded and sent.
+func (s *Server) writeResponse(ctx context.Context, w *bufio.Writer, resp *frame) error {
+	size := int64(encodedSize(resp))
+	if size > smallFrame {
+		if err := s.budget.acquire(ctx, size); err != nil {
+			return err
+		}
+		defer s.budget.release(size)
+	}
+	if err := writeFrame(w, resp, s.opts.MaxFrameSize); err != nil {
+		return err
+	}
+	return w.Flush()
 }
 
 // handshake sends a nonce and checks the client's HMAC of it, returning the

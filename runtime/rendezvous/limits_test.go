@@ -1,0 +1,212 @@
+package rendezvous
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestTCPFloodDoesNotStarveRendezvous: 1,100 unauthenticated connections
+// that never answer the challenge (more than MaxConns), plus a flooder that
+// keeps opening more, must not delay a real 4-rank rendezvous until the
+// flood's handshakes time out (30s here); and the server's log stays
+// rate-limited (the old server logged one line per refusal).
+func TestTCPFloodDoesNotStarveRendezvous(t *testing.T) {
+	var lines atomic.Int32
+	srv := newTestServer(t, ServerOptions{Secret: []byte("s3cret"), HandshakeTimeout: 30 * time.Second,
+		Logf: func(f string, a ...any) { lines.Add(1) }})
+	start := time.Now()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for range 1100 {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatalf("flood dial: %v", err)
+		}
+		flood = append(flood, c)
+	}
+	// A flooder that keeps 100 more connections churning meanwhile.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var ring [100]net.Conn
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				for _, c := range ring {
+					if c != nil {
+						c.Close()
+					}
+				}
+				return
+			default:
+			}
+			if c := ring[i%len(ring)]; c != nil {
+				c.Close()
+			}
+			ring[i%len(ring)], _ = net.Dial("tcp", srv.Addr())
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+
+	const world = 4
+	ctx := short(t, 60*time.Second)
+	began := time.Now()
+	errs := make(chan error, world)
+	for r := range world {
+		go func() {
+			s, err := DialTCP(ctx, srv.Addr(), ClientOptions{Secret: []byte("s3cret")})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			errs <- Join(ctx, s, "flooded", r, world)
+		}()
+	}
+	for range world {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(began)
+	t.Logf("rendezvous under a flood of %d connections took %v", len(flood), took)
+	// The flood's handshakes time out after 30s; a rendezvous that waited
+	// for them would take that long. 15s leaves a loaded machine room.
+	if took > 15*time.Second {
+		t.Fatalf("rendezvous took %v under the flood", took)
+	}
+	// Logging: a burst of 10, then 2 lines a second, plus slack.
+	elapsed := time.Since(start).Seconds()
+	if max := 10 + int32(2*elapsed) + 3; lines.Load() > max {
+		t.Fatalf("%d log lines in %.1fs, want at most %d", lines.Load(), elapsed, max)
+	}
+	t.Logf("%d log lines", lines.Load())
+	if lines.Load() == 0 {
+		t.Fatal("the server logged nothing about the flood")
+	}
+}
+
+// TestRateLogger counts lines directly: 1,000 events in a burst give the
+// burst, and the next line after a pause reports the rest as suppressed.
+func TestRateLogger(t *testing.T) {
+	var got []string
+	l := rateLogger{logf: func(f string, a ...any) { got = append(got, fmt.Sprintf(f, a...)) }, burst: 10, every: time.Hour}
+	for i := range 1000 {
+		l.printf("event %d", i)
+	}
+	if len(got) != 10 {
+		t.Fatalf("%d lines for 1000 events, want 10", len(got))
+	}
+	l.every = time.Nanosecond // the next event finds a token
+	l.printf("later")
+	if last := got[len(got)-1]; last != "later (990 similar lines suppressed)" {
+		t.Fatalf("last line %q", last)
+	}
+}
+
+// TestTCPLargeFramesBounded: clients announcing large frames and trickling
+// them can hold at most MaxInflightBytes of server memory, ordinary small
+// requests keep being served meanwhile, and the tricklers are dropped after
+// FrameTimeout, returning the budget.
+func TestTCPLargeFramesBounded(t *testing.T) {
+	const frameMax, budget = 1 << 20, 2 << 20
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}, MaxFrameSize: frameMax, MaxInflightBytes: budget,
+		FrameTimeout: 500 * time.Millisecond})
+	var readers []*bufio.Reader
+	for range 8 {
+		c, r := rawConn(t, srv)
+		hdr := binary.BigEndian.AppendUint32(nil, frameMax)
+		c.Write(append(hdr, make([]byte, 100)...)) // then stall
+		readers = append(readers, r)
+	}
+	// Ordinary traffic is not stalled by the held budget.
+	s := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	ctx := short(t, 10*time.Second)
+	if err := s.Set(ctx, "small", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if _, peak := srv.budget.usage(); peak > budget {
+		t.Fatalf("peak in-flight %d bytes, budget %d", peak, budget)
+	}
+	// Every trickler is dropped (the first two after FrameTimeout, the
+	// rest once admitted and timed out in turn).
+	for i, r := range readers {
+		if _, err := r.ReadByte(); err == nil {
+			t.Fatalf("trickler %d got an answer", i)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if used, _ := srv.budget.usage(); used == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			used, _ := srv.budget.usage()
+			t.Fatalf("budget still holds %d bytes after the tricklers left", used)
+		}
+	}
+	// Whole large frames from many clients at once all succeed, and the
+	// server never holds more than the budget of them.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+			errs <- c.Set(ctx, fmt.Sprintf("big%d", i), make([]byte, frameMax-100))
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, peak := srv.budget.usage(); peak > budget {
+		t.Fatalf("peak in-flight %d bytes, budget %d", peak, budget)
+	}
+}
+
+// TestTCPIdleTimeout: an authenticated connection with nothing in flight
+// is closed after IdleTimeout; one blocked in a long wait is not.
+func TestTCPIdleTimeout(t *testing.T) {
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}, IdleTimeout: 200 * time.Millisecond})
+	_, qr := rawConn(t, srv)
+	start := time.Now()
+	if _, err := qr.ReadByte(); err == nil {
+		t.Fatal("idle connection got data")
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Fatalf("idle connection closed after %v", d)
+	}
+	busy, br := rawConn(t, srv)
+	writeFrame(busy, &frame{Op: opWait, Num: 1000, Args: [][]byte{[]byte("never")}}, 1024)
+	f, err := readFrame(br, 1024)
+	if err != nil || f.Op != statusTimeout {
+		t.Fatalf("a 1s wait under a 200ms idle timeout: %+v, %v; want its timeout reply", f, err)
+	}
+	// And the client-side store reconnects after an idle close.
+	s := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	ctx := short(t, 5*time.Second)
+	if err := s.Set(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if v, err := s.Get(ctx, "a"); err != nil || string(v) != "1" {
+		t.Fatalf("after an idle close: %q, %v", v, err)
+	}
+}
