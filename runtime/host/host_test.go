@@ -218,19 +218,27 @@ func TestTwoGroupsSameRanks(t *testing.T) {
 // collective; rank 0 fails within its timeout naming rank 1, and the group
 // is broken afterwards.
 func TestTimeoutNamesMissingRank(t *testing.T) {
+	// Set-up runs under goroutineGroup's generous timeout, outside the
+	// timed part; rank 0 then lowers its own wait timeout for the timed
+	// collective, while rank 1 (set up, alive) stays away until rank 0 is
+	// done, so neither a slow set-up nor a sleep's length decides anything.
+	const timeout = 300 * time.Millisecond
 	var mu sync.Mutex
 	var got error
-	errs := goroutineGroup(t, 2, Config{Timeout: 300 * time.Millisecond}, func(g *Group) error {
+	done := make(chan struct{})
+	errs := goroutineGroup(t, 2, Config{}, func(g *Group) error {
 		if err := g.Setup(context.Background()); err != nil {
 			return err
 		}
 		if g.Rank() == 1 {
-			time.Sleep(600 * time.Millisecond)
+			<-done
 			return nil
 		}
+		defer close(done)
+		g.timeout = timeout
 		start := time.Now()
 		err := g.AllReduce(context.Background(), make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{})
-		if d := time.Since(start); d > 2*time.Second {
+		if d := time.Since(start); d > timeout+5*time.Second {
 			return fmt.Errorf("took %v", d)
 		}
 		mu.Lock()
