@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -67,8 +68,16 @@ func dedupe(l ErrorList) ErrorList {
 	return out
 }
 
-// syntaxLine matches the line number in yaml.v3's syntax errors.
-var syntaxLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+// syntaxLine matches the line number in yaml.v3's syntax errors. That
+// number is not reliable: for parser errors yaml.v3 reports the 0-based
+// line of the enclosing construct (often the top-level mapping, so a spec
+// starting with a comment got "line 2"), so locateSyntax finds the real
+// position instead.
+var syntaxLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// maxDepth bounds how deeply a spec's collections may nest; real specs
+// need 5 levels.
+const maxDepth = 32
 
 // decode reads the next YAML document, turning panics into errors.
 func decode(dec *yaml.Decoder, n *yaml.Node) (err error) {
@@ -80,18 +89,215 @@ func decode(dec *yaml.Decoder, n *yaml.Node) (err error) {
 	return dec.Decode(n)
 }
 
-// syntaxError records a YAML syntax error with its line.
-func (l *loader) syntaxError(err error) {
-	msg := err.Error()
-	if m := syntaxLine.FindStringSubmatch(msg); m != nil {
-		line, _ := strconv.Atoi(m[1])
-		l.errs = append(l.errs, &Error{File: l.file, Line: max(line, 1), Col: 1, Msg: "YAML syntax error: " + m[2]})
-		return
+// syntaxMessage strips yaml.v3's "yaml: " and "line N: " prefixes.
+func syntaxMessage(err error) string {
+	if m := syntaxLine.FindStringSubmatch(err.Error()); m != nil {
+		return m[2]
 	}
-	if len(msg) > 6 && msg[:6] == "yaml: " {
-		msg = msg[6:]
+	return err.Error()
+}
+
+// parseError returns the syntax message of the first document of data
+// that fails to decode, or "" when every document decodes.
+func parseError(data []byte) string {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var n yaml.Node
+		err := decode(dec, &n)
+		if errors.Is(err, io.EOF) {
+			return ""
+		}
+		if err != nil {
+			return syntaxMessage(err)
+		}
 	}
-	l.errs = append(l.errs, &Error{File: l.file, Msg: "YAML syntax error: " + msg})
+}
+
+// locateSyntax finds where in data the syntax error msg arises: the
+// shortest prefix of whole lines that fails with the same message gives
+// the line, and the shortest prefix of that line the column (1 when no
+// prefix of the line reproduces it). The line is found by bisection, so a
+// spec of n lines costs about log2(n) parses, plus one per character of
+// the line for the column.
+func locateSyntax(data []byte, msg string) (line, col int) {
+	var starts []int // byte offset of each line
+	for i := 0; i < len(data); {
+		starts = append(starts, i)
+		j := bytes.IndexByte(data[i:], '\n')
+		if j < 0 {
+			break
+		}
+		i += j + 1
+	}
+	end := func(l int) int { // offset just past line l (1-based)
+		if l < len(starts) {
+			return starts[l]
+		}
+		return len(data)
+	}
+	fails := func(n int) bool { return parseError(data[:n]) == msg }
+	if len(starts) == 0 || !fails(len(data)) {
+		return 0, 0
+	}
+	lo, hi := 1, len(starts) // the first failing line is in [lo, hi]
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if fails(end(mid)) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	line = lo
+	first := starts[line-1]
+	text := bytes.TrimRight(data[first:end(line)], "\r\n")
+	// Columns are counted in characters; bisect over byte offsets of
+	// character starts.
+	var offs []int
+	for i := range string(text) {
+		offs = append(offs, i)
+	}
+	offs = append(offs, len(text))
+	k := len(offs) - 1 // a prefix of offs[k] bytes holds k characters
+	if k < 1 || !fails(first+offs[k]) {
+		return line, 1
+	}
+	if len(data) <= linearColumnBytes && k <= linearColumnChars {
+		// The column is where the failure becomes permanent: step back
+		// while shorter prefixes of the line still fail. (Bisection could
+		// stop inside an unclosed bracket or quote, which fails the same
+		// way when cut short.)
+		for k > 1 && fails(first+offs[k-1]) {
+			k--
+		}
+		return line, k
+	}
+	clo, chi := 1, k
+	for clo < chi {
+		mid := (clo + chi) / 2
+		if fails(first + offs[mid]) {
+			chi = mid
+		} else {
+			clo = mid + 1
+		}
+	}
+	return line, clo
+}
+
+// linearColumnBytes and linearColumnChars are the spec size and line
+// length up to which locateSyntax finds the column by stepping back one
+// character at a time (one parse each) rather than by bisection.
+const (
+	linearColumnBytes = 64 << 10
+	linearColumnChars = 512
+)
+
+// checkText reports the first byte YAML cannot hold in a spec: invalid
+// UTF-8 (including UTF-16 text) or a control character other than tab,
+// newline and carriage return. yaml.v3 reports those without a position.
+func (l *loader) checkText(data []byte) bool {
+	line, col := 1, 1
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		var msg string
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			msg = fmt.Sprintf("byte %#02x is not UTF-8: a spec is UTF-8 text (is this a binary or UTF-16 file?)", data[i])
+		case r == '\uFEFF' && i == 0:
+			// A UTF-8 byte order mark is harmless.
+		case r < 0x20 && r != '\t' && r != '\n' && r != '\r', r == 0x7f, r >= 0x80 && r < 0xa0:
+			msg = fmt.Sprintf("control character %U is not allowed in a spec", r)
+		}
+		if msg != "" {
+			l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Msg: msg})
+			return false
+		}
+		if r == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+		i += size
+	}
+	return true
+}
+
+// syntaxError records a YAML syntax error at the position locateSyntax
+// finds, or at yaml.v3's line (when it gives one) as a last resort.
+func (l *loader) syntaxError(data []byte, err error) {
+	msg := syntaxMessage(err)
+	line, col := locateSyntax(data, msg)
+	if line == 0 {
+		if m := syntaxLine.FindStringSubmatch(err.Error()); m != nil && m[1] != "" {
+			line, _ = strconv.Atoi(m[1])
+			col = 1
+		}
+	}
+	if line == 0 {
+		line, col = 1, 1
+	}
+	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Msg: "YAML syntax error: " + msg})
+}
+
+// checkFlowDepth reports the first '[' or '{' that opens a flow collection
+// deeper than maxDepth, before yaml.v3 spends time on it (it allows 10,000
+// levels). Quoted strings and comments are skipped; a bracket inside a
+// plain scalar counts too, which no real spec nests 32 deep.
+func (l *loader) checkFlowDepth(data []byte) bool {
+	depth, line, col := 0, 1, 0
+	var quote byte
+	comment := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		col++
+		if c == '\n' {
+			line, col, comment = line+1, 0, false
+			if quote == 0 {
+				continue
+			}
+		}
+		switch {
+		case comment:
+		case quote == '"' && c == '\\':
+			i++
+			col++
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '#' && (i == 0 || data[i-1] == ' ' || data[i-1] == '\t' || data[i-1] == '\n'):
+			comment = true
+		case c == '[' || c == '{':
+			depth++
+			if depth > maxDepth {
+				l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col,
+					Msg: fmt.Sprintf("nested more than %d levels deep; a spec needs far fewer (see docs/spec.md)", maxDepth)})
+				return false
+			}
+		case c == ']' || c == '}':
+			depth = max(depth-1, 0)
+		}
+	}
+	return true
+}
+
+// checkDepth reports the first collection nested deeper than maxDepth.
+func (l *loader) checkDepth(n *yaml.Node, depth int) bool {
+	if n == nil {
+		return true
+	}
+	if depth > maxDepth {
+		l.errorf(n, "nested more than %d levels deep; a spec needs far fewer (see docs/spec.md)", maxDepth)
+		return false
+	}
+	for _, c := range n.Content {
+		if !l.checkDepth(c, depth+1) {
+			return false
+		}
+	}
+	return true
 }
 
 // parse reads data into a Spec, recording every problem in l.errs.
@@ -100,13 +306,16 @@ func (l *loader) parse(data []byte) *Spec {
 		l.errorf(nil, "spec is %d bytes, more than the %d a spec may have", len(data), maxSpecBytes)
 		return nil
 	}
+	if !l.checkText(data) || !l.checkFlowDepth(data) {
+		return nil
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := decode(dec, &doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			l.errorf(nil, "empty spec; start with version: 1 (see docs/spec.md)")
 		} else {
-			l.syntaxError(err)
+			l.syntaxError(data, err)
 		}
 		return nil
 	}
@@ -115,7 +324,10 @@ func (l *loader) parse(data []byte) *Spec {
 	case err == nil:
 		l.errorf(&extra, "a spec is one YAML document; remove this second document (and the --- before it)")
 	case !errors.Is(err, io.EOF):
-		l.syntaxError(err)
+		l.syntaxError(data, err)
+	}
+	if !l.checkDepth(&doc, 0) {
+		return nil
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
