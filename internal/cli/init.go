@@ -1,0 +1,80 @@
+package cli
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"go/token"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/spec"
+)
+
+func init() { register("init", newCmdInit) }
+
+// starterSpec is the commented spec `collgen init` writes; {{PACKAGE}}
+// stands for the Go package name.
+//
+//go:embed starter.yaml
+var starterSpec string
+
+// StarterSpec returns the starter spec for Go package pkg, as `collgen
+// init` writes it.
+func StarterSpec(pkg string) []byte {
+	return []byte(strings.ReplaceAll(starterSpec, "{{PACKAGE}}", pkg))
+}
+
+func newCmdInit(io *IO) *cobra.Command {
+	var pkg string
+	cmd := &cobra.Command{
+		Use:   "init [FILE]",
+		Short: "Write a starter spec (commented, valid) into your project",
+		Long: `Init writes a starter spec to FILE (default collgen.yaml): all-reduce,
+reduce-scatter and all-gather kernels for f32 and bf16 on NVLink-connected
+GPUs, with size rules that fall back to NCCL, and comments saying what each
+field does. It never overwrites an existing file. Then generate the package:
+
+  collgen generate --spec collgen.yaml --out internal/gen --package collectives`,
+		Example: `  collgen init
+  collgen init --package mycoll specs/collgen.yaml`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := spec.DefaultFile
+			if len(args) == 1 {
+				path = args[0]
+			}
+			if !token.IsIdentifier(pkg) || strings.ToLower(pkg) != pkg {
+				return usageError(fmt.Errorf("init: --package %q: want a lower-case Go identifier such as collectives", pkg))
+			}
+			data := StarterSpec(pkg)
+			// The starter must always be a spec collgen accepts.
+			if _, err := spec.Parse(path, data); err != nil {
+				return fmt.Errorf("init: the starter spec is invalid (a collgen bug): %w", err)
+			}
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			if errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("init: %s already exists; not overwriting it (remove it, or name another file: collgen init FILE)", path)
+			}
+			if err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
+			if _, err := f.Write(data); err != nil {
+				f.Close()
+				os.Remove(path)
+				return fmt.Errorf("init: %w", err)
+			}
+			if err := f.Close(); err != nil {
+				os.Remove(path)
+				return fmt.Errorf("init: %w", err)
+			}
+			fmt.Fprintf(io.Out, "wrote %s; next:\n  collgen generate --spec %s --out internal/gen --package %s\n", path, path, pkg)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&pkg, "package", "collectives", "Go package name of the generated glue")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	return cmd
+}
