@@ -8,7 +8,11 @@ help:
 	@echo "generate    regenerate generated/ from spec/"
 	@echo "check       fail if generated/ is stale (collgen check)"
 	@echo "test        the full CPU test suite (what CI runs)"
-	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90"
+	@echo "test-short  go test -short ./... (skips the long sweeps)"
+	@echo "fmt         gofmt -w every Go file"
+	@echo "vet         fail on unformatted files, then go vet"
+	@echo "ci          everything CI runs (.ci/run; installs nvcc when missing)"
+	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90, side by side"
 	@echo "fatbin      build .gpu/collgen.fatbin (sm_90) for loading without NVRTC"
 	@echo "gpu-bundle  build GPU test binaries and collgen into .gpu/ (see docs/gpu-workflow.md)"
 	@echo "bench       generator benchmark"
@@ -27,6 +31,15 @@ vet:
 
 test:
 	$(GO) test ./...
+
+test-short:
+	$(GO) test -short ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+ci:
+	.ci/run
 
 cuda-check:
 	NVCC=$(NVCC) tests/cuda/check.sh generated/cuda sm_80 sm_90
