@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,12 +38,25 @@ func TestRunScripts(t *testing.T) {
 		Setup: func(env *testscript.Env) error {
 			// Scripts must not inherit a rank environment or a secret.
 			for _, k := range []string{rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv,
-				rendezvous.StoreEnv, rendezvous.SecretEnv, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
+				rendezvous.StoreEnv, rendezvous.SecretEnv, rendezvous.RunIDEnv, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
 				env.Setenv(k, "")
 			}
 			return nil
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
+			// gone FILE...: each FILE holds a path that must not exist.
+			"gone": func(ts *testscript.TestScript, neg bool, args []string) {
+				for _, f := range args {
+					p := strings.TrimSpace(ts.ReadFile(f))
+					_, err := os.Stat(p)
+					if exists := err == nil; exists != neg {
+						if exists {
+							os.Remove(p)
+						}
+						ts.Fatalf("%s: exists=%v", p, exists)
+					}
+				}
+			},
 			// waitfile FILE...: wait up to 10s for every file to exist.
 			"waitfile": func(ts *testscript.TestScript, neg bool, args []string) {
 				deadline := time.Now().Add(10 * time.Second)
@@ -67,6 +81,7 @@ func TestRunScripts(t *testing.T) {
 //	rankhelper env               print the rank environment
 //	rankhelper fail R CODE       rank R exits CODE; the others hang
 //	rankhelper sleep DIR         touch DIR/ready.RANK, then hang
+//	rankhelper shmleak DIR       leave a /dev/shm segment of the run (path in DIR/seg.RANK), then SIGKILL itself
 //	rankhelper gather            join, all-gather and barrier through the store
 func rankHelper(args []string) int {
 	if len(args) == 0 {
@@ -90,6 +105,24 @@ func rankHelper(args []string) int {
 		time.Sleep(60 * time.Second)
 		fmt.Println("not stopped")
 		return 0
+	case "shmleak":
+		// As a rank killed during host set-up: a segment of this run left
+		// in /dev/shm; its path goes to DIR/seg.RANK for the script.
+		seg := "/dev/shm/collgen-0000000000000000-" + os.Getenv(rendezvous.RunIDEnv) + ".leak-r" + rank
+		if err := os.WriteFile(seg, nil, 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, "rankhelper:", err)
+			return 1
+		}
+		os.WriteFile(filepath.Join(args[1], "seg."+rank), []byte(seg), 0o600)
+		// Die once every rank has made its segment.
+		world, _ := strconv.Atoi(os.Getenv(rendezvous.WorldSizeEnv))
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if m, _ := filepath.Glob(filepath.Join(args[1], "seg.*")); len(m) >= world {
+				break
+			}
+		}
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
 	case "sleep":
 		os.WriteFile(filepath.Join(args[1], "ready."+rank), nil, 0o600)
 		time.Sleep(60 * time.Second)

@@ -116,6 +116,8 @@ type Group struct {
 	exited   []bool
 	stopping bool
 	killer   *time.Timer
+	stopSig  os.Signal // what stop sent first
+	killSent bool      // SIGKILL has been sent to the ranks
 	first    *ExitError // first failure, or the interrupt
 }
 
@@ -247,6 +249,7 @@ func (g *Group) stop(sig os.Signal) {
 		return
 	}
 	g.stopping = true
+	g.stopSig = sig
 	g.killer = time.AfterFunc(g.cfg.Grace, func() { g.signalAll(syscall.SIGKILL) })
 	g.mu.Unlock()
 	g.signalAll(sig)
@@ -257,6 +260,9 @@ func (g *Group) stop(sig os.Signal) {
 func (g *Group) signalAll(sig os.Signal) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if sig == syscall.SIGKILL {
+		g.killSent = true
+	}
 	for r, cmd := range g.cmds {
 		if !g.exited[r] {
 			killGroup(cmd, sig)
@@ -274,6 +280,7 @@ func (g *Group) signalAll(sig os.Signal) {
 func (g *Group) Wait() error {
 	var (
 		failures []*ExitError // failures before the launcher stopped anyone
+		also     []*ExitError // later failures the launcher did not cause
 		stopped  []int
 		settle   <-chan time.Time
 		decided  bool
@@ -313,9 +320,17 @@ func (g *Group) Wait() error {
 			}
 			g.mu.Lock()
 			stopping := g.stopping
+			// Did our stop end it? An exit status, or the signals we sent;
+			// anything else (a SIGKILL before ours, a SIGSEGV) is a
+			// failure of its own.
+			ours := sig == nil || sig == g.stopSig || sig == syscall.SIGKILL && g.killSent
 			g.mu.Unlock()
 			if decided || stopping {
-				stopped = append(stopped, res.rank)
+				if ours {
+					stopped = append(stopped, res.rank)
+				} else {
+					also = append(also, &ExitError{Rank: res.rank, Code: code, Signal: sig})
+				}
 				continue
 			}
 			failures = append(failures, &ExitError{Rank: res.rank, Code: code, Signal: sig})
@@ -343,7 +358,14 @@ func (g *Group) Wait() error {
 	if first != nil && first.Rank >= 0 && len(stopped) > 0 {
 		slices.Sort(stopped)
 		first.Stopped = stopped
-		fmt.Fprintf(g.cfg.Stderr, "collgen run: %s stopped after rank %d failed; their errors follow from that\n", rankList(stopped), first.Rank)
+		whose := "their errors follow"
+		if len(stopped) == 1 {
+			whose = "its errors follow"
+		}
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: %s stopped after rank %d failed; %s from that\n", rankList(stopped), first.Rank, whose)
+	}
+	for _, a := range also {
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: %v as well (not stopped by collgen run)\n", a)
 	}
 	g.cleanup()
 	if first == nil {
