@@ -116,8 +116,8 @@ type Group struct {
 	exited   []bool
 	stopping bool
 	killer   *time.Timer
-	stopSig  os.Signal // what stop sent first
-	killSent bool      // SIGKILL has been sent to the ranks
+	stopSig  os.Signal  // what stop sent first
+	killSent bool       // SIGKILL has been sent to the ranks
 	first    *ExitError // first failure, or the interrupt
 }
 
