@@ -34,7 +34,8 @@ func newCmdInit(io *IO) *cobra.Command {
 		Short: "Write a starter spec (commented, valid) into your project",
 		Long: `Init writes a starter spec to FILE (default collgen.yaml): all-reduce,
 reduce-scatter and all-gather kernels for f32 and bf16 on NVLink-connected
-GPUs, with size rules that fall back to NCCL, and comments saying what each
+GPUs (size rules falling back to NCCL) and for CPU ranks over shared memory
+(to try it without a GPU), with comments saying what each
 field does. It never overwrites an existing file. Then generate the package:
 
   collgen generate --spec collgen.yaml --out internal/gen --package collectives`,
