@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -175,6 +176,9 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 		base = append(withoutVars(base, rendezvous.SecretEnv), rendezvous.SecretEnv+"="+cfg.Secret)
 	}
 	g := &Group{cfg: cfg, results: make(chan result, cfg.N), exited: make([]bool, cfg.N)}
+	if err := g.claimRunDir(); err != nil {
+		return nil, err
+	}
 	// One lock for both streams keeps every line whole and in order.
 	var outMu sync.Mutex
 	for r := range cfg.N {
@@ -384,6 +388,54 @@ func rankList(ranks []int) string {
 		s[i] = strconv.Itoa(r)
 	}
 	return "ranks " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// launcherFile, in a file store's run directory, names the launcher that
+// owns the run ("<hostname> <pid>"), so a later launcher can remove the
+// directory once that one is gone.
+const launcherFile = ".launcher"
+
+// claimRunDir, for a file store, removes the run directories of launchers
+// on this host that no longer run (killed before they could clean up: old
+// generations are never adopted, and this keeps them from piling up), then
+// creates this run's directory with its launcher file.
+func (g *Group) claimRunDir() error {
+	scheme, dir, err := rendezvous.ParseStoreAddr(g.cfg.Store)
+	if err != nil || scheme != "file" {
+		return nil
+	}
+	host, _ := os.Hostname()
+	if ents, err := os.ReadDir(dir); err == nil {
+		var removed []string
+		for _, e := range ents {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), "run-") {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name(), launcherFile))
+			if err != nil {
+				continue // not a launcher's run: leave it
+			}
+			var h string
+			var pid int
+			if n, _ := fmt.Sscanf(string(b), "%s %d", &h, &pid); n != 2 || h != host || !processGone(pid) {
+				continue
+			}
+			if os.RemoveAll(filepath.Join(dir, e.Name())) == nil {
+				removed = append(removed, e.Name())
+			}
+		}
+		if len(removed) > 0 {
+			fmt.Fprintf(g.cfg.Stderr, "collgen run: removed %d stale run(s) of launchers that are gone from the store: %s\n", len(removed), strings.Join(removed, ", "))
+		}
+	}
+	run := rendezvous.RunDir(dir, g.cfg.RunID)
+	if err := os.MkdirAll(run, 0o700); err != nil {
+		return fmt.Errorf("launch: file store: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(run, launcherFile), fmt.Appendf(nil, "%s %d\n", host, os.Getpid()), 0o600); err != nil {
+		return fmt.Errorf("launch: file store: %w", err)
+	}
+	return nil
 }
 
 // cleanup removes what the run's ranks may have left: shared-memory

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // The test binary doubles as the rank program: with LAUNCH_TEST_HELPER set
@@ -352,7 +354,7 @@ func TestNoOrphansWhenLauncherKilled(t *testing.T) {
 		// The ranks are the launcher's children, reparented on its death
 		// and reaped by init (or a subreaper): gone means kill(pid, 0)
 		// fails or the process is a zombie.
-		for !processGone(pid) {
+		for !goneOrZombie(pid) {
 			if time.Now().After(deadline) {
 				syscall.Kill(pid, syscall.SIGKILL)
 				t.Fatalf("rank pid %d outlived its launcher", pid)
@@ -362,8 +364,8 @@ func TestNoOrphansWhenLauncherKilled(t *testing.T) {
 	}
 }
 
-// processGone reports whether pid has exited (or is a zombie).
-func processGone(pid int) bool {
+// goneOrZombie reports whether pid has exited (or is a zombie).
+func goneOrZombie(pid int) bool {
 	if syscall.Kill(pid, 0) == syscall.ESRCH {
 		return true
 	}
@@ -373,4 +375,52 @@ func processGone(pid int) bool {
 	}
 	i := bytes.LastIndexByte(b, ')')
 	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+// TestStaleRunsRemoved: run directories that launchers killed before they
+// could clean up left in a file store are removed by the next launcher on
+// the host; a live launcher's run and directories of unknown origin stay.
+func TestStaleRunsRemoved(t *testing.T) {
+	store := t.TempDir()
+	host, _ := os.Hostname()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]string{
+		"run-dead0001": fmt.Sprintf("%s %d\n", host, dead.Process.Pid),
+		"run-live0001": fmt.Sprintf("%s %d\n", host, os.Getpid()),
+		"run-else0001": fmt.Sprintf("otherhost %d\n", dead.Process.Pid),
+		"run-anon0001": "",
+	}
+	for name, owner := range runs {
+		os.MkdirAll(filepath.Join(store, name), 0o700)
+		os.WriteFile(filepath.Join(store, name, "k.a2V5"), []byte("stale"), 0o600)
+		if owner != "" {
+			os.WriteFile(filepath.Join(store, name, launcherFile), []byte(owner), 0o600)
+		}
+	}
+	cfg, _, errb := config(1, "env")
+	cfg.Store = "file://" + store
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rendezvous.RunDir(store, g.RunID())); err != nil {
+		t.Fatalf("this run's directory: %v", err)
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	ents, _ := os.ReadDir(store)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if fmt.Sprint(left) != "[run-anon0001 run-else0001 run-live0001]" {
+		t.Fatalf("left in the store: %v", left)
+	}
+	if !strings.Contains(errb.String(), "removed 1 stale run(s) of launchers that are gone from the store: run-dead0001") {
+		t.Fatalf("stderr:\n%s", errb)
+	}
 }

@@ -69,3 +69,8 @@ func SignalName(sig os.Signal) string {
 	}
 	return fmt.Sprintf("signal %d", int(s))
 }
+
+// processGone reports whether no process has pid (kill(pid, 0) says ESRCH).
+func processGone(pid int) bool {
+	return pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH
+}
