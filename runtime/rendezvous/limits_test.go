@@ -210,3 +210,54 @@ func TestTCPIdleTimeout(t *testing.T) {
 		t.Fatalf("after an idle close: %q, %v", v, err)
 	}
 }
+
+// TestTCPHandshakeEvictionConverges: 32 honest ranks connecting at once to
+// a server that lets only 4 authenticate at a time evict one another's
+// handshakes, retry, and all join.
+func TestTCPHandshakeEvictionConverges(t *testing.T) {
+	srv := newTestServer(t, ServerOptions{Secret: []byte("s"), MaxHandshakes: 4, Logf: func(string, ...any) {}})
+	const world = 32
+	ctx := short(t, 60*time.Second)
+	errs := make(chan error, world)
+	for r := range world {
+		go func() {
+			s, err := DialTCP(ctx, srv.Addr(), ClientOptions{Secret: []byte("s")})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			errs <- Join(ctx, s, "burst", r, world)
+		}()
+	}
+	for range world {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdmitEvictsPerPeerThenOldest: a remote peer over its handshake limit
+// evicts its own oldest handshake, not another peer's; a full table evicts
+// the oldest overall; loopback peers are limited only by the table.
+func TestAdmitEvictsPerPeerThenOldest(t *testing.T) {
+	s := &Server{opts: ServerOptions{MaxHandshakes: 4, MaxHandshakesPerPeer: 2}}
+	conn := func(peer string) *connState {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return &connState{c: a, peer: peer}
+	}
+	a1, b1, a2, a3 := conn("10.0.0.1"), conn("10.0.0.2"), conn("10.0.0.1"), conn("10.0.0.1")
+	for _, c := range []*connState{a1, b1, a2, a3} {
+		s.admitLocked(c)
+	}
+	if !a1.evicted || b1.evicted || a2.evicted || a3.evicted || len(s.pending) != 3 {
+		t.Fatalf("per-peer: evicted a1=%v b1=%v a2=%v a3=%v, %d pending", a1.evicted, b1.evicted, a2.evicted, a3.evicted, len(s.pending))
+	}
+	l1, l2 := conn(""), conn("")
+	s.admitLocked(l1) // 4 pending: full
+	s.admitLocked(l2) // evicts the oldest overall: b1
+	if !b1.evicted || l1.evicted || l2.evicted || len(s.pending) != 4 {
+		t.Fatalf("global: evicted b1=%v l1=%v l2=%v, %d pending", b1.evicted, l1.evicted, l2.evicted, len(s.pending))
+	}
+}

@@ -91,7 +91,9 @@ type ServerOptions struct {
 	// a flood of idle connections only evicts itself. Default 64.
 	MaxHandshakes int
 	// MaxHandshakesPerPeer bounds the connections one remote IP may have
-	// authenticating; beyond it the peer's own oldest is evicted. Default 16.
+	// authenticating; beyond it the peer's own oldest is evicted. Loopback
+	// peers (all of one host's ranks) are bound by MaxHandshakes alone.
+	// Default 16.
 	MaxHandshakesPerPeer int
 	// IdleTimeout closes an authenticated connection with no request in
 	// flight for this long (clients reconnect transparently when they next
@@ -267,7 +269,7 @@ func (s *Server) logf(format string, args ...any) { s.log.printf(format, args...
 // connState is the server's view of one connection.
 type connState struct {
 	c     net.Conn
-	peer  string // remote IP
+	peer  string // remote IP, "" for loopback (not limited per peer)
 	since time.Time
 	// evicted is set (under Server.mu) when the connection was closed to
 	// make room for newer handshakes.
@@ -276,6 +278,9 @@ type connState struct {
 
 func peerIP(c net.Conn) string {
 	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if ta.IP.IsLoopback() {
+			return ""
+		}
 		return ta.IP.String()
 	}
 	return c.RemoteAddr().String()
@@ -338,7 +343,7 @@ func (s *Server) admitLocked(cs *connState) {
 	}
 	n, first := 0, -1
 	for i, p := range s.pending {
-		if p.peer == cs.peer {
+		if cs.peer != "" && p.peer == cs.peer {
 			if first < 0 {
 				first = i
 			}
