@@ -65,6 +65,7 @@ type NoMatchError struct {
 	Pattern string
 }
 
+// Error says the pattern matched nothing and how to see the names.
 func (e *NoMatchError) Error() string {
 	return fmt.Sprintf("--only %q matches no kernel; `collgen list` shows the names (e.g. allreduce_oneshot_bf16_sum_w4), and * matches any run of characters", e.Pattern)
 }
@@ -83,6 +84,7 @@ type ForeignDirError struct {
 	Reason string
 }
 
+// Error names the directory, why it is refused and what to do instead.
 func (e *ForeignDirError) Error() string {
 	return fmt.Sprintf("refusing to write into %s: %s (%s); collgen replaces its output directory as a whole, so give --out a new or empty directory, or one collgen generated",
 		e.Dir, e.Reason, strings.Join(e.Entries, ", "))
