@@ -3,8 +3,10 @@ package rendezvous
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -259,5 +261,49 @@ func TestAdmitEvictsPerPeerThenOldest(t *testing.T) {
 	s.admitLocked(l2) // evicts the oldest overall: b1
 	if !b1.evicted || l1.evicted || l2.evicted || len(s.pending) != 4 {
 		t.Fatalf("global: evicted b1=%v l1=%v l2=%v, %d pending", b1.evicted, l1.evicted, l2.evicted, len(s.pending))
+	}
+}
+
+// TestTCPStoreSizeBounded: values past MaxStoreBytes are refused with a
+// message naming the limit; overwriting and deleting give the room back.
+func TestTCPStoreSizeBounded(t *testing.T) {
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}, MaxStoreBytes: 1 << 20})
+	s := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	ctx := short(t, 10*time.Second)
+	big := make([]byte, 600<<10)
+	if err := s.Set(ctx, "a", big); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Set(ctx, "b", big)
+	if err == nil || !strings.Contains(err.Error(), "store full") || !strings.Contains(err.Error(), "1048576-byte limit") {
+		t.Fatalf("second 600 KiB value: %v, want a store-full error", err)
+	}
+	if _, err := s.Get(short(t, 100*time.Millisecond), "b"); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("the refused value was stored: %v", err)
+	}
+	if err := s.Set(ctx, "a", []byte("small")); err != nil { // overwrite frees room
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, "b", big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Delete(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Set(ctx, "c", big); err != nil {
+		t.Fatal(err)
+	}
+	// The in-memory store has no limit unless told; the same accounting
+	// types the error there.
+	m := newMemStore(time.Second)
+	m.limit = 10
+	if err := m.Set(ctx, "k", []byte("0123456789")); !errors.Is(err, ErrStoreFull) {
+		t.Fatalf("mem store past its limit: %v", err)
+	}
+	if _, err := m.Add(ctx, "n", 1); err != nil { // "n" + "1" fits
+		t.Fatal(err)
+	}
+	if _, _, err := m.CompareAndSet(ctx, "n", []byte("1"), []byte("0123456789")); !errors.Is(err, ErrStoreFull) {
+		t.Fatalf("CAS past the limit: %v", err)
 	}
 }

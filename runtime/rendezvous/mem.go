@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -18,6 +19,29 @@ type memStore struct {
 	changed chan struct{}
 	closed  bool
 	timeout time.Duration
+	// size is the bytes of keys and values held; limit, when positive,
+	// bounds it (the TCP server's ServerOptions.MaxStoreBytes).
+	size, limit int64
+}
+
+// ErrStoreFull is returned (wrapped) when a mutation would take a store
+// past its size limit (ServerOptions.MaxStoreBytes for a TCP store).
+var ErrStoreFull = errors.New("rendezvous: store full")
+
+// putLocked stores value under key if the size limit allows; mu is held.
+func (m *memStore) putLocked(key string, value []byte) error {
+	old, ok := m.data[key]
+	delta := int64(len(value)) - int64(len(old))
+	if !ok {
+		delta += int64(len(key))
+	}
+	if m.limit > 0 && delta > 0 && m.size+delta > m.limit {
+		return fmt.Errorf("%w: storing %d bytes under %.64q would pass the %d-byte limit (%d held); delete keys or raise the server's MaxStoreBytes",
+			ErrStoreFull, len(value), key, m.limit, m.size)
+	}
+	m.data[key] = value
+	m.size += delta
+	return nil
 }
 
 // NewMemStore returns an in-memory Store for ranks that are goroutines of
@@ -41,7 +65,9 @@ func (m *memStore) Set(ctx context.Context, key string, value []byte) error {
 	if m.closed {
 		return ErrClosed
 	}
-	m.data[key] = present(value)
+	if err := m.putLocked(key, present(value)); err != nil {
+		return err
+	}
 	m.notifyLocked()
 	return nil
 }
@@ -115,7 +141,9 @@ func (m *memStore) Add(ctx context.Context, key string, delta int64) (int64, err
 		return 0, err
 	}
 	n += delta
-	m.data[key] = strconv.AppendInt(nil, n, 10)
+	if err := m.putLocked(key, strconv.AppendInt(nil, n, 10)); err != nil {
+		return 0, err
+	}
 	m.notifyLocked()
 	return n, nil
 }
@@ -146,7 +174,9 @@ func (m *memStore) CompareAndSet(ctx context.Context, key string, old, new []byt
 		}
 		return present(cur), false, nil
 	}
-	m.data[key] = present(new)
+	if err := m.putLocked(key, present(new)); err != nil {
+		return nil, false, err
+	}
 	m.notifyLocked()
 	return present(new), true, nil
 }
@@ -157,9 +187,10 @@ func (m *memStore) Delete(ctx context.Context, key string) (bool, error) {
 	if m.closed {
 		return false, ErrClosed
 	}
-	_, ok := m.data[key]
+	v, ok := m.data[key]
 	delete(m.data, key)
 	if ok {
+		m.size -= int64(len(key) + len(v))
 		m.notifyLocked()
 	}
 	return ok, nil

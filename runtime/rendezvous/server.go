@@ -109,6 +109,11 @@ type ServerOptions struct {
 	// frames are exempt, so trickled large frames cannot stall ordinary
 	// traffic. Default max(4 x MaxFrameSize, 64 MiB).
 	MaxInflightBytes int64
+	// MaxStoreBytes bounds the keys and values the server holds; a Set,
+	// Add or CompareAndSet past it fails with an error naming ErrStoreFull,
+	// so clients storing huge values cannot grow the server without bound.
+	// Default 256 MiB (rendezvous data is tiny: handles, addresses, ids).
+	MaxStoreBytes int64
 	// Insecure allows listening beyond loopback without a secret; without
 	// it NewTCPServer refuses such a listener (ErrInsecure), because anyone
 	// who can reach it could read and change the store.
@@ -195,6 +200,9 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 	if opts.MaxInflightBytes <= 0 {
 		opts.MaxInflightBytes = max(4*int64(opts.MaxFrameSize), 64<<20)
 	}
+	if opts.MaxStoreBytes <= 0 {
+		opts.MaxStoreBytes = 256 << 20
+	}
 	secret := opts.Secret
 	if secret == nil {
 		secret = []byte(os.Getenv(SecretEnv))
@@ -207,11 +215,13 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 		ln.Close()
 		return nil, fmt.Errorf("%w: %s is reachable from other hosts; set %s (the same value for the server and every rank) or listen on 127.0.0.1", ErrInsecure, ln.Addr(), SecretEnv)
 	}
+	data := newMemStore(DefaultTimeout)
+	data.limit = opts.MaxStoreBytes
 	s := &Server{
 		ln:      ln,
 		opts:    opts,
 		secret:  secret,
-		data:    newMemStore(DefaultTimeout),
+		data:    data,
 		conns:   map[net.Conn]*connState{},
 		clients: map[uint64]*clientState{},
 		budget:  newByteBudget(opts.MaxInflightBytes),
