@@ -136,7 +136,7 @@ func locateSyntax(data []byte, msg string) (line, col int) {
 		return len(data)
 	}
 	fails := func(n int) bool { return parseError(data[:n]) == msg }
-	if len(starts) == 0 || !fails(len(data)) {
+	if len(starts) == 0 || len(data) > maxLocateBytes || !fails(len(data)) {
 		return 0, 0
 	}
 	lo, hi := 1, len(starts) // the first failing line is in [lo, hi]
@@ -183,6 +183,10 @@ func locateSyntax(data []byte, msg string) (line, col int) {
 	}
 	return line, clo
 }
+
+// maxLocateBytes is the largest spec locateSyntax searches (each probe
+// parses a prefix); larger ones fall back to yaml.v3's line.
+const maxLocateBytes = 1 << 20
 
 // linearColumnBytes and linearColumnChars are the spec size and line
 // length up to which locateSyntax finds the column by stepping back one
