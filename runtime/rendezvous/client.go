@@ -127,7 +127,7 @@ func (c *tcpClient) sleep(ctx context.Context, d time.Duration, lastErr error) e
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("rendezvous: tcp store at %s unreachable: %v: %w", c.addr, lastErr, ctx.Err())
+		return fmt.Errorf("rendezvous: tcp store at %s unreachable: %v: %w", c.addr, lastErr, ctxErr(ctx))
 	}
 }
 
@@ -240,7 +240,7 @@ func (c *tcpClient) do(ctx context.Context, req *frame) (*frame, error) {
 			return nil, err
 		}
 		if ctx.Err() == context.Canceled {
-			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, ctx.Err())
+			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, ctxErr(ctx))
 		}
 		if err := c.sleep(ctx, delay, err); err != nil {
 			return nil, err

@@ -88,3 +88,16 @@ func roundWait(d time.Duration) time.Duration {
 	}
 	return (d + g - 1).Truncate(g)
 }
+
+// ctxErr is ctx.Err() with the cancellation's cause appended when there is
+// a different one, so a wait stopped by a signal (signal.NotifyContext's
+// cause, "terminated signal received") or by a caller's
+// context.WithCancelCause says so instead of only "context canceled". It
+// still wraps ctx.Err() for errors.Is.
+func ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if c := context.Cause(ctx); c != nil && c != err {
+		return fmt.Errorf("%w (%v)", err, c)
+	}
+	return err
+}

@@ -171,7 +171,7 @@ func (f *fileStore) poll(ctx context.Context, keys []string, check func() ([]str
 			if missing, err := check(); err != nil || len(missing) == 0 {
 				return err
 			} else if ctx.Err() == context.Canceled {
-				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctx.Err())
+				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctxErr(ctx))
 			} else {
 				return &WaitError{Missing: missing}
 			}

@@ -113,7 +113,7 @@ func (m *memStore) waitFor(ctx context.Context, keys []string, then func()) erro
 				continue // arrived just in time; take the success path
 			}
 			if ctx.Err() == context.Canceled {
-				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctx.Err())
+				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctxErr(ctx))
 			}
 			return &WaitError{Missing: missing}
 		}

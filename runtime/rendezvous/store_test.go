@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,5 +226,25 @@ func TestMemWaitWokenByClose(t *testing.T) {
 	go func() { time.Sleep(20 * time.Millisecond); s.Close() }()
 	if err := s.Wait(short(t, 5*time.Second), "never"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait = %v, want ErrClosed", err)
+	}
+}
+
+// TestCancelledWaitSaysWhy: a wait cancelled with a cause (a signal, via
+// signal.NotifyContext, or the caller's own) names it, and is still
+// context.Canceled for errors.Is.
+func TestCancelledWaitSaysWhy(t *testing.T) {
+	for _, k := range storeKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			s := k.setup(t)()
+			ctx, cancel := context.WithCancelCause(context.Background())
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				cancel(errors.New("terminated signal received"))
+			}()
+			err := s.Wait(ctx, "never")
+			if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "terminated signal received") {
+				t.Fatalf("Wait = %v, want context.Canceled naming the cause", err)
+			}
+		})
 	}
 }
