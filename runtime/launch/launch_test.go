@@ -55,12 +55,21 @@ func helper(args []string) int {
 		fmt.Println("ready")
 		time.Sleep(30 * time.Second)
 		return 0
-	case "killed-then-fail": // killed-then-fail VICTIM: the victim is SIGKILLed, the others exit 1 at once
+	case "killed-then-fail": // killed-then-fail VICTIM DIR: the victim is SIGKILLed, then the others exit 1
 		victim, _ := strconv.Atoi(args[1])
+		mark := filepath.Join(args[2], "dying")
 		if rank == victim {
+			os.WriteFile(mark, nil, 0o600)
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
+		// As survivors that notice a dead peer: fail just after it died.
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(mark); err == nil {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
 		fmt.Fprintln(os.Stderr, "peer gone")
 		return 1
 	case "shm": // shm DIR: leave a segment of this run (and one of another run) in DIR, then die
@@ -245,7 +254,7 @@ func TestPrefixWriterLongAndSplitLines(t *testing.T) {
 // because of it, possibly reaped first. The report names rank 2 and the
 // signal by name, and lists the others as consequences.
 func TestKilledRankIsTheCause(t *testing.T) {
-	cfg, _, errb := config(4, "killed-then-fail", "2")
+	cfg, _, errb := config(4, "killed-then-fail", "2", t.TempDir())
 	g, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
