@@ -41,8 +41,11 @@ func checkRank(rank, world int) error {
 // Join registers rank in group and waits until all world ranks have joined.
 // It refuses a rank that already joined (ErrDuplicateRank) and a world size
 // different from the one the first rank registered (ErrWorldSizeMismatch,
-// naming both sizes). On timeout it returns a *MissingRanksError. A group
-// name is joined once; use a fresh name (e.g. with a run id) to re-form it.
+// naming both sizes); the refused rank also records the mismatch in the
+// store, so ranks already waiting in Join fail at once with the same error
+// instead of waiting out their deadline. On timeout it returns a
+// *MissingRanksError. A group name is joined once; use a fresh name (or a
+// run id, see OpenRun) to re-form it.
 func Join(ctx context.Context, s Store, group string, rank, world int) error {
 	if err := checkRank(rank, world); err != nil {
 		return err
@@ -57,8 +60,12 @@ func Join(ctx context.Context, s Store, group string, rank, world int) error {
 		return fmt.Errorf("rendezvous: join group %q: %w", group, err)
 	}
 	if !swapped && string(cur) != string(ws) {
-		return fmt.Errorf("%w: group %q: rank %d has world size %d but the group was formed with world size %s; start every rank with the same world size",
-			ErrWorldSizeMismatch, group, rank, world, cur)
+		msg := fmt.Sprintf("group %q: rank %d has world size %d but the group was formed with world size %s; start every rank with the same world size",
+			group, rank, world, cur)
+		// Tell the ranks waiting for the group (best effort: the first
+		// mismatch recorded wins).
+		s.CompareAndSet(ctx, prefix+"mismatch", nil, []byte(msg))
+		return fmt.Errorf("%w: %s", ErrWorldSizeMismatch, msg)
 	}
 	var tok [8]byte
 	rand.Read(tok[:])
@@ -70,7 +77,37 @@ func Join(ctx context.Context, s Store, group string, rank, world int) error {
 	if !swapped {
 		return fmt.Errorf("%w: group %q: rank %d has already joined; give each process its own rank", ErrDuplicateRank, group, rank)
 	}
-	return waitRanks(ctx, s, keys, after)
+	return waitJoin(ctx, s, prefix, keys, after)
+}
+
+// waitJoin waits for every rank's key, or for a recorded world-size
+// mismatch, whichever comes first. Both waits have ended when it returns.
+func waitJoin(ctx context.Context, s Store, prefix string, keys []string, after time.Duration) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	joined := make(chan error, 1)
+	go func() { joined <- waitRanks(wctx, s, keys, after) }()
+	mismatch := make(chan []byte, 1)
+	go func() {
+		v, err := s.Get(wctx, prefix+"mismatch")
+		if err != nil {
+			v = nil
+		}
+		mismatch <- v
+	}()
+	select {
+	case err := <-joined:
+		cancel()
+		<-mismatch
+		return err
+	case v := <-mismatch:
+		if v == nil { // the wait ended without a mismatch
+			return <-joined
+		}
+		cancel()
+		<-joined
+		return fmt.Errorf("%w: %s", ErrWorldSizeMismatch, v)
+	}
 }
 
 // Barrier returns once all world ranks have called it with the same name

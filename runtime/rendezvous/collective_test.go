@@ -124,7 +124,9 @@ func TestJoinWorldSizeMismatch(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			peer := k.setup(t)
 			a, b := peer(), peer()
-			go Join(short(t, 2*time.Second), a, "g", 0, 4)
+			first := make(chan error, 1)
+			start := time.Now()
+			go func() { first <- Join(short(t, 30*time.Second), a, "g", 0, 4) }()
 			// Let rank 0 register the size first.
 			if err := a.Wait(short(t, 2*time.Second), joinPrefix+"g/world"); err != nil {
 				t.Fatal(err)
@@ -133,6 +135,14 @@ func TestJoinWorldSizeMismatch(t *testing.T) {
 			want := `rendezvous: world size mismatch: group "g": rank 1 has world size 3 but the group was formed with world size 4; start every rank with the same world size`
 			if fmt.Sprint(err) != want || !errors.Is(err, ErrWorldSizeMismatch) {
 				t.Fatalf("got %v\nwant %s", err, want)
+			}
+			// Rank 0, already waiting, fails with the same error at once
+			// rather than after its 30 s deadline.
+			if err := <-first; fmt.Sprint(err) != want || !errors.Is(err, ErrWorldSizeMismatch) {
+				t.Fatalf("rank 0: %v\nwant %s", err, want)
+			}
+			if d := time.Since(start); d > 15*time.Second {
+				t.Fatalf("rank 0 learnt of the mismatch after %v", d)
 			}
 		})
 	}
