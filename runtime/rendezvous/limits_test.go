@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -308,5 +310,58 @@ func TestTCPStoreSizeBounded(t *testing.T) {
 	}
 	if _, _, err := m.CompareAndSet(ctx, "n", []byte("1"), []byte("0123456789")); !errors.Is(err, ErrStoreFull) {
 		t.Fatalf("CAS past the limit: %v", err)
+	}
+}
+
+// TestTCPRandomFramesServerSurvives sends random bytes, and random frames
+// with plausible headers, on authenticated connections: each one is either
+// answered or hung up on, never hangs the server, and a well-behaved client
+// keeps working throughout.
+func TestTCPRandomFramesServerSurvives(t *testing.T) {
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}, MaxFrameSize: 4096, FrameTimeout: time.Second, Logf: func(string, ...any) {}})
+	good := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	ctx := short(t, 30*time.Second)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range 100 {
+		c, r := rawConn(t, srv)
+		var b []byte
+		if i%2 == 0 {
+			b = make([]byte, rng.IntN(200))
+			for j := range b {
+				b[j] = byte(rng.IntN(256))
+			}
+		} else {
+			f := &frame{Op: uint8(rng.IntN(8)), Flags: uint8(rng.IntN(16)), Seq: rng.Uint64(), Num: int64(rng.IntN(50))}
+			for range rng.IntN(4) {
+				a := make([]byte, rng.IntN(40))
+				for j := range a {
+					a[j] = byte(rng.IntN(256))
+				}
+				f.Args = append(f.Args, a)
+			}
+			b = appendFrame(nil, f)
+			if len(b) > 8 && rng.IntN(3) == 0 { // corrupt a length
+				binary.BigEndian.PutUint32(b[4+payloadHeader-4:], rng.Uint32())
+			}
+		}
+		c.Write(b)
+		c.(*net.TCPConn).CloseWrite()
+		// Answered or hung up on: either way the read ends (the raw
+		// connection's own 5 s deadline would be a failure).
+		if _, err := io.ReadAll(r); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("input %d (%d bytes): the server neither answered nor hung up", i, len(b))
+			}
+		}
+		c.Close()
+		if i%20 == 0 {
+			if err := good.Set(ctx, "k", []byte{byte(i)}); err != nil {
+				t.Fatalf("good client after input %d: %v", i, err)
+			}
+		}
+	}
+	if v, err := good.Get(ctx, "k"); err != nil || len(v) != 1 {
+		t.Fatalf("good client at the end: %q, %v", v, err)
 	}
 }
