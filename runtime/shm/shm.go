@@ -68,8 +68,8 @@ type Provider interface {
 // left alone, so a squatter's file is never removed. It reports whether
 // it removed the name; a name that does not exist is not an error.
 func RemoveStale(p Provider, name string, size int, valid func([]byte) bool) (bool, error) {
-	if px, ok := p.(Posix); ok {
-		return px.removeStale(name, size, valid)
+	if sr, ok := p.(staleRemover); ok {
+		return sr.removeStale(name, size, valid)
 	}
 	s, err := p.Open(name, size)
 	if err != nil {
@@ -84,6 +84,12 @@ func RemoveStale(p Provider, name string, size int, valid func([]byte) bool) (bo
 		return false, err
 	}
 	return true, nil
+}
+
+// staleRemover is implemented by providers whose segments can be left
+// half-made by a killed creator (Posix: an empty file).
+type staleRemover interface {
+	removeStale(name string, size int, valid func([]byte) bool) (bool, error)
 }
 
 // RunNonce returns the segment-name nonce for a run: runID, a dot, then
