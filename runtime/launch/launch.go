@@ -257,6 +257,16 @@ func (g *Group) stop(sig os.Signal) {
 	g.killer = time.AfterFunc(g.cfg.Grace, func() { g.signalAll(syscall.SIGKILL) })
 	g.mu.Unlock()
 	g.signalAll(sig)
+	// A stopped rank (SIGSTOP, a debugger's Ctrl-Z) would hold the signal
+	// pending until SIGKILL after the grace period; let it run so it can
+	// handle the signal and clean up now.
+	g.mu.Lock()
+	for r, cmd := range g.cmds {
+		if !g.exited[r] {
+			continueGroup(cmd)
+		}
+	}
+	g.mu.Unlock()
 }
 
 // signalAll signals the process group of every rank not yet reaped (a

@@ -72,6 +72,21 @@ func helper(args []string) int {
 		time.Sleep(5 * time.Millisecond)
 		fmt.Fprintln(os.Stderr, "peer gone")
 		return 1
+	case "stopped": // stopped DIR: rank 1 SIGSTOPs itself, then rank 0 fails
+		mark := filepath.Join(args[1], "stopping")
+		if rank == 1 {
+			os.WriteFile(mark, nil, 0o600)
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			time.Sleep(60 * time.Second) // continued without a signal: hang
+			return 0
+		}
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(mark); err == nil {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		return 3
 	case "shm": // shm DIR: leave a segment of this run (and one of another run) in DIR, then die
 		name := fmt.Sprintf("collgen-0011223344556677-%s.ab-r%d", os.Getenv("COLLGEN_RUN_ID"), rank)
 		os.WriteFile(filepath.Join(args[1], name), nil, 0o600)
@@ -431,5 +446,26 @@ func TestStaleRunsRemoved(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "removed 1 stale run(s) of launchers that are gone from the store: run-dead0001") {
 		t.Fatalf("stderr:\n%s", errb)
+	}
+}
+
+// TestStoppedRankStoppedPromptly: a SIGSTOPped rank gets SIGCONT with the
+// launcher's SIGTERM, so it ends by that SIGTERM at once instead of by
+// SIGKILL after the (here 30 s) grace period; the report names rank 0.
+func TestStoppedRankStoppedPromptly(t *testing.T) {
+	cfg, _, errb := config(2, "stopped", t.TempDir())
+	cfg.Grace = 30 * time.Second
+	start := time.Now()
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = g.Wait()
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Rank != 0 || ee.Code != 3 || fmt.Sprint(ee.Stopped) != "[1]" {
+		t.Fatalf("Wait = %v (stopped %v), want rank 0 status 3 with rank 1 stopped", err, ee)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("the stopped rank was ended after %v (the grace period is 30s)\n%s", d, errb)
 	}
 }

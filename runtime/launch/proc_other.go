@@ -28,3 +28,6 @@ func SignalName(sig os.Signal) string { return fmt.Sprint(sig) }
 
 // processGone cannot tell here, so it says no: stale runs are kept.
 func processGone(pid int) bool { return false }
+
+// continueGroup does nothing: there is no SIGSTOP to undo.
+func continueGroup(cmd *exec.Cmd) {}

@@ -30,6 +30,14 @@ func killGroup(cmd *exec.Cmd, sig os.Signal) {
 	syscall.Kill(-cmd.Process.Pid, s)
 }
 
+// continueGroup sends SIGCONT to the rank's process group, so a stopped
+// rank handles the signal it was just sent.
+func continueGroup(cmd *exec.Cmd) {
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
+	}
+}
+
 // fdsPerRank is what one running rank costs the launcher in file
 // descriptors (its stdout and stderr pipes, a pidfd, and the transient
 // ends while starting), with room to spare.
