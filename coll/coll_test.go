@@ -91,3 +91,20 @@ func TestProtocols(t *testing.T) {
 		t.Error("protocol predicates are wrong")
 	}
 }
+
+func TestSizesAndOrder(t *testing.T) {
+	for _, d := range DTypes() {
+		if d.Size() == 0 {
+			t.Errorf("%s has no size", d)
+		}
+	}
+	if F32.Size() != 4 || BF16.Size() != 2 || E4M3.Size() != 1 || I64.Size() != 8 || DType("x").Size() != 0 {
+		t.Error("sizes")
+	}
+	if !E5M2.IsFloat8() || F16.IsFloat8() || I32.IsFloat() || !BF16.IsFloat() {
+		t.Error("IsFloat8 or IsFloat")
+	}
+	if AllGather.Order() != 2 || Collective("x").Order() != 3 || !ReduceScatter.Reduces() || AllGather.Reduces() {
+		t.Error("Order or Reduces")
+	}
+}

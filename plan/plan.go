@@ -10,6 +10,7 @@ import (
 	"path"
 	"sort"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
@@ -37,10 +38,10 @@ type Plan struct {
 // Kernel is one fully specialised GPU kernel.
 type Kernel struct {
 	Name       string // allreduce_oneshot_bf16_sum_w4: the file stem and the extern "C" symbol
-	Collective string
-	Algorithm  string
-	DType      spec.DType
-	Op         spec.Op // empty for all-gather
+	Collective coll.Collective
+	Algorithm  coll.Algorithm
+	DType      coll.DType
+	Op         coll.Op // empty for all-gather
 	World      int
 	Launch     spec.Launch
 	Schedule   *schedule.Schedule
@@ -54,7 +55,7 @@ func (k *Kernel) File() string { return k.Name + ".cu" }
 func (k *Kernel) VecElems() int { return k.Launch.VectorBytes / k.DType.Size() }
 
 // KernelName returns the stable kernel name of a combination.
-func KernelName(collective, algorithm string, dt spec.DType, op spec.Op, world int) string {
+func KernelName(collective coll.Collective, algorithm coll.Algorithm, dt coll.DType, op coll.Op, world int) string {
 	if op == "" {
 		return fmt.Sprintf("%s_%s_%s_w%d", collective, algorithm, dt, world)
 	}
@@ -80,16 +81,16 @@ func New(s *spec.Spec, opts Options) (*Plan, error) {
 	layouts := map[int]*Layout{}
 	hostKeys := map[kernels.HostKey]bool{}
 	for _, t := range s.Topologies {
-		for _, coll := range spec.Collectives() {
-			algs := t.Generate[coll]
-			if len(algs) > 0 || len(t.Select[coll]) > 0 {
-				p.Selections = append(p.Selections, selection(&t, coll))
+		for _, c := range coll.Collectives() {
+			algs := t.Generate[c]
+			if len(algs) > 0 || len(t.Select[c]) > 0 {
+				p.Selections = append(p.Selections, selection(&t, c))
 			}
 			if t.Kind == spec.HostSHM {
-				if coll.Reduces() && len(algs) > 0 {
+				if c.Reduces() && len(algs) > 0 {
 					for _, dt := range t.DTypes.Reduce {
 						for _, op := range s.Ops {
-							hostKeys[kernels.HostKey{DType: string(dt), Op: string(op)}] = true
+							hostKeys[kernels.HostKey{DType: dt, Op: op}] = true
 						}
 					}
 				}
@@ -97,13 +98,13 @@ func New(s *spec.Spec, opts Options) (*Plan, error) {
 			}
 			for _, alg := range algs {
 				for _, w := range t.WorldSizes {
-					sched, err := schedule.Build(string(coll), alg, w)
+					sched, err := schedule.Build(c, alg, w)
 					if err != nil {
 						return nil, fmt.Errorf("topology %s: %w", t.Name, err)
 					}
-					for _, dt := range dtypesFor(&t, coll) {
-						for _, op := range opsFor(s, coll) {
-							name := KernelName(string(coll), alg, dt, op, w)
+					for _, dt := range dtypesFor(&t, c) {
+						for _, op := range opsFor(s, c) {
+							name := KernelName(c, alg, dt, op, w)
 							if opts.Only != "" {
 								if ok, _ := path.Match(opts.Only, name); !ok {
 									continue
@@ -117,8 +118,8 @@ func New(s *spec.Spec, opts Options) (*Plan, error) {
 								l = NewLayout(w)
 								layouts[w] = l
 							}
-							k := &Kernel{Name: name, Collective: string(coll), Algorithm: alg, DType: dt, Op: op,
-								World: w, Launch: s.Launch(coll, alg), Schedule: sched, Layout: l}
+							k := &Kernel{Name: name, Collective: c, Algorithm: alg, DType: dt, Op: op,
+								World: w, Launch: s.Launch(c, alg), Schedule: sched, Layout: l}
 							if k.Launch.VectorBytes < dt.Size() {
 								k.Launch.VectorBytes = dt.Size()
 							}
@@ -154,28 +155,28 @@ func New(s *spec.Spec, opts Options) (*Plan, error) {
 	return p, nil
 }
 
-func dtypesFor(t *spec.Topology, c spec.Collective) []spec.DType {
+func dtypesFor(t *spec.Topology, c coll.Collective) []coll.DType {
 	if c.Reduces() {
 		return t.DTypes.Reduce
 	}
 	return t.DTypes.Copy
 }
 
-func opsFor(s *spec.Spec, c spec.Collective) []spec.Op {
+func opsFor(s *spec.Spec, c coll.Collective) []coll.Op {
 	if c.Reduces() {
 		return s.Ops
 	}
-	return []spec.Op{""}
+	return []coll.Op{""}
 }
 
-func selection(t *spec.Topology, c spec.Collective) kernels.Selection {
-	sel := kernels.Selection{Topology: t.Name, Kind: string(t.Kind), Collective: string(c),
+func selection(t *spec.Topology, c coll.Collective) kernels.Selection {
+	sel := kernels.Selection{Topology: t.Name, Kind: string(t.Kind), Collective: c,
 		Worlds: append([]int(nil), t.WorldSizes...)}
 	for _, r := range t.Select[c] {
 		sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use})
 	}
 	if len(sel.Rules) == 0 && t.Kind != spec.HostSHM {
-		sel.Rules = []kernels.Rule{{Use: spec.NCCL}}
+		sel.Rules = []kernels.Rule{{Use: coll.NCCL}}
 	}
 	return sel
 }

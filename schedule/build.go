@@ -2,56 +2,55 @@ package schedule
 
 import (
 	"fmt"
-	"sort"
+	"slices"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // builders maps collective -> algorithm -> schedule builder.
-var builders = map[string]map[string]func(w int) (*Schedule, error){
-	AllReduce: {
-		OneShot:      allReduceOneShot,
-		TwoShot:      allReduceTwoShot,
-		HCM:          allReduceHCM,
-		OneShotLL:    allReduceOneShotLL,
-		TwoShotLL:    allReduceTwoShotLL,
-		OneShotLL128: ll128(OneShotLL128, allReduceOneShotLL),
-		TwoShotLL128: ll128(TwoShotLL128, allReduceTwoShotLL),
+var builders = map[coll.Collective]map[coll.Algorithm]func(w int) (*Schedule, error){
+	coll.AllReduce: {
+		coll.OneShot:      allReduceOneShot,
+		coll.TwoShot:      allReduceTwoShot,
+		coll.HCM:          allReduceHCM,
+		coll.OneShotLL:    allReduceOneShotLL,
+		coll.TwoShotLL:    allReduceTwoShotLL,
+		coll.OneShotLL128: ll128(coll.OneShotLL128, allReduceOneShotLL),
+		coll.TwoShotLL128: ll128(coll.TwoShotLL128, allReduceTwoShotLL),
 	},
-	ReduceScatter: {
-		OneShot:      reduceScatterOneShot,
-		OneShotLL:    reduceScatterOneShotLL,
-		OneShotLL128: ll128(OneShotLL128, reduceScatterOneShotLL),
+	coll.ReduceScatter: {
+		coll.OneShot:      reduceScatterOneShot,
+		coll.OneShotLL:    reduceScatterOneShotLL,
+		coll.OneShotLL128: ll128(coll.OneShotLL128, reduceScatterOneShotLL),
 	},
-	AllGather: {
-		OneShot:      allGatherOneShot,
-		OneShotLL:    allGatherOneShotLL,
-		OneShotLL128: ll128(OneShotLL128, allGatherOneShotLL),
+	coll.AllGather: {
+		coll.OneShot:      allGatherOneShot,
+		coll.OneShotLL:    allGatherOneShotLL,
+		coll.OneShotLL128: ll128(coll.OneShotLL128, allGatherOneShotLL),
 	},
 }
 
 // ll128 turns an LL schedule builder into its ProtocolLL128 twin: the same
 // steps under another algorithm name.
-func ll128(name string, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
+func ll128(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
 	return func(w int) (*Schedule, error) {
 		s, err := build(w)
 		if err != nil {
 			return nil, err
 		}
-		s.Algorithm, s.Protocol = name, ProtocolLL128
+		s.Algorithm, s.Protocol = name, coll.LL128
 		return s, nil
 	}
 }
 
-// Collectives returns the collective names in canonical order.
-func Collectives() []string { return []string{AllReduce, ReduceScatter, AllGather} }
-
 // Algorithms returns the algorithm names known for a collective, sorted; nil
 // for an unknown collective.
-func Algorithms(collective string) []string {
-	var names []string
+func Algorithms(collective coll.Collective) []coll.Algorithm {
+	var names []coll.Algorithm
 	for name := range builders[collective] {
 		names = append(names, name)
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 	return names
 }
 
@@ -76,10 +75,10 @@ func KindWorldSizes(kind string) (min, max int, only []int) {
 
 // Build returns the schedule of an algorithm for a collective over world
 // ranks, or an error saying why it does not exist.
-func Build(collective, algorithm string, world int) (*Schedule, error) {
+func Build(collective coll.Collective, algorithm coll.Algorithm, world int) (*Schedule, error) {
 	algs, ok := builders[collective]
 	if !ok {
-		return nil, fmt.Errorf("unknown collective %q (known: %v)", collective, Collectives())
+		return nil, fmt.Errorf("unknown collective %q (known: %v)", collective, coll.Collectives())
 	}
 	b, ok := algs[algorithm]
 	if !ok {
@@ -99,7 +98,7 @@ func Build(collective, algorithm string, world int) (*Schedule, error) {
 // size: the schedule must exist, every peer access must use a link of the
 // topology, and a push (LL) schedule needs a GPU kind. The error says why
 // not.
-func CanRun(kind, collective, algorithm string, world int) error {
+func CanRun(kind string, collective coll.Collective, algorithm coll.Algorithm, world int) error {
 	topo, err := NewTopology(kind, world)
 	if err != nil {
 		return err
@@ -144,7 +143,7 @@ func stageCopies(w int, skipSelf bool) []Step {
 // from every rank's stage in absolute rank order (so all ranks produce
 // bitwise-identical results) straight into its output.
 func allReduceOneShot(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllReduce, Algorithm: OneShot, World: w, InChunks: w, OutChunks: w}
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.OneShot, World: w, InChunks: w, OutChunks: w}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, false), Sync: true})
 	var steps []Step
 	for k := 0; k < w; k++ {
@@ -165,7 +164,7 @@ func allReduceOneShot(w int) (*Schedule, error) {
 // everywhere. The stage buffer is only ever written by the copy-in, so a
 // caller may pass a stage buffer as input (zero-copy) and keep its data.
 func allReduceTwoShot(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllReduce, Algorithm: TwoShot, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.TwoShot, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
 	red := Step{Kind: Reduce, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: Self}}
 	for k := 0; k < w; k++ {
@@ -196,7 +195,7 @@ func allReduceHCM(w int) (*Schedule, error) {
 	if w != 8 {
 		return nil, fmt.Errorf("hcm needs world size 8 (two quads of 4), not %d", w)
 	}
-	s := &Schedule{Collective: AllReduce, Algorithm: HCM, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.HCM, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, false), Sync: true})
 	quad := make([][]int, 4) // quad[j][r] = j-th member of r's quad
 	for j := range quad {
@@ -233,7 +232,7 @@ func allReduceHCM(w int) (*Schedule, error) {
 // reduceScatterOneShot: every rank stages the chunks its peers own, then
 // reduces its own chunk from every rank.
 func reduceScatterOneShot(w int) (*Schedule, error) {
-	s := &Schedule{Collective: ReduceScatter, Algorithm: OneShot, World: w, InChunks: w, OutChunks: 1}
+	s := &Schedule{Collective: coll.ReduceScatter, Algorithm: coll.OneShot, World: w, InChunks: w, OutChunks: 1}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
 	red := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: ConstIndex(0)}}
 	for k := 0; k < w; k++ {
@@ -250,7 +249,7 @@ func reduceScatterOneShot(w int) (*Schedule, error) {
 // allGatherOneShot: every rank stages its input as its own chunk, then copies
 // every rank's chunk into its output.
 func allGatherOneShot(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllGather, Algorithm: OneShot, World: w, InChunks: 1, OutChunks: w}
+	s := &Schedule{Collective: coll.AllGather, Algorithm: coll.OneShot, World: w, InChunks: 1, OutChunks: w}
 	s.Phases = append(s.Phases, Phase{Sync: true, Steps: []Step{{Kind: Copy,
 		Dst:  Ref{Buf: Stage, Rank: Self, Chunk: Self},
 		Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: ConstIndex(0)}}}}})
@@ -276,7 +275,7 @@ func inbox(rank, lane, c Index) Ref { return Ref{Buf: Inbox, Rank: rank, Lane: l
 // reduce in the same order, so results are bitwise identical. One one-way
 // trip of NVLink latency, no barrier.
 func allReduceOneShotLL(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllReduce, Algorithm: OneShotLL, World: w, InChunks: w, OutChunks: w, Protocol: ProtocolLL}
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.OneShotLL, World: w, InChunks: w, OutChunks: w, Protocol: coll.LL}
 	var puts, reds []Step
 	for j := 0; j < w; j++ {
 		c := Rel(j)
@@ -299,7 +298,7 @@ func allReduceOneShotLL(w int) (*Schedule, error) {
 // writes the output line and sends it); every rank copies the other
 // reduced chunks out of its Inbox. Two one-way trips, no barrier.
 func allReduceTwoShotLL(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllReduce, Algorithm: TwoShotLL, World: w, InChunks: w, OutChunks: w, Protocol: ProtocolLL}
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.TwoShotLL, World: w, InChunks: w, OutChunks: w, Protocol: coll.LL}
 	var scatter []Step
 	for k := 1; k < w; k++ {
 		scatter = append(scatter, Step{Kind: Put, Dst: inbox(Rel(k), Self, Rel(k)), Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Rel(k)}}})
@@ -323,7 +322,7 @@ func allReduceTwoShotLL(w int) (*Schedule, error) {
 // reduceScatterOneShotLL: rank r puts chunk k of its input into rank k's
 // Inbox, then reduces its own chunk from its input and its Inbox.
 func reduceScatterOneShotLL(w int) (*Schedule, error) {
-	s := &Schedule{Collective: ReduceScatter, Algorithm: OneShotLL, World: w, InChunks: w, OutChunks: 1, Protocol: ProtocolLL}
+	s := &Schedule{Collective: coll.ReduceScatter, Algorithm: coll.OneShotLL, World: w, InChunks: w, OutChunks: 1, Protocol: coll.LL}
 	var puts []Step
 	for k := 1; k < w; k++ {
 		puts = append(puts, Step{Kind: Put, Dst: inbox(Rel(k), Self, Rel(k)), Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Rel(k)}}})
@@ -340,7 +339,7 @@ func reduceScatterOneShotLL(w int) (*Schedule, error) {
 // copies its own input into place, then copies the peers' chunks out of its
 // Inbox.
 func allGatherOneShotLL(w int) (*Schedule, error) {
-	s := &Schedule{Collective: AllGather, Algorithm: OneShotLL, World: w, InChunks: 1, OutChunks: w, Protocol: ProtocolLL}
+	s := &Schedule{Collective: coll.AllGather, Algorithm: coll.OneShotLL, World: w, InChunks: 1, OutChunks: w, Protocol: coll.LL}
 	in := Ref{Buf: Input, Rank: Self, Chunk: ConstIndex(0)}
 	var puts []Step
 	for k := 1; k < w; k++ {

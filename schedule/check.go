@@ -47,12 +47,12 @@ func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
 // Validate checks a schedule's structure: indices are in range, copies and
 // puts have one source, reduces at least one, and the protocol's rules hold.
 //
-// ProtocolBarrier: steps write only the executing rank's buffers, no Inbox
+// coll.Barrier: steps write only the executing rank's buffers, no Inbox
 // or Put appears, and the last phase ends in a barrier when peers are read
 // (so the next collective cannot overwrite a stage buffer a peer still
 // reads).
 //
-// ProtocolLL and ProtocolLL128 (Protocol.Push): no barriers; peers are
+// coll.LL and coll.LL128 (Protocol.Push): no barriers; peers are
 // only ever written through Put (into the writer's own lane of their
 // Inbox) and never read; Inboxes are read
 // only by their owner; each Inbox chunk is written at most once per
@@ -68,7 +68,7 @@ func Validate(s *Schedule) error {
 	w := s.World
 	readsPeers := false
 	ll := s.Protocol.Push()
-	if !s.Protocol.Known() {
+	if !s.Protocol.Valid() {
 		return fmt.Errorf("%s: unknown protocol %q", s.Name(), s.Protocol)
 	}
 	inboxWrites := map[region]string{}

@@ -21,40 +21,21 @@
 // A step names buffers through Refs whose rank, lane and chunk are Index
 // expressions of the executing rank, so one Schedule serves every rank.
 //
-// Two protocols. With ProtocolBarrier (pull), steps write only the executing
+// Two protocols (coll.Protocol). With coll.Barrier (pull), steps write only the executing
 // rank's buffers and read peers' Stage and Scratch, and phases end in
-// barriers. With ProtocolLL (low latency, push), Put steps write into peers'
+// barriers. With coll.LL (low latency, push), Put steps write into peers'
 // Inboxes, every Inbox line carries its collective's flag next to its data,
 // and a step that reads an Inbox chunk waits for the flags of exactly the
 // lines it reads: there are no barriers, and a rank waits only for the data
-// it needs. ProtocolLL128 is the same push protocol with a denser line:
+// it needs. coll.LL128 is the same push protocol with a denser line:
 // schedules are identical, only the kernels' line format differs.
 package schedule
 
 import (
 	"fmt"
 	"strings"
-)
 
-// Collective names, as used in specs and kernel names.
-const (
-	AllReduce     = "allreduce"
-	ReduceScatter = "reduce_scatter"
-	AllGather     = "allgather"
-)
-
-// Algorithm names.
-const (
-	OneShot = "oneshot"
-	TwoShot = "twoshot"
-	HCM     = "hcm"
-	// OneShotLL and TwoShotLL are the push (LL protocol) variants.
-	OneShotLL = "oneshot_ll"
-	TwoShotLL = "twoshot_ll"
-	// OneShotLL128 and TwoShotLL128 are the same push schedules over
-	// ProtocolLL128 lines.
-	OneShotLL128 = "oneshot_ll128"
-	TwoShotLL128 = "twoshot_ll128"
+	"github.com/collgen/collgen/coll"
 )
 
 // Topology kind names.
@@ -86,29 +67,6 @@ func (b Buffer) String() string {
 // Symmetric reports whether peers may read the buffer (it lives in memory
 // every rank has mapped).
 func (b Buffer) Symmetric() bool { return b == Stage || b == Scratch }
-
-// Protocol names how a schedule's ranks synchronise.
-type Protocol string
-
-const (
-	// ProtocolBarrier: pull steps separated by barriers.
-	ProtocolBarrier Protocol = ""
-	// ProtocolLL: push steps (Put) into peers' Inboxes with a flag in every
-	// line; readers wait per line, no barriers.
-	ProtocolLL Protocol = "ll"
-	// ProtocolLL128: ProtocolLL's schedules with 128-byte lines, each
-	// holding 120 payload bytes and one flag, written by 8 threads of a
-	// warp as one store (see templates/cuda/common.cuh.tmpl, cg_ll128).
-	ProtocolLL128 Protocol = "ll128"
-)
-
-// Push reports whether the protocol writes into peers' Inboxes with a flag
-// in every line (ProtocolLL or ProtocolLL128); every rule of the IR that
-// speaks of "LL" schedules applies to both.
-func (p Protocol) Push() bool { return p == ProtocolLL || p == ProtocolLL128 }
-
-// Known reports whether the protocol is one of the three defined.
-func (p Protocol) Known() bool { return p == ProtocolBarrier || p.Push() }
 
 // IndexKind says how an Index is evaluated.
 type IndexKind int
@@ -241,8 +199,8 @@ type Phase struct {
 
 // Schedule is one algorithm for one collective at one world size.
 type Schedule struct {
-	Collective string
-	Algorithm  string
+	Collective coll.Collective
+	Algorithm  coll.Algorithm
 	World      int
 	// InChunks and OutChunks are how many chunks the caller's input and
 	// output hold: W, or 1 for the per-rank side of reduce-scatter's output
@@ -251,7 +209,7 @@ type Schedule struct {
 	// UsesScratch reports whether the schedule needs the Scratch buffer.
 	UsesScratch bool
 	// Protocol is how ranks synchronise; see the package comment.
-	Protocol Protocol
+	Protocol coll.Protocol
 	Phases   []Phase
 }
 
@@ -308,8 +266,8 @@ func (s *Schedule) String() string {
 // vecElems for allreduce so every chunk but the last starts 16-byte aligned.
 // Reduce-scatter and all-gather chunks are exactly the per-rank count: the
 // caller's layout fixes them.
-func ChunkElems(collective string, n, world, vecElems int) int {
-	if collective != AllReduce {
+func ChunkElems(collective coll.Collective, n, world, vecElems int) int {
+	if collective != coll.AllReduce {
 		return n / world
 	}
 	c := (n + world - 1) / world

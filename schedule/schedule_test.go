@@ -3,6 +3,8 @@ package schedule
 import (
 	"strings"
 	"testing"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // testWorlds are the world sizes the simulator covers: every size up to 16
@@ -13,18 +15,18 @@ var testWorlds = []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 31
 // exists at, over element counts that are tiny, odd, not divisible by the
 // world size, and large enough for many vectors per chunk.
 func TestSimulateEveryCombination(t *testing.T) {
-	for _, coll := range Collectives() {
-		for _, alg := range Algorithms(coll) {
+	for _, c := range coll.Collectives() {
+		for _, alg := range Algorithms(c) {
 			for _, w := range testWorlds {
-				s, err := Build(coll, alg, w)
+				s, err := Build(c, alg, w)
 				if err != nil {
-					if alg == HCM && w != 8 {
+					if alg == coll.HCM && w != 8 {
 						continue
 					}
-					t.Fatalf("Build(%s, %s, %d): %v", coll, alg, w, err)
+					t.Fatalf("Build(%s, %s, %d): %v", c, alg, w, err)
 				}
 				var counts []int
-				if coll == AllReduce {
+				if c == coll.AllReduce {
 					counts = []int{0, 1, 2, 3, w - 1, w, w + 1, 7*w + 3, 1000, 8*w*8 + 5}
 				} else {
 					counts = []int{0, w, 3 * w, 13 * w, 64 * w}
@@ -49,22 +51,22 @@ func TestLinksHybridCubeMesh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Build(AllReduce, HCM, 8)
+	s, err := Build(coll.AllReduce, coll.HCM, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := CheckLinks(s, hcm); err != nil {
 		t.Errorf("hcm schedule on the hybrid cube mesh: %v", err)
 	}
-	for _, alg := range []string{OneShot, TwoShot} {
-		s, _ := Build(AllReduce, alg, 8)
+	for _, alg := range []coll.Algorithm{coll.OneShot, coll.TwoShot} {
+		s, _ := Build(coll.AllReduce, alg, 8)
 		err := CheckLinks(s, hcm)
 		if err == nil || !strings.Contains(err.Error(), "has no link") {
 			t.Errorf("%s on the hybrid cube mesh: got %v, want a missing-link error", alg, err)
 		}
 	}
 	want := "allreduce_oneshot_w8 phase 1 step 0: rank 5 reads stage of rank 0, but hybrid_cube_mesh has no link 5-0"
-	s1, _ := Build(AllReduce, OneShot, 8)
+	s1, _ := Build(coll.AllReduce, coll.OneShot, 8)
 	if err := CheckLinks(s1, hcm); err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)
 	}
@@ -72,24 +74,26 @@ func TestLinksHybridCubeMesh(t *testing.T) {
 
 func TestCanRun(t *testing.T) {
 	cases := []struct {
-		kind, coll, alg string
-		w               int
-		want            string
+		kind string
+		col  coll.Collective
+		alg  coll.Algorithm
+		w    int
+		want string
 	}{
-		{KindNVLinkFull, AllReduce, OneShot, 4, ""},
-		{KindNVLinkFull, AllReduce, HCM, 4, "hcm needs world size 8"},
-		{KindHybridCubeMesh, AllReduce, HCM, 8, ""},
-		{KindHybridCubeMesh, AllReduce, TwoShot, 8, "has no link"},
-		{KindHybridCubeMesh, AllReduce, HCM, 4, "has exactly [8] ranks"},
-		{KindHostShm, AllGather, OneShot, 64, ""},
-		{KindHostShm, AllGather, OneShot, 65, "1 to 64"},
-		{KindPCIe, ReduceScatter, "ring", 2, "unknown reduce_scatter algorithm"},
-		{"torus", AllReduce, OneShot, 2, "unknown topology kind"},
+		{KindNVLinkFull, coll.AllReduce, coll.OneShot, 4, ""},
+		{KindNVLinkFull, coll.AllReduce, coll.HCM, 4, "hcm needs world size 8"},
+		{KindHybridCubeMesh, coll.AllReduce, coll.HCM, 8, ""},
+		{KindHybridCubeMesh, coll.AllReduce, coll.TwoShot, 8, "has no link"},
+		{KindHybridCubeMesh, coll.AllReduce, coll.HCM, 4, "has exactly [8] ranks"},
+		{KindHostShm, coll.AllGather, coll.OneShot, 64, ""},
+		{KindHostShm, coll.AllGather, coll.OneShot, 65, "1 to 64"},
+		{KindPCIe, coll.ReduceScatter, "ring", 2, "unknown reduce_scatter algorithm"},
+		{"torus", coll.AllReduce, coll.OneShot, 2, "unknown topology kind"},
 	}
 	for _, c := range cases {
-		err := CanRun(c.kind, c.coll, c.alg, c.w)
+		err := CanRun(c.kind, c.col, c.alg, c.w)
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
-			t.Errorf("CanRun(%s, %s, %s, %d) = %v, want %q", c.kind, c.coll, c.alg, c.w, err, c.want)
+			t.Errorf("CanRun(%s, %s, %s, %d) = %v, want %q", c.kind, c.col, c.alg, c.w, err, c.want)
 		}
 	}
 }
@@ -98,24 +102,24 @@ func TestCanRun(t *testing.T) {
 // schedule with its barrier removed races, and one that reduces a chunk
 // twice is caught by the simulator.
 func TestCheckersCatchBrokenSchedules(t *testing.T) {
-	s, _ := Build(AllReduce, TwoShot, 4)
+	s, _ := Build(coll.AllReduce, coll.TwoShot, 4)
 	s.Phases[0].Sync = false
 	merged := &Schedule{Collective: s.Collective, Algorithm: "broken", World: 4, InChunks: 4, OutChunks: 4,
 		Phases: []Phase{{Steps: append(append([]Step{}, s.Phases[0].Steps...), s.Phases[1].Steps...), Sync: true}, s.Phases[2]}}
 	if err := CheckRaces(merged); err == nil || !strings.Contains(err.Error(), "same phase") {
 		t.Errorf("merged phases: got %v, want a race", err)
 	}
-	d, _ := Build(AllReduce, OneShot, 3)
+	d, _ := Build(coll.AllReduce, coll.OneShot, 3)
 	d.Phases[1].Steps[0].Srcs = append(d.Phases[1].Steps[0].Srcs, d.Phases[1].Steps[0].Srcs[0])
 	if err := Simulate(d, 30, 1); err == nil || !strings.Contains(err.Error(), "twice") {
 		t.Errorf("double contribution: got %v", err)
 	}
-	o, _ := Build(AllReduce, OneShot, 3)
+	o, _ := Build(coll.AllReduce, coll.OneShot, 3)
 	o.Phases[1].Steps[1].Srcs[0], o.Phases[1].Steps[1].Srcs[1] = o.Phases[1].Steps[1].Srcs[1], o.Phases[1].Steps[1].Srcs[0]
 	if err := Simulate(o, 30, 1); err == nil || !strings.Contains(err.Error(), "different order") {
 		t.Errorf("rank-dependent order: got %v", err)
 	}
-	e, _ := Build(AllGather, OneShot, 2)
+	e, _ := Build(coll.AllGather, coll.OneShot, 2)
 	e.Phases[len(e.Phases)-1].Sync = false
 	if err := Validate(e); err == nil || !strings.Contains(err.Error(), "last phase has no barrier") {
 		t.Errorf("missing final barrier: got %v", err)
@@ -123,25 +127,25 @@ func TestCheckersCatchBrokenSchedules(t *testing.T) {
 }
 
 func TestFinalBarrierRemovable(t *testing.T) {
-	for _, coll := range Collectives() {
-		for _, alg := range Algorithms(coll) {
+	for _, c := range coll.Collectives() {
+		for _, alg := range Algorithms(c) {
 			w := 4
-			if alg == HCM {
+			if alg == coll.HCM {
 				w = 8
 			}
-			s, _ := Build(coll, alg, w)
+			s, _ := Build(c, alg, w)
 			if got, want := FinalBarrierRemovable(s), !s.Protocol.Push(); got != want {
 				t.Errorf("%s: FinalBarrierRemovable = %v, want %v (LL schedules have no barriers)", s.Name(), got, want)
 			}
 		}
 	}
-	s, _ := Build(AllReduce, TwoShot, 4)
+	s, _ := Build(coll.AllReduce, coll.TwoShot, 4)
 	s.Phases[0].Steps = append(s.Phases[0].Steps, Step{Kind: Copy, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: Self},
 		Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Self}}})
 	if FinalBarrierRemovable(s) {
 		t.Error("a scratch write before the first barrier must keep the final barrier")
 	}
-	one := &Schedule{Collective: AllGather, Algorithm: "x", World: 2, Phases: []Phase{{Sync: true}}}
+	one := &Schedule{Collective: coll.AllGather, Algorithm: "x", World: 2, Phases: []Phase{{Sync: true}}}
 	if FinalBarrierRemovable(one) {
 		t.Error("a single barrier cannot be removed")
 	}
@@ -149,9 +153,9 @@ func TestFinalBarrierRemovable(t *testing.T) {
 
 // TestLLRules breaks each LL rule once and checks the error names it.
 func TestLLRules(t *testing.T) {
-	build := func(coll, alg string, w int) *Schedule {
+	build := func(c coll.Collective, alg coll.Algorithm, w int) *Schedule {
 		t.Helper()
-		s, err := Build(coll, alg, w)
+		s, err := Build(c, alg, w)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,27 +184,27 @@ func TestLLRules(t *testing.T) {
 		{"unknown protocol", func(s *Schedule) { s.Protocol = "carrier-pigeon" }, "unknown protocol"},
 	}
 	for _, tc := range cases {
-		s := build(ReduceScatter, OneShotLL, 4)
+		s := build(coll.ReduceScatter, coll.OneShotLL, 4)
 		tc.breakIt(s)
 		if err := Validate(s); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
 		}
 	}
 	// A put in a barrier schedule, and an inbox read there.
-	b := build(AllGather, OneShot, 2)
+	b := build(coll.AllGather, coll.OneShot, 2)
 	b.Phases[0].Steps[0].Kind = Put
 	if err := Validate(b); err == nil || !strings.Contains(err.Error(), "put needs the LL protocol") {
 		t.Errorf("put in a barrier schedule: got %v", err)
 	}
 	// A deadlock: rank waits for a put that comes after its own wait.
-	d := build(AllGather, OneShotLL, 2)
+	d := build(coll.AllGather, coll.OneShotLL, 2)
 	d.Phases[0], d.Phases[1] = d.Phases[1], d.Phases[0]
 	if err := Simulate(d, 8, 1); err == nil || !strings.Contains(err.Error(), "deadlock") {
 		t.Errorf("wait before send: got %v, want a deadlock", err)
 	}
 	// Two-shot LL's fused reduce+put is accepted; reordering the put before
 	// the reduce is not.
-	tw := build(AllReduce, TwoShotLL, 4)
+	tw := build(coll.AllReduce, coll.TwoShotLL, 4)
 	ph := &tw.Phases[1]
 	ph.Steps[0], ph.Steps[1] = ph.Steps[1], ph.Steps[0]
 	if err := Validate(tw); err == nil || !strings.Contains(err.Error(), "neither input nor the result") {
@@ -209,19 +213,19 @@ func TestLLRules(t *testing.T) {
 }
 
 func TestLLNeedsGPU(t *testing.T) {
-	for _, coll := range Collectives() {
-		for _, alg := range []string{OneShotLL, OneShotLL128} {
-			err := CanRun(KindHostShm, coll, alg, 4)
+	for _, c := range coll.Collectives() {
+		for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128} {
+			err := CanRun(KindHostShm, c, alg, 4)
 			if err == nil || !strings.Contains(err.Error(), "host backend does not allow") {
-				t.Errorf("%s %s on host_shm: got %v", coll, alg, err)
+				t.Errorf("%s %s on host_shm: got %v", c, alg, err)
 			}
-			if err := CanRun(KindNVLinkFull, coll, alg, 4); err != nil {
-				t.Errorf("%s %s on nvlink_full: %v", coll, alg, err)
+			if err := CanRun(KindNVLinkFull, c, alg, 4); err != nil {
+				t.Errorf("%s %s on nvlink_full: %v", c, alg, err)
 			}
 		}
 	}
 	hcm, _ := NewTopology(KindHybridCubeMesh, 8)
-	s, _ := Build(AllReduce, OneShotLL, 8)
+	s, _ := Build(coll.AllReduce, coll.OneShotLL, 8)
 	want := "allreduce_oneshot_ll_w8 phase 0 step 1: rank 3 writes inbox of rank 4, but hybrid_cube_mesh has no link 3-4"
 	if err := CheckLinks(s, hcm); err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)

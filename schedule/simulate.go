@@ -2,6 +2,7 @@ package schedule
 
 import (
 	"fmt"
+	"github.com/collgen/collgen/coll"
 )
 
 // cell is a simulated element: which input element it stems from, the set of
@@ -39,7 +40,7 @@ func Simulate(s *Schedule, n, vecElems int) error {
 		return err
 	}
 	w := s.World
-	if s.Collective != AllReduce && n%w != 0 {
+	if s.Collective != coll.AllReduce && n%w != 0 {
 		return fmt.Errorf("%s: %d elements do not split into %d equal parts", s.Name(), n, w)
 	}
 	c := ChunkElems(s.Collective, n, w, vecElems)
@@ -210,18 +211,18 @@ func checkResult(s *Schedule, bufs [][NumBuffers][]cell, n, c int) error {
 			var wantElem int
 			var wantRanks uint64
 			switch s.Collective {
-			case AllReduce:
+			case coll.AllReduce:
 				wantElem, wantRanks = i, all
-			case ReduceScatter:
+			case coll.ReduceScatter:
 				wantElem, wantRanks = r*c+i, all
-			case AllGather:
+			case coll.AllGather:
 				wantElem, wantRanks = i, 1<<uint(i/c)
 			}
 			if v.elem != wantElem || v.ranks != wantRanks {
 				return fmt.Errorf("%s n=%d: rank %d output[%d] holds element %d from ranks %b, want element %d from ranks %b",
 					s.Name(), n, r, i, v.elem, v.ranks, wantElem, wantRanks)
 			}
-			if s.Collective == AllReduce && v.order != bufs[0][Output][i].order {
+			if s.Collective == coll.AllReduce && v.order != bufs[0][Output][i].order {
 				return fmt.Errorf("%s n=%d: rank %d reduced output[%d] in a different order than rank 0, so results could differ in the last bit",
 					s.Name(), n, r, i)
 			}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/collgen/collgen/coll"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/bad/*.err with the errors found")
@@ -90,10 +92,10 @@ func TestShipped(t *testing.T) {
 	if s.Version != 1 || s.Package != "collectives" {
 		t.Errorf("version %d package %q", s.Version, s.Package)
 	}
-	if !reflect.DeepEqual(s.Ops, []Op{Sum, Max, Min}) {
+	if !reflect.DeepEqual(s.Ops, []coll.Op{coll.Sum, coll.Max, coll.Min}) {
 		t.Errorf("ops %v", s.Ops)
 	}
-	if !reflect.DeepEqual(s.DTypes.Reduce, []DType{F32, F16, BF16}) {
+	if !reflect.DeepEqual(s.DTypes.Reduce, []coll.DType{coll.F32, coll.F16, coll.BF16}) {
 		t.Errorf("reduce dtypes %v", s.DTypes.Reduce)
 	}
 	var names []string
@@ -107,7 +109,7 @@ func TestShipped(t *testing.T) {
 	if host == nil || len(host.WorldSizes) != 64 || host.WorldSizes[0] != 1 || host.WorldSizes[63] != 64 {
 		t.Errorf("host world sizes %v, want 1..64", host.WorldSizes)
 	}
-	if !slices.Contains(host.DTypes.Reduce, F64) || !slices.Contains(host.DTypes.Reduce, I64) {
+	if !slices.Contains(host.DTypes.Reduce, coll.F64) || !slices.Contains(host.DTypes.Reduce, coll.I64) {
 		t.Errorf("host reduce dtypes %v, want its own list", host.DTypes.Reduce)
 	}
 	nv := s.Topology("nvswitch")
@@ -123,45 +125,45 @@ func TestShipped(t *testing.T) {
 	if !reflect.DeepEqual(nv.DTypes, s.DTypes) {
 		t.Errorf("nvswitch dtypes %v, want the spec's %v", nv.DTypes, s.DTypes)
 	}
-	if !reflect.DeepEqual(nv.Generate[AllReduce], []string{"oneshot", "twoshot", "oneshot_ll", "twoshot_ll", "oneshot_ll128", "twoshot_ll128"}) {
+	if !reflect.DeepEqual(nv.Generate[coll.AllReduce], []coll.Algorithm{coll.OneShot, coll.TwoShot, coll.OneShotLL, coll.TwoShotLL, coll.OneShotLL128, coll.TwoShotLL128}) {
 		t.Errorf("nvswitch generate %v", nv.Generate)
 	}
 	// The thresholds are tuned from measurements (docs/performance.md), so
 	// this checks their shape, not their values: increasing bounds, each
-	// rule a generated algorithm, NCCL last, and Choose following them.
-	for _, coll := range Collectives() {
-		rules := nv.Select[coll]
-		if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: NCCL}) {
-			t.Errorf("nvswitch %s rules %v do not end in nccl", coll, rules)
+	// rule a generated algorithm, coll.NCCL last, and Choose following them.
+	for _, c := range coll.Collectives() {
+		rules := nv.Select[c]
+		if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: coll.NCCL}) {
+			t.Errorf("nvswitch %s rules %v do not end in nccl", c, rules)
 			continue
 		}
 		for i, r := range rules[:len(rules)-1] {
 			if i > 0 && r.UpTo <= rules[i-1].UpTo {
-				t.Errorf("nvswitch %s rule %d bound %d does not grow", coll, i, r.UpTo)
+				t.Errorf("nvswitch %s rule %d bound %d does not grow", c, i, r.UpTo)
 			}
-			if !slices.Contains(nv.Generate[coll], r.Use) {
-				t.Errorf("nvswitch %s rule %d uses %s, which is not generated", coll, i, r.Use)
+			if !slices.Contains(nv.Generate[c], r.Use) {
+				t.Errorf("nvswitch %s rule %d uses %s, which is not generated", c, i, r.Use)
 			}
-			if got := nv.Choose(coll, r.UpTo); got != r.Use {
-				t.Errorf("Choose(%s, %d) = %q, want %q", coll, r.UpTo, got, r.Use)
+			if got := nv.Choose(c, r.UpTo); got != r.Use {
+				t.Errorf("Choose(%s, %d) = %q, want %q", c, r.UpTo, got, r.Use)
 			}
-			if got, want := nv.Choose(coll, r.UpTo+1), rules[i+1].Use; got != want {
-				t.Errorf("Choose(%s, %d) = %q, want %q", coll, r.UpTo+1, got, want)
+			if got, want := nv.Choose(c, r.UpTo+1), rules[i+1].Use; got != want {
+				t.Errorf("Choose(%s, %d) = %q, want %q", c, r.UpTo+1, got, want)
 			}
 		}
 	}
-	if got := s.Topology("hcm8").Choose(ReduceScatter, 1); got != NCCL {
+	if got := s.Topology("hcm8").Choose(coll.ReduceScatter, 1); got != coll.NCCL {
 		t.Errorf("hcm8 reduce_scatter chooses %q, want nccl", got)
 	}
-	if got := s.Launch(AllReduce, "twoshot"); got != (Launch{Threads: 512, MaxBlocks: 128, VectorBytes: 16}) {
+	if got := s.Launch(coll.AllReduce, "twoshot"); got != (Launch{Threads: 512, MaxBlocks: 128, VectorBytes: 16}) {
 		t.Errorf("twoshot launch %+v", got)
 	}
-	if got := s.Launch(AllGather, "nosuch"); got != DefaultLaunch() {
+	if got := s.Launch(coll.AllGather, "nosuch"); got != DefaultLaunch() {
 		t.Errorf("undeclared launch %+v, want defaults", got)
 	}
 	var algs []string
 	for _, a := range s.Algorithms {
-		algs = append(algs, string(a.Collective)+"/"+a.Name)
+		algs = append(algs, string(a.Collective)+"/"+string(a.Name))
 	}
 	if want := []string{"allreduce/hcm", "allreduce/oneshot", "allreduce/oneshot_ll", "allreduce/oneshot_ll128", "allreduce/twoshot",
 		"allreduce/twoshot_ll", "allreduce/twoshot_ll128", "reduce_scatter/oneshot", "reduce_scatter/oneshot_ll", "reduce_scatter/oneshot_ll128",
@@ -213,26 +215,26 @@ topologies:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(s.Ops, AllOps()) || len(s.DTypes.Copy) != 5 {
+	if !reflect.DeepEqual(s.Ops, coll.Ops()) || len(s.DTypes.Copy) != 5 {
 		t.Errorf("defaults: ops %v dtypes %v", s.Ops, s.DTypes)
 	}
 	z, a := s.Topology("z"), s.Topology("a")
 	if !reflect.DeepEqual(z.WorldSizes, []int{2, 3, 4, 6, 8}) {
 		t.Errorf("world sizes %v", z.WorldSizes)
 	}
-	if !reflect.DeepEqual(z.Select[AllReduce], []Rule{{UpTo: 1000, Use: "oneshot"}, {Use: NCCL}}) {
+	if !reflect.DeepEqual(z.Select[coll.AllReduce], []Rule{{UpTo: 1000, Use: "oneshot"}, {Use: coll.NCCL}}) {
 		t.Errorf("select %v", z.Select)
 	}
-	if !reflect.DeepEqual(a.DTypes, DTypes{Reduce: s.DTypes.Reduce, Copy: []DType{E4M3}}) {
+	if !reflect.DeepEqual(a.DTypes, DTypes{Reduce: s.DTypes.Reduce, Copy: []coll.DType{coll.E4M3}}) {
 		t.Errorf("dtypes %v", a.DTypes)
 	}
-	if got := s.Launch(AllReduce, "oneshot"); got != (Launch{256, 24, 16}) {
+	if got := s.Launch(coll.AllReduce, "oneshot"); got != (Launch{256, 24, 16}) {
 		t.Errorf("launch %+v", got)
 	}
 	want := []AlgorithmSpec{
-		{AllReduce, "oneshot", Launch{256, 24, 16}},
-		{AllReduce, "twoshot", DefaultLaunch()},
-		{AllGather, "oneshot", DefaultLaunch()},
+		{coll.AllReduce, "oneshot", Launch{256, 24, 16}},
+		{coll.AllReduce, "twoshot", DefaultLaunch()},
+		{coll.AllGather, "oneshot", DefaultLaunch()},
 	}
 	if !reflect.DeepEqual(s.Algorithms, want) {
 		t.Errorf("algorithms %v, want %v", s.Algorithms, want)
@@ -258,23 +260,6 @@ func TestSize(t *testing.T) {
 		if got := FormatSize(n); got != want {
 			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
 		}
-	}
-}
-
-func TestDType(t *testing.T) {
-	for _, d := range AllDTypes() {
-		if d.Size() == 0 {
-			t.Errorf("%s has no size", d)
-		}
-	}
-	if F32.Size() != 4 || BF16.Size() != 2 || E4M3.Size() != 1 || I64.Size() != 8 || DType("x").Size() != 0 {
-		t.Error("sizes")
-	}
-	if !E5M2.IsFloat8() || F16.IsFloat8() {
-		t.Error("IsFloat8")
-	}
-	if !reflect.DeepEqual(Collectives(), []Collective{AllReduce, ReduceScatter, AllGather}) {
-		t.Error("Collectives order")
 	}
 }
 

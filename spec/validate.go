@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"cmp"
 	"fmt"
 	"go/token"
 	"regexp"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/schedule"
 	"gopkg.in/yaml.v3"
 )
@@ -30,13 +32,13 @@ const maxWorld = 4096
 // topoSrc is a topology with the nodes later checks point at.
 type topoSrc struct {
 	t        *Topology
-	key      *yaml.Node                  // the topology's name
-	kindOK   bool                        // Kind is valid
-	genKey   map[Collective]*yaml.Node   // generate.<c> keys
-	genItems map[Collective][]*yaml.Node // generate.<c> items, parallel to t.Generate[c]
-	selKey   map[Collective]*yaml.Node   // select.<c> keys
-	rules    map[Collective][]ruleSrc    // select.<c> rules as written
-	selOrder []Collective                // select keys in file order
+	key      *yaml.Node                       // the topology's name
+	kindOK   bool                             // Kind is valid
+	genKey   map[coll.Collective]*yaml.Node   // generate.<c> keys
+	genItems map[coll.Collective][]*yaml.Node // generate.<c> items, parallel to t.Generate[c]
+	selKey   map[coll.Collective]*yaml.Node   // select.<c> keys
+	rules    map[coll.Collective][]ruleSrc    // select.<c> rules as written
+	selOrder []coll.Collective                // select keys in file order
 }
 
 // ruleSrc is one select rule as written.
@@ -45,7 +47,7 @@ type ruleSrc struct {
 	upto    int64 // 0 if omitted
 	hasUpto bool
 	uptoN   *yaml.Node
-	use     string
+	use     coll.Algorithm
 	useN    *yaml.Node
 	ok      bool // use was read
 }
@@ -78,19 +80,19 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 	}
 
 	s.DTypes = DTypes{
-		Reduce: []DType{F32, F16, BF16},
-		Copy:   []DType{F32, F16, BF16, E4M3, E5M2},
+		Reduce: []coll.DType{coll.F32, coll.F16, coll.BF16},
+		Copy:   []coll.DType{coll.F32, coll.F16, coll.BF16, coll.E4M3, coll.E5M2},
 	}
 	if d, ok := f["dtypes"]; ok {
 		l.dtypes(d.val, "", &s.DTypes)
 	}
 
-	s.Ops = AllOps()
+	s.Ops = coll.Ops()
 	if o, ok := f["ops"]; ok && !isNull(o.val) {
 		s.Ops = l.ops(o.val)
 	}
 
-	declared := map[Collective]map[string]Launch{}
+	declared := map[coll.Collective]map[coll.Algorithm]Launch{}
 	if a, ok := f["algorithms"]; ok {
 		declared = l.algorithms(a.val)
 	}
@@ -111,14 +113,14 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		l.crossCheck(ts, s)
 		s.Topologies = append(s.Topologies, *ts.t)
 	}
-	slices.SortFunc(s.Topologies, func(a, b Topology) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(s.Topologies, func(a, b Topology) int { return cmp.Compare(a.Name, b.Name) })
 
 	// Algorithms: declared ones plus every generated one, with launch params.
 	for _, t := range s.Topologies {
 		for c, algs := range t.Generate {
 			for _, a := range algs {
 				if declared[c] == nil {
-					declared[c] = map[string]Launch{}
+					declared[c] = map[coll.Algorithm]Launch{}
 				}
 				if _, ok := declared[c][a]; !ok {
 					declared[c][a] = DefaultLaunch()
@@ -132,10 +134,10 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		}
 	}
 	slices.SortFunc(s.Algorithms, func(a, b AlgorithmSpec) int {
-		if d := a.Collective.order() - b.Collective.order(); d != 0 {
+		if d := a.Collective.Order() - b.Collective.Order(); d != 0 {
 			return d
 		}
-		return strings.Compare(a.Name, b.Name)
+		return cmp.Compare(a.Name, b.Name)
 	})
 	return s
 }
@@ -178,7 +180,7 @@ func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes) {
 	what := "dtypes" + of
 	f := l.fields(n, what, "dtypes: {reduce: [f32, f16, bf16], copy: [f32, f16, bf16, e4m3, e5m2]}", dtypeFields)
 	var reduceKnown, copyKnown []string
-	for _, t := range AllDTypes() {
+	for _, t := range coll.DTypes() {
 		copyKnown = append(copyKnown, string(t))
 		if !t.IsFloat8() {
 			reduceKnown = append(reduceKnown, string(t))
@@ -192,14 +194,14 @@ func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes) {
 		if isNull(fl.val) {
 			continue
 		}
-		list := []DType{}
+		list := []coll.DType{}
 		ctx := "dtypes." + use + of
 		for _, it := range l.seqOf(fl.val, ctx, use+": [f32, f16, bf16]") {
 			name, ok := l.name(it, "a dtype in "+ctx, "a dtype such as f32")
 			if !ok {
 				continue
 			}
-			dt := DType(name)
+			dt := coll.DType(name)
 			switch {
 			case !dt.Valid():
 				known := copyKnown
@@ -222,16 +224,16 @@ func (l *loader) dtypes(n *yaml.Node, of string, d *DTypes) {
 }
 
 // ops reads the `ops:` list.
-func (l *loader) ops(n *yaml.Node) []Op {
-	out := []Op{}
+func (l *loader) ops(n *yaml.Node) []coll.Op {
+	out := []coll.Op{}
 	for _, it := range l.seqOf(n, "ops", "ops: [sum, max, min]") {
 		name, ok := l.name(it, "an op in ops", "sum, max or min")
 		if !ok {
 			continue
 		}
-		op := Op(name)
-		if !slices.Contains(AllOps(), op) {
-			l.errorf(it, "%s", unknownName("op", name, strs(AllOps())))
+		op := coll.Op(name)
+		if !slices.Contains(coll.Ops(), op) {
+			l.errorf(it, "%s", unknownName("op", name, strs(coll.Ops())))
 			continue
 		}
 		if !slices.Contains(out, op) {
@@ -242,26 +244,24 @@ func (l *loader) ops(n *yaml.Node) []Op {
 }
 
 // collective reads a collective name used as a key.
-func (l *loader) collective(f field) (Collective, bool) {
-	c := Collective(f.name)
-	if !slices.Contains(Collectives(), c) {
-		l.errorf(f.key, "%s", unknownName("collective", f.name, strs(Collectives())))
+func (l *loader) collective(f field) (coll.Collective, bool) {
+	c := coll.Collective(f.name)
+	if !slices.Contains(coll.Collectives(), c) {
+		l.errorf(f.key, "%s", unknownName("collective", f.name, strs(coll.Collectives())))
 		return "", false
 	}
 	return c, true
 }
 
-// knownAlgorithms returns the algorithms the schedule package has for c,
-// sorted.
-func knownAlgorithms(c Collective) []string {
-	a := slices.Clone(schedule.Algorithms(string(c)))
-	slices.Sort(a)
-	return a
+// knownAlgorithms returns the names of the algorithms the schedule package
+// has for c, sorted.
+func knownAlgorithms(c coll.Collective) []string {
+	return strs(schedule.Algorithms(c))
 }
 
 // algorithms reads the `algorithms:` section.
-func (l *loader) algorithms(n *yaml.Node) map[Collective]map[string]Launch {
-	out := map[Collective]map[string]Launch{}
+func (l *loader) algorithms(n *yaml.Node) map[coll.Collective]map[coll.Algorithm]Launch {
+	out := map[coll.Collective]map[coll.Algorithm]Launch{}
 	for _, cf := range l.mappingOf(n, "algorithms", "algorithms: {allreduce: {oneshot: {threads: 512}}}") {
 		c, ok := l.collective(cf)
 		if !ok {
@@ -270,7 +270,7 @@ func (l *loader) algorithms(n *yaml.Node) map[Collective]map[string]Launch {
 		ctx := "algorithms." + cf.name
 		for _, af := range l.mappingOf(cf.val, ctx, cf.name+": {oneshot: {threads: 512}}") {
 			known := knownAlgorithms(c)
-			if af.name == NCCL {
+			if af.name == string(coll.NCCL) {
 				l.errorf(af.key, "nccl is not a generated algorithm and has no launch parameters; remove it from %s (known: %s)", ctx, strings.Join(known, ", "))
 				continue
 			}
@@ -279,9 +279,9 @@ func (l *loader) algorithms(n *yaml.Node) map[Collective]map[string]Launch {
 				continue
 			}
 			if out[c] == nil {
-				out[c] = map[string]Launch{}
+				out[c] = map[coll.Algorithm]Launch{}
 			}
-			out[c][af.name] = l.launch(af.val, ctx+"."+af.name)
+			out[c][coll.Algorithm(af.name)] = l.launch(af.val, ctx+"."+af.name)
 		}
 	}
 	return out
@@ -338,10 +338,10 @@ var topoName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 // topology reads one entry of `topologies:`.
 func (l *loader) topology(e field, s *Spec) *topoSrc {
-	t := &Topology{Name: e.name, DTypes: s.DTypes, Generate: map[Collective][]string{}, Select: map[Collective][]Rule{}}
+	t := &Topology{Name: e.name, DTypes: s.DTypes, Generate: map[coll.Collective][]coll.Algorithm{}, Select: map[coll.Collective][]Rule{}}
 	ts := &topoSrc{t: t, key: e.key,
-		genKey: map[Collective]*yaml.Node{}, genItems: map[Collective][]*yaml.Node{},
-		selKey: map[Collective]*yaml.Node{}, rules: map[Collective][]ruleSrc{}}
+		genKey: map[coll.Collective]*yaml.Node{}, genItems: map[coll.Collective][]*yaml.Node{},
+		selKey: map[coll.Collective]*yaml.Node{}, rules: map[coll.Collective][]ruleSrc{}}
 	in := fmt.Sprintf("topology %q", e.name)
 	if !topoName.MatchString(e.name) {
 		fix := strings.Trim(regexp.MustCompile(`[^a-z0-9_]+`).ReplaceAllString(strings.ToLower(e.name), "_"), "_")
@@ -409,15 +409,16 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 				if !ok {
 					continue
 				}
+				alg := coll.Algorithm(name)
 				switch {
-				case name == NCCL:
+				case alg == coll.NCCL:
 					l.errorf(it, "nccl is never generated, only selected: remove it from %s and use it in select.%s", ctx, cf.name)
 				case !slices.Contains(known, name):
 					l.errorf(it, "%s", unknownName("algorithm", name, known))
-				case slices.Contains(t.Generate[c], name):
+				case slices.Contains(t.Generate[c], alg):
 					l.errorf(it, "%q is listed twice in %s of %s; remove one", name, ctx, in)
 				default:
-					t.Generate[c] = append(t.Generate[c], name)
+					t.Generate[c] = append(t.Generate[c], alg)
 					ts.genItems[c] = append(ts.genItems[c], it)
 				}
 			}
@@ -450,7 +451,7 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 }
 
 // exampleAlg names an algorithm of c for examples: oneshot if it exists.
-func exampleAlg(c Collective) string {
+func exampleAlg(c coll.Collective) string {
 	known := knownAlgorithms(c)
 	if len(known) == 0 || slices.Contains(known, "oneshot") {
 		return "oneshot"
@@ -653,7 +654,9 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 	}
 	if u, ok := f["use"]; ok && !isNull(u.val) {
 		rs.useN = u.val
-		rs.use, rs.ok = l.name(u.val, "use", "use: oneshot or use: nccl")
+		var use string
+		use, rs.ok = l.name(u.val, "use", "use: oneshot or use: nccl")
+		rs.use = coll.Algorithm(use)
 	} else if reportMissing(f, "use") {
 		l.errorf(keyOr(u.key, n), "%s has no use; write use: followed by an algorithm it generates or nccl", what)
 	}
@@ -662,8 +665,10 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 
 // canRunKey identifies one schedule.CanRun question.
 type canRunKey struct {
-	kind, collective, algorithm string
-	world                       int
+	kind       string
+	collective coll.Collective
+	algorithm  coll.Algorithm
+	world      int
 }
 
 // canRunCache memoises schedule.CanRun, which builds and checks a whole
@@ -675,8 +680,8 @@ var canRunCache sync.Map // canRunKey -> error (nil stored as noErr)
 type noErr struct{}
 
 // canRun is schedule.CanRun, memoised.
-func canRun(kind TopologyKind, c Collective, alg string, world int) error {
-	k := canRunKey{string(kind), string(c), alg, world}
+func canRun(kind TopologyKind, c coll.Collective, alg coll.Algorithm, world int) error {
+	k := canRunKey{string(kind), c, alg, world}
 	if v, ok := canRunCache.Load(k); ok {
 		if err, ok := v.(error); ok {
 			return err
@@ -701,10 +706,10 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 
 	// Can the kind run each generated algorithm at each world size?
 	if ts.kindOK && len(t.WorldSizes) > 0 {
-		for _, c := range Collectives() {
-			runnable := func() []string {
-				var out []string
-				for _, a := range knownAlgorithms(c) {
+		for _, c := range coll.Collectives() {
+			runnable := func() []coll.Algorithm {
+				var out []coll.Algorithm
+				for _, a := range schedule.Algorithms(c) {
 					ok := true
 					for _, w := range t.WorldSizes {
 						if canRun(t.Kind, c, a, w) != nil {
@@ -725,14 +730,14 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 					if err := canRun(t.Kind, c, a, w); err != nil {
 						bad = append(bad, w)
 						if why == "" {
-							why = strings.TrimPrefix(err.Error(), string(c)+" "+a+": ")
+							why = strings.TrimPrefix(err.Error(), fmt.Sprintf("%s %s: ", c, a))
 						}
 					}
 				}
 				if len(bad) == 0 {
 					continue
 				}
-				var others []string
+				var others []coll.Algorithm
 				for _, r := range runnable() {
 					if !slices.Contains(t.Generate[c], r) {
 						others = append(others, r)
@@ -740,7 +745,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 				}
 				alt := ""
 				if len(others) > 0 {
-					alt = " (it can run: " + strings.Join(others, ", ") + ")"
+					alt = " (it can run: " + strings.Join(strs(others), ", ") + ")"
 				}
 				if len(bad) == len(t.WorldSizes) {
 					l.errorf(ts.genItems[c][i], "%s (%s) cannot run %s %q: %v; remove it from generate.%s%s", in, t.Kind, c, a, why, c, alt)
@@ -752,7 +757,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 	}
 
 	// dtypes and ops for what is generated.
-	for _, c := range Collectives() {
+	for _, c := range coll.Collectives() {
 		gk, ok := ts.genKey[c]
 		if !ok || len(t.Generate[c]) == 0 {
 			continue
@@ -776,7 +781,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 		gen := t.Generate[c]
 		choices := slices.Clone(gen)
 		if gpu {
-			choices = append(choices, NCCL)
+			choices = append(choices, coll.NCCL)
 		}
 		var out []Rule
 		prevUpto, prevIdx := int64(0), -1
@@ -784,15 +789,15 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 			name := fmt.Sprintf("select.%s[%d]", c, i)
 			if r.ok {
 				switch {
-				case r.use == NCCL && !gpu:
+				case r.use == coll.NCCL && !gpu:
 					l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
-				case r.use == NCCL || slices.Contains(gen, r.use):
-				case !slices.Contains(knownAlgorithms(c), r.use):
+				case r.use == coll.NCCL || slices.Contains(gen, r.use):
+				case !slices.Contains(schedule.Algorithms(c), r.use):
 					known := knownAlgorithms(c)
 					if gpu {
-						known = append(known, NCCL)
+						known = append(known, string(coll.NCCL))
 					}
-					l.errorf(r.useN, "%s: %s", name, unknownName("algorithm", r.use, known))
+					l.errorf(r.useN, "%s: %s", name, unknownName("algorithm", string(r.use), known))
 				default:
 					l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
 				}
@@ -815,7 +820,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 		}
 		if len(out) > 0 && out[len(out)-1].UpTo != 0 {
 			if gpu {
-				out = append(out, Rule{Use: NCCL})
+				out = append(out, Rule{Use: coll.NCCL})
 			} else {
 				last := rules[len(rules)-1]
 				l.errorf(last.node, "the last rule of select.%s bounds the size, but %s is %s and has no NCCL to fall back on; leave upto out of the last rule", c, in, t.Kind)
@@ -824,7 +829,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 		t.Select[c] = out
 	}
 	if ts.kindOK && !gpu {
-		for _, c := range Collectives() {
+		for _, c := range coll.Collectives() {
 			if len(t.Generate[c]) > 0 && len(ts.rules[c]) == 0 {
 				if _, given := ts.selKey[c]; given {
 					continue // reported as empty already
@@ -836,9 +841,9 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 }
 
 // orNone joins names, or says "(none)".
-func orNone(v []string) string {
+func orNone(v []coll.Algorithm) string {
 	if len(v) == 0 {
 		return "(none: add an algorithm to generate first)"
 	}
-	return strings.Join(v, ", ")
+	return strings.Join(strs(v), ", ")
 }

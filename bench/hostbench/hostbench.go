@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/schedule"
@@ -45,30 +46,30 @@ func (c Case) Label() string {
 // rank.
 func Cases(o Options, world int) []Case {
 	var out []Case
-	for _, coll := range o.Collectives {
+	for _, c := range o.Collectives {
 		algs := o.Algorithms
 		if len(algs) == 0 {
 			algs = []string{""}
 		}
 		for _, alg := range algs {
 			if alg != "" {
-				s, err := schedule.Build(coll, alg, world)
+				s, err := schedule.Build(coll.Collective(c), coll.Algorithm(alg), world)
 				if err != nil || schedule.HostCanRun(s) != nil {
 					continue
 				}
 			}
 			for _, dt := range o.DTypes {
 				ops := o.Ops
-				if coll == schedule.AllGather {
+				if c == string(coll.AllGather) {
 					ops = []string{""}
 				}
 				for _, op := range ops {
 					for _, b := range o.Sizes {
-						esz := int64(numeric.Size(dt))
-						if esz == 0 || b/esz < int64(world) && coll != schedule.AllReduce || b < esz {
+						esz := int64(coll.DType(dt).Size())
+						if esz == 0 || b/esz < int64(world) && c != string(coll.AllReduce) || b < esz {
 							continue
 						}
-						out = append(out, Case{coll, alg, dt, op, b})
+						out = append(out, Case{c, alg, dt, op, b})
 					}
 				}
 			}
@@ -79,13 +80,13 @@ func Cases(o Options, world int) []Case {
 
 // counts returns the element count argument and the buffer sizes of a case.
 func counts(c Case, world int) (count, inBytes, outBytes int) {
-	esz := numeric.Size(c.DType)
+	esz := coll.DType(c.DType).Size()
 	n := int(c.Bytes) / esz
 	switch c.Collective {
-	case schedule.ReduceScatter:
+	case string(coll.ReduceScatter):
 		count = n / world
 		return count, count * world * esz, count * esz
-	case schedule.AllGather:
+	case string(coll.AllGather):
 		count = n / world
 		return count, count * esz, count * world * esz
 	}
@@ -133,11 +134,11 @@ func alignedBytes(n int) []byte {
 func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) error {
 	opts := host.Options{Algorithm: c.Algorithm}
 	switch c.Collective {
-	case schedule.AllReduce:
+	case string(coll.AllReduce):
 		return g.AllReduce(ctx, in, out, count, c.DType, c.Op, opts)
-	case schedule.ReduceScatter:
+	case string(coll.ReduceScatter):
 		return g.ReduceScatter(ctx, in, out, count, c.DType, c.Op, opts)
-	case schedule.AllGather:
+	case string(coll.AllGather):
 		return g.AllGather(ctx, in, out, count, c.DType, opts)
 	}
 	return fmt.Errorf("unknown collective %q", c.Collective)
@@ -147,14 +148,14 @@ func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) e
 func maxAll(ctx context.Context, g *host.Group, xs []float64) ([]float64, error) {
 	b := make([]byte, 8*len(xs))
 	for i, x := range xs {
-		numeric.Put("f64", b, i, x)
+		numeric.Put(coll.F64, b, i, x)
 	}
 	if err := g.AllReduce(ctx, b, b, len(xs), "f64", "max", host.Options{}); err != nil {
 		return nil, err
 	}
 	out := make([]float64, len(xs))
 	for i := range out {
-		out[i] = numeric.Get("f64", b, i)
+		out[i] = numeric.Get(coll.F64, b, i)
 	}
 	return out, nil
 }
@@ -163,7 +164,7 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	w, rank := g.World(), g.Rank()
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
-	numeric.Fill(c.DType, in, int(c.Bytes), rank)
+	numeric.Fill(coll.DType(c.DType), in, int(c.Bytes), rank)
 	alg := c.Algorithm
 	if alg == "" {
 		alg = g.Algorithm(c.Collective, c.Bytes)
@@ -212,21 +213,21 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 
 // check verifies out against every rank's regenerated input.
 func check(c Case, w, rank, count int, out []byte) error {
-	esz := numeric.Size(c.DType)
+	esz := coll.DType(c.DType).Size()
 	_, inB, _ := counts(c, w)
 	inputs := make([][]byte, w)
 	for r := range inputs {
 		inputs[r] = make([]byte, inB)
-		numeric.Fill(c.DType, inputs[r], int(c.Bytes), r)
+		numeric.Fill(coll.DType(c.DType), inputs[r], int(c.Bytes), r)
 	}
 	switch c.Collective {
-	case schedule.AllReduce:
-		return numeric.Check(c.DType, c.Op, out, inputs)
-	case schedule.ReduceScatter:
+	case string(coll.AllReduce):
+		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), out, inputs)
+	case string(coll.ReduceScatter):
 		for r := range inputs {
 			inputs[r] = inputs[r][rank*count*esz : (rank+1)*count*esz]
 		}
-		return numeric.Check(c.DType, c.Op, out, inputs)
+		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), out, inputs)
 	}
 	for r := range inputs {
 		if string(out[r*count*esz:(r+1)*count*esz]) != string(inputs[r]) {

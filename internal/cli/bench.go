@@ -21,13 +21,13 @@ import (
 
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/bench/hostbench"
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/launch"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -170,18 +170,18 @@ func (o *BenchOptions) validate() error {
 		return fmt.Errorf("bench: -n %d: want 1..64 ranks", o.World)
 	}
 	for _, c := range o.Collectives {
-		if schedule.Algorithms(c) == nil {
-			return fmt.Errorf("bench: unknown collective %q (known: %v)", c, schedule.Collectives())
+		if _, err := coll.ParseCollective(c); err != nil {
+			return fmt.Errorf("bench: %w", err)
 		}
 	}
 	if o.Backend == "host" {
 		for _, d := range o.DTypes {
-			if err := numeric.CheckDType(d); err != nil {
+			if err := numeric.CheckDType(coll.DType(d)); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
 		}
 		for _, p := range o.Ops {
-			if err := numeric.CheckOp(p); err != nil {
+			if err := numeric.CheckOp(coll.Op(p)); err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
 		}
@@ -512,7 +512,7 @@ func printMemcpy(io *IO, o *BenchOptions, results []bench.Result) {
 	fmt.Fprintf(io.Out, "memcpy bandwidth (256MiB, copied bytes per second): 1 thread %.1f GB/s, %d threads %.1f GB/s, %d threads %.1f GB/s\n",
 		one, o.World, many, runtime.NumCPU(), all)
 	for _, r := range results {
-		if r.Collective == schedule.AllReduce && r.Bytes == o.Sizes[len(o.Sizes)-1] {
+		if r.Collective == string(coll.AllReduce) && r.Bytes == o.Sizes[len(o.Sizes)-1] {
 			alg := float64(r.Bytes) / (r.MedianUS * 1e-6) / 1e9
 			fmt.Fprintf(io.Out, "%s %s %s: algbw %.2f GB/s, busbw %.2f GB/s = %.0f%% of 1-thread memcpy, %.0f%% of %d-thread memcpy\n",
 				r.Collective, r.DType, bench.FormatBytes(r.Bytes), alg, r.BusGBps, 100*r.BusGBps/one, 100*r.BusGBps/many, o.World)

@@ -18,10 +18,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/benchgpu"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -92,19 +92,19 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 	}
 	var out []gpuSweep
 	seen := map[string]bool{}
-	for _, coll := range o.Collectives {
+	for _, c := range o.Collectives {
 		for _, dt := range o.DTypes {
 			for _, op := range o.Ops {
-				if coll == schedule.AllGather {
+				if c == string(coll.AllGather) {
 					op = ""
 				}
-				key := coll + "/" + dt + "/" + op
+				key := c + "/" + dt + "/" + op
 				if seen[key] {
 					continue
 				}
 				seen[key] = true
-				cfg := benchgpu.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll,
-					DType: dt, Op: op, Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
+				cfg := benchgpu.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
+					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
 					ZeroCopy: g.zeroCopy, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
 				plan, err := benchgpu.NewPlan(cfg)
 				if err != nil {
@@ -236,10 +236,10 @@ func gpuResults(ms []benchgpu.Measurement) []bench.Result {
 		if m.Mode == "eager" {
 			backend = "gpu-eager"
 		}
-		r := bench.Result{Backend: backend, Collective: m.Collective, Algorithm: m.Variant, DType: m.DType, Op: m.Op,
+		r := bench.Result{Backend: backend, Collective: string(m.Collective), Algorithm: m.Variant, DType: string(m.DType), Op: string(m.Op),
 			World: m.World, Bytes: m.Bytes, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUs, BusGBps: m.BusGBps}
-		if m.VsNCCL > 0 && m.Variant != benchgpu.NCCL {
-			r.Baseline, r.Ratio = benchgpu.NCCL, m.VsNCCL
+		if m.VsNCCL > 0 && m.Variant != coll.NCCL.String() {
+			r.Baseline, r.Ratio = coll.NCCL.String(), m.VsNCCL
 		}
 		out = append(out, r)
 	}
@@ -257,7 +257,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Me
 	var keys []key
 	groups := map[key][]benchgpu.Measurement{}
 	for _, m := range ms {
-		k := key{m.Collective, m.DType, m.Op, m.Mode, m.World}
+		k := key{string(m.Collective), string(m.DType), string(m.Op), m.Mode, m.World}
 		if _, ok := groups[k]; !ok {
 			keys = append(keys, k)
 		}
@@ -308,10 +308,10 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Me
 					row = append(row, "FAIL")
 				}
 			}
-			a, n := cell[fmt.Sprint(b, "/", benchgpu.Auto)], cell[fmt.Sprint(b, "/", benchgpu.NCCL)]
+			a, n := cell[fmt.Sprint(b, "/", coll.Auto)], cell[fmt.Sprint(b, "/", coll.NCCL)]
 			pick, abw, nbw, ratio := "", "", "", ""
 			if a != nil {
-				pick = a.Algorithm
+				pick = string(a.Algorithm)
 				if a.Measured() {
 					abw = fmt.Sprintf("%.1f", a.BusGBps)
 					if a.VsNCCL > 0 {

@@ -40,20 +40,14 @@ package benchgpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
-)
-
-// Variant names that are not generated algorithms.
-const (
-	// Auto is the automatic, size-based selection (comm.Options.Algorithm "").
-	Auto = "auto"
-	// NCCL is NCCL itself, called through the communicator.
-	NCCL = "nccl"
 )
 
 // Defaults for Config fields left zero.
@@ -142,12 +136,12 @@ func FormatSize(n int64) string { return spec.FormatSize(n) }
 
 // BusFactor is NCCL's bus-bandwidth factor for a collective at a world
 // size: 2(W-1)/W for all-reduce, (W-1)/W for reduce-scatter and all-gather.
-func BusFactor(collective string, world int) float64 {
+func BusFactor(collective coll.Collective, world int) float64 {
 	if world < 1 {
 		return 0
 	}
 	w := float64(world)
-	if collective == schedule.AllReduce {
+	if collective == coll.AllReduce {
 		return 2 * (w - 1) / w
 	}
 	return (w - 1) / w
@@ -156,7 +150,7 @@ func BusFactor(collective string, world int) float64 {
 // BusBandwidthGBps is NCCL's bus bandwidth in GB/s (10^9 bytes per second)
 // for a collective of bytes (the full buffer: for reduce-scatter and
 // all-gather the gathered size) that took seconds at a world size.
-func BusBandwidthGBps(collective string, bytes int64, seconds float64, world int) float64 {
+func BusBandwidthGBps(collective coll.Collective, bytes int64, seconds float64, world int) float64 {
 	if seconds <= 0 {
 		return 0
 	}
@@ -205,10 +199,6 @@ func Replays(replayMs, targetMs float64, min, max int) int {
 	return int(r)
 }
 
-// ElemSize is the size in bytes of one element of dtype, including the fp8
-// copy types (1 byte); 0 when unknown.
-func ElemSize(dtype string) int { return kernels.DTypeSize(dtype) }
-
 // Shape is what one message size means for a collective.
 type Shape struct {
 	// Bytes is the full buffer (for reduce-scatter the input, for
@@ -224,13 +214,13 @@ type Shape struct {
 
 // ShapeFor maps a requested size to a collective's call shape. ok is false
 // when the size holds less than one element per rank.
-func ShapeFor(collective, dtype string, bytes int64, world int) (sh Shape, ok bool) {
-	es := int64(ElemSize(dtype))
+func ShapeFor(collective coll.Collective, dtype coll.DType, bytes int64, world int) (sh Shape, ok bool) {
+	es := int64(dtype.Size())
 	if es == 0 || world < 1 {
 		return Shape{}, false
 	}
 	switch collective {
-	case schedule.AllReduce:
+	case coll.AllReduce:
 		n := bytes / es
 		if n < 1 {
 			return Shape{}, false
@@ -244,7 +234,7 @@ func ShapeFor(collective, dtype string, bytes int64, world int) (sh Shape, ok bo
 		}
 		full, part := per*es*int64(world), per*es
 		sh := Shape{Bytes: full, Count: int(per)}
-		if collective == schedule.ReduceScatter {
+		if collective == coll.ReduceScatter {
 			sh.InBytes, sh.OutBytes = full, part
 		} else {
 			sh.InBytes, sh.OutBytes = part, full
@@ -255,22 +245,23 @@ func ShapeFor(collective, dtype string, bytes int64, world int) (sh Shape, ok bo
 
 // Variant is one column of the comparison.
 type Variant struct {
-	// Name is what tables show: an algorithm name, Auto or NCCL.
-	Name string
-	// Algorithm is comm.Options.Algorithm: the forced algorithm, "nccl",
-	// or "" for the automatic selection.
-	Algorithm string
+	// Algorithm is what comm.Options.Algorithm is given: a forced generated
+	// algorithm, coll.NCCL, or coll.Auto for the automatic selection.
+	Algorithm coll.Algorithm
 }
 
+// Name is what tables show: the algorithm's name, "auto" or "nccl".
+func (v Variant) Name() string { return v.Algorithm.String() }
+
 // Custom reports whether the variant forces a generated kernel.
-func (v Variant) Custom() bool { return v.Algorithm != "" && v.Algorithm != NCCL }
+func (v Variant) Custom() bool { return v.Algorithm.Generated() }
 
 // Algorithms lists, in library order, the generated algorithms of a
 // collective for a dtype, op and world size.
-func Algorithms(lib *kernels.Library, collective, dtype, op string, world int) []string {
-	var out []string
-	seen := map[string]bool{}
-	if collective == schedule.AllGather {
+func Algorithms(lib *kernels.Library, collective coll.Collective, dtype coll.DType, op coll.Op, world int) []coll.Algorithm {
+	var out []coll.Algorithm
+	seen := map[coll.Algorithm]bool{}
+	if collective == coll.AllGather {
 		op = ""
 	}
 	for _, k := range lib.Kernels {
@@ -286,7 +277,7 @@ func Algorithms(lib *kernels.Library, collective, dtype, op string, world int) [
 // (for none, or the single name "all") every generated algorithm of the
 // collective, then Auto, then NCCL. An unknown name is an error listing
 // what exists.
-func Variants(lib *kernels.Library, collective, dtype, op string, world int, requested []string) ([]Variant, error) {
+func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType, op coll.Op, world int, requested []string) ([]Variant, error) {
 	algs := Algorithms(lib, collective, dtype, op, world)
 	var names []string
 	for _, r := range requested {
@@ -296,45 +287,37 @@ func Variants(lib *kernels.Library, collective, dtype, op string, world int, req
 			}
 		}
 	}
+	all := append(slices.Clone(algs), coll.Auto, coll.NCCL)
 	if len(names) == 0 || (len(names) == 1 && names[0] == "all") {
-		names = append(append(names[:0], algs...), Auto, NCCL)
+		names = names[:0]
+		for _, a := range all {
+			names = append(names, a.String())
+		}
 	}
 	var out []Variant
-	seen := map[string]bool{}
+	seen := map[coll.Algorithm]bool{}
 	for _, n := range names {
-		if seen[n] {
-			continue
+		a, err := coll.ParseAlgorithm(n)
+		if err != nil || !slices.Contains(all, a) {
+			have := make([]string, len(all))
+			for i, a := range all {
+				have[i] = a.String()
+			}
+			return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s", n, collective, dtype, opOrDash(collective, op), world, strings.Join(have, ", "))
 		}
-		seen[n] = true
-		switch {
-		case n == Auto:
-			out = append(out, Variant{Name: Auto})
-		case n == NCCL:
-			out = append(out, Variant{Name: NCCL, Algorithm: NCCL})
-		case contains(algs, n):
-			out = append(out, Variant{Name: n, Algorithm: n})
-		default:
-			have := strings.Join(append(append([]string(nil), algs...), Auto, NCCL), ", ")
-			return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s", n, collective, dtype, opOrDash(collective, op), world, have)
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, Variant{Algorithm: a})
 		}
 	}
 	return out, nil
 }
 
-func opOrDash(collective, op string) string {
-	if collective == schedule.AllGather {
+func opOrDash(collective coll.Collective, op coll.Op) string {
+	if !collective.Reduces() {
 		return "(copy)"
 	}
-	return op
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
+	return string(op)
 }
 
 // SkipReason says why a variant is not measured at a size, or "" when it
@@ -344,7 +327,7 @@ func contains(xs []string, x string) bool {
 // NCCL cannot run when it is unavailable (ncclErr).
 func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) string {
 	switch {
-	case v.Algorithm == NCCL && ncclErr != nil:
+	case v.Algorithm == coll.NCCL && ncclErr != nil:
 		return "nccl unavailable: " + ncclErr.Error()
 	case v.Custom() && need > stagingBytes:
 		what := FormatSize(bytes)
@@ -372,7 +355,7 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 	}
 	for i := range lib.Selections {
 		sel := &lib.Selections[i]
-		if sel.Kind == schedule.KindHostShm || !containsInt(sel.Worlds, world) {
+		if sel.Kind == schedule.KindHostShm || !slices.Contains(sel.Worlds, world) {
 			continue
 		}
 		for _, m := range lib.RulesSlotBounds(sel, world) {
@@ -390,28 +373,19 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 	return s
 }
 
-func containsInt(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
 // Measurement is one (size, variant) result of a sweep.
 type Measurement struct {
-	Collective string `json:"collective"`
-	DType      string `json:"dtype"`
-	Op         string `json:"op,omitempty"`
-	World      int    `json:"world"`
+	Collective coll.Collective `json:"collective"`
+	DType      coll.DType      `json:"dtype"`
+	Op         coll.Op         `json:"op,omitempty"`
+	World      int             `json:"world"`
 	// Bytes is the full buffer size (see Shape.Bytes).
 	Bytes int64 `json:"bytes"`
 	// Variant is the column: an algorithm, "auto" or "nccl".
 	Variant string `json:"variant"`
 	// Algorithm is what ran: the forced algorithm, or for "auto" the one
 	// the selection picked.
-	Algorithm string `json:"algorithm,omitempty"`
+	Algorithm coll.Algorithm `json:"algorithm,omitempty"`
 	// Mode is "graph" (CUDA-graph replay) or "eager".
 	Mode string `json:"mode"`
 	// LatencyUs is the median per-op latency in microseconds; MinUs and
@@ -454,7 +428,7 @@ func fillDerived(ms []Measurement) {
 		sec := m.LatencyUs * 1e-6
 		m.BusGBps = BusBandwidthGBps(m.Collective, m.Bytes, sec, m.World)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
-		if m.Variant == NCCL {
+		if m.Variant == coll.NCCL.String() {
 			ncclAt[m.Bytes] = m.LatencyUs
 		}
 	}

@@ -6,15 +6,16 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
-	"github.com/collgen/collgen/schedule"
 )
 
 func TestParseSizes(t *testing.T) {
@@ -56,19 +57,19 @@ func TestParseSizes(t *testing.T) {
 func TestBusBandwidth(t *testing.T) {
 	// 1 GB in 1 s: algbw 1 GB/s.
 	const gb = int64(1e9)
-	if got := BusBandwidthGBps(schedule.AllReduce, gb, 1, 4); math.Abs(got-1.5) > 1e-12 {
+	if got := BusBandwidthGBps(coll.AllReduce, gb, 1, 4); math.Abs(got-1.5) > 1e-12 {
 		t.Errorf("allreduce W=4: %v, want 1.5", got)
 	}
-	if got := BusBandwidthGBps(schedule.AllReduce, gb, 1, 2); math.Abs(got-1) > 1e-12 {
+	if got := BusBandwidthGBps(coll.AllReduce, gb, 1, 2); math.Abs(got-1) > 1e-12 {
 		t.Errorf("allreduce W=2: %v, want 1", got)
 	}
-	if got := BusBandwidthGBps(schedule.ReduceScatter, gb, 0.5, 4); math.Abs(got-1.5) > 1e-12 {
+	if got := BusBandwidthGBps(coll.ReduceScatter, gb, 0.5, 4); math.Abs(got-1.5) > 1e-12 {
 		t.Errorf("reduce_scatter W=4 in 0.5s: %v, want 1.5", got)
 	}
-	if got := BusBandwidthGBps(schedule.AllGather, gb, 1, 8); math.Abs(got-0.875) > 1e-12 {
+	if got := BusBandwidthGBps(coll.AllGather, gb, 1, 8); math.Abs(got-0.875) > 1e-12 {
 		t.Errorf("allgather W=8: %v, want 0.875", got)
 	}
-	if got := BusBandwidthGBps(schedule.AllReduce, gb, 0, 4); got != 0 {
+	if got := BusBandwidthGBps(coll.AllReduce, gb, 0, 4); got != 0 {
 		t.Errorf("zero time: %v, want 0", got)
 	}
 	if got := AlgBandwidthGBps(2*gb, 2); got != 1 {
@@ -101,27 +102,27 @@ func TestMedianAndReplays(t *testing.T) {
 }
 
 func TestShapeFor(t *testing.T) {
-	sh, ok := ShapeFor(schedule.AllReduce, "bf16", 1024, 4)
+	sh, ok := ShapeFor(coll.AllReduce, "bf16", 1024, 4)
 	if !ok || sh.Count != 512 || sh.InBytes != 1024 || sh.OutBytes != 1024 || sh.Bytes != 1024 {
 		t.Errorf("allreduce: %+v %v", sh, ok)
 	}
-	sh, ok = ShapeFor(schedule.ReduceScatter, "f32", 1024, 4)
+	sh, ok = ShapeFor(coll.ReduceScatter, "f32", 1024, 4)
 	if !ok || sh.Count != 64 || sh.InBytes != 1024 || sh.OutBytes != 256 {
 		t.Errorf("reduce_scatter: %+v %v", sh, ok)
 	}
-	sh, ok = ShapeFor(schedule.AllGather, "e4m3", 1024, 4)
+	sh, ok = ShapeFor(coll.AllGather, "e4m3", 1024, 4)
 	if !ok || sh.Count != 256 || sh.InBytes != 256 || sh.OutBytes != 1024 {
 		t.Errorf("allgather: %+v %v", sh, ok)
 	}
 	// World 3 rounds down to whole elements per rank.
-	sh, ok = ShapeFor(schedule.AllGather, "bf16", 1024, 3)
+	sh, ok = ShapeFor(coll.AllGather, "bf16", 1024, 3)
 	if !ok || sh.Count != 170 || sh.Bytes != 1020 {
 		t.Errorf("allgather w3: %+v %v", sh, ok)
 	}
-	if _, ok := ShapeFor(schedule.ReduceScatter, "f32", 8, 4); ok {
+	if _, ok := ShapeFor(coll.ReduceScatter, "f32", 8, 4); ok {
 		t.Error("8 bytes of f32 over 4 ranks should not fit")
 	}
-	if _, ok := ShapeFor(schedule.AllReduce, "nope", 1024, 4); ok {
+	if _, ok := ShapeFor(coll.AllReduce, "nope", 1024, 4); ok {
 		t.Error("unknown dtype should not fit")
 	}
 }
@@ -129,67 +130,67 @@ func TestShapeFor(t *testing.T) {
 func names(vs []Variant) []string {
 	var out []string
 	for _, v := range vs {
-		out = append(out, v.Name)
+		out = append(out, v.Name())
 	}
 	return out
 }
 
 func TestVariants(t *testing.T) {
 	lib := collectives.Library
-	vs, err := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, nil)
+	vs, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := names(vs)
-	if len(got) < 3 || got[len(got)-2] != Auto || got[len(got)-1] != NCCL || !contains(got, "oneshot") || !contains(got, "twoshot") {
+	if len(got) < 3 || got[len(got)-2] != "auto" || got[len(got)-1] != "nccl" || !slices.Contains(got, "oneshot") || !slices.Contains(got, "twoshot") {
 		t.Errorf("allreduce bf16 sum w4 variants = %v, want the generated algorithms, auto, nccl", got)
 	}
 	for _, v := range vs {
-		if (v.Name == Auto) != (v.Algorithm == "") || (v.Name == NCCL) != (v.Algorithm == NCCL) {
+		if (v.Name() == "auto") != (v.Algorithm == coll.Auto) || (v.Name() == "nccl") != (v.Algorithm == coll.NCCL) {
 			t.Errorf("variant %+v: wrong Algorithm", v)
 		}
-		if v.Custom() != (v.Name != Auto && v.Name != NCCL) {
+		if v.Custom() != (v.Name() != "auto" && v.Name() != "nccl") {
 			t.Errorf("variant %+v: Custom() = %v", v, v.Custom())
 		}
 	}
-	if all, _ := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"all"}); !reflect.DeepEqual(names(all), got) {
+	if all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"all"}); !reflect.DeepEqual(names(all), got) {
 		t.Errorf("\"all\" = %v, want %v", names(all), got)
 	}
-	vs, err = Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"nccl,auto", "oneshot", "auto"})
-	if err != nil || !reflect.DeepEqual(names(vs), []string{NCCL, Auto, "oneshot"}) {
+	vs, err = Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"nccl,auto", "oneshot", "auto"})
+	if err != nil || !reflect.DeepEqual(names(vs), []string{"nccl", "auto", "oneshot"}) {
 		t.Errorf("requested order: %v, %v", names(vs), err)
 	}
-	if _, err := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, []string{"ring"}); err == nil || !strings.Contains(err.Error(), "oneshot") {
+	if _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"ring"}); err == nil || !strings.Contains(err.Error(), "oneshot") {
 		t.Errorf("unknown algorithm: %v, want an error listing what exists", err)
 	}
 	// All-gather ignores the op; fp8 has copy kernels.
-	vs, err = Variants(lib, schedule.AllGather, "e4m3", "sum", 2, nil)
-	if err != nil || !contains(names(vs), "oneshot") {
+	vs, err = Variants(lib, coll.AllGather, "e4m3", "sum", 2, nil)
+	if err != nil || !slices.Contains(names(vs), "oneshot") {
 		t.Errorf("allgather e4m3: %v, %v", names(vs), err)
 	}
 	// No kernels for this world: only auto and nccl.
-	vs, _ = Variants(lib, schedule.AllReduce, "bf16", "sum", 5, nil)
-	if !reflect.DeepEqual(names(vs), []string{Auto, NCCL}) {
+	vs, _ = Variants(lib, coll.AllReduce, "bf16", "sum", 5, nil)
+	if !reflect.DeepEqual(names(vs), []string{"auto", "nccl"}) {
 		t.Errorf("world 5: %v", names(vs))
 	}
 }
 
 func TestSkipReason(t *testing.T) {
-	one := Variant{Name: "oneshot", Algorithm: "oneshot"}
+	one := Variant{Algorithm: coll.OneShot}
 	if r := SkipReason(one, 1<<20, 1<<20, 1<<20, nil); r != "" {
 		t.Errorf("at the staging size: %q", r)
 	}
 	if r := SkipReason(one, 2<<20, 2<<20, 1<<20, nil); !strings.Contains(r, "staging") {
 		t.Errorf("above staging: %q", r)
 	}
-	ll := Variant{Name: "oneshot_ll", Algorithm: "oneshot_ll"}
+	ll := Variant{Algorithm: coll.OneShotLL}
 	if r := SkipReason(ll, 1<<20, 8<<20, 4<<20, nil); !strings.Contains(r, "1MiB (needing 8MiB of inbox) above its 4MiB staging buffer") {
 		t.Errorf("LL above staging: %q", r)
 	}
-	if r := SkipReason(Variant{Name: Auto}, 1<<30, 1<<30, 1<<20, nil); r != "" {
+	if r := SkipReason(Variant{Algorithm: coll.Auto}, 1<<30, 1<<30, 1<<20, nil); r != "" {
 		t.Errorf("auto never skips: %q", r)
 	}
-	nc := Variant{Name: NCCL, Algorithm: NCCL}
+	nc := Variant{Algorithm: coll.NCCL}
 	if r := SkipReason(nc, 1<<30, 1<<30, 1<<20, nil); r != "" {
 		t.Errorf("nccl available: %q", r)
 	}
@@ -200,7 +201,7 @@ func TestSkipReason(t *testing.T) {
 
 func TestStagingFor(t *testing.T) {
 	lib := collectives.Library
-	all, _ := Variants(lib, schedule.AllReduce, "bf16", "sum", 4, nil)
+	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	sizes := []int64{1 << 10, 256 << 20}
 	if s := StagingFor(lib, 4, sizes, all, 0); s != 256<<20 {
 		t.Errorf("forced algorithms up to 256MiB: staging %d", s)
@@ -210,18 +211,18 @@ func TestStagingFor(t *testing.T) {
 	}
 	// Without forced algorithms, what the rules send to generated kernels
 	// still fits, so auto is unchanged: every rule's need at its bound.
-	auto := []Variant{{Name: Auto}, {Name: NCCL, Algorithm: NCCL}}
+	auto := []Variant{{Algorithm: coll.Auto}, {Algorithm: coll.NCCL}}
 	s := StagingFor(lib, 4, []int64{1 << 10}, auto, 0)
-	sel, _ := lib.Selection("nvlink_full", schedule.AllReduce, 4)
+	sel, _ := lib.Selection("nvlink_full", coll.AllReduce, 4)
 	for _, r := range sel.Rules {
-		if need := lib.SlotBound(schedule.AllReduce, r.Use, 4, r.UpTo); r.Use != NCCL && need > s {
+		if need := lib.SlotBound(coll.AllReduce, r.Use, 4, r.UpTo); r.Use != coll.NCCL && need > s {
 			t.Errorf("auto only: staging %d, but %s up to %d needs %d", s, r.Use, r.UpTo, need)
 		}
 	}
 }
 
 func TestPlan(t *testing.T) {
-	cfg := Config{Library: collectives.Library, World: 4, Collective: schedule.ReduceScatter, DType: "f32", Op: "sum",
+	cfg := Config{Library: collectives.Library, World: 4, Collective: coll.ReduceScatter, DType: "f32", Op: "sum",
 		Sizes: []int64{8, 16, 1024, 1025}}
 	var log bytes.Buffer
 	cfg.Log = &log
@@ -237,12 +238,12 @@ func TestPlan(t *testing.T) {
 		t.Errorf("no note about the skipped size: %q", log.String())
 	}
 	for _, bad := range []Config{
-		{World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
+		{World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
 		{Library: collectives.Library, World: 4, Collective: "broadcast", DType: "f32", Op: "sum", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "e4m3", Op: "sum", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "avg", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: schedule.AllReduce, DType: "f32", Op: "sum"},
-		{Library: collectives.Library, World: 2, Devices: []int{0}, Collective: schedule.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "e4m3", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "f32", Op: "avg", Sizes: []int64{1024}},
+		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum"},
+		{Library: collectives.Library, World: 2, Devices: []int{0}, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}},
 	} {
 		if _, err := NewPlan(bad); err == nil {
 			t.Errorf("NewPlan(%+v): want an error", bad)
@@ -252,10 +253,10 @@ func TestPlan(t *testing.T) {
 
 func TestFillDerived(t *testing.T) {
 	ms := []Measurement{
-		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUs: 10},
-		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: Auto, LatencyUs: 20},
-		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: NCCL, LatencyUs: 30},
-		{Collective: schedule.AllReduce, World: 4, Bytes: 1e6, Variant: "twoshot", Skipped: "too big"},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUs: 10},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "auto", LatencyUs: 20},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "nccl", LatencyUs: 30},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "twoshot", Skipped: "too big"},
 	}
 	fillDerived(ms)
 	if ms[0].VsNCCL != 3 || ms[1].VsNCCL != 1.5 || ms[2].VsNCCL != 1 || ms[3].VsNCCL != 0 {
@@ -268,10 +269,10 @@ func TestFillDerived(t *testing.T) {
 }
 
 func TestFillAndVerify(t *testing.T) {
-	for _, dt := range []string{"bf16", "f32", "f16", "e4m3"} {
+	for _, dt := range []coll.DType{coll.BF16, coll.F32, coll.F16, coll.E4M3} {
 		b := make([]byte, PatternBytes+4096)
 		FillInput(dt, b, seed0, 1)
-		es := ElemSize(dt)
+		es := dt.Size()
 		for i := 0; i < len(b)/es; i++ {
 			if bytes.Count(b[i*es:(i+1)*es], []byte{0}) == es {
 				t.Fatalf("%s: element %d is zero", dt, i)
@@ -288,9 +289,13 @@ func TestFillAndVerify(t *testing.T) {
 		}
 	}
 	const world = 3
-	for _, c := range []struct{ coll, dt, op string }{
-		{schedule.AllReduce, "bf16", "sum"}, {schedule.AllReduce, "f32", "max"},
-		{schedule.ReduceScatter, "f16", "sum"}, {schedule.AllGather, "e5m2", ""}, {schedule.AllGather, "bf16", ""},
+	for _, c := range []struct {
+		coll coll.Collective
+		dt   coll.DType
+		op   coll.Op
+	}{
+		{coll.AllReduce, "bf16", "sum"}, {coll.AllReduce, "f32", "max"},
+		{coll.ReduceScatter, "f16", "sum"}, {coll.AllGather, "e5m2", ""}, {coll.AllGather, "bf16", ""},
 	} {
 		// Crosses the pattern period, so windows split.
 		sh, _ := ShapeFor(c.coll, c.dt, PatternBytes*world+6*1024, world)
@@ -302,13 +307,13 @@ func TestFillAndVerify(t *testing.T) {
 		for rank := 0; rank < world; rank++ {
 			got := make([]byte, sh.OutBytes)
 			switch c.coll {
-			case schedule.AllGather:
+			case coll.AllGather:
 				for r := range ins {
 					copy(got[int64(r)*sh.InBytes:], ins[r])
 				}
 			default:
 				base := int64(0)
-				if c.coll == schedule.ReduceScatter {
+				if c.coll == coll.ReduceScatter {
 					base = int64(rank) * sh.OutBytes
 				}
 				srcs := make([][]byte, world)
@@ -395,7 +400,7 @@ func errString(err error) string {
 // enough GPUs it runs a tiny sweep.
 func TestRunGPU(t *testing.T) {
 	n, err := cuda.DeviceCount()
-	cfg := Config{Library: collectives.Library, World: 2, Collective: schedule.AllReduce, DType: "bf16", Op: "sum",
+	cfg := Config{Library: collectives.Library, World: 2, Collective: coll.AllReduce, DType: "bf16", Op: "sum",
 		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Replays: 5}
 	if err != nil || n < 2 {
 		if _, rerr := Run(context.Background(), cfg); rerr == nil {

@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/numeric"
-	"github.com/collgen/collgen/schedule"
 )
 
 // PatternBytes is the period of benchmark inputs: a buffer is one random
@@ -28,7 +28,7 @@ const (
 // neither zero nor NaN/infinity. A shorter pattern is a prefix of a longer
 // one, so every message size reads a prefix of the largest size's data.
 // The result is shared (cached): callers must not modify it.
-func pattern(dtype string, n int64, seed, rank int) []byte {
+func pattern(dtype coll.DType, n int64, seed, rank int) []byte {
 	if n > PatternBytes {
 		n = PatternBytes
 	}
@@ -42,7 +42,7 @@ func pattern(dtype string, n int64, seed, rank int) []byte {
 }
 
 type patternKey struct {
-	dtype      string
+	dtype      coll.DType
 	n          int64
 	seed, rank int
 }
@@ -51,10 +51,10 @@ type patternKey struct {
 // below PatternBytes add up to less than 2*PatternBytes per rank and seed).
 var patterns sync.Map
 
-func makePattern(dtype string, n int64, seed, rank int) []byte {
+func makePattern(dtype coll.DType, n int64, seed, rank int) []byte {
 	b := make([]byte, n)
 	switch dtype {
-	case "e4m3", "e5m2":
+	case coll.E4M3, coll.E5M2:
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 		for i := range b {
 			v := byte(r.Uint32())
@@ -66,7 +66,7 @@ func makePattern(dtype string, n int64, seed, rank int) []byte {
 		return b
 	}
 	numeric.Fill(dtype, b, seed, rank)
-	es := numeric.Size(dtype)
+	es := dtype.Size()
 	for i := 0; i < len(b)/es; i++ {
 		if numeric.Get(dtype, b, i) == 0 {
 			numeric.Put(dtype, b, i, 1)
@@ -78,7 +78,7 @@ func makePattern(dtype string, n int64, seed, rank int) []byte {
 // FillInput writes rank's benchmark input for seed into b: the pattern
 // block repeated (see PatternBytes). len(b) must be a multiple of the
 // element size.
-func FillInput(dtype string, b []byte, seed, rank int) {
+func FillInput(dtype coll.DType, b []byte, seed, rank int) {
 	blk := pattern(dtype, int64(len(b)), seed, rank)
 	for o := 0; o < len(b); o += len(blk) {
 		copy(b[o:], blk)
@@ -93,17 +93,17 @@ func FillInput(dtype string, b []byte, seed, rank int) {
 // loosens float sums for libraries that round after every addition (NCCL,
 // and auto, which hands large sizes to NCCL; generated kernels are held to
 // the strict bound when forced).
-func Verify(collective, dtype, op string, world, rank int, sh Shape, seed int, got []byte, stepwise bool) error {
+func Verify(collective coll.Collective, dtype coll.DType, op coll.Op, world, rank int, sh Shape, seed int, got []byte, stepwise bool) error {
 	if int64(len(got)) != sh.OutBytes {
 		return fmt.Errorf("output is %d bytes, want %d", len(got), sh.OutBytes)
 	}
-	es := int64(ElemSize(dtype))
+	es := int64(dtype.Size())
 	blocks := make([][]byte, world)
 	for r := range blocks {
 		blocks[r] = pattern(dtype, sh.InBytes, seed, r)
 	}
 	period := int64(len(blocks[0]))
-	if collective == schedule.AllGather {
+	if collective == coll.AllGather {
 		for o := int64(0); o < sh.OutBytes; {
 			r, io := o/sh.InBytes, o%sh.InBytes
 			p := io % period
@@ -122,7 +122,7 @@ func Verify(collective, dtype, op string, world, rank int, sh Shape, seed int, g
 	}
 	// Output byte o is input byte base+o of every rank.
 	base := int64(0)
-	if collective == schedule.ReduceScatter {
+	if collective == coll.ReduceScatter {
 		base = int64(rank) * sh.OutBytes
 	}
 	srcs := make([][]byte, world)

@@ -11,12 +11,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 )
 
 // Config describes one sweep. Every rank must use the same Config.
@@ -27,10 +27,11 @@ type Config struct {
 	World int
 	// Devices are the CUDA ordinals of ranks 0..World-1; nil means 0..World-1.
 	Devices []int
-	// Collective is schedule.AllReduce, ReduceScatter or AllGather.
-	Collective string
+	// Collective is the collective to measure.
+	Collective coll.Collective
 	// DType and Op select the kernels (Op is ignored for all-gather).
-	DType, Op string
+	DType coll.DType
+	Op    coll.Op
 	// Sizes are the message sizes in bytes (full buffer; see Shape).
 	Sizes []int64
 	// Algorithms are the variant names (see Variants); nil means all.
@@ -93,7 +94,7 @@ func (c *Config) withDefaults() Config {
 	if o.Group == "" {
 		o.Group = "bench"
 	}
-	if o.Collective == schedule.AllGather {
+	if o.Collective == coll.AllGather {
 		o.Op = ""
 	}
 	return o
@@ -110,20 +111,20 @@ func (c *Config) validate() ([]Variant, error) {
 		return nil, fmt.Errorf("benchgpu: %d devices for world size %d; give one per rank", len(c.Devices), c.World)
 	case len(c.Sizes) == 0:
 		return nil, errors.New("benchgpu: no sizes to measure")
-	case ElemSize(c.DType) == 0:
+	case !c.DType.Valid():
 		return nil, fmt.Errorf("benchgpu: unknown dtype %q", c.DType)
 	}
 	switch c.Collective {
-	case schedule.AllReduce, schedule.ReduceScatter:
+	case coll.AllReduce, coll.ReduceScatter:
 		if err := numeric.CheckOp(c.Op); err != nil {
 			return nil, fmt.Errorf("benchgpu: %w", err)
 		}
-		if numeric.Size(c.DType) == 0 {
+		if c.DType.IsFloat8() {
 			return nil, fmt.Errorf("benchgpu: %s cannot reduce %s (a copy-only type); use it with allgather", c.Collective, c.DType)
 		}
-	case schedule.AllGather:
+	case coll.AllGather:
 	default:
-		return nil, fmt.Errorf("benchgpu: unknown collective %q (want %s, %s or %s)", c.Collective, schedule.AllReduce, schedule.ReduceScatter, schedule.AllGather)
+		return nil, fmt.Errorf("benchgpu: unknown collective %q (want %s, %s or %s)", c.Collective, coll.AllReduce, coll.ReduceScatter, coll.AllGather)
 	}
 	return Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
 }
@@ -348,7 +349,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 	// NCCL is available when the communicator would hand it an
 	// impossibly large message (every rank gets the same answer).
 	var ncclErr error
-	if _, err := st.c.Choose(cfg.Collective, math.MaxInt64/2, cfg.DType, cfg.Op); err != nil {
+	if _, err := st.c.Choose(string(cfg.Collective), math.MaxInt64/2, string(cfg.DType), string(cfg.Op)); err != nil {
 		ncclErr = err
 	}
 	mode := "graph"
@@ -361,28 +362,28 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		var group []Measurement
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
-				Bytes: sh.Bytes, Variant: v.Name, Algorithm: v.Algorithm, Mode: mode}
-			if v.Name == Auto {
-				if a, err := st.c.Choose(cfg.Collective, sh.Bytes, cfg.DType, cfg.Op); err == nil {
-					m.Algorithm = a
+				Bytes: sh.Bytes, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
+			if v.Algorithm == coll.Auto {
+				if a, err := st.c.Choose(string(cfg.Collective), sh.Bytes, string(cfg.DType), string(cfg.Op)); err == nil {
+					m.Algorithm = coll.Algorithm(a)
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
 			if why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr); why != "" {
 				m.Skipped = why
-				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name, why)
+				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name(), why)
 			} else if err := st.measure(ctx, sh, v, &m); err != nil {
 				m.Error = err.Error()
-				fmt.Fprintf(cfg.Log, "error: %s %s: %v\n", FormatSize(sh.Bytes), v.Name, err)
+				fmt.Fprintf(cfg.Log, "error: %s %s: %v\n", FormatSize(sh.Bytes), v.Name(), err)
 				if cerr := st.broken(ctx); cerr != nil {
 					group = append(group, m)
 					out = append(out, group...)
 					fillDerived(out)
-					return out, fmt.Errorf("%s at %s left a communicator unusable, sweep stopped: %w", v.Name, FormatSize(sh.Bytes), cerr)
+					return out, fmt.Errorf("%s at %s left a communicator unusable, sweep stopped: %w", v.Name(), FormatSize(sh.Bytes), cerr)
 				}
 			}
 			if m.CheckFailed() {
-				fmt.Fprintf(cfg.Log, "CHECK FAILED: %s %s %s %s: %s\n", cfg.Collective, cfg.DType, FormatSize(sh.Bytes), v.Name, m.Check)
+				fmt.Fprintf(cfg.Log, "CHECK FAILED: %s %s %s %s: %s\n", cfg.Collective, cfg.DType, FormatSize(sh.Bytes), v.Name(), m.Check)
 			}
 			group = append(group, m)
 			if st.rank == 0 && cfg.Progress != nil {
@@ -401,22 +402,22 @@ func (st *rankState) broken(ctx context.Context) error {
 }
 
 // issue enqueues collective number i (inputs alternate) on the stream.
-func (st *rankState) issue(sh Shape, alg string, i int) error {
+func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 	cfg := st.cfg
 	in, out := comm.DeviceBuffer(st.in[i%2]), comm.DeviceBuffer(st.out)
-	o := comm.Options{Stream: st.s, Algorithm: alg}
+	o := comm.Options{Stream: st.s, Algorithm: string(alg)}
 	switch cfg.Collective {
-	case schedule.AllReduce:
-		return st.c.AllReduce(in, out, sh.Count, cfg.DType, cfg.Op, o)
-	case schedule.ReduceScatter:
-		return st.c.ReduceScatter(in, out, sh.Count, cfg.DType, cfg.Op, o)
+	case coll.AllReduce:
+		return st.c.AllReduce(in, out, sh.Count, string(cfg.DType), string(cfg.Op), o)
+	case coll.ReduceScatter:
+		return st.c.ReduceScatter(in, out, sh.Count, string(cfg.DType), string(cfg.Op), o)
 	default:
-		return st.c.AllGather(in, out, sh.Count, cfg.DType, o)
+		return st.c.AllGather(in, out, sh.Count, string(cfg.DType), o)
 	}
 }
 
 // issueK enqueues K collectives.
-func (st *rankState) issueK(sh Shape, alg string) error {
+func (st *rankState) issueK(sh Shape, alg coll.Algorithm) error {
 	for i := 0; i < st.cfg.OpsPerGraph; i++ {
 		if err := st.issue(sh, alg, i); err != nil {
 			return err
@@ -554,14 +555,14 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 	if err := st.dev.CopyDtoH(got, st.out); err != nil {
 		return "", err
 	}
-	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, v.Algorithm == "nccl" || v.Algorithm == ""); err != nil {
+	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, !v.Custom()); err != nil {
 		return err.Error(), nil
 	}
 	return "", nil
 }
 
 // capture records K collectives into a graph on the rank's stream.
-func (st *rankState) capture(sh Shape, alg string) (*cuda.GraphExec, error) {
+func (st *rankState) capture(sh Shape, alg coll.Algorithm) (*cuda.GraphExec, error) {
 	if err := st.s.BeginCapture(); err != nil {
 		return nil, err
 	}

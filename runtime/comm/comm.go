@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -112,7 +113,7 @@ type backend interface {
 	allReduce(in, out Buffer, count int, dtype, op string, o Options) error
 	reduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error
 	allGather(in, out Buffer, sendCount int, dtype string, o Options) error
-	choose(collective string, bytes int64, dtype, op string) (string, error)
+	choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error)
 	close() error
 }
 
@@ -192,7 +193,8 @@ func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype string, o 
 // the given size in bytes (for all-gather and reduce-scatter: the full,
 // gathered size), or an error if nothing can run it.
 func (c *Communicator) Choose(collective string, bytes int64, dtype, op string) (string, error) {
-	return c.b.choose(collective, bytes, dtype, op)
+	alg, err := c.b.choose(coll.Collective(collective), bytes, coll.DType(dtype), coll.Op(op))
+	return string(alg), err
 }
 
 // Alloc returns a symmetric device buffer of the given size: every rank
@@ -265,8 +267,8 @@ func (h *hostComm) allGather(in, out Buffer, sendCount int, dtype string, o Opti
 	return h.g.AllGather(o.ctx(), in.host, out.host, sendCount, dtype, host.Options{Algorithm: o.Algorithm, Tag: o.Tag})
 }
 
-func (h *hostComm) choose(collective string, bytes int64, dtype, op string) (string, error) {
-	return h.g.Algorithm(collective, bytes), nil
+func (h *hostComm) choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {
+	return coll.Algorithm(h.g.Algorithm(string(collective), bytes)), nil
 }
 
 func (h *hostComm) close() error { return h.g.Close() }

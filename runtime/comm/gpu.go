@@ -10,6 +10,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -51,13 +52,13 @@ type gpuComm struct {
 	world  int
 
 	topology   string
-	sels       map[string]*kernels.Selection // by collective
-	area       map[string]int64              // protocol -> bytes of its area in each stage slot
-	slotBytes  int64                         // one stage slot: the sum of the areas
+	sels       map[coll.Collective]*kernels.Selection // by collective
+	area       map[coll.Protocol]int64                // protocol -> bytes of its area in each stage slot
+	slotBytes  int64                                  // one stage slot: the sum of the areas
 	maxBlocks  int
 	region     cuda.DevicePtr
 	regionMap  *ipc.Mapping
-	areaStage  map[string][]cuda.DevicePtr // protocol -> by rank: its area in slot 0
+	areaStage  map[coll.Protocol][]cuda.DevicePtr // protocol -> by rank: its area in slot 0
 	scratch    []cuda.DevicePtr
 	signal     []cuda.DevicePtr
 	seq        cuda.DevicePtr
@@ -102,7 +103,7 @@ type agreement struct {
 func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 	lib := cfg.Library
 	g = &gpuComm{cfg: cfg, lib: lib, world: cfg.WorldSize, funcs: map[string]*cuda.Function{},
-		sels: map[string]*kernels.Selection{}, kernelIDs: map[string]int{}}
+		sels: map[coll.Collective]*kernels.Selection{}, kernelIDs: map[string]int{}}
 	for i, k := range lib.Kernels {
 		g.kernelIDs[k.Name] = i
 	}
@@ -205,7 +206,7 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
 	}
 	// Areas in Library.Protocols order, the same on every rank.
-	g.areaStage = map[string][]cuda.DevicePtr{}
+	g.areaStage = map[coll.Protocol][]cuda.DevicePtr{}
 	protocols := g.lib.Protocols(g.world)
 	for _, p := range g.regionMap.Peers() {
 		off := int64(0)
@@ -251,7 +252,7 @@ func (g *gpuComm) pickTopology() error {
 		return fmt.Errorf("comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
 	}
 	g.topology = topo
-	bounds := map[string]int64{}
+	bounds := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
 		if s.Topology != topo {
@@ -266,7 +267,7 @@ func (g *gpuComm) pickTopology() error {
 		}
 	}
 	// Each protocol's area holds what its rules need, or StagingBytes.
-	g.area, g.slotBytes = map[string]int64{}, 0
+	g.area, g.slotBytes = map[coll.Protocol]int64{}, 0
 	for _, p := range lib.Protocols(cfg.WorldSize) {
 		n := bounds[p]
 		if cfg.StagingBytes > 0 {
@@ -283,13 +284,13 @@ func (g *gpuComm) pickTopology() error {
 
 // slotNeed is the stage-slot bytes kernel k needs for call c.
 func (g *gpuComm) slotNeed(k *kernels.Kernel, c call) int64 {
-	size := int64(kernels.DTypeSize(c.dtype))
+	size := int64(c.dtype.Size())
 	return k.SlotBytes(c.n*size, g.chunkElems(k, c)*size)
 }
 
 // chunkElems is the chunk size launch passes to kernel k for call c.
 func (g *gpuComm) chunkElems(k *kernels.Kernel, c call) int64 {
-	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(k.VecElems(kernels.DTypeSize(c.dtype)))))
+	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(k.VecElems(c.dtype.Size()))))
 }
 
 func (g *gpuComm) kindOf(topology string) string {
@@ -323,37 +324,38 @@ func contains(xs []int, x int) bool {
 
 // call is one collective request, normalised.
 type call struct {
-	collective string
+	collective coll.Collective
 	in, out    cuda.DevicePtr
 	n          int64 // elements in the full buffer (schedule convention)
 	perRank    int64 // recvCount / sendCount; n for all-reduce
-	dtype, op  string
+	dtype      coll.DType
+	op         coll.Op
 	o          Options
 }
 
 func (g *gpuComm) allReduce(in, out Buffer, count int, dtype, op string, o Options) error {
-	return g.run(call{collective: schedule.AllReduce, in: in.dev, out: out.dev, n: int64(count), perRank: int64(count), dtype: dtype, op: op, o: o})
+	return g.run(call{collective: coll.AllReduce, in: in.dev, out: out.dev, n: int64(count), perRank: int64(count), dtype: coll.DType(dtype), op: coll.Op(op), o: o})
 }
 
 func (g *gpuComm) reduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error {
-	return g.run(call{collective: schedule.ReduceScatter, in: in.dev, out: out.dev, n: int64(recvCount) * int64(g.world), perRank: int64(recvCount), dtype: dtype, op: op, o: o})
+	return g.run(call{collective: coll.ReduceScatter, in: in.dev, out: out.dev, n: int64(recvCount) * int64(g.world), perRank: int64(recvCount), dtype: coll.DType(dtype), op: coll.Op(op), o: o})
 }
 
 func (g *gpuComm) allGather(in, out Buffer, sendCount int, dtype string, o Options) error {
-	return g.run(call{collective: schedule.AllGather, in: in.dev, out: out.dev, n: int64(sendCount) * int64(g.world), perRank: int64(sendCount), dtype: dtype, o: o})
+	return g.run(call{collective: coll.AllGather, in: in.dev, out: out.dev, n: int64(sendCount) * int64(g.world), perRank: int64(sendCount), dtype: coll.DType(dtype), o: o})
 }
 
 // choose returns the algorithm for a collective of bytes (full size).
-func (g *gpuComm) choose(collective string, bytes int64, dtype, op string) (string, error) {
+func (g *gpuComm) choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {
 	sel := g.sels[collective]
-	alg := NCCL
+	alg := coll.NCCL
 	if sel != nil {
 		alg = sel.Choose(bytes)
 	}
 	if alg != NCCL {
 		if k, ok := g.lib.Kernel(collective, alg, dtype, op, g.world); !ok {
 			alg = NCCL // the spec generated no kernel for this dtype/op: the rules' fallback
-		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(kernels.DTypeSize(dtype)), dtype: dtype}) > g.area[k.Protocol] {
+		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(dtype.Size()), dtype: dtype}) > g.area[k.Protocol] {
 			alg = NCCL
 		}
 	}
@@ -380,11 +382,11 @@ func (g *gpuComm) run(c call) error {
 	if c.n < 0 || c.perRank < 0 {
 		return fmt.Errorf("comm: %s: negative count", c.collective)
 	}
-	size := kernels.DTypeSize(c.dtype)
+	size := c.dtype.Size()
 	if size == 0 {
 		return fmt.Errorf("comm: %s: unknown dtype %q", c.collective, c.dtype)
 	}
-	if c.collective != schedule.AllGather {
+	if c.collective != coll.AllGather {
 		if err := numeric.CheckOp(c.op); err != nil {
 			return fmt.Errorf("comm: %s: %w", c.collective, err)
 		}
@@ -393,7 +395,7 @@ func (g *gpuComm) run(c call) error {
 		return nil
 	}
 	bytes := c.n * int64(size)
-	alg := c.o.Algorithm
+	alg := coll.Algorithm(c.o.Algorithm)
 	if alg == "" {
 		var err error
 		if alg, err = g.choose(c.collective, bytes, c.dtype, c.op); err != nil {
@@ -425,7 +427,7 @@ func (g *gpuComm) run(c call) error {
 
 // checkForced refuses an explicitly requested algorithm that cannot run,
 // saying why; it never substitutes another.
-func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
+func (g *gpuComm) checkForced(c call, alg coll.Algorithm, bytes int64) error {
 	if alg == NCCL {
 		if g.nccl == nil {
 			return fmt.Errorf("comm: %s with algorithm nccl refused: %v", c.collective, g.ncclWhy())
@@ -456,10 +458,10 @@ func (g *gpuComm) checkForced(c call, alg string, bytes int64) error {
 // peers), the collective reduces, and k pulls (push kernels send from the
 // input, so a symmetric input changes nothing for them).
 func (g *gpuComm) zeroCopy(k *kernels.Kernel, c call) (base cuda.DevicePtr, peers []cuda.DevicePtr, ok bool) {
-	if c.collective == schedule.AllGather || k.Push() {
+	if c.collective == coll.AllGather || k.Push() {
 		return 0, nil, false
 	}
-	return g.symFor(c.in, c.n*int64(kernels.DTypeSize(c.dtype)))
+	return g.symFor(c.in, c.n*int64(c.dtype.Size()))
 }
 
 func (g *gpuComm) runNCCL(c call, s *cuda.Stream) error {
@@ -468,22 +470,22 @@ func (g *gpuComm) runNCCL(c call, s *cuda.Stream) error {
 		return err
 	}
 	var op nccl.RedOp
-	if c.collective != schedule.AllGather {
+	if c.collective != coll.AllGather {
 		if op, err = ncclOp(c.op); err != nil {
 			return err
 		}
 	}
 	switch c.collective {
-	case schedule.AllReduce:
+	case coll.AllReduce:
 		return g.nccl.AllReduce(c.in, c.out, int(c.n), dt, op, s)
-	case schedule.ReduceScatter:
+	case coll.ReduceScatter:
 		return g.nccl.ReduceScatter(c.in, c.out, int(c.perRank), dt, op, s)
 	default:
 		return g.nccl.AllGather(c.in, c.out, int(c.perRank), dt, s)
 	}
 }
 
-func ncclType(dtype string) (nccl.DataType, error) {
+func ncclType(dtype coll.DType) (nccl.DataType, error) {
 	switch dtype {
 	case "f32":
 		return nccl.Float32, nil
@@ -505,7 +507,7 @@ func ncclType(dtype string) (nccl.DataType, error) {
 	return 0, fmt.Errorf("comm: NCCL has no type for %q", dtype)
 }
 
-func ncclOp(op string) (nccl.RedOp, error) {
+func ncclOp(op coll.Op) (nccl.RedOp, error) {
 	switch op {
 	case "sum":
 		return nccl.Sum, nil
@@ -567,7 +569,7 @@ func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
 	if err != nil {
 		return err
 	}
-	size := int64(kernels.DTypeSize(c.dtype))
+	size := int64(c.dtype.Size())
 	chunk := g.chunkElems(k, c)
 	stage, slotBytes := g.areaStage[k.Protocol], uint64(g.slotBytes)
 	if base, peers, ok := g.zeroCopy(k, c); ok {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
 )
@@ -16,7 +17,7 @@ func newTestGPU(t *testing.T, cfg Config) (*gpuComm, error) {
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
 	}
-	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, sels: map[string]*kernels.Selection{}}
+	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, sels: map[coll.Collective]*kernels.Selection{}}
 	return g, g.pickTopology()
 }
 
@@ -33,7 +34,7 @@ func TestPickTopology(t *testing.T) {
 	// all-gather's oneshot_ll up to 256 KiB (16 inbox chunks of 64 KiB
 	// payload, 128 KiB as LL lines: 2 MiB); LL128 all-reduce's twoshot_ll128
 	// up to 8 MiB (16 chunks of 2 MiB payload in 17477 lines of 128 bytes).
-	want := map[string]int64{"": 16 << 20, "ll": 2 << 20, "ll128": 16 * 17477 * 128}
+	want := map[coll.Protocol]int64{"": 16 << 20, "ll": 2 << 20, "ll128": 16 * 17477 * 128}
 	if !maps.Equal(g.area, want) || g.slotBytes != want[""]+want["ll"]+want["ll128"] {
 		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
 	}
@@ -69,9 +70,10 @@ func TestChooseAndRefuse(t *testing.T) {
 	}
 	g.ncclErr = errors.New("NCCL is unavailable on rank 2: libnccl.so.2: cannot open shared object file")
 	for _, c := range []struct {
-		coll, dtype string
-		bytes       int64
-		want        string
+		coll  coll.Collective
+		dtype coll.DType
+		bytes int64
+		want  coll.Algorithm
 	}{
 		{"allreduce", "bf16", 4 << 10, "oneshot_ll"},
 		{"allreduce", "bf16", 128 << 10, "twoshot_ll"},
@@ -101,7 +103,7 @@ func TestChooseAndRefuse(t *testing.T) {
 	}
 	refuse := []struct {
 		c    call
-		alg  string
+		alg  coll.Algorithm
 		want string
 	}{
 		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "hcm", "has no kernel hcm for bf16 sum at world size 4"},
@@ -111,7 +113,7 @@ func TestChooseAndRefuse(t *testing.T) {
 		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 8 << 20}, "twoshot_ll128", "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 	}
 	for _, r := range refuse {
-		size := int64(kernels.DTypeSize(r.c.dtype))
+		size := int64(r.c.dtype.Size())
 		if err := g.checkForced(r.c, r.alg, r.c.n*size); err == nil || !strings.Contains(err.Error(), r.want) {
 			t.Errorf("forced %s: got %v, want %q", r.alg, err, r.want)
 		}

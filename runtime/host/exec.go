@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/schedule"
@@ -23,10 +24,11 @@ const minPieceBytes = 64 << 10
 
 // call is one collective invocation.
 type call struct {
-	collective string
+	collective coll.Collective
 	in, out    []byte
 	count      int // all-reduce: elements; reduce-scatter: per-rank output; all-gather: per-rank input
-	dtype, op  string
+	dtype      coll.DType
+	op         coll.Op
 	opts       Options
 }
 
@@ -61,8 +63,8 @@ func (g *Group) run(ctx context.Context, c call) error {
 	if err := numeric.CheckDType(c.dtype); err != nil {
 		return fmt.Errorf("host %s: %w", c.collective, err)
 	}
-	x := &exec{g: g, c: c, esz: numeric.Size(c.dtype), ctx: ctx}
-	if c.collective != schedule.AllGather {
+	x := &exec{g: g, c: c, esz: c.dtype.Size(), ctx: ctx}
+	if c.collective != coll.AllGather {
 		if err := numeric.CheckOp(c.op); err != nil {
 			return fmt.Errorf("host %s: %w", c.collective, err)
 		}
@@ -77,9 +79,9 @@ func (g *Group) run(ctx context.Context, c call) error {
 	}
 	inE, outE := c.count, c.count
 	switch c.collective {
-	case schedule.ReduceScatter:
+	case coll.ReduceScatter:
 		inE = w * c.count
-	case schedule.AllGather:
+	case coll.AllGather:
 		outE = w * c.count
 	}
 	if len(c.in) < inE*x.esz || len(c.out) < outE*x.esz {
@@ -148,7 +150,7 @@ func (x *exec) name() string {
 	return fmt.Sprintf("host: rank %d %s %s %s (tag %d, slot %d)", x.g.cfg.Rank, x.c.collective, x.s.Algorithm, x.c.dtype, x.tag, x.slot)
 }
 
-func signature(tag uint64, c call, alg string) uint64 {
+func signature(tag uint64, c call, alg coll.Algorithm) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%d|%s|%s|%s|%s|%d", tag, c.collective, alg, c.dtype, c.op, c.count)
 	return h.Sum64() | 1
@@ -167,7 +169,7 @@ func (x *exec) plan() {
 	vec := 64 / esz // chunks start on 64-byte boundaries
 	stageE := stageBytes / esz
 	minE := minPieceBytes / esz
-	if x.c.collective == schedule.AllReduce {
+	if x.c.collective == coll.AllReduce {
 		unit := w * vec
 		maxP := stageE / unit * unit
 		p := roundUp((x.c.count+lay.Lanes-1)/lay.Lanes, unit)
@@ -190,9 +192,9 @@ func (x *exec) piece(p int) piece {
 	w := x.g.cfg.World
 	lo := p * x.pieceN
 	hi := min(lo+x.pieceN, x.c.count)
-	if x.c.collective == schedule.AllReduce {
+	if x.c.collective == coll.AllReduce {
 		n := hi - lo
-		return piece{off: lo, n: n, c: schedule.ChunkElems(schedule.AllReduce, n, w, 64/x.esz)}
+		return piece{off: lo, n: n, c: schedule.ChunkElems(coll.AllReduce, n, w, 64/x.esz)}
 	}
 	return piece{off: lo, n: w * (hi - lo), c: hi - lo}
 }
@@ -214,7 +216,7 @@ func (x *exec) span(ref schedule.Ref, pc piece, area int) []byte {
 	if ref.Buf == schedule.Output {
 		buf, chunks = x.c.out, x.s.OutChunks
 	}
-	if x.c.collective == schedule.AllReduce {
+	if x.c.collective == coll.AllReduce {
 		lo, hi := schedule.ChunkRange(ch, pc.c, pc.n)
 		return buf[(pc.off+lo)*esz : (pc.off+hi)*esz]
 	}

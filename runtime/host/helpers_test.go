@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 )
 
 // testLibrary is the Library the tests run with: the generated one, whose
@@ -24,11 +24,14 @@ var testLibrary = collectives.Library
 
 // op is one collective in a test sweep.
 type op struct {
-	coll, alg, dtype, red string
-	count                 int // allreduce: elements; RS: per-rank output; AG: per-rank input
-	inPlace               bool
-	tag                   uint64
-	seed                  int
+	coll    coll.Collective
+	alg     coll.Algorithm
+	dtype   coll.DType
+	red     coll.Op
+	count   int // allreduce: elements; RS: per-rank output; AG: per-rank input
+	inPlace bool
+	tag     uint64
+	seed    int
 }
 
 func (o op) String() string {
@@ -43,12 +46,12 @@ func (o op) String() string {
 // against a float64 (or exact) reference computed from every rank's
 // regenerated input. It returns the output for cross-rank comparison.
 func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
-	w, rank, esz := g.World(), g.Rank(), numeric.Size(o.dtype)
+	w, rank, esz := g.World(), g.Rank(), o.dtype.Size()
 	inE, outE := o.count, o.count
 	switch o.coll {
-	case schedule.ReduceScatter:
+	case coll.ReduceScatter:
 		inE = w * o.count
-	case schedule.AllGather:
+	case coll.AllGather:
 		outE = w * o.count
 	}
 	inputs := inputsFor(o.dtype, inE, o.seed, w)
@@ -57,42 +60,42 @@ func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
 	out := make([]byte, outE*esz)
 	if o.inPlace {
 		switch o.coll {
-		case schedule.AllReduce:
+		case coll.AllReduce:
 			out = in
-		case schedule.ReduceScatter:
+		case coll.ReduceScatter:
 			out = in[rank*o.count*esz : (rank+1)*o.count*esz]
-		case schedule.AllGather:
+		case coll.AllGather:
 			copy(out[rank*o.count*esz:], in)
 			in = out[rank*o.count*esz : (rank+1)*o.count*esz]
 		}
 	}
-	opts := Options{Algorithm: o.alg, Tag: o.tag}
+	opts := Options{Algorithm: string(o.alg), Tag: o.tag}
 	var err error
 	switch o.coll {
-	case schedule.AllReduce:
-		err = g.AllReduce(ctx, in, out, o.count, o.dtype, o.red, opts)
-	case schedule.ReduceScatter:
-		err = g.ReduceScatter(ctx, in, out, o.count, o.dtype, o.red, opts)
-	case schedule.AllGather:
-		err = g.AllGather(ctx, in, out, o.count, o.dtype, opts)
+	case coll.AllReduce:
+		err = g.AllReduce(ctx, in, out, o.count, string(o.dtype), string(o.red), opts)
+	case coll.ReduceScatter:
+		err = g.ReduceScatter(ctx, in, out, o.count, string(o.dtype), string(o.red), opts)
+	case coll.AllGather:
+		err = g.AllGather(ctx, in, out, o.count, string(o.dtype), opts)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", o, err)
 	}
 	switch o.coll {
-	case schedule.AllReduce:
+	case coll.AllReduce:
 		// Ranks' results are compared bitwise elsewhere; checking a few
 		// against the reference keeps big worlds fast.
 		if rank == 0 || rank == w-1 || rank%8 == 1 || !sharedInputs {
 			err = numeric.Check(o.dtype, o.red, out, inputs)
 		}
-	case schedule.ReduceScatter:
+	case coll.ReduceScatter:
 		srcs := make([][]byte, w)
 		for r := range srcs {
 			srcs[r] = inputs[r][rank*o.count*esz : (rank+1)*o.count*esz]
 		}
 		err = numeric.Check(o.dtype, o.red, out, srcs)
-	case schedule.AllGather:
+	case coll.AllGather:
 		for r := 0; r < w; r++ {
 			if !bytes.Equal(out[r*o.count*esz:(r+1)*o.count*esz], inputs[r]) {
 				err = fmt.Errorf("block %d differs from rank %d's input", r, r)
@@ -112,15 +115,15 @@ func sweep(counts []int, w int) []op {
 	seed := 1
 	for _, dt := range numeric.DTypes {
 		for _, c := range counts {
-			for _, red := range numeric.Ops {
-				for _, alg := range []string{schedule.OneShot, schedule.TwoShot} {
-					ops = append(ops, op{coll: schedule.AllReduce, alg: alg, dtype: dt, red: red, count: c, inPlace: seed%2 == 0, seed: seed})
+			for _, red := range coll.Ops() {
+				for _, alg := range []coll.Algorithm{coll.OneShot, coll.TwoShot} {
+					ops = append(ops, op{coll: coll.AllReduce, alg: alg, dtype: dt, red: red, count: c, inPlace: seed%2 == 0, seed: seed})
 					seed++
 				}
-				ops = append(ops, op{coll: schedule.ReduceScatter, alg: schedule.OneShot, dtype: dt, red: red, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
+				ops = append(ops, op{coll: coll.ReduceScatter, alg: coll.OneShot, dtype: dt, red: red, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
 				seed++
 			}
-			ops = append(ops, op{coll: schedule.AllGather, alg: schedule.OneShot, dtype: dt, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
+			ops = append(ops, op{coll: coll.AllGather, alg: coll.OneShot, dtype: dt, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
 			seed++
 		}
 	}
@@ -213,7 +216,7 @@ func countSetups(t *testing.T) func() int {
 var sharedInputs = true
 
 type inputKey struct {
-	dtype          string
+	dtype          coll.DType
 	n, seed, world int
 }
 
@@ -226,11 +229,11 @@ var inputCache = struct {
 // inputsFor returns every rank's deterministic input for an op; goroutine
 // ranks share one copy (generating W inputs on each of W ranks is what
 // made big worlds slow), released by the last releaseInputs.
-func inputsFor(dtype string, n, seed, w int) [][]byte {
+func inputsFor(dtype coll.DType, n, seed, w int) [][]byte {
 	gen := func() [][]byte {
 		in := make([][]byte, w)
 		for r := range in {
-			in[r] = make([]byte, n*numeric.Size(dtype))
+			in[r] = make([]byte, n*dtype.Size())
 			numeric.Fill(dtype, in[r], seed, r)
 		}
 		return in
@@ -249,7 +252,7 @@ func inputsFor(dtype string, n, seed, w int) [][]byte {
 	return in
 }
 
-func releaseInputs(dtype string, n, seed, w int) {
+func releaseInputs(dtype coll.DType, n, seed, w int) {
 	if !sharedInputs {
 		return
 	}

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
@@ -130,7 +131,10 @@ type Group struct {
 	active sync.WaitGroup // collectives in flight, for Close
 }
 
-type schedKey struct{ collective, algorithm string }
+type schedKey struct {
+	collective coll.Collective
+	algorithm  coll.Algorithm
+}
 
 // New checks cfg and returns a Group. Shared memory is set up lazily by the
 // first collective (or by Setup), exactly once even when many goroutines
@@ -272,7 +276,7 @@ func (g *Group) begin() error {
 }
 
 // schedule returns the cached schedule of a collective and algorithm.
-func (g *Group) schedule(collective, algorithm string) (*schedule.Schedule, error) {
+func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (*schedule.Schedule, error) {
 	g.schedMu.Lock()
 	defer g.schedMu.Unlock()
 	k := schedKey{collective, algorithm}
@@ -304,45 +308,45 @@ func (g *Group) schedule(collective, algorithm string) (*schedule.Schedule, erro
 }
 
 // choose returns the algorithm for a collective of the given total size.
-func (g *Group) choose(collective string, bytes int64, forced string) string {
+func (g *Group) choose(collective coll.Collective, bytes int64, forced string) coll.Algorithm {
 	if forced != "" {
-		return forced
+		return coll.Algorithm(forced)
 	}
 	if sel, ok := g.lib.Selection(schedule.KindHostShm, collective, g.cfg.World); ok {
-		if a := sel.Choose(bytes); a != "nccl" {
+		if a := sel.Choose(bytes); a != coll.NCCL {
 			return a
 		}
 	}
-	if collective == schedule.AllReduce && bytes > 32<<10 {
-		return schedule.TwoShot
+	if collective == coll.AllReduce && bytes > 32<<10 {
+		return coll.TwoShot
 	}
-	return schedule.OneShot
+	return coll.OneShot
 }
 
 // Algorithm returns the algorithm a collective of the given total byte size
 // would run without Options.Algorithm.
 func (g *Group) Algorithm(collective string, bytes int64) string {
-	return g.choose(collective, bytes, "")
+	return string(g.choose(coll.Collective(collective), bytes, ""))
 }
 
 // AllReduce reduces count elements of dtype across all ranks with op (sum,
 // max, min): out = op over every rank's in. in and out hold count elements
 // each and may be the same slice (in place).
 func (g *Group) AllReduce(ctx context.Context, in, out []byte, count int, dtype, op string, opts Options) error {
-	return g.run(ctx, call{collective: schedule.AllReduce, in: in, out: out, count: count, dtype: dtype, op: op, opts: opts})
+	return g.run(ctx, call{collective: coll.AllReduce, in: in, out: out, count: count, dtype: coll.DType(dtype), op: coll.Op(op), opts: opts})
 }
 
 // ReduceScatter reduces World*recvCount elements across ranks and leaves
 // block Rank of the result in out: in holds World*recvCount elements, out
 // recvCount. In place is out = in[Rank*recvCount*size:].
 func (g *Group) ReduceScatter(ctx context.Context, in, out []byte, recvCount int, dtype, op string, opts Options) error {
-	return g.run(ctx, call{collective: schedule.ReduceScatter, in: in, out: out, count: recvCount, dtype: dtype, op: op, opts: opts})
+	return g.run(ctx, call{collective: coll.ReduceScatter, in: in, out: out, count: recvCount, dtype: coll.DType(dtype), op: coll.Op(op), opts: opts})
 }
 
 // AllGather concatenates every rank's sendCount elements in rank order into
 // out (World*sendCount elements). In place is in = out[Rank*sendCount*size:].
 func (g *Group) AllGather(ctx context.Context, in, out []byte, sendCount int, dtype string, opts Options) error {
-	return g.run(ctx, call{collective: schedule.AllGather, in: in, out: out, count: sendCount, dtype: dtype, opts: opts})
+	return g.run(ctx, call{collective: coll.AllGather, in: in, out: out, count: sendCount, dtype: coll.DType(dtype), opts: opts})
 }
 
 // Setup creates and maps the shared segments now instead of on the first
@@ -363,7 +367,7 @@ func (g *Group) Setup(ctx context.Context) error {
 func PortableLibrary() *kernels.Library {
 	lib := &kernels.Library{Package: "portable", HostReducers: map[kernels.HostKey]kernels.HostReduceFunc{}}
 	for _, dt := range numeric.DTypes {
-		for _, op := range numeric.Ops {
+		for _, op := range coll.Ops() {
 			f, err := numeric.Reducer(dt, op)
 			if err != nil {
 				panic(err)
@@ -375,13 +379,13 @@ func PortableLibrary() *kernels.Library {
 	for i := range worlds {
 		worlds[i] = i + 1
 	}
-	sel := func(c string, rules ...kernels.Rule) kernels.Selection {
+	sel := func(c coll.Collective, rules ...kernels.Rule) kernels.Selection {
 		return kernels.Selection{Topology: "host", Kind: schedule.KindHostShm, Collective: c, Worlds: worlds, Rules: rules}
 	}
 	lib.Selections = []kernels.Selection{
-		sel(schedule.AllReduce, kernels.Rule{UpTo: 32 << 10, Use: schedule.OneShot}, kernels.Rule{Use: schedule.TwoShot}),
-		sel(schedule.ReduceScatter, kernels.Rule{Use: schedule.OneShot}),
-		sel(schedule.AllGather, kernels.Rule{Use: schedule.OneShot}),
+		sel(coll.AllReduce, kernels.Rule{UpTo: 32 << 10, Use: coll.OneShot}, kernels.Rule{Use: coll.TwoShot}),
+		sel(coll.ReduceScatter, kernels.Rule{Use: coll.OneShot}),
+		sel(coll.AllGather, kernels.Rule{Use: coll.OneShot}),
 	}
 	return lib
 }

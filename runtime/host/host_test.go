@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/collgen/collgen/schedule"
+	"github.com/collgen/collgen/coll"
 )
 
 // TestCorrectnessGoroutines runs every dtype x op x algorithm on sampled
@@ -41,7 +41,7 @@ func TestCorrectnessGoroutines(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					if o.coll == schedule.AllReduce {
+					if o.coll == coll.AllReduce {
 						outs[g.Rank()] = append(outs[g.Rank()], out)
 					}
 				}
@@ -103,22 +103,22 @@ func TestAlgorithmSelection(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		coll  string
+		coll  coll.Collective
 		bytes int64
-		want  string
+		want  coll.Algorithm
 	}{
-		{schedule.AllReduce, 4 << 10, schedule.OneShot},
-		{schedule.AllReduce, 32 << 10, schedule.OneShot},
-		{schedule.AllReduce, 32<<10 + 1, schedule.TwoShot},
-		{schedule.AllReduce, 16 << 20, schedule.TwoShot},
-		{schedule.ReduceScatter, 16 << 20, schedule.OneShot},
-		{schedule.AllGather, 1, schedule.OneShot},
+		{coll.AllReduce, 4 << 10, coll.OneShot},
+		{coll.AllReduce, 32 << 10, coll.OneShot},
+		{coll.AllReduce, 32<<10 + 1, coll.TwoShot},
+		{coll.AllReduce, 16 << 20, coll.TwoShot},
+		{coll.ReduceScatter, 16 << 20, coll.OneShot},
+		{coll.AllGather, 1, coll.OneShot},
 	} {
-		if got := g.Algorithm(c.coll, c.bytes); got != c.want {
+		if got := g.Algorithm(string(c.coll), c.bytes); got != string(c.want) {
 			t.Errorf("%s %d bytes: %s, want %s", c.coll, c.bytes, got, c.want)
 		}
 	}
-	if got := g.choose(schedule.AllReduce, 16<<20, schedule.OneShot); got != schedule.OneShot {
+	if got := g.choose(coll.AllReduce, 16<<20, string(coll.OneShot)); got != coll.OneShot {
 		t.Errorf("explicit oneshot gave %s", got)
 	}
 }
@@ -138,10 +138,10 @@ func TestConcurrentCollectives(t *testing.T) {
 				defer wg.Done()
 				for i := 0; i < per; i++ {
 					tag := uint64(s + streams*i + streams) // nonzero, == s mod streams
-					o := op{coll: schedule.AllReduce, dtype: []string{"f32", "bf16", "i64"}[i%3], red: "sum",
+					o := op{coll: coll.AllReduce, dtype: []coll.DType{coll.F32, coll.BF16, coll.I64}[i%3], red: "sum",
 						count: 100 + 977*s + 13*i, tag: tag, seed: int(tag)}
 					if i%3 == 2 {
-						o = op{coll: schedule.AllGather, dtype: "f16", count: 50 + s, tag: tag, seed: int(tag)}
+						o = op{coll: coll.AllGather, dtype: "f16", count: 50 + s, tag: tag, seed: int(tag)}
 					}
 					if _, err := runOp(context.Background(), g, o); err != nil {
 						errs[s] = err
@@ -167,7 +167,7 @@ func TestConcurrentCollectives(t *testing.T) {
 func TestTagMismatchNeverMixes(t *testing.T) {
 	errs := goroutineGroup(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
 		tag := uint64(1 + 4*g.Rank())
-		_, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 64, tag: tag})
+		_, err := runOp(context.Background(), g, op{coll: coll.AllReduce, alg: coll.OneShot, dtype: "f32", red: "sum", count: 64, tag: tag})
 		return err
 	})
 	for r, err := range errs {
@@ -196,7 +196,7 @@ func TestTwoGroupsSameRanks(t *testing.T) {
 				defer wg.Done()
 				*out = goroutineGroup(t, 3, cfg, func(g *Group) error {
 					for i := 0; i < 20; i++ {
-						if _, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, dtype: "f64", red: "sum", count: 333 + i, seed: seed + i}); err != nil {
+						if _, err := runOp(context.Background(), g, op{coll: coll.AllReduce, dtype: "f64", red: "sum", count: 333 + i, seed: seed + i}); err != nil {
 							return err
 						}
 					}

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/shm"
-	"github.com/collgen/collgen/schedule"
 )
 
 // Child-process protocol: the test binary re-executes itself with
@@ -92,7 +92,7 @@ func childRun(mode string, g *Group) error {
 			return err
 		}
 		for i := 0; i < 3; i++ {
-			if _, err := runOp(ctx, g, op{coll: schedule.AllReduce, alg: schedule.TwoShot, dtype: "f32", red: "sum", count: 4096, seed: i}); err != nil {
+			if _, err := runOp(ctx, g, op{coll: coll.AllReduce, alg: coll.TwoShot, dtype: "f32", red: "sum", count: 4096, seed: i}); err != nil {
 				return err
 			}
 		}
@@ -267,7 +267,7 @@ func TestNoLeaksAfterClose(t *testing.T) {
 	group := uniqueGroup(t)
 	errs := goroutineGroup(t, 4, Config{Shared: true, Group: group, Lanes: 4, SlotBytes: 4 * 4096}, func(g *Group) error {
 		for i := 0; i < 10; i++ {
-			if _, err := runOp(context.Background(), g, op{coll: schedule.AllReduce, dtype: "f32", red: "sum", count: 20000 + i, seed: i}); err != nil {
+			if _, err := runOp(context.Background(), g, op{coll: coll.AllReduce, dtype: "f32", red: "sum", count: 20000 + i, seed: i}); err != nil {
 				return err
 			}
 		}

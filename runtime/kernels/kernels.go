@@ -6,9 +6,10 @@ package kernels
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/schedule"
 )
 
@@ -50,20 +51,19 @@ func (l *ArgLayout) Field(name string) Field {
 // Kernel describes one generated, fully specialised CUDA kernel.
 type Kernel struct {
 	Name        string // readable and stable: allreduce_oneshot_bf16_sum_w4; also the extern "C" symbol
-	Collective  string // allreduce, reduce_scatter, allgather
-	Algorithm   string // oneshot, twoshot, hcm
-	DType       string // f32, f16, bf16, e4m3, ...
-	Op          string // sum, max, min; empty for all-gather
+	Collective  coll.Collective
+	Algorithm   coll.Algorithm // a generated one
+	DType       coll.DType
+	Op          coll.Op // empty for all-gather
 	World       int
 	Launch      Launch
 	Args        *ArgLayout
 	Source      string // file name of its .cu in Library.Sources
 	Barriers    int    // barriers per launch (each bumps the per-block sequence)
 	UsesScratch bool   // needs the symmetric scratch buffer
-	// Protocol is "" for barrier (pull) kernels, "ll" or "ll128" for push
-	// kernels that write into peers' inboxes with a flag in every line
-	// (schedule.Protocol).
-	Protocol string
+	// Protocol is coll.Barrier for pull kernels, coll.LL or coll.LL128 for
+	// push kernels that write into peers' inboxes with a flag in every line.
+	Protocol coll.Protocol
 	// InboxChunks is, for push kernels, how many chunk-sized inbox areas
 	// one stage slot holds (W lanes of W chunks); see InboxChunkBytes.
 	InboxChunks int
@@ -78,31 +78,25 @@ func (k *Kernel) VecElems(elemSize int) int64 {
 	return 1
 }
 
-// Protocol names, as in Kernel.Protocol (schedule's constants).
-const (
-	ProtocolLL    = string(schedule.ProtocolLL)
-	ProtocolLL128 = string(schedule.ProtocolLL128)
-)
-
 // Push reports whether the kernel writes into peers' inboxes (an LL or
 // LL128 kernel): it never reads its input in place from a peer, and its
 // stage-slot need is its inbox.
-func (k *Kernel) Push() bool { return schedule.Protocol(k.Protocol).Push() }
+func (k *Kernel) Push() bool { return k.Protocol.Push() }
 
 // InboxChunkBytes is the inbox footprint of a chunk of chunkBytes payload
 // bytes under a push protocol: one 16-byte LL line per 8 payload bytes, or
 // one 128-byte LL128 line per 120 payload bytes (always a multiple of 128,
 // so every LL128 line stays 128-byte aligned).
-func InboxChunkBytes(protocol string, chunkBytes int64) int64 {
-	if protocol == ProtocolLL128 {
+func InboxChunkBytes(protocol coll.Protocol, chunkBytes int64) int64 {
+	if protocol == coll.LL128 {
 		return (chunkBytes + 119) / 120 * 128
 	}
 	return (chunkBytes + 7) / 8 * 16
 }
 
 // PayloadPerLine describes a push protocol's line for error messages.
-func PayloadPerLine(protocol string) string {
-	if protocol == ProtocolLL128 {
+func PayloadPerLine(protocol coll.Protocol) string {
+	if protocol == coll.LL128 {
 		return "LL128 lines carry 120 payload bytes in 128"
 	}
 	return "LL lines carry 8 payload bytes in 16"
@@ -130,37 +124,38 @@ func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
 	return fullBytes
 }
 
-// Rule maps sizes up to UpTo bytes (0: no bound) to an algorithm or "nccl".
+// Rule maps sizes up to UpTo bytes (0: no bound) to a generated algorithm
+// or coll.NCCL.
 type Rule struct {
 	UpTo int64
-	Use  string
+	Use  coll.Algorithm
 }
 
 // Selection is a topology's ordered size rules for one collective.
 type Selection struct {
 	Topology   string // topology name from the spec
 	Kind       string // nvlink_full, hybrid_cube_mesh, pcie_p2p, host_shm
-	Collective string
+	Collective coll.Collective
 	Worlds     []int // world sizes the topology generates for
 	Rules      []Rule
 }
 
 // Choose returns the algorithm the rules pick for a message of the given
-// size in bytes, or "nccl" when no rule covers it.
-func (s *Selection) Choose(bytes int64) string {
+// size in bytes, or coll.NCCL when no rule covers it.
+func (s *Selection) Choose(bytes int64) coll.Algorithm {
 	for _, r := range s.Rules {
 		if r.UpTo == 0 || bytes <= r.UpTo {
 			return r.Use
 		}
 	}
-	return "nccl"
+	return coll.NCCL
 }
 
 // MaxCustomBytes is the largest size any rule sends to a custom algorithm
 // (not nccl); 0 when every rule is nccl or unbounded rules use a custom one.
 func (s *Selection) MaxCustomBytes() (max int64, unbounded bool) {
 	for _, r := range s.Rules {
-		if r.Use == "nccl" {
+		if r.Use == coll.NCCL {
 			continue
 		}
 		if r.UpTo == 0 {
@@ -180,7 +175,10 @@ func (s *Selection) MaxCustomBytes() (max int64, unbounded bool) {
 type HostReduceFunc func(dst []byte, srcs [][]byte)
 
 // HostKey names a host reduce loop.
-type HostKey struct{ DType, Op string }
+type HostKey struct {
+	DType coll.DType
+	Op    coll.Op
+}
 
 // Library is everything a generated package provides to the runtime.
 type Library struct {
@@ -206,14 +204,14 @@ type Library struct {
 // it has kernels for: bytes itself for barrier kernels, the inbox for LL
 // kernels. Chunks are schedule.ChunkElems's, counted in bytes (vectors of
 // VectorBytes), an upper bound for every element size.
-func (l *Library) SlotBound(collective, algorithm string, world int, bytes int64) int64 {
+func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) int64 {
 	need, _, _ := l.slotBound(collective, algorithm, world, bytes)
 	return need
 }
 
 // slotBound is SlotBound plus the protocol of the algorithm's kernels; ok
 // is false when it has no kernels at this world size.
-func (l *Library) slotBound(collective, algorithm string, world int, bytes int64) (need int64, protocol string, ok bool) {
+func (l *Library) slotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) (need int64, protocol coll.Protocol, ok bool) {
 	need = bytes
 	for i := range l.Kernels {
 		k := &l.Kernels[i]
@@ -234,10 +232,10 @@ func (l *Library) slotBound(collective, algorithm string, world int, bytes int64
 // use a generated algorithm of that protocol (NCCL rules and algorithms
 // without kernels at this world count for nothing; unbounded rules count
 // at 0 bytes, see MaxCustomBytes).
-func (l *Library) RulesSlotBounds(s *Selection, world int) map[string]int64 {
-	bounds := map[string]int64{}
+func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int64 {
+	bounds := map[coll.Protocol]int64{}
 	for _, r := range s.Rules {
-		if r.Use == "nccl" {
+		if r.Use == coll.NCCL {
 			continue
 		}
 		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, r.UpTo); ok && need > bounds[protocol] {
@@ -248,27 +246,31 @@ func (l *Library) RulesSlotBounds(s *Selection, world int) map[string]int64 {
 }
 
 // Protocols lists, sorted, the protocols of the library's kernels at a
-// world size (barrier, "", first).
-func (l *Library) Protocols(world int) []string {
-	seen := map[string]bool{}
-	var out []string
+// world size (coll.Barrier, "", first).
+func (l *Library) Protocols(world int) []coll.Protocol {
+	seen := map[coll.Protocol]bool{}
+	var out []coll.Protocol
 	for i := range l.Kernels {
 		if p := l.Kernels[i].Protocol; l.Kernels[i].World == world && !seen[p] {
 			seen[p] = true
 			out = append(out, p)
 		}
 	}
-	sort.Strings(out)
+	slices.Sort(out)
 	return out
 }
 
+// kernelKey is Library.index's key: a kernel's identifying attributes.
 type kernelKey struct {
-	collective, algorithm, dtype, op string
-	world                            int
+	collective coll.Collective
+	algorithm  coll.Algorithm
+	dtype      coll.DType
+	op         coll.Op
+	world      int
 }
 
 // Kernel returns the kernel with the given attributes.
-func (l *Library) Kernel(collective, algorithm, dtype, op string, world int) (*Kernel, bool) {
+func (l *Library) Kernel(collective coll.Collective, algorithm coll.Algorithm, dtype coll.DType, op coll.Op, world int) (*Kernel, bool) {
 	l.indexOnce.Do(func() {
 		l.index = make(map[kernelKey]*Kernel, len(l.Kernels))
 		for i := range l.Kernels {
@@ -282,7 +284,7 @@ func (l *Library) Kernel(collective, algorithm, dtype, op string, world int) (*K
 
 // Selection returns the rules of a topology kind for a collective at a world
 // size, preferring the first matching topology in spec order.
-func (l *Library) Selection(kind, collective string, world int) (*Selection, bool) {
+func (l *Library) Selection(kind string, collective coll.Collective, world int) (*Selection, bool) {
 	for i := range l.Selections {
 		s := &l.Selections[i]
 		if s.Kind != kind || s.Collective != collective {
@@ -298,23 +300,7 @@ func (l *Library) Selection(kind, collective string, world int) (*Selection, boo
 }
 
 // HostReducer returns the host reduce loop for a dtype and op.
-func (l *Library) HostReducer(dtype, op string) (HostReduceFunc, bool) {
+func (l *Library) HostReducer(dtype coll.DType, op coll.Op) (HostReduceFunc, bool) {
 	f, ok := l.HostReducers[HostKey{dtype, op}]
 	return f, ok
-}
-
-// DTypeSize returns the size in bytes of one element of a dtype name, or 0
-// for an unknown name. It covers every dtype a spec may name, fp8 included.
-func DTypeSize(dtype string) int {
-	switch dtype {
-	case "f64", "i64":
-		return 8
-	case "f32", "i32":
-		return 4
-	case "f16", "bf16":
-		return 2
-	case "e4m3", "e5m2":
-		return 1
-	}
-	return 0
 }

@@ -1,30 +1,34 @@
 package kernels
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/collgen/collgen/coll"
+)
 
 // TestInboxFootprint pins the inbox sizes the CUDA header computes
 // (cg_ll::units, cg_ll128::units times 16 bytes): the runtime sizes stage
 // slots and grids from them, so a mismatch would overrun a slot.
 func TestInboxFootprint(t *testing.T) {
 	for _, c := range []struct {
-		protocol string
+		protocol coll.Protocol
 		bytes    int64
 		want     int64
 	}{
-		{ProtocolLL, 0, 0},
-		{ProtocolLL, 1, 16},
-		{ProtocolLL, 8, 16},
-		{ProtocolLL, 9, 32},
-		{ProtocolLL128, 1, 128},
-		{ProtocolLL128, 120, 128},
-		{ProtocolLL128, 121, 256},
-		{ProtocolLL128, 1 << 20, 8739 * 128},
+		{coll.LL, 0, 0},
+		{coll.LL, 1, 16},
+		{coll.LL, 8, 16},
+		{coll.LL, 9, 32},
+		{coll.LL128, 1, 128},
+		{coll.LL128, 120, 128},
+		{coll.LL128, 121, 256},
+		{coll.LL128, 1 << 20, 8739 * 128},
 	} {
 		if got := InboxChunkBytes(c.protocol, c.bytes); got != c.want {
 			t.Errorf("InboxChunkBytes(%q, %d) = %d, want %d", c.protocol, c.bytes, got, c.want)
 		}
 	}
-	k := &Kernel{Protocol: ProtocolLL128, InboxChunks: 16, Launch: Launch{VectorBytes: 8}}
+	k := &Kernel{Protocol: coll.LL128, InboxChunks: 16, Launch: Launch{VectorBytes: 8}}
 	// 1000 bf16 elements: 2000 bytes, 17 lines of 8 units.
 	if got := k.ThreadUnits(1000, 2); got != 17*8 {
 		t.Errorf("LL128 ThreadUnits = %d, want %d", got, 17*8)

@@ -5,46 +5,48 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // Get returns element i of b as a float64 (integers convert exactly up to
 // 2^53; use GetInt for exact integer work).
-func Get(dtype string, b []byte, i int) float64 {
+func Get(dtype coll.DType, b []byte, i int) float64 {
 	switch dtype {
-	case "f32":
+	case coll.F32:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])))
-	case "f64":
+	case coll.F64:
 		return math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
-	case "f16":
+	case coll.F16:
 		return float64(F16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
-	case "bf16":
+	case coll.BF16:
 		return float64(BF16ToF32(binary.LittleEndian.Uint16(b[2*i:])))
 	}
 	return float64(GetInt(dtype, b, i))
 }
 
 // GetInt returns integer element i of b (i32 or i64).
-func GetInt(dtype string, b []byte, i int) int64 {
-	if dtype == "i32" {
+func GetInt(dtype coll.DType, b []byte, i int) int64 {
+	if dtype == coll.I32 {
 		return int64(int32(binary.LittleEndian.Uint32(b[4*i:])))
 	}
 	return int64(binary.LittleEndian.Uint64(b[8*i:]))
 }
 
 // Put stores v, rounded to dtype, as element i of b.
-func Put(dtype string, b []byte, i int, v float64) {
+func Put(dtype coll.DType, b []byte, i int, v float64) {
 	switch dtype {
-	case "f32":
+	case coll.F32:
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(v)))
-	case "f64":
+	case coll.F64:
 		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
-	case "f16":
+	case coll.F16:
 		binary.LittleEndian.PutUint16(b[2*i:], F32ToF16(float32(v)))
-	case "bf16":
+	case coll.BF16:
 		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(float32(v)))
-	case "i32":
+	case coll.I32:
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v)))
-	case "i64":
+	case coll.I64:
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(int64(v)))
 	}
 }
@@ -53,11 +55,11 @@ func Put(dtype string, b []byte, i int, v float64) {
 // b: integers in [-1000, 1000], floats in [-4, 4) with a few distinct
 // exponents, so that sums are well conditioned and max/min have ties only
 // by chance.
-func Fill(dtype string, b []byte, seed, rank int) {
+func Fill(dtype coll.DType, b []byte, seed, rank int) {
 	r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
-	n := len(b) / Size(dtype)
+	n := len(b) / dtype.Size()
 	for i := 0; i < n; i++ {
-		if dtype == "i32" || dtype == "i64" {
+		if dtype == coll.I32 || dtype == coll.I64 {
 			Put(dtype, b, i, float64(r.IntN(2001)-1000))
 			continue
 		}
@@ -67,15 +69,15 @@ func Fill(dtype string, b []byte, seed, rank int) {
 
 // unitRoundoff returns the unit roundoff of the arithmetic the host loops
 // accumulate in for dtype, and of the type the result is stored in.
-func unitRoundoff(dtype string) (acc, out float64) {
+func unitRoundoff(dtype coll.DType) (acc, out float64) {
 	switch dtype {
-	case "f32":
+	case coll.F32:
 		return 0x1p-24, 0x1p-24
-	case "f64":
+	case coll.F64:
 		return 0x1p-53, 0x1p-53
-	case "f16":
+	case coll.F16:
 		return 0x1p-24, 0x1p-11
-	case "bf16":
+	case coll.BF16:
 		return 0x1p-24, 0x1p-8
 	}
 	return 0, 0
@@ -88,16 +90,16 @@ func unitRoundoff(dtype string) (acc, out float64) {
 // the accumulation type and rounding once to dtype:
 //
 //	|got - ref| <= (len(srcs) * u_acc) * sum|x| + u_out * |ref|, doubled for slack.
-func Check(dtype, op string, got []byte, srcs [][]byte) error {
+func Check(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte) error {
 	return CheckWith(dtype, op, got, srcs, false)
 }
 
 // CheckWith is Check; with stepwise it allows the error of a library that
 // rounds to dtype after every addition (NCCL reduces bf16 in bf16), not
 // once at the end: the accumulation bound uses dtype's own unit roundoff.
-func CheckWith(dtype, op string, got []byte, srcs [][]byte, stepwise bool) error {
-	n := len(got) / Size(dtype)
-	isInt := dtype == "i32" || dtype == "i64"
+func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise bool) error {
+	n := len(got) / dtype.Size()
+	isInt := dtype == coll.I32 || dtype == coll.I64
 	uAcc, uOut := unitRoundoff(dtype)
 	if stepwise {
 		uAcc = uOut
@@ -108,15 +110,15 @@ func CheckWith(dtype, op string, got []byte, srcs [][]byte, stepwise bool) error
 			for _, s := range srcs[1:] {
 				v := GetInt(dtype, s, i)
 				switch op {
-				case "sum":
+				case coll.Sum:
 					want += v
-				case "max":
+				case coll.Max:
 					want = max(want, v)
-				case "min":
+				case coll.Min:
 					want = min(want, v)
 				}
 			}
-			if dtype == "i32" {
+			if dtype == coll.I32 {
 				want = int64(int32(want))
 			}
 			if g := GetInt(dtype, got, i); g != want {
@@ -129,17 +131,17 @@ func CheckWith(dtype, op string, got []byte, srcs [][]byte, stepwise bool) error
 		for _, s := range srcs[1:] {
 			v := Get(dtype, s, i)
 			switch op {
-			case "sum":
+			case coll.Sum:
 				want += v
 				abs += math.Abs(v)
-			case "max":
+			case coll.Max:
 				want = math.Max(want, v)
-			case "min":
+			case coll.Min:
 				want = math.Min(want, v)
 			}
 		}
 		g := Get(dtype, got, i)
-		if op != "sum" {
+		if op != coll.Sum {
 			if g != want && !(math.IsNaN(g) && math.IsNaN(want)) {
 				return fmt.Errorf("%s %s: element %d is %v, want exactly %v", dtype, op, i, g, want)
 			}

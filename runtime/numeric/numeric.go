@@ -1,49 +1,36 @@
-// Package numeric holds the element types of collgen's host backend: their
-// sizes, f16/bf16 <-> f32 conversion, a float64 reference for checking
-// collective results, and portable reduce loops used when no generated
-// library is at hand (tests, `collgen bench` built without generated code).
+// Package numeric holds the element arithmetic of collgen's host backend:
+// f16/bf16 <-> f32 conversion, a float64 reference for checking collective
+// results, and portable reduce loops used when no generated library is at
+// hand (tests, `collgen bench` built without generated code). Element types
+// and their sizes are package coll's.
 package numeric
 
 import (
 	"fmt"
 	"math"
+	"slices"
+
+	"github.com/collgen/collgen/coll"
 )
 
-// DTypes lists the host element types in canonical order.
-var DTypes = []string{"f32", "f64", "f16", "bf16", "i32", "i64"}
+// DTypes lists the host element types (every reducible one; fp8 is only
+// copied) in canonical order.
+var DTypes = []coll.DType{coll.F32, coll.F64, coll.F16, coll.BF16, coll.I32, coll.I64}
 
-// Ops lists the reduce operations in canonical order.
-var Ops = []string{"sum", "max", "min"}
-
-// Size returns the size in bytes of one element of dtype, or 0 when the
-// dtype is unknown.
-func Size(dtype string) int {
-	switch dtype {
-	case "f32", "i32":
-		return 4
-	case "f64", "i64":
-		return 8
-	case "f16", "bf16":
-		return 2
-	}
-	return 0
-}
-
-// CheckDType returns an error naming the known dtypes when dtype is unknown.
-func CheckDType(dtype string) error {
-	if Size(dtype) == 0 {
+// CheckDType returns an error naming the host dtypes when dtype is not one.
+func CheckDType(dtype coll.DType) error {
+	if !slices.Contains(DTypes, dtype) {
 		return fmt.Errorf("unknown dtype %q (host dtypes: %v)", dtype, DTypes)
 	}
 	return nil
 }
 
 // CheckOp returns an error naming the known ops when op is unknown.
-func CheckOp(op string) error {
-	switch op {
-	case "sum", "max", "min":
-		return nil
+func CheckOp(op coll.Op) error {
+	if !op.Valid() {
+		return fmt.Errorf("unknown reduce op %q (ops: %v)", op, coll.Ops())
 	}
-	return fmt.Errorf("unknown reduce op %q (ops: %v)", op, Ops)
+	return nil
 }
 
 // F16ToF32 converts an IEEE 754 binary16 value to float32 exactly.

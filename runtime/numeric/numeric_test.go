@@ -3,6 +3,8 @@ package numeric
 import (
 	"math"
 	"testing"
+
+	"github.com/collgen/collgen/coll"
 )
 
 func TestHalfRoundTrip(t *testing.T) {
@@ -58,7 +60,7 @@ func TestHalfRounding(t *testing.T) {
 
 func TestReducersMatchCheck(t *testing.T) {
 	for _, dt := range DTypes {
-		for _, op := range Ops {
+		for _, op := range coll.Ops() {
 			f, err := Reducer(dt, op)
 			if err != nil {
 				t.Fatal(err)
@@ -66,11 +68,11 @@ func TestReducersMatchCheck(t *testing.T) {
 			for _, n := range []int{0, 1, 7, 1023, 1025, 3000} {
 				var srcs [][]byte
 				for r := 0; r < 5; r++ {
-					b := make([]byte, n*Size(dt))
+					b := make([]byte, n*dt.Size())
 					Fill(dt, b, n, r)
 					srcs = append(srcs, b)
 				}
-				dst := make([]byte, n*Size(dt))
+				dst := make([]byte, n*dt.Size())
 				f(dst, srcs)
 				if err := Check(dt, op, dst, srcs); err != nil {
 					t.Fatalf("n=%d: %v", n, err)

@@ -3,6 +3,8 @@ package numeric
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // block is how many elements the portable loops accumulate at a time: the
@@ -17,7 +19,7 @@ type ReduceFunc = func(dst []byte, srcs [][]byte)
 // Reducer returns a portable reduce loop for dtype and op. The generated
 // library's loops replace it in production; this one backs tests and a
 // bench built without generated code.
-func Reducer(dtype, op string) (ReduceFunc, error) {
+func Reducer(dtype coll.DType, op coll.Op) (ReduceFunc, error) {
 	if err := CheckDType(dtype); err != nil {
 		return nil, err
 	}
@@ -25,17 +27,17 @@ func Reducer(dtype, op string) (ReduceFunc, error) {
 		return nil, err
 	}
 	switch dtype {
-	case "f32":
+	case coll.F32:
 		return typed[float32](op), nil
-	case "f64":
+	case coll.F64:
 		return typed[float64](op), nil
-	case "i32":
+	case coll.I32:
 		return typed[int32](op), nil
-	case "i64":
+	case coll.I64:
 		return typed[int64](op), nil
-	case "f16":
+	case coll.F16:
 		return half(op, F16ToF32, F32ToF16), nil
-	case "bf16":
+	case coll.BF16:
 		return half(op, BF16ToF32, F32ToBF16), nil
 	}
 	return nil, fmt.Errorf("no reducer for %s %s", dtype, op)
@@ -57,16 +59,16 @@ func view[T number](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
-func combine[T number](op string) func(acc, s []T) {
+func combine[T number](op coll.Op) func(acc, s []T) {
 	switch op {
-	case "sum":
+	case coll.Sum:
 		return func(acc, s []T) {
 			s = s[:len(acc)]
 			for i := range acc {
 				acc[i] += s[i]
 			}
 		}
-	case "max":
+	case coll.Max:
 		return func(acc, s []T) {
 			s = s[:len(acc)]
 			for i := range acc {
@@ -89,7 +91,7 @@ func combine[T number](op string) func(acc, s []T) {
 	}
 }
 
-func typed[T number](op string) ReduceFunc {
+func typed[T number](op coll.Op) ReduceFunc {
 	comb := combine[T](op)
 	return func(dst []byte, srcs [][]byte) {
 		d := view[T](dst)
@@ -110,7 +112,7 @@ func typed[T number](op string) ReduceFunc {
 	}
 }
 
-func half(op string, toF32 func(uint16) float32, fromF32 func(float32) uint16) ReduceFunc {
+func half(op coll.Op, toF32 func(uint16) float32, fromF32 func(float32) uint16) ReduceFunc {
 	comb := combine[float32](op)
 	return func(dst []byte, srcs [][]byte) {
 		d := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(dst))), len(dst)/2)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/Masterminds/sprig/v3"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/schedule"
 )
@@ -89,7 +90,7 @@ type kernelContext struct {
 	FinalOptional        bool
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
-	// LL: the schedule uses a push protocol (schedule.Protocol.Push); its
+	// LL: the schedule uses a push protocol (coll.Protocol.Push); its
 	// steps are rendered as fused unit loops (see llGroups) with no
 	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
 	LL    bool
@@ -298,7 +299,7 @@ func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Ind
 	// LL128 loops are warp uniform: they run while any lane of the warp
 	// has a unit, and a lane past the span passes on = false to the
 	// protocol calls (common.cuh.tmpl). LL loops are per thread.
-	warp := k.Schedule.Protocol == schedule.ProtocolLL128
+	warp := k.Schedule.Protocol == coll.LL128
 	on, notOK, cond := "", "!ok", "u < units"
 	if warp {
 		on, notOK, cond = ", on", "PR::any(!ok)", "PR::any(u < units)"

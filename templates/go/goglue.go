@@ -85,8 +85,8 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 	for _, k := range p.Kernels {
 		d := jen.Dict{
 			jen.Id("Name"):        jen.Lit(k.Name),
-			jen.Id("Collective"):  jen.Lit(k.Collective),
-			jen.Id("Algorithm"):   jen.Lit(k.Algorithm),
+			jen.Id("Collective"):  jen.Lit(string(k.Collective)),
+			jen.Id("Algorithm"):   jen.Lit(string(k.Algorithm)),
 			jen.Id("DType"):       jen.Lit(string(k.DType)),
 			jen.Id("Op"):          jen.Lit(string(k.Op)),
 			jen.Id("World"):       jen.Lit(k.World),
@@ -106,7 +106,7 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 	for _, s := range p.Selections {
 		var rules []jen.Code
 		for _, r := range s.Rules {
-			rules = append(rules, jen.Values(jen.Dict{jen.Id("UpTo"): jen.Lit(r.UpTo), jen.Id("Use"): jen.Lit(r.Use)}))
+			rules = append(rules, jen.Values(jen.Dict{jen.Id("UpTo"): jen.Lit(r.UpTo), jen.Id("Use"): jen.Lit(string(r.Use))}))
 		}
 		var worlds []jen.Code
 		for _, w := range s.Worlds {
@@ -115,7 +115,7 @@ func kernelsFile(p *plan.Plan, manifest string) *jen.File {
 		sels = append(sels, jen.Values(jen.Dict{
 			jen.Id("Topology"):   jen.Lit(s.Topology),
 			jen.Id("Kind"):       jen.Lit(s.Kind),
-			jen.Id("Collective"): jen.Lit(s.Collective),
+			jen.Id("Collective"): jen.Lit(string(s.Collective)),
 			jen.Id("Worlds"):     jen.Index().Int().Values(worlds...),
 			jen.Id("Rules"):      jen.Index().Qual(kernelsPkg, "Rule").Values(rules...),
 		}))
@@ -272,7 +272,7 @@ func combinationsFile(p *plan.Plan) *jen.File {
 	)
 	var rows []jen.Code
 	for _, k := range p.Kernels {
-		rows = append(rows, jen.Values(jen.Lit(k.Name), jen.Lit(k.Collective), jen.Lit(k.Algorithm), jen.Lit(string(k.DType)), jen.Lit(string(k.Op)), jen.Lit(k.World)))
+		rows = append(rows, jen.Values(jen.Lit(k.Name), jen.Lit(string(k.Collective)), jen.Lit(string(k.Algorithm)), jen.Lit(string(k.DType)), jen.Lit(string(k.Op)), jen.Lit(k.World)))
 	}
 	f.Comment("Combinations lists every generated GPU kernel, sorted by name.")
 	f.Var().Id("Combinations").Op("=").Index().Id("Combination").Values(rows...)

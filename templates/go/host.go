@@ -6,6 +6,7 @@ import (
 
 	"github.com/dave/jennifer/jen"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/plan"
 )
 
@@ -20,19 +21,19 @@ type hostType struct {
 	goName string   // F32, BF16, ...
 }
 
-func hostTypeOf(dtype string) (hostType, error) {
+func hostTypeOf(dtype coll.DType) (hostType, error) {
 	switch dtype {
-	case "f32":
+	case coll.F32:
 		return hostType{jen.Float32(), jen.Float32(), "", "", "F32"}, nil
-	case "f64":
+	case coll.F64:
 		return hostType{jen.Float64(), jen.Float64(), "", "", "F64"}, nil
-	case "i32":
+	case coll.I32:
 		return hostType{jen.Int32(), jen.Int32(), "", "", "I32"}, nil
-	case "i64":
+	case coll.I64:
 		return hostType{jen.Int64(), jen.Int64(), "", "", "I64"}, nil
-	case "f16":
+	case coll.F16:
 		return hostType{jen.Uint16(), jen.Float32(), "F16ToF32", "F32ToF16", "F16"}, nil
-	case "bf16":
+	case coll.BF16:
 		return hostType{jen.Uint16(), jen.Float32(), "BF16ToF32", "F32ToBF16", "BF16"}, nil
 	}
 	return hostType{}, fmt.Errorf("dtype %s has no host reduce loop", dtype)
@@ -64,8 +65,9 @@ func hostFile(p *plan.Plan) *jen.File {
 			// defensively rather than emit broken code.
 			continue
 		}
-		name := "reduce" + ht.goName + strings.ToUpper(key.Op[:1]) + key.Op[1:]
-		table[jen.Qual(kernelsPkg, "HostKey").Values(jen.Dict{jen.Id("DType"): jen.Lit(key.DType), jen.Id("Op"): jen.Lit(key.Op)})] = jen.Id(name)
+		op := string(key.Op)
+		name := "reduce" + ht.goName + strings.ToUpper(op[:1]) + op[1:]
+		table[jen.Qual(kernelsPkg, "HostKey").Values(jen.Dict{jen.Id("DType"): jen.Lit(string(key.DType)), jen.Id("Op"): jen.Lit(op)})] = jen.Id(name)
 		f.Commentf("%s is the host reduce loop for %s %s: dst = srcs[0] %s srcs[1] %s ..., in source order.", name, key.DType, key.Op, key.Op, key.Op)
 		f.Func().Id(name).Params(jen.Id("dst").Index().Byte(), jen.Id("srcs").Index().Index().Byte()).Block(hostBody(ht, key.Op)...)
 		f.Line()
@@ -82,7 +84,7 @@ func hostFile(p *plan.Plan) *jen.File {
 //	    for i, v := range elems[T](srcs[0], lo, m) { a[i] = up(v) }
 //	    for _, src := range srcs[1:] { s := elems[T](src, lo, m)[:len(a)]; for i, v := range s { a[i] = op(a[i], up(v)) } }
 //	    d := elems[T](dst, lo, m)[:len(a)]; for i, v := range a { d[i] = down(v) } }
-func hostBody(ht hostType, op string) []jen.Code {
+func hostBody(ht hostType, op coll.Op) []jen.Code {
 	up := func(v jen.Code) jen.Code {
 		if ht.up == "" {
 			return v
@@ -98,12 +100,12 @@ func hostBody(ht hostType, op string) []jen.Code {
 	ai := jen.Id("a").Index(jen.Id("i"))
 	var combine jen.Code
 	switch op {
-	case "sum":
+	case coll.Sum:
 		combine = jen.Id("a").Index(jen.Id("i")).Op("+=").Add(up(jen.Id("v")))
-	case "max":
+	case coll.Max:
 		// Same NaN behaviour as the CUDA op: acc = acc > v ? acc : v.
 		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), jen.Op("!").Parens(ai.Clone().Op(">").Id("x"))).Block(jen.Id("a").Index(jen.Id("i")).Op("=").Id("x"))
-	case "min":
+	case coll.Min:
 		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), jen.Op("!").Parens(ai.Clone().Op("<").Id("x"))).Block(jen.Id("a").Index(jen.Id("i")).Op("=").Id("x"))
 	}
 	view := func(b jen.Code) *jen.Statement {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/numeric"
@@ -86,8 +87,8 @@ func TestHostCommunicator(t *testing.T) {
 			ins := make([][]byte, w)
 			outs := make([][]byte, w)
 			for r := range ins {
-				ins[r] = make([]byte, n*numeric.Size(dt))
-				numeric.Fill(dt, ins[r], n, r)
+				ins[r] = make([]byte, n*coll.DType(dt).Size())
+				numeric.Fill(coll.DType(dt), ins[r], n, r)
 				outs[r] = make([]byte, len(ins[r]))
 			}
 			for r := 0; r < w; r++ {
@@ -102,7 +103,7 @@ func TestHostCommunicator(t *testing.T) {
 				t.Fatalf("%s n=%d: %v", dt, n, err)
 			}
 			for r := 0; r < w; r++ {
-				if err := numeric.Check(dt, "sum", outs[r], ins); err != nil {
+				if err := numeric.Check(coll.DType(dt), coll.Sum, outs[r], ins); err != nil {
 					t.Errorf("%s n=%d rank %d: %v", dt, n, r, err)
 				}
 			}

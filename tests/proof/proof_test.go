@@ -22,10 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
-	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -72,7 +72,7 @@ func counts(collective string, w int, large bool) []int {
 
 // input returns rank's deterministic input for a case.
 func input(dtype string, n, seed, rank int) []byte {
-	b := make([]byte, n*kernels.DTypeSize(dtype))
+	b := make([]byte, n*coll.DType(dtype).Size())
 	if dtype == "e4m3" || dtype == "e5m2" {
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 		for i := range b {
@@ -80,23 +80,23 @@ func input(dtype string, n, seed, rank int) []byte {
 		}
 		return b
 	}
-	numeric.Fill(dtype, b, seed, rank)
+	numeric.Fill(coll.DType(dtype), b, seed, rank)
 	return b
 }
 
 // expect checks rank's output of one collective against the host reference
 // computed from every rank's input.
 func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte) error {
-	size := kernels.DTypeSize(c.DType)
+	size := coll.DType(c.DType).Size()
 	switch c.Collective {
 	case "allreduce":
-		return numeric.Check(c.DType, c.Op, got, ins)
+		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), got, ins)
 	case "reduce_scatter":
 		part := make([][]byte, w)
 		for r := range ins {
 			part[r] = ins[r][rank*n*size : (rank+1)*n*size]
 		}
-		return numeric.Check(c.DType, c.Op, got, part)
+		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), got, part)
 	default:
 		want := bytes.Join(ins, nil)
 		if !bytes.Equal(got, want) {
@@ -135,7 +135,7 @@ func sizes(collective string, w, n int) (in, out int) {
 // output (all-gather), or the output is the rank's slice of the input
 // (reduce-scatter), as NCCL defines in-place use.
 func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, inPlace bool) (*rankCase, error) {
-	size := kernels.DTypeSize(c.DType)
+	size := coll.DType(c.DType).Size()
 	inN, outN := sizes(c.Collective, w, n)
 	rc := &rankCase{inBytes: inN * size, outBytes: outN * size, inputHost: input(c.DType, inN, seed, rank)}
 	big := max(inN, outN) * size
@@ -172,7 +172,7 @@ func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, 
 // verify reads back the output and both guards.
 func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte, inPlace bool) error {
 	buf := rc.alloc[0]
-	size := kernels.DTypeSize(c.DType)
+	size := coll.DType(c.DType).Size()
 	inN, outN := sizes(c.Collective, w, n)
 	big := max(inN, outN) * size
 	all := make([]byte, big+2*guard)
@@ -699,7 +699,7 @@ func TestProofZeroCopy(t *testing.T) {
 			for call := 0; call < 3 && cerr == nil; call++ {
 				seed := n + call
 				inN, outN := sizes(c.Collective, w, n)
-				size := kernels.DTypeSize(c.DType)
+				size := coll.DType(c.DType).Size()
 				ins := make([][]byte, w)
 				for r := 0; r < w; r++ {
 					ins[r] = input(c.DType, inN, seed, r)
