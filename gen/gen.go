@@ -24,6 +24,10 @@ type Options struct {
 	Package string
 	// Only keeps the kernels whose names match this glob.
 	Only string
+	// ImportPath is the import path of the output root (see ImportPath):
+	// the generated package imports ImportPath/cuda, the package that
+	// embeds the CUDA sources. Required.
+	ImportPath string
 }
 
 // Output is a rendered tree: paths relative to the output root, in slash
@@ -49,7 +53,8 @@ const ManifestName = "MANIFEST"
 // Render loads nothing: it renders a parsed spec into a tree laid out as
 //
 //	cuda/collgen_common.cuh, cuda/<kernel>.cu   CUDA sources
-//	<package>/*.go                              Go glue
+//	cuda/embed.go                               package cuda: embeds them (go:embed)
+//	<package>/*.go                              Go glue; imports ImportPath/cuda
 //	MANIFEST                                    hashes of inputs and outputs
 func Render(s *spec.Spec, opts Options) (*Output, error) {
 	if opts.Package != "" {
@@ -60,6 +65,12 @@ func Render(s *spec.Spec, opts Options) (*Output, error) {
 		cp.Package = opts.Package
 		s = &cp
 	}
+	if s.Package == goglue.EmbedPackage {
+		return nil, fmt.Errorf("package %q would share <out>/%s with the embedded CUDA sources; choose another package name", s.Package, goglue.EmbedPackage)
+	}
+	if opts.ImportPath == "" {
+		return nil, fmt.Errorf("gen: Options.ImportPath is empty; the generated package must import <out>/%s", goglue.EmbedPackage)
+	}
 	p, err := plan.New(s, plan.Options{Only: opts.Only})
 	if err != nil {
 		return nil, err
@@ -69,13 +80,18 @@ func Render(s *spec.Spec, opts Options) (*Output, error) {
 		return nil, err
 	}
 	manifest := inputManifest(s, opts)
-	gofiles, err := goglue.Render(p, cu, manifest)
+	gofiles, err := goglue.Render(p, manifest, path.Join(opts.ImportPath, goglue.EmbedPackage))
 	if err != nil {
 		return nil, err
 	}
 	out := &Output{Plan: p, Files: map[string][]byte{}}
+	var cuNames []string
 	for name, b := range cu {
 		out.Files["cuda/"+name] = b
+		cuNames = append(cuNames, name)
+	}
+	if out.Files["cuda/embed.go"], err = goglue.EmbedFile(cuNames); err != nil {
+		return nil, err
 	}
 	for name, b := range gofiles {
 		out.Files[p.Package+"/"+name] = b

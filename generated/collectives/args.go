@@ -4,7 +4,8 @@ package collectives
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value
+// argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -23,76 +24,26 @@ type ArgsW2 struct {
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "scratch",
-		Offset: 32,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "signal",
-		Offset: 48,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 64,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 72,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 80,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 88,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 96,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 104,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 112,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 116,
-		Size:   4,
-	}},
-	Size: 120,
+	Size:  120,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 2},
+		{Name: "scratch", Offset: 32, Size: 8, Count: 2},
+		{Name: "signal", Offset: 48, Size: 8, Count: 2},
+		{Name: "seq", Offset: 64, Size: 8, Count: 1},
+		{Name: "status", Offset: 72, Size: 8, Count: 1},
+		{Name: "count", Offset: 80, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 88, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 96, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 104, Size: 8, Count: 1},
+		{Name: "rank", Offset: 112, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 116, Size: 4, Count: 1},
+	},
 }
 
-// ArgsW3 mirrors the CUDA struct collgen_args_w3 (144 bytes), the by-value argument of every world-size-3 kernel. Pointers are device addresses.
+// ArgsW3 mirrors the CUDA struct collgen_args_w3 (144 bytes), the by-value
+// argument of every world-size-3 kernel. Pointers are device addresses.
 type ArgsW3 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -111,76 +62,26 @@ type ArgsW3 struct {
 
 var argsLayoutW3 = &kernels.ArgLayout{
 	CType: "collgen_args_w3",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  3,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  3,
-		Name:   "scratch",
-		Offset: 40,
-		Size:   8,
-	}, {
-		Count:  3,
-		Name:   "signal",
-		Offset: 64,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 88,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 96,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 104,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 112,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 120,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 128,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 136,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 140,
-		Size:   4,
-	}},
-	Size: 144,
+	Size:  144,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 3},
+		{Name: "scratch", Offset: 40, Size: 8, Count: 3},
+		{Name: "signal", Offset: 64, Size: 8, Count: 3},
+		{Name: "seq", Offset: 88, Size: 8, Count: 1},
+		{Name: "status", Offset: 96, Size: 8, Count: 1},
+		{Name: "count", Offset: 104, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 112, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 120, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 128, Size: 8, Count: 1},
+		{Name: "rank", Offset: 136, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 140, Size: 4, Count: 1},
+	},
 }
 
-// ArgsW4 mirrors the CUDA struct collgen_args_w4 (168 bytes), the by-value argument of every world-size-4 kernel. Pointers are device addresses.
+// ArgsW4 mirrors the CUDA struct collgen_args_w4 (168 bytes), the by-value
+// argument of every world-size-4 kernel. Pointers are device addresses.
 type ArgsW4 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -199,76 +100,26 @@ type ArgsW4 struct {
 
 var argsLayoutW4 = &kernels.ArgLayout{
 	CType: "collgen_args_w4",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  4,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  4,
-		Name:   "scratch",
-		Offset: 48,
-		Size:   8,
-	}, {
-		Count:  4,
-		Name:   "signal",
-		Offset: 80,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 112,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 120,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 128,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 136,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 144,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 152,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 160,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 164,
-		Size:   4,
-	}},
-	Size: 168,
+	Size:  168,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 4},
+		{Name: "scratch", Offset: 48, Size: 8, Count: 4},
+		{Name: "signal", Offset: 80, Size: 8, Count: 4},
+		{Name: "seq", Offset: 112, Size: 8, Count: 1},
+		{Name: "status", Offset: 120, Size: 8, Count: 1},
+		{Name: "count", Offset: 128, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 136, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 144, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 152, Size: 8, Count: 1},
+		{Name: "rank", Offset: 160, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 164, Size: 4, Count: 1},
+	},
 }
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value
+// argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -287,71 +138,20 @@ type ArgsW8 struct {
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "scratch",
-		Offset: 80,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "signal",
-		Offset: 144,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 208,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 216,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 224,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 232,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 240,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 248,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 256,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 260,
-		Size:   4,
-	}},
-	Size: 264,
+	Size:  264,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 8},
+		{Name: "scratch", Offset: 80, Size: 8, Count: 8},
+		{Name: "signal", Offset: 144, Size: 8, Count: 8},
+		{Name: "seq", Offset: 208, Size: 8, Count: 1},
+		{Name: "status", Offset: 216, Size: 8, Count: 1},
+		{Name: "count", Offset: 224, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 232, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 240, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 248, Size: 8, Count: 1},
+		{Name: "rank", Offset: 256, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 260, Size: 4, Count: 1},
+	},
 }

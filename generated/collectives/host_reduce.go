@@ -8,7 +8,8 @@ import (
 	"unsafe"
 )
 
-// hostBlock is how many elements a host loop accumulates at a time: the accumulator stays in L1 while every source streams through once.
+// hostBlock is how many elements a host loop accumulates at a time: the
+// accumulator stays in L1 while every source streams through once.
 const hostBlock = 1024
 
 // elems views m elements of type T of b, starting at element lo.
@@ -18,7 +19,8 @@ func elems[T any](b []byte, lo, m int) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[lo*size])), m)
 }
 
-// reduceBF16Max is the host reduce loop for bf16 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceBF16Max is the host reduce loop for bf16 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceBF16Max(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -44,7 +46,8 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceBF16Min is the host reduce loop for bf16 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceBF16Min is the host reduce loop for bf16 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceBF16Min(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -70,7 +73,8 @@ func reduceBF16Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceBF16Sum is the host reduce loop for bf16 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceBF16Sum is the host reduce loop for bf16 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceBF16Sum(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -94,7 +98,8 @@ func reduceBF16Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF16Max is the host reduce loop for f16 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceF16Max is the host reduce loop for f16 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceF16Max(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -120,7 +125,8 @@ func reduceF16Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF16Min is the host reduce loop for f16 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceF16Min is the host reduce loop for f16 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceF16Min(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -146,7 +152,8 @@ func reduceF16Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF16Sum is the host reduce loop for f16 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceF16Sum is the host reduce loop for f16 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceF16Sum(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -170,7 +177,8 @@ func reduceF16Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF32Max is the host reduce loop for f32 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceF32Max is the host reduce loop for f32 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceF32Max(dst []byte, srcs [][]byte) {
 	var z float32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -196,7 +204,8 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF32Min is the host reduce loop for f32 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceF32Min is the host reduce loop for f32 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceF32Min(dst []byte, srcs [][]byte) {
 	var z float32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -222,7 +231,8 @@ func reduceF32Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF32Sum is the host reduce loop for f32 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceF32Sum is the host reduce loop for f32 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceF32Sum(dst []byte, srcs [][]byte) {
 	var z float32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -246,7 +256,8 @@ func reduceF32Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF64Max is the host reduce loop for f64 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceF64Max is the host reduce loop for f64 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceF64Max(dst []byte, srcs [][]byte) {
 	var z float64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -272,7 +283,8 @@ func reduceF64Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF64Min is the host reduce loop for f64 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceF64Min is the host reduce loop for f64 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceF64Min(dst []byte, srcs [][]byte) {
 	var z float64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -298,7 +310,8 @@ func reduceF64Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF64Sum is the host reduce loop for f64 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceF64Sum is the host reduce loop for f64 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceF64Sum(dst []byte, srcs [][]byte) {
 	var z float64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -322,7 +335,8 @@ func reduceF64Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI32Max is the host reduce loop for i32 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceI32Max is the host reduce loop for i32 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceI32Max(dst []byte, srcs [][]byte) {
 	var z int32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -348,7 +362,8 @@ func reduceI32Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI32Min is the host reduce loop for i32 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceI32Min is the host reduce loop for i32 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceI32Min(dst []byte, srcs [][]byte) {
 	var z int32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -374,7 +389,8 @@ func reduceI32Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI32Sum is the host reduce loop for i32 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceI32Sum is the host reduce loop for i32 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceI32Sum(dst []byte, srcs [][]byte) {
 	var z int32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -398,7 +414,8 @@ func reduceI32Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI64Max is the host reduce loop for i64 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceI64Max is the host reduce loop for i64 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceI64Max(dst []byte, srcs [][]byte) {
 	var z int64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -424,7 +441,8 @@ func reduceI64Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI64Min is the host reduce loop for i64 min: dst = srcs[0] min srcs[1] min ..., in source order.
+// reduceI64Min is the host reduce loop for i64 min: dst = srcs[0] min srcs[1]
+// min ..., in source order.
 func reduceI64Min(dst []byte, srcs [][]byte) {
 	var z int64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -450,7 +468,8 @@ func reduceI64Min(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceI64Sum is the host reduce loop for i64 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceI64Sum is the host reduce loop for i64 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceI64Sum(dst []byte, srcs [][]byte) {
 	var z int64
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -476,76 +495,22 @@ func reduceI64Sum(dst []byte, srcs [][]byte) {
 
 // hostReducers maps each host (dtype, op) to its reduce loop.
 var hostReducers = map[kernels.HostKey]kernels.HostReduceFunc{
-	kernels.HostKey{
-		DType: "bf16",
-		Op:    "max",
-	}: reduceBF16Max,
-	kernels.HostKey{
-		DType: "bf16",
-		Op:    "min",
-	}: reduceBF16Min,
-	kernels.HostKey{
-		DType: "bf16",
-		Op:    "sum",
-	}: reduceBF16Sum,
-	kernels.HostKey{
-		DType: "f16",
-		Op:    "max",
-	}: reduceF16Max,
-	kernels.HostKey{
-		DType: "f16",
-		Op:    "min",
-	}: reduceF16Min,
-	kernels.HostKey{
-		DType: "f16",
-		Op:    "sum",
-	}: reduceF16Sum,
-	kernels.HostKey{
-		DType: "f32",
-		Op:    "max",
-	}: reduceF32Max,
-	kernels.HostKey{
-		DType: "f32",
-		Op:    "min",
-	}: reduceF32Min,
-	kernels.HostKey{
-		DType: "f32",
-		Op:    "sum",
-	}: reduceF32Sum,
-	kernels.HostKey{
-		DType: "f64",
-		Op:    "max",
-	}: reduceF64Max,
-	kernels.HostKey{
-		DType: "f64",
-		Op:    "min",
-	}: reduceF64Min,
-	kernels.HostKey{
-		DType: "f64",
-		Op:    "sum",
-	}: reduceF64Sum,
-	kernels.HostKey{
-		DType: "i32",
-		Op:    "max",
-	}: reduceI32Max,
-	kernels.HostKey{
-		DType: "i32",
-		Op:    "min",
-	}: reduceI32Min,
-	kernels.HostKey{
-		DType: "i32",
-		Op:    "sum",
-	}: reduceI32Sum,
-	kernels.HostKey{
-		DType: "i64",
-		Op:    "max",
-	}: reduceI64Max,
-	kernels.HostKey{
-		DType: "i64",
-		Op:    "min",
-	}: reduceI64Min,
-	kernels.HostKey{
-		DType: "i64",
-		Op:    "sum",
-	}: reduceI64Sum,
+	{DType: "bf16", Op: "max"}: reduceBF16Max,
+	{DType: "bf16", Op: "min"}: reduceBF16Min,
+	{DType: "bf16", Op: "sum"}: reduceBF16Sum,
+	{DType: "f16", Op: "max"}:  reduceF16Max,
+	{DType: "f16", Op: "min"}:  reduceF16Min,
+	{DType: "f16", Op: "sum"}:  reduceF16Sum,
+	{DType: "f32", Op: "max"}:  reduceF32Max,
+	{DType: "f32", Op: "min"}:  reduceF32Min,
+	{DType: "f32", Op: "sum"}:  reduceF32Sum,
+	{DType: "f64", Op: "max"}:  reduceF64Max,
+	{DType: "f64", Op: "min"}:  reduceF64Min,
+	{DType: "f64", Op: "sum"}:  reduceF64Sum,
+	{DType: "i32", Op: "max"}:  reduceI32Max,
+	{DType: "i32", Op: "min"}:  reduceI32Min,
+	{DType: "i32", Op: "sum"}:  reduceI32Sum,
+	{DType: "i64", Op: "max"}:  reduceI64Max,
+	{DType: "i64", Op: "min"}:  reduceI64Min,
+	{DType: "i64", Op: "sum"}:  reduceI64Sum,
 }

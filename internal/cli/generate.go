@@ -49,7 +49,11 @@ func (o *genOptions) render() (*gen.Output, error) {
 		}
 		return nil, err
 	}
-	out, err := gen.Render(s, gen.Options{Package: o.Package, Only: o.Only})
+	imp, err := gen.ImportPath(o.Out) // list has no --out: the tree is not written, any path does
+	if err != nil {
+		return nil, err
+	}
+	out, err := gen.Render(s, gen.Options{Package: o.Package, Only: o.Only, ImportPath: imp})
 	if err != nil {
 		return nil, err
 	}

@@ -530,13 +530,16 @@ func (g *gpuComm) function(k *kernels.Kernel) (*cuda.Function, error) {
 	if g.fatbin != nil {
 		m = g.fatbin
 	} else {
-		src, ok := g.lib.Sources[k.Source]
-		if !ok {
-			return nil, fmt.Errorf("comm: kernel %s: source %s is not in the library", k.Name, k.Source)
+		src, err := g.lib.Source(k.Source)
+		if err != nil {
+			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
 		}
-		var err error
+		headers, err := g.lib.Headers()
+		if err != nil {
+			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+		}
 		m, err = g.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
-			Headers: g.lib.Headers, Options: []string{"--std=c++17"}}, g.cache)
+			Headers: headers, Options: []string{"--std=c++17"}}, g.cache)
 		if err != nil {
 			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
 		}

@@ -6,6 +6,7 @@ package kernels
 
 import (
 	"fmt"
+	"io/fs"
 	"slices"
 	"sync"
 
@@ -182,11 +183,13 @@ type HostKey struct {
 
 // Library is everything a generated package provides to the runtime.
 type Library struct {
-	Package      string
-	Kernels      []Kernel
-	Selections   []Selection
-	Sources      map[string]string // CUDA file name -> source; headers included
-	Headers      map[string]string // header name -> source, for NVRTC includes
+	Package    string
+	Kernels    []Kernel
+	Selections []Selection
+	// Sources holds, at its root, every kernel's .cu file (Kernel.Source)
+	// and the headers they include (*.cuh): the generated package embeds
+	// the files of its cuda directory, so each source exists once.
+	Sources      fs.FS
 	HostReducers map[HostKey]HostReduceFunc
 	Manifest     string // content hashes of the specs and templates that made it
 	// index maps kernel attributes to Kernels' entries, built on the first
@@ -297,6 +300,38 @@ func (l *Library) Selection(kind string, collective coll.Collective, world int) 
 		}
 	}
 	return nil, false
+}
+
+// Source returns the CUDA source of a file in Sources, such as a kernel's
+// Kernel.Source.
+func (l *Library) Source(name string) (string, error) {
+	if l.Sources == nil {
+		return "", fmt.Errorf("kernels: library %s has no CUDA sources", l.Package)
+	}
+	b, err := fs.ReadFile(l.Sources, name)
+	if err != nil {
+		return "", fmt.Errorf("kernels: library %s: %w", l.Package, err)
+	}
+	return string(b), nil
+}
+
+// Headers returns every header in Sources (*.cuh) by file name: what
+// NVRTC needs to resolve the kernels' includes.
+func (l *Library) Headers() (map[string]string, error) {
+	if l.Sources == nil {
+		return nil, fmt.Errorf("kernels: library %s has no CUDA sources", l.Package)
+	}
+	names, err := fs.Glob(l.Sources, "*.cuh")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(names))
+	for _, n := range names {
+		if out[n], err = l.Source(n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // HostReducer returns the host reduce loop for a dtype and op.

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"testing"
+	"testing/fstest"
 
 	"github.com/collgen/collgen/coll"
 )
@@ -42,5 +43,24 @@ func TestInboxFootprint(t *testing.T) {
 	}
 	if got := b.SlotBytes(8000, 2000); got != 8000 {
 		t.Errorf("barrier SlotBytes = %d, want 8000", got)
+	}
+}
+
+func TestSourcesFromFS(t *testing.T) {
+	l := &Library{Package: "p", Sources: fstest.MapFS{
+		"k.cu":  {Data: []byte(`#include "h.cuh"`)},
+		"h.cuh": {Data: []byte("// header")},
+	}}
+	if src, err := l.Source("k.cu"); err != nil || src != `#include "h.cuh"` {
+		t.Errorf("Source(k.cu) = %q, %v", src, err)
+	}
+	if _, err := l.Source("missing.cu"); err == nil {
+		t.Error("a missing source was found")
+	}
+	if h, err := l.Headers(); err != nil || len(h) != 1 || h["h.cuh"] != "// header" {
+		t.Errorf("Headers() = %v, %v", h, err)
+	}
+	if _, err := (&Library{}).Source("k.cu"); err == nil {
+		t.Error("a library without sources returned one")
 	}
 }

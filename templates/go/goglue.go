@@ -1,17 +1,19 @@
 // Package goglue renders a plan's Go glue with jennifer: the kernel registry
 // and selection tables (kernels.go), the argument structs mirroring the CUDA
-// layouts (args.go), the host reduce loops (host_reduce.go), the embedded
-// CUDA sources (sources.go), the per-combination test table
-// (combinations.go) and a generated test that checks the Go structs against
-// the layouts (args_test.go). Every function returns file bytes and never
-// touches the disk.
+// layouts (args.go), the host reduce loops (host_reduce.go), the
+// per-combination test table (combinations.go) and a generated test that
+// checks the Go structs against the layouts (args_test.go), plus the package
+// beside the CUDA sources that embeds them (EmbedFile). Tables have one
+// element per line. Every function returns file bytes and never touches the
+// disk.
 package goglue
 
 import (
 	"bytes"
 	_ "embed"
 	"fmt"
-	"sort"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/dave/jennifer/jen"
@@ -40,35 +42,116 @@ func Files() map[string][]byte {
 }
 
 // Render returns every Go file of the generated package, keyed by file name.
-// cudaFiles are the rendered CUDA sources (file name -> bytes) to embed.
-func Render(p *plan.Plan, cudaFiles map[string][]byte, manifest string) (map[string][]byte, error) {
-	out := map[string][]byte{}
-	emit := []struct {
-		name string
-		f    *jen.File
-	}{
-		{"kernels.go", kernelsFile(p, manifest)},
-		{"args.go", argsFile(p)},
-		{"host_reduce.go", hostFile(p)},
-		{"sources.go", sourcesFile(p, cudaFiles)},
-		{"combinations.go", combinationsFile(p)},
-		{"args_test.go", argsTestFile(p)},
+// cudaImport is the import path of the package that embeds the CUDA sources
+// (see EmbedFile).
+func Render(p *plan.Plan, manifest, cudaImport string) (map[string][]byte, error) {
+	return render(map[string]*jen.File{
+		"kernels.go":      kernelsFile(p, manifest, cudaImport),
+		"args.go":         argsFile(p),
+		"host_reduce.go":  hostFile(p),
+		"combinations.go": combinationsFile(p),
+		"args_test.go":    argsTestFile(p),
+	})
+}
+
+// EmbedFile returns the one Go file of the package that lives beside the
+// CUDA sources (in <out>/cuda) and embeds them, so that each source exists
+// once, as a .cu file nvcc and NVRTC read alike. cudaNames are the file
+// names of that directory.
+func EmbedFile(cudaNames []string) ([]byte, error) {
+	f := jen.NewFile(EmbedPackage)
+	f.HeaderComment(header)
+	f.PackageComment(commentText("Package " + EmbedPackage + " embeds collgen's generated CUDA sources: one .cu file per kernel and the headers they include, for NVRTC."))
+	patterns := []string{"*.cuh"}
+	if slices.ContainsFunc(cudaNames, func(n string) bool { return strings.HasSuffix(n, ".cu") }) {
+		patterns = []string{"*.cu", "*.cuh"}
 	}
-	for _, e := range emit {
+	// //go:embed *.cu *.cuh
+	// var FS embed.FS
+	f.Comment(commentText("FS holds this directory's CUDA files (kernels.Library.Sources).") + "\n//\n//go:embed " + strings.Join(patterns, " "))
+	f.Var().Id("FS").Qual("embed", "FS")
+	files, err := render(map[string]*jen.File{"embed.go": f})
+	return files["embed.go"], err
+}
+
+// EmbedPackage is the name of the package EmbedFile renders.
+const EmbedPackage = "cuda"
+
+// render formats each file; a formatting failure shows the source with line
+// numbers.
+func render(files map[string]*jen.File) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	for name, f := range files {
 		var buf bytes.Buffer
-		if err := e.f.Render(&buf); err != nil {
-			return nil, fmt.Errorf("render %s: %w", e.name, err)
+		if err := f.Render(&buf); err != nil {
+			return nil, fmt.Errorf("render %s: %w\n%s", name, err, numbered(fmt.Sprintf("%#v", f)))
 		}
-		out[e.name] = buf.Bytes()
+		out[name] = buf.Bytes()
 	}
 	return out, nil
+}
+
+// numbered prefixes every line of src with its number.
+func numbered(src string) string {
+	var b strings.Builder
+	for i, line := range strings.Split(src, "\n") {
+		fmt.Fprintf(&b, "%5d  %s\n", i+1, line)
+	}
+	return b.String()
+}
+
+// commentText formats text as a // comment wrapped at 80 columns (jennifer renders
+// a comment that starts with // as it is).
+func commentText(text string) string {
+	var b strings.Builder
+	line := "//"
+	for _, w := range strings.Fields(text) {
+		if len(line)+1+len(w) > 80 && line != "//" {
+			b.WriteString(line + "\n")
+			line = "//"
+		}
+		line += " " + w
+	}
+	b.WriteString(line)
+	return b.String()
+}
+
+// multi lays out a composite literal with one element per line, each with a
+// trailing comma, as gofmt lays out protobuf-go's generated tables.
+var multi = jen.Options{Open: "{", Close: "}", Separator: ",", Multi: true}
+
+// field is one keyed element of a composite literal; a nil value is left out.
+type field struct {
+	name  string
+	value jen.Code
+}
+
+// keyed emits Name: value pairs in the given order (the struct's declaration
+// order), one per line, leaving out nil values (zero values).
+func keyed(fields ...field) *jen.Statement {
+	var items []jen.Code
+	for _, f := range fields {
+		if f.value != nil {
+			items = append(items, jen.Id(f.name).Op(":").Add(f.value))
+		}
+	}
+	return jen.Custom(multi, items...)
+}
+
+// nonZero returns jen.Lit(v), or nil (left out) for v's zero value.
+func nonZero[T comparable](v T) jen.Code {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return jen.Lit(v)
 }
 
 func newFile(p *plan.Plan, doc string) *jen.File {
 	f := jen.NewFile(p.Package)
 	f.HeaderComment(header)
 	if doc != "" {
-		f.PackageComment(doc)
+		f.PackageComment(commentText(doc))
 	}
 	f.ImportName(kernelsPkg, "kernels")
 	return f
@@ -76,66 +159,81 @@ func newFile(p *plan.Plan, doc string) *jen.File {
 
 // kernelsFile emits:
 //
-//	var Library = &kernels.Library{Package: ..., Kernels: []kernels.Kernel{...}, ...}
-func kernelsFile(p *plan.Plan, manifest string) *jen.File {
+//	var Library = &kernels.Library{
+//		Package: "collectives",
+//		Kernels: []kernels.Kernel{
+//			{
+//				Name:       "allreduce_oneshot_bf16_sum_w2",
+//				Collective: "allreduce",
+//				...
+//			},
+//		},
+//		...
+//		Sources: cuda.FS,
+//	}
+func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 	f := newFile(p, fmt.Sprintf("Package %s holds collgen's generated collective kernels: the registry, "+
 		"selection tables, argument layouts, host reduce loops and the CUDA sources to compile at run time. "+
 		"Pass Library to the runtime (comm.Config.Library).", p.Package))
+	f.ImportName(cudaImport, EmbedPackage)
 	var ks []jen.Code
 	for _, k := range p.Kernels {
-		d := jen.Dict{
-			jen.Id("Name"):        jen.Lit(k.Name),
-			jen.Id("Collective"):  jen.Lit(string(k.Collective)),
-			jen.Id("Algorithm"):   jen.Lit(string(k.Algorithm)),
-			jen.Id("DType"):       jen.Lit(string(k.DType)),
-			jen.Id("Op"):          jen.Lit(string(k.Op)),
-			jen.Id("World"):       jen.Lit(k.World),
-			jen.Id("Launch"):      jen.Qual(kernelsPkg, "Launch").Values(jen.Dict{jen.Id("Threads"): jen.Lit(k.Launch.Threads), jen.Id("MaxBlocks"): jen.Lit(k.Launch.MaxBlocks), jen.Id("VectorBytes"): jen.Lit(k.Launch.VectorBytes)}),
-			jen.Id("Args"):        jen.Id(layoutVar(k.Layout)),
-			jen.Id("Source"):      jen.Lit(k.File()),
-			jen.Id("Barriers"):    jen.Lit(k.Schedule.Barriers()),
-			jen.Id("UsesScratch"): jen.Lit(k.Schedule.UsesScratch),
-		}
-		if k.Schedule.Protocol != "" {
-			d[jen.Id("Protocol")] = jen.Lit(string(k.Schedule.Protocol))
-			d[jen.Id("InboxChunks")] = jen.Lit(k.Schedule.InboxChunks())
-		}
-		ks = append(ks, jen.Values(d))
+		s := k.Schedule
+		ks = append(ks, keyed(
+			field{"Name", jen.Lit(k.Name)},
+			field{"Collective", jen.Lit(string(k.Collective))},
+			field{"Algorithm", jen.Lit(string(k.Algorithm))},
+			field{"DType", jen.Lit(string(k.DType))},
+			field{"Op", nonZero(string(k.Op))},
+			field{"World", jen.Lit(k.World)},
+			field{"Launch", jen.Qual(kernelsPkg, "Launch").Values(jen.Id("Threads").Op(":").Lit(k.Launch.Threads),
+				jen.Id("MaxBlocks").Op(":").Lit(k.Launch.MaxBlocks), jen.Id("VectorBytes").Op(":").Lit(k.Launch.VectorBytes))},
+			field{"Args", jen.Id(layoutVar(k.Layout))},
+			field{"Source", jen.Lit(k.File())},
+			field{"Barriers", nonZero(s.Barriers())},
+			field{"UsesScratch", nonZero(s.UsesScratch)},
+			field{"Protocol", nonZero(string(s.Protocol))},
+			field{"InboxChunks", nonZero(s.InboxChunks())},
+		))
 	}
 	var sels []jen.Code
 	for _, s := range p.Selections {
 		var rules []jen.Code
 		for _, r := range s.Rules {
-			rules = append(rules, jen.Values(jen.Dict{jen.Id("UpTo"): jen.Lit(r.UpTo), jen.Id("Use"): jen.Lit(string(r.Use))}))
+			// {UpTo: 262144, Use: "oneshot"}; the bound as an untyped constant
+			var kv []jen.Code
+			if r.UpTo != 0 {
+				kv = append(kv, jen.Id("UpTo").Op(":").Op(strconv.FormatInt(r.UpTo, 10)))
+			}
+			rules = append(rules, jen.Values(append(kv, jen.Id("Use").Op(":").Lit(string(r.Use)))...))
 		}
 		var worlds []jen.Code
 		for _, w := range s.Worlds {
 			worlds = append(worlds, jen.Lit(w))
 		}
-		sels = append(sels, jen.Values(jen.Dict{
-			jen.Id("Topology"):   jen.Lit(s.Topology),
-			jen.Id("Kind"):       jen.Lit(s.Kind),
-			jen.Id("Collective"): jen.Lit(string(s.Collective)),
-			jen.Id("Worlds"):     jen.Index().Int().Values(worlds...),
-			jen.Id("Rules"):      jen.Index().Qual(kernelsPkg, "Rule").Values(rules...),
-		}))
+		sels = append(sels, keyed(
+			field{"Topology", jen.Lit(s.Topology)},
+			field{"Kind", jen.Lit(s.Kind)},
+			field{"Collective", jen.Lit(string(s.Collective))},
+			field{"Worlds", jen.Index().Int().Values(worlds...)},
+			field{"Rules", jen.Index().Qual(kernelsPkg, "Rule").Custom(multi, rules...)},
+		))
 	}
-	f.Comment("Library is everything this package provides to the collgen runtime.")
-	f.Var().Id("Library").Op("=").Op("&").Qual(kernelsPkg, "Library").Values(jen.Dict{
-		jen.Id("Package"):      jen.Lit(p.Package),
-		jen.Id("Kernels"):      jen.Index().Qual(kernelsPkg, "Kernel").Values(ks...),
-		jen.Id("Selections"):   jen.Index().Qual(kernelsPkg, "Selection").Values(sels...),
-		jen.Id("Sources"):      jen.Id("cudaSources"),
-		jen.Id("Headers"):      jen.Id("cudaHeaders"),
-		jen.Id("HostReducers"): jen.Id("hostReducers"),
-		jen.Id("Manifest"):     jen.Id("Manifest"),
-		jen.Id("MaxBlocks"):    jen.Id("MaxBlocks"),
-	})
+	f.Comment(commentText("Library is everything this package provides to the collgen runtime."))
+	f.Var().Id("Library").Op("=").Op("&").Qual(kernelsPkg, "Library").Add(keyed(
+		field{"Package", jen.Lit(p.Package)},
+		field{"Kernels", jen.Index().Qual(kernelsPkg, "Kernel").Custom(multi, ks...)},
+		field{"Selections", jen.Index().Qual(kernelsPkg, "Selection").Custom(multi, sels...)},
+		field{"Sources", jen.Qual(cudaImport, "FS")},
+		field{"HostReducers", jen.Id("hostReducers")},
+		field{"Manifest", jen.Id("Manifest")},
+		field{"MaxBlocks", jen.Id("MaxBlocks")},
+	))
 	f.Line()
-	f.Comment("Manifest lists the content hashes of the specs and templates that produced this package.")
+	f.Comment(commentText("Manifest lists the content hashes of the specs and templates that produced this package."))
 	f.Const().Id("Manifest").Op("=").Lit(manifest)
 	f.Line()
-	f.Comment("MaxBlocks is the largest grid any kernel launches: signal pads and sequence counters must hold this many blocks.")
+	f.Comment(commentText("MaxBlocks is the largest grid any kernel launches: signal pads and sequence counters must hold this many blocks."))
 	f.Const().Id("MaxBlocks").Op("=").Lit(p.MaxBlocks)
 	return f
 }
@@ -160,17 +258,17 @@ func argsFile(p *plan.Plan) *jen.File {
 				t = jen.Index(jen.Lit(fl.Count)).Add(t)
 			}
 			fields = append(fields, jen.Id(goField(fl.Name)).Add(t).Comment(fmt.Sprintf("C: %s at offset %d", fl.Name, fl.Offset)))
-			lfields = append(lfields, jen.Values(jen.Dict{jen.Id("Name"): jen.Lit(fl.Name), jen.Id("Offset"): jen.Lit(fl.Offset),
-				jen.Id("Size"): jen.Lit(fl.Size), jen.Id("Count"): jen.Lit(fl.Count)}))
+			lfields = append(lfields, jen.Values(jen.Id("Name").Op(":").Lit(fl.Name), jen.Id("Offset").Op(":").Lit(fl.Offset),
+				jen.Id("Size").Op(":").Lit(fl.Size), jen.Id("Count").Op(":").Lit(fl.Count)))
 		}
-		f.Commentf("%s mirrors the CUDA struct %s (%d bytes), the by-value argument of every world-size-%d kernel. Pointers are device addresses.", l.GoName(), l.CType, l.Size, l.World)
+		f.Comment(commentText(fmt.Sprintf("%s mirrors the CUDA struct %s (%d bytes), the by-value argument of every world-size-%d kernel. Pointers are device addresses.", l.GoName(), l.CType, l.Size, l.World)))
 		f.Type().Id(l.GoName()).Struct(fields...)
 		f.Line()
-		f.Var().Id(layoutVar(l)).Op("=").Op("&").Qual(kernelsPkg, "ArgLayout").Values(jen.Dict{
-			jen.Id("CType"):  jen.Lit(l.CType),
-			jen.Id("Size"):   jen.Lit(l.Size),
-			jen.Id("Fields"): jen.Index().Qual(kernelsPkg, "Field").Values(lfields...),
-		})
+		f.Var().Id(layoutVar(l)).Op("=").Op("&").Qual(kernelsPkg, "ArgLayout").Add(keyed(
+			field{"CType", jen.Lit(l.CType)},
+			field{"Size", jen.Lit(l.Size)},
+			field{"Fields", jen.Index().Qual(kernelsPkg, "Field").Custom(multi, lfields...)},
+		))
 		f.Line()
 	}
 	return f
@@ -207,15 +305,16 @@ func argsTestFile(p *plan.Plan) *jen.File {
 			),
 		))
 	}
-	f.Comment("TestArgsMatchCLayout checks each Go argument struct against the C layout asserted in collgen_common.cuh.")
+	f.Comment(commentText("TestArgsMatchCLayout checks each Go argument struct against the C layout asserted in collgen_common.cuh."))
 	f.Func().Id("TestArgsMatchCLayout").Params(jen.Id("t").Op("*").Qual("testing", "T")).Block(body...)
 	f.Line()
-	f.Comment("TestLibraryConsistent checks that every kernel's source is embedded and names its symbol.")
+	// for _, k := range Library.Kernels { src, err := Library.Source(k.Source); if err != nil || !strings.Contains(src, k.Name+"(") { t.Errorf(...) } }
+	f.Comment(commentText("TestLibraryConsistent checks that every kernel's source is embedded and names its symbol."))
 	f.Func().Id("TestLibraryConsistent").Params(jen.Id("t").Op("*").Qual("testing", "T")).Block(
 		jen.For(jen.List(jen.Id("_"), jen.Id("k")).Op(":=").Range().Id("Library").Dot("Kernels")).Block(
-			jen.List(jen.Id("src"), jen.Id("ok")).Op(":=").Id("Library").Dot("Sources").Index(jen.Id("k").Dot("Source")),
-			jen.If(jen.Op("!").Id("ok").Op("||").Op("!").Qual("strings", "Contains").Call(jen.Id("src"), jen.Id("k").Dot("Name").Op("+").Lit("("))).Block(
-				jen.Id("t").Dot("Errorf").Call(jen.Lit("kernel %s: source %s missing or lacks the kernel"), jen.Id("k").Dot("Name"), jen.Id("k").Dot("Source")),
+			jen.List(jen.Id("src"), jen.Id("err")).Op(":=").Id("Library").Dot("Source").Call(jen.Id("k").Dot("Source")),
+			jen.If(jen.Id("err").Op("!=").Nil().Op("||").Op("!").Qual("strings", "Contains").Call(jen.Id("src"), jen.Id("k").Dot("Name").Op("+").Lit("("))).Block(
+				jen.Id("t").Dot("Errorf").Call(jen.Lit("kernel %s: source %s missing (%v) or lacks the kernel"), jen.Id("k").Dot("Name"), jen.Id("k").Dot("Source"), jen.Id("err")),
 			),
 		),
 	)
@@ -230,38 +329,15 @@ func offsetDict(l *plan.Layout) jen.Dict {
 	return d
 }
 
-// sourcesFile emits the CUDA sources as string constants:
-//
-//	var cudaSources = map[string]string{"allreduce_oneshot_bf16_sum_w4.cu": "...", ...}
-func sourcesFile(p *plan.Plan, cudaFiles map[string][]byte) *jen.File {
-	f := newFile(p, "")
-	names := make([]string, 0, len(cudaFiles))
-	for n := range cudaFiles {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	src, hdr := jen.Dict{}, jen.Dict{}
-	for _, n := range names {
-		if strings.HasSuffix(n, ".cuh") {
-			hdr[jen.Lit(n)] = jen.Lit(string(cudaFiles[n]))
-		} else {
-			src[jen.Lit(n)] = jen.Lit(string(cudaFiles[n]))
-		}
-	}
-	f.Comment("cudaSources maps each kernel's .cu file name to its source, for NVRTC.")
-	f.Var().Id("cudaSources").Op("=").Map(jen.String()).String().Values(src)
-	f.Line()
-	f.Comment("cudaHeaders maps header names the sources include to their contents.")
-	f.Var().Id("cudaHeaders").Op("=").Map(jen.String()).String().Values(hdr)
-	return f
-}
-
 // combinationsFile emits the per-combination table GPU tests iterate over:
 //
-//	var Combinations = []Combination{{Kernel: "allreduce_oneshot_bf16_sum_w2", Collective: "allreduce", ...}, ...}
+//	var Combinations = []Combination{
+//		{"allreduce_oneshot_bf16_sum_w2", "allreduce", "oneshot", "bf16", "sum", 2},
+//		...
+//	}
 func combinationsFile(p *plan.Plan) *jen.File {
 	f := newFile(p, "")
-	f.Comment("Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference.")
+	f.Comment(commentText("Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference."))
 	f.Type().Id("Combination").Struct(
 		jen.Id("Kernel").String(),
 		jen.Id("Collective").String(),
@@ -274,7 +350,7 @@ func combinationsFile(p *plan.Plan) *jen.File {
 	for _, k := range p.Kernels {
 		rows = append(rows, jen.Values(jen.Lit(k.Name), jen.Lit(string(k.Collective)), jen.Lit(string(k.Algorithm)), jen.Lit(string(k.DType)), jen.Lit(string(k.Op)), jen.Lit(k.World)))
 	}
-	f.Comment("Combinations lists every generated GPU kernel, sorted by name.")
-	f.Var().Id("Combinations").Op("=").Index().Id("Combination").Values(rows...)
+	f.Comment(commentText("Combinations lists every generated GPU kernel, sorted by name."))
+	f.Var().Id("Combinations").Op("=").Index().Id("Combination").Custom(multi, rows...)
 	return f
 }

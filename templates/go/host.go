@@ -46,18 +46,18 @@ func hostTypeOf(dtype coll.DType) (hostType, error) {
 // and the table hostReducers mapping kernels.HostKey to them.
 func hostFile(p *plan.Plan) *jen.File {
 	f := newFile(p, "")
-	f.Comment("hostBlock is how many elements a host loop accumulates at a time: the accumulator stays in L1 while every source streams through once.")
+	f.Comment(commentText("hostBlock is how many elements a host loop accumulates at a time: the accumulator stays in L1 while every source streams through once."))
 	f.Const().Id("hostBlock").Op("=").Lit(1024)
 	f.Line()
 	// func elems[T any](b []byte, lo, m int) []T
-	f.Comment("elems views m elements of type T of b, starting at element lo.")
+	f.Comment(commentText("elems views m elements of type T of b, starting at element lo."))
 	f.Func().Id("elems").Types(jen.Id("T").Any()).Params(jen.Id("b").Index().Byte(), jen.List(jen.Id("lo"), jen.Id("m")).Int()).Index().Id("T").Block(
 		jen.Var().Id("z").Id("T"),
 		jen.Id("size").Op(":=").Int().Call(jen.Qual("unsafe", "Sizeof").Call(jen.Id("z"))),
 		jen.Return(jen.Qual("unsafe", "Slice").Call(jen.Parens(jen.Op("*").Id("T")).Call(jen.Qual("unsafe", "Pointer").Call(jen.Op("&").Id("b").Index(jen.Id("lo").Op("*").Id("size")))), jen.Id("m"))),
 	)
 	f.Line()
-	table := jen.Dict{}
+	var table []jen.Code
 	for _, key := range p.HostReducers {
 		ht, err := hostTypeOf(key.DType)
 		if err != nil {
@@ -67,13 +67,13 @@ func hostFile(p *plan.Plan) *jen.File {
 		}
 		op := string(key.Op)
 		name := "reduce" + ht.goName + strings.ToUpper(op[:1]) + op[1:]
-		table[jen.Qual(kernelsPkg, "HostKey").Values(jen.Dict{jen.Id("DType"): jen.Lit(string(key.DType)), jen.Id("Op"): jen.Lit(op)})] = jen.Id(name)
-		f.Commentf("%s is the host reduce loop for %s %s: dst = srcs[0] %s srcs[1] %s ..., in source order.", name, key.DType, key.Op, key.Op, key.Op)
+		table = append(table, jen.Values(jen.Id("DType").Op(":").Lit(string(key.DType)), jen.Id("Op").Op(":").Lit(op)).Op(":").Id(name))
+		f.Comment(commentText(fmt.Sprintf("%s is the host reduce loop for %s %s: dst = srcs[0] %s srcs[1] %s ..., in source order.", name, key.DType, key.Op, key.Op, key.Op)))
 		f.Func().Id(name).Params(jen.Id("dst").Index().Byte(), jen.Id("srcs").Index().Index().Byte()).Block(hostBody(ht, key.Op)...)
 		f.Line()
 	}
-	f.Comment("hostReducers maps each host (dtype, op) to its reduce loop.")
-	f.Var().Id("hostReducers").Op("=").Map(jen.Qual(kernelsPkg, "HostKey")).Qual(kernelsPkg, "HostReduceFunc").Values(table)
+	f.Comment(commentText("hostReducers maps each host (dtype, op) to its reduce loop."))
+	f.Var().Id("hostReducers").Op("=").Map(jen.Qual(kernelsPkg, "HostKey")).Qual(kernelsPkg, "HostReduceFunc").Custom(multi, table...)
 	return f
 }
 

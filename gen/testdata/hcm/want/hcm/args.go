@@ -4,7 +4,8 @@ package hcm
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value argument of every world-size-8 kernel. Pointers are device addresses.
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value
+// argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -23,71 +24,20 @@ type ArgsW8 struct {
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "scratch",
-		Offset: 80,
-		Size:   8,
-	}, {
-		Count:  8,
-		Name:   "signal",
-		Offset: 144,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 208,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 216,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 224,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 232,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 240,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 248,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 256,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 260,
-		Size:   4,
-	}},
-	Size: 264,
+	Size:  264,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 8},
+		{Name: "scratch", Offset: 80, Size: 8, Count: 8},
+		{Name: "signal", Offset: 144, Size: 8, Count: 8},
+		{Name: "seq", Offset: 208, Size: 8, Count: 1},
+		{Name: "status", Offset: 216, Size: 8, Count: 1},
+		{Name: "count", Offset: 224, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 232, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 240, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 248, Size: 8, Count: 1},
+		{Name: "rank", Offset: 256, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 260, Size: 4, Count: 1},
+	},
 }

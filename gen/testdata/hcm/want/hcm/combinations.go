@@ -2,7 +2,8 @@
 
 package hcm
 
-// Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference.
+// Combination is one generated GPU kernel to prove: a test runs it against a
+// float64 host reference.
 type Combination struct {
 	Kernel     string
 	Collective string
@@ -13,4 +14,6 @@ type Combination struct {
 }
 
 // Combinations lists every generated GPU kernel, sorted by name.
-var Combinations = []Combination{{"allreduce_hcm_bf16_sum_w8", "allreduce", "hcm", "bf16", "sum", 8}}
+var Combinations = []Combination{
+	{"allreduce_hcm_bf16_sum_w8", "allreduce", "hcm", "bf16", "sum", 8},
+}

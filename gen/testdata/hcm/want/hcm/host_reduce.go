@@ -7,7 +7,8 @@ import (
 	"unsafe"
 )
 
-// hostBlock is how many elements a host loop accumulates at a time: the accumulator stays in L1 while every source streams through once.
+// hostBlock is how many elements a host loop accumulates at a time: the
+// accumulator stays in L1 while every source streams through once.
 const hostBlock = 1024
 
 // elems views m elements of type T of b, starting at element lo.

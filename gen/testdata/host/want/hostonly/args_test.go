@@ -7,15 +7,17 @@ import (
 	"testing"
 )
 
-// TestArgsMatchCLayout checks each Go argument struct against the C layout asserted in collgen_common.cuh.
+// TestArgsMatchCLayout checks each Go argument struct against the C layout
+// asserted in collgen_common.cuh.
 func TestArgsMatchCLayout(t *testing.T) {}
 
-// TestLibraryConsistent checks that every kernel's source is embedded and names its symbol.
+// TestLibraryConsistent checks that every kernel's source is embedded and names
+// its symbol.
 func TestLibraryConsistent(t *testing.T) {
 	for _, k := range Library.Kernels {
-		src, ok := Library.Sources[k.Source]
-		if !ok || !strings.Contains(src, k.Name+"(") {
-			t.Errorf("kernel %s: source %s missing or lacks the kernel", k.Name, k.Source)
+		src, err := Library.Source(k.Source)
+		if err != nil || !strings.Contains(src, k.Name+"(") {
+			t.Errorf("kernel %s: source %s missing (%v) or lacks the kernel", k.Name, k.Source, err)
 		}
 	}
 }

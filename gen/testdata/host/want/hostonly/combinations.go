@@ -2,7 +2,8 @@
 
 package hostonly
 
-// Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference.
+// Combination is one generated GPU kernel to prove: a test runs it against a
+// float64 host reference.
 type Combination struct {
 	Kernel     string
 	Collective string

@@ -8,7 +8,8 @@ import (
 	"unsafe"
 )
 
-// hostBlock is how many elements a host loop accumulates at a time: the accumulator stays in L1 while every source streams through once.
+// hostBlock is how many elements a host loop accumulates at a time: the
+// accumulator stays in L1 while every source streams through once.
 const hostBlock = 1024
 
 // elems views m elements of type T of b, starting at element lo.
@@ -18,7 +19,8 @@ func elems[T any](b []byte, lo, m int) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[lo*size])), m)
 }
 
-// reduceBF16Max is the host reduce loop for bf16 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceBF16Max is the host reduce loop for bf16 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceBF16Max(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -44,7 +46,8 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceBF16Sum is the host reduce loop for bf16 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceBF16Sum is the host reduce loop for bf16 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceBF16Sum(dst []byte, srcs [][]byte) {
 	var z uint16
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -68,7 +71,8 @@ func reduceBF16Sum(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF32Max is the host reduce loop for f32 max: dst = srcs[0] max srcs[1] max ..., in source order.
+// reduceF32Max is the host reduce loop for f32 max: dst = srcs[0] max srcs[1]
+// max ..., in source order.
 func reduceF32Max(dst []byte, srcs [][]byte) {
 	var z float32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -94,7 +98,8 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 	}
 }
 
-// reduceF32Sum is the host reduce loop for f32 sum: dst = srcs[0] sum srcs[1] sum ..., in source order.
+// reduceF32Sum is the host reduce loop for f32 sum: dst = srcs[0] sum srcs[1]
+// sum ..., in source order.
 func reduceF32Sum(dst []byte, srcs [][]byte) {
 	var z float32
 	n := len(dst) / int(unsafe.Sizeof(z))
@@ -120,20 +125,8 @@ func reduceF32Sum(dst []byte, srcs [][]byte) {
 
 // hostReducers maps each host (dtype, op) to its reduce loop.
 var hostReducers = map[kernels.HostKey]kernels.HostReduceFunc{
-	kernels.HostKey{
-		DType: "bf16",
-		Op:    "max",
-	}: reduceBF16Max,
-	kernels.HostKey{
-		DType: "bf16",
-		Op:    "sum",
-	}: reduceBF16Sum,
-	kernels.HostKey{
-		DType: "f32",
-		Op:    "max",
-	}: reduceF32Max,
-	kernels.HostKey{
-		DType: "f32",
-		Op:    "sum",
-	}: reduceF32Sum,
+	{DType: "bf16", Op: "max"}: reduceBF16Max,
+	{DType: "bf16", Op: "sum"}: reduceBF16Sum,
+	{DType: "f32", Op: "max"}:  reduceF32Max,
+	{DType: "f32", Op: "sum"}:  reduceF32Sum,
 }

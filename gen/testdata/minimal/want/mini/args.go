@@ -4,7 +4,8 @@ package mini
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value argument of every world-size-2 kernel. Pointers are device addresses.
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value
+// argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
 	Output    uint64    // C: output at offset 8
@@ -23,71 +24,20 @@ type ArgsW2 struct {
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Fields: []kernels.Field{{
-		Count:  1,
-		Name:   "input",
-		Offset: 0,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "output",
-		Offset: 8,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "stage",
-		Offset: 16,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "scratch",
-		Offset: 32,
-		Size:   8,
-	}, {
-		Count:  2,
-		Name:   "signal",
-		Offset: 48,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "seq",
-		Offset: 64,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "status",
-		Offset: 72,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "count",
-		Offset: 80,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "chunk",
-		Offset: 88,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "timeout_ns",
-		Offset: 96,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "slot_bytes",
-		Offset: 104,
-		Size:   8,
-	}, {
-		Count:  1,
-		Name:   "rank",
-		Offset: 112,
-		Size:   4,
-	}, {
-		Count:  1,
-		Name:   "kernel_id",
-		Offset: 116,
-		Size:   4,
-	}},
-	Size: 120,
+	Size:  120,
+	Fields: []kernels.Field{
+		{Name: "input", Offset: 0, Size: 8, Count: 1},
+		{Name: "output", Offset: 8, Size: 8, Count: 1},
+		{Name: "stage", Offset: 16, Size: 8, Count: 2},
+		{Name: "scratch", Offset: 32, Size: 8, Count: 2},
+		{Name: "signal", Offset: 48, Size: 8, Count: 2},
+		{Name: "seq", Offset: 64, Size: 8, Count: 1},
+		{Name: "status", Offset: 72, Size: 8, Count: 1},
+		{Name: "count", Offset: 80, Size: 8, Count: 1},
+		{Name: "chunk", Offset: 88, Size: 8, Count: 1},
+		{Name: "timeout_ns", Offset: 96, Size: 8, Count: 1},
+		{Name: "slot_bytes", Offset: 104, Size: 8, Count: 1},
+		{Name: "rank", Offset: 112, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 116, Size: 4, Count: 1},
+	},
 }

@@ -2,7 +2,8 @@
 
 package mini
 
-// Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference.
+// Combination is one generated GPU kernel to prove: a test runs it against a
+// float64 host reference.
 type Combination struct {
 	Kernel     string
 	Collective string
@@ -13,4 +14,6 @@ type Combination struct {
 }
 
 // Combinations lists every generated GPU kernel, sorted by name.
-var Combinations = []Combination{{"allreduce_oneshot_f32_sum_w2", "allreduce", "oneshot", "f32", "sum", 2}}
+var Combinations = []Combination{
+	{"allreduce_oneshot_f32_sum_w2", "allreduce", "oneshot", "f32", "sum", 2},
+}
