@@ -77,14 +77,20 @@ func EmbedFile(cudaNames []string) ([]byte, error) {
 // EmbedPackage is the name of the package EmbedFile renders.
 const EmbedPackage = "cuda"
 
-// render formats each file; a formatting failure shows the source with line
-// numbers.
+// render formats each file; a formatting failure shows the unformatted
+// source with line numbers, as protogen does.
 func render(files map[string]*jen.File) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	for name, f := range files {
 		var buf bytes.Buffer
 		if err := f.Render(&buf); err != nil {
-			return nil, fmt.Errorf("render %s: %w\n%s", name, err, numbered(fmt.Sprintf("%#v", f)))
+			msg, _, _ := strings.Cut(err.Error(), "\n") // jennifer appends the source unnumbered
+			f.NoFormat = true
+			buf.Reset()
+			if f.Render(&buf) == nil {
+				return nil, fmt.Errorf("render %s: %s\n%s", name, msg, numbered(buf.String()))
+			}
+			return nil, fmt.Errorf("render %s: %w", name, err)
 		}
 		out[name] = buf.Bytes()
 	}
