@@ -2,11 +2,14 @@ package gen
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -205,6 +208,59 @@ func TestImportPath(t *testing.T) {
 	} {
 		if got := modulePath([]byte(gomod)); got != want {
 			t.Errorf("modulePath(%q) = %q, want %q", gomod, got, want)
+		}
+	}
+}
+
+// TestVersionMarker proves that the version check in kernels.go works: the
+// shipped package builds as rendered, and fails to compile when its marker
+// says an older generator made it (below kernels.MinVersion) or a newer one
+// (above kernels.MaxVersion). The variants replace kernels.go through a
+// build overlay, so nothing on disk changes.
+func TestVersionMarker(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command:", err)
+	}
+	out := render(t, "../spec", "../generated", Options{})
+	src := string(out.Files["collectives/kernels.go"])
+	v := kernels.GenVersion
+	oldMarker := fmt.Sprintf("EnforceVersion(%d - kernels.MinVersion)", v)
+	newMarker := fmt.Sprintf("EnforceVersion(kernels.MaxVersion - %d)", v)
+	if !strings.Contains(src, oldMarker) || !strings.Contains(src, newMarker) {
+		t.Fatalf("kernels.go lacks the version marker %q / %q", oldMarker, newMarker)
+	}
+	target, err := filepath.Abs("../generated/collectives/kernels.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, src string
+		fails     bool
+	}{
+		{"as rendered", src, false},
+		{"older generator", strings.Replace(src, oldMarker, fmt.Sprintf("EnforceVersion(%d - kernels.MinVersion)", kernels.MinVersion-1), 1), true},
+		{"newer generator", strings.Replace(src, newMarker, fmt.Sprintf("EnforceVersion(kernels.MaxVersion - %d)", kernels.MaxVersion+1), 1), true},
+	} {
+		dir := t.TempDir()
+		file := filepath.Join(dir, "kernels.go")
+		overlay := filepath.Join(dir, "overlay.json")
+		js := fmt.Sprintf(`{"Replace": {%q: %q}}`, target, file)
+		if err := os.WriteFile(file, []byte(c.src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(overlay, []byte(js), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(goTool, "build", "-overlay", overlay, "github.com/collgen/collgen/generated/collectives")
+		msg, err := cmd.CombinedOutput()
+		switch {
+		case c.fails && err == nil:
+			t.Errorf("%s: a stale marker compiled", c.name)
+		case c.fails && !strings.Contains(string(msg), "overflows kernels.EnforceVersion"):
+			t.Errorf("%s: failed for another reason: %s", c.name, msg)
+		case !c.fails && err != nil:
+			t.Errorf("%s: %v\n%s", c.name, err, msg)
 		}
 	}
 }

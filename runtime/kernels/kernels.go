@@ -14,6 +14,35 @@ import (
 	"github.com/collgen/collgen/schedule"
 )
 
+// Versions of the contract between generated packages and this package,
+// enforced at compile time as protobuf-go's protoimpl.EnforceVersion does:
+// every generated kernels.go declares
+//
+//	const (
+//		_ = kernels.EnforceVersion(GEN - kernels.MinVersion)
+//		_ = kernels.EnforceVersion(kernels.MaxVersion - GEN)
+//	)
+//
+// with GEN the GenVersion of the collgen that generated it. A package too
+// old for this runtime (GEN < MinVersion), or a runtime too old for the
+// package (GEN > MaxVersion), does not compile ("constant -1 overflows
+// kernels.EnforceVersion"): regenerate it with this collgen.
+const (
+	// GenVersion is the version collgen's generator emits. Bump it, and
+	// MaxVersion, whenever generated code needs something new of this
+	// package; raise MinVersion when this package stops reading what older
+	// generated code provides.
+	GenVersion = 1
+	// MinVersion is the oldest generated code this package reads.
+	MinVersion = 1
+	// MaxVersion is the newest generated code this package reads.
+	MaxVersion = GenVersion
+)
+
+// EnforceVersion is the type of generated code's version checks: a
+// negative constant converted to it does not compile.
+type EnforceVersion uint
+
 // Launch is a kernel's launch configuration from the spec.
 type Launch struct {
 	Threads     int // threads per block

@@ -19,6 +19,7 @@ import (
 	"github.com/dave/jennifer/jen"
 
 	"github.com/collgen/collgen/plan"
+	"github.com/collgen/collgen/runtime/kernels"
 )
 
 const (
@@ -225,6 +226,14 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"Rules", jen.Index().Qual(kernelsPkg, "Rule").Custom(multi, rules...)},
 		))
 	}
+	// const (_ = kernels.EnforceVersion(1 - kernels.MinVersion); _ = kernels.EnforceVersion(kernels.MaxVersion - 1))
+	f.Const().Defs(
+		jen.Comment("Verify that this package is recent enough for runtime/kernels."),
+		jen.Id("_").Op("=").Qual(kernelsPkg, "EnforceVersion").Call(jen.Lit(kernels.GenVersion).Op("-").Qual(kernelsPkg, "MinVersion")),
+		jen.Comment("Verify that runtime/kernels is recent enough for this package."),
+		jen.Id("_").Op("=").Qual(kernelsPkg, "EnforceVersion").Call(jen.Qual(kernelsPkg, "MaxVersion").Op("-").Lit(kernels.GenVersion)),
+	)
+	f.Line()
 	f.Comment(commentText("Library is everything this package provides to the collgen runtime."))
 	f.Var().Id("Library").Op("=").Op("&").Qual(kernelsPkg, "Library").Add(keyed(
 		field{"Package", jen.Lit(p.Package)},
