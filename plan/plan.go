@@ -69,90 +69,135 @@ type Options struct {
 	Only string
 }
 
-// New expands a spec into a plan.
+// New expands a spec into a plan in named passes, each reading the spec and
+// what earlier passes built (as ent's gen.NewGraph builds its graph):
+// selections, host reducers, kernels, layouts, then the grid bound.
 func New(s *spec.Spec, opts Options) (*Plan, error) {
 	if opts.Only != "" {
 		if _, err := path.Match(opts.Only, ""); err != nil {
 			return nil, fmt.Errorf("--only %q: %w", opts.Only, err)
 		}
 	}
-	p := &Plan{Spec: s, Package: s.Package}
-	byName := map[string]*Kernel{}
-	layouts := map[int]*Layout{}
-	hostKeys := map[kernels.HostKey]bool{}
-	for _, t := range s.Topologies {
+	b := &builder{s: s, opts: opts, p: &Plan{Spec: s, Package: s.Package}}
+	b.selections()
+	b.hostReducers()
+	if err := b.kernels(); err != nil {
+		return nil, err
+	}
+	b.layouts()
+	b.maxBlocks()
+	return b.p, nil
+}
+
+// builder holds New's input and the plan its passes fill in.
+type builder struct {
+	s    *spec.Spec
+	opts Options
+	p    *Plan
+}
+
+// selections adds the size rules of every topology and collective that
+// generates or selects something, in topology then collective order.
+func (b *builder) selections() {
+	for _, t := range b.s.Topologies {
 		for _, c := range coll.Collectives() {
-			algs := t.Generate[c]
-			if len(algs) > 0 || len(t.Select[c]) > 0 {
-				p.Selections = append(p.Selections, selection(&t, c))
+			if len(t.Generate[c]) > 0 || len(t.Select[c]) > 0 {
+				b.p.Selections = append(b.p.Selections, selection(&t, c))
 			}
-			if t.Kind == spec.HostSHM {
-				if c.Reduces() && len(algs) > 0 {
-					for _, dt := range t.DTypes.Reduce {
-						for _, op := range s.Ops {
-							hostKeys[kernels.HostKey{DType: dt, Op: op}] = true
-						}
-					}
-				}
+		}
+	}
+}
+
+// hostReducers adds a (dtype, op) loop for every reduce dtype and op of a
+// host topology that generates a reducing collective, sorted.
+func (b *builder) hostReducers() {
+	keys := map[kernels.HostKey]bool{}
+	for _, t := range b.s.Topologies {
+		if t.Kind != spec.HostSHM {
+			continue
+		}
+		for _, c := range coll.Collectives() {
+			if !c.Reduces() || len(t.Generate[c]) == 0 {
 				continue
 			}
-			for _, alg := range algs {
+			for _, dt := range t.DTypes.Reduce {
+				for _, op := range b.s.Ops {
+					keys[kernels.HostKey{DType: dt, Op: op}] = true
+				}
+			}
+		}
+	}
+	for k := range keys {
+		b.p.HostReducers = append(b.p.HostReducers, k)
+	}
+	sort.Slice(b.p.HostReducers, func(i, j int) bool {
+		x, y := b.p.HostReducers[i], b.p.HostReducers[j]
+		if x.DType != y.DType {
+			return x.DType < y.DType
+		}
+		return x.Op < y.Op
+	})
+}
+
+// kernels adds one kernel per (collective, algorithm, world, dtype, op) a
+// GPU topology generates and Options.Only keeps, once even when several
+// topologies generate it, sorted by name. Layouts are set by the next pass.
+func (b *builder) kernels() error {
+	byName := map[string]bool{}
+	for _, t := range b.s.Topologies {
+		if t.Kind == spec.HostSHM {
+			continue
+		}
+		for _, c := range coll.Collectives() {
+			for _, alg := range t.Generate[c] {
 				for _, w := range t.WorldSizes {
 					sched, err := schedule.Build(c, alg, w)
 					if err != nil {
-						return nil, fmt.Errorf("topology %s: %w", t.Name, err)
+						return fmt.Errorf("topology %s: %w", t.Name, err)
 					}
 					for _, dt := range dtypesFor(&t, c) {
-						for _, op := range opsFor(s, c) {
+						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)
-							if opts.Only != "" {
-								if ok, _ := path.Match(opts.Only, name); !ok {
-									continue
-								}
-							}
-							if byName[name] != nil {
+							if ok, _ := path.Match(b.opts.Only, name); b.opts.Only != "" && !ok || byName[name] {
 								continue
 							}
-							l := layouts[w]
-							if l == nil {
-								l = NewLayout(w)
-								layouts[w] = l
-							}
+							byName[name] = true
 							k := &Kernel{Name: name, Collective: c, Algorithm: alg, DType: dt, Op: op,
-								World: w, Launch: s.Launch(c, alg), Schedule: sched, Layout: l}
-							if k.Launch.VectorBytes < dt.Size() {
-								k.Launch.VectorBytes = dt.Size()
-							}
-							byName[name] = k
-							p.Kernels = append(p.Kernels, k)
+								World: w, Launch: b.s.Launch(c, alg), Schedule: sched}
+							// A vector holds at least one element.
+							k.Launch.VectorBytes = max(k.Launch.VectorBytes, dt.Size())
+							b.p.Kernels = append(b.p.Kernels, k)
 						}
 					}
 				}
 			}
 		}
 	}
-	sort.Slice(p.Kernels, func(i, j int) bool { return p.Kernels[i].Name < p.Kernels[j].Name })
-	for _, l := range layouts {
-		p.Layouts = append(p.Layouts, l)
-	}
-	sort.Slice(p.Layouts, func(i, j int) bool { return p.Layouts[i].World < p.Layouts[j].World })
-	for k := range hostKeys {
-		p.HostReducers = append(p.HostReducers, k)
-	}
-	sort.Slice(p.HostReducers, func(i, j int) bool {
-		a, b := p.HostReducers[i], p.HostReducers[j]
-		if a.DType != b.DType {
-			return a.DType < b.DType
+	sort.Slice(b.p.Kernels, func(i, j int) bool { return b.p.Kernels[i].Name < b.p.Kernels[j].Name })
+	return nil
+}
+
+// layouts adds one argument layout per world size of a kernel, sorted, and
+// points every kernel at its own.
+func (b *builder) layouts() {
+	byWorld := map[int]*Layout{}
+	for _, k := range b.p.Kernels {
+		if byWorld[k.World] == nil {
+			byWorld[k.World] = NewLayout(k.World)
+			b.p.Layouts = append(b.p.Layouts, byWorld[k.World])
 		}
-		return a.Op < b.Op
-	})
-	p.MaxBlocks = 1
-	for _, a := range s.Algorithms {
-		if a.Launch.MaxBlocks > p.MaxBlocks {
-			p.MaxBlocks = a.Launch.MaxBlocks
-		}
+		k.Layout = byWorld[k.World]
 	}
-	return p, nil
+	sort.Slice(b.p.Layouts, func(i, j int) bool { return b.p.Layouts[i].World < b.p.Layouts[j].World })
+}
+
+// maxBlocks sets the largest grid any algorithm of the spec launches (at
+// least 1): signal pads and sequence counters are sized for it.
+func (b *builder) maxBlocks() {
+	b.p.MaxBlocks = 1
+	for _, a := range b.s.Algorithms {
+		b.p.MaxBlocks = max(b.p.MaxBlocks, a.Launch.MaxBlocks)
+	}
 }
 
 func dtypesFor(t *spec.Topology, c coll.Collective) []coll.DType {

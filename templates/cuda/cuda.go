@@ -111,8 +111,31 @@ type stepContext struct {
 	Lines   []string
 }
 
+// newKernelContext renders a kernel's schedule into the context
+// kernel.cu.tmpl lays out.
 func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
-	s := k.Schedule
+	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
+	return e.context()
+}
+
+// kernelEmitter turns one kernel's schedule into C: it names indices,
+// buffers and lookup tables, and records what the kernel uses (tables, the
+// stage slot) as it emits them, so the template context is complete once
+// every step is written (as protogen's GeneratedFile tracks its imports).
+type kernelEmitter struct {
+	k *plan.Kernel
+	s *schedule.Schedule
+	// tables are the lookup tables declared so far, in order of first use,
+	// and byValues maps a table's values to its name.
+	tables   []table
+	byValues map[string]string
+	// usesStage: some emitted expression addresses the stage buffer.
+	usesStage bool
+}
+
+// context emits every phase and returns the template context.
+func (e *kernelEmitter) context() (*kernelContext, error) {
+	k, s := e.k, e.s
 	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers(),
 		FinalOptional: schedule.FinalBarrierRemovable(s)}
 	c.BarriersWithoutFinal = c.Barriers - 1
@@ -121,107 +144,101 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 		lines = append(lines, "//   "+l)
 	}
 	c.ScheduleComment = strings.Join(lines, "\n")
-	tables := map[string]string{} // values -> name
-	idx := func(x schedule.Index) string {
-		switch x.Kind {
-		case schedule.Const:
-			return fmt.Sprint(x.K)
-		case schedule.RankPlus:
-			if x.K == 0 {
-				return "rank"
-			}
-			return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
-		}
-		vals := make([]string, len(x.Table))
-		for i, v := range x.Table {
-			vals[i] = fmt.Sprint(v)
-		}
-		key := strings.Join(vals, ", ")
-		name, ok := tables[key]
-		if !ok {
-			name = fmt.Sprintf("table%d", len(c.Tables))
-			tables[key] = name
-			c.Tables = append(c.Tables, table{Name: name, Values: key})
-		}
-		return name + "[rank]"
-	}
-	single := func(b schedule.Buffer) bool {
-		return b == schedule.Input && s.InChunks == 1 || b == schedule.Output && s.OutChunks == 1
-	}
-	// ptr returns the C expression of a ref's first element.
-	ptr := func(r schedule.Ref, constant bool) string {
-		q := "E*"
-		if constant {
-			q = "const E*"
-		}
-		var base string
-		switch r.Buf {
-		case schedule.Input:
-			base = fmt.Sprintf("(%s)a.input", q)
-		case schedule.Output:
-			base = fmt.Sprintf("(%s)a.output", q)
-		case schedule.Stage:
-			c.UsesStage = true
-			base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, idx(r.Rank))
-		case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
-			return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", idx(r.Rank), idx(r.Lane), idx(r.Chunk))
-		default:
-			base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, idx(r.Rank))
-		}
-		if single(r.Buf) {
-			return base
-		}
-		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, idx(r.Chunk))
-	}
+	var err error
 	if s.Protocol.Push() {
-		c.LL = true
-		c.Proto = "cg_" + string(s.Protocol)
-		for pi, ph := range s.Phases {
-			pc := phaseContext{}
-			for _, g := range llGroups(ph.Steps) {
-				sc, err := llGroup(k, g, pi, idx, single, ptr)
-				if err != nil {
-					return nil, err
-				}
-				pc.Steps = append(pc.Steps, sc)
-			}
-			c.Phases = append(c.Phases, pc)
+		c.LL, c.Proto = true, "cg_"+string(s.Protocol)
+		c.Phases, err = e.pushPhases()
+	} else {
+		c.Phases, err = e.barrierPhases()
+		if err == nil && c.FinalOptional {
+			c.Phases[len(c.Phases)-1].Optional = true
 		}
-		return c, nil
 	}
+	if err != nil {
+		return nil, err
+	}
+	c.Tables, c.UsesStage = e.tables, e.usesStage
+	return c, nil
+}
+
+// index returns the C expression of an index of the executing rank; a
+// table index declares its table on first use.
+func (e *kernelEmitter) index(x schedule.Index) string {
+	switch x.Kind {
+	case schedule.Const:
+		return fmt.Sprint(x.K)
+	case schedule.RankPlus:
+		if x.K == 0 {
+			return "rank"
+		}
+		return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
+	}
+	vals := make([]string, len(x.Table))
+	for i, v := range x.Table {
+		vals[i] = fmt.Sprint(v)
+	}
+	key := strings.Join(vals, ", ")
+	name, ok := e.byValues[key]
+	if !ok {
+		name = fmt.Sprintf("table%d", len(e.tables))
+		e.byValues[key] = name
+		e.tables = append(e.tables, table{Name: name, Values: key})
+	}
+	return name + "[rank]"
+}
+
+// single reports whether a buffer holds one chunk (reduce-scatter's output,
+// all-gather's input) rather than W.
+func (e *kernelEmitter) single(b schedule.Buffer) bool {
+	return b == schedule.Input && e.s.InChunks == 1 || b == schedule.Output && e.s.OutChunks == 1
+}
+
+// ref returns the C expression of a ref's first element.
+func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
+	q := "E*"
+	if constant {
+		q = "const E*"
+	}
+	var base string
+	switch r.Buf {
+	case schedule.Input:
+		base = fmt.Sprintf("(%s)a.input", q)
+	case schedule.Output:
+		base = fmt.Sprintf("(%s)a.output", q)
+	case schedule.Stage:
+		e.usesStage = true
+		base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, e.index(r.Rank))
+	case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
+		return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", e.index(r.Rank), e.index(r.Lane), e.index(r.Chunk))
+	default:
+		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
+	}
+	if e.single(r.Buf) {
+		return base
+	}
+	return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, e.index(r.Chunk))
+}
+
+// chunkOf is the ref whose chunk index sets a step's work-split shift: the
+// destination's, or for a one-chunk destination its first source's.
+func (e *kernelEmitter) chunkOf(st schedule.Step) schedule.Ref {
+	if e.single(st.Dst.Buf) {
+		return st.Srcs[0]
+	}
+	return st.Dst
+}
+
+// barrierPhases emits a barrier (pull) schedule: one block per step, and
+// each barrier's sequence offset.
+func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
+	var phases []phaseContext
 	seq := 0
-	for _, ph := range s.Phases {
+	for _, ph := range e.s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
 		for _, st := range ph.Steps {
-			sc := stepContext{Comment: stepComment(st)}
-			n := "(cg_s64)a.chunk"
-			if !single(st.Dst.Buf) {
-				n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", idx(st.Dst.Chunk))
-			}
-			sc.Lines = append(sc.Lines, "const cg_s64 n = "+n+";")
-			// The work-split shift comes from the step's chunk index: the
-			// destination's, or for a one-chunk destination its sources'.
-			chunkRef := st.Dst
-			if single(chunkRef.Buf) {
-				chunkRef = st.Srcs[0]
-			}
-			sc.Lines = append(sc.Lines, fmt.Sprintf("const cg_s64 shift = cg_shift(%s, a.chunk, VB / sizeof(E));", idx(chunkRef.Chunk)))
-			switch st.Kind {
-			case schedule.Copy:
-				sc.Lines = append(sc.Lines, fmt.Sprintf("cg_copy<T, VB>(%s, %s, n, shift);", ptr(st.Dst, false), ptr(st.Srcs[0], true)))
-			case schedule.Reduce:
-				if k.Op == "" {
-					return nil, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
-				}
-				sc.Lines = append(sc.Lines, fmt.Sprintf("const E* const src[%d] = {", len(st.Srcs)))
-				for i, r := range st.Srcs {
-					comma := ","
-					if i == len(st.Srcs)-1 {
-						comma = ""
-					}
-					sc.Lines = append(sc.Lines, "    "+ptr(r, true)+comma)
-				}
-				sc.Lines = append(sc.Lines, "};", fmt.Sprintf("cg_reduce<T, OP, %d, VB>(%s, src, n, shift);", len(st.Srcs), ptr(st.Dst, false)))
+			sc, err := e.barrierStep(st)
+			if err != nil {
+				return nil, err
 			}
 			pc.Steps = append(pc.Steps, sc)
 		}
@@ -229,12 +246,95 @@ func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
 			seq++
 			pc.SeqOffset = seq
 		}
-		c.Phases = append(c.Phases, pc)
+		phases = append(phases, pc)
 	}
-	if c.FinalOptional {
-		c.Phases[len(c.Phases)-1].Optional = true
+	return phases, nil
+}
+
+// barrierStep emits one copy or reduce over a chunk.
+func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
+	w := &stepWriter{sc: stepContext{Comment: stepComment(st)}}
+	n := "(cg_s64)a.chunk"
+	if !e.single(st.Dst.Buf) {
+		n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", e.index(st.Dst.Chunk))
 	}
-	return c, nil
+	w.P("const cg_s64 n = %s;", n)
+	w.P("const cg_s64 shift = cg_shift(%s, a.chunk, VB / sizeof(E));", e.index(e.chunkOf(st).Chunk))
+	switch st.Kind {
+	case schedule.Copy:
+		dst := e.ref(st.Dst, false)
+		w.P("cg_copy<T, VB>(%s, %s, n, shift);", dst, e.ref(st.Srcs[0], true))
+	case schedule.Reduce:
+		if e.k.Op == "" {
+			return w.sc, fmt.Errorf("kernel %s: reduce step without an op", e.k.Name)
+		}
+		w.P("const E* const src[%d] = {", len(st.Srcs))
+		for i, r := range st.Srcs {
+			comma := ","
+			if i == len(st.Srcs)-1 {
+				comma = ""
+			}
+			w.P("    %s%s", e.ref(r, true), comma)
+		}
+		w.P("};")
+		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift);", len(st.Srcs), e.ref(st.Dst, false))
+	}
+	return w.sc, nil
+}
+
+// pushPhases emits a push (LL, LL128) schedule: each phase's steps in
+// fused groups (llGroups), one loop each.
+func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
+	var phases []phaseContext
+	for pi, ph := range e.s.Phases {
+		pc := phaseContext{}
+		for _, g := range llGroups(ph.Steps) {
+			sc, err := e.pushGroup(g, pi)
+			if err != nil {
+				return nil, err
+			}
+			pc.Steps = append(pc.Steps, sc)
+		}
+		phases = append(phases, pc)
+	}
+	return phases, nil
+}
+
+// stepWriter accumulates one step's C lines: P appends a line to the
+// step's preamble, B one to the loop body of a push group (protogen's
+// GeneratedFile.P). It names the pointers it declares (p0, p1, ...) and
+// records whether the body passes `on` to a protocol call.
+type stepWriter struct {
+	sc     stepContext
+	body   []string
+	ptrs   int
+	usesOn bool
+}
+
+// P appends a formatted line to the step.
+func (w *stepWriter) P(format string, args ...any) {
+	w.sc.Lines = append(w.sc.Lines, fmt.Sprintf(format, args...))
+}
+
+// B appends a formatted line to the loop body.
+func (w *stepWriter) B(format string, args ...any) {
+	w.body = append(w.body, "  "+fmt.Sprintf(format, args...))
+}
+
+// ptr declares a pointer to expr (a ref's chunk) before the loop and
+// returns its name; inbox pointers are bytes (16-byte units).
+func (w *stepWriter) ptr(inbox, constant bool, expr string) string {
+	name := fmt.Sprintf("p%d", w.ptrs)
+	w.ptrs++
+	typ := "E*"
+	if inbox {
+		typ = "char*"
+	}
+	if constant {
+		typ = "const " + typ
+	}
+	w.P("%s const %s = %s;", typ, name, expr)
+	return name
 }
 
 // stepComment renders a step for the generated code's comments.
@@ -270,120 +370,100 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 	return groups
 }
 
-// llGroup renders one push group as a loop over the 16-byte inbox units of
-// its chunk, through the protocol struct PR (common.cuh.tmpl). Every step
-// of a kernel that touches chunk c uses the same work-split shift (c times
-// the units per chunk), so one thread handles unit u of chunk c in every
-// phase. LL128 loops are warp uniform (every lane of a warp runs every
-// iteration; see common.cuh.tmpl), so the 8 threads of a line, and the
-// whole warp, reach every poll and store together.
-func llGroup(k *plan.Kernel, g []schedule.Step, phase int, idx func(schedule.Index) string, single func(schedule.Buffer) bool,
-	expr func(schedule.Ref, bool) string) (stepContext, error) {
+// pushGroup renders one push group as a loop over the 16-byte inbox units
+// of its chunk, through the protocol struct PR (common.cuh.tmpl). Every
+// step of a kernel that touches chunk c uses the same work-split shift (c
+// times the units per chunk), so one thread handles unit u of chunk c in
+// every phase. LL128 loops are warp uniform (every lane of a warp runs
+// every iteration; see common.cuh.tmpl), so the 8 threads of a line, and
+// the whole warp, reach every poll and store together.
+func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, error) {
 	lead := g[0]
 	comments := make([]string, len(g))
 	for i, st := range g {
 		comments[i] = stepComment(st)
 	}
-	sc := stepContext{Comment: strings.Join(comments, "; ")}
-	add := func(format string, args ...any) { sc.Lines = append(sc.Lines, fmt.Sprintf(format, args...)) }
-	chunkRef := lead.Dst
-	if single(chunkRef.Buf) {
-		chunkRef = lead.Srcs[0]
-	}
-	if single(chunkRef.Buf) {
-		add("const cg_span sp = {0, (cg_s64)a.chunk};")
+	w := &stepWriter{sc: stepContext{Comment: strings.Join(comments, "; ")}}
+	chunkRef := e.chunkOf(lead)
+	if e.single(chunkRef.Buf) {
+		w.P("const cg_span sp = {0, (cg_s64)a.chunk};")
 	} else {
-		add("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", idx(chunkRef.Chunk))
+		w.P("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", e.index(chunkRef.Chunk))
 	}
-	add("const cg_s64 units = PR::units<E>(sp.n);")
+	w.P("const cg_s64 units = PR::units<E>(sp.n);")
 	// LL128 loops are warp uniform: they run while any lane of the warp
 	// has a unit, and a lane past the span passes on = false to the
 	// protocol calls (common.cuh.tmpl). LL loops are per thread.
-	warp := k.Schedule.Protocol == coll.LL128
+	warp := e.s.Protocol == coll.LL128
 	on, notOK, cond := "", "!ok", "u < units"
 	if warp {
 		on, notOK, cond = ", on", "PR::any(!ok)", "PR::any(u < units)"
 	}
-	usesOn := false // the body passes on to a poll, wait or store
-	add("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
-	// ptr declares a pointer to a ref's chunk (expr's expression) and
-	// returns its name; inbox pointers are bytes (16-byte units).
-	names := 0
+	w.P("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	ptr := func(r schedule.Ref, constant bool) string {
-		name := fmt.Sprintf("p%d", names)
-		names++
-		typ := "E*"
-		if r.Buf == schedule.Inbox {
-			typ = "char*"
-		}
-		if constant {
-			typ = "const " + typ
-		}
-		add("%s const %s = %s;", typ, name, expr(r, constant))
-		return name
+		return w.ptr(r.Buf == schedule.Inbox, constant, e.ref(r, constant))
 	}
-	var body []string
-	line := func(format string, args ...any) { body = append(body, "  "+fmt.Sprintf(format, args...)) }
 	wait := func(src schedule.Ref, p, x string) {
-		usesOn = true
-		line("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d%s)) goto done;", p, x, idx(src.Lane), phase, on)
+		w.usesOn = true
+		w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d%s)) goto done;", p, x, e.index(src.Lane), phase, on)
 	}
 	puts := g[1:]
 	switch lead.Kind {
 	case schedule.Put:
 		src := ptr(lead.Srcs[0], true)
-		line("const PR::P x = PR::ld(%s, u, sp.n);", src)
+		w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		puts = g
 	case schedule.Copy:
-		src, dst := ptr(lead.Srcs[0], true), ptr(lead.Dst, false)
+		src := ptr(lead.Srcs[0], true)
+		dst := ptr(lead.Dst, false)
 		if lead.Srcs[0].Buf == schedule.Inbox {
-			line("PR::P x;")
+			w.B("PR::P x;")
 			wait(lead.Srcs[0], src, "x")
 		} else {
-			line("const PR::P x = PR::ld(%s, u, sp.n);", src)
+			w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		}
-		line("PR::st(%s, u, sp.n, x);", dst)
+		w.B("PR::st(%s, u, sp.n, x);", dst)
 	case schedule.Reduce:
-		if k.Op == "" {
-			return sc, fmt.Errorf("kernel %s: reduce step without an op", k.Name)
+		if e.k.Op == "" {
+			return w.sc, fmt.Errorf("kernel %s: reduce step without an op", e.k.Name)
 		}
 		srcs := make([]string, len(lead.Srcs))
 		for i, r := range lead.Srcs {
 			srcs[i] = ptr(r, true)
 		}
 		dst := ptr(lead.Dst, false)
-		line("PR::P xs[%d];", len(srcs))
-		line("bool ok = true;")
+		w.B("PR::P xs[%d];", len(srcs))
+		w.B("bool ok = true;")
 		anyLL := false
 		for i, r := range lead.Srcs {
 			if r.Buf == schedule.Inbox {
-				anyLL, usesOn = true, true
-				line("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
+				anyLL, w.usesOn = true, true
+				w.B("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
 			} else {
-				line("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
+				w.B("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
 			}
 		}
 		if anyLL {
-			line("if (%s) {", notOK)
+			w.B("if (%s) {", notOK)
 			for i, r := range lead.Srcs {
 				if r.Buf == schedule.Inbox {
-					line("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d%s)) goto done;", srcs[i], i, idx(r.Lane), phase, on)
+					w.B("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d%s)) goto done;", srcs[i], i, e.index(r.Lane), phase, on)
 				}
 			}
-			line("}")
+			w.B("}")
 		}
-		line("const PR::P x = PR::reduce<T, OP, %d>(xs);", len(srcs))
-		line("PR::st(%s, u, sp.n, x);", dst)
+		w.B("const PR::P x = PR::reduce<T, OP, %d>(xs);", len(srcs))
+		w.B("PR::st(%s, u, sp.n, x);", dst)
 	}
 	for _, p := range puts {
-		usesOn = true
-		line("PR::store(%s + u * 16, x, flag%s);", ptr(p.Dst, false), on)
+		w.usesOn = true
+		w.B("PR::store(%s + u * 16, x, flag%s);", ptr(p.Dst, false), on)
 	}
-	add("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", idx(chunkRef.Chunk), cond)
-	if warp && usesOn {
-		add("  const bool on = u < units;")
+	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", e.index(chunkRef.Chunk), cond)
+	if warp && w.usesOn {
+		w.P("  const bool on = u < units;")
 	}
-	sc.Lines = append(sc.Lines, body...)
-	add("}")
-	return sc, nil
+	w.sc.Lines = append(w.sc.Lines, w.body...)
+	w.P("}")
+	return w.sc, nil
 }
