@@ -28,7 +28,6 @@ import (
 	"github.com/collgen/collgen/runtime/launch"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/spec"
 )
 
 func init() { register("bench", newCmdBench) }
@@ -109,7 +108,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
-			if o.Sizes, err = parseSizes(sizes); err != nil {
+			if o.Sizes, err = bench.ParseSizes(sizes); err != nil {
 				return usageError(fmt.Errorf("bench: --sizes: %w", err))
 			}
 			o.DTypes, o.Ops, o.Collectives, o.Algorithms = splitList(dtypes), splitList(ops), splitList(colls), splitList(algs)
@@ -190,33 +189,6 @@ func (o *BenchOptions) validate() error {
 		return errors.New("bench: --sizes, --dtype, --op and --collective must each name at least one value")
 	}
 	return nil
-}
-
-// parseSizes parses "4KiB,64KiB" and "1KiB-1MiB" (doubling) lists.
-func parseSizes(s string) ([]int64, error) {
-	var out []int64
-	for _, part := range splitList(s) {
-		from, to, isRange := strings.Cut(part, "-")
-		a, err := spec.ParseSize(from)
-		if err != nil {
-			return nil, err
-		}
-		if !isRange {
-			out = append(out, a)
-			continue
-		}
-		b, err := spec.ParseSize(to)
-		if err != nil {
-			return nil, err
-		}
-		if a <= 0 || b < a {
-			return nil, fmt.Errorf("bad range %q: want FROM-TO with 0 < FROM <= TO", part)
-		}
-		for x := a; x <= b; x *= 2 {
-			out = append(out, x)
-		}
-	}
-	return out, nil
 }
 
 func splitList(s string) []string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,14 +19,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/bench/gpubench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
-	"github.com/collgen/collgen/runtime/benchgpu"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/spec"
 )
 
-// The GPU bench: runtime/benchgpu's sweep behind `collgen bench --backend
+// The GPU bench: bench/gpubench's sweep behind `collgen bench --backend
 // gpu`. bench.go owns the command and every flag (the GPU-only ones are in
 // BenchOptions.gpu); this file sets its gpuBench hook and documents the GPU
 // mode in the command's help.
@@ -53,8 +54,8 @@ latency; the ratio column is NCCL's latency over the row's. Default sizes
 
 // gpuSweep is one (collective, dtype, op) sweep of a GPU bench.
 type gpuSweep struct {
-	cfg  benchgpu.Config
-	plan *benchgpu.Plan
+	cfg  gpubench.Config
+	plan *gpubench.Plan
 }
 
 // gpuSweeps expands the options into sweeps (all-gather ignores --op).
@@ -62,7 +63,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 	sizes := o.Sizes
 	if !g.sizesSet {
 		var err error
-		if sizes, err = benchgpu.ParseSizes(benchgpu.DefaultSizes); err != nil {
+		if sizes, err = bench.ParseSizes(gpubench.DefaultSizes); err != nil {
 			return nil, err
 		}
 	}
@@ -103,10 +104,10 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 					continue
 				}
 				seen[key] = true
-				cfg := benchgpu.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
+				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
 					ZeroCopy: g.zeroCopy, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
-				plan, err := benchgpu.NewPlan(cfg)
+				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
 					return nil, usageError(fmt.Errorf("bench: %w", err))
 				}
@@ -144,7 +145,7 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	// Without a bar (logs), each measurement gets a line as it finishes.
 	lines := !o.Progress && !bench.IsTerminal(io.Err)
 	var (
-		ms   []benchgpu.Measurement
+		ms   []gpubench.Measurement
 		logs bytes.Buffer
 	)
 	if g.processes {
@@ -152,14 +153,14 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	} else {
 		for _, s := range sweeps {
 			s.cfg.Log = &logs
-			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) {
+			s.cfg.Progress = func(_, _ int, m *gpubench.Measurement) {
 				prog.Step(progressLabel(m))
 				if lines {
 					fmt.Fprintln(io.Err, measurementLine(m))
 				}
 			}
-			var got []benchgpu.Measurement
-			got, err = benchgpu.Run(ctx, s.cfg)
+			var got []gpubench.Measurement
+			got, err = gpubench.Run(ctx, s.cfg)
 			ms = append(ms, got...)
 			if err != nil {
 				break
@@ -172,7 +173,7 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 }
 
 // measurementLine is one finished measurement, for logs.
-func measurementLine(m *benchgpu.Measurement) string {
+func measurementLine(m *gpubench.Measurement) string {
 	s := "bench: " + progressLabel(m)
 	switch {
 	case m.Skipped != "":
@@ -187,13 +188,13 @@ func measurementLine(m *benchgpu.Measurement) string {
 	return s
 }
 
-func progressLabel(m *benchgpu.Measurement) string {
-	return fmt.Sprintf("%s %s %s %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant)
+func progressLabel(m *gpubench.Measurement) string {
+	return fmt.Sprintf("%s %s %s %s", m.Collective, m.DType, gpubench.FormatSize(m.Bytes), m.Variant)
 }
 
 // reportGPU prints the shared table (and files), then the side-by-side
 // summary, then any failure loudly; failures make the exit status 1.
-func reportGPU(io *IO, o *BenchOptions, ms []benchgpu.Measurement, runErr error) error {
+func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, runErr error) error {
 	results := gpuResults(ms)
 	if len(results) > 0 {
 		if err := report(io, o, results); err != nil {
@@ -207,10 +208,10 @@ func reportGPU(io *IO, o *BenchOptions, ms []benchgpu.Measurement, runErr error)
 	var bad []string
 	for _, m := range ms {
 		if m.CheckFailed() {
-			bad = append(bad, fmt.Sprintf("CHECK FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant, m.World, m.Check))
+			bad = append(bad, fmt.Sprintf("CHECK FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, gpubench.FormatSize(m.Bytes), m.Variant, m.World, m.Check))
 		}
 		if m.Error != "" {
-			bad = append(bad, fmt.Sprintf("FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, benchgpu.FormatSize(m.Bytes), m.Variant, m.World, m.Error))
+			bad = append(bad, fmt.Sprintf("FAILED: %s %s %s %s world %d: %s", m.Collective, m.DType, gpubench.FormatSize(m.Bytes), m.Variant, m.World, m.Error))
 		}
 	}
 	for _, b := range bad {
@@ -226,7 +227,7 @@ func reportGPU(io *IO, o *BenchOptions, ms []benchgpu.Measurement, runErr error)
 }
 
 // gpuResults converts measured rows to the shared bench.Result.
-func gpuResults(ms []benchgpu.Measurement) []bench.Result {
+func gpuResults(ms []gpubench.Measurement) []bench.Result {
 	var out []bench.Result
 	for _, m := range ms {
 		if !m.Measured() {
@@ -249,13 +250,13 @@ func gpuResults(ms []benchgpu.Measurement) []bench.Result {
 // writeGPUSummary prints one block per (collective, dtype, op, world,
 // mode): a row per size, a column per variant (latency in us), the
 // algorithm auto picked, and auto's speed-up over NCCL.
-func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Measurement) {
+func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Measurement) {
 	type key struct {
 		coll, dt, op, mode string
 		world              int
 	}
 	var keys []key
-	groups := map[key][]benchgpu.Measurement{}
+	groups := map[key][]gpubench.Measurement{}
 	for _, m := range ms {
 		k := key{string(m.Collective), string(m.DType), string(m.Op), m.Mode, m.World}
 		if _, ok := groups[k]; !ok {
@@ -267,10 +268,10 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Me
 		g := groups[k]
 		var variants []string
 		var sizes []int64
-		cell := map[string]*benchgpu.Measurement{}
+		cell := map[string]*gpubench.Measurement{}
 		for i := range g {
 			m := &g[i]
-			if !containsString(variants, m.Variant) {
+			if !slices.Contains(variants, m.Variant) {
 				variants = append(variants, m.Variant)
 			}
 			if len(sizes) == 0 || sizes[len(sizes)-1] != m.Bytes {
@@ -290,7 +291,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []benchgpu.Me
 		head = append(head, "auto picks", "auto busbw", "nccl busbw", "auto vs nccl")
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
 		for _, b := range sizes {
-			row := []string{benchgpu.FormatSize(b)}
+			row := []string{gpubench.FormatSize(b)}
 			for _, v := range variants {
 				m := cell[fmt.Sprint(b, "/", v)]
 				switch {
@@ -337,15 +338,6 @@ func modeText(mode string) string {
 	return "CUDA-graph replay"
 }
 
-func containsString(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
 // runGPUWorker is one rank process (environment from collgen run or
 // benchGPUProcesses): its GPU is its local rank (or --devices[rank]).
 // Rank 0 reports, or writes its measurements to --result-file.
@@ -363,7 +355,7 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 		defer progress.Close()
 	}
 	var (
-		ms   []benchgpu.Measurement
+		ms   []gpubench.Measurement
 		logs bytes.Buffer
 		rerr error
 	)
@@ -374,7 +366,7 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 			s.cfg.Devices[env.Rank] = env.LocalRank
 		}
 		if progress != nil {
-			s.cfg.Progress = func(_, _ int, m *benchgpu.Measurement) {
+			s.cfg.Progress = func(_, _ int, m *gpubench.Measurement) {
 				fmt.Fprintln(progress, progressLabel(m))
 				if !o.Progress {
 					fmt.Fprintln(io.Err, measurementLine(m))
@@ -383,8 +375,8 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 		}
 		// Each sweep gets its own keys in the shared store.
 		s.cfg.Group = fmt.Sprintf("bench%d", i)
-		var got []benchgpu.Measurement
-		got, rerr = benchgpu.RunRank(ctx, s.cfg, env.Rank, st)
+		var got []gpubench.Measurement
+		got, rerr = gpubench.RunRank(ctx, s.cfg, env.Rank, st)
 		ms = append(ms, got...)
 		if rerr != nil {
 			break
@@ -413,7 +405,7 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 
 // gpuWorkerResult is what rank 0 hands back to benchGPUProcesses.
 type gpuWorkerResult struct {
-	Measurements []benchgpu.Measurement `json:"measurements"`
+	Measurements []gpubench.Measurement `json:"measurements"`
 	Log          string                 `json:"log"`
 	Error        string                 `json:"error,omitempty"`
 }
@@ -427,10 +419,10 @@ func errString(err error) string {
 
 // benchGPUProcesses starts o.World GPU worker processes and reads rank 0's
 // measurements back.
-func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBenchFlags, prog *bench.Progress, logs *bytes.Buffer) ([]benchgpu.Measurement, error) {
+func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBenchFlags, prog *bench.Progress, logs *bytes.Buffer) ([]gpubench.Measurement, error) {
 	sizes := o.Sizes
 	if !g.sizesSet {
-		sizes, _ = benchgpu.ParseSizes(benchgpu.DefaultSizes)
+		sizes, _ = bench.ParseSizes(gpubench.DefaultSizes)
 	}
 	var extra []string
 	if g.eager {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/collgen/collgen/runtime/benchgpu"
+	"github.com/collgen/collgen/bench/gpubench"
 )
 
 // TestGPUBenchFlags: bench_gpu.go adds its flags to bench.go's command and
@@ -53,7 +53,7 @@ func TestGPUSweeps(t *testing.T) {
 }
 
 func TestGPUReport(t *testing.T) {
-	ms := []benchgpu.Measurement{
+	ms := []gpubench.Measurement{
 		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "oneshot", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, Replays: 10, OpsPerReplay: 20, Check: "ok"},
 		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "twoshot", Algorithm: "twoshot", Mode: "graph", Skipped: "too big"},
 		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "auto", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, VsNCCL: 3, BusGBps: 0.3},

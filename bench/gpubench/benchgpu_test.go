@@ -1,4 +1,4 @@
-package benchgpu
+package gpubench
 
 import (
 	"bytes"
@@ -17,42 +17,6 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
 )
-
-func TestParseSizes(t *testing.T) {
-	cases := []struct {
-		in   string
-		want []int64
-	}{
-		{"1KiB..8KiB", []int64{1024, 2048, 4096, 8192}},
-		{"1KiB..256MiB", nil}, // length checked below
-		{"4MiB,1KiB", []int64{1024, 4 << 20}},
-		{"1KiB..64KiB:x4", []int64{1 << 10, 1 << 12, 1 << 14, 1 << 16}},
-		{"1KiB..3KiB", []int64{1024, 2048}},
-		{"1000, 1KiB..2KiB, 1024", []int64{1000, 1024, 2048}},
-		{"1MB", []int64{1000000}},
-		{"1KiB-4KiB", []int64{1024, 2048, 4096}},
-	}
-	for _, c := range cases {
-		got, err := ParseSizes(c.in)
-		if err != nil {
-			t.Fatalf("ParseSizes(%q): %v", c.in, err)
-		}
-		if c.want == nil {
-			if len(got) != 19 || got[0] != 1024 || got[18] != 256<<20 {
-				t.Errorf("ParseSizes(%q) = %v, want the 19 powers of two 1KiB..256MiB", c.in, got)
-			}
-			continue
-		}
-		if !reflect.DeepEqual(got, c.want) {
-			t.Errorf("ParseSizes(%q) = %v, want %v", c.in, got, c.want)
-		}
-	}
-	for _, bad := range []string{"", "0", "8KiB..1KiB", "1KiB..4KiB:x1", "1KiB..4KiB:y", "1.5MiB", "abc", "1KiB..", "-4", "1KiB-"} {
-		if _, err := ParseSizes(bad); err == nil {
-			t.Errorf("ParseSizes(%q): want an error", bad)
-		}
-	}
-}
 
 func TestBusBandwidth(t *testing.T) {
 	// 1 GB in 1 s: algbw 1 GB/s.

@@ -1,4 +1,4 @@
-package benchgpu
+package gpubench
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package benchgpu
+package gpubench
 
 import (
 	"context"
@@ -104,27 +104,27 @@ func (c *Config) withDefaults() Config {
 func (c *Config) validate() ([]Variant, error) {
 	switch {
 	case c.Library == nil:
-		return nil, errors.New("benchgpu: Config.Library is nil; pass the generated collectives.Library")
+		return nil, errors.New("gpubench: Config.Library is nil; pass the generated collectives.Library")
 	case c.World < 1:
-		return nil, fmt.Errorf("benchgpu: world size %d must be at least 1", c.World)
+		return nil, fmt.Errorf("gpubench: world size %d must be at least 1", c.World)
 	case c.Devices != nil && len(c.Devices) != c.World:
-		return nil, fmt.Errorf("benchgpu: %d devices for world size %d; give one per rank", len(c.Devices), c.World)
+		return nil, fmt.Errorf("gpubench: %d devices for world size %d; give one per rank", len(c.Devices), c.World)
 	case len(c.Sizes) == 0:
-		return nil, errors.New("benchgpu: no sizes to measure")
+		return nil, errors.New("gpubench: no sizes to measure")
 	case !c.DType.Valid():
-		return nil, fmt.Errorf("benchgpu: unknown dtype %q", c.DType)
+		return nil, fmt.Errorf("gpubench: unknown dtype %q", c.DType)
 	}
 	switch c.Collective {
 	case coll.AllReduce, coll.ReduceScatter:
 		if err := numeric.CheckOp(c.Op); err != nil {
-			return nil, fmt.Errorf("benchgpu: %w", err)
+			return nil, fmt.Errorf("gpubench: %w", err)
 		}
 		if c.DType.IsFloat8() {
-			return nil, fmt.Errorf("benchgpu: %s cannot reduce %s (a copy-only type); use it with allgather", c.Collective, c.DType)
+			return nil, fmt.Errorf("gpubench: %s cannot reduce %s (a copy-only type); use it with allgather", c.Collective, c.DType)
 		}
 	case coll.AllGather:
 	default:
-		return nil, fmt.Errorf("benchgpu: unknown collective %q (want %s, %s or %s)", c.Collective, coll.AllReduce, coll.ReduceScatter, coll.AllGather)
+		return nil, fmt.Errorf("gpubench: unknown collective %q (want %s, %s or %s)", c.Collective, coll.AllReduce, coll.ReduceScatter, coll.AllGather)
 	}
 	return Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
 }
@@ -156,7 +156,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 		p.Shapes = append(p.Shapes, sh)
 	}
 	if len(p.Shapes) == 0 {
-		return nil, errors.New("benchgpu: no size holds one element per rank; use larger sizes")
+		return nil, errors.New("gpubench: no size holds one element per rank; use larger sizes")
 	}
 	sizes := make([]int64, len(p.Shapes))
 	for i, sh := range p.Shapes {
@@ -180,10 +180,10 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 	}
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return nil, fmt.Errorf("benchgpu: no usable CUDA driver (%w); the GPU bench needs NVIDIA GPUs", err)
+		return nil, fmt.Errorf("gpubench: no usable CUDA driver (%w); the GPU bench needs NVIDIA GPUs", err)
 	}
 	if n == 0 {
-		return nil, errors.New("benchgpu: no CUDA GPU found; the GPU bench needs NVIDIA GPUs (--backend host benchmarks the CPU backend)")
+		return nil, errors.New("gpubench: no CUDA GPU found; the GPU bench needs NVIDIA GPUs (--backend host benchmarks the CPU backend)")
 	}
 	devs := cfg.Devices
 	if devs == nil {
@@ -193,7 +193,7 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 	}
 	for _, d := range devs {
 		if d >= n {
-			return nil, fmt.Errorf("benchgpu: world size %d needs GPU %d, but this machine has %d GPU(s); lower -n", cfg.World, d, n)
+			return nil, fmt.Errorf("gpubench: world size %d needs GPU %d, but this machine has %d GPU(s); lower -n", cfg.World, d, n)
 		}
 	}
 	cfg.Devices = devs

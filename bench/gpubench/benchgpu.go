@@ -1,4 +1,4 @@
-// Package benchgpu is the sweep behind `collgen bench --backend gpu`: for
+// Package gpubench is the sweep behind `collgen bench --backend gpu`: for
 // every message size and every variant of one collective (each generated
 // algorithm forced, the automatic selection, and NCCL) it measures the
 // per-operation latency on real GPUs, side by side in the same processes,
@@ -35,7 +35,7 @@
 //
 // With Eager, step 3 is skipped and a "replay" is K collectives launched
 // one by one from the host, so launch overhead is part of the figure.
-package benchgpu
+package gpubench
 
 import (
 	"fmt"
@@ -59,77 +59,6 @@ const (
 	DefaultTargetMs    = 20.0
 	DefaultSizes       = "1KiB..256MiB"
 )
-
-// ParseSizes parses a size list: comma-separated items, each a size
-// ("4MiB", "1000000", "1MB") or a doubling range "LO..HI" or "LO-HI" (both
-// ends included; "1KiB..256MiB" is 1 KiB, 2 KiB, ..., 256 MiB). A range may name
-// its factor: "1KiB..1GiB:x4". The result is sorted and free of duplicates.
-func ParseSizes(s string) ([]int64, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, fmt.Errorf("empty size list; give sizes such as %s or 4KiB,1MiB", DefaultSizes)
-	}
-	seen := map[int64]bool{}
-	var out []int64
-	add := func(n int64) {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, n)
-		}
-	}
-	for _, item := range strings.Split(s, ",") {
-		item = strings.TrimSpace(item)
-		lo, hi, isRange := strings.Cut(item, "..")
-		if !isRange {
-			lo, hi, isRange = strings.Cut(item, "-") // bench's --sizes syntax
-		}
-		if !isRange {
-			n, err := parsePositive(item)
-			if err != nil {
-				return nil, err
-			}
-			add(n)
-			continue
-		}
-		factor := int64(2)
-		if h, f, ok := strings.Cut(hi, ":"); ok {
-			hi = h
-			f = strings.TrimPrefix(strings.TrimSpace(f), "x")
-			if _, err := fmt.Sscanf(f, "%d", &factor); err != nil || factor < 2 || fmt.Sprint(factor) != f {
-				return nil, fmt.Errorf("bad range %q: the factor after ':' must be x2, x4, ... (an integer of at least 2)", item)
-			}
-		}
-		a, err := parsePositive(lo)
-		if err != nil {
-			return nil, err
-		}
-		b, err := parsePositive(hi)
-		if err != nil {
-			return nil, err
-		}
-		if a > b {
-			return nil, fmt.Errorf("bad range %q: %s is larger than %s; write the smaller size first", item, lo, hi)
-		}
-		for n := a; n <= b; n *= factor {
-			add(n)
-			if n > math.MaxInt64/factor {
-				break
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out, nil
-}
-
-func parsePositive(s string) (int64, error) {
-	n, err := spec.ParseSize(strings.TrimSpace(s))
-	if err != nil {
-		return 0, err
-	}
-	if n <= 0 {
-		return 0, fmt.Errorf("size %q must be positive", s)
-	}
-	return n, nil
-}
 
 // FormatSize renders a byte count the way tables show it (1KiB, 256MiB).
 func FormatSize(n int64) string { return spec.FormatSize(n) }
