@@ -36,10 +36,12 @@ func Files() map[string][]byte {
 // includes.
 const HeaderName = "collgen_common.cuh"
 
-// sprigAllowed lists the sprig functions templates may use: deterministic,
+// sprigAllowed lists the sprig functions templates use: deterministic,
 // side-effect-free string helpers only (sprig's map also has random and
 // crypto functions, which would break byte-for-byte reproducible output).
-var sprigAllowed = []string{"join", "indent", "nindent", "trim", "upper", "lower", "replace", "quote"}
+// kernel.cu.tmpl comments the schedule out with trimSuffix and replace, and
+// lays out lookup tables with join.
+var sprigAllowed = []string{"join", "replace", "trimSuffix"}
 
 func parse() (*template.Template, error) {
 	all := sprig.TxtFuncMap()
@@ -78,13 +80,12 @@ func Render(p *plan.Plan) (map[string][]byte, error) {
 
 // kernelContext is what kernel.cu.tmpl sees.
 type kernelContext struct {
-	K               *plan.Kernel
-	Traits          string // cg_bf16
-	OpStruct        string // cg_sum
-	ScheduleComment string
-	Tables          []table
-	Phases          []phaseContext
-	Barriers        int
+	K        *plan.Kernel
+	Traits   string // cg_bf16
+	OpStruct string // cg_sum
+	Tables   []table
+	Phases   []phaseContext
+	Barriers int
 	// FinalOptional: the last barrier runs only with one stage slot
 	// (schedule.FinalBarrierRemovable); BarriersWithoutFinal counts the rest.
 	FinalOptional        bool
@@ -97,7 +98,11 @@ type kernelContext struct {
 	Proto string
 }
 
-type table struct{ Name, Values string }
+// table is a lookup table of the executing rank: Values[rank].
+type table struct {
+	Name   string
+	Values []int
+}
 
 type phaseContext struct {
 	Steps     []stepContext
@@ -128,7 +133,7 @@ type kernelEmitter struct {
 	// tables are the lookup tables declared so far, in order of first use,
 	// and byValues maps a table's values to its name.
 	tables   []table
-	byValues map[string]string
+	byValues map[string]string // fmt.Sprint(values) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
 }
@@ -139,11 +144,6 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers(),
 		FinalOptional: schedule.FinalBarrierRemovable(s)}
 	c.BarriersWithoutFinal = c.Barriers - 1
-	var lines []string
-	for _, l := range strings.Split(strings.TrimRight(s.String(), "\n"), "\n") {
-		lines = append(lines, "//   "+l)
-	}
-	c.ScheduleComment = strings.Join(lines, "\n")
 	var err error
 	if s.Protocol.Push() {
 		c.LL, c.Proto = true, "cg_"+string(s.Protocol)
@@ -173,16 +173,12 @@ func (e *kernelEmitter) index(x schedule.Index) string {
 		}
 		return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
 	}
-	vals := make([]string, len(x.Table))
-	for i, v := range x.Table {
-		vals[i] = fmt.Sprint(v)
-	}
-	key := strings.Join(vals, ", ")
+	key := fmt.Sprint(x.Table)
 	name, ok := e.byValues[key]
 	if !ok {
 		name = fmt.Sprintf("table%d", len(e.tables))
 		e.byValues[key] = name
-		e.tables = append(e.tables, table{Name: name, Values: key})
+		e.tables = append(e.tables, table{Name: name, Values: x.Table})
 	}
 	return name + "[rank]"
 }
