@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -13,37 +14,79 @@ var testWorlds = []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 31
 
 // TestSimulateEveryCombination runs every schedule for every world size it
 // exists at, over element counts that are tiny, odd, not divisible by the
-// world size, and large enough for many vectors per chunk.
+// world size, and large enough for many vectors per chunk. Algorithms whose
+// schedules are identical at every world size (an LL128 schedule and its LL
+// twin) are simulated once, and each group runs as a parallel subtest.
 func TestSimulateEveryCombination(t *testing.T) {
 	for _, c := range coll.Collectives() {
-		for _, alg := range Algorithms(c) {
-			for _, w := range testWorlds {
-				s, err := Build(c, alg, w)
-				if err != nil {
-					if alg == coll.HCM && w != 8 {
-						continue
+		for _, g := range identicalSchedules(t, c) {
+			t.Run(g.name, func(t *testing.T) {
+				t.Parallel()
+				mem := &arena{}
+				for _, s := range g.scheds {
+					// Validate and CheckRaces depend only on the schedule:
+					// once, not once per size.
+					if err := Validate(s); err != nil {
+						t.Fatal(err)
 					}
-					t.Fatalf("Build(%s, %s, %d): %v", c, alg, w, err)
-				}
-				var counts []int
-				if c == coll.AllReduce {
-					counts = []int{0, 1, 2, 3, w - 1, w, w + 1, 7*w + 3, 1000, 8*w*8 + 5}
-				} else {
-					counts = []int{0, w, 3 * w, 13 * w, 64 * w}
-				}
-				for _, n := range counts {
-					if n < 0 {
-						continue
+					if err := CheckRaces(s); err != nil {
+						t.Fatal(err)
 					}
-					for _, vec := range []int{1, 8} {
-						if err := Simulate(s, n, vec); err != nil {
-							t.Errorf("n=%d vec=%d: %v", n, vec, err)
+					w := s.World
+					counts := []int{0, w, 3 * w, 13 * w, 64 * w}
+					if c == coll.AllReduce {
+						counts = []int{0, 1, 2, 3, w - 1, w, w + 1, 7*w + 3, 1000, 8*w*8 + 5}
+					}
+					for _, n := range counts {
+						for _, vec := range []int{1, 8} {
+							if err := simulate(s, n, vec, mem); err != nil {
+								t.Errorf("n=%d vec=%d: %v", n, vec, err)
+							}
 						}
 					}
 				}
-			}
+			})
 		}
 	}
+}
+
+// scheduleGroup is the schedules of one or more algorithms of a collective
+// that are identical at every world size of testWorlds.
+type scheduleGroup struct {
+	name   string // the algorithms, joined by "+"
+	scheds []*Schedule
+}
+
+// identicalSchedules builds every algorithm of c at every world size it
+// exists at and groups the algorithms whose schedules are the same: same
+// steps, chunk counts and kind of protocol (all the simulator reads).
+func identicalSchedules(t *testing.T, c coll.Collective) []scheduleGroup {
+	t.Helper()
+	var groups []scheduleGroup
+	byKey := map[string]int{}
+	for _, alg := range Algorithms(c) {
+		var key strings.Builder
+		var scheds []*Schedule
+		for _, w := range testWorlds {
+			s, err := Build(c, alg, w)
+			if err != nil {
+				if alg == coll.HCM && w != 8 {
+					continue
+				}
+				t.Fatalf("Build(%s, %s, %d): %v", c, alg, w, err)
+			}
+			_, steps, _ := strings.Cut(s.String(), "\n") // without the name
+			fmt.Fprintf(&key, "w%d in%d out%d push %v\n%s", w, s.InChunks, s.OutChunks, s.Protocol.Push(), steps)
+			scheds = append(scheds, s)
+		}
+		if i, ok := byKey[key.String()]; ok {
+			groups[i].name += "+" + string(alg)
+			continue
+		}
+		byKey[key.String()] = len(groups)
+		groups = append(groups, scheduleGroup{name: string(c) + "/" + string(alg), scheds: scheds})
+	}
+	return groups
 }
 
 func TestLinksHybridCubeMesh(t *testing.T) {
@@ -118,6 +161,19 @@ func TestCheckersCatchBrokenSchedules(t *testing.T) {
 	o.Phases[1].Steps[1].Srcs[0], o.Phases[1].Steps[1].Srcs[1] = o.Phases[1].Steps[1].Srcs[1], o.Phases[1].Steps[1].Srcs[0]
 	if err := Simulate(o, 30, 1); err == nil || !strings.Contains(err.Error(), "different order") {
 		t.Errorf("rank-dependent order: got %v", err)
+	}
+	// Unwritten data and misplaced elements: the simulator alone (these
+	// schedules pass Validate and CheckRaces).
+	u, _ := Build(coll.AllGather, coll.OneShot, 2)
+	u.Phases[0].Steps = nil // nothing stages the input that peers read
+	if err := Simulate(u, 8, 1); err == nil || !strings.Contains(err.Error(), "reads an element nothing wrote") {
+		t.Errorf("unstaged input: got %v", err)
+	}
+	m, _ := Build(coll.AllGather, coll.OneShot, 3)
+	g := m.Phases[1].Steps
+	g[1].Dst, g[2].Dst = g[2].Dst, g[1].Dst // each peer's chunk lands in the other's place
+	if err := Simulate(m, 9, 1); err == nil || !strings.Contains(err.Error(), "holds element") {
+		t.Errorf("misplaced chunk: got %v", err)
 	}
 	e, _ := Build(coll.AllGather, coll.OneShot, 2)
 	e.Phases[len(e.Phases)-1].Sync = false

@@ -2,21 +2,23 @@ package schedule
 
 import (
 	"fmt"
+
 	"github.com/collgen/collgen/coll"
 )
 
 // cell is a simulated element: which input element it stems from, the set of
 // ranks whose contributions it holds, and a hash of the order in which they
 // were combined (two cells with equal hashes were reduced in the same order,
-// so real arithmetic would give bitwise-equal results).
+// so real arithmetic would give bitwise-equal results). The zero cell is an
+// element nothing wrote, so fresh buffers need no initialisation.
 type cell struct {
-	elem  int    // global element index, -1 when never written
+	elem1 int    // global element index plus 1; 0 when never written
 	ranks uint64 // contributing ranks, one bit each
 	order uint64 // non-commutative hash of the reduction tree
 }
 
 func leaf(elem, rank int) cell {
-	return cell{elem: elem, ranks: 1 << uint(rank), order: mix(0x9e3779b97f4a7c15, uint64(rank)+1)}
+	return cell{elem1: elem + 1, ranks: 1 << uint(rank), order: mix(0x9e3779b97f4a7c15, uint64(rank)+1)}
 }
 
 func mix(h, x uint64) uint64 {
@@ -39,6 +41,27 @@ func Simulate(s *Schedule, n, vecElems int) error {
 	if err := CheckRaces(s); err != nil {
 		return err
 	}
+	return simulate(s, n, vecElems, &arena{})
+}
+
+// arena is memory for simulations that callers reuse across sizes: the
+// large buffers of big worlds are then allocated once, not once per size.
+type arena struct{ cells []cell }
+
+// zeroed returns n zeroed cells, valid until the next call.
+func (a *arena) zeroed(n int) []cell {
+	if n > cap(a.cells) {
+		a.cells = make([]cell, n) // fresh memory is zero
+		return a.cells
+	}
+	a.cells = a.cells[:n]
+	clear(a.cells)
+	return a.cells
+}
+
+// simulate is Simulate without the checks that depend only on the schedule,
+// for callers that ran them once for many sizes; buffers come from mem.
+func simulate(s *Schedule, n, vecElems int, mem *arena) error {
 	w := s.World
 	if s.Collective != coll.AllReduce && n%w != 0 {
 		return fmt.Errorf("%s: %d elements do not split into %d equal parts", s.Name(), n, w)
@@ -51,17 +74,23 @@ func Simulate(s *Schedule, n, vecElems int) error {
 		}
 		return n
 	}
+	var size [NumBuffers]int // of each rank's buffers
+	perRank := 0
+	for b := Input; b < NumBuffers; b++ {
+		size[b] = bufLen(b)
+		if b == Inbox {
+			size[b] = 0 // only push schedules have inboxes
+			if s.Protocol.Push() {
+				size[b] = w * bufLen(Stage) // W lanes, each a full W-chunk buffer
+			}
+		}
+		perRank += size[b]
+	}
+	cells := mem.zeroed(w * perRank)
 	bufs := make([][NumBuffers][]cell, w)
 	for r := range bufs {
 		for b := Input; b < NumBuffers; b++ {
-			n := bufLen(b)
-			if b == Inbox {
-				n = w * bufLen(Stage) // W lanes, each a full W-chunk buffer
-			}
-			bufs[r][b] = make([]cell, n)
-			for i := range bufs[r][b] {
-				bufs[r][b][i] = cell{elem: -1}
-			}
+			bufs[r][b], cells = cells[:size[b]:size[b]], cells[size[b]:]
 		}
 		for i := range bufs[r][Input] {
 			elem := i
@@ -83,7 +112,10 @@ func Simulate(s *Schedule, n, vecElems int) error {
 		}
 		return lo, hi
 	}
-	// exec runs step st of rank r, naming it by phase pi and index si.
+	// exec runs step st of rank r, naming it by phase pi and index si. It
+	// writes the destination as it goes: a destination is either a source
+	// itself (the same chunk, read at an index before it is written there)
+	// or disjoint from every source (another chunk, lane or buffer).
 	exec := func(pi, si int, st Step, r int) error {
 		dlo, dhi := span(st.Dst, r)
 		dst := bufs[st.Dst.Rank.Eval(r, w)][st.Dst.Buf][dlo:dhi]
@@ -96,28 +128,26 @@ func Simulate(s *Schedule, n, vecElems int) error {
 			}
 			srcs[j] = bufs[ref.Rank.Eval(r, w)][ref.Buf][lo:hi]
 		}
-		out := make([]cell, len(dst))
-		for i := range out {
+		for i := range dst {
 			acc := srcs[0][i]
 			for j := 1; j < len(srcs); j++ {
 				v := srcs[j][i]
-				if acc.elem < 0 || v.elem < 0 {
+				if acc.elem1 == 0 || v.elem1 == 0 {
 					return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
 				}
-				if acc.elem != v.elem {
-					return fmt.Errorf("%s phase %d step %d rank %d: combines element %d with element %d", s.Name(), pi, si, r, acc.elem, v.elem)
+				if acc.elem1 != v.elem1 {
+					return fmt.Errorf("%s phase %d step %d rank %d: combines element %d with element %d", s.Name(), pi, si, r, acc.elem1-1, v.elem1-1)
 				}
 				if acc.ranks&v.ranks != 0 {
-					return fmt.Errorf("%s phase %d step %d rank %d: element %d counts ranks %b twice", s.Name(), pi, si, r, acc.elem, acc.ranks&v.ranks)
+					return fmt.Errorf("%s phase %d step %d rank %d: element %d counts ranks %b twice", s.Name(), pi, si, r, acc.elem1-1, acc.ranks&v.ranks)
 				}
-				acc = cell{elem: acc.elem, ranks: acc.ranks | v.ranks, order: mix(acc.order, v.order)}
+				acc = cell{elem1: acc.elem1, ranks: acc.ranks | v.ranks, order: mix(acc.order, v.order)}
 			}
-			if acc.elem < 0 {
+			if acc.elem1 == 0 {
 				return fmt.Errorf("%s phase %d step %d rank %d: reads an element nothing wrote", s.Name(), pi, si, r)
 			}
-			out[i] = acc
+			dst[i] = acc
 		}
-		copy(dst, out)
 		return nil
 	}
 	if s.Protocol.Push() {
@@ -154,7 +184,11 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 			order = append(order, pos{pi, si})
 		}
 	}
-	written := map[region]bool{}
+	// written[(owner*w + lane)*w + chunk]: the put of that inbox chunk ran.
+	written := make([]bool, w*w*w)
+	inboxChunk := func(ref Ref, r int) int {
+		return (ref.Rank.Eval(r, w)*w+ref.Lane.Eval(r, w))*w + ref.Chunk.Eval(r, w)
+	}
 	next := make([]int, w)
 	for done := 0; done < w; {
 		progress := false
@@ -165,7 +199,7 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 				st := s.Phases[p.pi].Steps[p.si]
 				ready := true
 				for _, ref := range st.Srcs {
-					if ref.Buf == Inbox && !written[regionOf(ref, r, w)] {
+					if ref.Buf == Inbox && !written[inboxChunk(ref, r)] {
 						ready = false
 					}
 				}
@@ -176,7 +210,7 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 					return err
 				}
 				if st.Dst.Buf == Inbox {
-					written[regionOf(st.Dst, r, w)] = true
+					written[inboxChunk(st.Dst, r)] = true
 				}
 				next[r]++
 				progress = true
@@ -218,9 +252,9 @@ func checkResult(s *Schedule, bufs [][NumBuffers][]cell, n, c int) error {
 			case coll.AllGather:
 				wantElem, wantRanks = i, 1<<uint(i/c)
 			}
-			if v.elem != wantElem || v.ranks != wantRanks {
+			if v.elem1 != wantElem+1 || v.ranks != wantRanks {
 				return fmt.Errorf("%s n=%d: rank %d output[%d] holds element %d from ranks %b, want element %d from ranks %b",
-					s.Name(), n, r, i, v.elem, v.ranks, wantElem, wantRanks)
+					s.Name(), n, r, i, v.elem1-1, v.ranks, wantElem, wantRanks)
 			}
 			if s.Collective == coll.AllReduce && v.order != bufs[0][Output][i].order {
 				return fmt.Errorf("%s n=%d: rank %d reduced output[%d] in a different order than rank 0, so results could differ in the last bit",
