@@ -17,6 +17,11 @@ import (
 // Version is the only spec version this package reads.
 const Version = 1
 
+// CUDAPackage is the name of the generated package that embeds the CUDA
+// sources, in <out>/cuda beside the glue's <out>/<package>: the glue's
+// package cannot have it.
+const CUDAPackage = "cuda"
+
 // Spec is a loaded, validated spec.
 type Spec struct {
 	// Version is the spec format version; always 1.

@@ -160,12 +160,14 @@ func checkPackage(name string) string {
 				b.WriteRune(r)
 			}
 		}
-		if b.Len() == 0 || token.IsKeyword(b.String()) {
+		if b.Len() == 0 || token.IsKeyword(b.String()) || b.String() == CUDAPackage {
 			return "collectives"
 		}
 		return b.String()
 	}
 	switch {
+	case name == CUDAPackage:
+		return fmt.Sprintf("package %q is the generated package of the CUDA sources (<out>/%s); write package: collectives", name, CUDAPackage)
 	case name == "_" || !token.IsIdentifier(name):
 		return fmt.Sprintf("package %q is not a Go identifier; write package: %s", name, fix())
 	case strings.ToLower(name) != name:

@@ -20,6 +20,7 @@ import (
 
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/spec"
 )
 
 const (
@@ -76,7 +77,7 @@ func EmbedFile(cudaNames []string) ([]byte, error) {
 }
 
 // EmbedPackage is the name of the package EmbedFile renders.
-const EmbedPackage = "cuda"
+const EmbedPackage = spec.CUDAPackage
 
 // render formats each file; a formatting failure shows the unformatted
 // source with line numbers, as protogen does.
