@@ -30,7 +30,7 @@ var builders = map[coll.Collective]map[coll.Algorithm]func(w int) (*Schedule, er
 	},
 }
 
-// ll128 turns an LL schedule builder into its ProtocolLL128 twin: the same
+// ll128 turns an LL schedule builder into its coll.LL128 twin: the same
 // steps under another algorithm name.
 func ll128(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
 	return func(w int) (*Schedule, error) {
