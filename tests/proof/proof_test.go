@@ -54,9 +54,9 @@ func gpus(t *testing.T) int {
 
 // counts returns the element counts to prove: per-rank counts for
 // reduce-scatter and all-gather, total counts for all-reduce.
-func counts(collective string, w int, large bool) []int {
+func counts(collective coll.Collective, w int, large bool) []int {
 	var cs []int
-	if collective == "allreduce" {
+	if collective == coll.AllReduce {
 		cs = []int{1, 7, 33, 1000*w + 3, 65537}
 		if large {
 			cs = append(cs, 8<<20+5)
@@ -71,32 +71,32 @@ func counts(collective string, w int, large bool) []int {
 }
 
 // input returns rank's deterministic input for a case.
-func input(dtype string, n, seed, rank int) []byte {
-	b := make([]byte, n*coll.DType(dtype).Size())
-	if dtype == "e4m3" || dtype == "e5m2" {
+func input(dtype coll.DType, n, seed, rank int) []byte {
+	b := make([]byte, n*dtype.Size())
+	if dtype.IsFloat8() {
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 		for i := range b {
 			b[i] = byte(r.IntN(256))
 		}
 		return b
 	}
-	numeric.Fill(coll.DType(dtype), b, seed, rank)
+	numeric.Fill(dtype, b, seed, rank)
 	return b
 }
 
 // expect checks rank's output of one collective against the host reference
 // computed from every rank's input.
 func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte) error {
-	size := coll.DType(c.DType).Size()
+	size := c.DType.Size()
 	switch c.Collective {
 	case "allreduce":
-		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), got, ins)
+		return numeric.Check(c.DType, c.Op, got, ins)
 	case "reduce_scatter":
 		part := make([][]byte, w)
 		for r := range ins {
 			part[r] = ins[r][rank*n*size : (rank+1)*n*size]
 		}
-		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), got, part)
+		return numeric.Check(c.DType, c.Op, got, part)
 	default:
 		want := bytes.Join(ins, nil)
 		if !bytes.Equal(got, want) {
@@ -120,11 +120,11 @@ type rankCase struct {
 }
 
 // sizes returns input and output element counts for a call with count n.
-func sizes(collective string, w, n int) (in, out int) {
+func sizes(collective coll.Collective, w, n int) (in, out int) {
 	switch collective {
-	case "allreduce":
+	case coll.AllReduce:
 		return n, n
-	case "reduce_scatter":
+	case coll.ReduceScatter:
 		return n * w, n
 	}
 	return n, n * w
@@ -135,7 +135,7 @@ func sizes(collective string, w, n int) (in, out int) {
 // output (all-gather), or the output is the rank's slice of the input
 // (reduce-scatter), as NCCL defines in-place use.
 func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, inPlace bool) (*rankCase, error) {
-	size := coll.DType(c.DType).Size()
+	size := c.DType.Size()
 	inN, outN := sizes(c.Collective, w, n)
 	rc := &rankCase{inBytes: inN * size, outBytes: outN * size, inputHost: input(c.DType, inN, seed, rank)}
 	big := max(inN, outN) * size
@@ -172,7 +172,7 @@ func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, 
 // verify reads back the output and both guards.
 func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte, inPlace bool) error {
 	buf := rc.alloc[0]
-	size := coll.DType(c.DType).Size()
+	size := c.DType.Size()
 	inN, outN := sizes(c.Collective, w, n)
 	big := max(inN, outN) * size
 	all := make([]byte, big+2*guard)
@@ -202,15 +202,15 @@ func (rc *rankCase) free(dev *cuda.Device) {
 
 // issue runs one collective on a communicator.
 func issue(cm *comm.Communicator, c collectives.Combination, rc *rankCase, n int, s *cuda.Stream) error {
-	o := comm.Options{Algorithm: c.Algorithm, Stream: s}
+	o := comm.Options{Algorithm: string(c.Algorithm), Stream: s}
 	in, out := comm.DeviceBuffer(rc.in), comm.DeviceBuffer(rc.out)
 	switch c.Collective {
 	case "allreduce":
-		return cm.AllReduce(in, out, n, c.DType, c.Op, o)
+		return cm.AllReduce(in, out, n, string(c.DType), string(c.Op), o)
 	case "reduce_scatter":
-		return cm.ReduceScatter(in, out, n, c.DType, c.Op, o)
+		return cm.ReduceScatter(in, out, n, string(c.DType), string(c.Op), o)
 	}
-	return cm.AllGather(in, out, n, c.DType, o)
+	return cm.AllGather(in, out, n, string(c.DType), o)
 }
 
 // result is one line of the summary.
@@ -699,7 +699,7 @@ func TestProofZeroCopy(t *testing.T) {
 			for call := 0; call < 3 && cerr == nil; call++ {
 				seed := n + call
 				inN, outN := sizes(c.Collective, w, n)
-				size := coll.DType(c.DType).Size()
+				size := c.DType.Size()
 				ins := make([][]byte, w)
 				for r := 0; r < w; r++ {
 					ins[r] = input(c.DType, inN, seed, r)

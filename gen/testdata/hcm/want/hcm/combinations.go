@@ -2,14 +2,16 @@
 
 package hcm
 
+import "github.com/collgen/collgen/coll"
+
 // Combination is one generated GPU kernel to prove: a test runs it against a
 // float64 host reference.
 type Combination struct {
 	Kernel     string
-	Collective string
-	Algorithm  string
-	DType      string
-	Op         string
+	Collective coll.Collective
+	Algorithm  coll.Algorithm
+	DType      coll.DType
+	Op         coll.Op
 	World      int
 }
 
