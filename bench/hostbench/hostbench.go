@@ -20,10 +20,10 @@ import (
 
 // Options is the sweep.
 type Options struct {
-	Collectives []string // allreduce, reduce_scatter, allgather
-	Algorithms  []string // empty: the group's automatic choice per size
-	DTypes      []string
-	Ops         []string // ignored for all-gather
+	Collectives []coll.Collective
+	Algorithms  []coll.Algorithm // empty: the group's automatic choice per size
+	DTypes      []coll.DType
+	Ops         []coll.Op // ignored for all-gather
 	Sizes       []int64  // message sizes in bytes (the larger of input and output)
 	Iters       int      // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
 	Check       bool     // verify every case's result against a float64 reference first
@@ -31,8 +31,11 @@ type Options struct {
 
 // Case is one configuration of the sweep.
 type Case struct {
-	Collective, Algorithm, DType, Op string
-	Bytes                            int64
+	Collective coll.Collective
+	Algorithm  coll.Algorithm // coll.Auto: the group's choice
+	DType      coll.DType
+	Op         coll.Op
+	Bytes      int64
 }
 
 // Label describes the case for progress lines and errors.
@@ -49,24 +52,24 @@ func Cases(o Options, world int) []Case {
 	for _, c := range o.Collectives {
 		algs := o.Algorithms
 		if len(algs) == 0 {
-			algs = []string{""}
+			algs = []coll.Algorithm{coll.Auto}
 		}
 		for _, alg := range algs {
-			if alg != "" {
-				s, err := schedule.Build(coll.Collective(c), coll.Algorithm(alg), world)
+			if alg != coll.Auto {
+				s, err := schedule.Build(c, alg, world)
 				if err != nil || schedule.HostCanRun(s) != nil {
 					continue
 				}
 			}
 			for _, dt := range o.DTypes {
 				ops := o.Ops
-				if c == string(coll.AllGather) {
-					ops = []string{""}
+				if !c.Reduces() {
+					ops = []coll.Op{""}
 				}
 				for _, op := range ops {
 					for _, b := range o.Sizes {
-						esz := int64(coll.DType(dt).Size())
-						if esz == 0 || b/esz < int64(world) && c != string(coll.AllReduce) || b < esz {
+						esz := int64(dt.Size())
+						if esz == 0 || b/esz < int64(world) && c != coll.AllReduce || b < esz {
 							continue
 						}
 						out = append(out, Case{c, alg, dt, op, b})
@@ -80,13 +83,13 @@ func Cases(o Options, world int) []Case {
 
 // counts returns the element count argument and the buffer sizes of a case.
 func counts(c Case, world int) (count, inBytes, outBytes int) {
-	esz := coll.DType(c.DType).Size()
+	esz := c.DType.Size()
 	n := int(c.Bytes) / esz
 	switch c.Collective {
-	case string(coll.ReduceScatter):
+	case coll.ReduceScatter:
 		count = n / world
 		return count, count * world * esz, count * esz
-	case string(coll.AllGather):
+	case coll.AllGather:
 		count = n / world
 		return count, count * esz, count * world * esz
 	}
@@ -132,14 +135,14 @@ func alignedBytes(n int) []byte {
 }
 
 func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) error {
-	opts := host.Options{Algorithm: c.Algorithm}
+	opts := host.Options{Algorithm: string(c.Algorithm)}
 	switch c.Collective {
-	case string(coll.AllReduce):
-		return g.AllReduce(ctx, in, out, count, c.DType, c.Op, opts)
-	case string(coll.ReduceScatter):
-		return g.ReduceScatter(ctx, in, out, count, c.DType, c.Op, opts)
-	case string(coll.AllGather):
-		return g.AllGather(ctx, in, out, count, c.DType, opts)
+	case coll.AllReduce:
+		return g.AllReduce(ctx, in, out, count, string(c.DType), string(c.Op), opts)
+	case coll.ReduceScatter:
+		return g.ReduceScatter(ctx, in, out, count, string(c.DType), string(c.Op), opts)
+	case coll.AllGather:
+		return g.AllGather(ctx, in, out, count, string(c.DType), opts)
 	}
 	return fmt.Errorf("unknown collective %q", c.Collective)
 }
@@ -164,10 +167,10 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	w, rank := g.World(), g.Rank()
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
-	numeric.Fill(coll.DType(c.DType), in, int(c.Bytes), rank)
-	alg := c.Algorithm
-	if alg == "" {
-		alg = g.Algorithm(c.Collective, c.Bytes)
+	numeric.Fill(c.DType, in, int(c.Bytes), rank)
+	alg := string(c.Algorithm)
+	if c.Algorithm == coll.Auto {
+		alg = g.Algorithm(string(c.Collective), c.Bytes)
 	}
 	if o.Check {
 		if err := do(ctx, g, c, in, out, count); err != nil {
@@ -207,27 +210,27 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 		return bench.Result{}, err
 	}
 	med := bench.Median(us)
-	return bench.Result{Backend: "host", Collective: c.Collective, Algorithm: alg, DType: c.DType, Op: c.Op, World: w,
-		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med)}, nil
+	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: alg, DType: string(c.DType), Op: string(c.Op), World: w,
+		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(string(c.Collective), c.Bytes, w, med)}, nil
 }
 
 // check verifies out against every rank's regenerated input.
 func check(c Case, w, rank, count int, out []byte) error {
-	esz := coll.DType(c.DType).Size()
+	esz := c.DType.Size()
 	_, inB, _ := counts(c, w)
 	inputs := make([][]byte, w)
 	for r := range inputs {
 		inputs[r] = make([]byte, inB)
-		numeric.Fill(coll.DType(c.DType), inputs[r], int(c.Bytes), r)
+		numeric.Fill(c.DType, inputs[r], int(c.Bytes), r)
 	}
 	switch c.Collective {
-	case string(coll.AllReduce):
-		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), out, inputs)
-	case string(coll.ReduceScatter):
+	case coll.AllReduce:
+		return numeric.Check(c.DType, c.Op, out, inputs)
+	case coll.ReduceScatter:
 		for r := range inputs {
 			inputs[r] = inputs[r][rank*count*esz : (rank+1)*count*esz]
 		}
-		return numeric.Check(coll.DType(c.DType), coll.Op(c.Op), out, inputs)
+		return numeric.Check(c.DType, c.Op, out, inputs)
 	}
 	for r := range inputs {
 		if string(out[r*count*esz:(r+1)*count*esz]) != string(inputs[r]) {

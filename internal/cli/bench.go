@@ -202,8 +202,17 @@ func splitList(s string) []string {
 }
 
 func (o *BenchOptions) sweep() hostbench.Options {
-	return hostbench.Options{Collectives: o.Collectives, Algorithms: o.Algorithms, DTypes: o.DTypes, Ops: o.Ops,
-		Sizes: o.Sizes, Iters: o.Iters, Check: o.Check}
+	return hostbench.Options{Collectives: typed[coll.Collective](o.Collectives), Algorithms: typed[coll.Algorithm](o.Algorithms),
+		DTypes: typed[coll.DType](o.DTypes), Ops: typed[coll.Op](o.Ops), Sizes: o.Sizes, Iters: o.Iters, Check: o.Check}
+}
+
+// typed converts flag values, checked by validate, to coll's names.
+func typed[T ~string](xs []string) []T {
+	out := make([]T, len(xs))
+	for i, x := range xs {
+		out[i] = T(x)
+	}
+	return out
 }
 
 func (o *BenchOptions) hostConfig(rank int, st rendezvous.Store, shared bool) host.Config {
