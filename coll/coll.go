@@ -1,5 +1,6 @@
 // Package coll is collgen's vocabulary: the typed names of collectives,
-// algorithms, element types, reduce ops and kernel protocols that the spec,
+// algorithms, element types, reduce ops, kernel protocols and topology kinds
+// that the spec,
 // the schedule IR, the planner, the generated code and the runtime all share.
 //
 // It sits at the bottom of the import graph and imports nothing of collgen.
@@ -241,6 +242,41 @@ func (p Protocol) Valid() bool { return slices.Contains(Protocols(), p) }
 // Push reports whether p pushes data into peers' inboxes with a flag in
 // every line (LL or LL128).
 func (p Protocol) Push() bool { return p == LL || p == LL128 }
+
+// TopologyKind is the kind of interconnect a group of ranks has.
+type TopologyKind string
+
+// Topology kinds.
+const (
+	// NVLinkFull: every pair of GPUs joined by NVLink (NVSwitch or full mesh).
+	NVLinkFull TopologyKind = "nvlink_full"
+	// HybridCubeMesh: the 8-GPU hybrid cube mesh of PyTorch's IntraNodeComm.
+	HybridCubeMesh TopologyKind = "hybrid_cube_mesh"
+	// PCIeP2P: GPUs reaching each other over PCIe peer-to-peer.
+	PCIeP2P TopologyKind = "pcie_p2p"
+	// HostSHM: CPU ranks over host shared memory.
+	HostSHM TopologyKind = "host_shm"
+)
+
+// TopologyKinds returns every topology kind, in documentation order.
+func TopologyKinds() []TopologyKind {
+	return []TopologyKind{NVLinkFull, HybridCubeMesh, PCIeP2P, HostSHM}
+}
+
+// ParseTopologyKind returns the topology kind named s.
+func ParseTopologyKind(s string) (TopologyKind, error) {
+	return parse("topology kind", s, TopologyKinds())
+}
+
+// String returns the kind's name.
+func (k TopologyKind) String() string { return string(k) }
+
+// Valid reports whether k is a known kind.
+func (k TopologyKind) Valid() bool { return slices.Contains(TopologyKinds(), k) }
+
+// IsGPU reports whether ranks of kind k are GPUs (and so can fall back to
+// NCCL).
+func (k TopologyKind) IsGPU() bool { return k.Valid() && k != HostSHM }
 
 // Bytes returns count elements of d in bytes, times every factor (a world
 // size, say), with ok false when count or a factor is negative, d is

@@ -108,3 +108,17 @@ func TestSizesAndOrder(t *testing.T) {
 		t.Error("Order or Reduces")
 	}
 }
+
+func TestTopologyKinds(t *testing.T) {
+	for _, k := range TopologyKinds() {
+		if got, err := ParseTopologyKind(k.String()); err != nil || got != k {
+			t.Errorf("ParseTopologyKind(%q) = %q, %v", k, got, err)
+		}
+	}
+	if _, err := ParseTopologyKind("torus"); !errors.Is(err, ErrUnknown) {
+		t.Errorf("torus: %v", err)
+	}
+	if !NVLinkFull.IsGPU() || HostSHM.IsGPU() || TopologyKind("torus").IsGPU() {
+		t.Error("IsGPU")
+	}
+}

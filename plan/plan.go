@@ -113,7 +113,7 @@ func (b *builder) selections() {
 func (b *builder) hostReducers() {
 	keys := map[kernels.HostKey]bool{}
 	for _, t := range b.s.Topologies {
-		if t.Kind != spec.HostSHM {
+		if t.Kind != coll.HostSHM {
 			continue
 		}
 		for _, c := range coll.Collectives() {
@@ -145,7 +145,7 @@ func (b *builder) hostReducers() {
 func (b *builder) kernels() error {
 	byName := map[string]bool{}
 	for _, t := range b.s.Topologies {
-		if t.Kind == spec.HostSHM {
+		if t.Kind == coll.HostSHM {
 			continue
 		}
 		for _, c := range coll.Collectives() {
@@ -215,12 +215,12 @@ func opsFor(s *spec.Spec, c coll.Collective) []coll.Op {
 }
 
 func selection(t *spec.Topology, c coll.Collective) kernels.Selection {
-	sel := kernels.Selection{Topology: t.Name, Kind: string(t.Kind), Collective: c,
+	sel := kernels.Selection{Topology: t.Name, Kind: t.Kind, Collective: c,
 		Worlds: append([]int(nil), t.WorldSizes...)}
 	for _, r := range t.Select[c] {
 		sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use})
 	}
-	if len(sel.Rules) == 0 && t.Kind != spec.HostSHM {
+	if len(sel.Rules) == 0 && t.Kind != coll.HostSHM {
 		sel.Rules = []kernels.Rule{{Use: coll.NCCL}}
 	}
 	return sel

@@ -54,20 +54,15 @@ func Algorithms(collective coll.Collective) []coll.Algorithm {
 	return names
 }
 
-// Kinds returns the topology kind names, sorted.
-func Kinds() []string {
-	return []string{KindHostShm, KindHybridCubeMesh, KindNVLinkFull, KindPCIe}
-}
-
 // KindWorldSizes returns the world sizes a topology kind can have: either the
 // range [min, max], or, when only is non-nil, exactly the listed sizes.
-func KindWorldSizes(kind string) (min, max int, only []int) {
+func KindWorldSizes(kind coll.TopologyKind) (min, max int, only []int) {
 	switch kind {
-	case KindNVLinkFull, KindPCIe:
+	case coll.NVLinkFull, coll.PCIeP2P:
 		return 2, 8, nil
-	case KindHybridCubeMesh:
+	case coll.HybridCubeMesh:
 		return 8, 8, []int{8}
-	case KindHostShm:
+	case coll.HostSHM:
 		return 1, 64, nil
 	}
 	return 0, 0, nil
@@ -98,7 +93,7 @@ func Build(collective coll.Collective, algorithm coll.Algorithm, world int) (*Sc
 // size: the schedule must exist, every peer access must use a link of the
 // topology, and a push (LL) schedule needs a GPU kind. The error says why
 // not.
-func CanRun(kind string, collective coll.Collective, algorithm coll.Algorithm, world int) error {
+func CanRun(kind coll.TopologyKind, collective coll.Collective, algorithm coll.Algorithm, world int) error {
 	topo, err := NewTopology(kind, world)
 	if err != nil {
 		return err
@@ -107,7 +102,7 @@ func CanRun(kind string, collective coll.Collective, algorithm coll.Algorithm, w
 	if err != nil {
 		return err
 	}
-	if err := HostCanRun(s); kind == KindHostShm && err != nil {
+	if err := HostCanRun(s); kind == coll.HostSHM && err != nil {
 		return err
 	}
 	return CheckLinks(s, topo)

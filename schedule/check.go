@@ -2,11 +2,13 @@ package schedule
 
 import (
 	"fmt"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // Topology is the set of direct links between the ranks of a group.
 type Topology struct {
-	Kind  string
+	Kind  coll.TopologyKind
 	World int
 	link  [][]bool
 }
@@ -15,10 +17,10 @@ type Topology struct {
 // fully connected for nvlink_full, pcie_p2p and host_shm; for
 // hybrid_cube_mesh, two fully connected quads {0..3}, {4..7} plus the links
 // i <-> i+4 (the 8-GPU DGX-1 layout PyTorch's IntraNodeComm detects).
-func NewTopology(kind string, world int) (*Topology, error) {
+func NewTopology(kind coll.TopologyKind, world int) (*Topology, error) {
 	lo, hi, only := KindWorldSizes(kind)
 	if hi == 0 {
-		return nil, fmt.Errorf("unknown topology kind %q (known: %v)", kind, Kinds())
+		return nil, fmt.Errorf("unknown topology kind %q (known: %v)", kind, coll.TopologyKinds())
 	}
 	if world < lo || world > hi {
 		if only != nil {
@@ -31,7 +33,7 @@ func NewTopology(kind string, world int) (*Topology, error) {
 		t.link[a] = make([]bool, world)
 		for b := range t.link[a] {
 			switch kind {
-			case KindHybridCubeMesh:
+			case coll.HybridCubeMesh:
 				t.link[a][b] = a/4 == b/4 || a^4 == b
 			default:
 				t.link[a][b] = true

@@ -38,14 +38,6 @@ import (
 	"github.com/collgen/collgen/coll"
 )
 
-// Topology kind names.
-const (
-	KindNVLinkFull     = "nvlink_full"
-	KindHybridCubeMesh = "hybrid_cube_mesh"
-	KindPCIe           = "pcie_p2p"
-	KindHostShm        = "host_shm"
-)
-
 // Buffer names one of a rank's four buffers.
 type Buffer int
 

@@ -90,7 +90,7 @@ func identicalSchedules(t *testing.T, c coll.Collective) []scheduleGroup {
 }
 
 func TestLinksHybridCubeMesh(t *testing.T) {
-	hcm, err := NewTopology(KindHybridCubeMesh, 8)
+	hcm, err := NewTopology(coll.HybridCubeMesh, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,20 +117,20 @@ func TestLinksHybridCubeMesh(t *testing.T) {
 
 func TestCanRun(t *testing.T) {
 	cases := []struct {
-		kind string
+		kind coll.TopologyKind
 		col  coll.Collective
 		alg  coll.Algorithm
 		w    int
 		want string
 	}{
-		{KindNVLinkFull, coll.AllReduce, coll.OneShot, 4, ""},
-		{KindNVLinkFull, coll.AllReduce, coll.HCM, 4, "hcm needs world size 8"},
-		{KindHybridCubeMesh, coll.AllReduce, coll.HCM, 8, ""},
-		{KindHybridCubeMesh, coll.AllReduce, coll.TwoShot, 8, "has no link"},
-		{KindHybridCubeMesh, coll.AllReduce, coll.HCM, 4, "has exactly [8] ranks"},
-		{KindHostShm, coll.AllGather, coll.OneShot, 64, ""},
-		{KindHostShm, coll.AllGather, coll.OneShot, 65, "1 to 64"},
-		{KindPCIe, coll.ReduceScatter, "ring", 2, "unknown reduce_scatter algorithm"},
+		{coll.NVLinkFull, coll.AllReduce, coll.OneShot, 4, ""},
+		{coll.NVLinkFull, coll.AllReduce, coll.HCM, 4, "hcm needs world size 8"},
+		{coll.HybridCubeMesh, coll.AllReduce, coll.HCM, 8, ""},
+		{coll.HybridCubeMesh, coll.AllReduce, coll.TwoShot, 8, "has no link"},
+		{coll.HybridCubeMesh, coll.AllReduce, coll.HCM, 4, "has exactly [8] ranks"},
+		{coll.HostSHM, coll.AllGather, coll.OneShot, 64, ""},
+		{coll.HostSHM, coll.AllGather, coll.OneShot, 65, "1 to 64"},
+		{coll.PCIeP2P, coll.ReduceScatter, "ring", 2, "unknown reduce_scatter algorithm"},
 		{"torus", coll.AllReduce, coll.OneShot, 2, "unknown topology kind"},
 	}
 	for _, c := range cases {
@@ -271,16 +271,16 @@ func TestLLRules(t *testing.T) {
 func TestLLNeedsGPU(t *testing.T) {
 	for _, c := range coll.Collectives() {
 		for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128} {
-			err := CanRun(KindHostShm, c, alg, 4)
+			err := CanRun(coll.HostSHM, c, alg, 4)
 			if err == nil || !strings.Contains(err.Error(), "host backend does not allow") {
 				t.Errorf("%s %s on host_shm: got %v", c, alg, err)
 			}
-			if err := CanRun(KindNVLinkFull, c, alg, 4); err != nil {
+			if err := CanRun(coll.NVLinkFull, c, alg, 4); err != nil {
 				t.Errorf("%s %s on nvlink_full: %v", c, alg, err)
 			}
 		}
 	}
-	hcm, _ := NewTopology(KindHybridCubeMesh, 8)
+	hcm, _ := NewTopology(coll.HybridCubeMesh, 8)
 	s, _ := Build(coll.AllReduce, coll.OneShotLL, 8)
 	want := "allreduce_oneshot_ll_w8 phase 0 step 1: rank 3 writes inbox of rank 4, but hybrid_cube_mesh has no link 3-4"
 	if err := CheckLinks(s, hcm); err == nil || err.Error() != want {

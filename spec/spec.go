@@ -8,11 +8,7 @@
 // saying what to write instead. The format is documented in docs/spec.md.
 package spec
 
-import (
-	"slices"
-
-	"github.com/collgen/collgen/coll"
-)
+import "github.com/collgen/collgen/coll"
 
 // Version is the only spec version this package reads.
 const Version = 1
@@ -82,37 +78,12 @@ type AlgorithmSpec struct {
 	Launch     Launch
 }
 
-// TopologyKind is the kind of interconnect a topology has.
-type TopologyKind string
-
-// Topology kinds.
-const (
-	// NVLinkFull: every pair of GPUs joined by NVLink (NVSwitch or full mesh).
-	NVLinkFull TopologyKind = "nvlink_full"
-	// HybridCubeMesh: the 8-GPU hybrid cube mesh of PyTorch's IntraNodeComm.
-	HybridCubeMesh TopologyKind = "hybrid_cube_mesh"
-	// PCIeP2P: GPUs reaching each other over PCIe peer-to-peer.
-	PCIeP2P TopologyKind = "pcie_p2p"
-	// HostSHM: CPU ranks over host shared memory.
-	HostSHM TopologyKind = "host_shm"
-)
-
-// AllKinds returns every topology kind, in documentation order.
-func AllKinds() []TopologyKind { return []TopologyKind{NVLinkFull, HybridCubeMesh, PCIeP2P, HostSHM} }
-
-// Valid reports whether k is a known kind.
-func (k TopologyKind) Valid() bool { return slices.Contains(AllKinds(), k) }
-
-// IsGPU reports whether ranks of kind k are GPUs (and so can fall back to
-// NCCL).
-func (k TopologyKind) IsGPU() bool { return k.Valid() && k != HostSHM }
-
 // Topology is one interconnect to generate kernels for.
 type Topology struct {
 	// Name is the topology's key in the spec: [a-z][a-z0-9_]*.
 	Name string
 	// Kind is the interconnect kind.
-	Kind TopologyKind
+	Kind coll.TopologyKind
 	// WorldSizes are sorted and deduplicated, with "lo-hi" ranges expanded.
 	WorldSizes []int
 	// Link holds optional bandwidth/latency hints; nil if not given.

@@ -362,14 +362,14 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 	// kind
 	if k, ok := f["kind"]; ok && !isNull(k.val) {
 		if name, ok := l.name(k.val, "kind", "kind: nvlink_full"); ok {
-			t.Kind = TopologyKind(name)
+			t.Kind = coll.TopologyKind(name)
 			ts.kindOK = t.Kind.Valid()
 			if !ts.kindOK {
-				l.errorf(k.val, "%s", unknownName("topology kind", name, strs(AllKinds())))
+				l.errorf(k.val, "%s", unknownName("topology kind", name, strs(coll.TopologyKinds())))
 			}
 		}
 	} else if reportMissing(f, "kind") {
-		l.errorf(keyOr(k.key, e.key), "%s has no kind; write kind: followed by one of %s", in, strings.Join(strs(AllKinds()), ", "))
+		l.errorf(keyOr(k.key, e.key), "%s has no kind; write kind: followed by one of %s", in, strings.Join(strs(coll.TopologyKinds()), ", "))
 	}
 
 	// world_sizes
@@ -468,11 +468,11 @@ func isSeq(n *yaml.Node) bool {
 }
 
 // worldExample suggests a world_sizes value for kind.
-func worldExample(k TopologyKind, ok bool) string {
+func worldExample(k coll.TopologyKind, ok bool) string {
 	if !ok {
 		return "[2-8]"
 	}
-	lo, hi, only := schedule.KindWorldSizes(string(k))
+	lo, hi, only := schedule.KindWorldSizes(k)
 	if len(only) > 0 {
 		return "[" + joinInts(only) + "]"
 	}
@@ -507,7 +507,7 @@ func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
 	}
 	lo, hi, only := 1, maxWorld, []int(nil)
 	if ts.kindOK {
-		lo, hi, only = schedule.KindWorldSizes(string(kind))
+		lo, hi, only = schedule.KindWorldSizes(kind)
 	}
 	var out []int
 	for _, it := range items {
@@ -667,7 +667,7 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 
 // canRunKey identifies one schedule.CanRun question.
 type canRunKey struct {
-	kind       string
+	kind       coll.TopologyKind
 	collective coll.Collective
 	algorithm  coll.Algorithm
 	world      int
@@ -682,8 +682,8 @@ var canRunCache sync.Map // canRunKey -> error (nil stored as noErr)
 type noErr struct{}
 
 // canRun is schedule.CanRun, memoised.
-func canRun(kind TopologyKind, c coll.Collective, alg coll.Algorithm, world int) error {
-	k := canRunKey{string(kind), c, alg, world}
+func canRun(kind coll.TopologyKind, c coll.Collective, alg coll.Algorithm, world int) error {
+	k := canRunKey{kind, c, alg, world}
 	if v, ok := canRunCache.Load(k); ok {
 		if err, ok := v.(error); ok {
 			return err

@@ -46,7 +46,6 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -284,7 +283,7 @@ func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Varia
 	}
 	for i := range lib.Selections {
 		sel := &lib.Selections[i]
-		if sel.Kind == schedule.KindHostShm || !slices.Contains(sel.Worlds, world) {
+		if sel.Kind == coll.HostSHM || !slices.Contains(sel.Worlds, world) {
 			continue
 		}
 		for _, m := range lib.RulesSlotBounds(sel, world) {

@@ -24,9 +24,9 @@ type Options struct {
 	Algorithms  []coll.Algorithm // empty: the group's automatic choice per size
 	DTypes      []coll.DType
 	Ops         []coll.Op // ignored for all-gather
-	Sizes       []int64  // message sizes in bytes (the larger of input and output)
-	Iters       int      // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
-	Check       bool     // verify every case's result against a float64 reference first
+	Sizes       []int64   // message sizes in bytes (the larger of input and output)
+	Iters       int       // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
+	Check       bool      // verify every case's result against a float64 reference first
 }
 
 // Case is one configuration of the sweep.

@@ -230,7 +230,7 @@ func (g *gpuComm) pickTopology() error {
 	var names []string
 	seen := map[string]bool{}
 	for _, s := range lib.Selections {
-		if s.Kind == schedule.KindHostShm || !contains(s.Worlds, cfg.WorldSize) {
+		if s.Kind == coll.HostSHM || !contains(s.Worlds, cfg.WorldSize) {
 			continue
 		}
 		if !seen[s.Topology] {
@@ -245,7 +245,7 @@ func (g *gpuComm) pickTopology() error {
 	if topo == "" {
 		// Prefer a fully connected NVLink topology, then spec order.
 		sort.SliceStable(names, func(i, j int) bool {
-			return g.kindOf(names[i]) == schedule.KindNVLinkFull && g.kindOf(names[j]) != schedule.KindNVLinkFull
+			return g.kindOf(names[i]) == coll.NVLinkFull && g.kindOf(names[j]) != coll.NVLinkFull
 		})
 		topo = names[0]
 	} else if !seen[topo] {
@@ -293,7 +293,7 @@ func (g *gpuComm) chunkElems(k *kernels.Kernel, c call) int64 {
 	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(k.VecElems(c.dtype.Size()))))
 }
 
-func (g *gpuComm) kindOf(topology string) string {
+func (g *gpuComm) kindOf(topology string) coll.TopologyKind {
 	for _, s := range g.lib.Selections {
 		if s.Topology == topology {
 			return s.Kind

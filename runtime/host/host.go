@@ -312,7 +312,7 @@ func (g *Group) choose(collective coll.Collective, bytes int64, forced string) c
 	if forced != "" {
 		return coll.Algorithm(forced)
 	}
-	if sel, ok := g.lib.Selection(schedule.KindHostShm, collective, g.cfg.World); ok {
+	if sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.World); ok {
 		if a := sel.Choose(bytes); a != coll.NCCL {
 			return a
 		}
@@ -380,7 +380,7 @@ func PortableLibrary() *kernels.Library {
 		worlds[i] = i + 1
 	}
 	sel := func(c coll.Collective, rules ...kernels.Rule) kernels.Selection {
-		return kernels.Selection{Topology: "host", Kind: schedule.KindHostShm, Collective: c, Worlds: worlds, Rules: rules}
+		return kernels.Selection{Topology: "host", Kind: coll.HostSHM, Collective: c, Worlds: worlds, Rules: rules}
 	}
 	lib.Selections = []kernels.Selection{
 		sel(coll.AllReduce, kernels.Rule{UpTo: 32 << 10, Use: coll.OneShot}, kernels.Rule{Use: coll.TwoShot}),

@@ -164,7 +164,7 @@ type Rule struct {
 // Selection is a topology's ordered size rules for one collective.
 type Selection struct {
 	Topology   string // topology name from the spec
-	Kind       string // nvlink_full, hybrid_cube_mesh, pcie_p2p, host_shm
+	Kind       coll.TopologyKind
 	Collective coll.Collective
 	Worlds     []int // world sizes the topology generates for
 	Rules      []Rule
@@ -316,7 +316,7 @@ func (l *Library) Kernel(collective coll.Collective, algorithm coll.Algorithm, d
 
 // Selection returns the rules of a topology kind for a collective at a world
 // size, preferring the first matching topology in spec order.
-func (l *Library) Selection(kind string, collective coll.Collective, world int) (*Selection, bool) {
+func (l *Library) Selection(kind coll.TopologyKind, collective coll.Collective, world int) (*Selection, bool) {
 	for i := range l.Selections {
 		s := &l.Selections[i]
 		if s.Kind != kind || s.Collective != collective {

@@ -223,7 +223,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 		}
 		sels = append(sels, keyed(
 			field{"Topology", jen.Lit(s.Topology)},
-			field{"Kind", jen.Lit(s.Kind)},
+			field{"Kind", jen.Lit(string(s.Kind))},
 			field{"Collective", jen.Lit(string(s.Collective))},
 			field{"Worlds", jen.Index().Int().Values(worlds...)},
 			field{"Rules", jen.Index().Qual(kernelsPkg, "Rule").Custom(multi, rules...)},
