@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // Result is one measured configuration.
@@ -38,13 +40,13 @@ type Result struct {
 // convention: algorithm bandwidth bytes/time, scaled by 2(W-1)/W for
 // all-reduce and (W-1)/W for reduce-scatter and all-gather, so that the
 // figure compares with the hardware's link bandwidth whatever the world.
-func BusBandwidth(collective string, bytes int64, world int, us float64) float64 {
+func BusBandwidth(collective coll.Collective, bytes int64, world int, us float64) float64 {
 	if us <= 0 || world < 1 {
 		return 0
 	}
 	alg := float64(bytes) / (us * 1e-6) / 1e9
 	f := float64(world-1) / float64(world)
-	if collective == "allreduce" {
+	if collective == coll.AllReduce {
 		f *= 2
 	}
 	return alg * f

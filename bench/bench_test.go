@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/collgen/collgen/coll"
 )
 
 func sample() []Result {
@@ -15,25 +17,32 @@ func sample() []Result {
 	for _, b := range []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20} {
 		us := 5 + float64(b)/4e3
 		rs = append(rs, Result{Backend: "host", Collective: "allreduce", Algorithm: "twoshot", DType: "f32", Op: "sum", World: 4,
-			Bytes: b, Iters: 100, MedianUS: us, BusGBps: BusBandwidth("allreduce", b, 4, us), Baseline: "gloo", Ratio: 3.5})
+			Bytes: b, Iters: 100, MedianUS: us, BusGBps: BusBandwidth(coll.AllReduce, b, 4, us), Baseline: "gloo", Ratio: 3.5})
 		rs = append(rs, Result{Backend: "host", Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 4,
-			Bytes: b, Iters: 100, MedianUS: us / 2, BusGBps: BusBandwidth("allgather", b, 4, us/2)})
+			Bytes: b, Iters: 100, MedianUS: us / 2, BusGBps: BusBandwidth(coll.AllGather, b, 4, us/2)})
 	}
 	return rs
 }
 
 func TestBusBandwidth(t *testing.T) {
 	// 1 GB in 1 s on 4 ranks: algbw 1, all-reduce busbw 1.5, all-gather 0.75.
-	if got := BusBandwidth("allreduce", 1e9, 4, 1e6); math.Abs(got-1.5) > 1e-12 {
+	if got := BusBandwidth(coll.AllReduce, 1e9, 4, 1e6); math.Abs(got-1.5) > 1e-12 {
 		t.Errorf("allreduce: %v", got)
 	}
-	if got := BusBandwidth("allgather", 1e9, 4, 1e6); math.Abs(got-0.75) > 1e-12 {
+	if got := BusBandwidth(coll.AllGather, 1e9, 4, 1e6); math.Abs(got-0.75) > 1e-12 {
 		t.Errorf("allgather: %v", got)
 	}
-	if got := BusBandwidth("allreduce", 1e9, 1, 1e6); got != 0 {
+	if got := BusBandwidth(coll.AllReduce, 1e9, 1, 1e6); got != 0 {
 		t.Errorf("world 1: %v", got)
 	}
-	if Median([]float64{3, 1, 2}) != 2 || Median([]float64{4, 1, 2, 3}) != 2.5 || Median(nil) != 0 {
+	if got := BusBandwidth(coll.ReduceScatter, 1e9, 8, 0.5e6); math.Abs(got-1.75) > 1e-12 {
+		t.Errorf("reduce_scatter W=8 in 0.5 s: %v", got)
+	}
+	if got := BusBandwidth(coll.AllReduce, 1e9, 2, 0); got != 0 {
+		t.Errorf("zero time: %v", got)
+	}
+	xs := []float64{3, 1, 2}
+	if Median(xs) != 2 || xs[0] != 3 || Median([]float64{4, 1, 2, 3}) != 2.5 || Median(nil) != 0 {
 		t.Error("Median")
 	}
 }

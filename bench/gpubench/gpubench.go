@@ -41,9 +41,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
@@ -62,50 +62,12 @@ const (
 // FormatSize renders a byte count the way tables show it (1KiB, 256MiB).
 func FormatSize(n int64) string { return spec.FormatSize(n) }
 
-// BusFactor is NCCL's bus-bandwidth factor for a collective at a world
-// size: 2(W-1)/W for all-reduce, (W-1)/W for reduce-scatter and all-gather.
-func BusFactor(collective coll.Collective, world int) float64 {
-	if world < 1 {
-		return 0
-	}
-	w := float64(world)
-	if collective == coll.AllReduce {
-		return 2 * (w - 1) / w
-	}
-	return (w - 1) / w
-}
-
-// BusBandwidthGBps is NCCL's bus bandwidth in GB/s (10^9 bytes per second)
-// for a collective of bytes (the full buffer: for reduce-scatter and
-// all-gather the gathered size) that took seconds at a world size.
-func BusBandwidthGBps(collective coll.Collective, bytes int64, seconds float64, world int) float64 {
-	if seconds <= 0 {
-		return 0
-	}
-	return float64(bytes) / seconds * BusFactor(collective, world) / 1e9
-}
-
 // AlgBandwidthGBps is bytes / time in GB/s.
 func AlgBandwidthGBps(bytes int64, seconds float64) float64 {
 	if seconds <= 0 {
 		return 0
 	}
 	return float64(bytes) / seconds / 1e9
-}
-
-// Median returns the median of xs (the mean of the middle two for an even
-// count), or 0 for none. xs is not modified.
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	m := len(s) / 2
-	if len(s)%2 == 1 {
-		return s[m]
-	}
-	return (s[m-1] + s[m]) / 2
 }
 
 // Replays returns how many timed replays to run when one replay takes
@@ -354,7 +316,7 @@ func fillDerived(ms []Measurement) {
 			continue
 		}
 		sec := m.LatencyUs * 1e-6
-		m.BusGBps = BusBandwidthGBps(m.Collective, m.Bytes, sec, m.World)
+		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUs)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
 		if m.Variant == coll.NCCL.String() {
 			ncclAt[m.Bytes] = m.LatencyUs

@@ -18,42 +18,9 @@ import (
 	"github.com/collgen/collgen/runtime/numeric"
 )
 
-func TestBusBandwidth(t *testing.T) {
-	// 1 GB in 1 s: algbw 1 GB/s.
-	const gb = int64(1e9)
-	if got := BusBandwidthGBps(coll.AllReduce, gb, 1, 4); math.Abs(got-1.5) > 1e-12 {
-		t.Errorf("allreduce W=4: %v, want 1.5", got)
-	}
-	if got := BusBandwidthGBps(coll.AllReduce, gb, 1, 2); math.Abs(got-1) > 1e-12 {
-		t.Errorf("allreduce W=2: %v, want 1", got)
-	}
-	if got := BusBandwidthGBps(coll.ReduceScatter, gb, 0.5, 4); math.Abs(got-1.5) > 1e-12 {
-		t.Errorf("reduce_scatter W=4 in 0.5s: %v, want 1.5", got)
-	}
-	if got := BusBandwidthGBps(coll.AllGather, gb, 1, 8); math.Abs(got-0.875) > 1e-12 {
-		t.Errorf("allgather W=8: %v, want 0.875", got)
-	}
-	if got := BusBandwidthGBps(coll.AllReduce, gb, 0, 4); got != 0 {
-		t.Errorf("zero time: %v, want 0", got)
-	}
-	if got := AlgBandwidthGBps(2*gb, 2); got != 1 {
+func TestAlgBandwidthAndReplays(t *testing.T) {
+	if got := AlgBandwidthGBps(2e9, 2); got != 1 {
 		t.Errorf("algbw: %v, want 1", got)
-	}
-}
-
-func TestMedianAndReplays(t *testing.T) {
-	if m := Median(nil); m != 0 {
-		t.Errorf("Median(nil) = %v", m)
-	}
-	xs := []float64{5, 1, 3}
-	if m := Median(xs); m != 3 {
-		t.Errorf("Median odd = %v", m)
-	}
-	if xs[0] != 5 {
-		t.Error("Median modified its input")
-	}
-	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
-		t.Errorf("Median even = %v", m)
 	}
 	for _, c := range []struct {
 		ms   float64

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -528,7 +529,7 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 		for i, t := range ms {
 			per[i] = t * 1e3 / float64(cfg.OpsPerGraph)
 		}
-		m.LatencyUs = Median(per)
+		m.LatencyUs = bench.Median(per)
 		m.MinUs, m.MaxUs = per[0], per[0]
 		for _, p := range per {
 			m.MinUs, m.MaxUs = math.Min(m.MinUs, p), math.Max(m.MaxUs, p)

@@ -211,7 +211,7 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	}
 	med := bench.Median(us)
 	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: alg, DType: string(c.DType), Op: string(c.Op), World: w,
-		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(string(c.Collective), c.Bytes, w, med)}, nil
+		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med)}, nil
 }
 
 // check verifies out against every rank's regenerated input.
