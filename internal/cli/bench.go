@@ -129,7 +129,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Backend, "backend", "gpu", "backend to benchmark: host or gpu")
 	f.IntVarP(&o.World, "world", "n", 2, "number of ranks")
-	f.StringVar(&sizes, "sizes", "1KiB-64MiB", "message sizes: a list of sizes and FROM-TO ranges that double, e.g. 4KiB,64KiB or 1KiB-256MiB")
+	f.StringVar(&sizes, "sizes", "1KiB-64MiB", "message sizes: a list of sizes and doubling ranges FROM-TO or FROM..TO (a factor: FROM..TO:x4), e.g. 4KiB,64KiB or 1KiB-256MiB")
 	f.StringVar(&dtypes, "dtype", "f32", "element types, comma separated (host: f32 f64 f16 bf16 i32 i64)")
 	f.StringVar(&ops, "op", "sum", "reduce ops, comma separated: sum, max, min")
 	f.StringVar(&colls, "collective", "allreduce", "collectives, comma separated: allreduce, reduce_scatter, allgather")
