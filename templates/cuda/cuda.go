@@ -104,6 +104,7 @@ type table struct {
 	Values []int
 }
 
+// phaseContext is one phase of the kernel: its steps and closing barrier.
 type phaseContext struct {
 	Steps     []stepContext
 	Sync      bool
@@ -111,6 +112,7 @@ type phaseContext struct {
 	Optional  bool // the final barrier, skipped when stage slots alternate
 }
 
+// stepContext is one C block: a comment naming the step(s) and its lines.
 type stepContext struct {
 	Comment string
 	Lines   []string
