@@ -1,7 +1,7 @@
 // Package coll is collgen's vocabulary: the typed names of collectives,
 // algorithms, element types, reduce ops, kernel protocols and topology kinds
-// that the spec,
-// the schedule IR, the planner, the generated code and the runtime all share.
+// that the spec, the schedule IR, the planner, the generated code and the
+// runtime all share.
 //
 // It sits at the bottom of the import graph and imports nothing of collgen.
 // Each name is a string type, so it prints, marshals and appears in spec files
