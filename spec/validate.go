@@ -234,7 +234,7 @@ func (l *loader) ops(n *yaml.Node) []coll.Op {
 			continue
 		}
 		op := coll.Op(name)
-		if !slices.Contains(coll.Ops(), op) {
+		if !op.Valid() {
 			l.errorf(it, "%s", unknownName("op", name, strs(coll.Ops())))
 			continue
 		}
@@ -248,7 +248,7 @@ func (l *loader) ops(n *yaml.Node) []coll.Op {
 // collective reads a collective name used as a key.
 func (l *loader) collective(f field) (coll.Collective, bool) {
 	c := coll.Collective(f.name)
-	if !slices.Contains(coll.Collectives(), c) {
+	if !c.Valid() {
 		l.errorf(f.key, "%s", unknownName("collective", f.name, strs(coll.Collectives())))
 		return "", false
 	}
