@@ -264,3 +264,44 @@ func TestVersionMarker(t *testing.T) {
 		}
 	}
 }
+
+// TestUserModuleBuilds generates a tree into another module, as a user
+// would (`collgen generate --out internal/gen` beside their go.mod), and
+// builds and tests it there: the glue must import the embedded sources by
+// that module's import path, and every kernel's source must be readable.
+func TestUserModuleBuilds(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command:", err)
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile(filepath.Join(repo, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := t.TempDir()
+	gomod := "module example.com/user\n\ngo 1.26\n\nrequire github.com/collgen/collgen v0.0.0\n\nreplace github.com/collgen/collgen => " + repo + "\n"
+	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte(gomod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mod, "go.sum"), sum, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(mod, "internal", "gen")
+	tree := render(t, "testdata/minimal/spec.yaml", out, Options{})
+	if !strings.Contains(string(tree.Files["mini/kernels.go"]), `"example.com/user/internal/gen/cuda"`) {
+		t.Fatalf("kernels.go does not import the user's cuda package:\n%s", tree.Files["mini/kernels.go"])
+	}
+	if err := Write(out, tree); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(goTool, "test", "-count=1", "./internal/gen/...")
+	cmd.Dir = mod
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test in the user's module: %v\n%s", err, msg)
+	}
+}
