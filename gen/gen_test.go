@@ -218,6 +218,9 @@ func TestImportPath(t *testing.T) {
 // (above kernels.MaxVersion). The variants replace kernels.go through a
 // build overlay, so nothing on disk changes.
 func TestVersionMarker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the go command")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command:", err)
@@ -270,6 +273,9 @@ func TestVersionMarker(t *testing.T) {
 // builds and tests it there: the glue must import the embedded sources by
 // that module's import path, and every kernel's source must be readable.
 func TestUserModuleBuilds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the go command")
+	}
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command:", err)
