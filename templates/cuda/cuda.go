@@ -300,8 +300,9 @@ func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 
 // stepWriter accumulates one step's C lines: P appends a line to the
 // step's preamble, B one to the loop body of a push group (protogen's
-// GeneratedFile.P). It names the pointers it declares (p0, p1, ...) and
-// records whether the body passes `on` to a protocol call.
+// GeneratedFile.P). It counts the pointers declared in it
+// (kernelEmitter.ptr) and records whether the body passes `on` to a
+// protocol call.
 type stepWriter struct {
 	sc     stepContext
 	body   []string
@@ -319,19 +320,19 @@ func (w *stepWriter) B(format string, args ...any) {
 	w.body = append(w.body, "  "+fmt.Sprintf(format, args...))
 }
 
-// ptr declares a pointer to expr (a ref's chunk) before the loop and
-// returns its name; inbox pointers are bytes (16-byte units).
-func (w *stepWriter) ptr(inbox, constant bool, expr string) string {
+// ptr declares, in w before the loop, a pointer to a ref's chunk and
+// returns its name (p0, p1, ...); inbox pointers are bytes (16-byte units).
+func (e *kernelEmitter) ptr(w *stepWriter, r schedule.Ref, constant bool) string {
 	name := fmt.Sprintf("p%d", w.ptrs)
 	w.ptrs++
 	typ := "E*"
-	if inbox {
+	if r.Buf == schedule.Inbox {
 		typ = "char*"
 	}
 	if constant {
 		typ = "const " + typ
 	}
-	w.P("%s const %s = %s;", typ, name, expr)
+	w.P("%s const %s = %s;", typ, name, e.ref(r, constant))
 	return name
 }
 
@@ -398,25 +399,19 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		on, notOK, cond = ", on", "PR::any(!ok)", "PR::any(u < units)"
 	}
 	w.P("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
-	ptr := func(r schedule.Ref, constant bool) string {
-		return w.ptr(r.Buf == schedule.Inbox, constant, e.ref(r, constant))
-	}
-	wait := func(src schedule.Ref, p, x string) {
-		w.usesOn = true
-		w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, %s, %s, %d%s)) goto done;", p, x, e.index(src.Lane), phase, on)
-	}
 	puts := g[1:]
 	switch lead.Kind {
 	case schedule.Put:
-		src := ptr(lead.Srcs[0], true)
+		src := e.ptr(w, lead.Srcs[0], true)
 		w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		puts = g
 	case schedule.Copy:
-		src := ptr(lead.Srcs[0], true)
-		dst := ptr(lead.Dst, false)
+		src := e.ptr(w, lead.Srcs[0], true)
+		dst := e.ptr(w, lead.Dst, false)
 		if lead.Srcs[0].Buf == schedule.Inbox {
+			w.usesOn = true
 			w.B("PR::P x;")
-			wait(lead.Srcs[0], src, "x")
+			w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, x, %s, %d%s)) goto done;", src, e.index(lead.Srcs[0].Lane), phase, on)
 		} else {
 			w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		}
@@ -427,9 +422,9 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		}
 		srcs := make([]string, len(lead.Srcs))
 		for i, r := range lead.Srcs {
-			srcs[i] = ptr(r, true)
+			srcs[i] = e.ptr(w, r, true)
 		}
-		dst := ptr(lead.Dst, false)
+		dst := e.ptr(w, lead.Dst, false)
 		w.B("PR::P xs[%d];", len(srcs))
 		w.B("bool ok = true;")
 		anyLL := false
@@ -455,7 +450,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	}
 	for _, p := range puts {
 		w.usesOn = true
-		w.B("PR::store(%s + u * 16, x, flag%s);", ptr(p.Dst, false), on)
+		w.B("PR::store(%s + u * 16, x, flag%s);", e.ptr(w, p.Dst, false), on)
 	}
 	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", e.index(chunkRef.Chunk), cond)
 	if warp && w.usesOn {
