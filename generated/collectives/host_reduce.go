@@ -34,7 +34,7 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); !(a[i] > x) {
+				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -61,7 +61,7 @@ func reduceBF16Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); !(a[i] < x) {
+				if x := numeric.BF16ToF32(v); x < a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -113,7 +113,7 @@ func reduceF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.F16ToF32(v); !(a[i] > x) {
+				if x := numeric.F16ToF32(v); x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -140,7 +140,7 @@ func reduceF16Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.F16ToF32(v); !(a[i] < x) {
+				if x := numeric.F16ToF32(v); x < a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -192,7 +192,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] > x) {
+				if x := v; x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -219,7 +219,7 @@ func reduceF32Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] < x) {
+				if x := v; x < a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -271,7 +271,7 @@ func reduceF64Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] > x) {
+				if x := v; x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -298,7 +298,7 @@ func reduceF64Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] < x) {
+				if x := v; x < a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -350,7 +350,7 @@ func reduceI32Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[int32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] > x) {
+				if x := v; x > a[i] {
 					a[i] = x
 				}
 			}
@@ -377,7 +377,7 @@ func reduceI32Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[int32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] < x) {
+				if x := v; x < a[i] {
 					a[i] = x
 				}
 			}
@@ -429,7 +429,7 @@ func reduceI64Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[int64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] > x) {
+				if x := v; x > a[i] {
 					a[i] = x
 				}
 			}
@@ -456,7 +456,7 @@ func reduceI64Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[int64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] < x) {
+				if x := v; x < a[i] {
 					a[i] = x
 				}
 			}

@@ -69,7 +69,7 @@ func hostFile(p *plan.Plan) *jen.File {
 		name := "reduce" + ht.goName + strings.ToUpper(op[:1]) + op[1:]
 		table = append(table, jen.Values(jen.Id("DType").Op(":").Lit(string(key.DType)), jen.Id("Op").Op(":").Lit(op)).Op(":").Id(name))
 		f.Comment(commentText(fmt.Sprintf("%s is the host reduce loop for %s %s: dst = srcs[0] %s srcs[1] %s ..., in source order.", name, key.DType, key.Op, key.Op, key.Op)))
-		f.Func().Id(name).Params(jen.Id("dst").Index().Byte(), jen.Id("srcs").Index().Index().Byte()).Block(hostBody(ht, key.Op)...)
+		f.Func().Id(name).Params(jen.Id("dst").Index().Byte(), jen.Id("srcs").Index().Index().Byte()).Block(hostBody(ht, key.Op, key.DType.IsFloat())...)
 		f.Line()
 	}
 	f.Comment(commentText("hostReducers maps each host (dtype, op) to its reduce loop."))
@@ -84,7 +84,7 @@ func hostFile(p *plan.Plan) *jen.File {
 //	    for i, v := range elems[T](srcs[0], lo, m) { a[i] = up(v) }
 //	    for _, src := range srcs[1:] { s := elems[T](src, lo, m)[:len(a)]; for i, v := range s { a[i] = op(a[i], up(v)) } }
 //	    d := elems[T](dst, lo, m)[:len(a)]; for i, v := range a { d[i] = down(v) } }
-func hostBody(ht hostType, op coll.Op) []jen.Code {
+func hostBody(ht hostType, op coll.Op, float bool) []jen.Code {
 	up := func(v jen.Code) jen.Code {
 		if ht.up == "" {
 			return v
@@ -102,11 +102,21 @@ func hostBody(ht hostType, op coll.Op) []jen.Code {
 	switch op {
 	case coll.Sum:
 		combine = jen.Id("a").Index(jen.Id("i")).Op("+=").Add(up(jen.Id("v")))
-	case coll.Max:
-		// Same NaN behaviour as the CUDA op: acc = acc > v ? acc : v.
-		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), jen.Op("!").Parens(ai.Clone().Op(">").Id("x"))).Block(jen.Id("a").Index(jen.Id("i")).Op("=").Id("x"))
-	case coll.Min:
-		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), jen.Op("!").Parens(ai.Clone().Op("<").Id("x"))).Block(jen.Id("a").Index(jen.Id("i")).Op("=").Id("x"))
+	case coll.Max, coll.Min:
+		// if x := up(v); x > a[i] || a[i] != a[i] { a[i] = x } (min: <).
+		// Floats follow maxNum/minNum as the CUDA op and NCCL do: a NaN
+		// operand is ignored unless every operand is NaN, so the result
+		// does not depend on where the NaN sits (a NaN accumulator takes
+		// the next value; a NaN value never replaces a number).
+		cmp := ">"
+		if op == coll.Min {
+			cmp = "<"
+		}
+		cond := jen.Id("x").Op(cmp).Add(ai.Clone())
+		if float {
+			cond = cond.Op("||").Add(ai.Clone()).Op("!=").Add(ai.Clone())
+		}
+		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), cond).Block(ai.Clone().Op("=").Id("x"))
 	}
 	view := func(b jen.Code) *jen.Statement {
 		return jen.Id("elems").Types(ht.elem).Call(b, jen.Id("lo"), jen.Id("m"))

@@ -34,7 +34,7 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); !(a[i] > x) {
+				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
@@ -86,7 +86,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; !(a[i] > x) {
+				if x := v; x > a[i] || a[i] != a[i] {
 					a[i] = x
 				}
 			}
