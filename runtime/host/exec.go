@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"runtime"
 	"strconv"
 	"sync"
@@ -44,9 +43,10 @@ type exec struct {
 	slot    int
 	lanes   int // lanes used
 	pieces  int
-	pieceN  int // all-reduce: elements per piece; others: per-rank elements per piece
-	scratch int // offset of Scratch inside a lane area
-	stop    atomic.Bool
+	pieceN  int         // all-reduce: elements per piece; others: per-rank elements per piece
+	scratch int         // offset of Scratch inside a lane area
+	spin    bool        // barrier waits may busy-poll: processes, no more lane threads than CPUs
+	stop    atomic.Bool // a lane failed: the others stop waiting
 	ctx     context.Context
 }
 
@@ -127,10 +127,10 @@ func (g *Group) run(ctx context.Context, c call) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[l] = x.lane(l)
+				errs[l] = x.runLane(l)
 			}()
 		}
-		errs[0] = x.lane(0)
+		errs[0] = x.runLane(0)
 		wg.Wait()
 		err = nil
 		for _, e := range errs {
@@ -145,15 +145,44 @@ func (g *Group) run(ctx context.Context, c call) error {
 	return err
 }
 
+// runLane runs lane l of a collective with several lanes; when it fails
+// it tells the other lanes, which may be waiting for peers that will now
+// never come (a failing rank sets its abort word only after all its lanes
+// returned).
+func (x *exec) runLane(l int) error {
+	err := x.lane(l)
+	if err != nil {
+		x.stop.Store(true)
+	}
+	return err
+}
+
 // name describes the collective for errors.
 func (x *exec) name() string {
 	return fmt.Sprintf("host: rank %d %s %s %s (tag %d, slot %d)", x.g.cfg.Rank, x.c.collective, x.s.Algorithm, x.c.dtype, x.tag, x.slot)
 }
 
+// signature identifies a collective on a slot: FNV-1a over its tag,
+// kind, algorithm, dtype, op and count, never 0. It runs on every call, so
+// it hashes in place rather than formatting a string.
 func signature(tag uint64, c call, alg coll.Algorithm) uint64 {
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%d|%s|%s|%s|%s|%d", tag, c.collective, alg, c.dtype, c.op, c.count)
-	return h.Sum64() | 1
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	num := func(v uint64) {
+		for i := 0; i < 8; i++ {
+			h = (h ^ v&0xff) * prime
+			v >>= 8
+		}
+	}
+	for _, s := range [...]string{string(c.collective), string(alg), string(c.dtype), string(c.op)} {
+		num(uint64(len(s)))
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint64(s[i])) * prime
+		}
+	}
+	num(tag)
+	num(uint64(c.count))
+	return h | 1
 }
 
 // plan splits the message into pieces that fit a lane's Stage (and
@@ -181,6 +210,11 @@ func (x *exec) plan() {
 	}
 	x.pieces = (x.c.count + x.pieceN - 1) / x.pieceN
 	x.lanes = min(lay.Lanes, x.pieces)
+	// Busy-polling pays off only when every polling thread has a CPU of
+	// its own: World processes times the lanes each one runs. Counting
+	// ranks alone let 8 lanes x 4 ranks spin on 32 CPUs beside the
+	// runtime's own threads, so the lane with work to do waited for a CPU.
+	x.spin = x.g.cfg.Shared && w*x.lanes <= runtime.NumCPU()
 }
 
 // piece is one piece's geometry: all-reduce covers elements [off, off+n)
@@ -234,7 +268,7 @@ func (x *exec) lane(l int) error {
 	line := lay.lineOff(x.slot, l)
 	area := lay.areaOff(x.slot, l)
 	mine := g.self.Bytes()
-	counter, sigw := word(mine, line), word(mine, line+8)
+	counter, sigw := word(mine, line+lineCounter), word(mine, line+lineSig)
 	// The signature is stored before our first arrival of this collective;
 	// a peer reads it only after its acquire load of our counter sees that
 	// arrival, so it sees this signature (or a later one, which it only
@@ -270,7 +304,7 @@ func (x *exec) lane(l int) error {
 			// Arrive: the release store publishes every write this rank
 			// made to its Stage/Scratch in this phase (and earlier) to any
 			// peer whose acquire load of this counter sees cnt.
-			atomic.StoreUint64(counter, cnt)
+			x.arrive(counter, line, cnt)
 			final := p == last && pi == len(x.s.Phases)-1
 			if err := x.wait(l, line, cnt, !final, pi); err != nil {
 				return err
@@ -278,130 +312,6 @@ func (x *exec) lane(l int) error {
 		}
 	}
 	return nil
-}
-
-// wait returns once every peer's counter for (slot, lane) reaches target.
-// Counters only grow and a peer cannot pass a barrier we have not reached,
-// so at a non-final barrier a peer whose counter reaches target is in this
-// very collective: its signature must equal ours. At the final barrier a
-// peer may already have moved on to the slot's next collective (and
-// rewritten its signature), so the signature is not checked there.
-func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) error {
-	g, w, rank := x.g, x.g.cfg.World, x.g.cfg.Rank
-	for i := 1; i < w; i++ {
-		p := (rank + i) % w
-		pm := g.mems[p]
-		c := word(pm, line)
-		// Acquire load: pairs with the peer's release store in lane(); once
-		// it sees target, the peer's Stage/Scratch writes of the phase are
-		// visible to our reads in the next phase.
-		if atomic.LoadUint64(c) < target {
-			if err := x.slowWait(p, line, target, phase, lane); err != nil {
-				return err
-			}
-		}
-		if checkSig {
-			if s := atomic.LoadUint64(word(pm, line+8)); s != x.sig {
-				return fmt.Errorf("%s phase %d: rank %d is running a different collective on this slot (tag, kind, dtype, op or count differ, or calls were issued in a different order): %w",
-					x.name(), phase, p, ErrMismatch)
-			}
-		}
-	}
-	return nil
-}
-
-// Back-off of a barrier wait: spin with atomic loads, then yield the
-// processor to other goroutines, then sleep with growing pauses.
-const (
-	spinFor  = 20 * time.Microsecond
-	yieldFor = 200 * time.Microsecond
-	maxSleep = 500 * time.Microsecond
-	liveness = 20 * time.Millisecond // how often a peer's pid is checked
-)
-
-func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
-	g := x.g
-	pm := g.mems[p]
-	c := word(pm, line)
-	start := time.Now()
-	deadline := start.Add(g.timeout)
-	if d, ok := x.ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	spin := spinFor
-	if !g.cfg.Shared || g.oversubscribed {
-		// Peers are goroutines of this process, or processes competing
-		// for too few CPUs: spinning only delays them, so yield at once.
-		spin = 0
-	}
-	nextLive := start.Add(liveness)
-	sleep := time.Microsecond
-	spinning := spin > 0
-	for n := 1; ; n++ {
-		if atomic.LoadUint64(c) >= target {
-			return nil
-		}
-		if spinning {
-			if n&63 != 0 || time.Since(start) < spin {
-				continue
-			}
-			spinning = false
-		}
-		now := time.Now()
-		// Peer-written words are read with atomic loads; they have a single
-		// writer (the peer) and only ever go from 0 to 1.
-		if atomic.LoadUint64(hdr(pm, hdrAbort)) != 0 || atomic.LoadUint64(hdr(pm, hdrClosed)) != 0 {
-			if atomic.LoadUint64(c) >= target {
-				return nil // it arrived, then left
-			}
-			what := "abandoned the collective"
-			if atomic.LoadUint64(hdr(pm, hdrClosed)) != 0 {
-				what = "closed the group"
-			}
-			return fmt.Errorf("%s phase %d: rank %d %s: %w", x.name(), phase, p, what, ErrPeerFailed)
-		}
-		if x.stop.Load() {
-			return errStopped
-		}
-		if g.closed.Load() {
-			return fmt.Errorf("%s: %w while waiting", x.name(), ErrClosed)
-		}
-		if err := x.ctx.Err(); err != nil {
-			return fmt.Errorf("%s phase %d: waiting for rank %d: %w", x.name(), phase, p, err)
-		}
-		if now.After(nextLive) {
-			nextLive = now.Add(liveness)
-			if pid, dead := x.peerDead(p); dead {
-				return fmt.Errorf("%s phase %d: rank %d (pid %d) died: %w", x.name(), phase, p, pid, ErrPeerFailed)
-			}
-		}
-		if now.After(deadline) {
-			return fmt.Errorf("%s phase %d lane %d: ranks %v did not reach the barrier within %v: %w",
-				x.name(), phase, lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
-		}
-		if now.Sub(start) < yieldFor {
-			if g.cfg.Shared {
-				// Peers are processes: give the CPU to them (Gosched would
-				// only switch goroutines of this process).
-				osYield()
-			}
-			runtime.Gosched()
-			continue
-		}
-		time.Sleep(sleep)
-		sleep = min(2*sleep, maxSleep)
-	}
-}
-
-// missing lists the ranks whose counter at line is below target.
-func (x *exec) missing(line int, target uint64) []int {
-	var out []int
-	for r, m := range x.g.mems {
-		if atomic.LoadUint64(word(m, line)) < target {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // acquireSlot takes this rank's lock on the collective's slot, waiting

@@ -120,8 +120,6 @@ type Group struct {
 	mems    [][]byte      // peers[i].Bytes(), cached
 	names   []string      // segment names by rank
 	pidNS   uint64
-	// oversubscribed: more ranks than CPUs, so barrier waits yield at once.
-	oversubscribed bool
 
 	schedMu sync.Mutex
 	scheds  map[schedKey]*schedule.Schedule
@@ -170,7 +168,6 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if g.timeout <= 0 {
 		g.timeout = DefaultTimeout
 	}
-	g.oversubscribed = cfg.World > runtime.NumCPU()
 	return g, nil
 }
 

@@ -27,6 +27,3 @@ func processGone(pid int) bool {
 	st := b[i+2]
 	return st == 'Z' || st == 'X'
 }
-
-// osYield gives up the CPU to other runnable threads (sched_yield(2)).
-func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }

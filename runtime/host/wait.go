@@ -1,0 +1,200 @@
+package host
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+)
+
+// Words of a (slot, lane) flag line, as byte offsets into the line. Each
+// is written only by the rank that owns the segment; peers only load them.
+const (
+	lineCounter = 0  // barrier arrivals on this (slot, lane); only grows
+	lineSig     = 8  // signature of the collective the owner runs here
+	lineSleeper = 16 // 1 + the rank whose counter the owner is blocked on in the kernel; 0 when none
+)
+
+// Budgets of a barrier wait. A waiter first busy-polls the peer's counter
+// (only processes with a CPU each: spinning on a shared CPU delays the
+// very peer it waits for), then polls while giving its CPU away, then
+// blocks in the kernel on the counter itself (a futex) until the peer's
+// arrival wakes it. So a wait costs at most spinFor of busy CPU and
+// yieldFor of yielding, then nothing but a wake-up every blockSlice.
+const (
+	spinFor    = 20 * time.Microsecond
+	yieldFor   = 50 * time.Microsecond // from the start of the wait
+	blockSlice = 5 * time.Millisecond  // longest sleep between looks at ctx, aborts and the deadline
+	liveness   = 20 * time.Millisecond // how often a peer's pid is checked
+)
+
+// arrive publishes this rank's arrival at a barrier of line and wakes any
+// peer blocked on it.
+//
+// Memory ordering. The store of cnt is a release: every write this rank
+// made to its Stage/Scratch before it is visible to a peer whose acquire
+// load of the counter sees cnt (sync/atomic operations are sequentially
+// consistent, which includes acquire and release).
+//
+// Lost wake-ups. A waiter announces itself by storing our rank+1 into its
+// own line's sleeper word, then loads our counter, then sleeps in
+// futexWait only if the word still holds the value it loaded. We store the
+// counter, then load every peer's sleeper word. Sequential consistency
+// orders the four accesses in one total order: if the waiter's load missed
+// our store, its announcement precedes our load of the sleeper word, so we
+// see it and call futexWake. The wake either finds the waiter queued, or
+// comes first, and then the kernel's compare of the word (made atomically
+// with queueing, against the value the waiter loaded) fails and the waiter
+// does not sleep. Either way no waiter sleeps through an arrival. When no
+// peer is announced, which is the common case, arriving costs a store and
+// W-1 loads of lines the barrier reads anyway: no system call.
+func (x *exec) arrive(counter *uint64, line int, cnt uint64) {
+	atomic.StoreUint64(counter, cnt)
+	me := uint64(x.g.cfg.Rank) + 1
+	for p, m := range x.g.mems {
+		if p != x.g.cfg.Rank && atomic.LoadUint64(word(m, line+lineSleeper)) == me {
+			futexWake(counter)
+			return
+		}
+	}
+}
+
+// wait returns once every peer's counter for (slot, lane) reaches target.
+// Counters only grow and a peer cannot pass a barrier we have not reached,
+// so at a non-final barrier a peer whose counter reaches target is in this
+// very collective: its signature must equal ours. At the final barrier a
+// peer may already have moved on to the slot's next collective (and
+// rewritten its signature), so the signature is not checked there.
+func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) error {
+	g, w, rank := x.g, x.g.cfg.World, x.g.cfg.Rank
+	for i := 1; i < w; i++ {
+		p := (rank + i) % w
+		pm := g.mems[p]
+		// Acquire load: pairs with the peer's release store in arrive;
+		// once it sees target, the peer's Stage/Scratch writes of the
+		// phase are visible to our reads in the next phase.
+		if atomic.LoadUint64(word(pm, line+lineCounter)) < target {
+			if err := x.slowWait(p, line, target, phase, lane); err != nil {
+				return err
+			}
+		}
+		if checkSig {
+			if s := atomic.LoadUint64(word(pm, line+lineSig)); s != x.sig {
+				return fmt.Errorf("%s phase %d: rank %d is running a different collective on this slot (tag, kind, dtype, op or count differ, or calls were issued in a different order): %w",
+					x.name(), phase, p, ErrMismatch)
+			}
+		}
+	}
+	return nil
+}
+
+// slowWait waits for rank p's counter at line to reach target: spinning,
+// then yielding, then blocked on the counter in the kernel (see the
+// budgets above and arrive for the wake-up protocol). Between looks it
+// fails on the deadline (Config.Timeout or ctx's, naming the ranks that
+// did not arrive), ctx cancellation, the peer's abort or close, the peer's
+// death, our own Close, or another lane of this collective failing.
+func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
+	g := x.g
+	pm := g.mems[p]
+	c := word(pm, line+lineCounter)
+	start := time.Now()
+	if x.spin {
+		for n := 1; atomic.LoadUint64(c) < target; n++ {
+			if n&63 == 0 && time.Since(start) >= spinFor {
+				break
+			}
+		}
+	}
+	deadline := start.Add(g.timeout)
+	if d, ok := x.ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	nextLive := start.Add(liveness)
+	sleeper := word(g.self.Bytes(), line+lineSleeper)
+	announced := false
+	defer func() {
+		if announced {
+			atomic.StoreUint64(sleeper, 0)
+		}
+	}()
+	for {
+		v := atomic.LoadUint64(c)
+		if v >= target {
+			return nil
+		}
+		now := time.Now()
+		if err := x.check(p, phase); err != nil {
+			if atomic.LoadUint64(c) >= target {
+				return nil // it arrived, then left
+			}
+			return err
+		}
+		if now.After(nextLive) {
+			nextLive = now.Add(liveness)
+			if pid, dead := x.peerDead(p); dead {
+				return fmt.Errorf("%s phase %d: rank %d (pid %d) died: %w", x.name(), phase, p, pid, ErrPeerFailed)
+			}
+		}
+		if now.After(deadline) {
+			return fmt.Errorf("%s phase %d lane %d: ranks %v did not reach the barrier within %v: %w",
+				x.name(), phase, lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
+		}
+		switch {
+		case now.Sub(start) < yieldFor:
+			if g.cfg.Shared {
+				// Peers are processes: give the CPU to them (Gosched would
+				// only switch goroutines of this process).
+				osYield()
+			}
+			runtime.Gosched()
+		case !announced:
+			// Announce, then look at the word once more before sleeping
+			// on it: the order arrive's argument relies on.
+			atomic.StoreUint64(sleeper, uint64(p)+1)
+			announced = true
+		default:
+			if err := futexWait(c, v, min(blockSlice, deadline.Sub(now), nextLive.Sub(now))); err != nil {
+				return fmt.Errorf("%s phase %d: waiting for rank %d: %w", x.name(), phase, p, err)
+			}
+		}
+	}
+}
+
+// check returns why waiting for rank p must stop now, if it must: p
+// abandoned the collective or closed the group (unless it arrived first),
+// another lane of this collective failed, our group was closed, or ctx
+// ended.
+func (x *exec) check(p, phase int) error {
+	pm := x.g.mems[p]
+	// Peer-written words are read with atomic loads; they have a single
+	// writer (the peer) and only ever go from 0 to 1.
+	if atomic.LoadUint64(hdr(pm, hdrAbort)) != 0 || atomic.LoadUint64(hdr(pm, hdrClosed)) != 0 {
+		what := "abandoned the collective"
+		if atomic.LoadUint64(hdr(pm, hdrClosed)) != 0 {
+			what = "closed the group"
+		}
+		return fmt.Errorf("%s phase %d: rank %d %s: %w", x.name(), phase, p, what, ErrPeerFailed)
+	}
+	if x.stop.Load() {
+		return errStopped
+	}
+	if x.g.closed.Load() {
+		return fmt.Errorf("%s: %w while waiting", x.name(), ErrClosed)
+	}
+	if err := x.ctx.Err(); err != nil {
+		return fmt.Errorf("%s phase %d: waiting for rank %d: %w", x.name(), phase, p, err)
+	}
+	return nil
+}
+
+// missing lists the ranks whose counter at line is below target.
+func (x *exec) missing(line int, target uint64) []int {
+	var out []int
+	for r, m := range x.g.mems {
+		if atomic.LoadUint64(word(m, line+lineCounter)) < target {
+			out = append(out, r)
+		}
+	}
+	return out
+}
