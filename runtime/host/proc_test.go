@@ -23,7 +23,7 @@ import (
 // Child-process protocol: the test binary re-executes itself with
 // COLLGEN_HOST_CHILD set; TestMain then runs childMain instead of the tests.
 const (
-	envChild   = "COLLGEN_HOST_CHILD"   // mode: "sweep" or "kill"
+	envChild   = "COLLGEN_HOST_CHILD"   // mode: "sweep", "wake" or "kill"
 	envRank    = "COLLGEN_HOST_RANK"    //
 	envWorld   = "COLLGEN_HOST_WORLD"   //
 	envStore   = "COLLGEN_HOST_STORE"   // file store directory
@@ -46,6 +46,9 @@ func childMain(mode string) int {
 	rank, _ := strconv.Atoi(os.Getenv(envRank))
 	world, _ := strconv.Atoi(os.Getenv(envWorld))
 	timeout, _ := time.ParseDuration(os.Getenv(envTimeout))
+	if os.Getenv(envPatient) != "" {
+		blockSlice, liveness = patience, patience
+	}
 	if at := os.Getenv(envKillAt); at != "" {
 		testHook = func(r int, point string) {
 			if point == at {
@@ -87,6 +90,8 @@ func childRun(mode string, g *Group) error {
 			}
 		}
 		return nil
+	case "wake":
+		return wakeRun(g)
 	case "kill":
 		if err := g.Setup(ctx); err != nil {
 			return err

@@ -22,8 +22,14 @@ const (
 // arrival wakes it. So a wait costs at most spinFor of busy CPU and
 // yieldFor of yielding, then nothing but a wake-up every blockSlice.
 const (
-	spinFor    = 20 * time.Microsecond
-	yieldFor   = 50 * time.Microsecond // from the start of the wait
+	spinFor  = 20 * time.Microsecond
+	yieldFor = 50 * time.Microsecond // from the start of the wait
+)
+
+// How often a blocked waiter wakes by itself. These are variables only so
+// that tests can lengthen them: then a lost wake-up shows as a timeout
+// instead of hiding in a short sleep.
+var (
 	blockSlice = 5 * time.Millisecond  // longest sleep between looks at ctx, aborts and the deadline
 	liveness   = 20 * time.Millisecond // how often a peer's pid is checked
 )

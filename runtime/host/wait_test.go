@@ -1,0 +1,170 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/schedule"
+)
+
+// envPatient, set in a child rank's environment, makes its blocked waits
+// sleep until woken (see patience).
+const envPatient = "COLLGEN_HOST_PATIENT"
+
+// patience replaces blockSlice and liveness in tests that must catch a
+// lost wake-up: a waiter that nobody wakes sleeps until its collective's
+// timeout and fails with ErrTimeout, instead of finding the arrival on
+// its own a few milliseconds late.
+const patience = time.Hour
+
+// patientWaits lengthens the self-wake intervals until the test ends.
+func patientWaits(t *testing.T) {
+	bs, lv := blockSlice, liveness
+	blockSlice, liveness = patience, patience
+	t.Cleanup(func() { blockSlice, liveness = bs, lv })
+}
+
+// awaitSleeper polls g's view of rank waiter's flag lines until one says
+// waiter is blocked in the kernel on rank on's counter; false if that did
+// not happen within limit.
+func awaitSleeper(g *Group, waiter, on int, limit time.Duration) bool {
+	m := g.mems[waiter]
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(20 * time.Microsecond) {
+		for s := 0; s < g.lay.Slots; s++ {
+			for l := 0; l < g.lay.Lanes; l++ {
+				if atomic.LoadUint64(word(m, g.lay.lineOff(s, l)+lineSleeper)) == uint64(on)+1 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// holdBack returns a test hook under which rank 1 stops at the start of
+// each collective's phase 1 until rank 0 is blocked in the kernel on rank
+// 1's counter, so that rank 0 can only finish if rank 1's arrival wakes
+// it. unseen counts the times rank 0 never blocked (the test would then
+// prove nothing). group returns rank 1's group.
+func holdBack(group func() *Group, unseen *atomic.Int32) func(rank int, point string) {
+	return func(rank int, point string) {
+		if rank == 1 && point == "phase:1" && !awaitSleeper(group(), 0, 1, 10*time.Second) {
+			unseen.Add(1)
+		}
+	}
+}
+
+// wakeOps is what TestBlockedWaiterIsWoken runs: one-shot all-reduces
+// (phase 1 ends in the final barrier, where rank 0 waits for rank 1).
+func wakeOps() []op {
+	var ops []op
+	for i := 0; i < 10; i++ {
+		ops = append(ops, op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 1000 + i, seed: i})
+	}
+	return ops
+}
+
+// wakeRun is the "wake" child mode: rank 1 holds rank 0 back as in
+// holdBack, across processes.
+func wakeRun(g *Group) error {
+	var unseen atomic.Int32
+	if g.Rank() == 1 {
+		testHook = holdBack(func() *Group { return g }, &unseen)
+	}
+	for _, o := range wakeOps() {
+		if _, err := runOp(context.Background(), g, o); err != nil {
+			return err
+		}
+	}
+	if n := unseen.Load(); n > 0 {
+		return fmt.Errorf("rank 0 never blocked on rank 1 in %d collectives", n)
+	}
+	return nil
+}
+
+// TestBlockedWaiterIsWoken checks the wake-up protocol: rank 0 blocks in
+// the kernel on rank 1's counter (futex) at every collective, with no
+// self-wake before the timeout, and rank 1's arrival must wake it. A lost
+// wake-up fails the collective with ErrTimeout. Goroutine ranks on plain
+// memory and on POSIX segments, and process ranks (where the waiter
+// sleeps on a read-only mapping of the peer's segment).
+func TestBlockedWaiterIsWoken(t *testing.T) {
+	patientWaits(t)
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("goroutines/shared=%v", shared), func(t *testing.T) {
+			var mu sync.Mutex
+			groups := make([]*Group, 2)
+			var unseen atomic.Int32
+			testHook = holdBack(func() *Group { mu.Lock(); defer mu.Unlock(); return groups[1] }, &unseen)
+			defer func() { testHook = nil }()
+			errs := goroutineGroup(t, 2, Config{Shared: shared, Group: uniqueGroup(t), Timeout: 5 * time.Second}, func(g *Group) error {
+				mu.Lock()
+				groups[g.Rank()] = g
+				mu.Unlock()
+				for _, o := range wakeOps() {
+					if _, err := runOp(context.Background(), g, o); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			if n := unseen.Load(); n > 0 {
+				t.Fatalf("rank 0 never blocked on rank 1 in %d collectives", n)
+			}
+		})
+	}
+	t.Run("processes", func(t *testing.T) {
+		group := uniqueGroup(t)
+		patient := func(int) []string { return []string{envPatient + "=1"} }
+		for _, r := range startChildren(t, "wake", group, 2, 5*time.Second, patient) {
+			if r.err != nil || r.stderr != "ok" {
+				t.Errorf("rank %d: %v: %s", r.rank, r.err, r.stderr)
+			}
+		}
+	})
+}
+
+// TestOversubscribedRanks runs the dtype x op x algorithm sweep, multi-lane
+// pieces included, on more ranks than CPUs: 8 goroutine ranks on 2 Ps, and
+// 8 process ranks (more than the CPUs of a small CI machine), with waits
+// that only a peer's wake-up ends. Waiters spin, yield and block in turn
+// while their peers need the CPUs; every result is checked.
+func TestOversubscribedRanks(t *testing.T) {
+	const w = 8
+	t.Run("goroutines", func(t *testing.T) {
+		patientWaits(t)
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+		ops := sweep([]int{1, 7, 1000, 5000}, w)
+		errs := goroutineGroup(t, w, Config{Lanes: 2, SlotBytes: 2 * 8192}, func(g *Group) error {
+			for _, o := range ops {
+				if _, err := runOp(context.Background(), g, o); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err := firstErr(errs); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("processes", func(t *testing.T) {
+		group := uniqueGroup(t)
+		patient := func(int) []string { return []string{envPatient + "=1"} }
+		for _, r := range startChildren(t, "sweep", group, w, 30*time.Second, patient) {
+			if r.err != nil || r.stderr != "ok" {
+				t.Errorf("rank %d: %v: %s", r.rank, r.err, r.stderr)
+			}
+		}
+		if l := leftovers(t, group, w); len(l) > 0 {
+			t.Errorf("left in /dev/shm: %v", l)
+		}
+	})
+}
