@@ -1,52 +1,92 @@
 #!/usr/bin/env bash
 # Compare collgen's host backend with PyTorch gloo all-reduce on this host's
-# CPUs, side by side in one run (f32 sum, 4 processes by default), with
-# copy bandwidth for reference. Needs python3 with torch (numpy optional) and
-# a collgen binary; no Go, no GPU.
+# CPUs (f32 sum): for each world size, gloo once, then SWEEPS back-to-back
+# collgen sweeps of the same sizes, summarised per size as the best and the
+# median of the sweeps' medians, their worst/best ratio (a cliff shows as a
+# ratio far above 1), gloo's median and the speed-up. Needs python3 with
+# torch (numpy optional) and a collgen binary; no Go, no GPU.
 #
-#   tests/host/compare.sh                      # uses .gpu/collgen
-#   COLLGEN=/path/to/collgen WORLD=4 SIZES=4KiB,64KiB,1MiB,16MiB OUT=/tmp/cmp tests/host/compare.sh
+#   tests/host/compare.sh                       # uses .gpu/collgen
+#   WORLDS="2 4" SIZES=4KiB-1MiB SWEEPS=3 OUT=/tmp/cmp COLLGEN=/path/to/collgen tests/host/compare.sh
 #
-# Exits 1 when a speed-up target (TARGETS, default 4KiB=30,16MiB=3) is missed.
+# Writes to $OUT: table.md (the summary), compare.log (everything printed)
+# and raw.tgz (gloo and collgen JSON per world and sweep, collgen's tables,
+# memcpy). Exits 1 when a size's worst sweep is more than STABILITY times
+# its best, slower than gloo, or above a MAX_US latency target.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 COLLGEN=${COLLGEN:-$root/.gpu/collgen}
-WORLD=${WORLD:-4}
-SIZES=${SIZES:-4KiB,64KiB,1MiB,16MiB}
-TARGETS=${TARGETS:-4KiB=30,16MiB=3}
+WORLDS=${WORLDS:-2 4 8}
+SIZES=${SIZES:-4KiB-64MiB}
+SWEEPS=${SWEEPS:-5}
+STABILITY=${STABILITY:-1.5}
+MAX_US=${MAX_US:-4:4KiB=6,4:16MiB=1500}
+GLOO_SECONDS=${GLOO_SECONDS:-0.5}
 OUT=${OUT:-$(mktemp -d /tmp/collgen-compare.XXXXXX)}
 PY=${PYTHON:-python3}
 
 [ -x "$COLLGEN" ] || { echo "compare.sh: no collgen binary at $COLLGEN (set COLLGEN=...)" >&2; exit 2; }
 "$PY" -c 'import torch, torch.distributed' 2>/dev/null || { echo "compare.sh: $PY cannot import torch" >&2; exit 2; }
 mkdir -p "$OUT"
+raw=$(mktemp -d /tmp/collgen-compare-raw.XXXXXX)
+# Whatever happens, leave the raw results in $OUT.
+trap 'tar czf "$OUT/raw.tgz" -C "$raw" . && rm -rf "$raw"' EXIT
+exec > >(tee "$OUT/compare.log") 2>&1
+
+# gloo_bench.py takes a list of sizes; expand FROM-TO ranges (doubling).
+sizes=$("$PY" - "$SIZES" <<'EOF'
+import re, sys
+units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+def size(s):
+    m = re.fullmatch(r"(\d+)([A-Za-z]*)", s.strip())
+    return int(m.group(1)) * units[m.group(2) or "B"]
+out = []
+for part in sys.argv[1].split(","):
+    lo, _, hi = part.partition("-")
+    x, top = size(lo), size(hi or lo)
+    while x <= top:
+        out.append(str(x))
+        x *= 2
+print(",".join(out))
+EOF
+)
 
 echo "== host: $(nproc) CPUs, $(uname -r), torch $("$PY" -c 'import torch; print(torch.__version__)')"
 echo "== /dev/shm: $(df -h --output=size,avail /dev/shm | tail -1)"
+echo "== worlds $WORLDS, sizes $SIZES, $SWEEPS collgen sweeps per world"
 
-# The host backend needs about WORLD * 4 slots * slot bytes of /dev/shm; on a
-# small tmpfs (docker's default is 64 MiB) shrink the slots to fit half of it.
-slot_args=()
-avail_kib=$(df -k --output=avail /dev/shm | tail -1 | tr -d ' ')
-if [ -n "${SLOT_BYTES:-}" ]; then
-	slot_args=(--slot-bytes "$SLOT_BYTES")
-elif [ "$avail_kib" -lt $((WORLD * 4 * 8 * 1024 * 2)) ]; then
-	slot=$((avail_kib * 1024 / 2 / WORLD / 4 / 4096 * 4096))
-	echo "== small /dev/shm: using --slot-bytes $slot"
-	slot_args=(--slot-bytes "$slot")
-fi
+start=$SECONDS
+for w in $WORLDS; do
+	# The host backend needs about w * 4 slots * slot bytes of /dev/shm; on
+	# a small tmpfs (docker's default is 64 MiB) shrink the slots to fit
+	# half of it.
+	slot_args=()
+	avail_kib=$(df -k --output=avail /dev/shm | tail -1 | tr -d ' ')
+	if [ -n "${SLOT_BYTES:-}" ]; then
+		slot_args=(--slot-bytes "$SLOT_BYTES")
+	elif [ "$avail_kib" -lt $((w * 4 * 8 * 1024 * 2)) ]; then
+		slot=$((avail_kib * 1024 / 2 / w / 4 / 4096 * 4096))
+		echo "== small /dev/shm: using --slot-bytes $slot"
+		slot_args=(--slot-bytes "$slot")
+	fi
+	echo "== world $w: gloo ($((SECONDS - start)) s)"
+	"$PY" "$here/gloo_bench.py" bench --world "$w" --sizes "$sizes" --seconds "$GLOO_SECONDS" --out "$raw/gloo-w$w.json"
+	for s in $(seq 1 "$SWEEPS"); do
+		echo "== world $w: collgen sweep $s of $SWEEPS ($((SECONDS - start)) s)"
+		check=()
+		[ "$s" = 1 ] && check=(--check) # results are verified once per world
+		"$COLLGEN" bench --backend host -n "$w" --sizes "$SIZES" --dtype f32 --op sum --collective allreduce \
+			"${check[@]}" --baseline "$raw/gloo-w$w.json" --json "$raw/host-w$w-s$s.json" "${slot_args[@]}" \
+			> "$raw/host-w$w-s$s.txt"
+	done
+	cat "$raw/host-w$w-s$SWEEPS.txt"
+done
 
-echo "== gloo all-reduce ($WORLD processes)"
-"$PY" "$here/gloo_bench.py" bench --world "$WORLD" --sizes "$SIZES" --out "$OUT/gloo.json"
+echo "== memcpy ($((SECONDS - start)) s)"
+"$PY" "$here/gloo_bench.py" memcpy --out "$raw/memcpy.json"
 
-echo "== collgen host all-reduce ($WORLD processes)"
-"$COLLGEN" bench --backend host -n "$WORLD" --sizes "$SIZES" --dtype f32 --op sum --collective allreduce \
-	--check --baseline "$OUT/gloo.json" --json "$OUT/host.json" --memcpy "${slot_args[@]}" | tee "$OUT/host.txt"
-
-echo "== memcpy"
-"$PY" "$here/gloo_bench.py" memcpy --out "$OUT/memcpy.json"
-
-echo "== comparison (results in $OUT)"
-"$PY" "$here/gloo_bench.py" report "$OUT/gloo.json" "$OUT/host.json" --memcpy "$OUT/memcpy.json" --targets "$TARGETS"
+echo "== summary ($((SECONDS - start)) s; table in $OUT/table.md)"
+"$PY" "$here/gloo_bench.py" report --gloo "$raw"/gloo-w*.json --host "$raw"/host-w*-s*.json --sweeps "$SWEEPS" \
+	--stability "$STABILITY" --max-us "$MAX_US" --memcpy "$raw/memcpy.json" --out "$OUT/table.md"

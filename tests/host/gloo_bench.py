@@ -6,11 +6,14 @@ numpy for the memcpy figure) but no GPU and no Go.
 
   gloo_bench.py bench  --world 4 --sizes 4KiB,64KiB,1MiB,16MiB --out gloo.json
   gloo_bench.py memcpy [--mib 256]
-  gloo_bench.py report gloo.json host.json [--targets 4KiB=30,16MiB=3] [--memcpy-gbps X]
+  gloo_bench.py report --gloo gloo-w*.json --host host-w*-s*.json [--max-us 4:4KiB=6] [--out table.md]
 
 bench writes results in collgen's bench.Result JSON format (backend "gloo"),
-so `collgen bench --baseline gloo.json` can compute speed-ups; report prints
-the side-by-side table and checks the speed-up targets (exit 1 if missed).
+so `collgen bench --baseline gloo.json` can compute speed-ups; report
+summarises several back-to-back collgen sweeps per world against gloo (best,
+median of the sweeps' medians, worst/best, speed-up) and exits 1 when a
+size's sweeps differ by more than --stability, a sweep is slower than gloo,
+or a --max-us target is missed.
 """
 
 import argparse
@@ -159,40 +162,66 @@ def load(path):
 
 
 def cmd_report(a):
-    gloo = {(r["bytes"], r["world"]): r for r in load(a.gloo) if r["collective"] == "allreduce" and r["dtype"] == "f32"}
-    host = [r for r in load(a.host) if r["collective"] == "allreduce" and r["dtype"] == "f32" and r.get("op", "sum") == "sum"]
-    memcpy = load(a.memcpy) if a.memcpy and os.path.exists(a.memcpy) else {}
-    targets = {}
-    for t in (a.targets or "").split(","):
+    """Summarise back-to-back sweeps: per world and size, the best and the
+    median of the sweeps' medians, their worst/best ratio, gloo's median and
+    the speed-up (gloo / collgen's median of medians)."""
+    gloo = {}
+    for path in a.gloo:
+        for r in load(path):
+            if r["collective"] == "allreduce" and r["dtype"] == "f32":
+                gloo[(r["world"], r["bytes"])] = r["median_us"]
+    runs, algs = {}, {}
+    for path in a.host:
+        for r in load(path):
+            if r["collective"] == "allreduce" and r["dtype"] == "f32" and r.get("op", "sum") == "sum":
+                runs.setdefault((r["world"], r["bytes"]), []).append(r["median_us"])
+                algs[(r["world"], r["bytes"])] = r["algorithm"]
+    max_us = {}
+    for t in (a.max_us or "").split(","):
         if t.strip():
-            size, _, factor = t.partition("=")
-            targets[parse_size(size)] = float(factor)
-    print("%-7s %5s %12s %12s %9s %9s %12s %12s  %s" % ("size", "world", "gloo(us)", "collgen(us)", "speedup", "target",
-                                                         "gloo GB/s", "collgen GB/s", "collgen algorithm"))
-    ok = True
-    for r in sorted(host, key=lambda r: r["bytes"]):
-        g = gloo.get((r["bytes"], r["world"]))
-        if g is None:
-            continue
-        sp = g["median_us"] / r["median_us"] if r["median_us"] > 0 else 0
-        tgt = targets.get(r["bytes"])
-        mark = ""
-        if tgt is not None:
-            mark = "%.0fx %s" % (tgt, "ok" if sp >= tgt else "MISSED")
-            ok = ok and sp >= tgt
-        print("%-7s %5d %12.1f %12.1f %8.1fx %9s %12.2f %12.2f  %s" % (fmt_size(r["bytes"]), r["world"], g["median_us"],
-              r["median_us"], sp, mark, g["bus_gbps"], r["bus_gbps"], r["algorithm"]))
-    big = max(host, key=lambda r: r["bytes"], default=None)
+            key, _, us = t.partition("=")
+            world, _, size = key.partition(":")
+            max_us[(int(world), parse_size(size))] = float(us)
+    memcpy = load(a.memcpy) if a.memcpy and os.path.exists(a.memcpy) else {}
+    lines = ["| world | size | sweeps | best (us) | median (us) | worst/best | gloo (us) | speed-up | algorithm | notes |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    problems = []
+    for (world, nbytes) in sorted(runs):
+        meds = runs[(world, nbytes)]
+        best, worst, med = min(meds), max(meds), statistics.median(meds)
+        g = gloo.get((world, nbytes))
+        notes = []
+        if worst / best > a.stability:
+            notes.append("CLIFF: worst/best > %.1f" % a.stability)
+        if g is not None and worst > g:
+            notes.append("SLOWER than gloo (worst sweep)")
+        lim = max_us.get((world, nbytes))
+        if lim is not None:
+            notes.append("target <= %g us: %s" % (lim, "met" if med <= lim else "MISSED"))
+            if med > lim:
+                problems.append("w%d %s: median %.1f us > %g us" % (world, fmt_size(nbytes), med, lim))
+        if len(meds) != a.sweeps:
+            notes.append("%d of %d sweeps" % (len(meds), a.sweeps))
+        problems += ["w%d %s: %s" % (world, fmt_size(nbytes), n) for n in notes if n.startswith(("CLIFF", "SLOWER"))]
+        lines.append("| %d | %s | %d | %.1f | %.1f | %.2f | %s | %s | %s | %s |" % (
+            world, fmt_size(nbytes), len(meds), best, med, worst / best,
+            "%.1f" % g if g is not None else "-", "%.1fx" % (g / med) if g is not None else "-",
+            algs[(world, nbytes)], "; ".join(notes)))
+    worlds = {w for (w, _) in runs}
+    for (world, nbytes) in sorted(k for k in set(max_us) - set(runs) if k[0] in worlds):
+        problems.append("w%d %s: no collgen result for a target size" % (world, fmt_size(nbytes)))
     for k, v in memcpy.items():
-        line = "memcpy (%s): %.1f GB/s" % (k, v)
-        if big:
-            line += "; collgen %s all-reduce bus bandwidth %.2f GB/s = %.0f%% of it" % (fmt_size(big["bytes"]), big["bus_gbps"], 100 * big["bus_gbps"] / v)
-        print(line)
-    missing = [fmt_size(b) for b in targets if not any(r["bytes"] == b for r in host)]
-    if missing:
-        print("no collgen result for target sizes: %s" % ", ".join(missing))
-        ok = False
-    if not ok:
+        lines.append("")
+        lines.append("memcpy 256 MiB (%s): %.1f GB/s" % (k, v))
+    lines.append("")
+    lines.append("%s" % ("all sizes stable (worst/best <= %.1f), never slower than gloo, targets met" % a.stability
+                         if not problems else "PROBLEMS: " + "; ".join(problems)))
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    if problems:
         raise SystemExit(1)
 
 
@@ -209,11 +238,14 @@ def main(argv=None):
     m = sub.add_parser("memcpy", help="measure copy bandwidth")
     m.add_argument("--mib", type=int, default=256)
     m.add_argument("--out", default="")
-    r = sub.add_parser("report", help="compare gloo and collgen results")
-    r.add_argument("gloo")
-    r.add_argument("host")
+    r = sub.add_parser("report", help="summarise collgen sweeps against gloo")
+    r.add_argument("--gloo", nargs="+", default=[], help="gloo results (bench --out), any worlds")
+    r.add_argument("--host", nargs="+", required=True, help="collgen bench --json results, one file per sweep, any worlds")
+    r.add_argument("--sweeps", type=int, default=5, help="sweeps expected per world and size")
+    r.add_argument("--stability", type=float, default=1.5, help="largest worst/best ratio of a size's sweep medians")
+    r.add_argument("--max-us", default="", help="latency targets on the median, e.g. 4:4KiB=6,4:16MiB=1500 (world:size=us)")
     r.add_argument("--memcpy", default="", help="JSON written by the memcpy command")
-    r.add_argument("--targets", default="", help="required speed-ups, e.g. 4KiB=30,16MiB=3")
+    r.add_argument("--out", default="", help="also write the table (markdown) here")
     a = p.parse_args(argv)
     {"bench": cmd_bench, "memcpy": cmd_memcpy, "report": cmd_report}[a.cmd](a)
 
