@@ -263,20 +263,34 @@ func (x *exec) span(ref schedule.Ref, pc piece, area int) []byte {
 
 // lane runs pieces l, l+lanes, ... through every phase of the schedule,
 // with its own barrier flags.
+//
+// The collective's last barrier is only arrived at, not waited for: what
+// it guards is this rank's area and signature, which peers may still be
+// reading, and the only writer of those is the next collective on the
+// same (slot, lane). So that collective waits for the arrival before its
+// first write (the start wait below), usually long after the peers made
+// it: with sequence tags the slot was last used Slots collectives ago.
+// A collective costs one barrier fewer than its schedule has.
 func (x *exec) lane(l int) error {
 	g, lay := x.g, x.g.lay
 	line := lay.lineOff(x.slot, l)
 	area := lay.areaOff(x.slot, l)
 	mine := g.self.Bytes()
 	counter, sigw := word(mine, line+lineCounter), word(mine, line+lineSig)
+	// We are the only writer of our counter, so a plain atomic load gives
+	// its current value: the last arrival of the previous collective on
+	// this (slot, lane), which every rank makes, so it is everyone's value
+	// once they have all finished that collective.
+	cnt := atomic.LoadUint64(counter)
+	if err := x.wait(l, line, cnt, false, phaseStart); err != nil {
+		return err
+	}
 	// The signature is stored before our first arrival of this collective;
 	// a peer reads it only after its acquire load of our counter sees that
-	// arrival, so it sees this signature (or a later one, which it only
-	// tolerates at the final barrier).
+	// arrival, so it sees this signature. It cannot see a later one at a
+	// barrier that checks it: we store the next only after this start wait
+	// of the next collective, i.e. after that peer finished this one.
 	atomic.StoreUint64(sigw, x.sig)
-	// We are the only writer of our counter, so a plain atomic load gives
-	// its current value.
-	cnt := atomic.LoadUint64(counter)
 	srcs := make([][]byte, 0, g.cfg.World)
 	last := l + (x.pieces-1-l)/x.lanes*x.lanes
 	for p := l; p < x.pieces; p += x.lanes {
@@ -305,8 +319,14 @@ func (x *exec) lane(l int) error {
 			// made to its Stage/Scratch in this phase (and earlier) to any
 			// peer whose acquire load of this counter sees cnt.
 			x.arrive(counter, line, cnt)
-			final := p == last && pi == len(x.s.Phases)-1
-			if err := x.wait(l, line, cnt, !final, pi); err != nil {
+			if p == last && pi == len(x.s.Phases)-1 {
+				break // the last barrier: see the start wait
+			}
+			// A peer whose counter reaches cnt here is in this very
+			// collective: it cannot pass a barrier we have not reached,
+			// nor start the slot's next collective before our last
+			// arrival of this one. So its signature must be ours.
+			if err := x.wait(l, line, cnt, true, pi); err != nil {
 				return err
 			}
 		}

@@ -3,6 +3,7 @@ package host
 import (
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -23,7 +24,7 @@ const (
 // yieldFor of yielding, then nothing but a wake-up every blockSlice.
 const (
 	spinFor  = 20 * time.Microsecond
-	yieldFor = 50 * time.Microsecond // from the start of the wait
+	yieldFor = 200 * time.Microsecond // from the start of the wait
 )
 
 // How often a blocked waiter wakes by itself. These are variables only so
@@ -65,12 +66,22 @@ func (x *exec) arrive(counter *uint64, line int, cnt uint64) {
 	}
 }
 
-// wait returns once every peer's counter for (slot, lane) reaches target.
-// Counters only grow and a peer cannot pass a barrier we have not reached,
-// so at a non-final barrier a peer whose counter reaches target is in this
-// very collective: its signature must equal ours. At the final barrier a
-// peer may already have moved on to the slot's next collective (and
-// rewritten its signature), so the signature is not checked there.
+// phaseStart is the phase wait reports for the start wait of lane: the
+// arrivals awaited there are the last ones of the slot's previous
+// collective.
+const phaseStart = -1
+
+// at names a phase of the collective for errors.
+func at(phase int) string {
+	if phase == phaseStart {
+		return "start (the slot's previous collective)"
+	}
+	return "phase " + strconv.Itoa(phase)
+}
+
+// wait returns once every peer's counter for (slot, lane) reaches target,
+// then, with checkSig, checks that every peer's signature is ours (lane
+// says when a peer at target must be running this collective).
 func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) error {
 	g, w, rank := x.g, x.g.cfg.World, x.g.cfg.Rank
 	for i := 1; i < w; i++ {
@@ -86,8 +97,8 @@ func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) err
 		}
 		if checkSig {
 			if s := atomic.LoadUint64(word(pm, line+lineSig)); s != x.sig {
-				return fmt.Errorf("%s phase %d: rank %d is running a different collective on this slot (tag, kind, dtype, op or count differ, or calls were issued in a different order): %w",
-					x.name(), phase, p, ErrMismatch)
+				return fmt.Errorf("%s %s: rank %d is running a different collective on this slot (tag, kind, dtype, op or count differ, or calls were issued in a different order): %w",
+					x.name(), at(phase), p, ErrMismatch)
 			}
 		}
 	}
@@ -139,12 +150,12 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 		if now.After(nextLive) {
 			nextLive = now.Add(liveness)
 			if pid, dead := x.peerDead(p); dead {
-				return fmt.Errorf("%s phase %d: rank %d (pid %d) died: %w", x.name(), phase, p, pid, ErrPeerFailed)
+				return fmt.Errorf("%s %s: rank %d (pid %d) died: %w", x.name(), at(phase), p, pid, ErrPeerFailed)
 			}
 		}
 		if now.After(deadline) {
-			return fmt.Errorf("%s phase %d lane %d: ranks %v did not reach the barrier within %v: %w",
-				x.name(), phase, lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
+			return fmt.Errorf("%s %s lane %d: ranks %v did not reach the barrier within %v: %w",
+				x.name(), at(phase), lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
 		}
 		switch {
 		case now.Sub(start) < yieldFor:
@@ -161,7 +172,7 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			announced = true
 		default:
 			if err := futexWait(c, v, min(blockSlice, deadline.Sub(now), nextLive.Sub(now))); err != nil {
-				return fmt.Errorf("%s phase %d: waiting for rank %d: %w", x.name(), phase, p, err)
+				return fmt.Errorf("%s %s: waiting for rank %d: %w", x.name(), at(phase), p, err)
 			}
 		}
 	}
@@ -180,7 +191,7 @@ func (x *exec) check(p, phase int) error {
 		if atomic.LoadUint64(hdr(pm, hdrClosed)) != 0 {
 			what = "closed the group"
 		}
-		return fmt.Errorf("%s phase %d: rank %d %s: %w", x.name(), phase, p, what, ErrPeerFailed)
+		return fmt.Errorf("%s %s: rank %d %s: %w", x.name(), at(phase), p, what, ErrPeerFailed)
 	}
 	if x.stop.Load() {
 		return errStopped
@@ -189,7 +200,7 @@ func (x *exec) check(p, phase int) error {
 		return fmt.Errorf("%s: %w while waiting", x.name(), ErrClosed)
 	}
 	if err := x.ctx.Err(); err != nil {
-		return fmt.Errorf("%s phase %d: waiting for rank %d: %w", x.name(), phase, p, err)
+		return fmt.Errorf("%s %s: waiting for rank %d: %w", x.name(), at(phase), p, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/schedule"
 )
 
@@ -47,20 +48,20 @@ func awaitSleeper(g *Group, waiter, on int, limit time.Duration) bool {
 }
 
 // holdBack returns a test hook under which rank 1 stops at the start of
-// each collective's phase 1 until rank 0 is blocked in the kernel on rank
+// each collective's phase 0 until rank 0 is blocked in the kernel on rank
 // 1's counter, so that rank 0 can only finish if rank 1's arrival wakes
 // it. unseen counts the times rank 0 never blocked (the test would then
 // prove nothing). group returns rank 1's group.
 func holdBack(group func() *Group, unseen *atomic.Int32) func(rank int, point string) {
 	return func(rank int, point string) {
-		if rank == 1 && point == "phase:1" && !awaitSleeper(group(), 0, 1, 10*time.Second) {
+		if rank == 1 && point == "phase:0" && !awaitSleeper(group(), 0, 1, 10*time.Second) {
 			unseen.Add(1)
 		}
 	}
 }
 
 // wakeOps is what TestBlockedWaiterIsWoken runs: one-shot all-reduces
-// (phase 1 ends in the final barrier, where rank 0 waits for rank 1).
+// (phase 0 ends in the barrier where rank 0 waits for rank 1).
 func wakeOps() []op {
 	var ops []op
 	for i := 0; i < 10; i++ {
@@ -167,4 +168,49 @@ func TestOversubscribedRanks(t *testing.T) {
 			t.Errorf("left in /dev/shm: %v", l)
 		}
 	})
+}
+
+// BenchmarkAllReduce times f32 sum all-reduces on goroutine ranks (b.N per
+// rank, set-up excluded), for profiling the per-call path:
+//
+//	go test -run '^$' -bench AllReduce -cpuprofile cpu.out ./runtime/host
+func BenchmarkAllReduce(b *testing.B) {
+	for _, w := range []int{1, 2} {
+		for _, size := range []int{4 << 10, 1 << 20} {
+			b.Run(fmt.Sprintf("w%d/%dKiB", w, size>>10), func(b *testing.B) {
+				st := rendezvous.NewMemStore()
+				defer st.Close()
+				var ready, done sync.WaitGroup
+				start := make(chan struct{})
+				errs := make([]error, w)
+				for r := 0; r < w; r++ {
+					ready.Add(1)
+					done.Add(1)
+					go func() {
+						defer done.Done()
+						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary})
+						if err == nil {
+							defer g.Close()
+							err = g.Setup(context.Background())
+						}
+						ready.Done()
+						<-start
+						in, out := make([]byte, size), make([]byte, size)
+						for i := 0; i < b.N && err == nil; i++ {
+							err = g.AllReduce(context.Background(), in, out, size/4, "f32", "sum", Options{})
+						}
+						errs[r] = err
+					}()
+				}
+				ready.Wait()
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				close(start)
+				done.Wait()
+				if err := firstErr(errs); err != nil {
+					b.Fatal(err)
+				}
+			})
+		}
+	}
 }
