@@ -19,7 +19,9 @@ import (
 
 // minPieceBytes is the smallest piece worth a lane of its own: below it the
 // cost of a goroutine hand-off and a barrier outweighs the parallel copy.
-const minPieceBytes = 64 << 10
+// (At 64 KiB, a 128 KiB all-reduce of 4 ranks on 32 CPUs ran in 125 us on
+// two lanes against 102 us on one.)
+const minPieceBytes = 128 << 10
 
 // call is one collective invocation.
 type call struct {
