@@ -12,7 +12,8 @@ import (
 // each word below has exactly one writer.
 //
 //	[0, headerBytes)            header words (hdr* indices, 8 bytes each)
-//	[flagsOff, dataOff)         one 64-byte line per (slot, lane): counter, signature
+//	[flagsOff, dataOff)         one 64-byte line per (slot, lane): counter, signature,
+//	                            sleeper (wait.go)
 //	[dataOff, size)             slots*lanes data areas of laneBytes each:
 //	                            Stage chunks, then Scratch chunks if used
 const (
