@@ -14,6 +14,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/shm"
 	"github.com/collgen/collgen/schedule"
 )
 
@@ -47,7 +48,9 @@ type exec struct {
 	pieces  int
 	pieceN  int         // all-reduce: elements per piece; others: per-rank elements per piece
 	scratch int         // offset of Scratch inside a lane area
-	spin    bool        // barrier waits may busy-poll: processes, no more lane threads than CPUs
+	own     bool        // every lane thread of every rank has a CPU (and a P) of its own
+	spin    bool        // barrier waits may busy-poll: processes with own CPUs
+	goPark  bool        // blocked waits park in the Go scheduler (ordinary memory), not on a futex
 	stop    atomic.Bool // a lane failed: the others stop waiting
 	ctx     context.Context
 }
@@ -213,10 +216,14 @@ func (x *exec) plan() {
 	x.pieces = (x.c.count + x.pieceN - 1) / x.pieceN
 	x.lanes = min(lay.Lanes, x.pieces)
 	// Busy-polling pays off only when every polling thread has a CPU of
-	// its own: World processes times the lanes each one runs. Counting
-	// ranks alone let 8 lanes x 4 ranks spin on 32 CPUs beside the
-	// runtime's own threads, so the lane with work to do waited for a CPU.
-	x.spin = x.g.cfg.Shared && w*x.lanes <= runtime.NumCPU()
+	// its own: World ranks times the lanes each one runs (goroutine ranks
+	// also need a P each). Counting ranks alone let 8 lanes x 4 ranks spin
+	// on 32 CPUs beside the runtime's own threads, so the lane with work
+	// to do waited for a CPU.
+	threads := w * x.lanes
+	x.own = threads <= runtime.NumCPU() && (x.g.cfg.Shared || threads <= runtime.GOMAXPROCS(0))
+	x.spin = x.own && x.g.cfg.Shared
+	_, x.goPark = x.g.prov.(shm.InProcess)
 }
 
 // piece is one piece's geometry: all-reduce covers elements [off, off+n)
@@ -266,13 +273,16 @@ func (x *exec) span(ref schedule.Ref, pc piece, area int) []byte {
 // lane runs pieces l, l+lanes, ... through every phase of the schedule,
 // with its own barrier flags.
 //
-// The collective's last barrier is only arrived at, not waited for: what
-// it guards is this rank's area and signature, which peers may still be
-// reading, and the only writer of those is the next collective on the
-// same (slot, lane). So that collective waits for the arrival before its
-// first write (the start wait below), usually long after the peers made
-// it: with sequence tags the slot was last used Slots collectives ago.
-// A collective costs one barrier fewer than its schedule has.
+// What the collective's last barrier guards is this rank's area and
+// signature, which peers may still be reading, and the only writer of
+// those is the next collective on the same (slot, lane). So that
+// collective waits for the last arrivals before its first write (the
+// start wait below), and the last barrier itself is waited for only when
+// every lane thread has a CPU of its own (x.own): then the wait costs a
+// cache-line hand-off and keeps the ranks in step, which measured faster
+// for small messages; on shared CPUs every waited barrier risks a
+// sleep and a wake-up, and skipping it measured faster. Ranks may differ
+// in this (their CPU counts may): either way is safe.
 func (x *exec) lane(l int) error {
 	g, lay := x.g, x.g.lay
 	line := lay.lineOff(x.slot, l)
@@ -322,7 +332,14 @@ func (x *exec) lane(l int) error {
 			// peer whose acquire load of this counter sees cnt.
 			x.arrive(counter, line, cnt)
 			if p == last && pi == len(x.s.Phases)-1 {
-				break // the last barrier: see the start wait
+				// The last barrier (see above): a peer at cnt may already
+				// have stored the next collective's signature.
+				if x.own {
+					if err := x.wait(l, line, cnt, false, pi); err != nil {
+						return err
+					}
+				}
+				break
 			}
 			// A peer whose counter reaches cnt here is in this very
 			// collective: it cannot pass a barrier we have not reached,

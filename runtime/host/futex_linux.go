@@ -14,8 +14,8 @@ import (
 // so a waiter blocked on a peer's counter through its read-only mapping
 // and the peer waking it through its own read-write mapping meet on the
 // same key (FUTEX_WAIT and FUTEX_WAKE only need read access since Linux
-// 3.1). The same call serves goroutine ranks on ordinary Go memory (the Go
-// heap does not move objects), so there is one mechanism for both.
+// 3.1). It serves goroutine ranks on POSIX segments alike; goroutine ranks
+// on ordinary memory park in the Go scheduler instead (park in wait.go).
 const (
 	futexWaitOp = 0 // FUTEX_WAIT
 	futexWakeOp = 1 // FUTEX_WAKE

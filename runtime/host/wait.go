@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -19,8 +20,9 @@ const (
 // Budgets of a barrier wait. A waiter first busy-polls the peer's counter
 // (only processes with a CPU each: spinning on a shared CPU delays the
 // very peer it waits for), then polls while giving its CPU away, then
-// blocks in the kernel on the counter itself (a futex) until the peer's
-// arrival wakes it. So a wait costs at most spinFor of busy CPU and
+// blocks on the counter itself until the peer's arrival wakes it: in the
+// kernel (a futex) for shared segments, in the Go scheduler (park) for
+// goroutine ranks on ordinary memory. So a wait costs at most spinFor of busy CPU and
 // yieldFor of yielding, then nothing but a wake-up every blockSlice.
 const (
 	spinFor  = 20 * time.Microsecond
@@ -52,15 +54,20 @@ var (
 // see it and call futexWake. The wake either finds the waiter queued, or
 // comes first, and then the kernel's compare of the word (made atomically
 // with queueing, against the value the waiter loaded) fails and the waiter
-// does not sleep. Either way no waiter sleeps through an arrival. When no
-// peer is announced, which is the common case, arriving costs a store and
-// W-1 loads of lines the barrier reads anyway: no system call.
+// does not sleep. Either way no waiter sleeps through an arrival (park
+// gives the same guarantee for goroutine ranks). When no peer is
+// announced, which is the common case, arriving costs a store and W-1
+// loads of lines the barrier reads anyway: no system call, no lock.
 func (x *exec) arrive(counter *uint64, line int, cnt uint64) {
 	atomic.StoreUint64(counter, cnt)
 	me := uint64(x.g.cfg.Rank) + 1
 	for p, m := range x.g.mems {
 		if p != x.g.cfg.Rank && atomic.LoadUint64(word(m, line+lineSleeper)) == me {
-			futexWake(counter)
+			if x.goPark {
+				unpark(counter)
+			} else {
+				futexWake(counter)
+			}
 			return
 		}
 	}
@@ -170,6 +177,8 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			// on it: the order arrive's argument relies on.
 			atomic.StoreUint64(sleeper, uint64(p)+1)
 			announced = true
+		case x.goPark:
+			park(c, v, min(blockSlice, deadline.Sub(now)))
 		default:
 			if err := futexWait(c, v, min(blockSlice, deadline.Sub(now), nextLive.Sub(now))); err != nil {
 				return fmt.Errorf("%s %s: waiting for rank %d: %w", x.name(), at(phase), p, err)
@@ -214,4 +223,61 @@ func (x *exec) missing(line int, target uint64) []int {
 		}
 	}
 	return out
+}
+
+// parked holds the goroutine ranks blocked on a counter word of ordinary
+// memory (shm.InProcess segments: every rank in this process sees the word
+// at the same address), by the word's address. They block in the Go
+// scheduler rather than in a futex, which would hold the goroutine's P
+// until sysmon takes it back and starve the other ranks when ranks
+// outnumber Ps.
+var parked = struct {
+	sync.Mutex
+	m map[*uint64][]chan struct{}
+}{m: map[*uint64][]chan struct{}{}}
+
+// park blocks while *addr == val, for at most d, until unpark(addr). The
+// caller has announced itself (sleeper word) before loading val; park
+// registers, then loads the word again. An unpark that comes before the
+// registration (the mutex orders them) follows the arrival's store, so
+// that load sees the arrival and park returns at once; a later unpark
+// closes the channel. So no wake-up is lost, as with futexWait.
+func park(addr *uint64, val uint64, d time.Duration) {
+	ch := make(chan struct{})
+	parked.Lock()
+	parked.m[addr] = append(parked.m[addr], ch)
+	parked.Unlock()
+	if atomic.LoadUint64(addr) == val {
+		t := time.NewTimer(d)
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	parked.Lock()
+	defer parked.Unlock()
+	chs := parked.m[addr]
+	for i, c := range chs {
+		if c == ch { // not woken: unregister
+			chs[i] = chs[len(chs)-1]
+			chs = chs[:len(chs)-1]
+			if len(chs) == 0 {
+				delete(parked.m, addr)
+			} else {
+				parked.m[addr] = chs
+			}
+			break
+		}
+	}
+}
+
+// unpark wakes every goroutine parked on addr.
+func unpark(addr *uint64) {
+	parked.Lock()
+	defer parked.Unlock()
+	for _, ch := range parked.m[addr] {
+		close(ch)
+	}
+	delete(parked.m, addr)
 }

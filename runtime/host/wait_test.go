@@ -88,12 +88,12 @@ func wakeRun(g *Group) error {
 	return nil
 }
 
-// TestBlockedWaiterIsWoken checks the wake-up protocol: rank 0 blocks in
-// the kernel on rank 1's counter (futex) at every collective, with no
-// self-wake before the timeout, and rank 1's arrival must wake it. A lost
-// wake-up fails the collective with ErrTimeout. Goroutine ranks on plain
-// memory and on POSIX segments, and process ranks (where the waiter
-// sleeps on a read-only mapping of the peer's segment).
+// TestBlockedWaiterIsWoken checks the wake-up protocol: rank 0 blocks on
+// rank 1's counter at every collective, with no self-wake before the
+// timeout, and rank 1's arrival must wake it. A lost wake-up fails the
+// collective with ErrTimeout. Goroutine ranks on plain memory (parked in
+// the Go scheduler) and on POSIX segments (futex), and process ranks
+// (futex on a read-only mapping of the peer's segment).
 func TestBlockedWaiterIsWoken(t *testing.T) {
 	patientWaits(t)
 	for _, shared := range []bool{false, true} {
