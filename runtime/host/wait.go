@@ -113,8 +113,8 @@ func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) err
 }
 
 // slowWait waits for rank p's counter at line to reach target: spinning,
-// then yielding, then blocked on the counter in the kernel (see the
-// budgets above and arrive for the wake-up protocol). Between looks it
+// then yielding, then blocked on the counter, on a futex or parked (see
+// the budgets above, and arrive for the wake-up protocol). Between looks it
 // fails on the deadline (Config.Timeout or ctx's, naming the ranks that
 // did not arrive), ctx cancellation, the peer's abort or close, the peer's
 // death, our own Close, or another lane of this collective failing.
