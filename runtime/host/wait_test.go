@@ -214,3 +214,32 @@ func BenchmarkAllReduce(b *testing.B) {
 		}
 	}
 }
+
+// TestStartWaitGuardsSlot runs collectives back to back on one slot where
+// the last barrier is not waited for (2 goroutine ranks on 1 P: lane
+// threads outnumber Ps), while rank 1 dawdles at the start of every last
+// phase, when it reads rank 0's Stage. Rank 0 returns first and starts the
+// next collective on the same slot at once; only its start wait keeps it
+// from overwriting its Stage under rank 1's reads, which would make rank
+// 1's result wrong.
+func TestStartWaitGuardsSlot(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	testHook = func(rank int, point string) {
+		if rank == 1 && point == "phase:1" {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	defer func() { testHook = nil }()
+	errs := goroutineGroup(t, 2, Config{Slots: 1, Group: uniqueGroup(t)}, func(g *Group) error {
+		for i := 0; i < 5; i++ {
+			o := op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 1000, seed: i}
+			if _, err := runOp(context.Background(), g, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
