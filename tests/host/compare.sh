@@ -31,10 +31,9 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import torch, torch.distributed' 2>/dev/null || { echo "compare.sh: $PY cannot import torch" >&2; exit 2; }
 mkdir -p "$OUT"
 raw=$(mktemp -d /tmp/collgen-compare-raw.XXXXXX)
-# Whatever happens, leave the raw results in $OUT.
-trap 'tar czf "$OUT/raw.tgz" -C "$raw" . && rm -rf "$raw"' EXIT
-exec > >(tee "$OUT/compare.log") 2>&1
 
+# main is the whole run (its body is not indented: it holds a here-document).
+main() {
 # gloo_bench.py takes a list of sizes; expand FROM-TO ranges (doubling).
 sizes=$("$PY" - "$SIZES" <<'EOF'
 import re, sys
@@ -89,4 +88,14 @@ echo "== memcpy ($((SECONDS - start)) s)"
 
 echo "== summary ($((SECONDS - start)) s; table in $OUT/table.md)"
 "$PY" "$here/gloo_bench.py" report --gloo "$raw"/gloo-w*.json --host "$raw"/host-w*-s*.json --sweeps "$SWEEPS" \
-	--stability "$STABILITY" --max-us "$MAX_US" --memcpy "$raw/memcpy.json" --out "$OUT/table.md"
+	--stability "$STABILITY" --max-us "$MAX_US" --memcpy "$raw/memcpy.json" --out "$OUT/table.md" \
+	--title "collgen host backend vs gloo, f32 sum all-reduce, $SWEEPS sweeps per world, medians in us: $(date -u +%F), $(nproc) CPUs ($(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)), torch $("$PY" -c 'import torch; print(torch.__version__)')"
+}
+
+# Everything printed also goes to compare.log; whatever happens, the raw
+# results end up in $OUT/raw.tgz.
+set +e
+(set -e; main) 2>&1 | tee "$OUT/compare.log"
+rc=${PIPESTATUS[0]}
+tar czf "$OUT/raw.tgz" -C "$raw" . && rm -rf "$raw"
+exit "$rc"

@@ -183,7 +183,8 @@ def cmd_report(a):
             world, _, size = key.partition(":")
             max_us[(int(world), parse_size(size))] = float(us)
     memcpy = load(a.memcpy) if a.memcpy and os.path.exists(a.memcpy) else {}
-    lines = ["| world | size | sweeps | best (us) | median (us) | worst/best | gloo (us) | speed-up | algorithm | notes |",
+    lines = [a.title, ""] if a.title else []
+    lines += ["| world | size | sweeps | best (us) | median (us) | worst/best | gloo (us) | speed-up | algorithm | notes |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     problems = []
     for (world, nbytes) in sorted(runs):
@@ -246,6 +247,7 @@ def main(argv=None):
     r.add_argument("--max-us", default="", help="latency targets on the median, e.g. 4:4KiB=6,4:16MiB=1500 (world:size=us)")
     r.add_argument("--memcpy", default="", help="JSON written by the memcpy command")
     r.add_argument("--out", default="", help="also write the table (markdown) here")
+    r.add_argument("--title", default="", help="a line to print above the table")
     a = p.parse_args(argv)
     {"bench": cmd_bench, "memcpy": cmd_memcpy, "report": cmd_report}[a.cmd](a)
 
