@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -241,5 +242,37 @@ func TestStartWaitGuardsSlot(t *testing.T) {
 	})
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBlockedWaitHonoursCancel cancels the context of a collective whose
+// peer never comes, well inside the group's timeout: the blocked waiter
+// must give up with the context's error, not the timeout.
+func TestBlockedWaitHonoursCancel(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			release := make(chan struct{})
+			var got error
+			errs := goroutineGroup(t, 2, Config{Shared: shared, Group: uniqueGroup(t), Timeout: time.Minute}, func(g *Group) error {
+				if err := g.Setup(context.Background()); err != nil {
+					return err
+				}
+				if g.Rank() == 1 {
+					<-release // never joins the collective
+					return nil
+				}
+				defer close(release)
+				ctx, cancel := context.WithCancel(context.Background())
+				time.AfterFunc(50*time.Millisecond, cancel)
+				got = g.AllReduce(ctx, make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{})
+				return nil
+			})
+			if err := firstErr(errs); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(got, context.Canceled) {
+				t.Fatalf("got %v, want context.Canceled", got)
+			}
+		})
 	}
 }
