@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 )
 
 // envPatient, set in a child rank's environment, makes its blocked waits
@@ -66,7 +66,7 @@ func holdBack(group func() *Group, unseen *atomic.Int32) func(rank int, point st
 func wakeOps() []op {
 	var ops []op
 	for i := 0; i < 10; i++ {
-		ops = append(ops, op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 1000 + i, seed: i})
+		ops = append(ops, op{coll: coll.AllReduce, alg: coll.OneShot, dtype: "f32", red: "sum", count: 1000 + i, seed: i})
 	}
 	return ops
 }
@@ -233,7 +233,7 @@ func TestStartWaitGuardsSlot(t *testing.T) {
 	defer func() { testHook = nil }()
 	errs := goroutineGroup(t, 2, Config{Slots: 1, Group: uniqueGroup(t)}, func(g *Group) error {
 		for i := 0; i < 5; i++ {
-			o := op{coll: schedule.AllReduce, alg: schedule.OneShot, dtype: "f32", red: "sum", count: 1000, seed: i}
+			o := op{coll: coll.AllReduce, alg: coll.OneShot, dtype: "f32", red: "sum", count: 1000, seed: i}
 			if _, err := runOp(context.Background(), g, o); err != nil {
 				return err
 			}
