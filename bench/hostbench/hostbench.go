@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
@@ -135,14 +136,14 @@ func alignedBytes(n int) []byte {
 }
 
 func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) error {
-	opts := host.Options{Algorithm: string(c.Algorithm)}
+	opts := host.Options{Algorithm: coll.Algorithm(c.Algorithm)}
 	switch c.Collective {
-	case coll.AllReduce:
-		return g.AllReduce(ctx, in, out, count, string(c.DType), string(c.Op), opts)
-	case coll.ReduceScatter:
-		return g.ReduceScatter(ctx, in, out, count, string(c.DType), string(c.Op), opts)
-	case coll.AllGather:
-		return g.AllGather(ctx, in, out, count, string(c.DType), opts)
+	case schedule.AllReduce:
+		return g.AllReduce(ctx, in, out, count, coll.DType(c.DType), coll.Op(c.Op), opts)
+	case schedule.ReduceScatter:
+		return g.ReduceScatter(ctx, in, out, count, coll.DType(c.DType), coll.Op(c.Op), opts)
+	case schedule.AllGather:
+		return g.AllGather(ctx, in, out, count, coll.DType(c.DType), opts)
 	}
 	return fmt.Errorf("unknown collective %q", c.Collective)
 }
@@ -168,9 +169,13 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
 	numeric.Fill(c.DType, in, int(c.Bytes), rank)
-	alg := string(c.Algorithm)
-	if c.Algorithm == coll.Auto {
-		alg = g.Algorithm(string(c.Collective), c.Bytes)
+	alg := c.Algorithm
+	if alg == "" {
+		a, err := g.Algorithm(coll.Collective(c.Collective), c.Bytes)
+		if err != nil {
+			return bench.Result{}, err
+		}
+		alg = string(a)
 	}
 	if o.Check {
 		if err := do(ctx, g, c, in, out, count); err != nil {

@@ -64,41 +64,24 @@ func (g *Group) run(ctx context.Context, c call) error {
 		return err
 	}
 	defer g.active.Done()
-	w := g.cfg.World
-	if err := numeric.CheckDType(c.dtype); err != nil {
-		return fmt.Errorf("host %s: %w", c.collective, err)
-	}
 	x := &exec{g: g, c: c, esz: c.dtype.Size(), ctx: ctx}
-	if c.collective != coll.AllGather {
-		if err := numeric.CheckOp(c.op); err != nil {
-			return fmt.Errorf("host %s: %w", c.collective, err)
-		}
-		red, ok := g.lib.HostReducer(c.dtype, c.op)
+	inBytes, outBytes, err := g.check(c)
+	if err != nil {
+		return err
+	}
+	if c.collective.Reduces() {
+		red, ok := g.lib.HostReducer(string(c.dtype), string(c.op))
 		if !ok {
-			return fmt.Errorf("host %s: library %q has no host reduce loop for %s %s", c.collective, g.lib.Package, c.dtype, c.op)
+			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s", c.collective, ErrInvalidArgument, g.lib.Package, c.dtype, c.op)
 		}
 		x.red = red
 	}
-	if c.count < 0 {
-		return fmt.Errorf("host %s: negative count %d", c.collective, c.count)
-	}
-	inE, outE := c.count, c.count
-	switch c.collective {
-	case coll.ReduceScatter:
-		inE = w * c.count
-	case coll.AllGather:
-		outE = w * c.count
-	}
-	if len(c.in) < inE*x.esz || len(c.out) < outE*x.esz {
-		return fmt.Errorf("host %s: buffers too small: input has %d bytes, output %d; %d %s elements need %d and %d",
-			c.collective, len(c.in), len(c.out), c.count, c.dtype, inE*x.esz, outE*x.esz)
-	}
-	for _, b := range [][]byte{c.in, c.out} {
-		if len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(x.esz) != 0 {
-			return fmt.Errorf("host %s: buffer is not %d-byte aligned for %s", c.collective, x.esz, c.dtype)
+	alg := c.opts.Algorithm
+	if alg == coll.Auto {
+		if alg, err = g.Algorithm(c.collective, max(inBytes, outBytes)); err != nil {
+			return err
 		}
 	}
-	alg := g.choose(c.collective, int64(max(inE, outE)*x.esz), c.opts.Algorithm)
 	s, err := g.schedule(c.collective, alg)
 	if err != nil {
 		return err
@@ -160,6 +143,47 @@ func (x *exec) runLane(l int) error {
 		x.stop.Store(true)
 	}
 	return err
+}
+
+// check validates a call's arguments before anything is sized from them
+// and returns the input and output sizes in bytes. Sizes come from
+// coll.DType.Bytes, which refuses a product that overflows, so a huge
+// count is an ErrInvalidArgument error, never a wrapped size and a panic.
+func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
+	bad := func(format string, args ...any) (int64, int64, error) {
+		return 0, 0, fmt.Errorf("host %s: %w: %s", c.collective, ErrInvalidArgument, fmt.Sprintf(format, args...))
+	}
+	if !c.dtype.Valid() {
+		return bad("unknown dtype %q", c.dtype)
+	}
+	if c.collective.Reduces() && (!c.op.Valid() || c.dtype.IsFloat8()) {
+		return bad("cannot reduce %s with op %q", c.dtype, c.op)
+	}
+	if c.count < 0 {
+		return bad("negative count %d", c.count)
+	}
+	inF, outF := int64(1), int64(1)
+	switch c.collective {
+	case coll.ReduceScatter:
+		inF = int64(g.cfg.World)
+	case coll.AllGather:
+		outF = int64(g.cfg.World)
+	}
+	in, ok1 := c.dtype.Bytes(int64(c.count), inF)
+	out, ok2 := c.dtype.Bytes(int64(c.count), outF)
+	if !ok1 || !ok2 {
+		return bad("%d %s elements overflow a byte size", c.count, c.dtype)
+	}
+	if int64(len(c.in)) < in || int64(len(c.out)) < out {
+		return bad("buffers too small: input has %d bytes, output %d; %d %s elements need %d and %d",
+			len(c.in), len(c.out), c.count, c.dtype, in, out)
+	}
+	for _, b := range [][]byte{c.in, c.out} {
+		if len(b) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(c.dtype.Size()) != 0 {
+			return bad("buffer is not %d-byte aligned for %s", c.dtype.Size(), c.dtype)
+		}
+	}
+	return in, out, nil
 }
 
 // name describes the collective for errors.
@@ -237,7 +261,7 @@ func (x *exec) piece(p int) piece {
 	hi := min(lo+x.pieceN, x.c.count)
 	if x.c.collective == coll.AllReduce {
 		n := hi - lo
-		return piece{off: lo, n: n, c: schedule.ChunkElems(coll.AllReduce, n, w, 64/x.esz)}
+		return piece{off: lo, n: n, c: schedule.ChunkElems(string(coll.AllReduce), n, w, 64/x.esz)}
 	}
 	return piece{off: lo, n: w * (hi - lo), c: hi - lo}
 }

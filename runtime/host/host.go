@@ -46,6 +46,10 @@ var (
 	ErrBroken = errors.New("host: group broken by an earlier failure")
 	// ErrClosed: the group was closed.
 	ErrClosed = errors.New("host: group closed")
+	// ErrInvalidArgument: a call's arguments cannot describe a collective
+	// (unknown dtype or op, negative or overflowing count, buffers too
+	// small or misaligned, an algorithm the host cannot run).
+	ErrInvalidArgument = errors.New("host: invalid argument")
 )
 
 // DefaultTimeout bounds every wait when neither Config.Timeout nor the
@@ -90,9 +94,9 @@ type Config struct {
 
 // Options tune one collective call.
 type Options struct {
-	// Algorithm forces a schedule ("oneshot", "twoshot"); "" picks one by
-	// message size with the Library's host_shm rules.
-	Algorithm string
+	// Algorithm forces a schedule (coll.OneShot, coll.TwoShot); coll.Auto
+	// picks one by message size with the Library's host_shm rules.
+	Algorithm coll.Algorithm
 	// Tag identifies the collective across ranks: the same call on every
 	// rank must carry the same tag, and collectives in flight at once need
 	// distinct tags. 0 takes the next value of the group's sequence, which
@@ -280,12 +284,12 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	if s, ok := g.scheds[k]; ok {
 		return s, nil
 	}
-	s, err := schedule.Build(collective, algorithm, g.cfg.World)
+	s, err := schedule.Build(string(collective), string(algorithm), g.cfg.World)
 	if err != nil {
-		return nil, fmt.Errorf("host: %w", err)
+		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
 	}
 	if err := schedule.HostCanRun(s); err != nil {
-		return nil, fmt.Errorf("host: %w", err)
+		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
 	}
 	for _, ph := range s.Phases {
 		for _, st := range ph.Steps {
@@ -304,46 +308,42 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	return s, nil
 }
 
-// choose returns the algorithm for a collective of the given total size.
-func (g *Group) choose(collective coll.Collective, bytes int64, forced string) coll.Algorithm {
-	if forced != "" {
-		return coll.Algorithm(forced)
+// Algorithm returns the algorithm the Library's host_shm rules pick for a
+// collective of the given total byte size (kernels.Selection.Choose, the
+// one selection function of the runtime), or an error wrapping
+// ErrInvalidArgument when the rules have no host algorithm for it.
+func (g *Group) Algorithm(collective coll.Collective, bytes int64) (coll.Algorithm, error) {
+	sel, ok := g.lib.Selection(schedule.KindHostShm, string(collective), g.cfg.World)
+	if !ok {
+		return "", fmt.Errorf("host: %w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
+			ErrInvalidArgument, g.lib.Package, collective, g.cfg.World)
 	}
-	if sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.World); ok {
-		if a := sel.Choose(bytes); a != coll.NCCL {
-			return a
-		}
+	a := coll.Algorithm(sel.Choose(bytes))
+	if !a.Generated() {
+		return "", fmt.Errorf("host: %w: the host_shm rules select %s for %s of %d bytes; the host backend runs generated schedules only",
+			ErrInvalidArgument, a, collective, bytes)
 	}
-	if collective == coll.AllReduce && bytes > 32<<10 {
-		return coll.TwoShot
-	}
-	return coll.OneShot
-}
-
-// Algorithm returns the algorithm a collective of the given total byte size
-// would run without Options.Algorithm.
-func (g *Group) Algorithm(collective string, bytes int64) string {
-	return string(g.choose(coll.Collective(collective), bytes, ""))
+	return a, nil
 }
 
 // AllReduce reduces count elements of dtype across all ranks with op (sum,
 // max, min): out = op over every rank's in. in and out hold count elements
 // each and may be the same slice (in place).
-func (g *Group) AllReduce(ctx context.Context, in, out []byte, count int, dtype, op string, opts Options) error {
-	return g.run(ctx, call{collective: coll.AllReduce, in: in, out: out, count: count, dtype: coll.DType(dtype), op: coll.Op(op), opts: opts})
+func (g *Group) AllReduce(ctx context.Context, in, out []byte, count int, dtype coll.DType, op coll.Op, opts Options) error {
+	return g.run(ctx, call{collective: coll.AllReduce, in: in, out: out, count: count, dtype: dtype, op: op, opts: opts})
 }
 
 // ReduceScatter reduces World*recvCount elements across ranks and leaves
 // block Rank of the result in out: in holds World*recvCount elements, out
 // recvCount. In place is out = in[Rank*recvCount*size:].
-func (g *Group) ReduceScatter(ctx context.Context, in, out []byte, recvCount int, dtype, op string, opts Options) error {
-	return g.run(ctx, call{collective: coll.ReduceScatter, in: in, out: out, count: recvCount, dtype: coll.DType(dtype), op: coll.Op(op), opts: opts})
+func (g *Group) ReduceScatter(ctx context.Context, in, out []byte, recvCount int, dtype coll.DType, op coll.Op, opts Options) error {
+	return g.run(ctx, call{collective: coll.ReduceScatter, in: in, out: out, count: recvCount, dtype: dtype, op: op, opts: opts})
 }
 
 // AllGather concatenates every rank's sendCount elements in rank order into
 // out (World*sendCount elements). In place is in = out[Rank*sendCount*size:].
-func (g *Group) AllGather(ctx context.Context, in, out []byte, sendCount int, dtype string, opts Options) error {
-	return g.run(ctx, call{collective: coll.AllGather, in: in, out: out, count: sendCount, dtype: coll.DType(dtype), opts: opts})
+func (g *Group) AllGather(ctx context.Context, in, out []byte, sendCount int, dtype coll.DType, opts Options) error {
+	return g.run(ctx, call{collective: coll.AllGather, in: in, out: out, count: sendCount, dtype: dtype, opts: opts})
 }
 
 // Setup creates and maps the shared segments now instead of on the first

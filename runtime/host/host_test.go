@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/schedule"
 )
 
 // TestCorrectnessGoroutines runs every dtype x op x algorithm on sampled
@@ -114,12 +117,18 @@ func TestAlgorithmSelection(t *testing.T) {
 		{coll.ReduceScatter, 16 << 20, coll.OneShot},
 		{coll.AllGather, 1, coll.OneShot},
 	} {
-		if got := g.Algorithm(string(c.coll), c.bytes); got != string(c.want) {
-			t.Errorf("%s %d bytes: %s, want %s", c.coll, c.bytes, got, c.want)
+		if got, err := g.Algorithm(c.coll, c.bytes); got != c.want || err != nil {
+			t.Errorf("%s %d bytes: %s %v, want %s", c.coll, c.bytes, got, err, c.want)
 		}
 	}
-	if got := g.choose(coll.AllReduce, 16<<20, string(coll.OneShot)); got != coll.OneShot {
-		t.Errorf("explicit oneshot gave %s", got)
+	// A library without host_shm rules is an error, never a hard-coded
+	// guess beside the rules.
+	bare, err := New(context.Background(), Config{Rank: 0, World: 4, Store: nopStore{}, Group: "sel", Library: &kernels.Library{Package: "bare"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.Algorithm(coll.AllReduce, 1<<20); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "no host_shm rules") {
+		t.Errorf("library without rules: %v", err)
 	}
 }
 
@@ -265,6 +274,34 @@ func TestPortableLibrary(t *testing.T) {
 		for _, o := range sweep([]int{1, 100}, 3) {
 			if _, err := runOp(context.Background(), g, o); err != nil {
 				return err
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHugeCount checks that a count whose byte size overflows is refused
+// with ErrInvalidArgument by every collective, before anything multiplies
+// it (it used to wrap and panic in a lane goroutine).
+func TestHugeCount(t *testing.T) {
+	errs := goroutineGroup(t, 2, Config{}, func(g *Group) error {
+		ctx := context.Background()
+		small := make([]byte, 64)
+		for _, n := range []int{1 << 62, math.MaxInt, math.MaxInt / 2, 17} {
+			for _, c := range []struct {
+				name string
+				run  func() error
+			}{
+				{"allreduce", func() error { return g.AllReduce(ctx, small, small, n, coll.F32, coll.Sum, Options{}) }},
+				{"reduce_scatter", func() error { return g.ReduceScatter(ctx, small, small, n, coll.F64, coll.Max, Options{}) }},
+				{"allgather", func() error { return g.AllGather(ctx, small, small, n, coll.BF16, Options{}) }},
+			} {
+				if err := c.run(); !errors.Is(err, ErrInvalidArgument) {
+					return fmt.Errorf("%s of %d elements in 64 bytes: got %v, want ErrInvalidArgument", c.name, n, err)
+				}
 			}
 		}
 		return nil
