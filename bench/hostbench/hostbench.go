@@ -11,7 +11,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
