@@ -13,7 +13,8 @@ package comm
 import (
 	"context"
 	"errors"
-	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/collgen/collgen/coll"
@@ -25,9 +26,6 @@ import (
 
 // Host is the Config.Device value that selects the host (CPU) backend.
 const Host = -1
-
-// NCCL is the algorithm name that hands a collective to NCCL.
-const NCCL = "nccl"
 
 // DefaultTimeout bounds each barrier inside a kernel, and each host wait.
 const DefaultTimeout = 10 * time.Second
@@ -73,28 +71,17 @@ type Config struct {
 	HostShared bool
 }
 
-// Buffer is a collective's input or output: device memory on the GPU
-// backend, a byte slice on the host backend.
-type Buffer struct {
-	dev  cuda.DevicePtr
-	host []byte
-}
-
-// DeviceBuffer wraps a device address.
-func DeviceBuffer(p cuda.DevicePtr) Buffer { return Buffer{dev: p} }
-
-// HostBuffer wraps host memory.
-func HostBuffer(b []byte) Buffer { return Buffer{host: b} }
-
 // Options tune one call.
 type Options struct {
 	// Stream orders the collective on the GPU; nil uses the communicator's
 	// own stream (and the call then waits for completion).
 	Stream *cuda.Stream
-	// Algorithm forces "oneshot", "twoshot", "hcm" or "nccl"; "" selects
-	// by size with the spec's rules. A forced algorithm that cannot run is
-	// an error, never silently replaced.
-	Algorithm string
+	// Algorithm forces a generated algorithm (coll.OneShot, coll.TwoShot,
+	// coll.HCM, coll.OneShotLL, ...) or coll.NCCL; coll.Auto selects by
+	// size with the spec's rules. A forced algorithm that cannot run is an
+	// error saying why (ErrUnsupported or ErrInvalidArgument), never
+	// silently replaced.
+	Algorithm coll.Algorithm
 	// Tag identifies a host collective across ranks (see host.Options).
 	Tag uint64
 	// Context bounds host-side waits; nil means context.Background.
@@ -108,36 +95,52 @@ func (o Options) ctx() context.Context {
 	return context.Background()
 }
 
-// backend is what the GPU and host communicators implement.
-type backend interface {
-	allReduce(in, out Buffer, count int, dtype, op string, o Options) error
-	reduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error
-	allGather(in, out Buffer, sendCount int, dtype string, o Options) error
-	choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error)
-	close() error
-}
-
-// Communicator is one rank's handle on a group.
+// Communicator is one rank's handle on a group. Its collectives run
+// through one front end (call.go): a call is checked and resolved once
+// into a plan, which the backend executes.
 type Communicator struct {
-	cfg Config
-	b   backend
-	gpu *gpuComm // nil on the host backend
+	cfg    Config
+	prefix string // store keys: "collgen/comm/<group>/"
+	b      backend
+	gpu    *gpuComm // nil on the host backend
+	// busy is held for the whole of a GPU call: calls on one GPU
+	// communicator share sequence counters and stage slots, so a second
+	// goroutine arriving meanwhile gets ErrBusy instead of racing them.
+	busy sync.Mutex
+	// check is non-nil in the debug check mode (EnvDebugCheck).
+	check *checker
+	// closed is set by Close; later calls return ErrClosed.
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // New joins the group described by cfg. It is collective: every rank must
-// call it (goroutine ranks concurrently).
+// call it (goroutine ranks concurrently). Ranks agree through the store on
+// the world size, the rank set, the backend and the library before
+// anything is set up (an error wrapping ErrMismatch names both values),
+// then the backend sets up.
 func New(ctx context.Context, cfg Config) (*Communicator, error) {
+	return newComm(ctx, cfg, openDevice)
+}
+
+// newComm is New with the GPU device opener as a parameter (tests pass a
+// fake).
+func newComm(ctx context.Context, cfg Config, open func(Config) (device, error)) (*Communicator, error) {
 	if cfg.WorldSize < 1 {
-		return nil, fmt.Errorf("comm: world size %d must be at least 1", cfg.WorldSize)
+		return nil, errorf(ErrInvalidArgument, "comm: world size %d must be at least 1", cfg.WorldSize)
 	}
 	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
-		return nil, fmt.Errorf("comm: rank %d out of range for world size %d", cfg.Rank, cfg.WorldSize)
+		return nil, errorf(ErrInvalidArgument, "comm: rank %d out of range for world size %d", cfg.Rank, cfg.WorldSize)
 	}
 	if cfg.Store == nil {
-		return nil, errors.New("comm: Config.Store is nil; ranks need a rendezvous store (rendezvous.NewMemStore for goroutine ranks)")
+		return nil, errorf(ErrInvalidArgument, "comm: Config.Store is nil; ranks need a rendezvous store (rendezvous.NewMemStore for goroutine ranks)")
 	}
 	if cfg.Library == nil {
-		return nil, errors.New("comm: Config.Library is nil; pass your generated package's Library")
+		return nil, errorf(ErrInvalidArgument, "comm: Config.Library is nil; pass your generated package's Library")
+	}
+	if cfg.Device < Host {
+		return nil, errorf(ErrInvalidArgument, "comm: Config.Device %d: want a CUDA device ordinal (0, 1, ...) or comm.Host", cfg.Device)
 	}
 	if cfg.Group == "" {
 		cfg.Group = "default"
@@ -145,22 +148,40 @@ func New(ctx context.Context, cfg Config) (*Communicator, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	c := &Communicator{cfg: cfg}
+	c := &Communicator{cfg: cfg, prefix: "collgen/comm/" + cfg.Group + "/"}
+	if on, err := debugCheckEnabled(); err != nil {
+		return nil, err
+	} else if on {
+		c.check = &checker{}
+	}
+	if err := c.form(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.open(ctx, open); err != nil {
+		// Give up the claim, so the group name can be formed again.
+		return nil, errors.Join(err, c.leave())
+	}
+	return c, nil
+}
+
+// open sets up the backend Config.Device selects.
+func (c *Communicator) open(ctx context.Context, open func(Config) (device, error)) error {
+	cfg := c.cfg
 	if cfg.Device == Host {
 		g, err := host.New(ctx, host.Config{Rank: cfg.Rank, World: cfg.WorldSize, Store: cfg.Store,
 			Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout})
 		if err != nil {
-			return nil, err
+			return classify(err)
 		}
-		c.b = &hostComm{g: g}
-		return c, nil
+		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize}
+		return nil
 	}
-	g, err := newGPU(ctx, cfg)
+	g, err := newGPU(ctx, cfg, c.prefix, open)
 	if err != nil {
-		return nil, err
+		return classify(err)
 	}
 	c.b, c.gpu = g, g
-	return c, nil
+	return nil
 }
 
 // Rank returns this rank's index.
@@ -171,30 +192,38 @@ func (c *Communicator) WorldSize() int { return c.cfg.WorldSize }
 
 // AllReduce combines count elements of every rank's in with op and writes
 // the result to every rank's out. in and out may be the same buffer.
-func (c *Communicator) AllReduce(in, out Buffer, count int, dtype, op string, o Options) error {
-	return c.b.allReduce(in, out, count, dtype, op, o)
+func (c *Communicator) AllReduce(in, out Buffer, count int, dtype coll.DType, op coll.Op, o Options) error {
+	return c.do(&call{collective: coll.AllReduce, in: in, out: out, count: int64(count), dtype: dtype, op: op, o: o})
 }
 
 // ReduceScatter combines every rank's in (WorldSize*recvCount elements) with
 // op; rank r receives elements [r*recvCount, (r+1)*recvCount) in out. For
 // in-place use pass out = in + r*recvCount elements.
-func (c *Communicator) ReduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error {
-	return c.b.reduceScatter(in, out, recvCount, dtype, op, o)
+func (c *Communicator) ReduceScatter(in, out Buffer, recvCount int, dtype coll.DType, op coll.Op, o Options) error {
+	return c.do(&call{collective: coll.ReduceScatter, in: in, out: out, count: int64(recvCount), dtype: dtype, op: op, o: o})
 }
 
 // AllGather concatenates every rank's in (sendCount elements) in rank order
 // into every rank's out (WorldSize*sendCount elements). For in-place use
 // pass in = out + r*sendCount elements.
-func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype string, o Options) error {
-	return c.b.allGather(in, out, sendCount, dtype, o)
+func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype coll.DType, o Options) error {
+	return c.do(&call{collective: coll.AllGather, in: in, out: out, count: int64(sendCount), dtype: dtype, o: o})
 }
 
 // Choose returns the algorithm automatic selection picks for a message of
 // the given size in bytes (for all-gather and reduce-scatter: the full,
-// gathered size), or an error if nothing can run it.
-func (c *Communicator) Choose(collective string, bytes int64, dtype, op string) (string, error) {
-	alg, err := c.b.choose(coll.Collective(collective), bytes, coll.DType(dtype), coll.Op(op))
-	return string(alg), err
+// gathered size), through the same resolution a call makes; it checks its
+// arguments (an unknown dtype or op is ErrInvalidArgument) and fails when
+// nothing can run the message.
+func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {
+	cl, err := c.chooseCall(collective, bytes, dtype, op)
+	if err != nil {
+		return "", err
+	}
+	if err := c.choose(cl); err != nil {
+		return "", err
+	}
+	return cl.alg, nil
 }
 
 // Alloc returns a symmetric device buffer of the given size: every rank
@@ -204,13 +233,21 @@ func (c *Communicator) Choose(collective string, bytes int64, dtype, op string) 
 // made per call from the input address and is not agreed through the store,
 // so every rank must pass a symmetric input (at the same offset) in the
 // same calls: a call where some ranks do and others do not runs kernels
-// with different barrier counts, which then report a TimeoutError. Freed by
+// with different barrier counts, which then report a TimeoutError (the
+// debug check mode, EnvDebugCheck, names the rank instead). Freed by
 // Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	if c.gpu == nil {
-		return 0, errors.New("comm: Alloc is for GPU communicators; host buffers are plain []byte")
+		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
 	}
-	return c.gpu.alloc(ctx, bytes)
+	if bytes <= 0 {
+		return 0, errorf(ErrInvalidArgument, "comm: Alloc of %d bytes", bytes)
+	}
+	if c.closed.Load() {
+		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
+	}
+	p, err := c.gpu.alloc(ctx, bytes)
+	return p, classify(err)
 }
 
 // Synchronize waits for the stream (nil: the communicator's own) and then
@@ -219,7 +256,7 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 	if c.gpu == nil {
 		return nil
 	}
-	return c.gpu.synchronize(s)
+	return classify(c.gpu.synchronize(s))
 }
 
 // Err returns the first error a kernel reported without waiting, or nil.
@@ -227,7 +264,7 @@ func (c *Communicator) Err() error {
 	if c.gpu == nil {
 		return nil
 	}
-	return c.gpu.statusErr()
+	return classify(c.gpu.statusErr())
 }
 
 // Device returns the CUDA device of a GPU communicator, nil on the host.
@@ -235,7 +272,7 @@ func (c *Communicator) Device() *cuda.Device {
 	if c.gpu == nil {
 		return nil
 	}
-	return c.gpu.dev
+	return c.gpu.dev.cudaDevice()
 }
 
 // Stream returns the GPU communicator's own stream, nil on the host.
@@ -243,32 +280,21 @@ func (c *Communicator) Stream() *cuda.Stream {
 	if c.gpu == nil {
 		return nil
 	}
-	return c.gpu.stream
+	return c.gpu.dev.stream()
 }
 
 // Close releases everything the communicator owns (IPC mappings, staging
-// and symmetric buffers, the NCCL communicator, shared memory). It is
-// collective on the GPU: ranks wait for each other before freeing memory
-// peers may still map.
-func (c *Communicator) Close() error { return c.b.close() }
-
-// hostComm adapts host.Group to the backend interface.
-type hostComm struct{ g *host.Group }
-
-func (h *hostComm) allReduce(in, out Buffer, count int, dtype, op string, o Options) error {
-	return h.g.AllReduce(o.ctx(), in.host, out.host, count, dtype, op, host.Options{Algorithm: o.Algorithm, Tag: o.Tag})
+// and symmetric buffers, the NCCL communicator, shared memory) and this
+// rank's claim on the group name. It is collective on the GPU: ranks wait
+// for each other before freeing memory peers may still map. Close is safe
+// to call twice; calls after it return ErrClosed.
+func (c *Communicator) Close() error {
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		// Wait for a GPU call in flight on another goroutine.
+		c.busy.Lock()
+		defer c.busy.Unlock()
+		c.closeErr = errors.Join(classify(c.b.close()), c.leave())
+	})
+	return c.closeErr
 }
-
-func (h *hostComm) reduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error {
-	return h.g.ReduceScatter(o.ctx(), in.host, out.host, recvCount, dtype, op, host.Options{Algorithm: o.Algorithm, Tag: o.Tag})
-}
-
-func (h *hostComm) allGather(in, out Buffer, sendCount int, dtype string, o Options) error {
-	return h.g.AllGather(o.ctx(), in.host, out.host, sendCount, dtype, host.Options{Algorithm: o.Algorithm, Tag: o.Tag})
-}
-
-func (h *hostComm) choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {
-	return coll.Algorithm(h.g.Algorithm(string(collective), bytes)), nil
-}
-
-func (h *hostComm) close() error { return h.g.Close() }

@@ -2,87 +2,84 @@ package comm
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
-	"github.com/collgen/collgen/runtime/ipc"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/runtime/nccl"
-	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/schedule"
 )
 
-// gpuComm is the GPU backend. Memory it owns, per rank:
+// gpuComm is the GPU backend's pure part: it decides, the device acts.
+// Memory, per rank, all owned and freed by the device:
 //
-//	region   one cuMemAlloc: [stage slot 0][stage slot 1][scratch]
-//	         [signal pad], exported to peers through ipc (peers read stage
-//	         and scratch, write inbox lines into stage, and write their
-//	         arrival flags into the signal pad); consecutive collectives
-//	         alternate stage slots, which lets the kernels skip their final
-//	         barrier (see the CUDA header). A slot holds one area per
-//	         protocol the library's kernels use at this world size
-//	         (barrier, ll, ll128; see area and areaStage): a push kernel
-//	         reads a line's flag words, and only lines of its own protocol
-//	         are sure to hold an older flag there (a barrier kernel's staged
-//	         data, or another line format, could hold any bits, the current
-//	         flag included). Scratch, used by barrier kernels only, is as
-//	         large as the barrier area.
+//	region   [stage slot 0][stage slot 1][scratch][signal pad], exported
+//	         to peers (peers read stage and scratch, write inbox lines into
+//	         stage, and write their arrival flags into the signal pad);
+//	         consecutive collectives alternate stage slots, which lets the
+//	         kernels skip their final barrier (see the CUDA header). A slot
+//	         holds one area per protocol the library's kernels use at this
+//	         world size (barrier, ll, ll128; see area and areaStage): a push
+//	         kernel reads a line's flag words, and only lines of its own
+//	         protocol are sure to hold an older flag there (a barrier
+//	         kernel's staged data, or another line format, could hold any
+//	         bits, the current flag included). Scratch, used by barrier
+//	         kernels only, is as large as the barrier area.
 //	seq      MaxBlocks barrier sequence counters plus the collective and
-//	         finished-block counters and the LL abort word (local device
-//	         memory)
+//	         finished-block counters and the LL abort word (local)
 //	status   one pinned, device-mapped word where kernels report timeouts
 //	syms     symmetric buffers from Alloc, each exported like region
 //
-// All are zeroed before the first barrier through the store, so no peer
-// ever sees a stale flag. Close waits for every rank (store barrier) before
-// unmapping and freeing, because peers may still read this rank's memory.
+// All are zeroed before the store barrier that ends New, so no peer ever
+// sees a stale flag. Close waits for every rank (store barrier) before the
+// device frees anything, because peers may still read this rank's memory.
 type gpuComm struct {
 	cfg    Config
 	lib    *kernels.Library
-	dev    *cuda.Device
-	stream *cuda.Stream
+	dev    device
 	world  int
+	prefix string // store keys
 
-	topology   string
-	sels       map[coll.Collective]*kernels.Selection // by collective
-	area       map[coll.Protocol]int64                // protocol -> bytes of its area in each stage slot
-	slotBytes  int64                                  // one stage slot: the sum of the areas
-	maxBlocks  int
-	region     cuda.DevicePtr
-	regionMap  *ipc.Mapping
-	areaStage  map[coll.Protocol][]cuda.DevicePtr // protocol -> by rank: its area in slot 0
-	scratch    []cuda.DevicePtr
-	signal     []cuda.DevicePtr
-	seq        cuda.DevicePtr
-	status     *cuda.HostBuffer
-	cache      *cuda.Cache
-	nccl       *nccl.Comm
-	ncclErr    error // why NCCL cannot be used, agreed by all ranks
-	kernelIDs  map[string]int
-	mu         sync.Mutex // guards funcs, modules, syms, broken
-	funcs      map[string]*cuda.Function
-	modules    []*cuda.Module
-	fatbin     *cuda.Module
-	syms       []*symBuffer
-	symCount   int
-	broken     error
-	closeOnce  sync.Once
-	closeError error
+	topology  string
+	sels      map[coll.Collective]*kernels.Selection
+	protocols []coll.Protocol         // the library's at this world, in region order
+	area      map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
+	slotBytes int64                   // one stage slot: the sum of the areas
+
+	areaStage map[coll.Protocol][]cuda.DevicePtr // by rank: the protocol's area in slot 0
+	scratch   []cuda.DevicePtr
+	signal    []cuda.DevicePtr
+	seq       cuda.DevicePtr
+	statusPtr cuda.DevicePtr
+	packers   map[*kernels.Kernel]*packer // every kernel of this world size
+
+	ncclOK  bool
+	ncclErr error // why NCCL cannot be used, agreed by all ranks
+
+	mu       sync.Mutex // guards syms, symCount, broken
+	syms     []symBuffer
+	symCount int
+	broken   error
 }
 
 // symBuffer is one symmetric allocation from Alloc.
 type symBuffer struct {
 	base  cuda.DevicePtr
-	bytes int
-	m     *ipc.Mapping
+	bytes int64
+	peers []cuda.DevicePtr
+}
+
+// zeroCopy is a call whose input peers read in place: the input lies at
+// offset in a symmetric buffer whose copies are at peers (by rank).
+type zeroCopy struct {
+	offset int64
+	peers  []cuda.DevicePtr
 }
 
 // regionAlign keeps every part of the region 256-byte aligned (LL128
@@ -91,78 +88,82 @@ const regionAlign = 256
 
 func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 
-// agreement is what every rank publishes in New; all must match.
-type agreement struct {
-	Library  string `json:"library"`
+// gpuAgreement is what every GPU rank publishes in New; all must match.
+type gpuAgreement struct {
 	Topology string `json:"topology"`
 	Staging  int64  `json:"staging"`
-	World    int    `json:"world"`
 	NCCL     string `json:"nccl"` // "" when this rank could load NCCL, else why not
 }
 
-func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
-	lib := cfg.Library
-	g = &gpuComm{cfg: cfg, lib: lib, world: cfg.WorldSize, funcs: map[string]*cuda.Function{},
-		sels: map[coll.Collective]*kernels.Selection{}, kernelIDs: map[string]int{}}
-	for i, k := range lib.Kernels {
-		g.kernelIDs[k.Name] = i
+// newGPU opens the rank's device and sets up the GPU backend on it.
+func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (device, error)) (*gpuComm, error) {
+	g, err := newGPUState(cfg, prefix)
+	if err != nil {
+		return nil, err
 	}
+	dev, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.setup(ctx, dev); err != nil {
+		return nil, errors.Join(err, dev.release())
+	}
+	return g, nil
+}
+
+// newGPUState builds the pure state: topology, areas, argument packers.
+func newGPUState(cfg Config, prefix string) (*gpuComm, error) {
+	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix,
+		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{}}
 	if err := g.pickTopology(); err != nil {
 		return nil, err
 	}
-	dev, err := cuda.Open(cfg.Device)
-	if err != nil {
-		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
-	}
-	g.dev = dev
-	defer func() {
+	for i := range g.lib.Kernels {
+		k := &g.lib.Kernels[i]
+		if k.World != g.world {
+			continue
+		}
+		if k.Launch.MaxBlocks > g.lib.MaxBlocks {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s launches %d blocks, more than the library's MaxBlocks %d; regenerate", k.Name, k.Launch.MaxBlocks, g.lib.MaxBlocks)
+		}
+		p, err := newPacker(k, i, g.world)
 		if err != nil {
-			g.release()
+			return nil, err
 		}
-	}()
-	if g.stream, err = dev.NewStream(); err != nil {
-		return nil, err
+		g.packers[k] = p
 	}
-	g.cache = cfg.Cache // nil: LoadSource uses the default cache if it can
-	if cfg.FatbinPath != "" {
-		if g.fatbin, err = dev.LoadFatbinFile(cfg.FatbinPath); err != nil {
-			return nil, fmt.Errorf("comm: load fatbin %s: %w", cfg.FatbinPath, err)
-		}
-	}
+	return g, nil
+}
 
-	// Agree on everything that could differ between ranks.
+// setup agrees with the other ranks on the set-up, opens NCCL if the rules
+// use it, and lays out the region every rank exported. It ends with a
+// store barrier: every rank has zeroed its signal pad before any kernel
+// can signal into it.
+func (g *gpuComm) setup(ctx context.Context, dev device) error {
+	g.dev = dev
+	cfg := g.cfg
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
-	mine := agreement{Library: fmt.Sprintf("%x", sha256.Sum256([]byte(lib.Manifest))), Topology: g.topology,
-		Staging: g.slotBytes, World: g.world}
-	var lib0 *nccl.Lib
+	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes}
 	switch {
 	case cfg.DisableNCCL:
 		mine.NCCL = "disabled by Config.DisableNCCL"
 	case !wantNCCL:
 		mine.NCCL = "no selection rule uses it"
 	default:
-		if lib0, err = nccl.Load(); err != nil {
-			mine.NCCL = err.Error()
-		}
+		mine.NCCL = dev.ncclUnavailable()
 	}
 	blob, _ := json.Marshal(mine)
-	key := "collgen/comm/" + cfg.Group
-	all, err := rendezvous.AllGather(ctx, cfg.Store, key+"/agree", cfg.Rank, g.world, blob)
+	all, err := rendezvous.AllGather(ctx, cfg.Store, g.prefix+"gpu", cfg.Rank, g.world, blob)
 	if err != nil {
-		return nil, fmt.Errorf("comm: rank %d: agree on set-up: %w", cfg.Rank, err)
+		return classify(fmt.Errorf("comm: rank %d: agree on GPU set-up: %w", cfg.Rank, err))
 	}
 	for r, b := range all {
-		var a agreement
+		var a gpuAgreement
 		if err := json.Unmarshal(b, &a); err != nil {
-			return nil, fmt.Errorf("comm: rank %d sent a malformed set-up record: %w", r, err)
+			return errorf(ErrMismatch, "comm: rank %d sent a malformed set-up record: %w", r, err)
 		}
-		switch {
-		case a.World != mine.World:
-			return nil, fmt.Errorf("comm: rank %d has world size %d, rank %d has %d", r, a.World, cfg.Rank, mine.World)
-		case a.Library != mine.Library:
-			return nil, fmt.Errorf("comm: rank %d uses a different generated library than rank %d (manifest hash differs); build every rank from the same generated code", r, cfg.Rank)
-		case a.Topology != mine.Topology || a.Staging != mine.Staging:
-			return nil, fmt.Errorf("comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
+		if a.Topology != mine.Topology || a.Staging != mine.Staging {
+			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
 				r, a.Topology, a.Staging, cfg.Rank, mine.Topology, mine.Staging)
 		}
 		if a.NCCL != "" && g.ncclErr == nil {
@@ -170,86 +171,64 @@ func newGPU(ctx context.Context, cfg Config) (g *gpuComm, err error) {
 		}
 	}
 	if g.ncclErr == nil && wantNCCL {
-		if g.nccl, err = nccl.NewComm(ctx, cfg.Store, key+"/nccl", cfg.Rank, g.world, dev); err != nil {
-			return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
+		if err := dev.openNCCL(ctx, g.prefix+"nccl", cfg.Rank, g.world); err != nil {
+			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
-		_ = lib0
+		g.ncclOK = true
 	}
 
-	// The registered region: stage, scratch, signal pad.
-	g.maxBlocks = lib.MaxBlocks
-	for _, k := range lib.Kernels {
-		if k.Launch.MaxBlocks > g.maxBlocks {
-			return nil, fmt.Errorf("comm: kernel %s launches %d blocks, more than the library's MaxBlocks %d; regenerate", k.Name, k.Launch.MaxBlocks, g.maxBlocks)
-		}
-	}
-	sigBytes := alignUp(int64(g.maxBlocks*g.world*8), regionAlign)
-	scratchBytes := g.area[""] // only barrier kernels use scratch
+	sigBytes := alignUp(int64(g.lib.MaxBlocks*g.world*8), regionAlign)
+	scratchBytes := g.area[coll.Barrier] // only barrier kernels use scratch
 	total := 2*g.slotBytes + scratchBytes + sigBytes
-	if g.region, err = dev.Alloc(int(total)); err != nil {
-		return nil, fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err)
+	seqBytes := int64(g.lib.MaxBlocks+3) * 8
+	regions, seq, status, err := dev.setup(ctx, g.prefix+"region", total, seqBytes)
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err))
 	}
-	if err := dev.Memset8(g.region, 0, int(total)); err != nil {
-		return nil, err
-	}
-	seqBytes := (g.maxBlocks + 3) * 8
-	if g.seq, err = dev.Alloc(seqBytes); err != nil {
-		return nil, err
-	}
-	if err := dev.Memset8(g.seq, 0, seqBytes); err != nil {
-		return nil, err
-	}
-	if g.status, err = dev.HostAlloc(8, true); err != nil {
-		return nil, err
-	}
-	if g.regionMap, err = ipc.Exchange(ctx, cfg.Store, key+"/region", cfg.Rank, g.world, dev, g.region, int(total)); err != nil {
-		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
-	}
-	// Areas in Library.Protocols order, the same on every rank.
+	g.seq, g.statusPtr = seq, status
+	// Areas in protocol order, the same on every rank.
 	g.areaStage = map[coll.Protocol][]cuda.DevicePtr{}
-	protocols := g.lib.Protocols(g.world)
-	for _, p := range g.regionMap.Peers() {
+	for _, base := range regions {
 		off := int64(0)
-		for _, proto := range protocols {
-			g.areaStage[proto] = append(g.areaStage[proto], p+cuda.DevicePtr(off))
+		for _, proto := range g.protocols {
+			g.areaStage[proto] = append(g.areaStage[proto], base+cuda.DevicePtr(off))
 			off += g.area[proto]
 		}
-		g.scratch = append(g.scratch, p+cuda.DevicePtr(2*g.slotBytes))
-		g.signal = append(g.signal, p+cuda.DevicePtr(2*g.slotBytes+scratchBytes))
+		g.scratch = append(g.scratch, base+cuda.DevicePtr(2*g.slotBytes))
+		g.signal = append(g.signal, base+cuda.DevicePtr(2*g.slotBytes+scratchBytes))
 	}
-	// Every rank has zeroed its pad before any rank can signal into it.
-	if err := rendezvous.Barrier(ctx, cfg.Store, key+"/ready", cfg.Rank, g.world); err != nil {
-		return nil, fmt.Errorf("comm: rank %d: %w", cfg.Rank, err)
+	if err := rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world); err != nil {
+		return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 	}
-	return g, nil
+	return nil
 }
 
 // pickTopology resolves Config.Topology and the staging size.
 func (g *gpuComm) pickTopology() error {
 	lib, cfg := g.lib, g.cfg
 	var names []string
-	seen := map[string]bool{}
+	kinds := map[string]string{}
 	for _, s := range lib.Selections {
-		if s.Kind == coll.HostSHM || !contains(s.Worlds, cfg.WorldSize) {
+		if s.Kind == schedule.KindHostShm || !slices.Contains(s.Worlds, cfg.WorldSize) {
 			continue
 		}
-		if !seen[s.Topology] {
-			seen[s.Topology] = true
+		if _, seen := kinds[s.Topology]; !seen {
+			kinds[s.Topology] = s.Kind
 			names = append(names, s.Topology)
 		}
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("comm: no GPU topology of the library generates world size %d; add it to a topology's world_sizes and regenerate", cfg.WorldSize)
+		return errorf(ErrUnsupported, "comm: no GPU topology of the library generates world size %d; add it to a topology's world_sizes and regenerate", cfg.WorldSize)
 	}
 	topo := cfg.Topology
 	if topo == "" {
 		// Prefer a fully connected NVLink topology, then spec order.
 		sort.SliceStable(names, func(i, j int) bool {
-			return g.kindOf(names[i]) == coll.NVLinkFull && g.kindOf(names[j]) != coll.NVLinkFull
+			return kinds[names[i]] == schedule.KindNVLinkFull && kinds[names[j]] != schedule.KindNVLinkFull
 		})
 		topo = names[0]
-	} else if !seen[topo] {
-		return fmt.Errorf("comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
+	} else if _, ok := kinds[topo]; !ok {
+		return errorf(ErrInvalidArgument, "comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
 	}
 	g.topology = topo
 	bounds := map[coll.Protocol]int64{}
@@ -258,17 +237,18 @@ func (g *gpuComm) pickTopology() error {
 		if s.Topology != topo {
 			continue
 		}
-		g.sels[s.Collective] = s
+		g.sels[coll.Collective(s.Collective)] = s
 		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
-			return fmt.Errorf("comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
+			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
 		}
 		for p, m := range lib.RulesSlotBounds(s, cfg.WorldSize) {
-			bounds[p] = max(bounds[p], m)
+			bounds[coll.Protocol(p)] = max(bounds[coll.Protocol(p)], m)
 		}
 	}
 	// Each protocol's area holds what its rules need, or StagingBytes.
-	g.area, g.slotBytes = map[coll.Protocol]int64{}, 0
-	for _, p := range lib.Protocols(cfg.WorldSize) {
+	g.area, g.slotBytes, g.protocols = map[coll.Protocol]int64{}, 0, nil
+	for _, ps := range lib.Protocols(cfg.WorldSize) {
+		p := coll.Protocol(ps)
 		n := bounds[p]
 		if cfg.StagingBytes > 0 {
 			n = cfg.StagingBytes
@@ -276,36 +256,17 @@ func (g *gpuComm) pickTopology() error {
 		if n == 0 {
 			n = 1 << 20 // room for explicitly requested small collectives
 		}
+		g.protocols = append(g.protocols, p)
 		g.area[p] = alignUp(n, regionAlign)
 		g.slotBytes += g.area[p]
 	}
 	return nil
 }
 
-// slotNeed is the stage-slot bytes kernel k needs for call c.
-func (g *gpuComm) slotNeed(k *kernels.Kernel, c call) int64 {
-	size := int64(c.dtype.Size())
-	return k.SlotBytes(c.n*size, g.chunkElems(k, c)*size)
-}
-
-// chunkElems is the chunk size launch passes to kernel k for call c.
-func (g *gpuComm) chunkElems(k *kernels.Kernel, c call) int64 {
-	return int64(schedule.ChunkElems(c.collective, int(c.n), g.world, int(k.VecElems(c.dtype.Size()))))
-}
-
-func (g *gpuComm) kindOf(topology string) coll.TopologyKind {
-	for _, s := range g.lib.Selections {
-		if s.Topology == topology {
-			return s.Kind
-		}
-	}
-	return ""
-}
-
 func (g *gpuComm) usesNCCL() bool {
 	for _, s := range g.sels {
 		for _, r := range s.Rules {
-			if r.Use == NCCL {
+			if coll.Algorithm(r.Use) == coll.NCCL {
 				return true
 			}
 		}
@@ -313,56 +274,71 @@ func (g *gpuComm) usesNCCL() bool {
 	return false
 }
 
-func contains(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
+func (g *gpuComm) memory() memKind { return deviceMemory }
+
+func (g *gpuComm) rules(collective coll.Collective) *kernels.Selection { return g.sels[collective] }
+
+// prepare plans cl.alg for the call: NCCL must be available; a generated
+// algorithm needs a kernel for the call's dtype and op and room for its
+// stage-slot need in its protocol's area (unless the input is read in
+// place). The automatic choice sends a call that fails either check to
+// NCCL (every rank decides alike: only the call's arguments and agreed
+// set-up enter, never the input address); an explicit one is refused with
+// the reason.
+func (g *gpuComm) prepare(cl *call, auto bool) error {
+	cl.kernel, cl.zc = nil, nil
+	if cl.alg == coll.NCCL {
+		if g.ncclOK {
+			return nil
 		}
-	}
-	return false
-}
-
-// call is one collective request, normalised.
-type call struct {
-	collective coll.Collective
-	in, out    cuda.DevicePtr
-	n          int64 // elements in the full buffer (schedule convention)
-	perRank    int64 // recvCount / sendCount; n for all-reduce
-	dtype      coll.DType
-	op         coll.Op
-	o          Options
-}
-
-func (g *gpuComm) allReduce(in, out Buffer, count int, dtype, op string, o Options) error {
-	return g.run(call{collective: coll.AllReduce, in: in.dev, out: out.dev, n: int64(count), perRank: int64(count), dtype: coll.DType(dtype), op: coll.Op(op), o: o})
-}
-
-func (g *gpuComm) reduceScatter(in, out Buffer, recvCount int, dtype, op string, o Options) error {
-	return g.run(call{collective: coll.ReduceScatter, in: in.dev, out: out.dev, n: int64(recvCount) * int64(g.world), perRank: int64(recvCount), dtype: coll.DType(dtype), op: coll.Op(op), o: o})
-}
-
-func (g *gpuComm) allGather(in, out Buffer, sendCount int, dtype string, o Options) error {
-	return g.run(call{collective: coll.AllGather, in: in.dev, out: out.dev, n: int64(sendCount) * int64(g.world), perRank: int64(sendCount), dtype: coll.DType(dtype), o: o})
-}
-
-// choose returns the algorithm for a collective of bytes (full size).
-func (g *gpuComm) choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {
-	sel := g.sels[collective]
-	alg := coll.NCCL
-	if sel != nil {
-		alg = sel.Choose(bytes)
-	}
-	if alg != NCCL {
-		if k, ok := g.lib.Kernel(collective, alg, dtype, op, g.world); !ok {
-			alg = NCCL // the spec generated no kernel for this dtype/op: the rules' fallback
-		} else if g.slotNeed(k, call{collective: collective, n: bytes / int64(dtype.Size()), dtype: dtype}) > g.area[k.Protocol] {
-			alg = NCCL
+		if auto {
+			return errorf(ErrUnsupported, "comm: %s of %d bytes (%s) selects nccl, but %v", cl.collective, cl.bytes, cl.dtype, g.ncclWhy())
 		}
+		return errorf(ErrUnsupported, "comm: %s with algorithm nccl refused: %v", cl.collective, g.ncclWhy())
 	}
-	if alg == NCCL && g.nccl == nil {
-		return "", fmt.Errorf("comm: %s of %d bytes (%s) selects nccl, but %v", collective, bytes, dtype, g.ncclWhy())
+	k, ok := g.lib.Kernel(string(cl.collective), string(cl.alg), string(cl.dtype), string(cl.op), g.world)
+	if !ok {
+		if auto { // the spec generated no kernel for this dtype/op: the rules' fallback
+			cl.alg = coll.NCCL
+			return g.prepare(cl, true)
+		}
+		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the library has no kernel %s for %s %s at world size %d; add it to the spec and regenerate",
+			cl.collective, cl.alg, cl.alg, cl.dtype, cl.op, g.world)
 	}
-	return alg, nil
+	proto := coll.Protocol(k.Protocol)
+	chunk := chunkElems(cl, g.world, k)
+	need := slotNeed(k, cl.bytes, chunk*cl.esize, g.area[proto])
+	zc := g.zeroCopy(k, cl)
+	switch {
+	case auto && need > g.area[proto]:
+		cl.alg = coll.NCCL
+		return g.prepare(cl, true)
+	case auto:
+	case proto.Push() && need > g.area[proto]:
+		needs := fmt.Sprintf("%d bytes", need)
+		if chunk*cl.esize > g.area[proto] {
+			needs = fmt.Sprintf("over %d bytes", g.area[proto]) // slotNeed did not multiply
+		}
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes need %s of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
+			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
+	case need > g.area[proto] && zc == nil:
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
+			cl.collective, cl.alg, cl.bytes, g.area[proto])
+	}
+	cl.kernel, cl.chunk, cl.need, cl.zc = k, chunk, need, zc
+	return nil
+}
+
+// slotNeed is the stage-slot bytes kernel k needs for a message of bytes
+// in chunks of chunkBytes, or area+1 when that is more than area: a chunk
+// larger than the area can never fit (a push kernel's inbox holds every
+// chunk at least once), so the multiplication that could overflow for a
+// huge count is never made.
+func slotNeed(k *kernels.Kernel, bytes, chunkBytes, area int64) int64 {
+	if bytes > area && (!coll.Protocol(k.Protocol).Push() || chunkBytes > area) {
+		return area + 1
+	}
+	return k.SlotBytes(bytes, chunkBytes)
 }
 
 func (g *gpuComm) ncclWhy() error {
@@ -375,311 +351,93 @@ func (g *gpuComm) ncclWhy() error {
 	return errors.New("no selection rule of this topology uses NCCL, so it was not loaded")
 }
 
-func (g *gpuComm) run(c call) error {
+// zeroCopy reports whether kernel k reads the call's input in place: the
+// input lies in a symmetric buffer, the collective reduces, and k pulls
+// (push kernels send from the input, so a symmetric input changes nothing
+// for them).
+func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) *zeroCopy {
+	if !cl.collective.Reduces() || coll.Protocol(k.Protocol).Push() || cl.in.kind != deviceMemory {
+		return nil
+	}
+	p := cl.in.dev
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, sb := range g.syms {
+		if p >= sb.base && int64(p-sb.base)+cl.inBytes <= sb.bytes {
+			return &zeroCopy{offset: int64(p - sb.base), peers: sb.peers}
+		}
+	}
+	return nil
+}
+
+// run executes a prepared call; with no stream it waits for completion.
+func (g *gpuComm) run(cl *call) error {
 	if err := g.statusErr(); err != nil {
 		return err
 	}
-	if c.n < 0 || c.perRank < 0 {
-		return fmt.Errorf("comm: %s: negative count", c.collective)
-	}
-	size := c.dtype.Size()
-	if size == 0 {
-		return fmt.Errorf("comm: %s: unknown dtype %q", c.collective, c.dtype)
-	}
-	if c.collective != coll.AllGather {
-		if err := numeric.CheckOp(c.op); err != nil {
-			return fmt.Errorf("comm: %s: %w", c.collective, err)
-		}
-	}
-	if c.n == 0 {
-		return nil
-	}
-	bytes := c.n * int64(size)
-	alg := coll.Algorithm(c.o.Algorithm)
-	if alg == "" {
-		var err error
-		if alg, err = g.choose(c.collective, bytes, c.dtype, c.op); err != nil {
-			return err
-		}
-	} else if err := g.checkForced(c, alg, bytes); err != nil {
-		return err
-	}
-	s := c.o.Stream
-	wait := s == nil
-	if wait {
-		s = g.stream
-	}
+	s := cl.o.Stream
 	var err error
-	if alg == NCCL {
-		err = g.runNCCL(c, s)
+	if cl.alg == coll.NCCL {
+		err = g.dev.runNCCL(cl, s)
 	} else {
-		k, _ := g.lib.Kernel(c.collective, alg, c.dtype, c.op, g.world)
-		err = g.launch(k, c, s)
+		grid, block := gridFor(cl, g.world)
+		err = g.dev.launch(cl.kernel, grid, block, g.pack(cl), s)
 	}
 	if err != nil {
 		return err
 	}
-	if wait {
-		return g.synchronize(s)
+	if s == nil {
+		return g.synchronize(nil)
 	}
 	return nil
 }
 
-// checkForced refuses an explicitly requested algorithm that cannot run,
-// saying why; it never substitutes another.
-func (g *gpuComm) checkForced(c call, alg coll.Algorithm, bytes int64) error {
-	if alg == NCCL {
-		if g.nccl == nil {
-			return fmt.Errorf("comm: %s with algorithm nccl refused: %v", c.collective, g.ncclWhy())
-		}
-		return nil
-	}
-	k, ok := g.lib.Kernel(c.collective, alg, c.dtype, c.op, g.world)
-	if !ok {
-		return fmt.Errorf("comm: %s with algorithm %s refused: the library has no kernel %s for %s %s at world size %d; add it to the spec and regenerate",
-			c.collective, alg, alg, c.dtype, c.op, g.world)
-	}
-	if k.Push() {
-		if need := g.slotNeed(k, c); need > g.area[k.Protocol] {
-			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes need %d bytes of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
-				c.collective, alg, bytes, need, kernels.PayloadPerLine(k.Protocol), g.area[k.Protocol], k.Protocol)
-		}
-	} else if bytes > g.area[k.Protocol] {
-		if _, _, zc := g.zeroCopy(k, c); !zc {
-			return fmt.Errorf("comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
-				c.collective, alg, bytes, g.area[k.Protocol])
-		}
-	}
-	return nil
+// gridFor sizes a kernel launch: enough threads for one unit (vector or
+// inbox unit) of every chunk each (the kernels spread a phase's chunks over
+// distinct threads), at least one block, at most the spec's MaxBlocks.
+func gridFor(cl *call, world int) (grid, block uint32) {
+	k := cl.kernel
+	threads := int64(k.Launch.Threads)
+	units := int64(world) * k.ThreadUnits(cl.chunk, int(cl.esize))
+	blocks := min(max((units+threads-1)/threads, 1), int64(k.Launch.MaxBlocks))
+	return uint32(blocks), uint32(threads)
 }
 
-// zeroCopy reports whether kernel k reads the call's input in place: the
-// input lies in a symmetric buffer (base, mapped at peers' addresses
-// peers), the collective reduces, and k pulls (push kernels send from the
-// input, so a symmetric input changes nothing for them).
-func (g *gpuComm) zeroCopy(k *kernels.Kernel, c call) (base cuda.DevicePtr, peers []cuda.DevicePtr, ok bool) {
-	if c.collective == coll.AllGather || k.Push() {
-		return 0, nil, false
-	}
-	return g.symFor(c.in, c.n*int64(c.dtype.Size()))
-}
-
-func (g *gpuComm) runNCCL(c call, s *cuda.Stream) error {
-	dt, err := ncclType(c.dtype)
-	if err != nil {
-		return err
-	}
-	var op nccl.RedOp
-	if c.collective != coll.AllGather {
-		if op, err = ncclOp(c.op); err != nil {
-			return err
-		}
-	}
-	switch c.collective {
-	case coll.AllReduce:
-		return g.nccl.AllReduce(c.in, c.out, int(c.n), dt, op, s)
-	case coll.ReduceScatter:
-		return g.nccl.ReduceScatter(c.in, c.out, int(c.perRank), dt, op, s)
-	default:
-		return g.nccl.AllGather(c.in, c.out, int(c.perRank), dt, s)
-	}
-}
-
-func ncclType(dtype coll.DType) (nccl.DataType, error) {
-	switch dtype {
-	case "f32":
-		return nccl.Float32, nil
-	case "f16":
-		return nccl.Float16, nil
-	case "bf16":
-		return nccl.BFloat16, nil
-	case "f64":
-		return nccl.Float64, nil
-	case "i32":
-		return nccl.Int32, nil
-	case "i64":
-		return nccl.Int64, nil
-	case "e4m3":
-		return nccl.F8E4M3, nil
-	case "e5m2":
-		return nccl.F8E5M2, nil
-	}
-	return 0, fmt.Errorf("comm: NCCL has no type for %q", dtype)
-}
-
-func ncclOp(op coll.Op) (nccl.RedOp, error) {
-	switch op {
-	case "sum":
-		return nccl.Sum, nil
-	case "max":
-		return nccl.Max, nil
-	case "min":
-		return nccl.Min, nil
-	}
-	return 0, fmt.Errorf("comm: NCCL has no op %q", op)
-}
-
-// function returns the loaded kernel, compiling or loading it on first use.
-func (g *gpuComm) function(k *kernels.Kernel) (*cuda.Function, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if f := g.funcs[k.Name]; f != nil {
-		return f, nil
-	}
-	var m *cuda.Module
-	if g.fatbin != nil {
-		m = g.fatbin
-	} else {
-		src, err := g.lib.Source(k.Source)
-		if err != nil {
-			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
-		}
-		headers, err := g.lib.Headers()
-		if err != nil {
-			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
-		}
-		m, err = g.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
-			Headers: headers, Options: []string{"--std=c++17"}}, g.cache)
-		if err != nil {
-			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
-		}
-		g.modules = append(g.modules, m)
-	}
-	f, err := m.Function(k.Name)
-	if err != nil {
-		return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
-	}
-	g.funcs[k.Name] = f
-	return f, nil
-}
-
-// Preload compiles or loads every kernel the library has for this world
-// size, so the first collective of each kind pays no compile time.
-func (g *gpuComm) preload() error {
-	for i := range g.lib.Kernels {
-		if k := &g.lib.Kernels[i]; k.World == g.world {
-			if _, err := g.function(k); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// launch fills the kernel's argument struct and launches it.
-func (g *gpuComm) launch(k *kernels.Kernel, c call, s *cuda.Stream) error {
-	f, err := g.function(k)
-	if err != nil {
-		return err
-	}
-	size := int64(c.dtype.Size())
-	chunk := g.chunkElems(k, c)
-	stage, slotBytes := g.areaStage[k.Protocol], uint64(g.slotBytes)
-	if base, peers, ok := g.zeroCopy(k, c); ok {
+// pack fills the kernel's argument struct for a prepared call.
+func (g *gpuComm) pack(cl *call) []byte {
+	stage, slotBytes := g.areaStage[coll.Protocol(cl.kernel.Protocol)], uint64(g.slotBytes)
+	if cl.zc != nil {
 		// Zero-copy: peers read this input in place; the copy-in steps
 		// become no-ops because source and destination coincide. One
 		// slot only, so the kernel keeps its final barrier (the caller
 		// may overwrite its input as soon as the kernel ends).
-		off := c.in - base
 		slotBytes = 0
 		stage = make([]cuda.DevicePtr, g.world)
-		for r, p := range peers {
-			stage[r] = p + off
-		}
-	} else if need := k.SlotBytes(c.n*size, chunk*size); need > g.area[k.Protocol] {
-		return fmt.Errorf("comm: %s: needs %d bytes of stage slot, the staging buffer's area for it has %d", k.Name, need, g.area[k.Protocol])
-	}
-	l := k.Args
-	a := make([]byte, l.Size)
-	put := func(name string, i int, v uint64) {
-		f := l.Field(name)
-		o := f.Offset + i*f.Size
-		if f.Size == 4 {
-			binary.LittleEndian.PutUint32(a[o:], uint32(v))
-		} else {
-			binary.LittleEndian.PutUint64(a[o:], v)
+		for r, p := range cl.zc.peers {
+			stage[r] = p + cuda.DevicePtr(cl.zc.offset)
 		}
 	}
-	put("input", 0, uint64(c.in))
-	put("output", 0, uint64(c.out))
-	for r := 0; r < g.world; r++ {
-		put("stage", r, uint64(stage[r]))
-		put("scratch", r, uint64(g.scratch[r]))
-		put("signal", r, uint64(g.signal[r]))
-	}
-	put("seq", 0, uint64(g.seq))
-	put("status", 0, uint64(g.status.DevPtr))
-	put("count", 0, uint64(c.n))
-	put("chunk", 0, uint64(chunk))
-	put("timeout_ns", 0, uint64(g.cfg.Timeout.Nanoseconds()))
-	put("slot_bytes", 0, slotBytes)
-	put("rank", 0, uint64(g.cfg.Rank))
-	put("kernel_id", 0, uint64(g.kernelIDs[k.Name]))
-	// Enough threads for one unit (vector or inbox unit) of every chunk
-	// each (the kernels spread a phase's chunks over distinct threads),
-	// capped by the spec.
-	threads := int64(k.Launch.Threads)
-	units := int64(g.world) * k.ThreadUnits(chunk, int(size))
-	blocks := (units + threads - 1) / threads
-	if blocks < 1 {
-		blocks = 1
-	}
-	if blocks > int64(k.Launch.MaxBlocks) {
-		blocks = int64(k.Launch.MaxBlocks)
-	}
-	return f.Launch([3]uint32{uint32(blocks), 1, 1}, [3]uint32{uint32(threads), 1, 1}, 0, s, a)
+	return g.packers[cl.kernel].pack(args{
+		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
+		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk),
+		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.cfg.Rank),
+	})
 }
 
-// symFor finds the symmetric buffer holding [p, p+bytes).
-func (g *gpuComm) symFor(p cuda.DevicePtr, bytes int64) (base cuda.DevicePtr, peers []cuda.DevicePtr, ok bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, sb := range g.syms {
-		if p >= sb.base && int64(p-sb.base)+bytes <= int64(sb.bytes) {
-			return sb.base, sb.m.Peers(), true
-		}
-	}
-	return 0, nil, false
-}
-
+// alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	p, err := g.dev.Alloc(bytes)
-	if err != nil {
-		return 0, err
-	}
 	g.mu.Lock()
 	g.symCount++
 	n := g.symCount
 	g.mu.Unlock()
-	m, err := ipc.Exchange(ctx, g.cfg.Store, fmt.Sprintf("collgen/comm/%s/sym%d", g.cfg.Group, n), g.cfg.Rank, g.world, g.dev, p, bytes)
+	base, peers, err := g.dev.symmetric(ctx, fmt.Sprintf("%ssym%d", g.prefix, n), bytes)
 	if err != nil {
-		g.dev.Free(p)
-		return 0, fmt.Errorf("comm: symmetric alloc %d: %w", n, err)
+		return 0, fmt.Errorf("comm: rank %d: symmetric alloc %d: %w", g.cfg.Rank, n, err)
 	}
 	g.mu.Lock()
-	g.syms = append(g.syms, &symBuffer{base: p, bytes: bytes, m: m})
+	g.syms = append(g.syms, symBuffer{base: base, bytes: int64(bytes), peers: peers})
 	g.mu.Unlock()
-	return p, nil
-}
-
-// TimeoutError is a kernel's report that a rank waited too long for a peer.
-type TimeoutError struct {
-	Kernel  string // the kernel that timed out
-	Rank    int    // the rank that waited
-	Peer    int    // the rank it waited for
-	Barrier int    // which barrier of the kernel; for Data, the phase
-	Block   int
-	// Data: an LL kernel waited for the peer's data (there are no barriers).
-	Data bool
-}
-
-func (e *TimeoutError) Error() string {
-	at := fmt.Sprintf("at barrier %d", e.Barrier)
-	if e.Data {
-		at = fmt.Sprintf("for its data in phase %d", e.Barrier)
-	}
-	return fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d %s (block %d); the peer is dead, stalled or issuing a different collective",
-		e.Kernel, e.Rank, e.Peer, at, e.Block)
+	return base, nil
 }
 
 // statusErr decodes the status word (see CG_STATUS_TIMEOUT in the CUDA
@@ -691,15 +449,10 @@ func (g *gpuComm) statusErr() error {
 	if g.broken != nil {
 		return g.broken
 	}
-	if g.status == nil {
+	v := g.dev.status()
+	if uint32(v) == 0 {
 		return nil
 	}
-	lo := g.status.LoadUint32(0)
-	if lo == 0 {
-		return nil
-	}
-	hi := g.status.LoadUint32(4)
-	v := uint64(hi)<<32 | uint64(lo)
 	e := &TimeoutError{Rank: int(v >> 8 & 0xff), Peer: int(v >> 16 & 0xff), Barrier: int(v >> 24 & 0xff), Block: int(v >> 32 & 0xffff),
 		Data: v&0xff == 2} // CG_STATUS_LL_TIMEOUT
 	if id := int(v >> 48); id < len(g.lib.Kernels) {
@@ -709,75 +462,24 @@ func (g *gpuComm) statusErr() error {
 	return e
 }
 
+// synchronize waits for s, then reports a kernel's timeout or NCCL's
+// asynchronous error.
 func (g *gpuComm) synchronize(s *cuda.Stream) error {
-	if s == nil {
-		s = g.stream
-	}
-	if err := s.Synchronize(); err != nil {
+	if err := g.dev.synchronize(s); err != nil {
 		return err
 	}
 	if err := g.statusErr(); err != nil {
 		return err
 	}
-	if g.nccl != nil {
-		return g.nccl.AsyncError()
-	}
-	return nil
+	return g.dev.ncclError()
 }
 
+// close is collective: ranks meet at a store barrier before the device
+// frees memory a peer may still read.
 func (g *gpuComm) close() error {
-	g.closeOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
-		defer cancel()
-		if g.stream != nil {
-			g.stream.Synchronize()
-		}
-		// Peers may still read our memory until they are done too.
-		err := rendezvous.Barrier(ctx, g.cfg.Store, "collgen/comm/"+g.cfg.Group+"/close", g.cfg.Rank, g.world)
-		rerr := g.release()
-		g.closeError = errors.Join(err, rerr)
-	})
-	return g.closeError
-}
-
-// release frees what this rank owns, in reverse order of creation.
-func (g *gpuComm) release() error {
-	var errs []error
-	if g.nccl != nil {
-		errs = append(errs, g.nccl.Destroy())
-		g.nccl = nil
-	}
-	for _, sb := range g.syms {
-		errs = append(errs, sb.m.Close(), g.dev.Free(sb.base))
-	}
-	g.syms = nil
-	if g.regionMap != nil {
-		errs = append(errs, g.regionMap.Close())
-		g.regionMap = nil
-	}
-	if g.dev != nil {
-		for _, p := range []*cuda.DevicePtr{&g.region, &g.seq} {
-			if *p != 0 {
-				errs = append(errs, g.dev.Free(*p))
-				*p = 0
-			}
-		}
-	}
-	if g.status != nil {
-		errs = append(errs, g.status.Free())
-	}
-	for _, m := range g.modules {
-		errs = append(errs, m.Unload())
-	}
-	if g.fatbin != nil {
-		errs = append(errs, g.fatbin.Unload())
-	}
-	if g.stream != nil {
-		errs = append(errs, g.stream.Destroy())
-		g.stream = nil
-	}
-	if g.dev != nil {
-		errs = append(errs, g.dev.Close())
-	}
-	return errors.Join(errs...)
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	defer cancel()
+	serr := g.dev.synchronize(nil)
+	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
+	return errors.Join(serr, berr, g.dev.release())
 }

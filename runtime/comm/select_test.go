@@ -8,17 +8,21 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
-	"github.com/collgen/collgen/runtime/kernels"
 )
 
-// newTestGPU builds the selection state of a GPU communicator without a GPU.
+// newTestGPU builds the pure state of a GPU communicator without a GPU.
 func newTestGPU(t *testing.T, cfg Config) (*gpuComm, error) {
 	t.Helper()
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
 	}
-	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, sels: map[coll.Collective]*kernels.Selection{}}
-	return g, g.pickTopology()
+	return newGPUState(cfg, "test/")
+}
+
+// frontOf wraps a GPU state in a Communicator whose front end resolves
+// calls against it (no device: only selection and refusals run).
+func frontOf(g *gpuComm) *Communicator {
+	return &Communicator{cfg: g.cfg, b: g, gpu: g}
 }
 
 func TestPickTopology(t *testing.T) {
@@ -34,12 +38,12 @@ func TestPickTopology(t *testing.T) {
 	// all-gather's oneshot_ll up to 256 KiB (16 inbox chunks of 64 KiB
 	// payload, 128 KiB as LL lines: 2 MiB); LL128 all-reduce's twoshot_ll128
 	// up to 8 MiB (16 chunks of 2 MiB payload in 17477 lines of 128 bytes).
-	want := map[coll.Protocol]int64{"": 16 << 20, "ll": 2 << 20, "ll128": 16 * 17477 * 128}
-	if !maps.Equal(g.area, want) || g.slotBytes != want[""]+want["ll"]+want["ll128"] {
+	want := map[coll.Protocol]int64{coll.Barrier: 16 << 20, coll.LL: 2 << 20, coll.LL128: 16 * 17477 * 128}
+	if !maps.Equal(g.area, want) || g.slotBytes != want[coll.Barrier]+want[coll.LL]+want[coll.LL128] {
 		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 4, Topology: "pcie", StagingBytes: 3000})
-	if err != nil || g.topology != "pcie" || g.area[""] != 3072 || g.area["ll128"] != 3072 {
+	if err != nil || g.topology != "pcie" || g.area[coll.Barrier] != 3072 || g.area[coll.LL128] != 3072 {
 		t.Errorf("pcie with 3000 staging bytes: %q %v %v", g.topology, g.area, err)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 8})
@@ -69,57 +73,74 @@ func TestChooseAndRefuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.ncclErr = errors.New("NCCL is unavailable on rank 2: libnccl.so.2: cannot open shared object file")
-	for _, c := range []struct {
+	c := frontOf(g)
+	for _, tc := range []struct {
 		coll  coll.Collective
 		dtype coll.DType
 		bytes int64
 		want  coll.Algorithm
 	}{
-		{"allreduce", "bf16", 4 << 10, "oneshot_ll"},
-		{"allreduce", "bf16", 128 << 10, "twoshot_ll"},
-		{"allreduce", "bf16", 1 << 20, "twoshot_ll128"},
-		{"reduce_scatter", "f16", 1 << 20, "oneshot_ll128"},
-		{"allreduce", "bf16", 4 << 20, "twoshot_ll128"},
-		{"allreduce", "bf16", 9 << 20, "twoshot"},
-		{"reduce_scatter", "f32", 4 << 20, "oneshot_ll128"},
-		{"allgather", "e4m3", 64 << 10, "oneshot_ll"},
+		{coll.AllReduce, coll.BF16, 4 << 10, coll.OneShotLL},
+		{coll.AllReduce, coll.BF16, 128 << 10, coll.TwoShotLL},
+		{coll.AllReduce, coll.BF16, 1 << 20, coll.TwoShotLL128},
+		{coll.ReduceScatter, coll.F16, 1 << 20, coll.OneShotLL128},
+		{coll.AllReduce, coll.BF16, 4 << 20, coll.TwoShotLL128},
+		{coll.AllReduce, coll.BF16, 9 << 20, coll.TwoShot},
+		{coll.ReduceScatter, coll.F32, 4 << 20, coll.OneShotLL128},
+		{coll.AllGather, coll.E4M3, 64 << 10, coll.OneShotLL},
 	} {
-		got, err := g.choose(c.coll, c.bytes, c.dtype, "sum")
-		if c.coll == "allgather" {
-			got, err = g.choose(c.coll, c.bytes, c.dtype, "")
-		}
-		if err != nil || got != c.want {
-			t.Errorf("%s %s %d bytes: %q %v, want %q", c.coll, c.dtype, c.bytes, got, err, c.want)
+		if got, err := c.Choose(tc.coll, tc.bytes, tc.dtype, coll.Sum); err != nil || got != tc.want {
+			t.Errorf("%s %s %d bytes: %q %v, want %q", tc.coll, tc.dtype, tc.bytes, got, err, tc.want)
 		}
 	}
 	// Above the rules' custom range the rules say nccl, which is missing:
 	// an error naming why, never a silent substitute.
-	if _, err := g.choose("allreduce", 64<<20, "bf16", "sum"); err == nil || !strings.Contains(err.Error(), "selects nccl, but NCCL is unavailable on rank 2") {
+	if _, err := c.Choose(coll.AllReduce, 64<<20, coll.BF16, coll.Sum); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "selects nccl, but NCCL is unavailable on rank 2") {
 		t.Errorf("64 MiB without NCCL: %v", err)
 	}
 	// A dtype the spec generated no kernel for goes to NCCL by the rules.
-	if _, err := g.choose("allreduce", 4<<10, "f64", "sum"); err == nil || !strings.Contains(err.Error(), "selects nccl") {
+	if _, err := c.Choose(coll.AllReduce, 4<<10, coll.F64, coll.Sum); err == nil || !strings.Contains(err.Error(), "selects nccl") {
 		t.Errorf("f64 without a kernel: %v", err)
 	}
-	refuse := []struct {
-		c    call
-		alg  coll.Algorithm
-		want string
+	// Choose checks its arguments (an unknown dtype used to give "twoshot").
+	for _, bad := range []struct {
+		coll  coll.Collective
+		dtype coll.DType
+		op    coll.Op
+		bytes int64
 	}{
-		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "hcm", "has no kernel hcm for bf16 sum at world size 4"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum"}, "nccl", "algorithm nccl refused: NCCL is unavailable on rank 2"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 16 << 20}, "twoshot", "exceed the 16777216-byte staging buffer"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 2 << 20}, "oneshot_ll", "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 2097152-byte ll area"},
-		{call{collective: "allreduce", dtype: "bf16", op: "sum", n: 8 << 20}, "twoshot_ll128", "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
-	}
-	for _, r := range refuse {
-		size := int64(r.c.dtype.Size())
-		if err := g.checkForced(r.c, r.alg, r.c.n*size); err == nil || !strings.Contains(err.Error(), r.want) {
-			t.Errorf("forced %s: got %v, want %q", r.alg, err, r.want)
+		{coll.AllReduce, "f17", coll.Sum, 1 << 20},
+		{coll.AllReduce, coll.BF16, "prod", 1 << 20},
+		{coll.AllReduce, coll.E4M3, coll.Sum, 1 << 20},
+		{"allreduce_v2", coll.BF16, coll.Sum, 1 << 20},
+		{coll.AllReduce, coll.BF16, coll.Sum, -1},
+	} {
+		if a, err := c.Choose(bad.coll, bad.bytes, bad.dtype, bad.op); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Choose(%s, %d, %s, %s) = %q, %v; want ErrInvalidArgument", bad.coll, bad.bytes, bad.dtype, bad.op, a, err)
 		}
 	}
-	if err := g.checkForced(call{collective: "allreduce", dtype: "bf16", op: "sum"}, "twoshot", 1<<20); err != nil {
-		t.Errorf("forced twoshot at 1 MiB: %v", err)
+	refuse := []struct {
+		n    int
+		alg  coll.Algorithm
+		kind error
+		want string
+	}{
+		{16, coll.HCM, ErrUnsupported, "has no kernel hcm for bf16 sum at world size 4"},
+		{16, coll.NCCL, ErrUnsupported, "algorithm nccl refused: NCCL is unavailable on rank 2"},
+		{16 << 20, coll.TwoShot, ErrInvalidArgument, "exceed the 16777216-byte staging buffer"},
+		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 2097152-byte ll area"},
+		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
+		{16, "threeshot", ErrInvalidArgument, `unknown name: algorithm "threeshot"`},
+	}
+	for _, r := range refuse {
+		cl := &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: int64(r.n), dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: r.alg}}
+		if err := c.resolve(cl); !errors.Is(err, r.kind) || !strings.Contains(err.Error(), r.want) {
+			t.Errorf("forced %s: got %v, want %v %q", r.alg, err, r.kind, r.want)
+		}
+	}
+	cl := &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 512 << 10, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.TwoShot}}
+	if err := c.resolve(cl); err != nil || cl.kernel == nil || cl.kernel.Name != "allreduce_twoshot_bf16_sum_w4" {
+		t.Errorf("forced twoshot at 1 MiB: %v (kernel %v)", err, cl.kernel)
 	}
 }
 
@@ -128,6 +149,9 @@ func TestTimeoutErrorText(t *testing.T) {
 	want := "comm: allreduce_oneshot_bf16_sum_w4 timed out: rank 1 waited for rank 3 at barrier 0 (block 2); the peer is dead, stalled or issuing a different collective"
 	if e.Error() != want {
 		t.Errorf("got %q", e.Error())
+	}
+	if !errors.Is(e, ErrTimeout) || !errors.Is(classify(e), ErrTimeout) {
+		t.Error("a *TimeoutError does not match ErrTimeout")
 	}
 	e = &TimeoutError{Kernel: "allreduce_oneshot_ll_bf16_sum_w4", Rank: 1, Peer: 3, Barrier: 1, Block: 2, Data: true}
 	want = "comm: allreduce_oneshot_ll_bf16_sum_w4 timed out: rank 1 waited for rank 3 for its data in phase 1 (block 2); the peer is dead, stalled or issuing a different collective"

@@ -82,20 +82,20 @@ func TestHostCommunicator(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	for _, dt := range []string{"f32", "bf16", "i64"} {
+	for _, dt := range []coll.DType{coll.F32, coll.BF16, coll.I64} {
 		for _, n := range []int{1, 999, 70001} {
 			ins := make([][]byte, w)
 			outs := make([][]byte, w)
 			for r := range ins {
-				ins[r] = make([]byte, n*coll.DType(dt).Size())
-				numeric.Fill(coll.DType(dt), ins[r], n, r)
+				ins[r] = make([]byte, n*dt.Size())
+				numeric.Fill(string(dt), ins[r], n, r)
 				outs[r] = make([]byte, len(ins[r]))
 			}
 			for r := 0; r < w; r++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					errs[r] = comms[r].AllReduce(comm.HostBuffer(ins[r]), comm.HostBuffer(outs[r]), n, dt, "sum", comm.Options{})
+					errs[r] = comms[r].AllReduce(comm.HostBuffer(ins[r]), comm.HostBuffer(outs[r]), n, dt, coll.Sum, comm.Options{})
 				}()
 			}
 			wg.Wait()
@@ -103,13 +103,13 @@ func TestHostCommunicator(t *testing.T) {
 				t.Fatalf("%s n=%d: %v", dt, n, err)
 			}
 			for r := 0; r < w; r++ {
-				if err := numeric.Check(coll.DType(dt), coll.Sum, outs[r], ins); err != nil {
+				if err := numeric.Check(string(dt), "sum", outs[r], ins); err != nil {
 					t.Errorf("%s n=%d rank %d: %v", dt, n, r, err)
 				}
 			}
 		}
 	}
-	if alg, err := comms[0].Choose("allreduce", 1<<20, "f32", "sum"); err != nil || alg != "twoshot" {
+	if alg, err := comms[0].Choose(coll.AllReduce, 1<<20, coll.F32, coll.Sum); err != nil || alg != coll.TwoShot {
 		t.Errorf("host choice for 1 MiB: %s, %v", alg, err)
 	}
 	for r := range comms {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/numeric"
@@ -90,7 +91,7 @@ func allReduceEach(comms []*comm.Communicator, alg string, n int, ins [][]byte) 
 				return
 			}
 			b := comm.DeviceBuffer(buf)
-			if err := cm.AllReduce(b, b, n, "f32", "sum", comm.Options{Algorithm: alg}); err != nil {
+			if err := cm.AllReduce(b, b, n, "f32", "sum", comm.Options{Algorithm: coll.Algorithm(alg)}); err != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
 				return
 			}

@@ -202,15 +202,15 @@ func (rc *rankCase) free(dev *cuda.Device) {
 
 // issue runs one collective on a communicator.
 func issue(cm *comm.Communicator, c collectives.Combination, rc *rankCase, n int, s *cuda.Stream) error {
-	o := comm.Options{Algorithm: string(c.Algorithm), Stream: s}
+	o := comm.Options{Algorithm: coll.Algorithm(c.Algorithm), Stream: s}
 	in, out := comm.DeviceBuffer(rc.in), comm.DeviceBuffer(rc.out)
 	switch c.Collective {
 	case "allreduce":
-		return cm.AllReduce(in, out, n, string(c.DType), string(c.Op), o)
+		return cm.AllReduce(in, out, n, coll.DType(c.DType), coll.Op(c.Op), o)
 	case "reduce_scatter":
-		return cm.ReduceScatter(in, out, n, string(c.DType), string(c.Op), o)
+		return cm.ReduceScatter(in, out, n, coll.DType(c.DType), coll.Op(c.Op), o)
 	}
-	return cm.AllGather(in, out, n, string(c.DType), o)
+	return cm.AllGather(in, out, n, coll.DType(c.DType), o)
 }
 
 // result is one line of the summary.
@@ -547,7 +547,7 @@ func TestTimeoutReported(t *testing.T) {
 			}
 			defer dev.Free(buf)
 			start := time.Now()
-			err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: alg})
+			err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: coll.Algorithm(alg)})
 			var te *comm.TimeoutError
 			if !errors.As(err, &te) {
 				t.Fatalf("got %v, want a *comm.TimeoutError", err)
@@ -592,7 +592,7 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 		{"nccl", 16, "disabled by Config.DisableNCCL"},
 	}
 	for _, c := range cases {
-		err := comms[0].AllReduce(b, b, c.n, "f32", "sum", comm.Options{Algorithm: c.alg})
+		err := comms[0].AllReduce(b, b, c.n, "f32", "sum", comm.Options{Algorithm: coll.Algorithm(c.alg)})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s with %d elements: got %v, want %q", c.alg, c.n, err, c.want)
 		}

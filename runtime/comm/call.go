@@ -1,0 +1,228 @@
+package comm
+
+import (
+	"unsafe"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/schedule"
+)
+
+// call is one collective call, resolved once by the front end (resolve)
+// into the plan that everything after reads: the debug check's
+// fingerprint, the backend's refusal checks and its launch. Nothing
+// downstream looks a kernel up again or recomputes a size.
+type call struct {
+	// As the caller passed them.
+	collective coll.Collective
+	in, out    Buffer
+	count      int64 // all-reduce: elements; reduce-scatter: recvCount; all-gather: sendCount
+	dtype      coll.DType
+	op         coll.Op // "" for all-gather
+	o          Options
+
+	// Sizes, overflow-checked (coll.DType.Bytes) before anything uses them.
+	esize             int64 // bytes per element
+	n                 int64 // elements of the full buffer (schedule convention): count, or WorldSize*count
+	bytes             int64 // n*esize: the size selection rules see
+	inBytes, outBytes int64
+
+	// The plan, filled by choose and the backend's prepare.
+	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
+	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
+	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
+	need   int64           // GPU kernel: stage-slot bytes it needs when staged
+	zc     *zeroCopy       // GPU kernel: the input is read in place, nil when staged
+}
+
+// backend executes resolved calls: the GPU (gpuComm) or the host
+// (hostBackend). It neither parses nor re-validates arguments.
+type backend interface {
+	// memory is the kind of Buffer the backend takes.
+	memory() memKind
+	// rules returns the size rules for a collective, nil if there are none.
+	rules(collective coll.Collective) *kernels.Selection
+	// prepare checks that cl.alg can run cl and fills the backend's part of
+	// the plan. With auto (the rules chose cl.alg) it may fall back to
+	// another algorithm, the same on every rank; without, it refuses with
+	// the reason.
+	prepare(cl *call, auto bool) error
+	// run executes a prepared call with a nonzero count.
+	run(cl *call) error
+	// close releases the backend's resources.
+	close() error
+}
+
+// do is the front end of every collective: resolve once, cross-check in
+// the debug mode, then run.
+func (c *Communicator) do(cl *call) error {
+	if c.gpu != nil {
+		if !c.busy.TryLock() {
+			return errorf(ErrBusy, "comm: rank %d: %s called while another goroutine's collective is in progress on this GPU communicator; issue one communicator's calls from one goroutine at a time (they share sequence counters and stage slots)",
+				c.cfg.Rank, cl.collective)
+		}
+		defer c.busy.Unlock()
+	}
+	err := c.resolve(cl)
+	if c.check != nil {
+		if cerr := c.check.compare(c, cl, err); cerr != nil {
+			return cerr
+		}
+	}
+	if err != nil || cl.n == 0 {
+		return err
+	}
+	return classify(c.b.run(cl))
+}
+
+// resolve checks a call's arguments and plans it: sizes first, without
+// overflow, then the buffers, then the algorithm. A count of 0 is valid
+// and plans nothing.
+func (c *Communicator) resolve(cl *call) error {
+	if c.closed.Load() {
+		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
+	}
+	if err := c.checkKind(cl.collective, cl.dtype, cl.op); err != nil {
+		return err
+	}
+	if !cl.o.Algorithm.Valid() {
+		_, err := coll.ParseAlgorithm(string(cl.o.Algorithm))
+		return errorf(ErrInvalidArgument, "comm: %s: %w", cl.collective, err)
+	}
+	if cl.count < 0 {
+		return errorf(ErrInvalidArgument, "comm: %s: negative count %d", cl.collective, cl.count)
+	}
+	if err := c.size(cl); err != nil {
+		return err
+	}
+	if err := c.checkBuffer(cl, "input", cl.in, cl.inBytes); err != nil {
+		return err
+	}
+	if err := c.checkBuffer(cl, "output", cl.out, cl.outBytes); err != nil {
+		return err
+	}
+	if cl.n == 0 {
+		return nil
+	}
+	return c.choose(cl)
+}
+
+// checkKind checks the collective, dtype and op of a call or of Choose.
+func (c *Communicator) checkKind(collective coll.Collective, dtype coll.DType, op coll.Op) error {
+	if !collective.Valid() {
+		_, err := coll.ParseCollective(string(collective))
+		return errorf(ErrInvalidArgument, "comm: %w", err)
+	}
+	if !dtype.Valid() {
+		_, err := coll.ParseDType(string(dtype))
+		return errorf(ErrInvalidArgument, "comm: %s: %w", collective, err)
+	}
+	if !collective.Reduces() {
+		return nil
+	}
+	if !op.Valid() {
+		_, err := coll.ParseOp(string(op))
+		return errorf(ErrInvalidArgument, "comm: %s: %w", collective, err)
+	}
+	if dtype.IsFloat8() {
+		return errorf(ErrInvalidArgument, "comm: %s: %s is copy-only (all-gather); it cannot be reduced", collective, dtype)
+	}
+	return nil
+}
+
+// size fills the call's sizes from its count, refusing one whose bytes do
+// not fit in an int64.
+func (c *Communicator) size(cl *call) error {
+	w := int64(c.cfg.WorldSize)
+	full := int64(1)
+	if cl.collective != coll.AllReduce {
+		full = w
+	}
+	bytes, ok := cl.dtype.Bytes(cl.count, full)
+	if !ok {
+		return errorf(ErrInvalidArgument, "comm: %s: %d %s elements (times world size %d) overflow a byte size", cl.collective, cl.count, cl.dtype, full)
+	}
+	cl.esize = int64(cl.dtype.Size())
+	cl.n, cl.bytes = cl.count*full, bytes
+	cl.inBytes, cl.outBytes = bytes, bytes
+	switch cl.collective {
+	case coll.ReduceScatter:
+		cl.outBytes = cl.count * cl.esize
+	case coll.AllGather:
+		cl.inBytes = cl.count * cl.esize
+	}
+	return nil
+}
+
+// checkBuffer checks one buffer of a call: its kind matches the backend,
+// a typed buffer's dtype matches the call's, and host memory is long
+// enough and aligned for the element type.
+func (c *Communicator) checkBuffer(cl *call, name string, b Buffer, need int64) error {
+	want := c.b.memory()
+	switch {
+	case b.kind == noMemory:
+		return errorf(ErrInvalidArgument, "comm: %s: the %s is the zero Buffer; wrap memory with %s", cl.collective, name, want)
+	case b.kind != want && want == hostMemory:
+		return errorf(ErrInvalidArgument, "comm: %s: the %s is a DeviceBuffer given to a host communicator (Config.Device = comm.Host); pass host memory with HostBuffer or HostSlice", cl.collective, name)
+	case b.kind != want:
+		return errorf(ErrInvalidArgument, "comm: %s: the %s is a HostBuffer given to a GPU communicator (Config.Device %d); pass device memory with DeviceBuffer, or use Config.Device = comm.Host for CPU ranks", cl.collective, name, c.cfg.Device)
+	case b.dtype != "" && b.dtype != cl.dtype:
+		return errorf(ErrInvalidArgument, "comm: %s: the %s holds %s elements but the call's dtype is %s", cl.collective, name, b.dtype, cl.dtype)
+	case b.kind == deviceMemory:
+		if b.dev == 0 && need > 0 {
+			return errorf(ErrInvalidArgument, "comm: %s: the %s is DeviceBuffer(0)", cl.collective, name)
+		}
+		return nil
+	}
+	if int64(len(b.host)) < need {
+		return errorf(ErrInvalidArgument, "comm: %s: the %s has %d bytes; %d %s elements need %d", cl.collective, name, len(b.host), cl.count, cl.dtype, need)
+	}
+	if len(b.host) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b.host)))%uintptr(cl.dtype.Size()) != 0 {
+		return errorf(ErrInvalidArgument, "comm: %s: the %s is not %d-byte aligned for %s", cl.collective, name, cl.dtype.Size(), cl.dtype)
+	}
+	return nil
+}
+
+// choose picks the call's algorithm: the caller's, checked, or the rules'
+// (kernels.Selection.Choose, the runtime's one selection function; NCCL
+// where no rule covers the size), which the backend may still send to NCCL.
+func (c *Communicator) choose(cl *call) error {
+	if cl.o.Algorithm != coll.Auto {
+		cl.alg = cl.o.Algorithm
+		return c.b.prepare(cl, false)
+	}
+	cl.alg = coll.NCCL
+	if sel := c.b.rules(cl.collective); sel != nil {
+		cl.alg = coll.Algorithm(sel.Choose(cl.bytes))
+	}
+	return c.b.prepare(cl, true)
+}
+
+// chooseCall is the call Choose resolves: bytes of the full buffer, no
+// buffers.
+func (c *Communicator) chooseCall(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (*call, error) {
+	if c.closed.Load() {
+		return nil, errorf(ErrClosed, "comm: Choose on a closed communicator")
+	}
+	if !collective.Reduces() {
+		op = ""
+	}
+	if err := c.checkKind(collective, dtype, op); err != nil {
+		return nil, err
+	}
+	if bytes < 0 {
+		return nil, errorf(ErrInvalidArgument, "comm: Choose: negative size %d", bytes)
+	}
+	esize := int64(dtype.Size())
+	cl := &call{collective: collective, dtype: dtype, op: op, esize: esize, n: bytes / esize, bytes: bytes}
+	cl.count = cl.n
+	if collective != coll.AllReduce {
+		cl.count = cl.n / int64(c.cfg.WorldSize)
+	}
+	return cl, nil
+}
+
+// chunkElems is schedule.ChunkElems for a call and a kernel's vector width.
+func chunkElems(cl *call, world int, k *kernels.Kernel) int64 {
+	return int64(schedule.ChunkElems(string(cl.collective), int(cl.n), world, int(k.VecElems(int(cl.esize)))))
+}

@@ -1,0 +1,52 @@
+package comm
+
+import (
+	"context"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
+)
+
+// device is everything the GPU backend needs from CUDA, IPC and NCCL: the
+// shell that owns one rank's resources. gpuComm keeps the pure parts
+// (topology, region layout, selection and refusal, argument packing, grid
+// sizing, the status word's decoding) and reaches hardware only through
+// this interface; cudaDevice (gpu_cuda.go, cgo builds) implements it over
+// runtime/cuda, runtime/ipc and runtime/nccl, and CPU tests fake it.
+//
+// Ownership: the device frees everything it allocated, in reverse order,
+// in release; gpuComm only holds addresses into it.
+type device interface {
+	// ncclUnavailable says why NCCL cannot be loaded on this rank, or "".
+	ncclUnavailable() string
+	// openNCCL creates the NCCL communicator (collective over the store).
+	openNCCL(ctx context.Context, key string, rank, world int) error
+	// setup allocates and zeroes this rank's region of regionBytes and
+	// exchanges it with every rank (collective), allocates and zeroes
+	// seqBytes of sequence counters and the status word kernels report
+	// timeouts in. It returns every rank's region base, by rank, and the
+	// device addresses of the counters and the status word.
+	setup(ctx context.Context, key string, regionBytes, seqBytes int64) (regions []cuda.DevicePtr, seq, status cuda.DevicePtr, err error)
+	// symmetric allocates bytes on every rank (collective) and returns the
+	// local base and every rank's address of its buffer, by rank.
+	symmetric(ctx context.Context, key string, bytes int) (base cuda.DevicePtr, peers []cuda.DevicePtr, err error)
+	// launch runs kernel k on s (nil: the device's own stream) with grid
+	// blocks of block threads and args as its by-value argument struct,
+	// loading the kernel on first use.
+	launch(k *kernels.Kernel, grid, block uint32, args []byte, s *cuda.Stream) error
+	// runNCCL hands a resolved call to NCCL on s.
+	runNCCL(cl *call, s *cuda.Stream) error
+	// synchronize waits for s (nil: the device's own stream).
+	synchronize(s *cuda.Stream) error
+	// ncclError returns NCCL's asynchronous error, if any (nil without
+	// NCCL).
+	ncclError() error
+	// status reads the status word (0: no kernel reported anything).
+	status() uint64
+	// cudaDevice and stream are the handles users see (nil in fakes).
+	cudaDevice() *cuda.Device
+	stream() *cuda.Stream
+	// release frees what the device owns; the caller has made sure no
+	// peer still reads it (Close's barrier) or that set-up failed.
+	release() error
+}

@@ -1,0 +1,112 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/collgen/collgen/runtime/host"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// Sentinel errors. Every error a Communicator returns wraps exactly one of
+// them, so callers branch with errors.Is; the message keeps the details
+// (which rank, which values, what to change).
+var (
+	// ErrInvalidArgument: the call or Config cannot describe a collective
+	// (unknown dtype or op, negative or overflowing count, a buffer too
+	// small, of the wrong kind or dtype, an algorithm that cannot run it).
+	ErrInvalidArgument = errors.New("comm: invalid argument")
+	// ErrMismatch: ranks disagree (world size, rank set, library, set-up,
+	// or, in the debug check mode, a call's arguments).
+	ErrMismatch = errors.New("comm: ranks disagree")
+	// ErrTimeout: a rank waited for a peer past the deadline. A
+	// *TimeoutError from a kernel matches it too.
+	ErrTimeout = errors.New("comm: timeout")
+	// ErrAborted: a peer failed, or an earlier failure left the
+	// communicator unusable; make a new one.
+	ErrAborted = errors.New("comm: aborted")
+	// ErrClosed: the communicator was closed.
+	ErrClosed = errors.New("comm: closed")
+	// ErrUnsupported: this build or machine cannot do what was asked (no
+	// cgo, no GPU or driver, NCCL unavailable, no kernel for an explicitly
+	// requested algorithm).
+	ErrUnsupported = errors.New("comm: unsupported")
+	// ErrBusy: another goroutine is issuing a collective on the same GPU
+	// communicator; calls on one GPU communicator must not overlap.
+	ErrBusy = errors.New("comm: busy")
+	// ErrDevice: a CUDA driver, NVRTC or NCCL call failed.
+	ErrDevice = errors.New("comm: device error")
+)
+
+// sentinels lists comm's sentinels, for classify.
+var sentinels = []error{ErrInvalidArgument, ErrMismatch, ErrTimeout, ErrAborted, ErrClosed, ErrUnsupported, ErrBusy, ErrDevice}
+
+// kindError is an error of one sentinel kind: its message is err's, and it
+// unwraps to both err (the cause chain stays intact) and kind.
+type kindError struct {
+	kind error
+	err  error
+}
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.err, e.kind} }
+
+// errorf formats an error of the given kind; %w in format wraps a cause.
+func errorf(kind error, format string, args ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, args...)}
+}
+
+// classify makes err match one of comm's sentinels: an error that already
+// does is returned as is; errors of the host backend, the rendezvous store
+// and contexts are mapped to their kind; anything else is a device error.
+// classify(nil) is nil.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return err
+		}
+	}
+	kind := ErrDevice
+	switch {
+	case errors.Is(err, host.ErrInvalidArgument):
+		kind = ErrInvalidArgument
+	case errors.Is(err, host.ErrMismatch), errors.Is(err, rendezvous.ErrWorldSizeMismatch), errors.Is(err, rendezvous.ErrDuplicateRank):
+		kind = ErrMismatch
+	case errors.Is(err, host.ErrClosed), errors.Is(err, rendezvous.ErrClosed):
+		kind = ErrClosed
+	case errors.Is(err, host.ErrPeerFailed), errors.Is(err, host.ErrBroken), errors.Is(err, context.Canceled):
+		kind = ErrAborted
+	case errors.Is(err, host.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		kind = ErrTimeout
+	}
+	return &kindError{kind: kind, err: err}
+}
+
+// TimeoutError is a kernel's report that a rank waited too long for a peer.
+// errors.Is(err, ErrTimeout) is true for it.
+type TimeoutError struct {
+	Kernel  string // the kernel that timed out
+	Rank    int    // the rank that waited
+	Peer    int    // the rank it waited for
+	Barrier int    // which barrier of the kernel; for Data, the phase
+	Block   int
+	// Data: an LL kernel waited for the peer's data (there are no barriers).
+	Data bool
+}
+
+// Error names the kernel, both ranks and where the wait was.
+func (e *TimeoutError) Error() string {
+	at := fmt.Sprintf("at barrier %d", e.Barrier)
+	if e.Data {
+		at = fmt.Sprintf("for its data in phase %d", e.Barrier)
+	}
+	return fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d %s (block %d); the peer is dead, stalled or issuing a different collective",
+		e.Kernel, e.Rank, e.Peer, at, e.Block)
+}
+
+// Is makes errors.Is(err, ErrTimeout) true for a *TimeoutError.
+func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }

@@ -1,0 +1,251 @@
+//go:build cgo
+
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/ipc"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/nccl"
+)
+
+// cudaDevice is the device over runtime/cuda, runtime/ipc and runtime/nccl.
+// It owns, and release frees in reverse order of creation: the NCCL
+// communicator, symmetric buffers and their mappings, the region's
+// mapping, the region, the sequence counters, the status word, loaded
+// modules, the fatbin, the stream and the device's context.
+type cudaDevice struct {
+	cfg    Config
+	lib    *kernels.Library
+	dev    *cuda.Device
+	own    *cuda.Stream
+	fatbin *cuda.Module
+	comm   *nccl.Comm
+
+	region    cuda.DevicePtr
+	regionMap *ipc.Mapping
+	seq       cuda.DevicePtr
+	statusBuf *cuda.HostBuffer
+
+	mu      sync.Mutex // guards funcs, modules, syms
+	funcs   map[string]*cuda.Function
+	modules []*cuda.Module
+	syms    []symAlloc
+}
+
+// symAlloc is one symmetric buffer the device owns.
+type symAlloc struct {
+	base cuda.DevicePtr
+	m    *ipc.Mapping
+}
+
+// openDevice opens Config.Device, its stream and the fatbin, if any.
+func openDevice(cfg Config) (device, error) {
+	dev, err := cuda.Open(cfg.Device)
+	if err != nil {
+		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cfg.Device, err)
+	}
+	d := &cudaDevice{cfg: cfg, lib: cfg.Library, dev: dev, funcs: map[string]*cuda.Function{}}
+	if d.own, err = dev.NewStream(); err != nil {
+		return nil, errors.Join(err, d.release())
+	}
+	if cfg.FatbinPath != "" {
+		if d.fatbin, err = dev.LoadFatbinFile(cfg.FatbinPath); err != nil {
+			return nil, errors.Join(fmt.Errorf("comm: load fatbin %s: %w", cfg.FatbinPath, err), d.release())
+		}
+	}
+	return d, nil
+}
+
+func (d *cudaDevice) ncclUnavailable() string {
+	if _, err := nccl.Load(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
+	d.comm, err = nccl.NewComm(ctx, d.cfg.Store, key, rank, world, d.dev)
+	return err
+}
+
+func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqBytes int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
+	var err error
+	if d.region, err = d.dev.Alloc(int(regionBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := d.dev.Memset8(d.region, 0, int(regionBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	if d.seq, err = d.dev.Alloc(int(seqBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := d.dev.Memset8(d.seq, 0, int(seqBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	if d.statusBuf, err = d.dev.HostAlloc(8, true); err != nil {
+		return nil, 0, 0, err
+	}
+	if d.regionMap, err = ipc.Exchange(ctx, d.cfg.Store, key, d.cfg.Rank, d.cfg.WorldSize, d.dev, d.region, int(regionBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	return d.regionMap.Peers(), d.seq, d.statusBuf.DevPtr, nil
+}
+
+func (d *cudaDevice) symmetric(ctx context.Context, key string, bytes int) (cuda.DevicePtr, []cuda.DevicePtr, error) {
+	p, err := d.dev.Alloc(bytes)
+	if err != nil {
+		return 0, nil, err
+	}
+	m, err := ipc.Exchange(ctx, d.cfg.Store, key, d.cfg.Rank, d.cfg.WorldSize, d.dev, p, bytes)
+	if err != nil {
+		return 0, nil, errors.Join(err, d.dev.Free(p))
+	}
+	d.mu.Lock()
+	d.syms = append(d.syms, symAlloc{base: p, m: m})
+	d.mu.Unlock()
+	return p, m.Peers(), nil
+}
+
+// function returns the loaded kernel, compiling or loading it on first use.
+func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f := d.funcs[k.Name]; f != nil {
+		return f, nil
+	}
+	m := d.fatbin
+	if m == nil {
+		src, ok := d.lib.Sources[k.Source]
+		if !ok {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: source %s is not in the library", k.Name, k.Source)
+		}
+		var err error
+		m, err = d.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
+			Headers: d.lib.Headers, Options: []string{"--std=c++17"}}, d.cfg.Cache)
+		if err != nil {
+			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+		}
+		d.modules = append(d.modules, m)
+	}
+	f, err := m.Function(k.Name)
+	if err != nil {
+		return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+	}
+	d.funcs[k.Name] = f
+	return f, nil
+}
+
+func (d *cudaDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, s *cuda.Stream) error {
+	f, err := d.function(k)
+	if err != nil {
+		return err
+	}
+	if s == nil {
+		s = d.own
+	}
+	return f.Launch([3]uint32{grid, 1, 1}, [3]uint32{block, 1, 1}, 0, s, args)
+}
+
+func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
+	if s == nil {
+		s = d.own
+	}
+	dt, ok := cl.dtype.NCCL()
+	if !ok {
+		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", cl.dtype)
+	}
+	switch cl.collective {
+	case coll.AllReduce, coll.ReduceScatter:
+		op, ok := cl.op.NCCL()
+		if !ok {
+			return errorf(ErrUnsupported, "comm: NCCL has no op %s", cl.op)
+		}
+		if cl.collective == coll.AllReduce {
+			return d.comm.AllReduce(cl.in.dev, cl.out.dev, int(cl.n), nccl.DataType(dt), nccl.RedOp(op), s)
+		}
+		return d.comm.ReduceScatter(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), nccl.RedOp(op), s)
+	}
+	return d.comm.AllGather(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), s)
+}
+
+func (d *cudaDevice) synchronize(s *cuda.Stream) error {
+	if s == nil {
+		s = d.own
+	}
+	if s == nil {
+		return nil
+	}
+	return s.Synchronize()
+}
+
+func (d *cudaDevice) ncclError() error {
+	if d.comm == nil {
+		return nil
+	}
+	return d.comm.AsyncError()
+}
+
+func (d *cudaDevice) status() uint64 {
+	if d.statusBuf == nil {
+		return 0
+	}
+	lo := d.statusBuf.LoadUint32(0)
+	if lo == 0 {
+		return 0
+	}
+	return uint64(d.statusBuf.LoadUint32(4))<<32 | uint64(lo)
+}
+
+func (d *cudaDevice) cudaDevice() *cuda.Device { return d.dev }
+
+func (d *cudaDevice) stream() *cuda.Stream { return d.own }
+
+func (d *cudaDevice) release() error {
+	var errs []error
+	if d.comm != nil {
+		errs = append(errs, d.comm.Destroy())
+		d.comm = nil
+	}
+	for _, sb := range d.syms {
+		errs = append(errs, sb.m.Close(), d.dev.Free(sb.base))
+	}
+	d.syms = nil
+	if d.regionMap != nil {
+		errs = append(errs, d.regionMap.Close())
+		d.regionMap = nil
+	}
+	for _, p := range []*cuda.DevicePtr{&d.region, &d.seq} {
+		if *p != 0 {
+			errs = append(errs, d.dev.Free(*p))
+			*p = 0
+		}
+	}
+	if d.statusBuf != nil {
+		errs = append(errs, d.statusBuf.Free())
+		d.statusBuf = nil
+	}
+	for _, m := range d.modules {
+		errs = append(errs, m.Unload())
+	}
+	d.modules, d.funcs = nil, map[string]*cuda.Function{}
+	if d.fatbin != nil {
+		errs = append(errs, d.fatbin.Unload())
+		d.fatbin = nil
+	}
+	if d.own != nil {
+		errs = append(errs, d.own.Destroy())
+		d.own = nil
+	}
+	if d.dev != nil {
+		errs = append(errs, d.dev.Close())
+		d.dev = nil
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,186 @@
+package comm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// Store keys of group formation, under Communicator.prefix:
+//
+//	world      the world size, set by the first rank to arrive (CAS)
+//	rank/<r>   rank r's claim, set once (CAS); deleted by its Close
+//	poison     a counter, nonzero once a rank found the group cannot form
+//	why        why, set before poison is bumped
+//	agree      the all-gathered membership records
+//	left       how many ranks have closed; the last one removes world
+//
+// A group name is formed once at a time per store: a second rank with the
+// same index is refused (ErrMismatch) before it touches anything the live
+// rank owns (no segment, no device memory), and the name can be formed
+// again once every rank has closed.
+
+// pollEvery is how often a rank waiting for the others to join looks at
+// the poison counter.
+const pollEvery = 20 * time.Millisecond
+
+// membership is what every rank publishes once all have joined; all must
+// match.
+type membership struct {
+	World   int    `json:"world"`
+	Backend string `json:"backend"` // "gpu", "host" or "host-shared"
+	Library string `json:"library"` // sha256 of the library's manifest
+}
+
+// form joins the group: it claims the world size and this rank through the
+// store, waits for every rank (failing fast when another rank poisons the
+// group) and then checks that every rank has the same membership record.
+// Every failure names both values and wraps ErrMismatch or ErrTimeout.
+func (c *Communicator) form(ctx context.Context) error {
+	cfg, st := c.cfg, c.cfg.Store
+	ws := []byte(strconv.Itoa(cfg.WorldSize))
+	cur, swapped, err := st.CompareAndSet(ctx, c.prefix+"world", nil, ws)
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+	}
+	if !swapped && string(cur) != string(ws) {
+		return c.poison(ctx, fmt.Sprintf("rank %d has world size %d, but group %q was formed with world size %s; start every rank with the same world size",
+			cfg.Rank, cfg.WorldSize, cfg.Group, cur))
+	}
+	var tok [8]byte
+	rand.Read(tok[:])
+	_, swapped, err = st.CompareAndSet(ctx, c.rankKey(cfg.Rank), nil, []byte(hex.EncodeToString(tok[:])))
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+	}
+	if !swapped {
+		// Not poisoned: the group with the first holder of this rank may
+		// be running, and this caller must not disturb it.
+		return errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank); give each rank its own Config.Rank, or name a new Config.Group",
+			cfg.Rank, cfg.Group)
+	}
+	if err := c.waitJoined(ctx); err != nil {
+		return err
+	}
+	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest)))}
+	if cfg.Device == Host {
+		mine.Backend = "host"
+		if cfg.HostShared {
+			mine.Backend = "host-shared"
+		}
+	}
+	blob, _ := json.Marshal(mine)
+	all, err := rendezvous.AllGather(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, blob)
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: agree on membership of group %q: %w", cfg.Rank, cfg.Group, err))
+	}
+	for r, b := range all {
+		var m membership
+		if err := json.Unmarshal(b, &m); err != nil {
+			return errorf(ErrMismatch, "comm: rank %d sent a malformed membership record: %w", r, err)
+		}
+		switch {
+		case m.Backend != mine.Backend:
+			return errorf(ErrMismatch, "comm: rank %d uses the %s backend, rank %d the %s backend; pass the same kind of Config.Device (a GPU ordinal, or comm.Host) and HostShared on every rank",
+				r, m.Backend, cfg.Rank, mine.Backend)
+		case m.Library != mine.Library:
+			return errorf(ErrMismatch, "comm: rank %d uses a different generated library than rank %d (manifest hash %.12s, here %.12s); build every rank from the same generated code",
+				r, cfg.Rank, m.Library, mine.Library)
+		}
+	}
+	// A rank that found a mismatch after this one joined (say a third rank
+	// with another world size) fails every rank that has not returned yet.
+	return c.poisoned(ctx)
+}
+
+func (c *Communicator) rankKey(r int) string { return c.prefix + "rank/" + strconv.Itoa(r) }
+
+// poison records why the group cannot form, so ranks waiting for it fail
+// at once instead of timing out, and returns that reason as an error.
+func (c *Communicator) poison(ctx context.Context, why string) error {
+	st := c.cfg.Store
+	if err := st.Set(ctx, c.prefix+"why", []byte(why)); err == nil {
+		st.Add(ctx, c.prefix+"poison", 1)
+	}
+	return errorf(ErrMismatch, "comm: %s", why)
+}
+
+// poisoned returns the group's poison as an ErrMismatch error, or nil.
+func (c *Communicator) poisoned(ctx context.Context) error {
+	st := c.cfg.Store
+	n, err := st.Add(ctx, c.prefix+"poison", 0)
+	if err != nil || n == 0 {
+		return classify(err)
+	}
+	why, _ := st.Get(ctx, c.prefix+"why")
+	return errorf(ErrMismatch, "comm: rank %d: group %q cannot form: %s", c.cfg.Rank, c.cfg.Group, why)
+}
+
+// waitJoined waits until every rank has claimed its index, checking the
+// poison counter between short waits.
+func (c *Communicator) waitJoined(ctx context.Context) error {
+	cfg := c.cfg
+	keys := make([]string, cfg.WorldSize)
+	for r := range keys {
+		keys[r] = c.rankKey(r)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		// Ranks may start minutes apart (process launch, driver
+		// initialisation): the rendezvous default bounds the join.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rendezvous.DefaultTimeout)
+		defer cancel()
+	}
+	for {
+		wctx, wcancel := context.WithTimeout(ctx, pollEvery)
+		err := cfg.Store.Wait(wctx, keys...)
+		wcancel()
+		if err == nil {
+			return nil
+		}
+		if perr := c.poisoned(ctx); perr != nil {
+			return perr
+		}
+		if ctx.Err() != nil {
+			var we *rendezvous.WaitError
+			missing := ""
+			if errors.As(err, &we) {
+				missing = fmt.Sprintf("; missing %q", we.Missing)
+			}
+			return errorf(ErrTimeout, "comm: rank %d: group %q did not form: not every one of %d ranks joined in time%s: %w", cfg.Rank, cfg.Group, cfg.WorldSize, missing, ctx.Err())
+		}
+		if !errors.Is(err, rendezvous.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+		}
+	}
+}
+
+// leave gives up this rank's claim on the group name; the last rank to
+// leave removes the world size and the poison, so the name can be formed
+// again.
+func (c *Communicator) leave() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
+	st := c.cfg.Store
+	if _, err := st.Delete(ctx, c.rankKey(c.cfg.Rank)); err != nil {
+		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
+	}
+	n, err := st.Add(ctx, c.prefix+"left", 1)
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
+	}
+	if n == int64(c.cfg.WorldSize) {
+		for _, k := range []string{"world", "poison", "why", "left"} {
+			st.Delete(ctx, c.prefix+k)
+		}
+	}
+	return nil
+}

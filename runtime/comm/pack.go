@@ -1,0 +1,102 @@
+package comm
+
+import (
+	"encoding/binary"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
+)
+
+// args is one launch's arguments, before packing.
+type args struct {
+	input, output          cuda.DevicePtr
+	stage, scratch, signal []cuda.DevicePtr // by rank
+	seq, status            cuda.DevicePtr
+	count, chunk           uint64
+	timeoutNs, slotBytes   uint64
+	rank                   uint64
+}
+
+// field is a resolved member of an argument struct: its byte offset and
+// the size of one element (4 or 8).
+type field struct{ off, size int }
+
+// packer writes one kernel's argument struct. Its fields are resolved
+// once per kernel (at New), so a launch writes 10+3W words at known
+// offsets instead of searching the layout for each.
+type packer struct {
+	size                               int
+	input, output, seq, status         field
+	count, chunk, timeout, slot, rankF field
+	kernelID                           field
+	stage, scratch, signal             field // arrays of W pointers
+	id                                 uint64
+	world                              int
+}
+
+// newPacker resolves kernel k's layout; id is k's index in the library's
+// Kernels (what a kernel reports in the status word). A layout missing a
+// member or with an array shorter than the world size is an error: the
+// generated code and the runtime disagree.
+func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
+	p := &packer{size: k.Args.Size, id: uint64(id), world: world}
+	for _, m := range []struct {
+		name  string
+		dst   *field
+		count int
+	}{
+		{"input", &p.input, 1}, {"output", &p.output, 1}, {"seq", &p.seq, 1}, {"status", &p.status, 1},
+		{"count", &p.count, 1}, {"chunk", &p.chunk, 1}, {"timeout_ns", &p.timeout, 1}, {"slot_bytes", &p.slot, 1},
+		{"rank", &p.rankF, 1}, {"kernel_id", &p.kernelID, 1},
+		{"stage", &p.stage, world}, {"scratch", &p.scratch, world}, {"signal", &p.signal, world},
+	} {
+		i := -1
+		for j, f := range k.Args.Fields {
+			if f.Name == m.name {
+				i = j
+				break
+			}
+		}
+		if i < 0 {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: argument struct %s has no member %q; regenerate the library", k.Name, k.Args.CType, m.name)
+		}
+		f := k.Args.Fields[i]
+		if (f.Size != 4 && f.Size != 8) || f.Count < m.count || f.Offset < 0 || f.Offset+f.Size*m.count > k.Args.Size {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: member %s of %s (offset %d, %d x %d bytes) does not fit %d values in a %d-byte struct; regenerate the library",
+				k.Name, m.name, k.Args.CType, f.Offset, f.Count, f.Size, m.count, k.Args.Size)
+		}
+		*m.dst = field{off: f.Offset, size: f.Size}
+	}
+	return p, nil
+}
+
+// put writes v as element i of f.
+func put(a []byte, f field, i int, v uint64) {
+	o := f.off + i*f.size
+	if f.size == 4 {
+		binary.LittleEndian.PutUint32(a[o:], uint32(v))
+	} else {
+		binary.LittleEndian.PutUint64(a[o:], v)
+	}
+}
+
+// pack returns the argument struct for a.
+func (p *packer) pack(a args) []byte {
+	b := make([]byte, p.size)
+	put(b, p.input, 0, uint64(a.input))
+	put(b, p.output, 0, uint64(a.output))
+	for r := 0; r < p.world; r++ {
+		put(b, p.stage, r, uint64(a.stage[r]))
+		put(b, p.scratch, r, uint64(a.scratch[r]))
+		put(b, p.signal, r, uint64(a.signal[r]))
+	}
+	put(b, p.seq, 0, uint64(a.seq))
+	put(b, p.status, 0, uint64(a.status))
+	put(b, p.count, 0, a.count)
+	put(b, p.chunk, 0, a.chunk)
+	put(b, p.timeout, 0, a.timeoutNs)
+	put(b, p.slot, 0, a.slotBytes)
+	put(b, p.rankF, 0, a.rank)
+	put(b, p.kernelID, 0, p.id)
+	return b
+}
