@@ -100,7 +100,9 @@ func (o Options) ctx() context.Context {
 // into a plan, which the backend executes.
 type Communicator struct {
 	cfg    Config
-	prefix string // store keys: "collgen/comm/<group>/"
+	base   string // store keys of the group name: "collgen/comm/<group>/"
+	prefix string // store keys of this formation: base + "<nonce>/"
+	record []byte // the world record this formation was made under
 	b      backend
 	gpu    *gpuComm // nil on the host backend
 	// busy is held for the whole of a GPU call: calls on one GPU
@@ -148,7 +150,7 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	c := &Communicator{cfg: cfg, prefix: "collgen/comm/" + cfg.Group + "/"}
+	c := &Communicator{cfg: cfg}
 	if on, err := debugCheckEnabled(); err != nil {
 		return nil, err
 	} else if on {

@@ -97,13 +97,15 @@ type gpuAgreement struct {
 
 // newGPU opens the rank's device and sets up the GPU backend on it.
 func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (device, error)) (*gpuComm, error) {
-	g, err := newGPUState(cfg, prefix)
-	if err != nil {
-		return nil, err
-	}
+	// The device first: without one, what to set (Config.Device) matters
+	// more than which world sizes the library has kernels for.
 	dev, err := open(cfg)
 	if err != nil {
 		return nil, err
+	}
+	g, err := newGPUState(cfg, prefix)
+	if err != nil {
+		return nil, errors.Join(err, dev.release())
 	}
 	if err := g.setup(ctx, dev); err != nil {
 		return nil, errors.Join(err, dev.release())

@@ -9,24 +9,31 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// Store keys of group formation, under Communicator.prefix:
+// Store keys of group formation. Under "collgen/comm/<group>/":
 //
-//	world      the world size, set by the first rank to arrive (CAS)
+//	world      "<world size>/<nonce>", set by the first rank to arrive (CAS);
+//	           removed by the last member to leave
+//
+// and under Communicator.prefix, "collgen/comm/<group>/<nonce>/", so every
+// formation of a group name starts with fresh keys and fresh generation
+// counters:
+//
 //	rank/<r>   rank r's claim, set once (CAS); deleted by its Close
+//	members    how many ranks hold a claim
 //	poison     a counter, nonzero once a rank found the group cannot form
 //	why        why, set before poison is bumped
 //	agree      the all-gathered membership records
-//	left       how many ranks have closed; the last one removes world
 //
 // A group name is formed once at a time per store: a second rank with the
 // same index is refused (ErrMismatch) before it touches anything the live
 // rank owns (no segment, no device memory), and the name can be formed
-// again once every rank has closed.
+// again once every member has closed.
 
 // pollEvery is how often a rank waiting for the others to join looks at
 // the poison counter.
@@ -46,18 +53,26 @@ type membership struct {
 // Every failure names both values and wraps ErrMismatch or ErrTimeout.
 func (c *Communicator) form(ctx context.Context) error {
 	cfg, st := c.cfg, c.cfg.Store
-	ws := []byte(strconv.Itoa(cfg.WorldSize))
-	cur, swapped, err := st.CompareAndSet(ctx, c.prefix+"world", nil, ws)
+	base := "collgen/comm/" + cfg.Group + "/"
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	ws := strconv.Itoa(cfg.WorldSize)
+	cur, _, err := st.CompareAndSet(ctx, base+"world", nil, []byte(ws+"/"+hex.EncodeToString(nonce[:])))
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
 	}
-	if !swapped && string(cur) != string(ws) {
+	formed, id, ok := strings.Cut(string(cur), "/")
+	if !ok {
+		return errorf(ErrMismatch, "comm: rank %d: store key %sworld holds %q, not a group record; is another program using group %q?", cfg.Rank, base, cur, cfg.Group)
+	}
+	c.base, c.prefix, c.record = base, base+id+"/", cur
+	if formed != ws {
 		return c.poison(ctx, fmt.Sprintf("rank %d has world size %d, but group %q was formed with world size %s; start every rank with the same world size",
-			cfg.Rank, cfg.WorldSize, cfg.Group, cur))
+			cfg.Rank, cfg.WorldSize, cfg.Group, formed))
 	}
 	var tok [8]byte
 	rand.Read(tok[:])
-	_, swapped, err = st.CompareAndSet(ctx, c.rankKey(cfg.Rank), nil, []byte(hex.EncodeToString(tok[:])))
+	_, swapped, err := st.CompareAndSet(ctx, c.rankKey(cfg.Rank), nil, []byte(hex.EncodeToString(tok[:])))
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
 	}
@@ -67,6 +82,18 @@ func (c *Communicator) form(ctx context.Context) error {
 		return errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank); give each rank its own Config.Rank, or name a new Config.Group",
 			cfg.Rank, cfg.Group)
 	}
+	if _, err := st.Add(ctx, c.prefix+"members", 1); err != nil {
+		return errors.Join(classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err)), c.leave())
+	}
+	if err := c.agree(ctx); err != nil {
+		return errors.Join(err, c.leave())
+	}
+	return nil
+}
+
+// agree waits for every rank to join and checks their membership records.
+func (c *Communicator) agree(ctx context.Context) error {
+	cfg, st := c.cfg, c.cfg.Store
 	if err := c.waitJoined(ctx); err != nil {
 		return err
 	}
@@ -163,9 +190,8 @@ func (c *Communicator) waitJoined(ctx context.Context) error {
 	}
 }
 
-// leave gives up this rank's claim on the group name; the last rank to
-// leave removes the world size and the poison, so the name can be formed
-// again.
+// leave gives up this rank's claim on the group name; the last member to
+// leave removes the world record, so the name can be formed again.
 func (c *Communicator) leave() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
@@ -173,13 +199,14 @@ func (c *Communicator) leave() error {
 	if _, err := st.Delete(ctx, c.rankKey(c.cfg.Rank)); err != nil {
 		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
 	}
-	n, err := st.Add(ctx, c.prefix+"left", 1)
+	n, err := st.Add(ctx, c.prefix+"members", -1)
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
 	}
-	if n == int64(c.cfg.WorldSize) {
-		for _, k := range []string{"world", "poison", "why", "left"} {
-			st.Delete(ctx, c.prefix+k)
+	if n == 0 {
+		// Only this formation's record: a new one may already be forming.
+		if _, same, err := st.CompareAndSet(ctx, c.base+"world", c.record, c.record); err == nil && same {
+			st.Delete(ctx, c.base+"world")
 		}
 	}
 	return nil

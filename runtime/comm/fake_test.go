@@ -1,0 +1,338 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// fakeDevice stands in for a GPU: it records launches and NCCL calls.
+// Nothing runs. worldDevice completes it with the collective set-up calls.
+type fakeDevice struct {
+	rank int
+
+	mu        sync.Mutex
+	launches  []fakeLaunch
+	nccl      []coll.Algorithm
+	released  bool
+	nextSym   cuda.DevicePtr
+	statusVal uint64
+
+	// hold, when set, makes launch signal entered and then wait for it to
+	// be closed (the busy test).
+	hold    chan struct{}
+	entered chan struct{}
+}
+
+// fakeLaunch is one recorded launch.
+type fakeLaunch struct {
+	kernel      *kernels.Kernel
+	grid, block uint32
+	args        []byte
+}
+
+// fakeRegion is rank r's made-up region base.
+func fakeRegion(r int) cuda.DevicePtr { return cuda.DevicePtr(0x7000_0000_0000 + r<<32) }
+
+func (d *fakeDevice) ncclUnavailable() string { return "" }
+func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
+	return nil
+}
+
+func (d *fakeDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, _ *cuda.Stream) error {
+	if d.hold != nil {
+		d.entered <- struct{}{}
+		<-d.hold
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.launches = append(d.launches, fakeLaunch{k, grid, block, args})
+	return nil
+}
+
+func (d *fakeDevice) runNCCL(cl *call, _ *cuda.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nccl = append(d.nccl, cl.alg)
+	return nil
+}
+
+func (d *fakeDevice) synchronize(*cuda.Stream) error { return nil }
+func (d *fakeDevice) ncclError() error               { return nil }
+func (d *fakeDevice) status() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.statusVal
+}
+func (d *fakeDevice) cudaDevice() *cuda.Device { return nil }
+func (d *fakeDevice) stream() *cuda.Stream     { return nil }
+func (d *fakeDevice) release() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.released = true
+	return nil
+}
+
+// worldDevice is a fakeDevice that knows the world size, so it can answer
+// the collective set-up calls.
+type worldDevice struct {
+	*fakeDevice
+	world int
+}
+
+func (d worldDevice) setup(context.Context, string, int64, int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
+	regions := make([]cuda.DevicePtr, d.world)
+	for r := range regions {
+		regions[r] = fakeRegion(r)
+	}
+	return regions, fakeRegion(d.rank) + 1<<30, fakeRegion(d.rank) + 2<<30, nil
+}
+
+func (d worldDevice) symmetric(_ context.Context, _ string, bytes int) (cuda.DevicePtr, []cuda.DevicePtr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	off := 3<<30 + d.nextSym
+	d.nextSym += cuda.DevicePtr(bytes)
+	peers := make([]cuda.DevicePtr, d.world)
+	for r := range peers {
+		peers[r] = fakeRegion(r) + off
+	}
+	return peers[d.rank], peers, nil
+}
+
+// fakeComms makes world goroutine-rank GPU communicators over fake devices.
+func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDevice) {
+	t.Helper()
+	store := rendezvous.NewMemStore()
+	if cfg.Library == nil {
+		cfg.Library = collectives.Library
+	}
+	if cfg.Group == "" {
+		cfg.Group = t.Name()
+	}
+	comms := make([]*Communicator, world)
+	devs := make([]*fakeDevice, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		devs[r] = &fakeDevice{rank: r}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Rank, c.WorldSize, c.Device, c.Store = r, world, r, store
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			comms[r], errs[r] = newComm(ctx, c, func(Config) (device, error) { return worldDevice{devs[r], world}, nil })
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return comms, devs
+}
+
+// onRanks runs fn on every rank concurrently and returns the errors.
+func onRanks(comms []*Communicator, fn func(r int, c *Communicator) error) []error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = fn(r, c) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+func closeAll(t *testing.T, comms []*Communicator) {
+	t.Helper()
+	if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error { return c.Close() })...); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestFakeGPULaunch runs calls through the whole GPU path on fake devices:
+// selection, the packed argument struct (decoded with the generated Go
+// mirror of the C struct), grid sizing, NCCL hand-off, release.
+func TestFakeGPULaunch(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	const n = 3000 // bf16: 6000 bytes, oneshot_ll by the rules
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.BF16, coll.Sum, Options{}); err != nil {
+			return err
+		}
+		if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShot}); err != nil {
+			return err
+		}
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64<<20, coll.BF16, coll.Sum, Options{})
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	g := comms[1].gpu
+	for r, d := range devs {
+		if len(d.launches) != 2 || len(d.nccl) != 1 || d.nccl[0] != coll.NCCL {
+			t.Fatalf("rank %d: %d launches, NCCL calls %v; want 2 launches and one NCCL call (128 MiB)", r, len(d.launches), d.nccl)
+		}
+	}
+	for i, want := range []string{"allreduce_oneshot_ll_bf16_sum_w2", "allreduce_twoshot_bf16_sum_w2"} {
+		l := devs[1].launches[i]
+		if l.kernel.Name != want {
+			t.Fatalf("launch %d: kernel %s, want %s", i, l.kernel.Name, want)
+		}
+		var a collectives.ArgsW2
+		if err := binary.Read(bytes.NewReader(l.args), binary.LittleEndian, &a); err != nil || len(l.args) != l.kernel.Args.Size {
+			t.Fatalf("launch %d: %d argument bytes for a %d-byte struct: %v", i, len(l.args), l.kernel.Args.Size, err)
+		}
+		proto := coll.Protocol(l.kernel.Protocol)
+		off := uint64(0)
+		for _, p := range g.protocols {
+			if p == proto {
+				break
+			}
+			off += uint64(g.area[p])
+		}
+		id := -1
+		for j := range collectives.Library.Kernels {
+			if &collectives.Library.Kernels[j] == l.kernel {
+				id = j
+			}
+		}
+		chunk := chunkElems(&call{collective: coll.AllReduce, n: n, esize: 2}, 2, l.kernel)
+		want := collectives.ArgsW2{Input: 0x1000, Output: 0x9000,
+			Stage:   [2]uint64{uint64(fakeRegion(0)) + off, uint64(fakeRegion(1)) + off},
+			Scratch: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes), uint64(fakeRegion(1)) + 2*uint64(g.slotBytes)},
+			Signal: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier]),
+				uint64(fakeRegion(1)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier])},
+			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk),
+			TimeoutNs: uint64(DefaultTimeout), SlotBytes: uint64(g.slotBytes), Rank: 1, KernelId: int32(id)}
+		if a != want {
+			t.Errorf("launch %d: arguments\n%+v\nwant\n%+v", i, a, want)
+		}
+		units := 2 * l.kernel.ThreadUnits(chunk, 2)
+		blocks := min(max((units+int64(l.kernel.Launch.Threads)-1)/int64(l.kernel.Launch.Threads), 1), int64(l.kernel.Launch.MaxBlocks))
+		if l.grid != uint32(blocks) || l.block != uint32(l.kernel.Launch.Threads) {
+			t.Errorf("launch %d: grid %d x %d, want %d x %d", i, l.grid, l.block, blocks, l.kernel.Launch.Threads)
+		}
+	}
+	closeAll(t, comms)
+	for r, d := range devs {
+		if !d.released {
+			t.Errorf("rank %d: Close did not release the device", r)
+		}
+	}
+	if err := comms[0].AllReduce(DeviceBuffer(1), DeviceBuffer(1), 1, coll.F32, coll.Sum, Options{}); !errors.Is(err, ErrClosed) {
+		t.Errorf("call after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestFakeGPUBusy checks the rule for two goroutines on one GPU
+// communicator: the second gets ErrBusy at once (no wait, no shared
+// counters), and the communicator works afterwards.
+func TestFakeGPUBusy(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	d := devs[0]
+	d.hold, d.entered = make(chan struct{}), make(chan struct{})
+	first := make(chan error)
+	go func() {
+		first <- comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 64, coll.F32, coll.Sum, Options{})
+	}()
+	<-d.entered
+	start := time.Now()
+	err := comms[0].AllGather(DeviceBuffer(0x1000), DeviceBuffer(0x2000), 64, coll.F32, Options{})
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "another goroutine") {
+		t.Errorf("second goroutine: %v, want ErrBusy", err)
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("ErrBusy took %v", el)
+	}
+	close(d.hold)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	d.hold = nil
+	if err := comms[0].AllGather(DeviceBuffer(0x1000), DeviceBuffer(0x2000), 64, coll.F32, Options{}); err != nil {
+		t.Errorf("after the first call returned: %v", err)
+	}
+	if len(d.launches) != 2 {
+		t.Errorf("%d launches, want 2", len(d.launches))
+	}
+}
+
+// TestFakeGPUDebugCheck runs the debug check mode on the GPU path: a
+// symmetric input on one rank only (zero-copy there, staged elsewhere) is
+// named before anything launches.
+func TestFakeGPUDebugCheck(t *testing.T) {
+	t.Setenv(EnvDebugCheck, "1")
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	syms := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		in := DeviceBuffer(0x1000)
+		if r == 1 {
+			in = DeviceBuffer(syms[1] + 4096)
+		}
+		return c.AllReduce(in, DeviceBuffer(0x9000), 1<<15, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 1 issued allreduce of 32768 f32 sum, algorithm oneshot (runs oneshot), zero-copy at offset 4096") {
+			t.Errorf("rank %d: %v, want ErrMismatch naming rank 1's zero-copy input", r, err)
+		}
+	}
+	for r, d := range devs {
+		if len(d.launches) != 0 {
+			t.Errorf("rank %d launched %d kernels despite the mismatch", r, len(d.launches))
+		}
+	}
+	// Both symmetric at the same offset: zero-copy on both, and it runs.
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(syms[r]+4096), DeviceBuffer(0x9000), 1<<15, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	var a collectives.ArgsW2
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.SlotBytes != 0 || a.Stage[1] != uint64(fakeRegion(1))+3<<30+4096 {
+		t.Errorf("zero-copy launch: slot bytes %d, stage %x; want 0 and rank 1's symmetric input", a.SlotBytes, a.Stage)
+	}
+}
+
+// TestFakeGPUTimeoutStatus checks that a status word a kernel wrote comes
+// back as a *TimeoutError matching ErrTimeout, and that it sticks.
+func TestFakeGPUTimeoutStatus(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	id := 5
+	devs[0].statusVal = uint64(id)<<48 | 3<<32 | 2<<24 | 1<<16 | 0<<8 | 1
+	err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 64, coll.F32, coll.Sum, Options{})
+	var te *TimeoutError
+	if !errors.As(err, &te) || !errors.Is(err, ErrTimeout) || te.Peer != 1 || te.Barrier != 2 || te.Block != 3 || te.Kernel != collectives.Library.Kernels[id].Name {
+		t.Fatalf("got %v (%+v)", err, te)
+	}
+	devs[0].statusVal = 0
+	if err := comms[0].Err(); !errors.Is(err, ErrTimeout) {
+		t.Errorf("the communicator forgot its timeout: %v", err)
+	}
+	if len(devs[0].launches) != 0 {
+		t.Errorf("launched on a broken communicator")
+	}
+}

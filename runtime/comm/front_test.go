@@ -1,0 +1,305 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// hostComms makes world goroutine-rank host communicators on store.
+func hostComms(t *testing.T, store rendezvous.Store, world int, group string) []*Communicator {
+	t.Helper()
+	comms := make([]*Communicator, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = New(context.Background(), Config{Rank: r, WorldSize: world, Device: Host, Store: store,
+				Library: collectives.Library, Group: group, Timeout: 5 * time.Second})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return comms
+}
+
+// TestHostArgumentErrors checks the front end's refusals on the host
+// backend: each is ErrInvalidArgument with a message saying what is wrong,
+// and none panics, including counts whose byte size overflows.
+func TestHostArgumentErrors(t *testing.T) {
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "args")
+	defer closeAll(t, comms)
+	small := HostBuffer(make([]byte, 64))
+	type tc struct {
+		name string
+		run  func(c *Communicator) error
+		want string
+	}
+	cases := []tc{
+		{"device buffer", func(c *Communicator) error {
+			return c.AllReduce(DeviceBuffer(0x1000), small, 4, coll.F32, coll.Sum, Options{})
+		}, "the input is a DeviceBuffer given to a host communicator"},
+		{"zero buffer", func(c *Communicator) error { return c.AllGather(small, Buffer{}, 4, coll.F32, Options{}) }, "the output is the zero Buffer"},
+		{"typed slice", func(c *Communicator) error {
+			return c.AllReduce(HostSlice(make([]int32, 4)), HostSlice(make([]int32, 4)), 4, coll.F32, coll.Sum, Options{})
+		}, "the input holds i32 elements but the call's dtype is f32"},
+		{"short", func(c *Communicator) error { return c.AllReduce(small, small, 17, coll.F32, coll.Sum, Options{}) }, "the input has 64 bytes; 17 f32 elements need 68"},
+		{"short gathered", func(c *Communicator) error { return c.AllGather(small, small, 16, coll.F32, Options{}) }, "the output has 64 bytes; 16 f32 elements need 128"},
+		{"dtype", func(c *Communicator) error { return c.AllReduce(small, small, 1, "f17", coll.Sum, Options{}) }, `unknown name: dtype "f17"`},
+		{"op", func(c *Communicator) error { return c.ReduceScatter(small, small, 1, coll.F32, "prod", Options{}) }, `unknown name: op "prod"`},
+		{"fp8 reduce", func(c *Communicator) error { return c.AllReduce(small, small, 1, coll.E4M3, coll.Sum, Options{}) }, "e4m3 is copy-only"},
+		{"negative", func(c *Communicator) error { return c.AllReduce(small, small, -1, coll.F32, coll.Sum, Options{}) }, "negative count -1"},
+		{"algorithm", func(c *Communicator) error {
+			return c.AllReduce(small, small, 1, coll.F32, coll.Sum, Options{Algorithm: "fastest"})
+		}, `unknown name: algorithm "fastest"`},
+	}
+	for _, n := range []int{1 << 62, math.MaxInt, math.MaxInt / 3} {
+		cases = append(cases,
+			tc{"huge allreduce", func(c *Communicator) error { return c.AllReduce(small, small, n, coll.F64, coll.Sum, Options{}) }, "elements"},
+			tc{"huge reduce_scatter", func(c *Communicator) error { return c.ReduceScatter(small, small, n, coll.BF16, coll.Max, Options{}) }, "elements"},
+			tc{"huge allgather", func(c *Communicator) error { return c.AllGather(small, small, n, coll.I32, Options{}) }, "elements"})
+	}
+	for _, c := range cases {
+		err := c.run(comms[0])
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want ErrInvalidArgument with %q", c.name, err, c.want)
+		}
+	}
+	// Host refuses an algorithm it cannot run, with host's reason, as
+	// ErrInvalidArgument through comm.
+	errs := onRanks(comms, func(_ int, c *Communicator) error {
+		return c.AllReduce(small, small, 4, coll.F32, coll.Sum, Options{Algorithm: coll.OneShotLL})
+	})
+	if !errors.Is(errs[0], ErrInvalidArgument) || !strings.Contains(errs[0].Error(), "host backend does not allow") {
+		t.Errorf("oneshot_ll on the host: %v", errs[0])
+	}
+	errs = onRanks(comms, func(_ int, c *Communicator) error {
+		return c.AllReduce(small, small, 4, coll.F32, coll.Sum, Options{Algorithm: coll.NCCL})
+	})
+	if !errors.Is(errs[0], ErrUnsupported) {
+		t.Errorf("nccl on the host: %v, want ErrUnsupported", errs[0])
+	}
+	if _, err := comms[0].Alloc(context.Background(), 64); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Alloc on the host: %v", err)
+	}
+}
+
+// TestHostSlices runs the typed slice helpers: count and dtype come from
+// the slices.
+func TestHostSlices(t *testing.T) {
+	comms := hostComms(t, rendezvous.NewMemStore(), 3, "slices")
+	defer closeAll(t, comms)
+	outs := make([][]float32, 3)
+	gathered := make([][]int64, 3)
+	scattered := make([][]float64, 3)
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		in := []float32{float32(r), 1, 2, float32(10 * r)}
+		outs[r] = make([]float32, 4)
+		if err := AllReduceSlice(c, in, outs[r], coll.Sum, Options{}); err != nil {
+			return err
+		}
+		gathered[r] = make([]int64, 6)
+		if err := AllGatherSlice(c, []int64{int64(r), -int64(r)}, gathered[r], Options{}); err != nil {
+			return err
+		}
+		scattered[r] = make([]float64, 1)
+		return ReduceScatterSlice(c, []float64{1, 2, float64(r)}, scattered[r], coll.Max, Options{})
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r := range comms {
+		if want := []float32{3, 3, 6, 30}; !equal(outs[r], want) {
+			t.Errorf("rank %d all-reduce: %v, want %v", r, outs[r], want)
+		}
+		if want := []int64{0, 0, 1, -1, 2, -2}; !equal(gathered[r], want) {
+			t.Errorf("rank %d all-gather: %v, want %v", r, gathered[r], want)
+		}
+		if want := []float64{[]float64{1, 2, 2}[r]}; !equal(scattered[r], want) {
+			t.Errorf("rank %d reduce-scatter: %v, want %v", r, scattered[r], want)
+		}
+	}
+	if err := AllGatherSlice(comms[0], []int64{1}, make([]int64, 2), Options{}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("all-gather into 2 elements at world 3: %v", err)
+	}
+	if got := DTypeOf[BFloat16](); got != coll.BF16 {
+		t.Errorf("DTypeOf[BFloat16] = %s", got)
+	}
+}
+
+func equal[T comparable](a, b []T) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestWorldSizeMismatch starts three ranks with world sizes 2, 2 and 3:
+// every one fails with ErrMismatch naming both sizes, and none waits for
+// its timeout. The rank with world size 3 arrives first, so it formed the
+// group and the other two find the mismatch; it learns of it through the
+// group's poison while it waits for them.
+func TestWorldSizeMismatch(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	ctx := context.Background()
+	cfg := func(rank, world int) Config {
+		return Config{Rank: rank, WorldSize: world, Device: Host, Store: store, Library: collectives.Library, Group: "ws", Timeout: 5 * time.Second}
+	}
+	start := time.Now()
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, errs[2] = New(ctx, cfg(2, 3))
+	}()
+	if err := store.Wait(ctx, "collgen/comm/ws/world"); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[r] = New(ctx, cfg(r, 2))
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "has world size 2, but group \"ws\" was formed with world size 3") {
+			t.Errorf("rank %d: %v, want ErrMismatch naming world sizes 2 and 3", r, err)
+		}
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Errorf("the ranks took %v to fail", el)
+	}
+}
+
+// TestDuplicateRank starts a second rank 0 beside a live group: it is
+// refused, and the live group keeps working (its shared memory is not
+// touched).
+func TestDuplicateRank(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	comms := hostComms(t, store, 2, "dup")
+	defer closeAll(t, comms)
+	_, err := New(context.Background(), Config{Rank: 0, WorldSize: 2, Device: Host, Store: store, Library: collectives.Library, Group: "dup"})
+	if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 0 of group \"dup\" has already joined") {
+		t.Fatalf("duplicate rank 0: %v", err)
+	}
+	outs := make([][]float32, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		outs[r] = []float32{1, float32(r)}
+		return AllReduceSlice(c, outs[r], outs[r], coll.Sum, Options{})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if !equal(outs[1], []float32{2, 1}) {
+		t.Errorf("live group after the duplicate: %v", outs[1])
+	}
+}
+
+// TestMembershipMismatch checks the agreement after joining: a rank on
+// another backend is named.
+func TestMembershipMismatch(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, HostShared: r == 1, Store: store,
+				Library: collectives.Library, Group: "mm"})
+			if err == nil {
+				c.Close()
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "host-shared backend") {
+			t.Errorf("rank %d: %v, want ErrMismatch naming the backends", r, err)
+		}
+	}
+}
+
+// TestReformAfterClose forms, closes and forms a group of the same name on
+// the same store again.
+func TestReformAfterClose(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	closeAll(t, hostComms(t, store, 2, "again"))
+	comms := hostComms(t, store, 3, "again")
+	closeAll(t, comms)
+	if err := comms[0].Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestHostDebugCheck runs the debug check mode on the host backend: count
+// 0 on one rank and 8 on the other is named, on both ranks.
+func TestHostDebugCheck(t *testing.T) {
+	t.Setenv(EnvDebugCheck, "1")
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "check")
+	defer closeAll(t, comms)
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		b := make([]float32, 8)
+		return AllReduceSlice(c, b[:8*r], b[:8*r], coll.Sum, Options{})
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 0 issued allreduce of 0 f32 sum") ||
+			!strings.Contains(err.Error(), "rank 1 issued allreduce of 8 f32 sum") {
+			t.Errorf("rank %d: %v, want ErrMismatch naming both counts", r, err)
+		}
+	}
+	// A refusal on one rank is named on the others instead of leaving them
+	// waiting.
+	errs = onRanks(comms, func(r int, c *Communicator) error {
+		dt := coll.F32
+		if r == 1 {
+			dt = "f17"
+		}
+		return c.AllReduce(HostBuffer(make([]byte, 64)), HostBuffer(make([]byte, 64)), 4, dt, coll.Sum, Options{})
+	})
+	if !errors.Is(errs[0], ErrMismatch) || !strings.Contains(errs[0].Error(), "refused") {
+		t.Errorf("rank 0 beside a refusing rank 1: %v", errs[0])
+	}
+	// Matching calls run.
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return AllReduceSlice(c, []float32{1, 2}, make([]float32, 2), coll.Sum, Options{})
+	})...); err != nil {
+		t.Error(err)
+	}
+	t.Setenv(EnvDebugCheck, "yes")
+	if _, err := New(context.Background(), Config{WorldSize: 1, Device: Host, Store: rendezvous.NewMemStore(), Library: collectives.Library}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("%s=yes: %v", EnvDebugCheck, err)
+	}
+}
+
+// TestNoGPUSaysWhatToSet checks that forgetting Device: comm.Host on a
+// machine without a GPU (or without cgo) says what to set.
+func TestNoGPUSaysWhatToSet(t *testing.T) {
+	if _, err := openDevice(Config{Device: 0}); err == nil {
+		t.Skip("this machine has a usable GPU")
+	}
+	_, err := New(context.Background(), Config{WorldSize: 1, Store: rendezvous.NewMemStore(), Library: collectives.Library})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "set Config.Device = comm.Host") {
+		t.Errorf("got %v", err)
+	}
+}
