@@ -2,8 +2,10 @@
 
 package comm
 
+import "github.com/collgen/collgen/runtime/cuda"
+
 // openDevice fails without cgo: the GPU backend reaches CUDA, NVRTC and
 // NCCL through cgo shims. Host communicators need none of them.
 func openDevice(cfg Config) (device, error) {
-	return nil, errorf(ErrUnsupported, "comm: rank %d: the GPU backend needs cgo, and this program was built with CGO_ENABLED=0; build with cgo (and gcc) for GPUs, or set Config.Device = comm.Host for CPU ranks", cfg.Rank)
+	return nil, errorf(ErrUnsupported, "comm: rank %d: the GPU backend needs cgo: %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cuda.ErrNoCgo)
 }

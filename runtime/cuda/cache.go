@@ -2,13 +2,11 @@ package cuda
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -221,45 +219,6 @@ func isPTX(image []byte) bool {
 		bytes.Contains(image[:min(len(image), 4096)], []byte(".version"))
 }
 
-// LoadSource compiles req for this device with NVRTC, through cache (nil:
-// DefaultCache; a cache that cannot be used only costs a recompile), and
-// loads the module. req.Arch 0 means this device's architecture. A cached
-// image the driver rejects is recompiled and replaced. Module.Origin says
-// "nvrtc-cache" for a hit and "nvrtc" for a fresh compile.
-func (d *Device) LoadSource(ctx context.Context, req CompileRequest, cache *Cache) (*Module, error) {
-	if req.Arch == 0 {
-		req.Arch = d.Arch()
-	}
-	if cache == nil {
-		cache, _ = DefaultCache()
-	}
-	var key CacheKey
-	haveKey := false
-	if cache != nil {
-		if k, err := cache.Key(req); err == nil {
-			key, haveKey = k, true
-			if img, ok := cache.Get(key); ok {
-				if m, err := d.loadModule(img, "nvrtc-cache"); err == nil {
-					return m, nil
-				}
-				cache.corrupt.Add(1)
-			}
-		}
-	}
-	img, err := Compile(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	m, err := d.loadModule(img, "nvrtc")
-	if err != nil {
-		return nil, err
-	}
-	if haveKey {
-		_ = cache.Put(key, img) // best effort: a read-only cache only costs time
-	}
-	return m, nil
-}
-
 // KernelSource says where a module's code may come from: a prebuilt fatbin
 // (embedded bytes, or a file from `make fatbin`) is preferred; the CUDA
 // source is compiled with NVRTC when there is no fatbin, the file does not
@@ -268,34 +227,4 @@ type KernelSource struct {
 	Fatbin     []byte         // embedded fatbin image, if any
 	FatbinPath string         // fatbin file, used when Fatbin is empty
 	Source     CompileRequest // NVRTC fallback; empty Source means none
-}
-
-// LoadKernels loads src for this device as KernelSource describes.
-func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache) (*Module, error) {
-	var ferr error
-	switch {
-	case len(src.Fatbin) > 0:
-		m, err := d.loadModule(src.Fatbin, "fatbin:embedded")
-		if err == nil {
-			return m, nil
-		}
-		ferr = err
-	case src.FatbinPath != "":
-		m, err := d.LoadFatbinFile(src.FatbinPath)
-		if err == nil {
-			return m, nil
-		}
-		ferr = err
-	}
-	if src.Source.Source == "" {
-		if ferr == nil {
-			ferr = fmt.Errorf("cuda: load kernels on device %d: no fatbin and no source", d.Ordinal)
-		}
-		return nil, ferr
-	}
-	if ferr != nil && !errors.Is(ferr, fs.ErrNotExist) && !IsCode(ferr, ErrorNoBinaryForGPU) &&
-		!IsCode(ferr, ErrorInvalidImage) && !IsCode(ferr, ErrorUnsupportedPTX) {
-		return nil, ferr
-	}
-	return d.LoadSource(ctx, src.Source, cache)
 }

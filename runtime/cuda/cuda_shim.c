@@ -1,3 +1,5 @@
+//go:build cgo
+
 // cuda_shim.c: dlopen/dlsym loader and call-through wrappers for the CUDA
 // driver API and NVRTC. See cuda_shim.h.
 #include "cuda_shim.h"

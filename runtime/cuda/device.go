@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Package cuda is collgen's hand-written binding to the CUDA driver API and
 // NVRTC. Both libraries are loaded at run time with dlopen, so the package
 // builds (and its tests skip) on machines with no CUDA toolkit and no GPU.

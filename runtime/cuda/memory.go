@@ -1,3 +1,5 @@
+//go:build cgo
+
 package cuda
 
 /*
@@ -13,11 +15,6 @@ import (
 	"sync/atomic"
 	"unsafe"
 )
-
-// DevicePtr is a device address (CUdeviceptr). With unified addressing it
-// is unique across the devices of a process, so a peer's pointer can be
-// used directly once peer access is enabled.
-type DevicePtr uintptr
 
 // Alloc allocates bytes of device memory. The caller frees it with Free.
 func (d *Device) Alloc(bytes int) (DevicePtr, error) {

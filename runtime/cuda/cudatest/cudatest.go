@@ -1,3 +1,5 @@
+//go:build cgo
+
 // Package cudatest holds helpers for GPU tests of the runtime packages:
 // device discovery that skips cleanly on machines without CUDA, and two
 // small rendezvous.Store implementations (in-memory for goroutine ranks,
