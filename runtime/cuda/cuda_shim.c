@@ -1,7 +1,7 @@
 //go:build cgo
 
-// cuda_shim.c: dlopen/dlsym loader and call-through wrappers for the CUDA
-// driver API and NVRTC. See cuda_shim.h.
+// cuda_shim.c: dlsym loader (runtime/internal/dl opens the libraries) and
+// call-through wrappers for the CUDA driver API and NVRTC. See cuda_shim.h.
 #include "cuda_shim.h"
 
 #include <dlfcn.h>
@@ -17,11 +17,6 @@ static const char *cg_nvrtc_names[CG_NVRTC_COUNT] = {CG_NVRTC_SYMBOLS(CG_NAME)};
 static void *cg_cu[CG_CU_COUNT];
 static void *cg_nv[CG_NVRTC_COUNT];
 
-void *cg_dlopen(const char *path, int global) {
-  return dlopen(path, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
-}
-const char *cg_dlerror(void) { return dlerror(); }
-void cg_dlclose(void *h) { dlclose(h); }
 const char *cg_cu_symbol(int i) {
   return (i >= 0 && i < CG_CU_COUNT) ? cg_cu_names[i] : "?";
 }

@@ -109,11 +109,9 @@ enum { CG_CU_SYMBOLS(CG_ENUM) CG_CU_COUNT };
   X(nvrtcGetPTX, "nvrtcGetPTX")
 enum { CG_NVRTC_SYMBOLS(CG_ENUM) CG_NVRTC_COUNT };
 
-// Loader helpers. cg_*_resolve fills out[] (COUNT entries) from handle and
+// Loader helpers. The library is opened by runtime/internal/dl;
+// cg_*_resolve fills out[] (COUNT entries) from its handle with dlsym and
 // does not touch the live tables; cg_*_commit installs a resolved table.
-void *cg_dlopen(const char *path, int global);
-const char *cg_dlerror(void);
-void cg_dlclose(void *h);
 const char *cg_cu_symbol(int i);
 const char *cg_nvrtc_symbol(int i);
 void cg_cu_resolve(void *h, void **out);

@@ -19,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/collgen/collgen/runtime/internal/dl"
 )
 
 // Environment variables that override where the shared libraries are found.
@@ -41,69 +43,8 @@ var cudaLibDirs = []string{
 }
 
 // LibraryError reports a shared library that could not be loaded or lacks a
-// required symbol.
-type LibraryError struct {
-	Lib    string   // "libcuda", "libnvrtc" or "libnccl"
-	Tried  []string // paths or sonames tried, in order
-	Symbol string   // the missing symbol, if the library opened
-	Reason string   // dlerror text or other detail
-}
-
-// Error names the library, what was tried and why it failed.
-func (e *LibraryError) Error() string {
-	if e.Symbol != "" {
-		return fmt.Sprintf("cuda: %s (%s) lacks symbol %s: %s", e.Lib, strings.Join(e.Tried, ", "), e.Symbol, e.Reason)
-	}
-	return fmt.Sprintf("cuda: cannot load %s (tried %s): %s", e.Lib, strings.Join(e.Tried, ", "), e.Reason)
-}
-
-// candidates lists what to dlopen for a library: the override (a file, or
-// sonames inside a directory) alone if env is set, else the sonames (found
-// by the dynamic linker) followed by the same names in dirs.
-func candidates(env string, sonames []string, dirs []string) []string {
-	if v := os.Getenv(env); v != "" {
-		if st, err := os.Stat(v); err == nil && st.IsDir() {
-			var out []string
-			for _, n := range sonames {
-				out = append(out, filepath.Join(v, n))
-			}
-			return out
-		}
-		return []string{v}
-	}
-	out := append([]string(nil), sonames...)
-	for _, d := range dirs {
-		for _, n := range sonames {
-			p := filepath.Join(d, n)
-			if _, err := os.Stat(p); err == nil {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
-}
-
-// dlopenFirst opens the first candidate that loads and returns its handle
-// and name. The error names every candidate and the last dlerror.
-func dlopenFirst(lib string, cands []string) (unsafe.Pointer, string, error) {
-	var reasons []string
-	for _, c := range cands {
-		cs := C.CString(c)
-		h := C.cg_dlopen(cs, 0)
-		C.free(unsafe.Pointer(cs))
-		if h != nil {
-			return h, c, nil
-		}
-		if msg := C.cg_dlerror(); msg != nil {
-			reasons = append(reasons, C.GoString(msg))
-		}
-	}
-	reason := "not found"
-	if len(reasons) > 0 {
-		reason = reasons[len(reasons)-1]
-	}
-	return nil, "", &LibraryError{Lib: lib, Tried: cands, Reason: reason}
-}
+// required symbol (libcuda, libnvrtc; runtime/nccl's is the same type).
+type LibraryError = dl.LibraryError
 
 // requiredCU are the driver symbols without which nothing works; the others
 // fail only the call that needs them, with an error naming the symbol.
@@ -117,31 +58,32 @@ var (
 	driverInit   error // cuInit's result, returned by every later loadDriver
 )
 
-// loadDriverFrom opens libcuda from cands and checks the required symbols
-// without installing anything; on success it returns the resolved table
-// (C memory the caller must free) and the path used.
-func loadDriverFrom(cands []string) (unsafe.Pointer, string, error) {
-	h, path, err := dlopenFirst("libcuda", cands)
+// loadDriverFrom opens libcuda as spec says and checks the required
+// symbols without installing anything; on success it returns the resolved
+// table (C memory the caller must free) and the library (the caller closes
+// it when it does not install the table).
+func loadDriverFrom(spec dl.Spec) (unsafe.Pointer, *dl.Library, error) {
+	l, err := dl.Open(spec)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	tbl := C.malloc(C.size_t(C.CG_CU_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
-	C.cg_cu_resolve(h, (*unsafe.Pointer)(tbl))
+	C.cg_cu_resolve(l.Handle(), (*unsafe.Pointer)(tbl))
 	entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CG_CU_COUNT))
 	for _, i := range requiredCU {
 		if entries[i] == nil {
 			C.free(tbl)
-			C.cg_dlclose(h)
-			return nil, "", &LibraryError{Lib: "libcuda", Tried: []string{path},
-				Symbol: C.GoString(C.cg_cu_symbol(C.int(i))), Reason: "not a usable CUDA driver library"}
+			l.Close()
+			return nil, nil, l.Missing(C.GoString(C.cg_cu_symbol(C.int(i))), "not a usable CUDA driver library")
 		}
 	}
-	return tbl, path, nil
+	return tbl, l, nil
 }
 
-// driverCandidates is where libcuda is looked for.
-func driverCandidates() []string {
-	return candidates(EnvCUDAPath, []string{"libcuda.so.1", "libcuda.so"}, nil)
+// driverSpec is where libcuda is looked for.
+func driverSpec() dl.Spec {
+	return dl.Spec{Lib: "libcuda", Env: EnvCUDAPath, Sonames: []string{"libcuda.so.1", "libcuda.so"},
+		Hint: "install the NVIDIA driver, or set " + EnvCUDAPath + " to its libcuda.so.1; for CPU ranks use the host backend"}
 }
 
 // loadDriver loads libcuda once per process (a failure is retried on the
@@ -152,15 +94,15 @@ func loadDriver() error {
 	if driverLoaded {
 		return driverInit
 	}
-	tbl, path, err := loadDriverFrom(driverCandidates())
+	tbl, lib, err := loadDriverFrom(driverSpec())
 	if err != nil {
 		return err
 	}
 	C.cg_cu_commit((*unsafe.Pointer)(tbl))
 	C.free(tbl)
-	// The library handle is deliberately never closed: function pointers
-	// into it live in the global table for the life of the process.
-	driverLoaded, driverPath = true, path
+	// The library is deliberately never closed: function pointers into it
+	// live in the global table for the life of the process.
+	driverLoaded, driverPath = true, lib.Path
 	if r := C.cg_cuInit(0); r != 0 {
 		driverInit = newError(r, "cuInit", -1)
 	}
@@ -202,66 +144,58 @@ var (
 // nvrtcSonames lists NVRTC sonames newest first; unversioned last.
 var nvrtcSonames = []string{"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so.11.1", "libnvrtc.so.11.0", "libnvrtc.so"}
 
-func nvrtcCandidates() []string {
+// nvrtcSpec is where NVRTC is looked for: the sonames, then toolkit
+// directories, then versioned names not in the list (libnvrtc.so.13.1 ...),
+// newest first.
+func nvrtcSpec() dl.Spec {
 	dirs := append([]string(nil), cudaLibDirs...)
 	for _, env := range []string{"CUDA_HOME", "CUDA_PATH"} {
 		if v := os.Getenv(env); v != "" {
 			dirs = append([]string{filepath.Join(v, "lib64"), filepath.Join(v, "lib")}, dirs...)
 		}
 	}
-	c := candidates(EnvNVRTCPath, nvrtcSonames, dirs)
-	if os.Getenv(EnvNVRTCPath) != "" {
-		return c
-	}
-	// Versioned names not in the list (libnvrtc.so.13.1 ...), newest first.
 	var extra []string
 	for _, d := range dirs {
 		m, _ := filepath.Glob(filepath.Join(d, "libnvrtc.so.*"))
 		extra = append(extra, m...)
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(extra)))
-	return append(c, extra...)
+	return dl.Spec{Lib: "libnvrtc", Env: EnvNVRTCPath, Sonames: nvrtcSonames, Dirs: dirs, Extra: extra,
+		Hint: "install the CUDA toolkit's NVRTC (or set " + EnvNVRTCPath + "), or load kernels from a fatbin (Config.FatbinPath)"}
 }
 
 // preloadBuiltins opens libnvrtc-builtins from the directory NVRTC came
-// from, so NVRTC's own dlopen of it (by soname) finds it even when that
-// directory is not on the linker path. Best effort: errors are ignored.
+// from, globally, so NVRTC's own dlopen of it (by soname) finds it even
+// when that directory is not on the linker path. Best effort: errors are
+// ignored, and the library stays open for the life of the process.
 func preloadBuiltins(nvrtc string) {
 	if !strings.Contains(nvrtc, "/") {
 		return
 	}
 	m, _ := filepath.Glob(filepath.Join(filepath.Dir(nvrtc), "libnvrtc-builtins.so*"))
 	sort.Sort(sort.Reverse(sort.StringSlice(m)))
-	for _, p := range m {
-		cs := C.CString(p)
-		h := C.cg_dlopen(cs, 1)
-		C.free(unsafe.Pointer(cs))
-		if h != nil {
-			return
-		}
-	}
+	dl.Open(dl.Spec{Lib: "libnvrtc-builtins", Extra: m, Global: true})
 }
 
-// loadNVRTCFrom opens NVRTC from cands and resolves its symbols (all are
+// loadNVRTCFrom opens NVRTC as spec says and resolves its symbols (all are
 // required) without installing them.
-func loadNVRTCFrom(cands []string) (unsafe.Pointer, string, error) {
-	h, path, err := dlopenFirst("libnvrtc", cands)
+func loadNVRTCFrom(spec dl.Spec) (unsafe.Pointer, *dl.Library, error) {
+	l, err := dl.Open(spec)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	tbl := C.malloc(C.size_t(C.CG_NVRTC_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
-	C.cg_nvrtc_resolve(h, (*unsafe.Pointer)(tbl))
+	C.cg_nvrtc_resolve(l.Handle(), (*unsafe.Pointer)(tbl))
 	entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CG_NVRTC_COUNT))
 	for i, e := range entries {
 		if e == nil {
 			C.free(tbl)
-			C.cg_dlclose(h)
-			return nil, "", &LibraryError{Lib: "libnvrtc", Tried: []string{path},
-				Symbol: C.GoString(C.cg_nvrtc_symbol(C.int(i))), Reason: "not a usable NVRTC library"}
+			l.Close()
+			return nil, nil, l.Missing(C.GoString(C.cg_nvrtc_symbol(C.int(i))), "not a usable NVRTC library")
 		}
 	}
-	preloadBuiltins(path)
-	return tbl, path, nil
+	preloadBuiltins(l.Path)
+	return tbl, l, nil
 }
 
 // loadNVRTC loads NVRTC once per process (failures are retried).
@@ -271,10 +205,11 @@ func loadNVRTC() error {
 	if nvrtcLoaded {
 		return nil
 	}
-	tbl, path, err := loadNVRTCFrom(nvrtcCandidates())
+	tbl, lib, err := loadNVRTCFrom(nvrtcSpec())
 	if err != nil {
 		return err
 	}
+	path := lib.Path
 	C.cg_nvrtc_commit((*unsafe.Pointer)(tbl))
 	C.free(tbl)
 	var maj, min C.int

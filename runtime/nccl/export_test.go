@@ -3,9 +3,10 @@ package nccl
 // OpenForTest resolves libnccl from the current environment without
 // installing it, so tests can check library errors.
 func OpenForTest() error {
-	tbl, _, err := open(candidates())
+	tbl, lib, err := open(spec())
 	if tbl != nil {
 		freeTable(tbl)
+		lib.Close()
 	}
 	return err
 }

@@ -22,13 +22,12 @@ import "C"
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/internal/dl"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -161,20 +160,8 @@ func newError(r C.ncclResult_t, op string, rank int, comm C.ncclComm_t) *Error {
 }
 
 // LibraryError reports a libnccl that could not be loaded or lacks a
-// required symbol.
-type LibraryError struct {
-	Tried  []string
-	Symbol string
-	Reason string
-}
-
-// Error names what was tried and why it failed.
-func (e *LibraryError) Error() string {
-	if e.Symbol != "" {
-		return fmt.Sprintf("nccl: %s lacks symbol %s: %s", strings.Join(e.Tried, ", "), e.Symbol, e.Reason)
-	}
-	return fmt.Sprintf("nccl: cannot load libnccl (tried %s): %s", strings.Join(e.Tried, ", "), e.Reason)
-}
+// required symbol (the same type as runtime/cuda's).
+type LibraryError = dl.LibraryError
 
 // Lib is the loaded NCCL library (one per process).
 type Lib struct {
@@ -212,47 +199,31 @@ var (
 var required = []int{C.CGN_ncclGetVersion, C.CGN_ncclGetUniqueId, C.CGN_ncclCommInitRank, C.CGN_ncclCommDestroy,
 	C.CGN_ncclGetErrorString, C.CGN_ncclAllReduce, C.CGN_ncclReduceScatter, C.CGN_ncclAllGather}
 
-func candidates() []string {
-	if v := os.Getenv(EnvNCCLPath); v != "" {
-		if st, err := os.Stat(v); err == nil && st.IsDir() {
-			return []string{filepath.Join(v, "libnccl.so.2"), filepath.Join(v, "libnccl.so")}
-		}
-		return []string{v}
-	}
-	return []string{"libnccl.so.2", "libnccl.so"}
+// spec is where libnccl is looked for.
+func spec() dl.Spec {
+	return dl.Spec{Lib: "libnccl", Env: EnvNCCLPath, Sonames: []string{"libnccl.so.2", "libnccl.so"},
+		Hint: "install NCCL 2 (or set " + EnvNCCLPath + "); without it the generated kernels still run, and sizes the rules give to NCCL fail"}
 }
 
-// open dlopens libnccl from cands and resolves symbols into a C table (the
-// caller frees it) without installing anything.
-func open(cands []string) (unsafe.Pointer, string, error) {
-	var last string
-	for _, c := range cands {
-		cs := C.CString(c)
-		h := C.cgn_dlopen(cs)
-		C.free(unsafe.Pointer(cs))
-		if h == nil {
-			if msg := C.cgn_dlerror(); msg != nil {
-				last = C.GoString(msg)
-			}
-			continue
-		}
-		tbl := C.malloc(C.size_t(C.CGN_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
-		C.cgn_resolve(h, (*unsafe.Pointer)(tbl))
-		entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CGN_COUNT))
-		for _, i := range required {
-			if entries[i] == nil {
-				C.free(tbl)
-				C.cgn_dlclose(h)
-				return nil, "", &LibraryError{Tried: []string{c}, Symbol: C.GoString(C.cgn_symbol(C.int(i))),
-					Reason: "not a usable NCCL library"}
-			}
-		}
-		return tbl, c, nil
+// open dlopens libnccl as spec says and resolves symbols into a C table
+// (the caller frees it) without installing anything; the caller closes the
+// library when it does not install the table.
+func open(spec dl.Spec) (unsafe.Pointer, *dl.Library, error) {
+	l, err := dl.Open(spec)
+	if err != nil {
+		return nil, nil, err
 	}
-	if last == "" {
-		last = "not found"
+	tbl := C.malloc(C.size_t(C.CGN_COUNT) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	C.cgn_resolve(l.Handle(), (*unsafe.Pointer)(tbl))
+	entries := unsafe.Slice((*unsafe.Pointer)(tbl), int(C.CGN_COUNT))
+	for _, i := range required {
+		if entries[i] == nil {
+			C.free(tbl)
+			l.Close()
+			return nil, nil, l.Missing(C.GoString(C.cgn_symbol(C.int(i))), "not a usable NCCL library")
+		}
 	}
-	return nil, "", &LibraryError{Tried: cands, Reason: last}
+	return tbl, l, nil
 }
 
 // Load loads libnccl once per process (a failure is retried on the next
@@ -263,10 +234,11 @@ func Load() (*Lib, error) {
 	if loaded != nil {
 		return loaded, nil
 	}
-	tbl, path, err := open(candidates())
+	tbl, lib, err := open(spec())
 	if err != nil {
 		return nil, err
 	}
+	path := lib.Path // never closed: the installed table points into it
 	C.cgn_commit((*unsafe.Pointer)(tbl))
 	C.free(tbl)
 	var v C.int

@@ -1,4 +1,5 @@
-// nccl_shim.c: dlopen loader and wrappers for libnccl. See nccl_shim.h.
+// nccl_shim.c: dlsym loader (the library is opened by runtime/internal/dl)
+// and wrappers for libnccl. See nccl_shim.h.
 #include "nccl_shim.h"
 
 #include <dlfcn.h>
@@ -9,9 +10,6 @@ static const char *cgn_names[CGN_COUNT] = {CGN_SYMBOLS(CGN_NAME)};
 // Installed once by cgn_commit (under a Go mutex) before any wrapper runs.
 static void *cgn_fn[CGN_COUNT];
 
-void *cgn_dlopen(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
-const char *cgn_dlerror(void) { return dlerror(); }
-void cgn_dlclose(void *h) { dlclose(h); }
 const char *cgn_symbol(int i) { return (i >= 0 && i < CGN_COUNT) ? cgn_names[i] : "?"; }
 void cgn_resolve(void *h, void **out) {
   for (int i = 0; i < CGN_COUNT; i++) out[i] = dlsym(h, cgn_names[i]);

@@ -34,9 +34,6 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define CGN_ENUM(s) CGN_##s,
 enum { CGN_SYMBOLS(CGN_ENUM) CGN_COUNT };
 
-void *cgn_dlopen(const char *path);
-const char *cgn_dlerror(void);
-void cgn_dlclose(void *h);
 const char *cgn_symbol(int i);
 // cgn_resolve fills out[CGN_COUNT] from h; cgn_commit installs it.
 void cgn_resolve(void *h, void **out);
