@@ -5,9 +5,20 @@
 //
 // Every rank of a group creates its Communicator with the same Library, group
 // name and world size, and then issues the same collectives in the same
-// order. Any decision that could differ between ranks (the topology, the
-// staging size, whether NCCL is available) is agreed through the Store in
-// New, so every rank takes the same path for every call.
+// order. New forms the group through the Store (world size, rank set,
+// backend and library must agree), and any decision that could differ
+// between ranks (the topology, the staging size, whether NCCL is
+// available) is agreed there too, so every rank takes the same path for
+// every call.
+//
+// Each call goes through one front end: its arguments are checked (sizes
+// overflow-checked before anything multiplies them), it is resolved once
+// into a plan (the algorithm, the kernel or NCCL, sizes, zero-copy or
+// staged), and the backend executes the plan. Every returned error wraps one
+// of the sentinels (ErrInvalidArgument, ErrMismatch, ErrTimeout,
+// ErrAborted, ErrClosed, ErrUnsupported, ErrBusy, ErrDevice) for
+// errors.Is. EnvDebugCheck turns on a mode that compares every call across
+// ranks. See docs/architecture.md.
 package comm
 
 import (
@@ -42,7 +53,8 @@ type Config struct {
 	// collectives.Library.
 	Library *kernels.Library
 	// Group names the group; groups sharing a Store need distinct names.
-	// Default "default".
+	// A name is formed once at a time: it can be formed again after every
+	// member has closed. Default "default".
 	Group string
 	// Topology is the spec topology whose kernels and selection rules to
 	// use; "" picks the first GPU topology (nvlink_full preferred) that
@@ -84,7 +96,8 @@ type Options struct {
 	Algorithm coll.Algorithm
 	// Tag identifies a host collective across ranks (see host.Options).
 	Tag uint64
-	// Context bounds host-side waits; nil means context.Background.
+	// Context bounds host-side waits and the debug check's exchange; nil
+	// means context.Background.
 	Context context.Context
 }
 
