@@ -56,6 +56,10 @@ type backend interface {
 // do is the front end of every collective: resolve once, cross-check in
 // the debug mode, then run.
 func (c *Communicator) do(cl *call) error {
+	if c.closed.Load() {
+		// Before the debug check: peers of a closed rank are not calling.
+		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
+	}
 	if c.gpu != nil {
 		if !c.busy.TryLock() {
 			return errorf(ErrBusy, "comm: rank %d: %s called while another goroutine's collective is in progress on this GPU communicator; issue one communicator's calls from one goroutine at a time (they share sequence counters and stage slots)",
@@ -79,9 +83,6 @@ func (c *Communicator) do(cl *call) error {
 // overflow, then the buffers, then the algorithm. A count of 0 is valid
 // and plans nothing.
 func (c *Communicator) resolve(cl *call) error {
-	if c.closed.Load() {
-		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
-	}
 	if err := c.checkKind(cl.collective, cl.dtype, cl.op); err != nil {
 		return err
 	}
