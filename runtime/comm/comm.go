@@ -169,34 +169,31 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	} else if on {
 		c.check = &checker{}
 	}
-	if err := c.form(ctx); err != nil {
-		return nil, err
-	}
-	if err := c.open(ctx, open); err != nil {
-		// Give up the claim, so the group name can be formed again.
-		return nil, errors.Join(err, c.leave())
-	}
-	return c, nil
-}
-
-// open sets up the backend Config.Device selects.
-func (c *Communicator) open(ctx context.Context, open func(Config) (device, error)) error {
-	cfg := c.cfg
 	if cfg.Device == Host {
+		// host.New only checks its configuration (set-up is lazy), so it
+		// runs before the group forms: a bad one fails at once.
 		g, err := host.New(ctx, host.Config{Rank: cfg.Rank, World: cfg.WorldSize, Store: cfg.Store,
 			Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout})
 		if err != nil {
-			return classify(err)
+			return nil, errorf(ErrInvalidArgument, "comm: rank %d: %w", cfg.Rank, err)
 		}
 		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize}
-		return nil
 	}
-	g, err := newGPU(ctx, cfg, c.prefix, open)
-	if err != nil {
-		return classify(err)
+	if err := c.form(ctx); err != nil {
+		if c.b != nil {
+			c.b.close()
+		}
+		return nil, err
 	}
-	c.b, c.gpu = g, g
-	return nil
+	if cfg.Device != Host {
+		g, err := newGPU(ctx, cfg, c.prefix, open)
+		if err != nil {
+			// Give up the claim, so the group name can be formed again.
+			return nil, errors.Join(classify(err), c.leave())
+		}
+		c.b, c.gpu = g, g
+	}
+	return c, nil
 }
 
 // Rank returns this rank's index.

@@ -292,6 +292,15 @@ func TestHostDebugCheck(t *testing.T) {
 	}
 }
 
+// TestHostConfigError checks that a configuration the host backend
+// refuses fails at once, before waiting for other ranks.
+func TestHostConfigError(t *testing.T) {
+	_, err := New(context.Background(), Config{Rank: 0, WorldSize: 65, Device: Host, Store: rendezvous.NewMemStore(), Library: collectives.Library})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "world size 65 out of range 1..64") {
+		t.Errorf("world 65 on the host: %v", err)
+	}
+}
+
 // TestNoGPUSaysWhatToSet checks that forgetting Device: comm.Host on a
 // machine without a GPU (or without cgo) says what to set.
 func TestNoGPUSaysWhatToSet(t *testing.T) {
