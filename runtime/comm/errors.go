@@ -49,7 +49,10 @@ type kindError struct {
 	err  error
 }
 
-func (e *kindError) Error() string   { return e.err.Error() }
+// Error is the cause's message: the kind adds no text.
+func (e *kindError) Error() string { return e.err.Error() }
+
+// Unwrap lets errors.Is and errors.As see both the cause chain and the kind.
 func (e *kindError) Unwrap() []error { return []error{e.err, e.kind} }
 
 // errorf formats an error of the given kind; %w in format wraps a cause.

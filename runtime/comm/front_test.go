@@ -189,6 +189,26 @@ func TestWorldSizeMismatch(t *testing.T) {
 	if el := time.Since(start); el > 3*time.Second {
 		t.Errorf("the ranks took %v to fail", el)
 	}
+	// The other order: ranks 0 and 1 have formed a group of 2 before rank
+	// 2 arrives with world size 3. The group stands; the latecomer fails,
+	// naming both sizes.
+	cfg2 := func(rank, world int) Config {
+		c := cfg(rank, world)
+		c.Group = "ws2"
+		return c
+	}
+	comms := make([]*Communicator, 2)
+	errs = onRanks(comms, func(r int, _ *Communicator) (err error) {
+		comms[r], err = New(ctx, cfg2(r, 2))
+		return err
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	if _, err := New(ctx, cfg2(2, 3)); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "rank 2 has world size 3, but group \"ws2\" was formed with world size 2") {
+		t.Errorf("late rank 2 of 3: %v", err)
+	}
 }
 
 // TestDuplicateRank starts a second rank 0 beside a live group: it is
