@@ -157,7 +157,9 @@ func (c *Communicator) size(cl *call) error {
 
 // checkBuffer checks one buffer of a call: its kind matches the backend,
 // a typed buffer's dtype matches the call's, and host memory is long
-// enough and aligned for the element type.
+// enough and aligned for the element type. Its messages name nothing
+// rank-specific, so the debug check sees the same refusal on every rank as
+// agreement.
 func (c *Communicator) checkBuffer(cl *call, name string, b Buffer, need int64) error {
 	want := c.b.memory()
 	switch {
@@ -166,7 +168,7 @@ func (c *Communicator) checkBuffer(cl *call, name string, b Buffer, need int64) 
 	case b.kind != want && want == hostMemory:
 		return errorf(ErrInvalidArgument, "comm: %s: the %s is a DeviceBuffer given to a host communicator (Config.Device = comm.Host); pass host memory with HostBuffer or HostSlice", cl.collective, name)
 	case b.kind != want:
-		return errorf(ErrInvalidArgument, "comm: %s: the %s is a HostBuffer given to a GPU communicator (Config.Device %d); pass device memory with DeviceBuffer, or use Config.Device = comm.Host for CPU ranks", cl.collective, name, c.cfg.Device)
+		return errorf(ErrInvalidArgument, "comm: %s: the %s is a HostBuffer given to a GPU communicator; pass device memory with DeviceBuffer, or use Config.Device = comm.Host for CPU ranks", cl.collective, name)
 	case b.dtype != "" && b.dtype != cl.dtype:
 		return errorf(ErrInvalidArgument, "comm: %s: the %s holds %s elements but the call's dtype is %s", cl.collective, name, b.dtype, cl.dtype)
 	case b.kind == deviceMemory:

@@ -300,6 +300,15 @@ func TestHostDebugCheck(t *testing.T) {
 	if !errors.Is(errs[0], ErrMismatch) || !strings.Contains(errs[0].Error(), "refused") {
 		t.Errorf("rank 0 beside a refusing rank 1: %v", errs[0])
 	}
+	// The same refusal on every rank is agreement: each returns its own.
+	errs = onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(HostBuffer(make([]byte, 64)), HostBuffer(make([]byte, 64)), 4, "f17", coll.Sum, Options{})
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrMismatch) {
+			t.Errorf("rank %d, the same refusal everywhere: %v, want ErrInvalidArgument", r, err)
+		}
+	}
 	// Matching calls run.
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return AllReduceSlice(c, []float32{1, 2}, make([]float32, 2), coll.Sum, Options{})
