@@ -23,7 +23,8 @@ import (
 type cudaDevice struct {
 	cfg    Config
 	lib    *kernels.Library
-	dev    *cuda.Device
+	dev    *cuda.Device // nil once released
+	handle *cuda.Device // dev, kept after release for Communicator.Device
 	own    *cuda.Stream
 	fatbin *cuda.Module
 	comm   *nccl.Comm
@@ -51,7 +52,7 @@ func openDevice(cfg Config) (device, error) {
 	if err != nil {
 		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cfg.Device, err)
 	}
-	d := &cudaDevice{cfg: cfg, lib: cfg.Library, dev: dev, funcs: map[string]*cuda.Function{}}
+	d := &cudaDevice{cfg: cfg, lib: cfg.Library, dev: dev, handle: dev, funcs: map[string]*cuda.Function{}}
 	if d.own, err = dev.NewStream(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
@@ -203,7 +204,7 @@ func (d *cudaDevice) status() uint64 {
 	return uint64(d.statusBuf.LoadUint32(4))<<32 | uint64(lo)
 }
 
-func (d *cudaDevice) cudaDevice() *cuda.Device { return d.dev }
+func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
 
