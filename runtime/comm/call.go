@@ -31,7 +31,6 @@ type call struct {
 	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
 	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
 	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
-	need   int64           // GPU kernel: stage-slot bytes it needs when staged
 	zc     *zeroCopy       // GPU kernel: the input is read in place, nil when staged
 }
 

@@ -327,7 +327,7 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, cl.bytes, g.area[proto])
 	}
-	cl.kernel, cl.chunk, cl.need, cl.zc = k, chunk, need, zc
+	cl.kernel, cl.chunk, cl.zc = k, chunk, zc
 	return nil
 }
 
