@@ -75,13 +75,17 @@ func classify(err error) error {
 	}
 	kind := ErrDevice
 	switch {
+	case errors.Is(err, host.ErrBroken):
+		// Before the others: it wraps the failure that broke the group
+		// (a mismatch, a timeout), but this call was refused for it.
+		kind = ErrAborted
 	case errors.Is(err, host.ErrInvalidArgument):
 		kind = ErrInvalidArgument
 	case errors.Is(err, host.ErrMismatch), errors.Is(err, rendezvous.ErrWorldSizeMismatch), errors.Is(err, rendezvous.ErrDuplicateRank):
 		kind = ErrMismatch
 	case errors.Is(err, host.ErrClosed), errors.Is(err, rendezvous.ErrClosed):
 		kind = ErrClosed
-	case errors.Is(err, host.ErrPeerFailed), errors.Is(err, host.ErrBroken), errors.Is(err, context.Canceled):
+	case errors.Is(err, host.ErrPeerFailed), errors.Is(err, context.Canceled):
 		kind = ErrAborted
 	case errors.Is(err, host.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		kind = ErrTimeout

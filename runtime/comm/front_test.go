@@ -341,3 +341,29 @@ func TestNoGPUSaysWhatToSet(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// TestHostErrorsMatchSentinels checks that the host backend's own errors
+// match comm's sentinels: ranks issuing different counts (which the host
+// backend sees at its first barrier) get ErrMismatch, or ErrAborted for a
+// rank whose peer gave up first; the group is then broken (ErrAborted).
+func TestHostErrorsMatchSentinels(t *testing.T) {
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "sentinels")
+	defer closeAll(t, comms)
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		b := make([]float32, 64)
+		return AllReduceSlice(c, b[:32+32*r], b[:32+32*r], coll.Sum, Options{})
+	})
+	mismatch := false
+	for r, err := range errs {
+		mismatch = mismatch || errors.Is(err, ErrMismatch)
+		if !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrAborted) {
+			t.Errorf("rank %d: %v, want ErrMismatch or ErrAborted", r, err)
+		}
+	}
+	if !mismatch {
+		t.Errorf("no rank reported ErrMismatch: %v", errs)
+	}
+	if err := AllReduceSlice(comms[0], []float32{1}, []float32{1}, coll.Sum, Options{}); !errors.Is(err, ErrAborted) {
+		t.Errorf("after the failure: %v, want ErrAborted (the group is broken)", err)
+	}
+}
