@@ -39,6 +39,9 @@ type packer struct {
 // member or with an array shorter than the world size is an error: the
 // generated code and the runtime disagree.
 func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
+	if k.Args == nil {
+		return nil, errorf(ErrInvalidArgument, "comm: kernel %s has no argument layout; regenerate the library", k.Name)
+	}
 	p := &packer{size: k.Args.Size, id: uint64(id), world: world}
 	for _, m := range []struct {
 		name  string

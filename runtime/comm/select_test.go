@@ -159,3 +159,30 @@ func TestTimeoutErrorText(t *testing.T) {
 		t.Errorf("got %q", e.Error())
 	}
 }
+
+// TestPackerRefusesBadLayouts checks that a kernel whose argument layout
+// lacks a member, or whose arrays are shorter than the world size, is
+// refused when the packer is built, not written out of bounds at launch.
+func TestPackerRefusesBadLayouts(t *testing.T) {
+	k, ok := collectives.Library.Kernel("allreduce", "oneshot", "f32", "sum", 4)
+	if !ok {
+		t.Fatal("no allreduce_oneshot_f32_sum_w4")
+	}
+	if _, err := newPacker(k, 0, 4); err != nil {
+		t.Fatalf("generated layout: %v", err)
+	}
+	if _, err := newPacker(k, 0, 5); err == nil || !strings.Contains(err.Error(), "does not fit 5 values") {
+		t.Errorf("world 5 in a w4 layout: %v", err)
+	}
+	bad := *k
+	args := *k.Args
+	args.Fields = args.Fields[1:] // no "input"
+	bad.Args = &args
+	if _, err := newPacker(&bad, 0, 4); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), `no member "input"`) {
+		t.Errorf("layout without input: %v", err)
+	}
+	bad.Args = nil
+	if _, err := newPacker(&bad, 0, 4); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("no layout: %v", err)
+	}
+}
