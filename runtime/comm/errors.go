@@ -24,7 +24,8 @@ var (
 	// *TimeoutError from a kernel matches it too.
 	ErrTimeout = errors.New("comm: timeout")
 	// ErrAborted: a peer failed, or an earlier failure left the
-	// communicator unusable; make a new one.
+	// communicator unusable; make a new one. (A GPU communicator broken by
+	// a kernel's timeout returns that *TimeoutError again instead.)
 	ErrAborted = errors.New("comm: aborted")
 	// ErrClosed: the communicator was closed.
 	ErrClosed = errors.New("comm: closed")
