@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -349,7 +350,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 	// NCCL is available when the communicator would hand it an
 	// impossibly large message (every rank gets the same answer).
 	var ncclErr error
-	if _, err := st.c.Choose(coll.Collective(cfg.Collective), math.MaxInt64/2, coll.DType(cfg.DType), coll.Op(cfg.Op)); err != nil {
+	if _, err := st.c.Choose(cfg.Collective, math.MaxInt64/2, cfg.DType, cfg.Op); err != nil {
 		ncclErr = err
 	}
 	mode := "graph"
@@ -362,10 +363,10 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		var group []Measurement
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
-				Bytes: sh.Bytes, Variant: v.Name, Algorithm: v.Algorithm, Mode: mode}
-			if v.Name == Auto {
-				if a, err := st.c.Choose(coll.Collective(cfg.Collective), sh.Bytes, coll.DType(cfg.DType), coll.Op(cfg.Op)); err == nil {
-					m.Algorithm = string(a)
+				Bytes: sh.Bytes, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
+			if v.Algorithm == coll.Auto {
+				if a, err := st.c.Choose(cfg.Collective, sh.Bytes, cfg.DType, cfg.Op); err == nil {
+					m.Algorithm = a
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
@@ -405,14 +406,14 @@ func (st *rankState) broken(ctx context.Context) error {
 func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 	cfg := st.cfg
 	in, out := comm.DeviceBuffer(st.in[i%2]), comm.DeviceBuffer(st.out)
-	o := comm.Options{Stream: st.s, Algorithm: coll.Algorithm(alg)}
+	o := comm.Options{Stream: st.s, Algorithm: alg}
 	switch cfg.Collective {
-	case schedule.AllReduce:
-		return st.c.AllReduce(in, out, sh.Count, coll.DType(cfg.DType), coll.Op(cfg.Op), o)
-	case schedule.ReduceScatter:
-		return st.c.ReduceScatter(in, out, sh.Count, coll.DType(cfg.DType), coll.Op(cfg.Op), o)
+	case coll.AllReduce:
+		return st.c.AllReduce(in, out, sh.Count, cfg.DType, cfg.Op, o)
+	case coll.ReduceScatter:
+		return st.c.ReduceScatter(in, out, sh.Count, cfg.DType, cfg.Op, o)
 	default:
-		return st.c.AllGather(in, out, sh.Count, coll.DType(cfg.DType), o)
+		return st.c.AllGather(in, out, sh.Count, cfg.DType, o)
 	}
 }
 

@@ -135,14 +135,14 @@ func alignedBytes(n int) []byte {
 }
 
 func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) error {
-	opts := host.Options{Algorithm: coll.Algorithm(c.Algorithm)}
+	opts := host.Options{Algorithm: c.Algorithm}
 	switch c.Collective {
-	case schedule.AllReduce:
-		return g.AllReduce(ctx, in, out, count, coll.DType(c.DType), coll.Op(c.Op), opts)
-	case schedule.ReduceScatter:
-		return g.ReduceScatter(ctx, in, out, count, coll.DType(c.DType), coll.Op(c.Op), opts)
-	case schedule.AllGather:
-		return g.AllGather(ctx, in, out, count, coll.DType(c.DType), opts)
+	case coll.AllReduce:
+		return g.AllReduce(ctx, in, out, count, c.DType, c.Op, opts)
+	case coll.ReduceScatter:
+		return g.ReduceScatter(ctx, in, out, count, c.DType, c.Op, opts)
+	case coll.AllGather:
+		return g.AllGather(ctx, in, out, count, c.DType, opts)
 	}
 	return fmt.Errorf("unknown collective %q", c.Collective)
 }
@@ -169,12 +169,12 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	in, out := inBuf[:inB], outBuf[:outB]
 	numeric.Fill(c.DType, in, int(c.Bytes), rank)
 	alg := c.Algorithm
-	if alg == "" {
-		a, err := g.Algorithm(coll.Collective(c.Collective), c.Bytes)
+	if alg == coll.Auto {
+		a, err := g.Algorithm(c.Collective, c.Bytes)
 		if err != nil {
 			return bench.Result{}, err
 		}
-		alg = string(a)
+		alg = a
 	}
 	if o.Check {
 		if err := do(ctx, g, c, in, out, count); err != nil {
@@ -214,7 +214,7 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 		return bench.Result{}, err
 	}
 	med := bench.Median(us)
-	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: alg, DType: string(c.DType), Op: string(c.Op), World: w,
+	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: string(alg), DType: string(c.DType), Op: string(c.Op), World: w,
 		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med)}, nil
 }
 

@@ -226,5 +226,5 @@ func (c *Communicator) chooseCall(collective coll.Collective, bytes int64, dtype
 
 // chunkElems is schedule.ChunkElems for a call and a kernel's vector width.
 func chunkElems(cl *call, world int, k *kernels.Kernel) int64 {
-	return int64(schedule.ChunkElems(string(cl.collective), int(cl.n), world, int(k.VecElems(int(cl.esize)))))
+	return int64(schedule.ChunkElems(cl.collective, int(cl.n), world, int(k.VecElems(int(cl.esize)))))
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/schedule"
 )
 
 // gpuComm is the GPU backend's pure part: it decides, the device acts.
@@ -209,9 +208,9 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 func (g *gpuComm) pickTopology() error {
 	lib, cfg := g.lib, g.cfg
 	var names []string
-	kinds := map[string]string{}
+	kinds := map[string]coll.TopologyKind{}
 	for _, s := range lib.Selections {
-		if s.Kind == schedule.KindHostShm || !slices.Contains(s.Worlds, cfg.WorldSize) {
+		if s.Kind == coll.HostSHM || !slices.Contains(s.Worlds, cfg.WorldSize) {
 			continue
 		}
 		if _, seen := kinds[s.Topology]; !seen {
@@ -226,7 +225,7 @@ func (g *gpuComm) pickTopology() error {
 	if topo == "" {
 		// Prefer a fully connected NVLink topology, then spec order.
 		sort.SliceStable(names, func(i, j int) bool {
-			return kinds[names[i]] == schedule.KindNVLinkFull && kinds[names[j]] != schedule.KindNVLinkFull
+			return kinds[names[i]] == coll.NVLinkFull && kinds[names[j]] != coll.NVLinkFull
 		})
 		topo = names[0]
 	} else if _, ok := kinds[topo]; !ok {
@@ -298,7 +297,7 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrUnsupported, "comm: %s with algorithm nccl refused: %v", cl.collective, g.ncclWhy())
 	}
-	k, ok := g.lib.Kernel(string(cl.collective), string(cl.alg), string(cl.dtype), string(cl.op), g.world)
+	k, ok := g.lib.Kernel(cl.collective, cl.alg, cl.dtype, cl.op, g.world)
 	if !ok {
 		if auto { // the spec generated no kernel for this dtype/op: the rules' fallback
 			cl.alg = coll.NCCL

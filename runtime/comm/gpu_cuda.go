@@ -123,13 +123,16 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	}
 	m := d.fatbin
 	if m == nil {
-		src, ok := d.lib.Sources[k.Source]
-		if !ok {
-			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: source %s is not in the library", k.Name, k.Source)
+		src, err := d.lib.Source(k.Source)
+		if err != nil {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
 		}
-		var err error
+		headers, err := d.lib.Headers()
+		if err != nil {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
+		}
 		m, err = d.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
-			Headers: d.lib.Headers, Options: []string{"--std=c++17"}}, d.cfg.Cache)
+			Headers: headers, Options: []string{"--std=c++17"}}, d.cfg.Cache)
 		if err != nil {
 			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
 		}

@@ -4,7 +4,6 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/schedule"
 )
 
 // hostBackend runs resolved calls on host.Group: the algorithm is always
@@ -18,7 +17,7 @@ type hostBackend struct {
 func (h *hostBackend) memory() memKind { return hostMemory }
 
 func (h *hostBackend) rules(collective coll.Collective) *kernels.Selection {
-	sel, _ := h.lib.Selection(schedule.KindHostShm, string(collective), h.world)
+	sel, _ := h.lib.Selection(coll.HostSHM, collective, h.world)
 	return sel
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/shm"
 	"github.com/collgen/collgen/schedule"
 )
@@ -70,7 +69,7 @@ func (g *Group) run(ctx context.Context, c call) error {
 		return err
 	}
 	if c.collective.Reduces() {
-		red, ok := g.lib.HostReducer(string(c.dtype), string(c.op))
+		red, ok := g.lib.HostReducer(c.dtype, c.op)
 		if !ok {
 			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s", c.collective, ErrInvalidArgument, g.lib.Package, c.dtype, c.op)
 		}
@@ -261,7 +260,7 @@ func (x *exec) piece(p int) piece {
 	hi := min(lo+x.pieceN, x.c.count)
 	if x.c.collective == coll.AllReduce {
 		n := hi - lo
-		return piece{off: lo, n: n, c: schedule.ChunkElems(string(coll.AllReduce), n, w, 64/x.esz)}
+		return piece{off: lo, n: n, c: schedule.ChunkElems(coll.AllReduce, n, w, 64/x.esz)}
 	}
 	return piece{off: lo, n: w * (hi - lo), c: hi - lo}
 }

@@ -69,15 +69,15 @@ func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
 			in = out[rank*o.count*esz : (rank+1)*o.count*esz]
 		}
 	}
-	opts := Options{Algorithm: coll.Algorithm(o.alg), Tag: o.tag}
+	opts := Options{Algorithm: o.alg, Tag: o.tag}
 	var err error
 	switch o.coll {
-	case schedule.AllReduce:
-		err = g.AllReduce(ctx, in, out, o.count, coll.DType(o.dtype), coll.Op(o.red), opts)
-	case schedule.ReduceScatter:
-		err = g.ReduceScatter(ctx, in, out, o.count, coll.DType(o.dtype), coll.Op(o.red), opts)
-	case schedule.AllGather:
-		err = g.AllGather(ctx, in, out, o.count, coll.DType(o.dtype), opts)
+	case coll.AllReduce:
+		err = g.AllReduce(ctx, in, out, o.count, o.dtype, o.red, opts)
+	case coll.ReduceScatter:
+		err = g.ReduceScatter(ctx, in, out, o.count, o.dtype, o.red, opts)
+	case coll.AllGather:
+		err = g.AllGather(ctx, in, out, o.count, o.dtype, opts)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", o, err)

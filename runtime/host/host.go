@@ -284,7 +284,7 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	if s, ok := g.scheds[k]; ok {
 		return s, nil
 	}
-	s, err := schedule.Build(string(collective), string(algorithm), g.cfg.World)
+	s, err := schedule.Build(collective, algorithm, g.cfg.World)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
 	}
@@ -313,12 +313,12 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 // one selection function of the runtime), or an error wrapping
 // ErrInvalidArgument when the rules have no host algorithm for it.
 func (g *Group) Algorithm(collective coll.Collective, bytes int64) (coll.Algorithm, error) {
-	sel, ok := g.lib.Selection(schedule.KindHostShm, string(collective), g.cfg.World)
+	sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.World)
 	if !ok {
 		return "", fmt.Errorf("host: %w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
 			ErrInvalidArgument, g.lib.Package, collective, g.cfg.World)
 	}
-	a := coll.Algorithm(sel.Choose(bytes))
+	a := sel.Choose(bytes)
 	if !a.Generated() {
 		return "", fmt.Errorf("host: %w: the host_shm rules select %s for %s of %d bytes; the host backend runs generated schedules only",
 			ErrInvalidArgument, a, collective, bytes)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/schedule"
 )
 
 // TestCorrectnessGoroutines runs every dtype x op x algorithm on sampled

@@ -88,7 +88,7 @@ func TestHostCommunicator(t *testing.T) {
 			outs := make([][]byte, w)
 			for r := range ins {
 				ins[r] = make([]byte, n*dt.Size())
-				numeric.Fill(string(dt), ins[r], n, r)
+				numeric.Fill(dt, ins[r], n, r)
 				outs[r] = make([]byte, len(ins[r]))
 			}
 			for r := 0; r < w; r++ {
@@ -103,7 +103,7 @@ func TestHostCommunicator(t *testing.T) {
 				t.Fatalf("%s n=%d: %v", dt, n, err)
 			}
 			for r := 0; r < w; r++ {
-				if err := numeric.Check(string(dt), "sum", outs[r], ins); err != nil {
+				if err := numeric.Check(dt, coll.Sum, outs[r], ins); err != nil {
 					t.Errorf("%s n=%d rank %d: %v", dt, n, r, err)
 				}
 			}
