@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export COLLGEN_CACHE_DIR="$TMP/cache"
-export PROOF_SUMMARY="$OUT/proof-summary.md"
+export PROOF_SUMMARY="$OUT/proof-summary.md" SPECIAL_TABLE=${SPECIAL_TABLE:-$OUT/special-values.md}
 : >"$PROOF_SUMMARY"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4; do [ "$w" -le "$ngpu" ] && printf '%s,' $w; done | sed 's/,$//')}
@@ -25,7 +25,7 @@ echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)" >>"$PROOF_SUMMARY"
 start=$(date +%s)
 timeout ${GOROUTINE_TIMEOUT:-420} .gpu/proof.test -test.v -test.timeout 0 \
-  -test.run 'TestProofGoroutines|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU' >"$OUT/proof-goroutines.log" 2>&1 || status=1
+  -test.run 'TestProofGoroutines|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues' >"$OUT/proof-goroutines.log" 2>&1 || status=1
 echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
 
