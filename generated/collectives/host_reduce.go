@@ -5,6 +5,7 @@ package collectives
 import (
 	"github.com/collgen/collgen/runtime/kernels"
 	numeric "github.com/collgen/collgen/runtime/numeric"
+	"math"
 	"unsafe"
 )
 
@@ -34,7 +35,7 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] {
+				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -61,7 +62,7 @@ func reduceBF16Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); x < a[i] || a[i] != a[i] {
+				if x := numeric.BF16ToF32(v); x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -113,7 +114,7 @@ func reduceF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.F16ToF32(v); x > a[i] || a[i] != a[i] {
+				if x := numeric.F16ToF32(v); x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -140,7 +141,7 @@ func reduceF16Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.F16ToF32(v); x < a[i] || a[i] != a[i] {
+				if x := numeric.F16ToF32(v); x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -192,7 +193,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; x > a[i] || a[i] != a[i] {
+				if x := v; x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -219,7 +220,7 @@ func reduceF32Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; x < a[i] || a[i] != a[i] {
+				if x := v; x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -271,7 +272,7 @@ func reduceF64Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; x > a[i] || a[i] != a[i] {
+				if x := v; x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -298,7 +299,7 @@ func reduceF64Min(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float64](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; x < a[i] || a[i] != a[i] {
+				if x := v; x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}

@@ -103,7 +103,7 @@ func hostBody(ht hostType, op coll.Op, float bool) []jen.Code {
 	case coll.Sum:
 		combine = jen.Id("a").Index(jen.Id("i")).Op("+=").Add(up(jen.Id("v")))
 	case coll.Max, coll.Min:
-		// if x := up(v); x > a[i] || a[i] != a[i] { a[i] = x } (min: <).
+		// if x := up(v); x > a[i] || a[i] != a[i] || (zeros) { a[i] = x } (min: <).
 		// Floats follow maxNum/minNum as the CUDA op and NCCL do: a NaN
 		// operand is ignored unless every operand is NaN, so the result
 		// does not depend on where the NaN sits (a NaN accumulator takes
@@ -114,7 +114,16 @@ func hostBody(ht hostType, op coll.Op, float bool) []jen.Code {
 		}
 		cond := jen.Id("x").Op(cmp).Add(ai.Clone())
 		if float {
-			cond = cond.Op("||").Add(ai.Clone()).Op("!=").Add(ai.Clone())
+			// ... || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x))
+			// and x is the zero the op prefers: +0 for max, -0 for min, as
+			// the GPUs order zeros (measured against NCCL, docs/numerics.md).
+			signbit := func(v jen.Code) *jen.Statement { return jen.Qual("math", "Signbit").Call(jen.Float64().Call(v)) }
+			prefer := signbit(jen.Id("x"))
+			if op == coll.Max {
+				prefer = jen.Op("!").Add(signbit(jen.Id("x")))
+			}
+			cond = cond.Op("||").Add(ai.Clone()).Op("!=").Add(ai.Clone()).
+				Op("||").Id("x").Op("==").Add(ai.Clone()).Op("&&").Add(signbit(ai.Clone())).Op("!=").Add(signbit(jen.Id("x"))).Op("&&").Add(prefer)
 		}
 		combine = jen.If(jen.Id("x").Op(":=").Add(up(jen.Id("v"))), cond).Block(ai.Clone().Op("=").Id("x"))
 	}

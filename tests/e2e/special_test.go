@@ -12,9 +12,10 @@ import (
 
 // TestHostMaxMinIgnoreNaN checks the generated host reduce loops treat a
 // NaN operand as the CUDA kernels and NCCL do (maxNum/minNum): ignored
-// unless every operand is NaN, whatever its position among the sources.
+// unless every operand is NaN, whatever its position among the sources;
+// and order zeros as the GPUs do (max prefers +0, min -0).
 func TestHostMaxMinIgnoreNaN(t *testing.T) {
-	nan := math.NaN()
+	nan, negZero := math.NaN(), math.Copysign(0, -1)
 	cases := []struct {
 		op   coll.Op
 		srcs []float64
@@ -31,6 +32,11 @@ func TestHostMaxMinIgnoreNaN(t *testing.T) {
 		{coll.Min, []float64{3, nan, 2}, 2},
 		{coll.Min, []float64{nan, nan, nan}, nan},
 		{coll.Min, []float64{math.Inf(1), nan}, math.Inf(1)},
+		{coll.Max, []float64{negZero, 0}, 0},
+		{coll.Max, []float64{0, negZero}, 0},
+		{coll.Min, []float64{negZero, 0}, negZero},
+		{coll.Min, []float64{0, negZero}, negZero},
+		{coll.Max, []float64{negZero, nan}, negZero},
 	}
 	for _, d := range []coll.DType{coll.F32, coll.F64, coll.F16, coll.BF16} {
 		for _, c := range cases {
@@ -45,7 +51,7 @@ func TestHostMaxMinIgnoreNaN(t *testing.T) {
 			dst := make([]byte, d.Size())
 			f(dst, srcs)
 			got := decode(d, dst)
-			if math.IsNaN(c.want) != math.IsNaN(got) || (!math.IsNaN(got) && got != c.want) {
+			if math.IsNaN(c.want) != math.IsNaN(got) || (!math.IsNaN(got) && (got != c.want || math.Signbit(got) != math.Signbit(c.want))) {
 				t.Errorf("%s %s of %v = %v, want %v", d, c.op, c.srcs, got, c.want)
 			}
 		}

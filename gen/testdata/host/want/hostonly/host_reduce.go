@@ -5,6 +5,7 @@ package hostonly
 import (
 	"github.com/collgen/collgen/runtime/kernels"
 	numeric "github.com/collgen/collgen/runtime/numeric"
+	"math"
 	"unsafe"
 )
 
@@ -34,7 +35,7 @@ func reduceBF16Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[uint16](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] {
+				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
@@ -86,7 +87,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 		for _, src := range srcs[1:] {
 			s := elems[float32](src, lo, m)[:len(a)]
 			for i, v := range s {
-				if x := v; x > a[i] || a[i] != a[i] {
+				if x := v; x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
 					a[i] = x
 				}
 			}
