@@ -3,6 +3,7 @@ package spec
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -160,7 +161,7 @@ func (l *loader) fields(n *yaml.Node, what, example string, known []string) map[
 		if what == "the spec" && strings.HasPrefix(f.name, "x-") {
 			continue // extension fields: a place for anchors
 		}
-		if !containsStr(known, f.name) {
+		if !slices.Contains(known, f.name) {
 			hint := didYouMean(f.name, known)
 			if sg := suggest(f.name, known); sg != "" {
 				out["?"+sg] = f
@@ -247,14 +248,4 @@ func (l *loader) number(n *yaml.Node, what, example string) (float64, bool) {
 func reportMissing(f map[string]field, name string) bool {
 	_, typo := f["?"+name]
 	return !typo
-}
-
-// containsStr reports whether list holds s.
-func containsStr(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -81,7 +81,7 @@ func rankBody(store rendezvous.Store, rank, world, ordinal int) error {
 // TestIPCInProcess: goroutine per GPU; peers use pointers directly.
 func TestIPCInProcess(t *testing.T) {
 	cudatest.Devices(t, 2)
-	store := cudatest.NewMemStore()
+	store := rendezvous.NewMemStore()
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for r := 0; r < 2; r++ {
@@ -103,7 +103,7 @@ func TestIPCTwoProcesses(t *testing.T) {
 	if spec := os.Getenv(envChild); spec != "" {
 		rank, _ := strconv.Atoi(strings.Split(spec, ":")[0])
 		ord, _ := strconv.Atoi(strings.Split(spec, ":")[1])
-		store, err := cudatest.NewFileStore(os.Getenv(envDir))
+		store, err := rendezvous.NewFileStore(os.Getenv(envDir))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestIPCTwoProcesses(t *testing.T) {
 		peerOrd = 0
 	}
 	dir := t.TempDir()
-	store, err := cudatest.NewFileStore(dir)
+	store, err := rendezvous.NewFileStore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestIPCUnreachablePeer(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	store := cudatest.NewMemStore()
+	store := rendezvous.NewMemStore()
 	fake, _ := json.Marshal(map[string]any{"rank": 1, "pid": 1, "nonce": "someone-else", "ordinal": 0,
 		"bus": "", "base": 4096, "offset": 0, "ptr": 4096, "bytes": 1024})
 	store.Set(ctx, testKey+"/ipc/rank1", fake)

@@ -15,6 +15,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/cuda/cudatest"
 	"github.com/collgen/collgen/runtime/nccl"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 func TestMissingLibrary(t *testing.T) {
@@ -66,7 +67,7 @@ func checkF32(b []byte, want float32, what string) error {
 }
 
 // rank runs the collectives for one rank of world (goroutine per GPU).
-func rank(lib *nccl.Lib, store *cudatest.MemStore, r, world int, d *cuda.Device) error {
+func rank(lib *nccl.Lib, store rendezvous.Store, r, world int, d *cuda.Device) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	comm, err := nccl.NewComm(ctx, store, "nccltest", r, world, d)
@@ -145,7 +146,7 @@ func rank(lib *nccl.Lib, store *cudatest.MemStore, r, world int, d *cuda.Device)
 func TestCollectives2GPU(t *testing.T) {
 	devs := cudatest.Devices(t, 2)
 	lib := loadOrSkip(t)
-	store := cudatest.NewMemStore()
+	store := rendezvous.NewMemStore()
 	var wg sync.WaitGroup
 	errs := make([]error, len(devs))
 	for r, d := range devs {
