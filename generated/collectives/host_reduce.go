@@ -5,491 +5,2123 @@ package collectives
 import (
 	"github.com/collgen/collgen/runtime/kernels"
 	numeric "github.com/collgen/collgen/runtime/numeric"
-	"math"
 	"unsafe"
 )
 
-// hostBlock is how many elements a host loop accumulates at a time: the
-// accumulator stays in L1 while every source streams through once.
+// hostBlock is how many elements a host loop accumulates at a time when it has
+// more than 8 sources: the accumulator stays in L1 while every source streams
+// through once.
 const hostBlock = 1024
 
-// elems views m elements of type T of b, starting at element lo.
-func elems[T any](b []byte, lo, m int) []T {
+// elems views b as elements of type T (len(b)/size of them; b is element
+// aligned).
+func elems[T any](b []byte) []T {
 	var z T
-	size := int(unsafe.Sizeof(z))
-	return unsafe.Slice((*T)(unsafe.Pointer(&b[lo*size])), m)
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(z)))
+}
+
+// maxF32 combines accumulator a with value x: a NaN operand is ignored unless
+// both are (maxNum/minNum); otherwise the builtin max, which orders -0 below
+// +0.
+func maxF32(a, x float32) float32 {
+	if a != a {
+		return x
+	}
+	if x != x {
+		return a
+	}
+	return max(a, x)
+}
+
+// maxF64 combines accumulator a with value x: a NaN operand is ignored unless
+// both are (maxNum/minNum); otherwise the builtin max, which orders -0 below
+// +0.
+func maxF64(a, x float64) float64 {
+	if a != a {
+		return x
+	}
+	if x != x {
+		return a
+	}
+	return max(a, x)
+}
+
+// maxI32 returns max(a, x) for integers.
+func maxI32(a, x int32) int32 {
+	return max(a, x)
+}
+
+// maxI64 returns max(a, x) for integers.
+func maxI64(a, x int64) int64 {
+	return max(a, x)
+}
+
+// minF32 combines accumulator a with value x: a NaN operand is ignored unless
+// both are (maxNum/minNum); otherwise the builtin min, which orders -0 below
+// +0.
+func minF32(a, x float32) float32 {
+	if a != a {
+		return x
+	}
+	if x != x {
+		return a
+	}
+	return min(a, x)
+}
+
+// minF64 combines accumulator a with value x: a NaN operand is ignored unless
+// both are (maxNum/minNum); otherwise the builtin min, which orders -0 below
+// +0.
+func minF64(a, x float64) float64 {
+	if a != a {
+		return x
+	}
+	if x != x {
+		return a
+	}
+	return min(a, x)
+}
+
+// minI32 returns min(a, x) for integers.
+func minI32(a, x int32) int32 {
+	return min(a, x)
+}
+
+// minI64 returns min(a, x) for integers.
+func minI64(a, x int64) int64 {
+	return min(a, x)
 }
 
 // reduceBF16Max is the host reduce loop for bf16 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceBF16Max(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.BF16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := numeric.BF16ToF32(v); x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])), numeric.BF16ToF32(s7[i])))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])), numeric.BF16ToF32(s7[i]))
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(maxF32(maxF32(maxF32(a[i], numeric.BF16ToF32(t0[i])), numeric.BF16ToF32(t1[i])), numeric.BF16ToF32(t2[i])), numeric.BF16ToF32(t3[i]))
 				}
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToBF16(v)
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(a[i], numeric.BF16ToF32(t[i]))
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToBF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceBF16Min is the host reduce loop for bf16 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceBF16Min(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.BF16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := numeric.BF16ToF32(v); x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(minF32(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(minF32(minF32(minF32(minF32(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])), numeric.BF16ToF32(s7[i])))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minF32(minF32(minF32(minF32(minF32(minF32(minF32(numeric.BF16ToF32(s0[i]), numeric.BF16ToF32(s1[i])), numeric.BF16ToF32(s2[i])), numeric.BF16ToF32(s3[i])), numeric.BF16ToF32(s4[i])), numeric.BF16ToF32(s5[i])), numeric.BF16ToF32(s6[i])), numeric.BF16ToF32(s7[i]))
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(minF32(minF32(minF32(a[i], numeric.BF16ToF32(t0[i])), numeric.BF16ToF32(t1[i])), numeric.BF16ToF32(t2[i])), numeric.BF16ToF32(t3[i]))
 				}
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToBF16(v)
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(a[i], numeric.BF16ToF32(t[i]))
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToBF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceBF16Sum is the host reduce loop for bf16 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceBF16Sum(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.BF16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += numeric.BF16ToF32(v)
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]) + numeric.BF16ToF32(s4[i]))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]) + numeric.BF16ToF32(s4[i]) + numeric.BF16ToF32(s5[i]))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]) + numeric.BF16ToF32(s4[i]) + numeric.BF16ToF32(s5[i]) + numeric.BF16ToF32(s6[i]))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToBF16(numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]) + numeric.BF16ToF32(s4[i]) + numeric.BF16ToF32(s5[i]) + numeric.BF16ToF32(s6[i]) + numeric.BF16ToF32(s7[i]))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = numeric.BF16ToF32(s0[i]) + numeric.BF16ToF32(s1[i]) + numeric.BF16ToF32(s2[i]) + numeric.BF16ToF32(s3[i]) + numeric.BF16ToF32(s4[i]) + numeric.BF16ToF32(s5[i]) + numeric.BF16ToF32(s6[i]) + numeric.BF16ToF32(s7[i])
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToBF16(v)
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + numeric.BF16ToF32(t0[i]) + numeric.BF16ToF32(t1[i]) + numeric.BF16ToF32(t2[i]) + numeric.BF16ToF32(t3[i])
+				}
+			}
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + numeric.BF16ToF32(t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToBF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceF16Max is the host reduce loop for f16 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceF16Max(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.F16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := numeric.F16ToF32(v); x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])), numeric.F16ToF32(s7[i])))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])), numeric.F16ToF32(s7[i]))
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(maxF32(maxF32(maxF32(a[i], numeric.F16ToF32(t0[i])), numeric.F16ToF32(t1[i])), numeric.F16ToF32(t2[i])), numeric.F16ToF32(t3[i]))
 				}
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToF16(v)
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(a[i], numeric.F16ToF32(t[i]))
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceF16Min is the host reduce loop for f16 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceF16Min(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.F16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := numeric.F16ToF32(v); x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(minF32(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(minF32(minF32(minF32(minF32(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])), numeric.F16ToF32(s7[i])))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minF32(minF32(minF32(minF32(minF32(minF32(minF32(numeric.F16ToF32(s0[i]), numeric.F16ToF32(s1[i])), numeric.F16ToF32(s2[i])), numeric.F16ToF32(s3[i])), numeric.F16ToF32(s4[i])), numeric.F16ToF32(s5[i])), numeric.F16ToF32(s6[i])), numeric.F16ToF32(s7[i]))
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(minF32(minF32(minF32(a[i], numeric.F16ToF32(t0[i])), numeric.F16ToF32(t1[i])), numeric.F16ToF32(t2[i])), numeric.F16ToF32(t3[i]))
 				}
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToF16(v)
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(a[i], numeric.F16ToF32(t[i]))
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceF16Sum is the host reduce loop for f16 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceF16Sum(dst []byte, srcs [][]byte) {
-	var z uint16
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[uint16](srcs[0], lo, m) {
-			a[i] = numeric.F16ToF32(v)
+	d := elems[uint16](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]))
 		}
-		for _, src := range srcs[1:] {
-			s := elems[uint16](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += numeric.F16ToF32(v)
+	case 2:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]))
+		}
+	case 3:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]))
+		}
+	case 4:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]))
+		}
+	case 5:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]) + numeric.F16ToF32(s4[i]))
+		}
+	case 6:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]) + numeric.F16ToF32(s4[i]) + numeric.F16ToF32(s5[i]))
+		}
+	case 7:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]) + numeric.F16ToF32(s4[i]) + numeric.F16ToF32(s5[i]) + numeric.F16ToF32(s6[i]))
+		}
+	case 8:
+		s0 := elems[uint16](srcs[0])[:len(d)]
+		s1 := elems[uint16](srcs[1])[:len(d)]
+		s2 := elems[uint16](srcs[2])[:len(d)]
+		s3 := elems[uint16](srcs[3])[:len(d)]
+		s4 := elems[uint16](srcs[4])[:len(d)]
+		s5 := elems[uint16](srcs[5])[:len(d)]
+		s6 := elems[uint16](srcs[6])[:len(d)]
+		s7 := elems[uint16](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = numeric.F32ToF16(numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]) + numeric.F16ToF32(s4[i]) + numeric.F16ToF32(s5[i]) + numeric.F16ToF32(s6[i]) + numeric.F16ToF32(s7[i]))
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[uint16](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[uint16](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[uint16](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[uint16](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[uint16](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[uint16](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[uint16](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[uint16](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = numeric.F16ToF32(s0[i]) + numeric.F16ToF32(s1[i]) + numeric.F16ToF32(s2[i]) + numeric.F16ToF32(s3[i]) + numeric.F16ToF32(s4[i]) + numeric.F16ToF32(s5[i]) + numeric.F16ToF32(s6[i]) + numeric.F16ToF32(s7[i])
 			}
-		}
-		d := elems[uint16](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = numeric.F32ToF16(v)
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[uint16](rest[0])[lo:hi][:len(a)]
+				t1 := elems[uint16](rest[1])[lo:hi][:len(a)]
+				t2 := elems[uint16](rest[2])[lo:hi][:len(a)]
+				t3 := elems[uint16](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + numeric.F16ToF32(t0[i]) + numeric.F16ToF32(t1[i]) + numeric.F16ToF32(t2[i]) + numeric.F16ToF32(t3[i])
+				}
+			}
+			for _, src := range rest {
+				t := elems[uint16](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + numeric.F16ToF32(t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = numeric.F32ToF16(a[i])
+			}
 		}
 	}
 }
 
 // reduceF32Max is the host reduce loop for f32 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceF32Max(dst []byte, srcs [][]byte) {
-	var z float32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		s7 := elems[float32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(maxF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(maxF32(maxF32(maxF32(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[float32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[float32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF32(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceF32Min is the host reduce loop for f32 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceF32Min(dst []byte, srcs [][]byte) {
-	var z float32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = minF32(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(minF32(minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		s7 := elems[float32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = minF32(minF32(minF32(minF32(minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minF32(minF32(minF32(minF32(minF32(minF32(minF32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(minF32(minF32(minF32(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[float32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[float32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF32(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceF32Sum is the host reduce loop for f32 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceF32Sum(dst []byte, srcs [][]byte) {
-	var z float32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += v
+	case 2:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i]
+		}
+	case 3:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i]
+		}
+	case 4:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i]
+		}
+	case 5:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i]
+		}
+	case 6:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i]
+		}
+	case 7:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i]
+		}
+	case 8:
+		s0 := elems[float32](srcs[0])[:len(d)]
+		s1 := elems[float32](srcs[1])[:len(d)]
+		s2 := elems[float32](srcs[2])[:len(d)]
+		s3 := elems[float32](srcs[3])[:len(d)]
+		s4 := elems[float32](srcs[4])[:len(d)]
+		s5 := elems[float32](srcs[5])[:len(d)]
+		s6 := elems[float32](srcs[6])[:len(d)]
+		s7 := elems[float32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
+		}
+	default:
+		var acc [hostBlock]float32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
 			}
-		}
-		d := elems[float32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t0[i] + t1[i] + t2[i] + t3[i]
+				}
+			}
+			for _, src := range rest {
+				t := elems[float32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t[i]
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceF64Max is the host reduce loop for f64 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceF64Max(dst []byte, srcs [][]byte) {
-	var z float64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x > a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && !math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(maxF64(maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		s7 := elems[float64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = maxF64(maxF64(maxF64(maxF64(maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]float64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxF64(maxF64(maxF64(maxF64(maxF64(maxF64(maxF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF64(maxF64(maxF64(maxF64(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[float64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[float64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxF64(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceF64Min is the host reduce loop for f64 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceF64Min(dst []byte, srcs [][]byte) {
-	var z float64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x < a[i] || a[i] != a[i] || x == a[i] && math.Signbit(float64(a[i])) != math.Signbit(float64(x)) && math.Signbit(float64(x)) {
-					a[i] = x
+	case 2:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = minF64(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(minF64(minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		s7 := elems[float64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = minF64(minF64(minF64(minF64(minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]float64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minF64(minF64(minF64(minF64(minF64(minF64(minF64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF64(minF64(minF64(minF64(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[float64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[float64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minF64(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceF64Sum is the host reduce loop for f64 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceF64Sum(dst []byte, srcs [][]byte) {
-	var z float64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]float64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[float64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[float64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[float64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += v
+	case 2:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i]
+		}
+	case 3:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i]
+		}
+	case 4:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i]
+		}
+	case 5:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i]
+		}
+	case 6:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i]
+		}
+	case 7:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i]
+		}
+	case 8:
+		s0 := elems[float64](srcs[0])[:len(d)]
+		s1 := elems[float64](srcs[1])[:len(d)]
+		s2 := elems[float64](srcs[2])[:len(d)]
+		s3 := elems[float64](srcs[3])[:len(d)]
+		s4 := elems[float64](srcs[4])[:len(d)]
+		s5 := elems[float64](srcs[5])[:len(d)]
+		s6 := elems[float64](srcs[6])[:len(d)]
+		s7 := elems[float64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
+		}
+	default:
+		var acc [hostBlock]float64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[float64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[float64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[float64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[float64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[float64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[float64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[float64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[float64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
 			}
-		}
-		d := elems[float64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[float64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[float64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[float64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[float64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t0[i] + t1[i] + t2[i] + t3[i]
+				}
+			}
+			for _, src := range rest {
+				t := elems[float64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t[i]
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI32Max is the host reduce loop for i32 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceI32Max(dst []byte, srcs [][]byte) {
-	var z int32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x > a[i] {
-					a[i] = x
+	case 2:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(maxI32(maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		s7 := elems[int32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = maxI32(maxI32(maxI32(maxI32(maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]int32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxI32(maxI32(maxI32(maxI32(maxI32(maxI32(maxI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxI32(maxI32(maxI32(maxI32(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[int32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[int32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxI32(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI32Min is the host reduce loop for i32 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceI32Min(dst []byte, srcs [][]byte) {
-	var z int32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x < a[i] {
-					a[i] = x
+	case 2:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = minI32(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(minI32(minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		s7 := elems[int32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = minI32(minI32(minI32(minI32(minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]int32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minI32(minI32(minI32(minI32(minI32(minI32(minI32(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minI32(minI32(minI32(minI32(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[int32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[int32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minI32(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI32Sum is the host reduce loop for i32 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceI32Sum(dst []byte, srcs [][]byte) {
-	var z int32
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int32
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int32](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int32](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int32](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += v
+	case 2:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i]
+		}
+	case 3:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i]
+		}
+	case 4:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i]
+		}
+	case 5:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i]
+		}
+	case 6:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i]
+		}
+	case 7:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i]
+		}
+	case 8:
+		s0 := elems[int32](srcs[0])[:len(d)]
+		s1 := elems[int32](srcs[1])[:len(d)]
+		s2 := elems[int32](srcs[2])[:len(d)]
+		s3 := elems[int32](srcs[3])[:len(d)]
+		s4 := elems[int32](srcs[4])[:len(d)]
+		s5 := elems[int32](srcs[5])[:len(d)]
+		s6 := elems[int32](srcs[6])[:len(d)]
+		s7 := elems[int32](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
+		}
+	default:
+		var acc [hostBlock]int32
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int32](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int32](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int32](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int32](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int32](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int32](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int32](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int32](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
 			}
-		}
-		d := elems[int32](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int32](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int32](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int32](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int32](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t0[i] + t1[i] + t2[i] + t3[i]
+				}
+			}
+			for _, src := range rest {
+				t := elems[int32](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t[i]
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI64Max is the host reduce loop for i64 max: dst = srcs[0] max srcs[1]
-// max ..., in source order.
+// max ..., in source order, in one pass for up to 8 sources.
 func reduceI64Max(dst []byte, srcs [][]byte) {
-	var z int64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x > a[i] {
-					a[i] = x
+	case 2:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(maxI64(maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		s7 := elems[int64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = maxI64(maxI64(maxI64(maxI64(maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]int64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = maxI64(maxI64(maxI64(maxI64(maxI64(maxI64(maxI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxI64(maxI64(maxI64(maxI64(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[int64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[int64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = maxI64(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI64Min is the host reduce loop for i64 min: dst = srcs[0] min srcs[1]
-// min ..., in source order.
+// min ..., in source order, in one pass for up to 8 sources.
 func reduceI64Min(dst []byte, srcs [][]byte) {
-	var z int64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				if x := v; x < a[i] {
-					a[i] = x
+	case 2:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = minI64(s0[i], s1[i])
+		}
+	case 3:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(s0[i], s1[i]), s2[i])
+		}
+	case 4:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i])
+		}
+	case 5:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i])
+		}
+	case 6:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i])
+		}
+	case 7:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(minI64(minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i])
+		}
+	case 8:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		s7 := elems[int64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = minI64(minI64(minI64(minI64(minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+		}
+	default:
+		var acc [hostBlock]int64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = minI64(minI64(minI64(minI64(minI64(minI64(minI64(s0[i], s1[i]), s2[i]), s3[i]), s4[i]), s5[i]), s6[i]), s7[i])
+			}
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minI64(minI64(minI64(minI64(a[i], t0[i]), t1[i]), t2[i]), t3[i])
 				}
 			}
-		}
-		d := elems[int64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			for _, src := range rest {
+				t := elems[int64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = minI64(a[i], t[i])
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }
 
 // reduceI64Sum is the host reduce loop for i64 sum: dst = srcs[0] sum srcs[1]
-// sum ..., in source order.
+// sum ..., in source order, in one pass for up to 8 sources.
 func reduceI64Sum(dst []byte, srcs [][]byte) {
-	var z int64
-	n := len(dst) / int(unsafe.Sizeof(z))
-	var acc [hostBlock]int64
-	for lo := 0; lo < n; lo += hostBlock {
-		m := min(hostBlock, n-lo)
-		a := acc[:m]
-		for i, v := range elems[int64](srcs[0], lo, m) {
-			a[i] = v
+	d := elems[int64](dst)
+	switch len(srcs) {
+	case 1:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		for i := range d {
+			d[i] = s0[i]
 		}
-		for _, src := range srcs[1:] {
-			s := elems[int64](src, lo, m)[:len(a)]
-			for i, v := range s {
-				a[i] += v
+	case 2:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i]
+		}
+	case 3:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i]
+		}
+	case 4:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i]
+		}
+	case 5:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i]
+		}
+	case 6:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i]
+		}
+	case 7:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i]
+		}
+	case 8:
+		s0 := elems[int64](srcs[0])[:len(d)]
+		s1 := elems[int64](srcs[1])[:len(d)]
+		s2 := elems[int64](srcs[2])[:len(d)]
+		s3 := elems[int64](srcs[3])[:len(d)]
+		s4 := elems[int64](srcs[4])[:len(d)]
+		s5 := elems[int64](srcs[5])[:len(d)]
+		s6 := elems[int64](srcs[6])[:len(d)]
+		s7 := elems[int64](srcs[7])[:len(d)]
+		for i := range d {
+			d[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
+		}
+	default:
+		var acc [hostBlock]int64
+		for lo := 0; lo < len(d); lo += hostBlock {
+			hi := min(lo+hostBlock, len(d))
+			a := acc[:hi-lo]
+			s0 := elems[int64](srcs[0])[lo:hi][:len(a)]
+			s1 := elems[int64](srcs[1])[lo:hi][:len(a)]
+			s2 := elems[int64](srcs[2])[lo:hi][:len(a)]
+			s3 := elems[int64](srcs[3])[lo:hi][:len(a)]
+			s4 := elems[int64](srcs[4])[lo:hi][:len(a)]
+			s5 := elems[int64](srcs[5])[lo:hi][:len(a)]
+			s6 := elems[int64](srcs[6])[lo:hi][:len(a)]
+			s7 := elems[int64](srcs[7])[lo:hi][:len(a)]
+			for i := range a {
+				a[i] = s0[i] + s1[i] + s2[i] + s3[i] + s4[i] + s5[i] + s6[i] + s7[i]
 			}
-		}
-		d := elems[int64](dst, lo, m)[:len(a)]
-		for i, v := range a {
-			d[i] = v
+			rest := srcs[8:]
+			for ; len(rest) >= 4; rest = rest[4:] {
+				t0 := elems[int64](rest[0])[lo:hi][:len(a)]
+				t1 := elems[int64](rest[1])[lo:hi][:len(a)]
+				t2 := elems[int64](rest[2])[lo:hi][:len(a)]
+				t3 := elems[int64](rest[3])[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t0[i] + t1[i] + t2[i] + t3[i]
+				}
+			}
+			for _, src := range rest {
+				t := elems[int64](src)[lo:hi][:len(a)]
+				for i := range a {
+					a[i] = a[i] + t[i]
+				}
+			}
+			dd := d[lo:hi][:len(a)]
+			for i := range a {
+				dd[i] = a[i]
+			}
 		}
 	}
 }

@@ -7,15 +7,16 @@ import (
 	"unsafe"
 )
 
-// hostBlock is how many elements a host loop accumulates at a time: the
-// accumulator stays in L1 while every source streams through once.
+// hostBlock is how many elements a host loop accumulates at a time when it has
+// more than 8 sources: the accumulator stays in L1 while every source streams
+// through once.
 const hostBlock = 1024
 
-// elems views m elements of type T of b, starting at element lo.
-func elems[T any](b []byte, lo, m int) []T {
+// elems views b as elements of type T (len(b)/size of them; b is element
+// aligned).
+func elems[T any](b []byte) []T {
 	var z T
-	size := int(unsafe.Sizeof(z))
-	return unsafe.Slice((*T)(unsafe.Pointer(&b[lo*size])), m)
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(z)))
 }
 
 // hostReducers maps each host (dtype, op) to its reduce loop.
