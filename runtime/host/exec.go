@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"runtime"
 	"strconv"
 	"sync"
@@ -33,11 +35,13 @@ type call struct {
 	opts       Options
 }
 
-// exec is the state of one collective in flight on this rank.
+// exec is the state of one collective in flight on this rank. It lives in
+// Group.execs[slot], rewritten by each collective that takes the slot's
+// lock and cleared when it lets go (so caller buffers are not kept).
 type exec struct {
 	g       *Group
 	c       call
-	s       *schedule.Schedule
+	s       *prepared
 	red     kernels.HostReduceFunc
 	esz     int
 	tag     uint64
@@ -63,17 +67,16 @@ func (g *Group) run(ctx context.Context, c call) error {
 		return err
 	}
 	defer g.active.Done()
-	x := &exec{g: g, c: c, esz: c.dtype.Size(), ctx: ctx}
 	inBytes, outBytes, err := g.check(c)
 	if err != nil {
 		return err
 	}
+	var red kernels.HostReduceFunc
 	if c.collective.Reduces() {
-		red, ok := g.lib.HostReducer(c.dtype, c.op)
-		if !ok {
+		var ok bool
+		if red, ok = g.lib.HostReducer(c.dtype, c.op); !ok {
 			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s", c.collective, ErrInvalidArgument, g.lib.Package, c.dtype, c.op)
 		}
-		x.red = red
 	}
 	alg := c.opts.Algorithm
 	if alg == coll.Auto {
@@ -85,25 +88,28 @@ func (g *Group) run(ctx context.Context, c call) error {
 	if err != nil {
 		return err
 	}
-	x.s = s
 	if err := g.ensureSetup(ctx); err != nil {
 		return err
 	}
-	x.tag = c.opts.Tag
-	if x.tag == 0 {
-		x.tag = g.seq.Add(1)
+	tag := c.opts.Tag
+	if tag == 0 {
+		tag = g.seq.Add(1)
 	}
 	if c.count == 0 {
 		return nil
 	}
-	x.slot = int(x.tag % uint64(g.lay.Slots))
-	x.sig = signature(x.tag, c, alg)
-	x.plan()
-
-	if err := x.acquireSlot(); err != nil {
-		return err
+	slot := int(tag % uint64(g.lay.Slots))
+	if err := g.acquireSlot(ctx, slot); err != nil {
+		return fmt.Errorf("%s: %w", callName(g.cfg.Rank, c, alg, tag, slot), err)
 	}
-	defer func() { <-g.slotLock[x.slot] }()
+	// The slot's lock makes us the only user of execs[slot] on this rank.
+	x := &g.execs[slot]
+	*x = exec{g: g, c: c, s: s, red: red, esz: c.dtype.Size(), tag: tag, slot: slot, ctx: ctx, sig: signature(tag, c, alg)}
+	defer func() {
+		*x = exec{}
+		<-g.slotLock[slot]
+	}()
+	x.plan()
 
 	if x.lanes == 1 {
 		err = x.lane(0)
@@ -146,8 +152,8 @@ func (x *exec) runLane(l int) error {
 
 // check validates a call's arguments before anything is sized from them
 // and returns the input and output sizes in bytes. Sizes come from
-// coll.DType.Bytes, which refuses a product that overflows, so a huge
-// count is an ErrInvalidArgument error, never a wrapped size and a panic.
+// byteSize, which refuses a product that overflows, so a huge count is an
+// ErrInvalidArgument error, never a wrapped size and a panic.
 func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	bad := func(format string, args ...any) (int64, int64, error) {
 		return 0, 0, fmt.Errorf("host %s: %w: %s", c.collective, ErrInvalidArgument, fmt.Sprintf(format, args...))
@@ -168,8 +174,8 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	case coll.AllGather:
 		outF = int64(g.cfg.World)
 	}
-	in, ok1 := c.dtype.Bytes(int64(c.count), inF)
-	out, ok2 := c.dtype.Bytes(int64(c.count), outF)
+	in, ok1 := byteSize(c.dtype, int64(c.count), inF)
+	out, ok2 := byteSize(c.dtype, int64(c.count), outF)
 	if !ok1 || !ok2 {
 		return bad("%d %s elements overflow a byte size", c.count, c.dtype)
 	}
@@ -185,9 +191,28 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	return in, out, nil
 }
 
+// byteSize is count*f elements of dtype in bytes, or false when that
+// overflows an int64: coll.DType.Bytes without its allocation (this runs
+// on every call). count and f are not negative.
+func byteSize(dtype coll.DType, count, f int64) (int64, bool) {
+	hi, n := bits.Mul64(uint64(count), uint64(f))
+	if hi != 0 || n > math.MaxInt64 {
+		return 0, false
+	}
+	hi, n = bits.Mul64(n, uint64(dtype.Size()))
+	if hi != 0 || n > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(n), true
+}
+
 // name describes the collective for errors.
 func (x *exec) name() string {
-	return fmt.Sprintf("host: rank %d %s %s %s (tag %d, slot %d)", x.g.cfg.Rank, x.c.collective, x.s.Algorithm, x.c.dtype, x.tag, x.slot)
+	return callName(x.g.cfg.Rank, x.c, x.s.Algorithm, x.tag, x.slot)
+}
+
+func callName(rank int, c call, alg coll.Algorithm, tag uint64, slot int) string {
+	return fmt.Sprintf("host: rank %d %s %s %s (tag %d, slot %d)", rank, c.collective, alg, c.dtype, tag, slot)
 }
 
 // signature identifies a collective on a slot: FNV-1a over its tag,
@@ -265,30 +290,76 @@ func (x *exec) piece(p int) piece {
 	return piece{off: lo, n: w * (hi - lo), c: hi - lo}
 }
 
-// span resolves a schedule Ref to bytes for this piece and lane.
-func (x *exec) span(ref schedule.Ref, pc piece, area int) []byte {
-	g, w, rank, esz := x.g, x.g.cfg.World, x.g.cfg.Rank, x.esz
-	ch := ref.Chunk.Eval(rank, w)
-	switch ref.Buf {
+// prepared is a schedule resolved for one rank, once (prepare once, run
+// many): every Ref's rank and chunk Index is evaluated, so running a step
+// costs no modulo arithmetic. Group.schedule caches it.
+type prepared struct {
+	*schedule.Schedule
+	phases []prepPhase
+}
+
+type prepPhase struct {
+	steps []prepStep
+	sync  bool
+}
+
+type prepStep struct {
+	kind schedule.StepKind
+	dst  prepRef
+	srcs []prepRef
+}
+
+// prepRef is a schedule.Ref on one rank: buffer, whose (Stage and Scratch
+// only) and which chunk.
+type prepRef struct {
+	buf         schedule.Buffer
+	rank, chunk int
+}
+
+// prepare resolves s for rank.
+func prepare(s *schedule.Schedule, rank int) *prepared {
+	w := s.World
+	ref := func(r schedule.Ref) prepRef {
+		return prepRef{buf: r.Buf, rank: r.Rank.Eval(rank, w), chunk: r.Chunk.Eval(rank, w)}
+	}
+	ps := &prepared{Schedule: s}
+	for _, ph := range s.Phases {
+		pp := prepPhase{sync: ph.Sync}
+		for _, st := range ph.Steps {
+			step := prepStep{kind: st.Kind, dst: ref(st.Dst)}
+			for _, r := range st.Srcs {
+				step.srcs = append(step.srcs, ref(r))
+			}
+			pp.steps = append(pp.steps, step)
+		}
+		ps.phases = append(ps.phases, pp)
+	}
+	return ps
+}
+
+// span resolves a prepared ref to bytes for this piece and lane.
+func (x *exec) span(ref prepRef, pc piece, area int) []byte {
+	esz := x.esz
+	switch ref.buf {
 	case schedule.Stage, schedule.Scratch:
-		lo, hi := schedule.ChunkRange(ch, pc.c, pc.n)
+		lo, hi := schedule.ChunkRange(ref.chunk, pc.c, pc.n)
 		base := area
-		if ref.Buf == schedule.Scratch {
+		if ref.buf == schedule.Scratch {
 			base += x.scratch
 		}
-		return g.mems[ref.Rank.Eval(rank, w)][base+lo*esz : base+hi*esz]
+		return x.g.mems[ref.rank][base+lo*esz : base+hi*esz]
 	}
 	buf, chunks := x.c.in, x.s.InChunks
-	if ref.Buf == schedule.Output {
+	if ref.buf == schedule.Output {
 		buf, chunks = x.c.out, x.s.OutChunks
 	}
 	if x.c.collective == coll.AllReduce {
-		lo, hi := schedule.ChunkRange(ch, pc.c, pc.n)
+		lo, hi := schedule.ChunkRange(ref.chunk, pc.c, pc.n)
 		return buf[(pc.off+lo)*esz : (pc.off+hi)*esz]
 	}
 	lo := pc.off
 	if chunks > 1 {
-		lo += ch * x.c.count
+		lo += ref.chunk * x.c.count
 	}
 	return buf[lo*esz : (lo+pc.c)*esz]
 }
@@ -326,27 +397,27 @@ func (x *exec) lane(l int) error {
 	// barrier that checks it: we store the next only after this start wait
 	// of the next collective, i.e. after that peer finished this one.
 	atomic.StoreUint64(sigw, x.sig)
-	srcs := make([][]byte, 0, g.cfg.World)
+	srcs := g.srcs[x.slot*lay.Lanes+l] // ours while we hold the slot
 	last := l + (x.pieces-1-l)/x.lanes*x.lanes
 	for p := l; p < x.pieces; p += x.lanes {
 		pc := x.piece(p)
-		for pi, ph := range x.s.Phases {
+		for pi, ph := range x.s.phases {
 			if testHook != nil && p == 0 {
 				g.hook("phase:" + strconv.Itoa(pi))
 			}
-			for _, st := range ph.Steps {
-				dst := x.span(st.Dst, pc, area)
-				if st.Kind == schedule.Copy {
-					copy(dst, x.span(st.Srcs[0], pc, area))
+			for _, st := range ph.steps {
+				dst := x.span(st.dst, pc, area)
+				if st.kind == schedule.Copy {
+					copy(dst, x.span(st.srcs[0], pc, area))
 					continue
 				}
 				srcs = srcs[:0]
-				for _, r := range st.Srcs {
+				for _, r := range st.srcs {
 					srcs = append(srcs, x.span(r, pc, area))
 				}
 				x.red(dst, srcs)
 			}
-			if !ph.Sync {
+			if !ph.sync {
 				continue
 			}
 			cnt++
@@ -354,7 +425,7 @@ func (x *exec) lane(l int) error {
 			// made to its Stage/Scratch in this phase (and earlier) to any
 			// peer whose acquire load of this counter sees cnt.
 			x.arrive(counter, line, cnt)
-			if p == last && pi == len(x.s.Phases)-1 {
+			if p == last && pi == len(x.s.phases)-1 {
 				// The last barrier (see above): a peer at cnt may already
 				// have stored the next collective's signature.
 				if x.own {
@@ -376,24 +447,23 @@ func (x *exec) lane(l int) error {
 	return nil
 }
 
-// acquireSlot takes this rank's lock on the collective's slot, waiting
-// while an earlier collective with a tag of the same residue holds it.
-func (x *exec) acquireSlot() error {
-	g := x.g
+// acquireSlot takes this rank's lock on slot, waiting while an earlier
+// collective with a tag of the same residue holds it.
+func (g *Group) acquireSlot(ctx context.Context, slot int) error {
 	select {
-	case g.slotLock[x.slot] <- struct{}{}:
+	case g.slotLock[slot] <- struct{}{}:
 		return nil
 	default:
 	}
 	t := time.NewTimer(g.timeout)
 	defer t.Stop()
 	select {
-	case g.slotLock[x.slot] <- struct{}{}:
+	case g.slotLock[slot] <- struct{}{}:
 		return nil
-	case <-x.ctx.Done():
-		return fmt.Errorf("%s: waiting for the slot: %w", x.name(), x.ctx.Err())
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the slot: %w", ctx.Err())
 	case <-t.C:
-		return fmt.Errorf("%s: slot still busy with another collective after %v: %w", x.name(), g.timeout, ErrTimeout)
+		return fmt.Errorf("slot still busy with another collective after %v: %w", g.timeout, ErrTimeout)
 	}
 }
 

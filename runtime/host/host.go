@@ -115,6 +115,11 @@ type Group struct {
 	timeout  time.Duration
 	seq      atomic.Uint64 // last sequence tag handed out
 	slotLock []chan struct{}
+	// execs[slot] is the state of the collective holding slot's lock, and
+	// srcs[slot*Lanes+lane] its lane's source list: reused, so that a call
+	// allocates nothing (set up with the slots).
+	execs []exec
+	srcs  [][][]byte
 
 	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
 	ready   atomic.Bool
@@ -126,7 +131,7 @@ type Group struct {
 	pidNS   uint64
 
 	schedMu sync.Mutex
-	scheds  map[schedKey]*schedule.Schedule
+	scheds  map[schedKey]*prepared
 
 	broken atomic.Pointer[error] // first fatal error, if any
 	closed atomic.Bool
@@ -158,7 +163,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout,
-		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*schedule.Schedule{}}
+		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
 	if g.lib == nil {
 		g.lib = PortableLibrary()
 	}
@@ -276,8 +281,9 @@ func (g *Group) begin() error {
 	return nil
 }
 
-// schedule returns the cached schedule of a collective and algorithm.
-func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (*schedule.Schedule, error) {
+// schedule returns the cached schedule of a collective and algorithm,
+// resolved for this rank (prepare).
+func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (*prepared, error) {
 	g.schedMu.Lock()
 	defer g.schedMu.Unlock()
 	k := schedKey{collective, algorithm}
@@ -304,8 +310,9 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	if n := len(s.Phases); n == 0 || !s.Phases[n-1].Sync || s.Barriers() < 2 {
 		return nil, fmt.Errorf("host: %s must end in a barrier and have at least two", s.Name())
 	}
-	g.scheds[k] = s
-	return s, nil
+	ps := prepare(s, g.cfg.Rank)
+	g.scheds[k] = ps
+	return ps, nil
 }
 
 // Algorithm returns the algorithm the Library's host_shm rules pick for a

@@ -210,6 +210,11 @@ func (g *Group) setup(ctx context.Context) error {
 	for i := range g.slotLock {
 		g.slotLock[i] = make(chan struct{}, 1)
 	}
+	g.execs = make([]exec, lay.Slots)
+	g.srcs = make([][][]byte, lay.Slots*lay.Lanes)
+	for i := range g.srcs {
+		g.srcs[i] = make([][]byte, 0, w)
+	}
 	ok = true
 	g.hook("setup:done")
 	return nil
