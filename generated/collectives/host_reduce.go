@@ -776,10 +776,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 	d := elems[float32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float32](srcs[0])[:len(d)]
 		s1 := elems[float32](srcs[1])[:len(d)]
@@ -889,10 +886,7 @@ func reduceF32Min(dst []byte, srcs [][]byte) {
 	d := elems[float32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float32](srcs[0])[:len(d)]
 		s1 := elems[float32](srcs[1])[:len(d)]
@@ -1002,10 +996,7 @@ func reduceF32Sum(dst []byte, srcs [][]byte) {
 	d := elems[float32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float32](srcs[0])[:len(d)]
 		s1 := elems[float32](srcs[1])[:len(d)]
@@ -1115,10 +1106,7 @@ func reduceF64Max(dst []byte, srcs [][]byte) {
 	d := elems[float64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float64](srcs[0])[:len(d)]
 		s1 := elems[float64](srcs[1])[:len(d)]
@@ -1228,10 +1216,7 @@ func reduceF64Min(dst []byte, srcs [][]byte) {
 	d := elems[float64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float64](srcs[0])[:len(d)]
 		s1 := elems[float64](srcs[1])[:len(d)]
@@ -1341,10 +1326,7 @@ func reduceF64Sum(dst []byte, srcs [][]byte) {
 	d := elems[float64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float64](srcs[0])[:len(d)]
 		s1 := elems[float64](srcs[1])[:len(d)]
@@ -1454,10 +1436,7 @@ func reduceI32Max(dst []byte, srcs [][]byte) {
 	d := elems[int32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int32](srcs[0])[:len(d)]
 		s1 := elems[int32](srcs[1])[:len(d)]
@@ -1567,10 +1546,7 @@ func reduceI32Min(dst []byte, srcs [][]byte) {
 	d := elems[int32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int32](srcs[0])[:len(d)]
 		s1 := elems[int32](srcs[1])[:len(d)]
@@ -1680,10 +1656,7 @@ func reduceI32Sum(dst []byte, srcs [][]byte) {
 	d := elems[int32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int32](srcs[0])[:len(d)]
 		s1 := elems[int32](srcs[1])[:len(d)]
@@ -1793,10 +1766,7 @@ func reduceI64Max(dst []byte, srcs [][]byte) {
 	d := elems[int64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int64](srcs[0])[:len(d)]
 		s1 := elems[int64](srcs[1])[:len(d)]
@@ -1906,10 +1876,7 @@ func reduceI64Min(dst []byte, srcs [][]byte) {
 	d := elems[int64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int64](srcs[0])[:len(d)]
 		s1 := elems[int64](srcs[1])[:len(d)]
@@ -2019,10 +1986,7 @@ func reduceI64Sum(dst []byte, srcs [][]byte) {
 	d := elems[int64](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[int64](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[int64](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[int64](srcs[0])[:len(d)]
 		s1 := elems[int64](srcs[1])[:len(d)]

@@ -265,10 +265,7 @@ func reduceF32Max(dst []byte, srcs [][]byte) {
 	d := elems[float32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float32](srcs[0])[:len(d)]
 		s1 := elems[float32](srcs[1])[:len(d)]
@@ -378,10 +375,7 @@ func reduceF32Sum(dst []byte, srcs [][]byte) {
 	d := elems[float32](dst)
 	switch len(srcs) {
 	case 1:
-		s0 := elems[float32](srcs[0])[:len(d)]
-		for i := range d {
-			d[i] = s0[i]
-		}
+		copy(d, elems[float32](srcs[0])[:len(d)])
 	case 2:
 		s0 := elems[float32](srcs[0])[:len(d)]
 		s1 := elems[float32](srcs[1])[:len(d)]
