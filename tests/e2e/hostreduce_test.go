@@ -136,9 +136,9 @@ func randomElems(rng *rand.Rand, dtype coll.DType, b []byte) {
 
 // TestHostReduceMatchesReference checks every generated host reduce loop
 // bitwise against refReduce over random data (NaN, ±0, ±Inf, subnormals,
-// ties) for source counts 1..9 and 16, 17, at lengths around the loops'
-// block and unroll boundaries, with dst also aliasing srcs[0] (in-place
-// reduce-scatter passes the same chunk as both).
+// ties) for source counts 1..9 and 16, 17, at lengths around the
+// 1024-element blocks of the loop for more than 8 sources, also with dst
+// aliasing srcs[0] (in-place reduce-scatter passes the same chunk as both).
 func TestHostReduceMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	lengths := []int{0, 1, 3, 7, 8, 9, 63, 1023, 1024, 1025, 3000}
