@@ -251,3 +251,105 @@ nvrtcResult cg_nvrtcGetPTXSize(nvrtcProgram p, size_t *n) {
 nvrtcResult cg_nvrtcGetPTX(nvrtcProgram p, char *out) {
   NV_CALL(nvrtcGetPTX, (nvrtcProgram, char *), p, out);
 }
+
+// ---- VMM (see cuda_shim.h).
+#define CG_VMM_NAME(id, sym) sym,
+static const char *cg_vmm_names[CG_VMM_COUNT] = {CG_VMM_SYMBOLS(CG_VMM_NAME)};
+// Written once by cg_vmm_commit (under vmm.go's mutex, before any VMM
+// wrapper runs) and read-only afterwards.
+static void *cg_vmm[CG_VMM_COUNT];
+
+const char *cg_vmm_symbol(int i) {
+  return (i >= 0 && i < CG_VMM_COUNT) ? cg_vmm_names[i] : "?";
+}
+void cg_vmm_resolve(void *h, void **out) {
+  for (int i = 0; i < CG_VMM_COUNT; i++) out[i] = dlsym(h, cg_vmm_names[i]);
+}
+void cg_vmm_commit(void **tbl) { memcpy(cg_vmm, tbl, sizeof(cg_vmm)); }
+
+#define VMM_CALL(id, sig, ...)                                                 \
+  do {                                                                         \
+    void *f_ = cg_vmm[CG_VMM_##id];                                            \
+    if (!f_) return CG_VMM_MISSING_BASE + CG_VMM_##id;                         \
+    return ((CUresult(*) sig)f_)(__VA_ARGS__);                                 \
+  } while (0)
+
+// cg_vmm_prop fills the properties of collgen's allocations: pinned device
+// memory on dev, shareable as a POSIX file descriptor.
+static void cg_vmm_prop(cg_CUmemAllocationProp *prop, int dev) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = 1;                 // CU_MEM_ALLOCATION_TYPE_PINNED
+  prop->requestedHandleTypes = 1; // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  prop->location.type = 1;        // CU_MEM_LOCATION_TYPE_DEVICE
+  prop->location.id = dev;
+}
+
+CUresult cg_vmm_granularity(size_t *g, int dev, int recommended) {
+  cg_CUmemAllocationProp prop;
+  cg_vmm_prop(&prop, dev);
+  VMM_CALL(cuMemGetAllocationGranularity, (size_t *, const cg_CUmemAllocationProp *, int), g, &prop,
+           recommended ? 1 : 0); // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED : _MINIMUM
+}
+CUresult cg_vmm_reserve(CUdeviceptr *p, size_t size, size_t align) {
+  VMM_CALL(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long), p, size,
+           align, 0, 0);
+}
+CUresult cg_vmm_free(CUdeviceptr p, size_t size) {
+  VMM_CALL(cuMemAddressFree, (CUdeviceptr, size_t), p, size);
+}
+CUresult cg_vmm_create(CUmemGenericAllocationHandle *h, size_t size, int dev) {
+  cg_CUmemAllocationProp prop;
+  cg_vmm_prop(&prop, dev);
+  VMM_CALL(cuMemCreate,
+           (CUmemGenericAllocationHandle *, size_t, const cg_CUmemAllocationProp *, unsigned long long), h,
+           size, &prop, 0);
+}
+CUresult cg_vmm_release(CUmemGenericAllocationHandle h) {
+  VMM_CALL(cuMemRelease, (CUmemGenericAllocationHandle), h);
+}
+CUresult cg_vmm_map(CUdeviceptr p, size_t size, CUmemGenericAllocationHandle h) {
+  VMM_CALL(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), p,
+           size, 0, h, 0);
+}
+CUresult cg_vmm_unmap(CUdeviceptr p, size_t size) { VMM_CALL(cuMemUnmap, (CUdeviceptr, size_t), p, size); }
+CUresult cg_vmm_set_access(CUdeviceptr p, size_t size, const int *devs, int n) {
+  cg_CUmemAccessDesc desc[64];
+  if (n <= 0 || n > 64) return 1; // CUDA_ERROR_INVALID_VALUE
+  for (int i = 0; i < n; i++) {
+    desc[i].location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+    desc[i].location.id = devs[i];
+    desc[i].flags = 3; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+  }
+  VMM_CALL(cuMemSetAccess, (CUdeviceptr, size_t, const cg_CUmemAccessDesc *, size_t), p, size, desc,
+           (size_t)n);
+}
+CUresult cg_vmm_export_fd(int *fd, CUmemGenericAllocationHandle h) {
+  VMM_CALL(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int, unsigned long long), fd,
+           h, 1, 0); // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+}
+CUresult cg_vmm_import_fd(CUmemGenericAllocationHandle *h, int fd) {
+  // For POSIX descriptors the "OS handle" is the descriptor itself, cast.
+  VMM_CALL(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int), h,
+           (void *)(uintptr_t)fd, 1);
+}
+CUresult cg_vmm_location(CUmemGenericAllocationHandle h, int *type, int *id) {
+  cg_CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  void *f = cg_vmm[CG_VMM_cuMemGetAllocationPropertiesFromHandle];
+  if (!f) return CG_VMM_MISSING_BASE + CG_VMM_cuMemGetAllocationPropertiesFromHandle;
+  CUresult r = ((CUresult(*)(cg_CUmemAllocationProp *, CUmemGenericAllocationHandle))f)(&prop, h);
+  *type = prop.location.type;
+  *id = prop.location.id;
+  return r;
+}
+
+// The mirrors of cuda.h's structs must keep its layout (abi_check.c asserts
+// the real header's side).
+_Static_assert(sizeof(cg_CUmemLocation) == 8, "cg_CUmemLocation");
+_Static_assert(sizeof(cg_CUmemAllocationProp) == 32, "cg_CUmemAllocationProp");
+_Static_assert(__builtin_offsetof(cg_CUmemAllocationProp, location) == 8 &&
+                   __builtin_offsetof(cg_CUmemAllocationProp, win32HandleMetaData) == 16 &&
+                   __builtin_offsetof(cg_CUmemAllocationProp, allocFlags) == 24,
+               "cg_CUmemAllocationProp offsets");
+_Static_assert(sizeof(cg_CUmemAccessDesc) == 12 && __builtin_offsetof(cg_CUmemAccessDesc, flags) == 8,
+               "cg_CUmemAccessDesc");

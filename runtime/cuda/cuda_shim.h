@@ -198,4 +198,70 @@ nvrtcResult cg_nvrtcGetCUBIN(nvrtcProgram p, char *out);
 nvrtcResult cg_nvrtcGetPTXSize(nvrtcProgram p, size_t *n);
 nvrtcResult cg_nvrtcGetPTX(nvrtcProgram p, char *out);
 
+// ---- Virtual memory management (VMM), for runtime/symm's CUDA backend.
+// A table of its own, resolved lazily by vmm.go from the same libcuda
+// handle, so drivers without these entry points still load: a wrapper
+// whose symbol is missing returns CG_VMM_MISSING_BASE + its index, which
+// Go turns into an error naming the symbol.
+#define CG_VMM_MISSING_BASE 200000
+
+#define CG_VMM_SYMBOLS(X)                                                      \
+  X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity")            \
+  X(cuMemAddressReserve, "cuMemAddressReserve")                                \
+  X(cuMemAddressFree, "cuMemAddressFree")                                      \
+  X(cuMemCreate, "cuMemCreate")                                                \
+  X(cuMemRelease, "cuMemRelease")                                              \
+  X(cuMemMap, "cuMemMap")                                                      \
+  X(cuMemUnmap, "cuMemUnmap")                                                  \
+  X(cuMemSetAccess, "cuMemSetAccess")                                          \
+  X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle")              \
+  X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle")          \
+  X(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle")
+#define CG_VMM_ENUM(id, sym) CG_VMM_##id,
+enum { CG_VMM_SYMBOLS(CG_VMM_ENUM) CG_VMM_COUNT };
+
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+// The structs as cuda.h lays them out (CUDA 10.2+; tests/gpu/abi_check.c
+// asserts sizes and offsets against the real header). Enums are ints.
+typedef struct {
+  int type; // CUmemLocationType: CU_MEM_LOCATION_TYPE_DEVICE = 1
+  int id;   // the device ordinal
+} cg_CUmemLocation; // 8 bytes
+typedef struct {
+  int type;                 // CUmemAllocationType: CU_MEM_ALLOCATION_TYPE_PINNED = 1
+  int requestedHandleTypes; // CUmemAllocationHandleType: POSIX_FILE_DESCRIPTOR = 1
+  cg_CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} cg_CUmemAllocationProp; // 32 bytes
+typedef struct {
+  cg_CUmemLocation location;
+  int flags; // CUmemAccess_flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+} cg_CUmemAccessDesc; // 12 bytes
+
+const char *cg_vmm_symbol(int i);
+void cg_vmm_resolve(void *h, void **out);
+void cg_vmm_commit(void **tbl);
+
+// Wrappers. dev is the device ordinal the memory lives on (cg_vmm_create,
+// granularity) or that gets access (cg_vmm_set_access: n ordinals).
+CUresult cg_vmm_granularity(size_t *g, int dev, int recommended);
+CUresult cg_vmm_reserve(CUdeviceptr *p, size_t size, size_t align);
+CUresult cg_vmm_free(CUdeviceptr p, size_t size);
+CUresult cg_vmm_create(CUmemGenericAllocationHandle *h, size_t size, int dev);
+CUresult cg_vmm_release(CUmemGenericAllocationHandle h);
+CUresult cg_vmm_map(CUdeviceptr p, size_t size, CUmemGenericAllocationHandle h);
+CUresult cg_vmm_unmap(CUdeviceptr p, size_t size);
+CUresult cg_vmm_set_access(CUdeviceptr p, size_t size, const int *devs, int n);
+CUresult cg_vmm_export_fd(int *fd, CUmemGenericAllocationHandle h);
+CUresult cg_vmm_import_fd(CUmemGenericAllocationHandle *h, int fd);
+// cg_vmm_location returns the location type and id of an allocation.
+CUresult cg_vmm_location(CUmemGenericAllocationHandle h, int *type, int *id);
+
 #endif

@@ -84,6 +84,24 @@ CHECK_TYPE(cuIpcGetMemHandle, CUresult (*)(CUipcMemHandle *, CUdeviceptr));
 CHECK_TYPE(cuIpcOpenMemHandle, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned int));
 CHECK_TYPE(cuIpcCloseMemHandle, CUresult (*)(CUdeviceptr));
 
+// VMM (runtime/cuda/vmm.go; the shim casts these pointers with its own
+// cg_CUmem* structs, asserted below to match cuda.h's layout).
+CHECK_TYPE(cuMemGetAllocationGranularity, CUresult (*)(size_t *, const CUmemAllocationProp *,
+                                                       CUmemAllocationGranularity_flags));
+CHECK_TYPE(cuMemAddressReserve, CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long));
+CHECK_TYPE(cuMemAddressFree, CUresult (*)(CUdeviceptr, size_t));
+CHECK_TYPE(cuMemCreate, CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                     unsigned long long));
+CHECK_TYPE(cuMemRelease, CUresult (*)(CUmemGenericAllocationHandle));
+CHECK_TYPE(cuMemMap, CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long));
+CHECK_TYPE(cuMemUnmap, CUresult (*)(CUdeviceptr, size_t));
+CHECK_TYPE(cuMemSetAccess, CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t));
+CHECK_TYPE(cuMemExportToShareableHandle, CUresult (*)(void *, CUmemGenericAllocationHandle,
+                                                      CUmemAllocationHandleType, unsigned long long));
+CHECK_TYPE(cuMemImportFromShareableHandle, CUresult (*)(CUmemGenericAllocationHandle *, void *,
+                                                        CUmemAllocationHandleType));
+CHECK_TYPE(cuMemGetAllocationPropertiesFromHandle, CUresult (*)(CUmemAllocationProp *, CUmemGenericAllocationHandle));
+
 CHECK_TYPE(nvrtcVersion, nvrtcResult (*)(int *, int *));
 CHECK_TYPE(nvrtcGetErrorString, const char *(*)(nvrtcResult));
 CHECK_TYPE(nvrtcCreateProgram, nvrtcResult (*)(nvrtcProgram *, const char *, const char *, int,
@@ -145,6 +163,24 @@ _Static_assert(ncclFloat8e4m3 == 10 && ncclFloat8e5m2 == 11, "nccl fp8 dtypes");
 _Static_assert(ncclSum == 0 && ncclProd == 1 && ncclMax == 2 && ncclMin == 3 && ncclAvg == 4, "nccl ops");
 _Static_assert(ncclSuccess == 0 && ncclInvalidUsage == 5 && ncclRemoteError == 6 && ncclInProgress == 7, "nccl res");
 
+// VMM layouts and enum values (cuda_shim.h's cg_CUmem* structs mirror these).
+_Static_assert(sizeof(CUmemGenericAllocationHandle) == 8, "VMM handle");
+_Static_assert(sizeof(CUmemLocation) == 8 && __builtin_offsetof(CUmemLocation, id) == 4, "CUmemLocation");
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp size");
+_Static_assert(__builtin_offsetof(CUmemAllocationProp, requestedHandleTypes) == 4 &&
+                   __builtin_offsetof(CUmemAllocationProp, location) == 8 &&
+                   __builtin_offsetof(CUmemAllocationProp, win32HandleMetaData) == 16 &&
+                   __builtin_offsetof(CUmemAllocationProp, allocFlags) == 24,
+               "CUmemAllocationProp offsets");
+_Static_assert(sizeof(CUmemAccessDesc) == 12 && __builtin_offsetof(CUmemAccessDesc, flags) == 8, "CUmemAccessDesc");
+_Static_assert(CU_MEM_ALLOCATION_TYPE_PINNED == 1 && CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 1 &&
+                   CU_MEM_LOCATION_TYPE_DEVICE == 1 && CU_MEM_ACCESS_FLAGS_PROT_READWRITE == 3,
+               "VMM enums");
+_Static_assert(CU_MEM_ALLOC_GRANULARITY_MINIMUM == 0 && CU_MEM_ALLOC_GRANULARITY_RECOMMENDED == 1, "granularity");
+_Static_assert(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED == 102 &&
+                   CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED == 103,
+               "VMM attributes");
+
 int main(void) {
   printf("CUDA_VERSION %d, NCCL_VERSION_CODE %d; prototypes, sizes and enums match the shims\n", CUDA_VERSION,
          NCCL_VERSION_CODE);
@@ -184,6 +220,17 @@ int main(void) {
   SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle");
   SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
   SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+  SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+  SYM(cuMemAddressReserve, "cuMemAddressReserve");
+  SYM(cuMemAddressFree, "cuMemAddressFree");
+  SYM(cuMemCreate, "cuMemCreate");
+  SYM(cuMemRelease, "cuMemRelease");
+  SYM(cuMemMap, "cuMemMap");
+  SYM(cuMemUnmap, "cuMemUnmap");
+  SYM(cuMemSetAccess, "cuMemSetAccess");
+  SYM(cuMemExportToShareableHandle, "cuMemExportToShareableHandle");
+  SYM(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+  SYM(cuMemGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
   printf("%d symbol name(s) differ from the header's mapping\n", mismatches);
   return 0;
 }
