@@ -153,3 +153,29 @@ type SignalOp struct {
 	// Timeout bounds the whole operation.
 	Timeout time.Duration
 }
+
+// LocalSharer is an optional Backend interface for memory that another
+// pool of this same process can map without a descriptor: goroutine ranks
+// of one process, one GPU each, map the owner's CUDA allocation directly
+// (a descriptor exported and imported again by the same process is not
+// something every driver supports). The pool uses it for peers in this
+// process and the descriptor path (Export, Import) for the others.
+type LocalSharer interface {
+	// ShareLocal returns a token for c that ImportLocal of any backend of
+	// the same kind in this process accepts while c is mapped (until its
+	// Unmap).
+	ShareLocal(c Chunk) (token uint64, err error)
+	// ImportLocal maps the chunk behind token read-write at a fresh
+	// address, like Import. The mapping keeps the memory alive after the
+	// owner's Unmap, as an imported one does.
+	ImportLocal(token uint64, size int) (Mapping, error)
+}
+
+// DeviceArrayMaker is an optional Backend interface for backends whose
+// kernels need the pointer arrays in device memory (Handle.BufferPtrsDev,
+// SignalPadPtrsDev): the CUDA backend copies them there once per Handle.
+type DeviceArrayMaker interface {
+	// DeviceArray copies ptrs (8 bytes each) into new device memory and
+	// returns its address and the function that frees it.
+	DeviceArray(ptrs []uintptr) (addr uintptr, free func() error, err error)
+}

@@ -31,6 +31,12 @@ type Handle struct {
 	ptrs     []uintptr // every rank's buffer, as mapped here
 	pads     []uintptr // every rank's signal pad, as mapped here
 	maps     []Mapping // peers' chunks; nil at this rank
+
+	// ptrsDev and padsDev are ptrs and pads copied to device memory, for
+	// backends that are DeviceArrayMakers (0 otherwise); freeDev frees
+	// them, with the mappings, at Free.
+	ptrsDev, padsDev uintptr
+	freeDev          []func() error
 }
 
 // rdvInfo is what each rank publishes at a Rendezvous.
@@ -38,6 +44,11 @@ type rdvInfo struct {
 	Bytes int    // the buffer's size
 	Chunk int    // its chunk's size
 	Seq   uint64 // the descriptor's sequence number at the rank's server
+	// Proc identifies the rank's process (procID) and Local its chunk's
+	// LocalSharer token, so that a peer of the same process can map the
+	// chunk without the descriptor.
+	Proc  string `json:",omitempty"`
+	Local uint64 `json:",omitempty"`
 }
 
 // rdvStatus is each rank's outcome of mapping its peers.
@@ -101,6 +112,14 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	defer p.withdraw(seq)
 
 	mine := rdvInfo{Bytes: b.size, Chunk: b.chunkSize, Seq: seq}
+	local, _ := p.be.(LocalSharer)
+	if local != nil {
+		tok, err := local.ShareLocal(b.chunk)
+		if err != nil {
+			return nil, err
+		}
+		mine.Proc, mine.Local = procID, tok
+	}
 	infos := make([]rdvInfo, world)
 	_, err = exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
 		var in rdvInfo
@@ -135,7 +154,12 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		if r == rank {
 			continue
 		}
-		m, err := p.pull(ctx, r, infos[r].Seq, b.chunkSize)
+		var m Mapping
+		if local != nil && infos[r].Proc == procID {
+			m, err = local.ImportLocal(infos[r].Local, b.chunkSize)
+		} else {
+			m, err = p.pull(ctx, r, infos[r].Seq, b.chunkSize)
+		}
 		if err != nil {
 			failed = fmt.Errorf("map rank %d's memory: %w", r, err)
 			break
@@ -180,12 +204,30 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		h.ptrs[r] = base
 		h.pads[r] = base + uintptr(b.padOff)
 	}
+	if dm, ok := p.be.(DeviceArrayMaker); ok {
+		for _, a := range []struct {
+			dst *uintptr
+			src []uintptr
+		}{{&h.ptrsDev, h.ptrs}, {&h.padsDev, h.pads}} {
+			addr, free, err := dm.DeviceArray(a.src)
+			if err != nil {
+				h.unmap()
+				return nil, fmt.Errorf("copy the pointer arrays to the device: %w", err)
+			}
+			*a.dst = addr
+			h.freeDev = append(h.freeDev, free)
+		}
+	}
 	return h, nil
 }
 
 // unmap drops the peer mappings; the buffer's write lock is held.
 func (h *Handle) unmap() error {
 	var errs []error
+	for _, free := range h.freeDev {
+		errs = append(errs, free())
+	}
+	h.freeDev = nil
 	for _, m := range h.maps {
 		if m != nil {
 			errs = append(errs, m.Unmap())
@@ -233,6 +275,17 @@ func (h *Handle) BufferPtrs() []uintptr { return append([]uintptr(nil), h.ptrs..
 // SignalPadPtrs returns every rank's signal pad address in this process,
 // indexed by rank (a copy); see Handle for the pad's layout.
 func (h *Handle) SignalPadPtrs() []uintptr { return append([]uintptr(nil), h.pads...) }
+
+// BufferPtrsDev is the device address of an array of WorldSize 8-byte
+// pointers, BufferPtrs as a kernel sees it (cg_symm_group.buffers in
+// collgen_symm.cuh). It is copied to device memory once, at Rendezvous,
+// and freed by the buffer's Free: do not use it afterwards. 0 when the
+// backend has no device memory (the host twin).
+func (h *Handle) BufferPtrsDev() uintptr { return h.ptrsDev }
+
+// SignalPadPtrsDev is SignalPadPtrs in device memory, like BufferPtrsDev
+// (cg_symm_group.pads).
+func (h *Handle) SignalPadPtrsDev() uintptr { return h.padsDev }
 
 // PutSignal signals peer on channel ch: it sets this rank's word in the
 // peer's pad, first waiting (up to timeout) for the peer to have consumed

@@ -208,6 +208,18 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	return p, nil
 }
 
+// procID tells this process apart from every other (a random id made at
+// start-up: process ids are reused, and containers share them). Ranks of
+// one process map each other's chunks through LocalSharer when the backend
+// offers it.
+var procID = func() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	return hex.EncodeToString(b[:])
+}()
+
 // seenNote is what NewPool records under seenKey(rank): the group this
 // rank number of the store last started to form.
 type seenNote struct {

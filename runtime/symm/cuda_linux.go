@@ -1,0 +1,314 @@
+//go:build linux && (amd64 || arm64) && cgo
+
+package symm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/collgen/collgen/runtime/cuda"
+)
+
+// CUDABackend is symmetric memory on one GPU, built from CUDA's virtual
+// memory management (runtime/cuda's VMM bindings):
+//
+//	Granularity  cuMemGetAllocationGranularity (recommended), POSIX-fd shareable
+//	Reserve      cuMemAddressReserve; Release: cuMemAddressFree
+//	Create       cuMemCreate on the device, cuMemMap at addr, cuMemSetAccess
+//	             (read-write for the device), then zero it: VMM memory is not
+//	Chunk.Export cuMemExportToShareableHandle → a POSIX descriptor
+//	Chunk.Unmap  cuMemUnmap, cuMemRelease (the reservation stays)
+//	Import       cuMemImportFromShareableHandle, cuMemAddressReserve,
+//	             cuMemMap (which refuses a chunk smaller than expected),
+//	             cuMemSetAccess for this device; Mapping.Unmap undoes all four
+//	ImportLocal  a peer pool of this process (goroutine ranks): its
+//	             allocation mapped directly, no descriptor (LocalSharer)
+//	Signal       a one-block kernel on a stream (StreamOrdering; Now runs
+//	             it on the backend's own stream and waits)
+//
+// Each rank uses its own backend, on its own GPU; goroutine ranks of one
+// process on different GPUs and process ranks both work. Peers' memory is
+// reached over NVLink or PCIe peer access, which the devices must support
+// (cuDeviceCanAccessPeer). The CPU cannot address the memory
+// (HostAccessible is false): copy with runtime/cuda, or use kernels.
+//
+// Unmapping synchronises the device first (cuCtxSynchronize), so that no
+// kernel or copy of this process still touches a range being unmapped:
+// free buffers outside a stream capture.
+type CUDABackend struct {
+	dev   *cuda.Device
+	gran  int
+	cache *cuda.Cache
+
+	modOnce sync.Once
+	mod     *cuda.Module
+	modErr  error
+
+	nowMu sync.Mutex
+	now   *StreamOrdering // Now's ordering: a private stream, made on first use
+}
+
+// NewCUDABackend returns the backend for dev, which must support virtual
+// memory management with POSIX-descriptor handles. cache is where the
+// signal kernel's NVRTC output is kept (nil: cuda.DefaultCache). The
+// backend does not own dev: close the device after the pool.
+func NewCUDABackend(dev *cuda.Device, cache *cuda.Cache) (*CUDABackend, error) {
+	ok, err := dev.VMMSupported()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("symm: %v does not support virtual memory management with POSIX file descriptor handles, which the CUDA backend needs", dev)
+	}
+	g, err := dev.MemGranularity(true)
+	if err != nil {
+		return nil, err
+	}
+	return &CUDABackend{dev: dev, gran: g, cache: cache}, nil
+}
+
+// Device is the backend's GPU.
+func (b *CUDABackend) Device() *cuda.Device { return b.dev }
+
+// Kind is "cuda".
+func (b *CUDABackend) Kind() string { return "cuda" }
+
+// Granularity is the device's recommended VMM granularity (2 MiB on
+// current GPUs).
+func (b *CUDABackend) Granularity() int { return b.gran }
+
+// HostAccessible is false: the CPU cannot load or store device memory.
+func (b *CUDABackend) HostAccessible() bool { return false }
+
+// Reserve reserves size bytes of the unified address space.
+func (b *CUDABackend) Reserve(size int) (uintptr, error) {
+	p, err := b.dev.MemAddressReserve(size, 0)
+	return uintptr(p), err
+}
+
+// Release frees a reservation.
+func (b *CUDABackend) Release(addr uintptr, size int) error {
+	return b.dev.MemAddressFree(cuda.DevicePtr(addr), size)
+}
+
+// cudaChunk is a rank's own allocation, mapped at addr.
+type cudaChunk struct {
+	be    *CUDABackend
+	addr  uintptr
+	size  int
+	h     cuda.MemHandle
+	token uint64 // nonzero while shared with pools of this process
+}
+
+// Create allocates size bytes on the device, maps them at addr (the start
+// of a reservation), gives the device read-write access and zeroes them.
+// The zeroing is complete when Create returns (it synchronises the
+// device): a signal pad must read 0 before any stream can signal on it.
+func (b *CUDABackend) Create(addr uintptr, size int) (Chunk, error) {
+	h, err := b.dev.MemCreate(size)
+	if err != nil {
+		return nil, err
+	}
+	p := cuda.DevicePtr(addr)
+	if err := b.dev.MemMap(p, size, h); err != nil {
+		b.dev.MemRelease(h)
+		return nil, err
+	}
+	err = b.dev.MemSetAccess(p, size, b.dev)
+	if err == nil {
+		err = b.dev.MemsetD32(p, 0, size/4)
+	}
+	if err == nil {
+		err = b.dev.Synchronize()
+	}
+	if err != nil {
+		b.dev.MemUnmap(p, size)
+		b.dev.MemRelease(h)
+		return nil, err
+	}
+	return &cudaChunk{be: b, addr: addr, size: size, h: h}, nil
+}
+
+// Export returns a new POSIX descriptor for the allocation.
+func (c *cudaChunk) Export() (*os.File, error) { return c.be.dev.MemExportFD(c.h) }
+
+// Unmap waits for the device's work, unmaps the chunk and releases this
+// rank's reference; peers' mappings keep the memory. The reservation stays.
+func (c *cudaChunk) Unmap() error {
+	unshare(c)
+	d := c.be.dev
+	return errors.Join(d.Synchronize(), d.MemUnmap(cuda.DevicePtr(c.addr), c.size), d.MemRelease(c.h))
+}
+
+// cudaMapping is a peer's allocation mapped into this process.
+type cudaMapping struct {
+	be   *CUDABackend
+	addr uintptr
+	size int
+	h    cuda.MemHandle
+	own  bool // h is this mapping's own reference (imported), released at Unmap
+}
+
+// Addr is where the peer's chunk is mapped.
+func (m *cudaMapping) Addr() uintptr { return m.addr }
+
+// Unmap waits for the device's work, unmaps the peer's chunk, drops the
+// reference (for an imported one) and frees the address range.
+func (m *cudaMapping) Unmap() error {
+	d := m.be.dev
+	errs := []error{d.Synchronize(), d.MemUnmap(cuda.DevicePtr(m.addr), m.size)}
+	if m.own {
+		errs = append(errs, d.MemRelease(m.h))
+	}
+	errs = append(errs, d.MemAddressFree(cuda.DevicePtr(m.addr), m.size))
+	return errors.Join(errs...)
+}
+
+// Import maps a peer's exported allocation: it imports the descriptor,
+// checks that it is device memory, maps it at a fresh reservation (which
+// fails if the allocation is smaller than size) and gives this device
+// read-write access. f stays the caller's.
+func (b *CUDABackend) Import(f *os.File, size int) (Mapping, error) {
+	h, err := b.dev.MemImportFD(f)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := b.dev.MemDevice(h); err != nil {
+		b.dev.MemRelease(h)
+		return nil, err
+	}
+	m, err := b.mapHandle(h, size)
+	if err != nil {
+		b.dev.MemRelease(h)
+		return nil, err
+	}
+	m.own = true
+	return m, nil
+}
+
+// mapHandle maps size bytes of h at a fresh reservation with read-write
+// access for this device.
+func (b *CUDABackend) mapHandle(h cuda.MemHandle, size int) (*cudaMapping, error) {
+	p, err := b.dev.MemAddressReserve(size, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.dev.MemMap(p, size, h); err != nil {
+		b.dev.MemAddressFree(p, size)
+		return nil, fmt.Errorf("map a peer's chunk of %d bytes (is it smaller?): %w", size, err)
+	}
+	if err := b.dev.MemSetAccess(p, size, b.dev); err != nil {
+		b.dev.MemUnmap(p, size)
+		b.dev.MemAddressFree(p, size)
+		return nil, err
+	}
+	return &cudaMapping{be: b, addr: uintptr(p), size: size, h: h}, nil
+}
+
+// The process's shared chunks, by token (LocalSharer). A chunk leaves the
+// table at its Unmap, before its handle is released, and ImportLocal maps
+// under the same lock, so it never maps a released handle.
+var (
+	sharedMu   sync.Mutex
+	shared     = map[uint64]*cudaChunk{}
+	nextShared uint64
+)
+
+// ShareLocal makes c mappable by pools of this process under the
+// returned token, until c's Unmap.
+func (b *CUDABackend) ShareLocal(c Chunk) (uint64, error) {
+	cc, ok := c.(*cudaChunk)
+	if !ok {
+		return 0, fmt.Errorf("symm: cuda backend asked to share a %T", c)
+	}
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if cc.token == 0 {
+		nextShared++
+		cc.token = nextShared
+		shared[cc.token] = cc
+	}
+	return cc.token, nil
+}
+
+// ImportLocal maps the chunk shared under token: its allocation handle is
+// mapped at a fresh reservation with access for this device. The mapping
+// holds no reference of its own; a mapping alone keeps VMM memory alive
+// after the owner releases its handle, so the owner's Free does not take
+// the memory from under it.
+func (b *CUDABackend) ImportLocal(token uint64, size int) (Mapping, error) {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	c := shared[token]
+	if c == nil {
+		return nil, fmt.Errorf("symm: no chunk of this process is shared under token %d (freed during the rendezvous?)", token)
+	}
+	if c.size < size {
+		return nil, fmt.Errorf("symm: the shared chunk has %d bytes, want %d", c.size, size)
+	}
+	return b.mapHandle(c.h, size)
+}
+
+// unshare removes c from the table of shared chunks.
+func unshare(c *cudaChunk) {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if c.token != 0 {
+		delete(shared, c.token)
+		c.token = 0
+	}
+}
+
+// DeviceArray copies ptrs into new device memory (cuMemAlloc), freed by
+// the returned function.
+func (b *CUDABackend) DeviceArray(ptrs []uintptr) (uintptr, func() error, error) {
+	raw := make([]byte, 8*len(ptrs))
+	for i, p := range ptrs {
+		binary.LittleEndian.PutUint64(raw[8*i:], uint64(p))
+	}
+	p, err := b.dev.Alloc(len(raw))
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := b.dev.CopyHtoD(p, raw); err != nil {
+		b.dev.Free(p)
+		return 0, nil, err
+	}
+	return uintptr(p), func() error { return b.dev.Free(p) }, nil
+}
+
+// module compiles (once, through the cache) and loads the signal kernel.
+func (b *CUDABackend) module() (*cuda.Module, error) {
+	b.modOnce.Do(func() {
+		b.mod, b.modErr = b.dev.LoadSource(context.Background(), cuda.CompileRequest{
+			Name: "collgen_symm_signal.cu", Source: signalSource,
+			Headers: map[string]string{DeviceHeaderName: DeviceHeader}, Options: []string{"--std=c++17"},
+		}, b.cache)
+		if b.modErr != nil {
+			b.modErr = fmt.Errorf("symm: compile the signal kernel for %v: %w", b.dev, b.modErr)
+		}
+	})
+	return b.mod, b.modErr
+}
+
+// Close releases what the backend made for itself: the Now ordering's
+// stream and status words and the signal kernel's module. Close the
+// backend after its pool.
+func (b *CUDABackend) Close() error {
+	var errs []error
+	b.nowMu.Lock()
+	if b.now != nil {
+		s := b.now.s
+		errs = append(errs, b.now.Close(), s.Destroy())
+		b.now = nil
+	}
+	b.nowMu.Unlock()
+	if b.mod != nil {
+		errs = append(errs, b.mod.Unload())
+	}
+	return errors.Join(errs...)
+}
