@@ -8,7 +8,7 @@
 # tests/gpu/run.sh runs every .gpu/*.test binary.
 
 GPU_DIR        ?= .gpu
-GPU_TEST_PKGS  ?= ./runtime/cuda ./runtime/ipc ./runtime/nccl ./tests/proof
+GPU_TEST_PKGS  ?= ./runtime/cuda ./runtime/ipc ./runtime/nccl ./runtime/symm ./tests/proof
 
 .PHONY: gpu-bundle gpu-test gpu-clean
 gpu-bundle:

@@ -230,9 +230,16 @@ func (b *CUDABackend) Signal(o Ordering, op *SignalOp) error {
 }
 
 // signalNow runs op on the backend's private stream and waits for it.
+// It first waits for all work of the device (cuCtxSynchronize), so that,
+// as on the host, everything this rank did before the call is visible to
+// a peer once its wait returns; do not use Now while a stream of the
+// device is being captured.
 func (b *CUDABackend) signalNow(op *SignalOp) error {
 	b.nowMu.Lock()
 	defer b.nowMu.Unlock()
+	if err := b.dev.Synchronize(); err != nil {
+		return err
+	}
 	if b.now == nil {
 		s, err := b.dev.NewStream()
 		if err != nil {

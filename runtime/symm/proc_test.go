@@ -36,6 +36,10 @@ const (
 
 const procBytes = 1 << 16
 
+// childModes are child modes that other test files register (the GPU
+// tests' process ranks); they run instead of the host-twin set-up.
+var childModes = map[string]func(rank, world int, st rendezvous.Store, group string) error{}
+
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(envChild); mode != "" {
 		os.Exit(childMain(mode))
@@ -69,6 +73,9 @@ func childRun(mode string) error {
 		return err
 	}
 	defer st.Close()
+	if f := childModes[mode]; f != nil {
+		return f(rank, world, st, os.Getenv(envGroup))
+	}
 	rdvTimeout := 30 * time.Second
 	if mode == "rdv-survivor" {
 		rdvTimeout = 3 * time.Second

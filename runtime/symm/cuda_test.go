@@ -1,0 +1,752 @@
+//go:build linux && (amd64 || arm64) && cgo
+
+package symm
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/cuda/cudatest"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// The GPU tests need two GPUs with peer access and VMM; they skip
+// otherwise. Each rank is a goroutine with its own GPU and backend, except
+// in TestCUDAProcessRanks.
+
+//go:embed testdata/symm_test_kernels.cu
+var testKernelsSrc string
+
+//go:embed testdata/allreduce_scale.cu
+var allReduceScaleSrc string
+
+// gpuRanks opens world devices and makes a CUDA backend for each, skipping
+// the test when the machine cannot run it. Backends close after the pools
+// (cleanups run last-registered first).
+func gpuRanks(t *testing.T, world int) ([]*cuda.Device, []*CUDABackend) {
+	t.Helper()
+	devs := cudatest.Devices(t, world)
+	for _, d := range devs {
+		if ok, err := d.VMMSupported(); err != nil || !ok {
+			t.Skipf("%v: no VMM with POSIX descriptors (%v)", d, err)
+		}
+		for _, p := range devs {
+			if ok, err := d.CanAccessPeer(p); err != nil || !ok {
+				t.Skipf("%v cannot access %v (%v)", d, p, err)
+			}
+		}
+	}
+	bes := make([]*CUDABackend, world)
+	for r, d := range devs {
+		be, err := NewCUDABackend(d, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := be.Close(); err != nil {
+				t.Errorf("rank %d: backend Close: %v", r, err)
+			}
+		})
+		bes[r] = be
+	}
+	return devs, bes
+}
+
+// gpuPools forms a group of goroutine ranks, one GPU each.
+func gpuPools(t *testing.T, world int) ([]*cuda.Device, []*CUDABackend, []*Pool) {
+	devs, bes := gpuRanks(t, world)
+	pools := newPools(t, world, func(r int, c *Config) { c.Backend, c.Device = bes[r], r })
+	return devs, bes, pools
+}
+
+// orderings makes a stream and a StreamOrdering per rank, released at the
+// end of the test.
+func orderings(t *testing.T, bes []*CUDABackend) []*StreamOrdering {
+	t.Helper()
+	ords := make([]*StreamOrdering, len(bes))
+	for r, be := range bes {
+		s, err := be.Device().NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := be.NewStreamOrdering(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			s.Synchronize()
+			o.Close()
+			s.Destroy()
+		})
+		ords[r] = o
+	}
+	return ords
+}
+
+// testModules compiles the test kernels for every device.
+func testModules(t *testing.T, devs []*cuda.Device) []*cuda.Module {
+	t.Helper()
+	mods := make([]*cuda.Module, len(devs))
+	for r, d := range devs {
+		m, err := CompileKernel(context.Background(), d, "symm_test_kernels.cu", testKernelsSrc, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Unload() })
+		mods[r] = m
+	}
+	return mods
+}
+
+func u32s(b []byte) []uint32 {
+	v := make([]uint32, len(b)/4)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return v
+}
+
+// TestCUDAPeerAccess checks every way of reaching a peer's memory: plain
+// copies from a peer's mapping (the owner wrote, the peer reads), device
+// stores by a kernel into peers' buffers (the peers wrote, the owner
+// reads, after a device barrier), and copy-engine copies into a peer's
+// buffer ordered by stream signals. The device pointer arrays hold the
+// addresses BufferPtrs and SignalPadPtrs report.
+func TestCUDAPeerAccess(t *testing.T) {
+	const world, n = 2, 1 << 20
+	devs, bes, pools := gpuPools(t, world)
+	bufs, hs := allocAll(t, pools, n)
+	for r := range world {
+		for _, a := range []struct {
+			dev  uintptr
+			host []uintptr
+		}{{hs[r].BufferPtrsDev(), hs[r].BufferPtrs()}, {hs[r].SignalPadPtrsDev(), hs[r].SignalPadPtrs()}} {
+			raw := make([]byte, 8*world)
+			if err := devs[r].CopyDtoH(raw, cuda.DevicePtr(a.dev)); err != nil {
+				t.Fatal(err)
+			}
+			for q := range world {
+				if got := uintptr(binary.LittleEndian.Uint64(raw[8*q:])); got != a.host[q] {
+					t.Errorf("rank %d: device array entry %d is %#x, want %#x", r, q, got, a.host[q])
+				}
+			}
+		}
+		if bufs[r].Bytes() != nil || hs[r].PeerBytes(1-r) != nil {
+			t.Errorf("rank %d: host slices of device memory", r)
+		}
+	}
+
+	// 1. The owner writes, the peer copies out of its mapping.
+	checkErrs(t, onRanks(world, func(r int) error {
+		if err := devs[r].CopyHtoD(cuda.DevicePtr(bufs[r].Addr()), bytes.Repeat([]byte{byte(r + 1)}, n)); err != nil {
+			return err
+		}
+		if err := hs[r].Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		got := make([]byte, n)
+		q := 1 - r
+		if err := devs[r].CopyDtoH(got, cuda.DevicePtr(hs[r].Peer(q))); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(q + 1)}, n)) {
+			return fmt.Errorf("rank %d reads rank %d's buffer wrong: %v...", r, q, got[:8])
+		}
+		return hs[r].Barrier(Now, 0, 0)
+	}))
+
+	// 2. Device stores into peers' buffers, a device barrier, the owner
+	// checks (in the kernel and from the host).
+	mods := testModules(t, devs)
+	ords := orderings(t, bes)
+	checkErrs(t, onRanks(world, func(r int) error {
+		if err := devs[r].Memset8(cuda.DevicePtr(bufs[r].Addr()), 0, n); err != nil {
+			return err
+		}
+		if err := devs[r].Synchronize(); err != nil {
+			return err
+		}
+		if err := hs[r].Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		g, err := hs[r].KernelGroup(ords[r], 10*time.Second)
+		if err != nil {
+			return err
+		}
+		if err := mods[r].Launch("poke", cuda.Dim3(1), cuda.Dim3(256), 0, ords[r].Stream(), g); err != nil {
+			return err
+		}
+		if err := ords[r].Synchronize(); err != nil {
+			return err
+		}
+		raw := make([]byte, 4*(256*world+1))
+		if err := devs[r].CopyDtoH(raw, cuda.DevicePtr(bufs[r].Addr())); err != nil {
+			return err
+		}
+		v := u32s(raw)
+		if v[256*world] != 0 {
+			return fmt.Errorf("rank %d: the kernel counted %d wrong words", r, v[256*world])
+		}
+		for q := range world {
+			for i := range 256 {
+				if v[256*q+i] != uint32(1000*q+i) {
+					return fmt.Errorf("rank %d: word %d of rank %d's slot is %d, want %d", r, i, q, v[256*q+i], 1000*q+i)
+				}
+			}
+		}
+		return hs[r].Barrier(Now, 0, 0)
+	}))
+
+	// 3. Copy-engine copies into the peer's buffer, then put; the peer
+	// waits in its stream and copies its buffer out.
+	checkErrs(t, onRanks(world, func(r int) error {
+		q := 1 - r
+		src, err := devs[r].Alloc(n)
+		if err != nil {
+			return err
+		}
+		defer devs[r].Free(src)
+		if err := devs[r].Memset8(src, byte(0x40+r), n); err != nil {
+			return err
+		}
+		if err := devs[r].Synchronize(); err != nil {
+			return err
+		}
+		s := ords[r].Stream()
+		if err := devs[r].CopyDtoDAsync(cuda.DevicePtr(hs[r].Peer(q)), src, n, s); err != nil {
+			return err
+		}
+		if err := hs[r].PutSignal(ords[r], q, 1, 10*time.Second); err != nil {
+			return err
+		}
+		if err := hs[r].WaitSignal(ords[r], q, 1, 10*time.Second); err != nil {
+			return err
+		}
+		if err := ords[r].Synchronize(); err != nil {
+			return err
+		}
+		got := make([]byte, n)
+		if err := devs[r].CopyDtoH(got, cuda.DevicePtr(bufs[r].Addr())); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(0x40 + q)}, n)) {
+			return fmt.Errorf("rank %d: rank %d's copy into this buffer reads %#x...", r, q, got[:4])
+		}
+		return nil
+	}))
+}
+
+// TestCUDAGraphSignals captures a step on every rank: a kernel bumps the
+// rank's counter, a barrier, a kernel compares every peer's counter with
+// its own (counting differences), then a put to and a wait for the peer
+// (a second barrier, built from put/wait). 100 replays must leave every
+// counter at 100 and no difference seen: without the signals a rank would
+// run ahead and read a counter of another round.
+func TestCUDAGraphSignals(t *testing.T) {
+	const world, replays = 2, 100
+	devs, bes, pools := gpuPools(t, world)
+	bufs, hs := allocAll(t, pools, 4096)
+	mods := testModules(t, devs)
+	ords := orderings(t, bes)
+	checkErrs(t, onRanks(world, func(r int) error {
+		o, s, q := ords[r], ords[r].Stream(), 1-r
+		g, err := hs[r].KernelGroup(o, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		if err := s.BeginCapture(); err != nil {
+			return err
+		}
+		steps := []func() error{
+			func() error { return mods[r].Launch("inc", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
+			func() error { return hs[r].Barrier(o, 0, 10*time.Second) },
+			func() error { return mods[r].Launch("check", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
+			func() error { return hs[r].PutSignal(o, q, 1, 10*time.Second) },
+			func() error { return hs[r].WaitSignal(o, q, 1, 10*time.Second) },
+		}
+		var serr error
+		for _, st := range steps {
+			if serr = st(); serr != nil {
+				break
+			}
+		}
+		graph, err := s.EndCapture()
+		if err = errors.Join(serr, err); err != nil {
+			return err
+		}
+		defer graph.Destroy()
+		exec, err := graph.Instantiate()
+		if err != nil {
+			return err
+		}
+		defer exec.Destroy()
+		for range replays {
+			if err := exec.Launch(s); err != nil {
+				return err
+			}
+		}
+		if err := o.Synchronize(); err != nil {
+			return err
+		}
+		raw := make([]byte, 8)
+		if err := devs[r].CopyDtoH(raw, cuda.DevicePtr(bufs[r].Addr())); err != nil {
+			return err
+		}
+		if v := u32s(raw); v[0] != replays || v[1] != 0 {
+			return fmt.Errorf("rank %d: counter %d (want %d), %d rounds saw another counter", r, v[0], replays, v[1])
+		}
+		return nil
+	}))
+}
+
+// TestCUDASignalTimeouts: a peer that never signals. A stream-ordered
+// wait reports a TimeoutError naming the peer and the channel at
+// Synchronize, within its deadline; later operations of that ordering
+// return at once with the same report; Now reports its own timeouts
+// (including a put into an unconsumed word) and starts afresh afterwards.
+func TestCUDASignalTimeouts(t *testing.T) {
+	const world = 2
+	_, bes, pools := gpuPools(t, world)
+	_, hs := allocAll(t, pools, 4096)
+	o := orderings(t, bes)[0]
+	const deadline = 300 * time.Millisecond
+	start := time.Now()
+	if err := hs[0].WaitSignal(o, 1, 3, deadline); err != nil {
+		t.Fatal(err)
+	}
+	err := o.Synchronize()
+	took := time.Since(start)
+	var te *TimeoutError
+	if !errors.As(err, &te) || !errors.Is(err, ErrTimeout) || te.Rank != 0 || te.Peer != 1 || te.Channel != 3 || te.Op != SignalWait || te.Consume {
+		t.Fatalf("stream wait: %v; want a TimeoutError of rank 0 waiting for rank 1 on channel 3", err)
+	}
+	if te.Waited < deadline || took > deadline+5*time.Second {
+		t.Errorf("waited %v (device), %v (host) for a %v deadline", te.Waited, took, deadline)
+	}
+	t.Logf("stream: %v (host %v)", err, took)
+
+	// Sticky: the next operation does not wait again.
+	start = time.Now()
+	if err := hs[0].Barrier(o, 4, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Synchronize(); !errors.As(err, &te) || te.Channel != 3 || time.Since(start) > 5*time.Second {
+		t.Errorf("after a timeout: %v after %v; want the first report at once", err, time.Since(start))
+	}
+
+	// Now: its own timeouts, then a fresh start.
+	err = hs[0].Barrier(Now, 5, deadline)
+	if !errors.As(err, &te) || te.Peer != 1 || te.Channel != 5 || te.Op != SignalBarrier {
+		t.Errorf("Now barrier: %v; want a TimeoutError naming rank 1 and channel 5", err)
+	}
+	if err := hs[0].PutSignal(Now, 1, 6, deadline); err != nil {
+		t.Fatal(err)
+	}
+	err = hs[0].PutSignal(Now, 1, 6, deadline)
+	if !errors.As(err, &te) || !te.Consume || te.Peer != 1 || te.Channel != 6 {
+		t.Errorf("put into an unconsumed word: %v; want a TimeoutError with Consume", err)
+	}
+	if err := hs[1].WaitSignal(Now, 0, 6, 10*time.Second); err != nil {
+		t.Errorf("rank 1 consuming rank 0's signal after rank 0's timeouts: %v", err)
+	}
+}
+
+// TestCUDAAllReduceScale runs the worked example, testdata/allreduce_scale.cu
+// (docs/symmetric-memory.md), at world size 2 on goroutine ranks.
+func TestCUDAAllReduceScale(t *testing.T) {
+	const world, n, blocks = 2, 1<<20 + 3, 8
+	const scale = float32(0.5)
+	devs, bes, pools := gpuPools(t, world)
+	bufs, hs := allocAll(t, pools, 4*n)
+	ords := orderings(t, bes)
+	in := func(r, i int) float32 { return float32(r+1) * float32(i%1000) }
+	checkErrs(t, onRanks(world, func(r int) error {
+		d := devs[r]
+		mod, err := CompileKernel(context.Background(), d, "allreduce_scale.cu", allReduceScaleSrc, nil)
+		if err != nil {
+			return err
+		}
+		defer mod.Unload()
+		raw := make([]byte, 4*n)
+		for i := range n {
+			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(in(r, i)))
+		}
+		if err := d.CopyHtoD(cuda.DevicePtr(bufs[r].Addr()), raw); err != nil {
+			return err
+		}
+		out, err := d.Alloc(4 * n)
+		if err != nil {
+			return err
+		}
+		defer d.Free(out)
+		if err := d.Synchronize(); err != nil { // the input is in place before the kernel's stream runs
+			return err
+		}
+		g, err := hs[r].KernelGroup(ords[r], 10*time.Second)
+		if err != nil {
+			return err
+		}
+		args := make([]byte, 80)
+		copy(args, g)
+		binary.LittleEndian.PutUint64(args[56:], uint64(out))
+		binary.LittleEndian.PutUint64(args[64:], n)
+		binary.LittleEndian.PutUint32(args[72:], math.Float32bits(scale))
+		binary.LittleEndian.PutUint32(args[76:], 8) // channels 8..15
+		for range 3 { // repeated: the barriers' words reset themselves
+			if err := mod.Launch("allreduce_scale", cuda.Dim3(blocks), cuda.Dim3(256), 0, ords[r].Stream(), args); err != nil {
+				return err
+			}
+		}
+		if err := ords[r].Synchronize(); err != nil {
+			return err
+		}
+		if err := d.CopyDtoH(raw, out); err != nil {
+			return err
+		}
+		for i := range n {
+			var sum float32
+			for q := range world {
+				sum += in(q, i)
+			}
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*i:])); got != sum*scale {
+				return fmt.Errorf("rank %d: out[%d] = %v, want %v", r, i, got, sum*scale)
+			}
+		}
+		return nil
+	}))
+}
+
+// TestCUDAPersistent: an id keeps its device address across Free, and the
+// new allocation behind it is zeroed.
+func TestCUDAPersistent(t *testing.T) {
+	devs, _, pools := gpuPools(t, 1)
+	d := devs[0]
+	const n = 3 << 20
+	b, err := pools[0].AllocPersistent(n, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := b.Addr()
+	if err := d.Memset8(cuda.DevicePtr(addr), 0xee, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := pools[0].AllocPersistent(n, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b2.Addr() != addr {
+		t.Errorf("persistent id 7: %#x after Free, %#x before", b2.Addr(), addr)
+	}
+	got := make([]byte, n)
+	if err := d.CopyDtoH(got, cuda.DevicePtr(b2.Addr())); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, make([]byte, n)) {
+		t.Error("the new allocation under the id is not zeroed")
+	}
+}
+
+// TestCUDAFreeAndCloseRelease: device memory returns to where it was once
+// the pools are closed (within one granule), after a warm-up that loads
+// what stays for the life of the process (context, modules).
+func TestCUDAFreeAndCloseRelease(t *testing.T) {
+	const world = 2
+	devs, bes := gpuRanks(t, world)
+	cycle := func() {
+		st := rendezvous.NewMemStore()
+		group := uniqueGroup(t)
+		checkErrs(t, onRanks(world, func(r int) error {
+			p, err := NewPool(context.Background(), Config{Group: group, Rank: r, WorldSize: world, Store: st, Device: r, Backend: bes[r], Timeout: 20 * time.Second})
+			if err != nil {
+				return err
+			}
+			for i := range 3 {
+				b, err := p.Alloc(16 << 20)
+				if err != nil {
+					return errors.Join(err, p.Close())
+				}
+				h, err := p.Rendezvous(context.Background(), b)
+				if err == nil {
+					err = h.Barrier(Now, 0, 0)
+				}
+				if err == nil && i == 0 {
+					err = b.Free()
+				}
+				if err != nil {
+					return errors.Join(err, p.Close())
+				}
+			}
+			if _, err := p.AllocPersistent(5<<20, 1); err != nil {
+				return errors.Join(err, p.Close())
+			}
+			return p.Close()
+		}))
+	}
+	cycle()
+	before := make([]uint64, world)
+	for r, d := range devs {
+		before[r], _, _ = d.MemInfo()
+	}
+	cycle()
+	for r, d := range devs {
+		after, _, err := d.MemInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := int64(before[r]) - int64(after); diff > int64(bes[r].Granularity()) {
+			t.Errorf("device %d: %d bytes free after, %d before: %d not returned", r, after, before[r], diff)
+		}
+	}
+}
+
+// Child mode of the process-rank GPU test (see proc_test.go): rank 1 on
+// GPU 1 in its own process.
+func init() {
+	childModes["gpu-peers"] = func(rank, world int, st rendezvous.Store, group string) error {
+		d, err := cuda.Open(rank)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		be, err := NewCUDABackend(d, nil)
+		if err != nil {
+			return err
+		}
+		defer be.Close()
+		fmt.Println("ready")
+		return gpuProcRank(d, be, st, group, rank, world)
+	}
+}
+
+// gpuProcRank is one process rank of TestCUDAProcessRanks: the pool, a
+// rendezvous through descriptors, the owner writes and every peer reads,
+// then Close.
+func gpuProcRank(d *cuda.Device, be *CUDABackend, st rendezvous.Store, group string, rank, world int) error {
+	const n = 1 << 20
+	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Device: d.Ordinal, Backend: be, Timeout: 30 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	b, err := p.Alloc(n)
+	if err != nil {
+		return err
+	}
+	h, err := p.Rendezvous(context.Background(), b)
+	if err != nil {
+		return err
+	}
+	if err := d.CopyHtoD(cuda.DevicePtr(b.Addr()), bytes.Repeat([]byte{byte(0x10 + rank)}, n)); err != nil {
+		return err
+	}
+	if err := h.Barrier(Now, 0, 0); err != nil {
+		return err
+	}
+	got := make([]byte, n)
+	for q := range world {
+		if err := d.CopyDtoH(got, cuda.DevicePtr(h.Peer(q))); err != nil {
+			return err
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(0x10 + q)}, n)) {
+			return fmt.Errorf("rank %d reads rank %d's buffer as %#x...", rank, q, got[:4])
+		}
+	}
+	if err := h.Barrier(Now, 0, 0); err != nil {
+		return err
+	}
+	return b.Free()
+}
+
+// TestCUDAProcessRanks runs world 2 with rank 1 in a child process: the
+// chunks travel as VMM descriptors over fdpass (the path goroutine ranks
+// skip, mapping each other directly).
+func TestCUDAProcessRanks(t *testing.T) {
+	const world = 2
+	devs, bes := gpuRanks(t, world)
+	dir := filepath.Join(t.TempDir(), "store")
+	group := uniqueGroup(t)
+	kid := startChild(t, "gpu-peers", dir, group, 1, world)
+	st, err := rendezvous.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := gpuProcRank(devs[0], bes[0], st, group, 0, world); err != nil {
+		t.Error(err)
+	}
+	if err, out := kid.wait(t); err != nil || out != "ok" {
+		t.Errorf("rank 1: %v: %s", err, out)
+	}
+}
+
+// BenchmarkCUDASignalGraph measures stream-ordered signals replayed from a
+// CUDA graph on two GPUs: a graph of 100 barriers, or of 100 put/wait
+// round trips (rank 0 puts and waits, rank 1 waits and puts back),
+// replayed b.N times; the time per operation is one round trip between
+// the GPUs plus a kernel node. Compare with the flag floor (1.48 µs per
+// round trip).
+func BenchmarkCUDASignalGraph(b *testing.B) {
+	for _, kind := range []string{"barrier", "putwait"} {
+		b.Run(kind, func(b *testing.B) { benchSignalGraph(b, kind) })
+	}
+}
+
+func benchSignalGraph(b *testing.B, kind string) {
+	const world, ops = 2, 100
+	devs := cudatest.Devices(b, world)
+	bes := make([]*CUDABackend, world)
+	for r, d := range devs {
+		be, err := NewCUDABackend(d, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer be.Close()
+		bes[r] = be
+	}
+	st := rendezvous.NewMemStore()
+	group := "bench-" + kind + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(groupSeq.Add(1), 10)
+	pools := make([]*Pool, world)
+	hs := make([]*Handle, world)
+	checkB(b, onRanks(world, func(r int) error {
+		p, err := NewPool(context.Background(), Config{Group: group, Rank: r, WorldSize: world, Store: st, Device: r, Backend: bes[r], Timeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		pools[r] = p
+		buf, err := p.Alloc(4096)
+		if err != nil {
+			return err
+		}
+		hs[r], err = p.Rendezvous(context.Background(), buf)
+		return err
+	}))
+	defer func() {
+		for _, p := range pools {
+			if p != nil {
+				p.Close()
+			}
+		}
+	}()
+	execs := make([]*cuda.GraphExec, world)
+	ords := make([]*StreamOrdering, world)
+	checkB(b, onRanks(world, func(r int) error {
+		s, err := devs[r].NewStream()
+		if err != nil {
+			return err
+		}
+		o, err := bes[r].NewStreamOrdering(s)
+		if err != nil {
+			return err
+		}
+		ords[r] = o
+		if err := s.BeginCapture(); err != nil {
+			return err
+		}
+		var serr error
+		q := 1 - r
+		for i := 0; i < ops && serr == nil; i++ {
+			switch {
+			case kind == "barrier":
+				serr = hs[r].Barrier(o, 0, 10*time.Second)
+			case r == 0:
+				if serr = hs[r].PutSignal(o, q, 1, 10*time.Second); serr == nil {
+					serr = hs[r].WaitSignal(o, q, 1, 10*time.Second)
+				}
+			default:
+				if serr = hs[r].WaitSignal(o, q, 1, 10*time.Second); serr == nil {
+					serr = hs[r].PutSignal(o, q, 1, 10*time.Second)
+				}
+			}
+		}
+		g, err := s.EndCapture()
+		if err = errors.Join(serr, err); err != nil {
+			return err
+		}
+		defer g.Destroy()
+		execs[r], err = g.Instantiate()
+		if err != nil {
+			return err
+		}
+		// Warm-up replay.
+		if err := execs[r].Launch(s); err != nil {
+			return err
+		}
+		return o.Synchronize()
+	}))
+	defer func() {
+		for r, o := range ords {
+			if o != nil {
+				s := o.Stream()
+				s.Synchronize()
+				execs[r].Destroy()
+				o.Close()
+				s.Destroy()
+			}
+		}
+	}()
+	start, err := devs[0].NewEvent()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer start.Destroy()
+	end, err := devs[0].NewEvent()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer end.Destroy()
+	b.ResetTimer()
+	checkB(b, onRanks(world, func(r int) error {
+		s := ords[r].Stream()
+		if r == 0 {
+			if err := start.Record(s); err != nil {
+				return err
+			}
+		}
+		for range b.N {
+			if err := execs[r].Launch(s); err != nil {
+				return err
+			}
+		}
+		if r == 0 {
+			if err := end.Record(s); err != nil {
+				return err
+			}
+		}
+		return ords[r].Synchronize()
+	}))
+	b.StopTimer()
+	ms, err := cuda.ElapsedMs(start, end)
+	if err != nil {
+		b.Fatal(err)
+	}
+	us := float64(ms) * 1000 / float64(b.N*ops)
+	b.ReportMetric(us, "us/"+kind)
+	b.Logf("%s: %.3f us per round trip inside a CUDA graph (%d replays of %d ops; flag floor 1.48 us)", kind, us, b.N, ops)
+}
+
+// checkB fails the benchmark for every non-nil error.
+func checkB(b *testing.B, errs []error) {
+	b.Helper()
+	for r, err := range errs {
+		if err != nil {
+			b.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
