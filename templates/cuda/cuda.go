@@ -36,6 +36,24 @@ func Files() map[string][]byte {
 // includes.
 const HeaderName = "collgen_common.cuh"
 
+// SymmHeaderName is the file name of the device header for users' kernels
+// over runtime/symm's symmetric memory (symm.cuh.tmpl). No generated
+// kernel includes it; runtime/symm embeds the same bytes (symm.DeviceHeader).
+const SymmHeaderName = "collgen_symm.cuh"
+
+// SymmHeader renders collgen_symm.cuh, which depends on no plan.
+func SymmHeader() ([]byte, error) {
+	t, err := parse()
+	if err != nil {
+		return nil, fmt.Errorf("parse CUDA templates: %w", err)
+	}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "symm.cuh", nil); err != nil {
+		return nil, fmt.Errorf("render %s: %w", SymmHeaderName, err)
+	}
+	return buf.Bytes(), nil
+}
+
 // sprigAllowed lists the sprig functions templates use: deterministic,
 // side-effect-free string helpers only (sprig's map also has random and
 // crypto functions, which would break byte-for-byte reproducible output).
@@ -64,6 +82,11 @@ func Render(p *plan.Plan) (map[string][]byte, error) {
 		return nil, fmt.Errorf("render %s: %w", HeaderName, err)
 	}
 	out[HeaderName] = append([]byte(nil), buf.Bytes()...)
+	buf.Reset()
+	if err := t.ExecuteTemplate(&buf, "symm.cuh", nil); err != nil {
+		return nil, fmt.Errorf("render %s: %w", SymmHeaderName, err)
+	}
+	out[SymmHeaderName] = append([]byte(nil), buf.Bytes()...)
 	for _, k := range p.Kernels {
 		buf.Reset()
 		ctx, err := newKernelContext(k)

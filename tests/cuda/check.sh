@@ -18,6 +18,9 @@ logs=${CUDA_CHECK_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/cuda-check-logs.XXXXXX")}
 mkdir -p "$logs"
 n=0
 for f in "$dir"/*.cu; do echo "#include \"$(realpath "$f")\""; n=$((n+1)); done > "$tmp/all.cu"
+# collgen_symm.cuh (runtime/symm's header for users' kernels) is included
+# by no kernel; compile it too.
+[ -f "$dir/collgen_symm.cuh" ] && echo "#include \"$(realpath "$dir/collgen_symm.cuh")\"" >> "$tmp/all.cu"
 [ "$n" -gt 0 ] || { echo "cuda-check: no .cu files in $dir" >&2; exit 1; }
 
 declare -A pids
