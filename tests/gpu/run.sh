@@ -88,5 +88,15 @@ if [ -x .gpu/cuda.test ]; then
   grep -E '^(Benchmark|--- |ok|FAIL)' "$OUT/bench.log" | sed 's/^/bench: /' >>"$OUT/summary.txt"
 fi
 
+# Symmetric memory: stream-ordered signals replayed from CUDA graphs on two
+# GPUs (barrier and put/wait round trips), appended to bench.log.
+if [ -x .gpu/symm.test ]; then
+  {
+    echo "== symm: signal round trips inside a CUDA graph (2 GPUs; flag floor 1.48 us)"
+    timeout 120 .gpu/symm.test -test.run='^$' -test.bench='CUDASignalGraph' -test.benchtime=200x -test.v 2>&1
+  } >>"$OUT/bench.log" 2>&1
+  grep -E 'CUDASignalGraph|us per round trip' "$OUT/bench.log" | sed 's/^/bench: /' >>"$OUT/summary.txt"
+fi
+
 cat "$OUT/summary.txt"
 exit $status
