@@ -9,20 +9,13 @@ import (
 
 // Backend is the memory a Pool is made of. The pool decides sizes,
 // addresses, ids and who talks to whom; the backend only makes, shares and
-// maps memory and runs signal operations on it. Two implementations are
-// planned: the host twin (NewHostBackend: memfd shared memory, CPU ranks)
-// and the GPU backend (CUDA VMM), which implements the same methods as:
-//
-//	Granularity  cuMemGetAllocationGranularity (recommended), one device
-//	Reserve      cuMemAddressReserve
-//	Release      cuMemAddressFree
-//	Create       cuMemCreate (POSIX-fd shareable), cuMemMap at addr,
-//	             cuMemSetAccess, then zero the memory (cuMemsetD8)
-//	Chunk.Export cuMemExportToShareableHandle → fd
-//	Chunk.Unmap  cuMemUnmap, cuMemRelease (the reservation stays)
-//	Import       cuMemImportFromShareableHandle(fd), cuMemAddressReserve,
-//	             cuMemMap, cuMemSetAccess; Mapping.Unmap undoes all four
-//	Signal       a one-block kernel on the stream the Ordering names
+// maps memory and runs signal operations on it. There are two: the host
+// twin (NewHostBackend: memfd shared memory, CPU ranks) and the CUDA
+// backend (NewCUDABackend: VMM memory on one GPU per rank, built with
+// cgo), whose comment maps each method to the driver calls it makes.
+// Backends may also implement LocalSharer (ranks of one process map each
+// other without descriptors) and DeviceArrayMaker (pointer arrays in
+// device memory).
 //
 // Ownership: memory lives while any rank maps it. Each rank owns exactly
 // its own Chunk and Mappings and releases them; the kernel (for memfd) or
