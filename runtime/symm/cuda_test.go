@@ -403,7 +403,8 @@ func TestCUDAAllReduceScale(t *testing.T) {
 		binary.LittleEndian.PutUint64(args[64:], n)
 		binary.LittleEndian.PutUint32(args[72:], math.Float32bits(scale))
 		binary.LittleEndian.PutUint32(args[76:], 8) // channels 8..15
-		for range 3 {                               // repeated: the barriers' words reset themselves
+		// Three launches in a row: the barriers' words reset themselves.
+		for range 3 {
 			if err := mod.Launch("allreduce_scale", cuda.Dim3(blocks), cuda.Dim3(256), 0, ords[r].Stream(), args); err != nil {
 				return err
 			}
