@@ -536,24 +536,61 @@ func init() {
 	}
 }
 
+// The victim of TestCUDAKilledRank: it writes its buffer, passes a
+// barrier, says ready and waits to be killed.
+func init() {
+	childModes["gpu-victim"] = func(rank, world int, st rendezvous.Store, group string) error {
+		d, err := cuda.Open(rank)
+		if err != nil {
+			return err
+		}
+		be, err := NewCUDABackend(d, nil)
+		if err != nil {
+			return err
+		}
+		_, b, h, err := gpuProcSetup(d, be, st, group, rank, world, 1<<20)
+		if err != nil {
+			return err
+		}
+		if err := d.CopyHtoD(cuda.DevicePtr(b.Addr()), bytes.Repeat([]byte{0x77}, 1<<20)); err != nil {
+			return err
+		}
+		if err := h.Barrier(Now, 0, 0); err != nil {
+			return err
+		}
+		fmt.Println("ready")
+		select {} // killed by the parent
+	}
+}
+
+// gpuProcSetup forms a pool of process ranks on d, allocates n bytes and
+// rendezvouses (the chunks travel as VMM descriptors over fdpass).
+func gpuProcSetup(d *cuda.Device, be *CUDABackend, st rendezvous.Store, group string, rank, world, n int) (*Pool, *Buffer, *Handle, error) {
+	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Device: d.Ordinal, Backend: be, Timeout: 30 * time.Second})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	b, err := p.Alloc(n)
+	if err != nil {
+		return nil, nil, nil, errors.Join(err, p.Close())
+	}
+	h, err := p.Rendezvous(context.Background(), b)
+	if err != nil {
+		return nil, nil, nil, errors.Join(err, p.Close())
+	}
+	return p, b, h, nil
+}
+
 // gpuProcRank is one process rank of TestCUDAProcessRanks: the pool, a
 // rendezvous through descriptors, the owner writes and every peer reads,
 // then Close.
 func gpuProcRank(d *cuda.Device, be *CUDABackend, st rendezvous.Store, group string, rank, world int) error {
 	const n = 1 << 20
-	p, err := NewPool(context.Background(), Config{Group: group, Rank: rank, WorldSize: world, Store: st, Device: d.Ordinal, Backend: be, Timeout: 30 * time.Second})
+	p, b, h, err := gpuProcSetup(d, be, st, group, rank, world, n)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	b, err := p.Alloc(n)
-	if err != nil {
-		return err
-	}
-	h, err := p.Rendezvous(context.Background(), b)
-	if err != nil {
-		return err
-	}
 	if err := d.CopyHtoD(cuda.DevicePtr(b.Addr()), bytes.Repeat([]byte{byte(0x10 + rank)}, n)); err != nil {
 		return err
 	}
@@ -749,5 +786,66 @@ func checkB(b *testing.B, errs []error) {
 		if err != nil {
 			b.Fatalf("rank %d: %v", r, err)
 		}
+	}
+}
+
+// TestCUDAKilledRank: rank 1, a process on GPU 1, is SIGKILLed; rank 0's
+// stream-ordered barrier then reports a TimeoutError naming rank 1 and the
+// channel within its deadline, the dead rank's memory stays readable
+// through rank 0's mapping (the mapping holds it), and Free and Close
+// succeed.
+func TestCUDAKilledRank(t *testing.T) {
+	const world, victim = 2, 1
+	devs, bes := gpuRanks(t, world)
+	dir := filepath.Join(t.TempDir(), "store")
+	group := uniqueGroup(t)
+	kid := startChild(t, "gpu-victim", dir, group, victim, world)
+	st, err := rendezvous.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, b, h, err := gpuProcSetup(devs[0], bes[0], st, group, 0, world, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := h.Barrier(Now, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-kid.ready:
+	case <-time.After(time.Minute):
+		t.Fatal("the victim never became ready")
+	}
+	if err := kid.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	kid.wait(t)
+	o := orderings(t, bes[:1])[0]
+	const deadline = 2 * time.Second
+	start := time.Now()
+	if err := h.Barrier(o, 1, deadline); err != nil {
+		t.Fatal(err)
+	}
+	err = o.Synchronize()
+	var te *TimeoutError
+	if !errors.As(err, &te) || te.Peer != victim || te.Channel != 1 || te.Rank != 0 {
+		t.Errorf("barrier with a dead rank: %v; want a TimeoutError naming rank %d on channel 1", err, victim)
+	}
+	if took := time.Since(start); took > deadline+10*time.Second {
+		t.Errorf("the barrier took %v for a %v deadline", took, deadline)
+	}
+	got := make([]byte, 1<<20)
+	if err := devs[0].CopyDtoH(got, cuda.DevicePtr(h.Peer(victim))); err != nil {
+		t.Errorf("reading the dead rank's memory: %v", err)
+	} else if !bytes.Equal(got, bytes.Repeat([]byte{0x77}, 1<<20)) {
+		t.Errorf("the dead rank's memory reads %#x...", got[:4])
+	}
+	if err := b.Free(); err != nil {
+		t.Error(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Error(err)
 	}
 }
