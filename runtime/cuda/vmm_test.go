@@ -55,6 +55,19 @@ func TestVMM(t *testing.T) {
 	if dev, err := d.MemDevice(h); err != nil || dev != d.Ordinal {
 		t.Errorf("MemDevice = %d, %v; want %d", dev, err, d.Ordinal)
 	}
+	// A second mapping of the same handle, holding no reference of its
+	// own: it must keep the memory alive after the release below
+	// (runtime/symm maps same-process peers this way).
+	va3, err := d.MemAddressReserve(size, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.MemMap(va3, size, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.MemSetAccess(va3, size, d); err != nil {
+		t.Fatal(err)
+	}
 	want := bytes.Repeat([]byte("vmm!"), size/4)
 	if err := d.CopyHtoD(va, want); err != nil {
 		t.Fatal(err)
@@ -98,7 +111,15 @@ func TestVMM(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Error("the imported mapping reads other bytes than were written through the first")
 	}
-	for _, err := range []error{d.MemUnmap(big, size), d.MemRelease(h2), d.MemAddressFree(big, 4*g), d.MemAddressFree(va, size)} {
+	clear(got)
+	if err := d.CopyDtoH(got, va3); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("a second mapping of the released handle reads other bytes")
+	}
+	for _, err := range []error{d.MemUnmap(big, size), d.MemRelease(h2), d.MemAddressFree(big, 4*g), d.MemAddressFree(va, size),
+		d.MemUnmap(va3, size), d.MemAddressFree(va3, size)} {
 		if err != nil {
 			t.Error(err)
 		}

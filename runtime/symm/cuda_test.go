@@ -428,6 +428,39 @@ func TestCUDAAllReduceScale(t *testing.T) {
 	}))
 }
 
+// TestCUDAFreeWhilePeerMaps: rank 0 frees its buffer while rank 1 maps
+// it (a same-process mapping of rank 0's allocation, with no reference of
+// its own); rank 1 still reads what rank 0 wrote, and writes to it.
+func TestCUDAFreeWhilePeerMaps(t *testing.T) {
+	const n = 4 << 20
+	devs, _, pools := gpuPools(t, 2)
+	bufs, hs := allocAll(t, pools, n)
+	if err := devs[0].Memset8(cuda.DevicePtr(bufs[0].Addr()), 0x5a, n); err != nil {
+		t.Fatal(err)
+	}
+	checkErrs(t, onRanks(2, func(r int) error { return hs[r].Barrier(Now, 0, 0) }))
+	if err := bufs[0].Free(); err != nil {
+		t.Fatal(err)
+	}
+	p := cuda.DevicePtr(hs[1].Peer(0))
+	got := make([]byte, n)
+	if err := devs[1].CopyDtoH(got, p); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{0x5a}, n)) {
+		t.Errorf("rank 0's memory after its Free reads %#x...", got[:4])
+	}
+	if err := devs[1].Memset8(p, 1, n); err != nil {
+		t.Error(err)
+	}
+	if err := devs[1].Synchronize(); err != nil {
+		t.Error(err)
+	}
+	if err := bufs[1].Free(); err != nil {
+		t.Error(err)
+	}
+}
+
 // TestCUDAPersistent: an id keeps its device address across Free, and the
 // new allocation behind it is zeroed.
 func TestCUDAPersistent(t *testing.T) {
