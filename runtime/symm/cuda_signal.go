@@ -14,30 +14,6 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 )
 
-// MaxStreamPeers is the most peers one stream-ordered signal operation can
-// name (the signal kernel's argument holds that many addresses), so
-// stream-ordered barriers need WorldSize ≤ MaxStreamPeers + 1.
-const MaxStreamPeers = 63
-
-// Layout of the signal kernel's argument (struct cg_symm_signal_args in
-// kernels/signal.cu, whose static_assert checks the size).
-const (
-	sigPutOff     = 0
-	sigWaitOff    = sigPutOff + 8*MaxStreamPeers
-	sigPeersOff   = sigWaitOff + 8*MaxStreamPeers
-	sigNPeersOff  = sigPeersOff + 4*MaxStreamPeers
-	sigOpOff      = sigNPeersOff + 4
-	sigRankOff    = sigOpOff + 4
-	sigChannelOff = sigRankOff + 4
-	sigTimeoutOff = 1280 // sigChannelOff + 4, aligned to 8
-	sigStatusOff  = sigTimeoutOff + 8
-	sigBrokenOff  = sigStatusOff + 8
-	sigArgsBytes  = sigBrokenOff + 8 // 1304
-)
-
-// statusWords is the number of 4-byte status words (CG_SYMM_STATUS_WORDS).
-const statusWords = 8
-
 // StreamOrdering is an Ordering that runs signal operations in the order
 // of a CUDA stream: PutSignal, WaitSignal and Barrier enqueue a one-block
 // kernel (cg_symm_signal) on the stream and return. Nothing waits on the
@@ -133,9 +109,11 @@ func (o *StreamOrdering) Err() error {
 	if o.status.LoadUint32(0) == 0 {
 		return nil
 	}
-	w := func(i int) uint32 { return o.status.LoadUint32(4 * i) }
-	o.err = &TimeoutError{Op: SignalKind(w(1)), Consume: w(2) != 0, Rank: int(w(3)), Peer: int(w(4)), Channel: int(w(5)),
-		Waited: time.Duration(uint64(w(7))<<32 | uint64(w(6)))}
+	var w [statusWords]uint32
+	for i := range w {
+		w[i] = o.status.LoadUint32(4 * i)
+	}
+	o.err = decodeStatus(w)
 	return o.err
 }
 
@@ -181,34 +159,16 @@ func (o *StreamOrdering) launch(op *SignalOp) error {
 	if len(op.Peers) == 0 {
 		return nil // a barrier of one rank
 	}
-	if len(op.Peers) > MaxStreamPeers {
-		return fmt.Errorf("symm: a stream-ordered %s names %d peers; the CUDA backend's signal kernel takes at most %d (world size %d)",
-			op.Kind, len(op.Peers), MaxStreamPeers, MaxStreamPeers+1)
-	}
 	o.mu.Lock()
 	closed := o.closed
 	o.mu.Unlock()
 	if closed {
 		return fmt.Errorf("symm: %s on %v: ordering closed", op.Kind, o)
 	}
-	a := make([]byte, sigArgsBytes)
-	le := binary.LittleEndian
-	for i, p := range op.Peers {
-		if i < len(op.Put) {
-			le.PutUint64(a[sigPutOff+8*i:], uint64(op.Put[i]))
-		}
-		if i < len(op.Wait) {
-			le.PutUint64(a[sigWaitOff+8*i:], uint64(op.Wait[i]))
-		}
-		le.PutUint32(a[sigPeersOff+4*i:], uint32(p))
+	a, err := signalArgs(op, uint64(o.status.DevPtr), uint64(o.broken))
+	if err != nil {
+		return err
 	}
-	le.PutUint32(a[sigNPeersOff:], uint32(len(op.Peers)))
-	le.PutUint32(a[sigOpOff:], uint32(op.Kind))
-	le.PutUint32(a[sigRankOff:], uint32(op.Rank))
-	le.PutUint32(a[sigChannelOff:], uint32(op.Channel))
-	le.PutUint64(a[sigTimeoutOff:], uint64(op.Timeout.Nanoseconds()))
-	le.PutUint64(a[sigStatusOff:], uint64(o.status.DevPtr))
-	le.PutUint64(a[sigBrokenOff:], uint64(o.broken))
 	return o.fn.Launch(cuda.Dim3(1), cuda.Dim3(64), 0, o.s, a)
 }
 
