@@ -46,8 +46,9 @@ type Config struct {
 	Rank int
 	// WorldSize is the number of ranks; all must agree.
 	WorldSize int
-	// Device is the GPU ordinal for the GPU backend; the host twin
-	// ignores it.
+	// Device is the GPU ordinal of this rank, for errors and tools; the
+	// CUDA backend uses the device it was made for (NewCUDABackend), and
+	// the host twin ignores it.
 	Device int
 	// Store is the rendezvous store shared by the ranks. The pool does not
 	// close it.
