@@ -667,14 +667,17 @@ func TestCUDAProcessRanks(t *testing.T) {
 	}
 }
 
-// BenchmarkCUDASignalGraph measures stream-ordered signals replayed from a
-// CUDA graph on two GPUs: a graph of 100 barriers, or of 100 put/wait
-// round trips (rank 0 puts and waits, rank 1 waits and puts back),
-// replayed b.N times; the time per operation is one round trip between
-// the GPUs plus a kernel node. Compare with the flag floor (1.48 µs per
-// round trip).
+// BenchmarkCUDASignalGraph measures signals replayed from a CUDA graph on
+// two GPUs. barrier and putwait: a graph of 100 stream-ordered barriers,
+// or of 100 put/wait round trips (rank 0 puts and waits, rank 1 waits and
+// puts back), replayed b.N times; the time per operation is one round trip
+// between the GPUs plus a kernel node. kernel-barrier and kernel-putwait:
+// one kernel node looping 100 device barriers (cg_symm_barrier) or
+// put/wait round trips (cg_symm_put, cg_symm_wait), the protocol without a
+// launch per operation. Compare with the flag floor (1.48 µs per round
+// trip).
 func BenchmarkCUDASignalGraph(b *testing.B) {
-	for _, kind := range []string{"barrier", "putwait"} {
+	for _, kind := range []string{"barrier", "putwait", "kernel-barrier", "kernel-putwait"} {
 		b.Run(kind, func(b *testing.B) { benchSignalGraph(b, kind) })
 	}
 }
@@ -715,6 +718,15 @@ func benchSignalGraph(b *testing.B, kind string) {
 			}
 		}
 	}()
+	mods := make([]*cuda.Module, world)
+	for r, d := range devs {
+		m, err := CompileKernel(context.Background(), d, "symm_test_kernels.cu", testKernelsSrc, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer m.Unload()
+		mods[r] = m
+	}
 	execs := make([]*cuda.GraphExec, world)
 	ords := make([]*StreamOrdering, world)
 	checkB(b, onRanks(world, func(r int) error {
@@ -727,6 +739,14 @@ func benchSignalGraph(b *testing.B, kind string) {
 			return err
 		}
 		ords[r] = o
+		group, err := hs[r].KernelGroup(o, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		loop := make([]byte, 64) // struct loop_args
+		copy(loop, group)
+		binary.LittleEndian.PutUint32(loop[56:], ops)
+		binary.LittleEndian.PutUint32(loop[60:], 2)
 		if err := s.BeginCapture(); err != nil {
 			return err
 		}
@@ -734,6 +754,12 @@ func benchSignalGraph(b *testing.B, kind string) {
 		q := 1 - r
 		for i := 0; i < ops && serr == nil; i++ {
 			switch {
+			case kind == "kernel-barrier":
+				serr = mods[r].Launch("barrier_loop", cuda.Dim3(1), cuda.Dim3(32), 0, s, loop)
+				i = ops
+			case kind == "kernel-putwait":
+				serr = mods[r].Launch("pingpong_loop", cuda.Dim3(1), cuda.Dim3(32), 0, s, loop)
+				i = ops
 			case kind == "barrier":
 				serr = hs[r].Barrier(o, 0, 10*time.Second)
 			case r == 0:

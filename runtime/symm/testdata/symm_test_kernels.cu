@@ -36,3 +36,30 @@ extern "C" __global__ void check(const group_args a) {
     if (cg_symm_ld_relaxed((const unsigned int*)a.g.buffers[q]) != own[0]) own[1] += 1;
   }
 }
+
+struct loop_args {
+  cg_symm_group g;  // 56 bytes
+  int iters;
+  int ch;
+};  // 64 bytes
+
+// barrier_loop runs iters device barriers on channel ch (one block): the
+// signal protocol's round trip without a kernel launch per operation.
+extern "C" __global__ void barrier_loop(const loop_args a) {
+  for (int i = 0; i < a.iters; i++)
+    if (!cg_symm_barrier(a.g, a.ch)) return;
+}
+
+// pingpong_loop runs iters put/wait round trips between ranks 0 and 1
+// (rank 0 puts first) on channel ch, in thread 0.
+extern "C" __global__ void pingpong_loop(const loop_args a) {
+  if (threadIdx.x != 0) return;
+  const int peer = 1 - a.g.rank;
+  for (int i = 0; i < a.iters; i++) {
+    if (a.g.rank == 0) {
+      if (!cg_symm_put(a.g, peer, a.ch) || !cg_symm_wait(a.g, peer, a.ch)) return;
+    } else {
+      if (!cg_symm_wait(a.g, peer, a.ch) || !cg_symm_put(a.g, peer, a.ch)) return;
+    }
+  }
+}
