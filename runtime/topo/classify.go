@@ -256,3 +256,56 @@ func (m *Machine) cubeCorners(idx []int) []int {
 	}
 	return corners
 }
+
+// maxSubsetGPUs is the most GPUs WorldKinds enumerates every subset of
+// (2^16 subsets); larger machines are classified by index windows only.
+const maxSubsetGPUs = 16
+
+// WorldKinds returns, for each kind, the world sizes w (ascending) at which
+// some w GPUs of the machine are of that kind: on a DGX-1, NVLinkMesh at 2,
+// 3 and 4 (GPUs within a quad), NoPeerAccess at 2 to 7 and HybridCubeMesh
+// at 8. Single GPUs are left out. Machines of up to 16 GPUs are searched
+// exhaustively; on larger ones only runs of consecutive GPUs are tried.
+func (m *Machine) WorldKinds() map[Kind][]int {
+	n := len(m.GPUs)
+	found := map[Kind]map[int]bool{}
+	add := func(idx []int) {
+		k, _, _ := m.classify(idx)
+		if found[k] == nil {
+			found[k] = map[int]bool{}
+		}
+		found[k][len(idx)] = true
+	}
+	if n <= maxSubsetGPUs {
+		for set := 0; set < 1<<n; set++ {
+			var idx []int
+			for i := 0; i < n; i++ {
+				if set&(1<<i) != 0 {
+					idx = append(idx, i)
+				}
+			}
+			if len(idx) >= 2 {
+				add(idx)
+			}
+		}
+	} else {
+		for w := 2; w <= n; w++ {
+			for s := 0; s+w <= n; s++ {
+				idx := make([]int, w)
+				for k := range idx {
+					idx[k] = s + k
+				}
+				add(idx)
+			}
+		}
+	}
+	out := map[Kind][]int{}
+	for k, ws := range found {
+		for w := 2; w <= n; w++ {
+			if ws[w] {
+				out[k] = append(out[k], w)
+			}
+		}
+	}
+	return out
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -362,5 +363,25 @@ func TestRealMachine(t *testing.T) {
 	}
 	if len(m.GPUs) >= 2 && c.Kind == topo.NoPeerAccess {
 		t.Logf("no peer access between these GPUs: %s", c.Reason)
+	}
+}
+
+func TestWorldKinds(t *testing.T) {
+	cases := map[string]map[topo.Kind][]int{
+		"dgx1": {
+			topo.NVLinkMesh:     {2, 3, 4},
+			topo.NoPeerAccess:   {2, 3, 4, 5, 6, 7},
+			topo.HybridCubeMesh: {8},
+		},
+		"nvswitch8": {topo.NVSwitch: {2, 3, 4, 5, 6, 7, 8}},
+		"pcie4":     {topo.NoPeerAccess: {2, 3, 4}},
+		"bridge2":   {topo.NVLinkMesh: {2}},
+	}
+	for name, want := range cases {
+		lib, _ := fakenvml.New(name)
+		got := detect(t, lib).WorldKinds()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: %v, want %v", name, got, want)
+		}
 	}
 }

@@ -1,0 +1,282 @@
+// Package tune turns what collgen learns about a machine into spec text:
+// MachineSpec writes a spec whose topologies are the ones a detected
+// machine has (for `collgen topo --spec`), and Crossovers turns recorded
+// bench sweeps into size rules per topology and world size (for `collgen
+// tune`), with a noise margin and hysteresis so that two noisy runs of the
+// same machine give the same rules.
+package tune
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/collgen/collgen/runtime/topo"
+	"github.com/collgen/collgen/schedule"
+	"github.com/collgen/collgen/spec"
+)
+
+// ErrNoPeerAccess is returned by MachineSpec for a machine on which no two
+// GPUs can access each other: no generated kernel can run there.
+var ErrNoPeerAccess = errors.New("no two GPUs of this machine can access each other's memory: no generated kernel can run here; collectives use NCCL")
+
+// SpecOptions tune what MachineSpec writes.
+type SpecOptions struct {
+	// Base, when not nil, supplies the package name, dtypes, ops, launch
+	// parameters and, for each topology, the select rules of the base's
+	// first topology of the same kind (rules using algorithms the machine
+	// cannot run are dropped; the next rule then covers their sizes).
+	Base *spec.Spec
+	// BaseName names the base in the file's header comment.
+	BaseName string
+}
+
+// machineTopology is one topology MachineSpec writes.
+type machineTopology struct {
+	name     string
+	kind     spec.TopologyKind
+	worlds   []int
+	why      string
+	generate map[spec.Collective][]string
+	base     *spec.Topology
+}
+
+// algOrder sorts algorithm names barrier first, then LL, then LL128, and by
+// name within a protocol (the shipped spec's order).
+func algOrder(a, b string) int {
+	rank := func(s string) int {
+		switch {
+		case strings.HasSuffix(s, "_ll128"):
+			return 2
+		case strings.HasSuffix(s, "_ll"):
+			return 1
+		}
+		return 0
+	}
+	if ra, rb := rank(a), rank(b); ra != rb {
+		return ra - rb
+	}
+	return strings.Compare(a, b)
+}
+
+// machineTopologies finds the spec topologies of m: one per spec kind that
+// some set of its GPUs has, with the world sizes at which it does and
+// every algorithm that can run at all of them.
+func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
+	wk := m.WorldKinds()
+	byKind := map[spec.TopologyKind]*machineTopology{}
+	// Strongest first, so nvlink_full is named after NVSwitch when it has one.
+	for _, k := range []topo.Kind{topo.NVSwitch, topo.NVLinkMesh, topo.HybridCubeMesh, topo.PCIe} {
+		sk, _ := k.SpecKind()
+		lo, hi, _ := schedule.KindWorldSizes(string(sk))
+		var ws []int
+		for _, w := range wk[k] {
+			if w >= lo && w <= hi {
+				ws = append(ws, w)
+			}
+		}
+		if len(ws) == 0 {
+			continue
+		}
+		t := byKind[sk]
+		if t == nil {
+			name := map[topo.Kind]string{topo.NVSwitch: "nvswitch", topo.NVLinkMesh: "nvlink", topo.HybridCubeMesh: "hcm8", topo.PCIe: "pcie"}[k]
+			t = &machineTopology{name: name, kind: sk}
+			byKind[sk] = t
+		}
+		for _, w := range ws {
+			if !slices.Contains(t.worlds, w) {
+				t.worlds = append(t.worlds, w)
+			}
+		}
+		sort.Ints(t.worlds)
+		t.why += fmt.Sprintf("; %s at world sizes %s", k, intList(ws))
+	}
+	var out []machineTopology
+	for _, sk := range spec.AllKinds() {
+		t := byKind[sk]
+		if t == nil {
+			continue
+		}
+		t.why = strings.TrimPrefix(t.why, "; ")
+		t.generate = map[spec.Collective][]string{}
+		for _, c := range spec.Collectives() {
+			for _, a := range schedule.Algorithms(string(c)) {
+				ok := true
+				for _, w := range t.worlds {
+					if schedule.CanRun(string(sk), string(c), a, w) != nil {
+						ok = false
+						break
+					}
+				}
+				if ok {
+					t.generate[c] = append(t.generate[c], a)
+				}
+			}
+			slices.SortFunc(t.generate[c], algOrder)
+		}
+		if base != nil {
+			for i := range base.Topologies {
+				if base.Topologies[i].Kind == sk {
+					t.base = &base.Topologies[i]
+					break
+				}
+			}
+		}
+		out = append(out, *t)
+	}
+	return out
+}
+
+// intList formats world sizes compactly, "2-4, 8".
+func intList(ws []int) string {
+	var parts []string
+	for k := 0; k < len(ws); {
+		e := k
+		for e+1 < len(ws) && ws[e+1] == ws[e]+1 {
+			e++
+		}
+		if e > k {
+			parts = append(parts, fmt.Sprintf("%d-%d", ws[k], ws[e]))
+		} else {
+			parts = append(parts, strconv.Itoa(ws[k]))
+		}
+		k = e + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+// flowList writes a YAML flow sequence of plain scalars.
+func flowList[T any](v []T) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprint(x)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// MachineSpec writes a complete spec for machine m that spec.Load accepts
+// as it is: one topology per spec kind that some set of m's GPUs has (named
+// nvswitch or nvlink for nvlink_full, hcm8, pcie), listing the world sizes
+// at which it has it and generating every algorithm that can run at all of
+// them. Select rules come from o.Base where given; without them every
+// collective uses NCCL until `collgen tune` measures rules. A machine where
+// no GPUs reach each other gets ErrNoPeerAccess.
+func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
+	tops := machineTopologies(m, o.Base)
+	if len(tops) == 0 {
+		return nil, ErrNoPeerAccess
+	}
+	var b strings.Builder
+	names := map[string]int{}
+	for _, g := range m.GPUs {
+		names[g.Name]++
+	}
+	var gpus []string
+	for n, c := range names {
+		gpus = append(gpus, fmt.Sprintf("%d x %s", c, n))
+	}
+	sort.Strings(gpus)
+	fmt.Fprintf(&b, "# A collgen spec for this machine, written by `collgen topo --spec`.\n")
+	fmt.Fprintf(&b, "# GPUs: %s.\n", strings.Join(gpus, ", "))
+	fmt.Fprintf(&b, "# Each topology lists the world sizes at which some set of this machine's\n")
+	fmt.Fprintf(&b, "# GPUs is of its kind, and generates every algorithm that runs there.\n")
+	if o.Base != nil {
+		fmt.Fprintf(&b, "# Package, dtypes, ops, launch parameters and select rules: from %s.\n", o.BaseName)
+	}
+	fmt.Fprintf(&b, "# Measure select rules for this machine with `collgen tune` (docs/topology.md).\n")
+	fmt.Fprintf(&b, "version: 1\n")
+	pkg := "collectives"
+	if o.Base != nil {
+		pkg = o.Base.Package
+	}
+	fmt.Fprintf(&b, "package: %s\n", pkg)
+	if o.Base != nil {
+		fmt.Fprintf(&b, "dtypes:\n  reduce: %s\n  copy: %s\n", flowList(o.Base.DTypes.Reduce), flowList(o.Base.DTypes.Copy))
+		fmt.Fprintf(&b, "ops: %s\n", flowList(o.Base.Ops))
+		fmt.Fprintf(&b, "algorithms:\n")
+		for _, c := range spec.Collectives() {
+			var algs []string
+			for _, t := range tops {
+				for _, a := range t.generate[c] {
+					if !slices.Contains(algs, a) {
+						algs = append(algs, a)
+					}
+				}
+			}
+			if len(algs) == 0 {
+				continue
+			}
+			sort.Strings(algs)
+			fmt.Fprintf(&b, "  %s:\n", c)
+			for _, a := range algs {
+				l := o.Base.Launch(c, a)
+				fmt.Fprintf(&b, "    %s: {threads: %d, max_blocks: %d, vector_bytes: %d}\n", a, l.Threads, l.MaxBlocks, l.VectorBytes)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "topologies:\n")
+	for _, t := range tops {
+		fmt.Fprintf(&b, "  %s:  # %s\n", t.name, t.why)
+		fmt.Fprintf(&b, "    kind: %s\n", t.kind)
+		fmt.Fprintf(&b, "    world_sizes: [%s]\n", intList(t.worlds))
+		fmt.Fprintf(&b, "    generate:\n")
+		for _, c := range spec.Collectives() {
+			if len(t.generate[c]) > 0 {
+				fmt.Fprintf(&b, "      %s: %s\n", c, flowList(t.generate[c]))
+			}
+		}
+		if t.base == nil {
+			continue
+		}
+		var sel strings.Builder
+		for _, c := range spec.Collectives() {
+			rules := usable(t.base.Select[c], t.generate[c])
+			if len(rules) == 0 {
+				continue
+			}
+			fmt.Fprintf(&sel, "      %s:\n", c)
+			writeRules(&sel, "        ", rules)
+		}
+		if sel.Len() > 0 {
+			fmt.Fprintf(&b, "    select:  # from %s topology %q\n%s", o.BaseName, t.base.Name, sel.String())
+		}
+	}
+	return []byte(b.String()), nil
+}
+
+// usable keeps the rules whose algorithm is generated (or NCCL), merging
+// neighbours that end up choosing the same; nil when only NCCL is left.
+func usable(rules []spec.Rule, generated []string) []spec.Rule {
+	var out []spec.Rule
+	for _, r := range rules {
+		if r.Use != spec.NCCL && !slices.Contains(generated, r.Use) {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Use == r.Use {
+			out[n-1].UpTo = r.UpTo
+			continue
+		}
+		out = append(out, r)
+	}
+	for _, r := range out {
+		if r.Use != spec.NCCL {
+			return out
+		}
+	}
+	return nil
+}
+
+// writeRules writes size rules as YAML flow mappings, one a line.
+func writeRules(b *strings.Builder, indent string, rules []spec.Rule) {
+	for _, r := range rules {
+		if r.UpTo == 0 {
+			fmt.Fprintf(b, "%s- {use: %s}\n", indent, r.Use)
+		} else {
+			fmt.Fprintf(b, "%s- {upto: %s, use: %s}\n", indent, spec.FormatSize(r.UpTo), r.Use)
+		}
+	}
+}
