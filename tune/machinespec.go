@@ -238,8 +238,7 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 			if len(rules) == 0 {
 				continue
 			}
-			fmt.Fprintf(&sel, "      %s:\n", c)
-			writeRules(&sel, "        ", rules)
+			fmt.Fprintf(&sel, "      %s:\n%s", c, RulesYAML("        ", rules))
 		}
 		if sel.Len() > 0 {
 			fmt.Fprintf(&b, "    select:  # from %s topology %q\n%s", o.BaseName, t.base.Name, sel.String())
@@ -268,15 +267,4 @@ func usable(rules []spec.Rule, generated []string) []spec.Rule {
 		}
 	}
 	return nil
-}
-
-// writeRules writes size rules as YAML flow mappings, one a line.
-func writeRules(b *strings.Builder, indent string, rules []spec.Rule) {
-	for _, r := range rules {
-		if r.UpTo == 0 {
-			fmt.Fprintf(b, "%s- {use: %s}\n", indent, r.Use)
-		} else {
-			fmt.Fprintf(b, "%s- {upto: %s, use: %s}\n", indent, spec.FormatSize(r.UpTo), r.Use)
-		}
-	}
 }
