@@ -250,8 +250,8 @@ func TestReadCSV(t *testing.T) {
 		t.Fatalf("%+v %v", s, err)
 	}
 	bad := map[string]string{
-		"":                                        "a.csv:1: empty file",
-		"collective,algorithm,world,bytes\n":      `a.csv:1: no "median_us" column`,
+		"":                                   "a.csv:1: empty file",
+		"collective,algorithm,world,bytes\n": `a.csv:1: no "median_us" column`,
 		"collective,algorithm,world,bytes,median_us\nallreduce,oneshot,0,1024,4\n":   `a.csv:2: world "0" is not a positive integer`,
 		"collective,algorithm,world,bytes,median_us\nallreduce,oneshot,4,1k,4\n":     `a.csv:2: bytes "1k" is not a positive integer`,
 		"collective,algorithm,world,bytes,median_us\nallreduce,oneshot,4,1024,-1\n":  `a.csv:2: median_us "-1" is not a positive number`,
