@@ -103,9 +103,9 @@ type Table struct {
 	// Decisions holds one entry per measured size, ascending.
 	Decisions []Decision
 	// Rules are the size rules: strictly increasing bounds, each the
-	// last measured size of a run of equal picks; the last rule is
-	// unbounded when it picks NCCL (or for Host), else bounded by the
-	// largest measured size (larger messages then fall back to NCCL).
+	// last measured size of a run of equal picks, and a last, unbounded
+	// rule: NCCL for sizes above the largest measured one (the loader's
+	// own default), or for Host the last pick.
 	Rules []spec.Rule
 }
 
@@ -375,8 +375,11 @@ func rules(ds []Decision, host bool) []spec.Rule {
 		}
 		out = append(out, spec.Rule{UpTo: d.Bytes, Use: d.Pick})
 	}
-	if n := len(out); n > 0 && (host || out[n-1].Use == spec.NCCL) {
+	switch n := len(out); {
+	case n > 0 && (host || out[n-1].Use == spec.NCCL):
 		out[n-1].UpTo = 0
+	case n > 0:
+		out = append(out, spec.Rule{Use: spec.NCCL}) // what the loader would append
 	}
 	return out
 }

@@ -41,12 +41,15 @@ func rulesOf(ts []tune.Table) string {
 }
 
 // checkRules asserts the invariants every table's rules keep: bounds
-// strictly increasing, only the last rule unbounded, every pick within the
+// strictly increasing, the last rule (only) unbounded, every pick within the
 // margin of NCCL where NCCL was measured, and the rules reproduce the
 // decisions.
 func checkRules(t *testing.T, tables []tune.Table, margin float64) {
 	t.Helper()
 	for _, tb := range tables {
+		if n := len(tb.Rules); n == 0 || tb.Rules[n-1].UpTo != 0 {
+			t.Errorf("%s w%d: last rule bounded: %v", tb.Collective, tb.World, tb.Rules)
+		}
 		for i, r := range tb.Rules {
 			if r.UpTo == 0 && i != len(tb.Rules)-1 {
 				t.Errorf("%s w%d: unbounded rule %d of %d", tb.Collective, tb.World, i, len(tb.Rules))
@@ -162,16 +165,16 @@ func TestHysteresisAndMargin(t *testing.T) {
 	}{
 		{"a one-size dip within twice the margin is merged",
 			[][]string{nccl, ladder("oneshot", 5, 5, 5, 5, 5, 5, 5, 5), ladder("twoshot", 9, 9, 9, 4, 9, 9, 9, 9)},
-			"[{131072 oneshot}]"},
+			"[{131072 oneshot} {0 nccl}]"},
 		{"a one-size dip beyond twice the margin stays",
 			[][]string{nccl, ladder("oneshot", 5, 5, 5, 5, 5, 5, 5, 5), ladder("twoshot", 9, 9, 9, 3, 9, 9, 9, 9)},
-			"[{4096 oneshot} {8192 twoshot} {131072 oneshot}]"},
+			"[{4096 oneshot} {8192 twoshot} {131072 oneshot} {0 nccl}]"},
 		{"less than the margin faster does not take over",
 			[][]string{nccl, ladder("oneshot", 5, 5, 5, 5, 5, 5, 5, 5), ladder("twoshot", 9, 9, 9, 4.5, 4.5, 4.5, 4.5, 4.5)},
-			"[{131072 oneshot}]"},
+			"[{131072 oneshot} {0 nccl}]"},
 		{"more than the margin faster takes over",
 			[][]string{nccl, ladder("oneshot", 5, 5, 5, 5, 5, 5, 5, 5), ladder("twoshot", 9, 9, 9, 4, 4, 4, 4, 4)},
-			"[{4096 oneshot} {131072 twoshot}]"},
+			"[{4096 oneshot} {131072 twoshot} {0 nccl}]"},
 		{"near-ties go to NCCL by the tie order",
 			[][]string{ladder("nccl", 10, 10, 10, 10, 10, 10, 10, 10), ladder("oneshot", 9.5, 10.2, 9.6, 10.4, 9.7, 9.9, 10.1, 9.5)},
 			"[{0 nccl}]"},

@@ -10,7 +10,7 @@ import (
 // TestTopoScripts runs the `collgen topo` and `collgen tune` scripts,
 // testdata/script/topo_*.txtar and tune_*.txtar.
 func TestTopoScripts(t *testing.T) {
-	files := globScripts(t, "testdata/script/topo_*.txtar")
+	files := append(globScripts(t, "testdata/script/topo_*.txtar"), globScripts(t, "testdata/script/tune_*.txtar")...)
 	testscript.Run(t, testscript.Params{Files: files})
 }
 

@@ -1,0 +1,222 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/spec"
+	"github.com/collgen/collgen/tune"
+)
+
+func init() {
+	register("tune", func(io *IO) *cobra.Command { return newCmdTune(io, &tuneOptions{}, nil) })
+}
+
+// tuneOptions are `collgen tune`'s flags.
+type tuneOptions struct {
+	From     []string // bench CSVs (collgen bench --csv), pooled
+	Spec     string   // the spec whose topology is tuned
+	Topology string   // the topology's name (default: the only one that fits)
+	World    int      // with --out or for today's syntax: the world size whose rules to use
+	Out      string   // write a copy of --spec with the new rules here
+	Margin   float64
+	Jitter   float64
+	Backend  string
+	DType    string
+	Op       string
+	Quiet    bool // leave out the per-size decisions
+}
+
+// newCmdTune builds `collgen tune`; runF, when not nil, replaces the run.
+func newCmdTune(io *IO, o *tuneOptions, runF func(*tuneOptions) error) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "tune --from CSV... [--spec FILE [--topology NAME]] [--world N --out FILE]",
+		Short: "Turn recorded bench sweeps into size rules per collective and world size",
+		Long: `Tune reads sweeps recorded with collgen bench --csv (every algorithm and
+nccl, one or more world sizes; several files are pooled point by point) and
+picks, per collective and world size, the algorithm for each measured size:
+the incumbent stays while it is within --margin of the fastest, a
+challenger must beat it by more than that, near-ties go to NCCL first and
+then to the simpler kernel, and one-size flips are merged. It prints the
+decisions (close calls flagged: another run may move them by one size) and
+the rules as a select block keyed by world size (the per-world syntax of
+docs/topology.md).
+
+With --spec, only the algorithms the topology generates are considered
+(--topology names it when more than one fits). With --world N, the block is
+printed in today's syntax (one list per collective) from world size N's
+rules, and --out FILE writes a copy of --spec with the topology's select
+replaced by them, checked with the spec loader.`,
+		Example: `  collgen bench --backend gpu -n 4 --csv w4.csv && collgen bench --backend gpu -n 2 --csv w2.csv
+  collgen tune --from w4.csv --from w2.csv --spec spec
+  collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if runF != nil {
+				return runF(o)
+			}
+			return runTune(io, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&o.From, "from", nil, "bench CSV `FILE`s to tune from (repeat or comma-separate; pooled)")
+	f.StringVar(&o.Spec, "spec", "", "spec (file or directory) whose topology is tuned")
+	f.StringVar(&o.Topology, "topology", "", "topology of --spec to tune (default: the only one that fits the measured world sizes)")
+	f.IntVar(&o.World, "world", 0, "use world size `N`'s rules for every world size (today's select syntax)")
+	f.StringVar(&o.Out, "out", "", "with --spec and --world: write a copy of the spec with the new rules to `FILE`")
+	f.Float64Var(&o.Margin, "margin", tune.DefaultMargin, "noise margin: a challenger must be this fraction faster than the incumbent")
+	f.Float64Var(&o.Jitter, "jitter", tune.DefaultJitter, "expected run-to-run jitter of one latency, to flag close calls")
+	f.StringVar(&o.Backend, "backend", "gpu", "bench backend whose rows to use (gpu, host)")
+	f.StringVar(&o.DType, "dtype", "", "only rows of this dtype (default: all, pooled)")
+	f.StringVar(&o.Op, "op", "", "only rows of this reduce op (default: all, pooled)")
+	f.BoolVarP(&o.Quiet, "quiet", "q", false, "print only the select block")
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	return cmd
+}
+
+// runTune reads the sweeps, tunes and prints or writes the rules.
+func runTune(io *IO, o *tuneOptions) error {
+	switch {
+	case len(o.From) == 0:
+		return usageError(errors.New("tune: no sweeps; give --from FILE.csv (from collgen bench --csv)"))
+	case !(o.Margin > 0 && o.Margin < 1):
+		return usageError(fmt.Errorf("tune: --margin %g: want a fraction between 0 and 1, e.g. 0.15", o.Margin))
+	case !(o.Jitter > 0 && o.Jitter < 1):
+		return usageError(fmt.Errorf("tune: --jitter %g: want a fraction between 0 and 1, e.g. 0.05", o.Jitter))
+	case o.Out != "" && (o.Spec == "" || o.World == 0):
+		return usageError(errors.New("tune: --out needs --spec (the spec to copy) and --world N (whose rules to write)"))
+	}
+	var samples []tune.Sample
+	for _, path := range o.From {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		s, err := tune.ReadCSV(f, path)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		samples = append(samples, s...)
+	}
+	opts := tune.Options{Margin: o.Margin, Jitter: o.Jitter, Backend: o.Backend, DType: o.DType, Op: o.Op, Host: o.Backend == "host"}
+	var sp *spec.Spec
+	var top *spec.Topology
+	if o.Spec != "" {
+		var err error
+		if sp, err = spec.Load(o.Spec); err != nil {
+			return fmt.Errorf("tune: --spec %s: %w", o.Spec, err)
+		}
+		if top, err = pickTopology(sp, o, samples); err != nil {
+			return err
+		}
+		opts.Host = top.Kind == spec.HostSHM
+		opts.Allowed = map[string][]string{}
+		for c, algs := range top.Generate {
+			opts.Allowed[string(c)] = algs
+		}
+	}
+	tables, err := tune.Crossovers(samples, opts)
+	if err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	if top != nil {
+		var kept []tune.Table
+		for _, t := range tables {
+			if slices.Contains(top.WorldSizes, t.World) {
+				kept = append(kept, t)
+			} else {
+				fmt.Fprintf(io.Err, "tune: skipping %s at world size %d: topology %s lists world sizes %v\n", t.Collective, t.World, top.Name, top.WorldSizes)
+			}
+		}
+		tables = kept
+	}
+	if o.World != 0 && !slices.ContainsFunc(tables, func(t tune.Table) bool { return t.World == o.World }) {
+		return usageError(fmt.Errorf("tune: --world %d: the sweeps have no rows at world size %d", o.World, o.World))
+	}
+	if !o.Quiet {
+		if err := tune.WriteDecisions(io.Out, tables); err != nil {
+			return err
+		}
+		fmt.Fprintln(io.Out)
+	}
+	where := "your topology"
+	if top != nil {
+		where = "topologies." + top.Name
+	}
+	if o.World != 0 {
+		fmt.Fprintf(io.Out, "# collgen tune (margin %g): world size %d's rules, for %s:\n", o.Margin, o.World, where)
+		fmt.Fprint(io.Out, tune.SelectYAMLFor("", tables, o.World))
+	} else {
+		fmt.Fprintf(io.Out, "# collgen tune (margin %g): rules per world size, for %s\n", o.Margin, where)
+		fmt.Fprintf(io.Out, "# (per-world select syntax, docs/topology.md; --world N prints one list per collective):\n")
+		fmt.Fprint(io.Out, tune.SelectYAML("", tables))
+	}
+	if o.Out == "" {
+		return nil
+	}
+	rules := map[spec.Collective][]spec.Rule{}
+	for _, t := range tables {
+		if t.World == o.World {
+			rules[spec.Collective(t.Collective)] = t.Rules
+		}
+	}
+	src := sp.Sources[0]
+	note := fmt.Sprintf("tuned by collgen tune at world size %d from %s", o.World, strings.Join(o.From, ", "))
+	out, err := tune.ReplaceSelect(src.Path, src.Content, top.Name, rules, note)
+	if err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	if err := os.WriteFile(o.Out, out, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select from world size %d's rules\n", o.Out, top.Name, o.World)
+	return nil
+}
+
+// pickTopology returns the topology to tune: --topology, or the only one
+// of the backend's kind (GPU or host) that lists every measured world size.
+func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.Topology, error) {
+	if o.Topology != "" {
+		t := s.Topology(o.Topology)
+		if t == nil {
+			var names []string
+			for _, t := range s.Topologies {
+				names = append(names, t.Name)
+			}
+			return nil, usageError(fmt.Errorf("tune: --topology %q: no such topology in %s (has: %s)", o.Topology, o.Spec, strings.Join(names, ", ")))
+		}
+		return t, nil
+	}
+	worlds := map[int]bool{}
+	for _, x := range samples {
+		if x.Backend == "" || x.Backend == o.Backend {
+			worlds[x.World] = true
+		}
+	}
+	var fits []*spec.Topology
+	var names []string
+	for i := range s.Topologies {
+		t := &s.Topologies[i]
+		if (t.Kind == spec.HostSHM) != (o.Backend == "host") {
+			continue
+		}
+		ok := true
+		for w := range worlds {
+			ok = ok && slices.Contains(t.WorldSizes, w)
+		}
+		if ok {
+			fits = append(fits, t)
+			names = append(names, t.Name)
+		}
+	}
+	if len(fits) != 1 {
+		return nil, usageError(fmt.Errorf("tune: %d topologies of %s fit the measured world sizes (%s); name one with --topology", len(fits), o.Spec, strings.Join(names, ", ")))
+	}
+	return fits[0], nil
+}
