@@ -179,12 +179,22 @@ func (m *Machine) classify(idx []int) (Kind, string, []int) {
 			return HybridCubeMesh, why, corners
 		}
 	}
+	// Weaker than NVLink: say why not a cube, and which links are down.
+	var extra string
+	if n == 8 {
+		extra = "; not a hybrid cube mesh either: the GPUs cannot be placed on the cube's corners with an NVLink on every edge"
+	}
+	for _, i := range idx {
+		if d := m.GPUs[i].DownLinks; d > 0 {
+			extra += fmt.Sprintf("; GPU %d (%s) has %d NVLink(s) down", m.GPUs[i].Index, m.GPUs[i].BusID, d)
+		}
+	}
 	if noPeer != "" {
-		return NoPeerAccess, noPeer, nil
+		return NoPeerAccess, noPeer + extra, nil
 	}
 	i, j := notDirect[0], notDirect[1]
-	return PCIe, fmt.Sprintf("every pair has peer access, but GPU %d (%s) and GPU %d (%s) have no NVLink between them (PCIe path %s)",
-		m.GPUs[i].Index, m.GPUs[i].BusID, m.GPUs[j].Index, m.GPUs[j].BusID, m.Pairs[i][j].Level), nil
+	return PCIe, fmt.Sprintf("every pair has peer access, but GPU %d (%s) and GPU %d (%s) have no NVLink between them (PCIe path %s)%s",
+		m.GPUs[i].Index, m.GPUs[i].BusID, m.GPUs[j].Index, m.GPUs[j].BusID, m.Pairs[i][j].Level, extra), nil
 }
 
 // minMaxSwitchLinks returns the fewest and most switch links of the GPUs.

@@ -206,8 +206,12 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
 		if r == nvml.ERROR_NOT_SUPPORTED && l == 0 {
 			break // no NVLink on this GPU
 		}
-		if r != nvml.SUCCESS || st != nvml.FEATURE_ENABLED {
-			continue // past the GPU's last link, or inactive
+		if r != nvml.SUCCESS {
+			continue // past the GPU's last link
+		}
+		if st != nvml.FEATURE_ENABLED {
+			g.DownLinks++
+			continue
 		}
 		link := Link{Index: l}
 		rp, r := d.GetNvLinkRemotePciInfo(l)

@@ -57,13 +57,17 @@ func numa(n int) string {
 }
 
 // WriteReport writes what `collgen topo` prints: the GPUs with bus id,
-// NUMA node, CPU affinity, name and UUID; the connection matrix; the peer
+// NUMA node, CPU affinity, active (and down) NVLinks, name and UUID; the connection matrix; the peer
 // read matrix; a legend; and the classification c (nil: none).
 func (m *Machine) WriteReport(w io.Writer, c *Classification) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "GPU\tbus id\tNUMA\tCPU affinity\tname\tUUID\n")
+	fmt.Fprintf(tw, "GPU\tbus id\tNUMA\tCPU affinity\tNVLinks\tname\tUUID\n")
 	for i, g := range m.GPUs {
-		fmt.Fprintf(tw, "GPU%d\t%s\t%s\t%s\t%s\t%s\n", i, g.BusID, numa(g.NUMANode), CPUList(g.CPUs), g.Name, g.UUID)
+		links := strconv.Itoa(len(g.Links))
+		if g.DownLinks > 0 {
+			links += fmt.Sprintf(" (%d down)", g.DownLinks)
+		}
+		fmt.Fprintf(tw, "GPU%d\t%s\t%s\t%s\t%s\t%s\t%s\n", i, g.BusID, numa(g.NUMANode), CPUList(g.CPUs), links, g.Name, g.UUID)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -137,9 +137,12 @@ type GPU struct {
 	UUID string
 	// BusID is the GPU's PCI address, the key the communicator matches on.
 	BusID BusID
-	// Links are the GPU's active NVLinks, in link order; inactive links are
-	// left out.
+	// Links are the GPU's active NVLinks, in link order.
 	Links []Link
+	// DownLinks counts the GPU's NVLinks that exist but are not active (a
+	// cable or bridge missing, or a link trained down): a machine with one
+	// is classified by the links that work.
+	DownLinks int
 	// NUMANode is the NUMA node closest to the GPU, -1 where unknown.
 	NUMANode int
 	// CPUs are the CPUs with affinity to the GPU, ascending; nil where

@@ -196,6 +196,7 @@ func TestCubeNeedsAllLinks(t *testing.T) {
 	}
 	nv[1][2], nv[2][1] = 0, 0
 	l.NVLinks = nv
+	l.Down = []int{0, 2, 2, 0, 0, 0, 0, 0} // their two links to each other, down
 	l.P2P = func(i, j int) nvml.GpuP2PStatus { return nvml.P2P_STATUS_OK }
 	m := detect(t, fakenvml.Build(l))
 	c, err := m.Classify()
@@ -205,8 +206,16 @@ func TestCubeNeedsAllLinks(t *testing.T) {
 	if c.Kind != topo.PCIe || c.Corners != nil {
 		t.Errorf("kind %s corners %v", c.Kind, c.Corners)
 	}
-	if !strings.Contains(c.Reason, "no NVLink") {
+	if !strings.Contains(c.Reason, "not a hybrid cube mesh either") || !strings.Contains(c.Reason, "GPU 2 (0000:0a:00.0) has 2 NVLink(s) down") {
 		t.Errorf("reason %q", c.Reason)
+	}
+	if m.GPUs[1].DownLinks != 2 || len(m.GPUs[1].Links) != 4 {
+		t.Errorf("GPU 1: %d links, %d down", len(m.GPUs[1].Links), m.GPUs[1].DownLinks)
+	}
+	var b bytes.Buffer
+	m.WriteReport(&b, c)
+	if !strings.Contains(b.String(), "\nGPU1  0000:07:00.0  0     0-19,40-59    4 (2 down)  Tesla") {
+		t.Errorf("report:\n%s", b.String())
 	}
 }
 

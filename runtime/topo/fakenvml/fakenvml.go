@@ -25,6 +25,9 @@ type Layout struct {
 	// (symmetric); nil for none. A GPU with no link at all reports NVLink
 	// as not supported.
 	NVLinks [][]int
+	// Down[i] is the number of GPU i's NVLinks that are present but not
+	// active (reported after its active ones); nil for none.
+	Down []int
 	// SwitchLinks is the number of NVLinks from every GPU into the NVSwitch
 	// fabric, spread over Switches.
 	SwitchLinks int
@@ -283,12 +286,18 @@ func configure(l Layout, devs []*mock.Device, handles []nvml.Device) {
 		}
 		d.GetIndexFunc = func() (int, nvml.Return) { return i, nvml.SUCCESS }
 		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pciInfo(l.BusIDs[i]), nvml.SUCCESS }
+		down := 0
+		if l.Down != nil {
+			down = l.Down[i]
+		}
 		d.GetNvLinkStateFunc = func(n int) (nvml.EnableState, nvml.Return) {
 			switch {
-			case len(links) == 0:
+			case len(links)+down == 0:
 				return 0, nvml.ERROR_NOT_SUPPORTED
-			case n < 0 || n >= len(links):
+			case n < 0 || n >= len(links)+down:
 				return 0, nvml.ERROR_INVALID_ARGUMENT
+			case n >= len(links):
+				return nvml.FEATURE_DISABLED, nvml.SUCCESS
 			}
 			return nvml.FEATURE_ENABLED, nvml.SUCCESS
 		}
