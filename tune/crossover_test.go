@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -275,5 +276,37 @@ func TestReadCSV(t *testing.T) {
 	s, _ = tune.ReadCSV(strings.NewReader("collective,algorithm,world,bytes,median_us\nbroadcast,x,4,1024,1\n"), "b.csv")
 	if _, err := tune.Crossovers(s, tune.Options{}); err == nil || !strings.Contains(err.Error(), `b.csv:2: unknown collective "broadcast"`) {
 		t.Errorf("unknown collective: %v", err)
+	}
+}
+
+// TestJSONResults: results read back from collgen bench --json tune the
+// same as the CSV.
+func TestJSONResults(t *testing.T) {
+	samples := readFiles(t, "testdata/h200x4-w4.csv")
+	var rs []bench.Result
+	for _, s := range samples {
+		rs = append(rs, bench.Result{Backend: s.Backend, Collective: s.Collective, Algorithm: s.Algorithm, DType: s.DType,
+			Op: s.Op, World: s.World, Bytes: s.Bytes, MedianUS: s.MedianUS})
+	}
+	var b bytes.Buffer
+	if err := bench.WriteJSON(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	back, err := bench.ReadJSON(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromJSON, err := tune.FromResults(back, "w4.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := tune.Crossovers(samples, tune.Options{})
+	c, _ := tune.Crossovers(fromJSON, tune.Options{})
+	if rulesOf(a) != rulesOf(c) {
+		t.Errorf("csv\n%s\njson\n%s", rulesOf(a), rulesOf(c))
+	}
+	if _, err := tune.FromResults([]bench.Result{{Collective: "allreduce", Algorithm: "x", World: 4, Bytes: 1}}, "z.json"); err == nil ||
+		!strings.Contains(err.Error(), "z.json: result 0") {
+		t.Errorf("zero latency: %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/collgen/collgen/bench"
 )
 
 // Sample is one measured latency: a row of `collgen bench --csv` (the
@@ -106,4 +108,21 @@ func ReadCSV(r io.Reader, name string) ([]Sample, error) {
 		}
 		out = append(out, s)
 	}
+}
+
+// FromResults converts bench results (as `collgen bench --json` writes
+// them, read back with bench.ReadJSON) into samples; name is the file name
+// for messages. Results without a positive latency, size or world are an
+// error.
+func FromResults(rs []bench.Result, name string) ([]Sample, error) {
+	out := make([]Sample, 0, len(rs))
+	for i, r := range rs {
+		pos := fmt.Sprintf("%s: result %d", name, i)
+		if r.Collective == "" || r.Algorithm == "" || r.World < 1 || r.Bytes < 1 || !(r.MedianUS > 0) || math.IsInf(r.MedianUS, 0) {
+			return nil, fmt.Errorf("%s: want collective, algorithm, world, bytes and median_us, got %+v", pos, r)
+		}
+		out = append(out, Sample{Backend: r.Backend, Collective: r.Collective, Algorithm: r.Algorithm, DType: r.DType,
+			Op: r.Op, World: r.World, Bytes: r.Bytes, MedianUS: r.MedianUS, Pos: pos})
+	}
+	return out, nil
 }

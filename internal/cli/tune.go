@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -37,7 +38,7 @@ func newCmdTune(io *IO, o *tuneOptions, runF func(*tuneOptions) error) *cobra.Co
 	cmd := &cobra.Command{
 		Use:   "tune --from CSV... [--spec FILE [--topology NAME]] [--world N --out FILE]",
 		Short: "Turn recorded bench sweeps into size rules per collective and world size",
-		Long: `Tune reads sweeps recorded with collgen bench --csv (every algorithm and
+		Long: `Tune reads sweeps recorded with collgen bench --csv or --json (every algorithm and
 nccl, one or more world sizes; several files are pooled point by point) and
 picks, per collective and world size, the algorithm for each measured size:
 the incumbent stays while it is within --margin of the fastest, a
@@ -64,7 +65,7 @@ replaced by them, checked with the spec loader.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.From, "from", nil, "bench CSV `FILE`s to tune from (repeat or comma-separate; pooled)")
+	f.StringSliceVar(&o.From, "from", nil, "bench results to tune from: `FILE`s from collgen bench --csv, or --json (*.json); repeat or comma-separate; pooled")
 	f.StringVar(&o.Spec, "spec", "", "spec (file or directory) whose topology is tuned")
 	f.StringVar(&o.Topology, "topology", "", "topology of --spec to tune (default: the only one that fits the measured world sizes)")
 	f.IntVar(&o.World, "world", 0, "use world size `N`'s rules for every world size (today's select syntax)")
@@ -97,7 +98,17 @@ func runTune(io *IO, o *tuneOptions) error {
 		if err != nil {
 			return err
 		}
-		s, err := tune.ReadCSV(f, path)
+		var s []tune.Sample
+		if strings.HasSuffix(path, ".json") {
+			var rs []bench.Result
+			if rs, err = bench.ReadJSON(f); err == nil {
+				s, err = tune.FromResults(rs, path)
+			} else {
+				err = fmt.Errorf("%s: %w", path, err)
+			}
+		} else {
+			s, err = tune.ReadCSV(f, path)
+		}
 		f.Close()
 		if err != nil {
 			return err
