@@ -214,12 +214,13 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
 			continue
 		}
 		link := Link{Index: l}
-		rp, r := d.GetNvLinkRemotePciInfo(l)
-		if r != nvml.SUCCESS {
-			continue // an active link NVML cannot describe connects nothing we can use
-		}
-		if link.Remote, err = pciBusID(rp); err != nil {
-			return g, fmt.Errorf("topo: GPU %d NVLink %d: %w", i, l, err)
+		// A GPU's far end always reports its bus id; a switch port may
+		// not (then Remote stays zero, and the link counts as a switch
+		// link unless NVML says otherwise).
+		if rp, r := d.GetNvLinkRemotePciInfo(l); r == nvml.SUCCESS {
+			if link.Remote, err = pciBusID(rp); err != nil {
+				return g, fmt.Errorf("topo: GPU %d NVLink %d: %w", i, l, err)
+			}
 		}
 		if hasRemoteType {
 			if t, r := d.GetNvLinkRemoteDeviceType(l); r == nvml.SUCCESS {

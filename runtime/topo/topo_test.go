@@ -287,6 +287,16 @@ func TestOldDriver(t *testing.T) {
 	if c, _ := m.Classify(); c.Kind != topo.NVSwitch {
 		t.Errorf("kind %s", c.Kind)
 	}
+	// Switch ports without a PCI bus id still count, with or without the
+	// remote device type.
+	for _, old := range []bool{false, true} {
+		l := fakenvml.NVSwitch8Layout()
+		l.SwitchNoPCI, l.OldDriver = true, old
+		m := detect(t, fakenvml.Build(l))
+		if c, _ := m.Classify(); c.Kind != topo.NVSwitch || m.GPUs[3].SwitchLinks() != 12 {
+			t.Errorf("switch ports without bus ids (old driver %v): %s, %d switch links", old, c.Kind, m.GPUs[3].SwitchLinks())
+		}
+	}
 	d := fakenvml.DGX1()
 	d.OldDriver = true
 	m = detect(t, fakenvml.Build(d))

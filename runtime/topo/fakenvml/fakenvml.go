@@ -33,6 +33,10 @@ type Layout struct {
 	SwitchLinks int
 	// Switches are the NVSwitches' bus ids.
 	Switches []string
+	// SwitchNoPCI makes nvmlDeviceGetNvLinkRemotePciInfo fail on links to
+	// a switch, as it may where the switches are not PCI devices of the
+	// host.
+	SwitchNoPCI bool
 	// P2P(i, j) is the read (and NVLink) P2P status from GPU i to GPU j.
 	P2P func(i, j int) nvml.GpuP2PStatus
 	// Level(i, j) is the PCIe path between GPUs i and j.
@@ -302,8 +306,11 @@ func configure(l Layout, devs []*mock.Device, handles []nvml.Device) {
 			return nvml.FEATURE_ENABLED, nvml.SUCCESS
 		}
 		d.GetNvLinkRemotePciInfoFunc = func(n int) (nvml.PciInfo, nvml.Return) {
-			if n < 0 || n >= len(links) {
+			switch {
+			case n < 0 || n >= len(links):
 				return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
+			case l.SwitchNoPCI && links[n].kind == nvml.NVLINK_DEVICE_TYPE_SWITCH:
+				return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED
 			}
 			return pciInfo(links[n].remote), nvml.SUCCESS
 		}
