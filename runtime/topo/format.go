@@ -56,10 +56,16 @@ func numa(n int) string {
 	return strconv.Itoa(n)
 }
 
-// WriteReport writes what `collgen topo` prints: the GPUs with bus id,
+// WriteReport writes what `collgen topo` prints: the GPU count and driver
+// version, the GPUs with bus id,
 // NUMA node, CPU affinity, active (and down) NVLinks, name and UUID; the connection matrix; the peer
 // read matrix; a legend; and the classification c (nil: none).
 func (m *Machine) WriteReport(w io.Writer, c *Classification) error {
+	driver := m.Driver
+	if driver == "" {
+		driver = "unknown"
+	}
+	fmt.Fprintf(w, "%d GPUs, NVIDIA driver %s\n\n", len(m.GPUs), driver)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "GPU\tbus id\tNUMA\tCPU affinity\tNVLinks\tname\tUUID\n")
 	for i, g := range m.GPUs {
