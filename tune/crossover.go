@@ -118,14 +118,19 @@ type curve struct {
 }
 
 // Crossovers turns bench samples into size rules per collective and world
-// size. At each measured size, ascending, the incumbent (the previous
-// size's pick) is kept while it is within the margin of the fastest;
-// otherwise the algorithm within the margin of the fastest that stays
-// within it over the longest run of following sizes takes over (on a tie,
-// NCCL, then barrier, LL and LL128 algorithms by name: never the noise). Then hysteresis merges runs of a single size into a
+// size. Latencies of the same point (several files, dtypes or ops) are
+// pooled by their median. At each measured size, ascending, the incumbent
+// (the previous size's pick) is kept while it is within the margin of the
+// fastest; otherwise a challenger takes over: of the algorithms within the
+// margin of the fastest, the one with the lowest mean latency relative to
+// the fastest over this and the next two sizes; where several are within
+// half the margin of that one, the first in the tie order (NCCL, then
+// barrier, LL and LL128 algorithms by name), so that near-ties are settled
+// by the order and not by the noise. No pick is ever more than the margin
+// slower than NCCL. Then hysteresis merges runs of a single size into a
 // neighbour that is within twice the margin of the fastest there (and
 // within the margin of NCCL). Tables come sorted by collective (canonical
-// order) and world size.
+// order) and world size. A sample of an unknown collective is an error.
 func Crossovers(samples []Sample, o Options) ([]Table, error) {
 	backend := o.Backend
 	if backend == "" {
@@ -134,6 +139,9 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 	pooled := map[string]map[int]map[string]map[int64][]float64{}
 	n := 0
 	for _, s := range samples {
+		if !slices.Contains(spec.Collectives(), spec.Collective(s.Collective)) {
+			return nil, fmt.Errorf("%s: unknown collective %q (known: allreduce, reduce_scatter, allgather)", s.Pos, s.Collective)
+		}
 		if s.Backend != "" && s.Backend != backend || s.Algorithm == "auto" ||
 			o.DType != "" && s.DType != o.DType || o.Op != "" && s.Op != o.Op {
 			continue
@@ -143,9 +151,6 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 		}
 		if o.Allowed != nil && s.Algorithm != spec.NCCL && !slices.Contains(o.Allowed[s.Collective], s.Algorithm) {
 			continue
-		}
-		if !slices.Contains(spec.Collectives(), spec.Collective(s.Collective)) {
-			return nil, fmt.Errorf("%s: unknown collective %q (known: allreduce, reduce_scatter, allgather)", s.Pos, s.Collective)
 		}
 		if pooled[s.Collective] == nil {
 			pooled[s.Collective] = map[int]map[string]map[int64][]float64{}
