@@ -2,8 +2,10 @@
 // MachineSpec writes a spec whose topologies are the ones a detected
 // machine has (for `collgen topo --spec`), and Crossovers turns recorded
 // bench sweeps into size rules per topology and world size (for `collgen
-// tune`), with a noise margin and hysteresis so that two noisy runs of the
-// same machine give the same rules.
+// tune`), with a noise margin, a fixed tie order and hysteresis, so that
+// differences within the noise do not change the rules. (A crossover that
+// sits right at the margin can still move by one size between runs; such
+// close calls are flagged, and pooling runs settles them.)
 package tune
 
 import (
