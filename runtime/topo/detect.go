@@ -64,15 +64,15 @@ func (e *NVMLError) Error() string {
 	switch {
 	case e.Return == nvml.ERROR_LIBRARY_NOT_FOUND:
 		return msg + "; " + LibraryName + " was not found: install the NVIDIA driver (it ships " + LibraryName +
-			") or add its directory to LD_LIBRARY_PATH; without NVML, collgen probes peer access through CUDA instead"
+			") or add its directory to LD_LIBRARY_PATH; without NVML, the communicator probes peer access through CUDA instead"
 	case e.Return == nvml.ERROR_DRIVER_NOT_LOADED:
 		return msg + "; the NVIDIA kernel driver is not loaded: load it (modprobe nvidia) or run where NVIDIA GPUs are; " +
-			"without NVML, collgen probes peer access through CUDA instead"
+			"without NVML, the communicator probes peer access through CUDA instead"
 	case e.Return == nvml.ERROR_NO_PERMISSION && e.unavailable():
 		return msg + "; this user may not open the NVIDIA devices (/dev/nvidia*): fix their permissions or the container's device list"
 	case e.unavailable():
 		return msg + "; NVML is not supported here (" + LibraryName + " too old, or a virtual GPU without it): " +
-			"collgen probes peer access through CUDA instead"
+			"the communicator probes peer access through CUDA instead"
 	}
 	return msg
 }
