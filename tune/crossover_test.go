@@ -111,6 +111,18 @@ func TestJitter(t *testing.T) {
 		t.Fatalf("noiseless rules\n%s\nwant\n%s", got, want)
 	}
 	checkRules(t, exact, tune.DefaultMargin)
+	// Two runs kept as CSV fixtures (go test -update rewrites them).
+	golden(t, "synth/run1.csv", []byte(synthCSV(synthMachine, 0.05, 1001)))
+	golden(t, "synth/run2.csv", []byte(synthCSV(synthMachine, 0.05, 1002)))
+	for _, f := range []string{"testdata/synth/run1.csv", "testdata/synth/run2.csv"} {
+		ts, err := tune.Crossovers(readFiles(t, f), tune.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rulesOf(ts) != want {
+			t.Errorf("%s: rules\n%s\nwant\n%s", f, rulesOf(ts), want)
+		}
+	}
 	differ := 0
 	for seed := int64(1); seed <= 40; seed += 2 {
 		a, _ := tune.Crossovers(readSynth(0.05, seed), tune.Options{})
