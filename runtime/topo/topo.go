@@ -67,6 +67,21 @@ func ParseBusID(s string) (BusID, error) {
 	return BusID{Domain: uint32(d), Bus: uint8(b), Device: uint8(dev), Function: uint8(fn)}, nil
 }
 
+// ParseBusIDs parses bus ids in rank order (as the communicator gathers
+// them from cuda.Device.PCIBusID), for Machine.Classify; the error names
+// the rank whose id is bad.
+func ParseBusIDs(ids []string) ([]BusID, error) {
+	out := make([]BusID, len(ids))
+	for r, s := range ids {
+		b, err := ParseBusID(s)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		out[r] = b
+	}
+	return out, nil
+}
+
 // String formats the id as CUDA does, in lower case: "0000:07:00.0".
 func (b BusID) String() string {
 	return fmt.Sprintf("%04x:%02x:%02x.%x", b.Domain, b.Bus, b.Device, b.Function)

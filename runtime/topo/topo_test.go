@@ -348,6 +348,13 @@ func TestParseBusID(t *testing.T) {
 			t.Errorf("%q: %v %v, want %s", in, b, err, want)
 		}
 	}
+	ids, err := topo.ParseBusIDs([]string{"0000:07:00.0", "0000:0F:00.0"})
+	if err != nil || len(ids) != 2 || ids[1].String() != "0000:0f:00.0" {
+		t.Errorf("ParseBusIDs: %v %v", ids, err)
+	}
+	if _, err := topo.ParseBusIDs([]string{"0000:07:00.0", "07:00"}); err == nil || !strings.HasPrefix(err.Error(), "rank 1: topo: bad PCI bus id") {
+		t.Errorf("ParseBusIDs: %v", err)
+	}
 	for _, in := range []string{"", "0000:07:00", "0000:07:20.0", "0000:100:00.0", "0000:07:00.8", "x:07:00.0", "1:2:3:4.0"} {
 		if _, err := topo.ParseBusID(in); err == nil {
 			t.Errorf("%q parsed", in)
