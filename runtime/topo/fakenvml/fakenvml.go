@@ -255,7 +255,9 @@ func pciInfo(busID string) nvml.PciInfo {
 		p.BusId[i] = int8(busID[i])
 	}
 	var dom, bus, dev, fn uint32
-	fmt.Sscanf(busID, "%x:%x:%x.%x", &dom, &bus, &dev, &fn)
+	if _, err := fmt.Sscanf(busID, "%x:%x:%x.%x", &dom, &bus, &dev, &fn); err != nil {
+		panic(fmt.Sprintf("fakenvml: bad bus id %q in a layout: %v", busID, err))
+	}
 	p.Domain, p.Bus, p.Device = dom, bus, dev
 	return p
 }
@@ -275,7 +277,6 @@ func configure(l Layout, devs []*mock.Device, handles []nvml.Device) {
 		index[h] = i
 	}
 	for i, d := range devs {
-		i, d := i, d
 		var links []link
 		for j := range devs {
 			if l.NVLinks == nil {
