@@ -30,7 +30,8 @@ type SpecOptions struct {
 	// Base, when not nil, supplies the package name, dtypes, ops, launch
 	// parameters and, for each topology, the select rules of the base's
 	// first topology of the same kind (rules using algorithms the machine
-	// cannot run are dropped; the next rule then covers their sizes).
+	// cannot run are dropped; the next rule then covers their sizes); its
+	// host_shm topologies are copied as they are.
 	Base *spec.Spec
 	// BaseName names the base in the file's header comment.
 	BaseName string
@@ -187,7 +188,7 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 	fmt.Fprintf(&b, "# Each topology lists the world sizes at which some set of this machine's\n")
 	fmt.Fprintf(&b, "# GPUs is of its kind, and generates every algorithm that runs there.\n")
 	if o.Base != nil {
-		fmt.Fprintf(&b, "# Package, dtypes, ops, launch parameters and select rules: from %s.\n", o.BaseName)
+		fmt.Fprintf(&b, "# Package, dtypes, ops, launch parameters, select rules and host_shm\n# topologies: from %s.\n", o.BaseName)
 	}
 	fmt.Fprintf(&b, "# Measure select rules for this machine with `collgen tune` (docs/topology.md).\n")
 	fmt.Fprintf(&b, "version: 1\n")
@@ -202,11 +203,19 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 		fmt.Fprintf(&b, "algorithms:\n")
 		for _, c := range spec.Collectives() {
 			var algs []string
-			for _, t := range tops {
-				for _, a := range t.generate[c] {
+			add := func(names []string) {
+				for _, a := range names {
 					if !slices.Contains(algs, a) {
 						algs = append(algs, a)
 					}
+				}
+			}
+			for _, t := range tops {
+				add(t.generate[c])
+			}
+			for _, t := range o.Base.Topologies {
+				if t.Kind == spec.HostSHM {
+					add(t.Generate[c])
 				}
 			}
 			if len(algs) == 0 {
@@ -246,7 +255,38 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 			fmt.Fprintf(&b, "    select:  # from %s topology %q\n%s", o.BaseName, t.base.Name, sel.String())
 		}
 	}
+	if o.Base != nil {
+		writeHostTopologies(&b, o.Base, o.BaseName)
+	}
 	return []byte(b.String()), nil
+}
+
+// writeHostTopologies copies the base's host_shm topologies (CPU ranks do
+// not depend on the GPUs), with their effective dtypes written out.
+func writeHostTopologies(b *strings.Builder, base *spec.Spec, baseName string) {
+	for _, t := range base.Topologies {
+		if t.Kind != spec.HostSHM {
+			continue
+		}
+		fmt.Fprintf(b, "  %s:  # from %s\n", t.Name, baseName)
+		fmt.Fprintf(b, "    kind: %s\n    world_sizes: [%s]\n", t.Kind, intList(t.WorldSizes))
+		fmt.Fprintf(b, "    dtypes:\n      reduce: %s\n      copy: %s\n", flowList(t.DTypes.Reduce), flowList(t.DTypes.Copy))
+		fmt.Fprintf(b, "    generate:\n")
+		for _, c := range spec.Collectives() {
+			if len(t.Generate[c]) > 0 {
+				fmt.Fprintf(b, "      %s: %s\n", c, flowList(t.Generate[c]))
+			}
+		}
+		var sel strings.Builder
+		for _, c := range spec.Collectives() {
+			if len(t.Select[c]) > 0 {
+				fmt.Fprintf(&sel, "      %s:\n%s", c, RulesYAML("        ", t.Select[c]))
+			}
+		}
+		if sel.Len() > 0 {
+			fmt.Fprintf(b, "    select:\n%s", sel.String())
+		}
+	}
 }
 
 // usable keeps the rules whose algorithm is generated (or NCCL), merging

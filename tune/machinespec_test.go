@@ -88,9 +88,26 @@ func TestMachineSpec(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s%s: the emitted spec does not load:\n%v\n%s", name, tc.suffix, err, out)
 			}
-			got := ""
+			got, host := "", ""
 			for _, tp := range s.Topologies {
+				if tp.Kind == spec.HostSHM {
+					host = fmt.Sprintf("%s %v %v %v", tp.Name, tp.WorldSizes[len(tp.WorldSizes)-1], tp.DTypes.Reduce, tp.Select[spec.AllReduce])
+					continue
+				}
 				got += fmt.Sprintf("%s %s %v; ", tp.Name, tp.Kind, tp.WorldSizes)
+			}
+			// With a base, its host topology comes along unchanged.
+			wantHost := ""
+			if bt := findKind(tc.opts.Base, spec.HostSHM); bt != nil {
+				wantHost = fmt.Sprintf("%s %v %v %v", bt.Name, bt.WorldSizes[len(bt.WorldSizes)-1], bt.DTypes.Reduce, bt.Select[spec.AllReduce])
+				for _, a := range s.Algorithms {
+					if a.Launch != tc.opts.Base.Launch(a.Collective, a.Name) {
+						t.Errorf("%s%s: %s %s launch %+v, base %+v", name, tc.suffix, a.Collective, a.Name, a.Launch, tc.opts.Base.Launch(a.Collective, a.Name))
+					}
+				}
+			}
+			if host != wantHost {
+				t.Errorf("%s%s: host topology %q, want %q", name, tc.suffix, host, wantHost)
 			}
 			if got != want[name] {
 				t.Errorf("%s%s: topologies %q, want %q", name, tc.suffix, got, want[name])
@@ -117,8 +134,11 @@ func TestMachineSpec(t *testing.T) {
 	}
 }
 
-// findKind returns s's first topology of kind k.
+// findKind returns s's first topology of kind k (nil for a nil s).
 func findKind(s *spec.Spec, k spec.TopologyKind) *spec.Topology {
+	if s == nil {
+		return nil
+	}
 	for i := range s.Topologies {
 		if s.Topologies[i].Kind == k {
 			return &s.Topologies[i]

@@ -21,7 +21,7 @@ func init() {
 // topoOptions are `collgen topo`'s flags and the source of the machine.
 type topoOptions struct {
 	Spec string   // write a spec for this machine to this file ("-": stdout)
-	Base string   // take package, dtypes, ops, launch parameters and rules from this spec
+	Base string   // take package, dtypes, ops, launch parameters, rules and host topologies from this spec
 	GPUs []string // classify only these bus ids, in rank order
 	Fake string   // hidden: use a fake machine from fakenvml instead of NVML
 
@@ -61,8 +61,9 @@ pcie_p2p, or none.
 communicator over those GPUs would. --spec writes a spec for this machine
 that collgen generate accepts as it is: one topology per kind that some set
 of its GPUs has, with the world sizes at which it has it. Add --base to carry
-package, dtypes, ops, launch parameters and select rules over from an
-existing spec (e.g. --base spec); then measure rules with collgen tune.`,
+package, dtypes, ops, launch parameters, select rules and host_shm
+topologies over from an existing spec (e.g. --base spec); then measure rules
+with collgen tune.`,
 		Example: `  collgen topo
   collgen topo --gpus 0000:07:00.0,0000:0f:00.0
   collgen topo --spec machine.yaml --base spec && collgen generate --spec machine.yaml`,
@@ -76,7 +77,7 @@ existing spec (e.g. --base spec); then measure rules with collgen tune.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Spec, "spec", "", "write a spec for this machine to `FILE` (- for stdout)")
-	f.StringVar(&o.Base, "base", "", "with --spec: take package, dtypes, ops, launch parameters and select rules from this `SPEC` (file or directory)")
+	f.StringVar(&o.Base, "base", "", "with --spec: take package, dtypes, ops, launch parameters, select rules and host_shm topologies from this `SPEC` (file or directory)")
 	f.StringSliceVar(&o.GPUs, "gpus", nil, "classify only these GPUs, by PCI bus id, in rank order (`ID,ID,...`)")
 	f.StringVar(&o.Fake, "fake", "", "use a fake machine ("+strings.Join(fakenvml.Names(), ", ")+") instead of NVML")
 	_ = f.MarkHidden("fake")
