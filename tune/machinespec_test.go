@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/collgen/collgen/gen"
 	"github.com/collgen/collgen/runtime/topo"
 	"github.com/collgen/collgen/runtime/topo/fakenvml"
 	"github.com/collgen/collgen/spec"
@@ -162,4 +163,29 @@ func TestMachineSpecNoPeers(t *testing.T) {
 	if !errors.Is(err, tune.ErrNoPeerAccess) {
 		t.Errorf("pcie4: %v", err)
 	}
+}
+
+// TestMachineSpecRenders: the generator renders every kernel of what topo
+// writes for the DGX-1 (with the frozen base), in memory.
+func TestMachineSpecRenders(t *testing.T) {
+	base, err := spec.Load("testdata/base.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tune.MachineSpec(machine(t, "dgx1"), tune.SpecOptions{Base: base, BaseName: "base.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("dgx1.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := gen.Render(s, gen.Options{})
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	if len(r.Plan.Kernels) == 0 {
+		t.Fatal("no kernels")
+	}
+	t.Logf("%d files, %d kernels", len(r.Files), len(r.Plan.Kernels))
 }
