@@ -89,6 +89,7 @@ func TestRecordedSweep(t *testing.T) {
 	if err := tune.WriteDecisions(&b, tables); err != nil {
 		t.Fatal(err)
 	}
+	b.WriteString("\nclose calls:\n" + strings.Join(tune.CloseCalls(tables), "\n") + "\n")
 	golden(t, "crossovers/h200x4.golden", b.Bytes())
 	if len(tables) != 6 {
 		t.Errorf("%d tables, want 3 collectives x 2 world sizes", len(tables))

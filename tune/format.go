@@ -87,3 +87,21 @@ func SelectYAMLFor(indent string, tables []Table, world int) string {
 	}
 	return b.String()
 }
+
+// CloseCalls lists the close calls of the tables, one entry per table that
+// has any: "allgather w4 at 16MiB, 32MiB".
+func CloseCalls(tables []Table) []string {
+	var out []string
+	for _, t := range tables {
+		var sizes []string
+		for _, d := range t.Decisions {
+			if d.Close {
+				sizes = append(sizes, spec.FormatSize(d.Bytes))
+			}
+		}
+		if len(sizes) > 0 {
+			out = append(out, fmt.Sprintf("%s w%d at %s", t.Collective, t.World, strings.Join(sizes, ", ")))
+		}
+	}
+	return out
+}

@@ -155,6 +155,13 @@ func runTune(io *IO, o *tuneOptions) error {
 			return err
 		}
 		fmt.Fprintln(io.Out)
+		if cc := tune.CloseCalls(tables); len(cc) > 0 {
+			fmt.Fprintf(io.Out, "close calls (another run may move these crossovers by one size; pool more sweeps with --from to settle them):\n")
+			for _, c := range cc {
+				fmt.Fprintf(io.Out, "  %s\n", c)
+			}
+			fmt.Fprintln(io.Out)
+		}
 	}
 	where := "your topology"
 	if top != nil {
