@@ -138,6 +138,7 @@ func TestJitter(t *testing.T) {
 			differ++
 		}
 	}
+	t.Logf("without a margin %d of 20 jittered pairs differ", differ)
 	if differ < 15 {
 		t.Errorf("without a margin only %d of 20 jittered pairs differ; the fixture does not exercise the margin", differ)
 	}
