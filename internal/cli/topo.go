@@ -20,10 +20,12 @@ func init() {
 
 // topoOptions are `collgen topo`'s flags and the source of the machine.
 type topoOptions struct {
-	Spec string   // write a spec for this machine to this file ("-": stdout)
-	Base string   // take package, dtypes, ops, launch parameters, rules and host topologies from this spec
-	GPUs []string // classify only these bus ids, in rank order
-	Fake string   // hidden: use a fake machine from fakenvml instead of NVML
+	Spec    string   // write a spec for this machine to this file ("-": stdout)
+	Base    string   // take package, dtypes, ops, launch parameters, rules and host topologies from this spec
+	GPUs    []string // classify only these bus ids, in rank order
+	JSON    bool     // print the machine as JSON instead of the report
+	Machine string   // read the machine from this JSON file instead of NVML
+	Fake    string   // hidden: use a fake machine from fakenvml instead of NVML
 
 	// Detect reads the machine; nil means NVML, or the fake named by Fake.
 	Detect func() (*topo.Machine, error)
@@ -34,6 +36,17 @@ func (o *topoOptions) machine() (*topo.Machine, error) {
 	switch {
 	case o.Detect != nil:
 		return o.Detect()
+	case o.Machine != "":
+		f, err := os.Open(o.Machine)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		m, err := topo.ReadJSON(f)
+		if err != nil {
+			return nil, fmt.Errorf("--machine %s: %w", o.Machine, err)
+		}
+		return m, nil
 	case o.Fake != "":
 		lib, err := fakenvml.New(o.Fake)
 		if err != nil {
@@ -58,7 +71,9 @@ hybrid_cube_mesh (with the rank-to-corner map the hcm kernel needs),
 pcie_p2p, or none.
 
 --gpus classifies only the GPUs at the given PCI bus ids, in rank order, as a
-communicator over those GPUs would. --spec writes a spec for this machine
+communicator over those GPUs would. --json prints the machine as JSON, and
+--machine FILE reads such a file instead of NVML (a machine saved on a GPU
+host becomes a fixture anywhere). --spec writes a spec for this machine
 that collgen generate accepts as it is: one topology per kind that some set
 of its GPUs has, with the world sizes at which it has it. Add --base to carry
 package, dtypes, ops, launch parameters, select rules and host_shm
@@ -66,6 +81,7 @@ topologies over from an existing spec (e.g. --base spec); then measure rules
 with collgen tune.`,
 		Example: `  collgen topo
   collgen topo --gpus 0000:07:00.0,0000:0f:00.0
+  collgen topo --json > machine.json; collgen topo --machine machine.json
   collgen topo --spec machine.yaml --base spec && collgen generate --spec machine.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -79,6 +95,8 @@ with collgen tune.`,
 	f.StringVar(&o.Spec, "spec", "", "write a spec for this machine to `FILE` (- for stdout)")
 	f.StringVar(&o.Base, "base", "", "with --spec: take package, dtypes, ops, launch parameters, select rules and host_shm topologies from this `SPEC` (file or directory)")
 	f.StringSliceVar(&o.GPUs, "gpus", nil, "classify only these GPUs, by PCI bus id, in rank order (`ID,ID,...`)")
+	f.BoolVar(&o.JSON, "json", false, "print the machine as JSON (read back with --machine) instead of the report")
+	f.StringVar(&o.Machine, "machine", "", "read the machine from a `FILE` written by --json instead of NVML")
 	f.StringVar(&o.Fake, "fake", "", "use a fake machine ("+strings.Join(fakenvml.Names(), ", ")+") instead of NVML")
 	_ = f.MarkHidden("fake")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
@@ -95,6 +113,9 @@ func runTopo(io *IO, o *topoOptions) error {
 		}
 		ids = append(ids, b)
 	}
+	if o.JSON && o.Spec != "" {
+		return usageError(errors.New("--json and --spec both write to stdout or a file; give one"))
+	}
 	if o.Base != "" && o.Spec == "" {
 		return usageError(errors.New("--base needs --spec FILE: it only shapes the written spec"))
 	}
@@ -105,6 +126,9 @@ func runTopo(io *IO, o *topoOptions) error {
 	c, err := m.Classify(ids...)
 	if err != nil {
 		return err
+	}
+	if o.JSON {
+		return m.WriteJSON(io.Out)
 	}
 	if o.Spec == "-" {
 		return writeMachineSpec(io, o, m)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -408,6 +409,38 @@ func TestWorldKinds(t *testing.T) {
 		got := detect(t, lib).WorldKinds()
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestJSON(t *testing.T) {
+	for _, name := range fakenvml.Names() {
+		lib, _ := fakenvml.New(name)
+		m := detect(t, lib)
+		var b bytes.Buffer
+		if err := m.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		back, err := topo.ReadJSON(bytes.NewReader(b.Bytes()))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !reflect.DeepEqual(m, back) {
+			t.Errorf("%s: round trip differs", name)
+		}
+		if name == "dgx1" && (!strings.Contains(b.String(), `"BusID": "0000:06:00.0"`) || !strings.Contains(b.String(), `"Read": "TNS"`)) {
+			t.Errorf("dgx1 JSON:\n%s", b.String())
+		}
+	}
+	for in, want := range map[string]string{
+		`{"GPUs": [{"BusID": "x"}], "Pairs": [[{}]]}`:    "bad PCI bus id",
+		`{"GPUs": [{}], "Pairs": [[{"Read": "MAYBE"}]]}`: `unknown P2P status "MAYBE"`,
+		`{"GPUs": [{}], "Pairs": []}`:                    "1 GPUs but 0 rows",
+		`{"GPUs": [{}], "Pairs": [[]]}`:                  "row 0 of pairs has 0 entries",
+		`{"GPU": []}`:                                    "unknown field",
+	} {
+		if _, err := topo.ReadJSON(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %s", in, err, want)
 		}
 	}
 }
