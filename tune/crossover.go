@@ -7,8 +7,12 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/spec"
 )
+
+// nccl is NCCL's name in bench results and decisions.
+const nccl = string(coll.NCCL)
 
 // DefaultMargin is the noise margin Crossovers uses when Options.Margin is
 // 0: an algorithm must be more than 15% faster than the incumbent to take
@@ -139,17 +143,17 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 	pooled := map[string]map[int]map[string]map[int64][]float64{}
 	n := 0
 	for _, s := range samples {
-		if !slices.Contains(spec.Collectives(), spec.Collective(s.Collective)) {
+		if !slices.Contains(coll.Collectives(), coll.Collective(s.Collective)) {
 			return nil, fmt.Errorf("%s: unknown collective %q (known: allreduce, reduce_scatter, allgather)", s.Pos, s.Collective)
 		}
 		if s.Backend != "" && s.Backend != backend || s.Algorithm == "auto" ||
 			o.DType != "" && s.DType != o.DType || o.Op != "" && s.Op != o.Op {
 			continue
 		}
-		if s.Algorithm == spec.NCCL && o.Host {
+		if s.Algorithm == nccl && o.Host {
 			continue
 		}
-		if o.Allowed != nil && s.Algorithm != spec.NCCL && !slices.Contains(o.Allowed[s.Collective], s.Algorithm) {
+		if o.Allowed != nil && s.Algorithm != nccl && !slices.Contains(o.Allowed[s.Collective], s.Algorithm) {
 			continue
 		}
 		if pooled[s.Collective] == nil {
@@ -169,7 +173,7 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 		return nil, fmt.Errorf("%w (backend %s%s)", ErrNoSamples, backend, filterNote(o))
 	}
 	var tables []Table
-	for _, c := range spec.Collectives() {
+	for _, c := range coll.Collectives() {
 		byWorld := pooled[string(c)]
 		worlds := make([]int, 0, len(byWorld))
 		for w := range byWorld {
@@ -223,13 +227,13 @@ func median(xs []float64) float64 {
 func (cv *curve) algs() []string {
 	var out []string
 	for a := range cv.lat {
-		if a != spec.NCCL {
+		if a != nccl {
 			out = append(out, a)
 		}
 	}
 	slices.SortFunc(out, algOrder)
-	if _, ok := cv.lat[spec.NCCL]; ok {
-		out = append(out, spec.NCCL)
+	if _, ok := cv.lat[nccl]; ok {
+		out = append(out, nccl)
 	}
 	return out
 }
@@ -272,14 +276,14 @@ func (cv *curve) tune(o Options) Table {
 			return false
 		}
 		lat, _ := cv.at(a, size)
-		nt, ok := cv.at(spec.NCCL, size)
+		nt, ok := cv.at(nccl, size)
 		return !ok || lat <= nt*(1+m)
 	}
 	// order is the tie order: NCCL first (no kernel of ours), then
 	// barrier, LL and LL128 algorithms by name.
-	order := []string{spec.NCCL}
+	order := []string{nccl}
 	for _, a := range algs {
-		if a != spec.NCCL {
+		if a != nccl {
 			order = append(order, a)
 		}
 	}
@@ -288,7 +292,7 @@ func (cv *curve) tune(o Options) Table {
 	for i, size := range cv.sizes {
 		d := Decision{Bytes: size}
 		d.Fastest, d.FastestUS = cv.fastest(algs, size)
-		d.NCCLUS, _ = cv.at(spec.NCCL, size)
+		d.NCCLUS, _ = cv.at(nccl, size)
 		r := ratio(cur, size)
 		switch {
 		case cur != "" && within(cur, size, m):
@@ -378,13 +382,13 @@ func rules(ds []Decision, host bool) []spec.Rule {
 		if i+1 < len(ds) && ds[i+1].Pick == d.Pick {
 			continue
 		}
-		out = append(out, spec.Rule{UpTo: d.Bytes, Use: d.Pick})
+		out = append(out, spec.Rule{UpTo: d.Bytes, Use: coll.Algorithm(d.Pick)})
 	}
 	switch n := len(out); {
-	case n > 0 && (host || out[n-1].Use == spec.NCCL):
+	case n > 0 && (host || out[n-1].Use == coll.NCCL):
 		out[n-1].UpTo = 0
 	case n > 0:
-		out = append(out, spec.Rule{Use: spec.NCCL}) // what the loader would append
+		out = append(out, spec.Rule{Use: coll.NCCL}) // what the loader would append
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -59,13 +60,13 @@ func checkRules(t *testing.T, tables []tune.Table, margin float64) {
 				t.Errorf("%s w%d: bounds not increasing: %v", tb.Collective, tb.World, tb.Rules)
 			}
 		}
-		topo := spec.Topology{Select: map[spec.Collective][]spec.Rule{spec.Collective(tb.Collective): tb.Rules}}
+		topo := spec.Topology{Select: map[coll.Collective][]spec.Rule{coll.Collective(tb.Collective): tb.Rules}}
 		for _, d := range tb.Decisions {
 			if d.NCCLUS > 0 && d.PickUS > d.NCCLUS*(1+margin)+1e-9 {
 				t.Errorf("%s w%d %d: %s at %.2fus is more than %.0f%% slower than NCCL's %.2fus",
 					tb.Collective, tb.World, d.Bytes, d.Pick, d.PickUS, 100*margin, d.NCCLUS)
 			}
-			if got := topo.Choose(spec.Collective(tb.Collective), d.Bytes); got != d.Pick {
+			if got := topo.Choose(coll.Collective(tb.Collective), d.Bytes); string(got) != d.Pick {
 				t.Errorf("%s w%d %d: rules choose %s, decision was %s", tb.Collective, tb.World, d.Bytes, got, d.Pick)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -16,7 +17,7 @@ import (
 // list per collective, for every world size of the topology. note, if not
 // empty, becomes a comment on the `select:` key. The result is checked with
 // spec.Parse under name before it is returned.
-func ReplaceSelect(name string, data []byte, topology string, rules map[spec.Collective][]spec.Rule, note string) ([]byte, error) {
+func ReplaceSelect(name string, data []byte, topology string, rules map[coll.Collective][]spec.Rule, note string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -49,7 +50,7 @@ func ReplaceSelect(name string, data []byte, topology string, rules map[spec.Col
 			}
 		}
 	}
-	for _, c := range spec.Collectives() {
+	for _, c := range coll.Collectives() {
 		rs, ok := rules[c]
 		if !ok {
 			continue
@@ -60,7 +61,7 @@ func ReplaceSelect(name string, data []byte, topology string, rules map[spec.Col
 			if r.UpTo != 0 {
 				m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
 			}
-			m.Content = append(m.Content, scalar("use"), scalar(r.Use))
+			m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
 			seq.Content = append(seq.Content, m)
 		}
 		if old := lookup(sel, string(c)); old != nil {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -19,8 +20,8 @@ func TestReplaceSelect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rules := map[spec.Collective][]spec.Rule{
-		spec.AllReduce: {{UpTo: 128 << 10, Use: "oneshot_ll"}, {UpTo: 32 << 20, Use: "twoshot_ll128"}, {Use: "nccl"}},
+	rules := map[coll.Collective][]spec.Rule{
+		coll.AllReduce: {{UpTo: 128 << 10, Use: "oneshot_ll"}, {UpTo: 32 << 20, Use: "twoshot_ll128"}, {Use: "nccl"}},
 	}
 	out, err := tune.ReplaceSelect("base.yaml", data, "nvswitch", rules, "tuned")
 	if err != nil {
@@ -32,9 +33,9 @@ func TestReplaceSelect(t *testing.T) {
 	}
 	for i, bt := range before.Topologies {
 		at := after.Topologies[i]
-		for _, c := range spec.Collectives() {
+		for _, c := range coll.Collectives() {
 			want := bt.Select[c]
-			if bt.Name == "nvswitch" && c == spec.AllReduce {
+			if bt.Name == "nvswitch" && c == coll.AllReduce {
 				want = rules[c]
 			}
 			if fmt.Sprint(at.Select[c]) != fmt.Sprint(want) {
@@ -57,18 +58,18 @@ func TestReplaceSelect(t *testing.T) {
 	// A topology without select gets one; a missing topology is an error;
 	// rules the loader refuses are an error and nothing comes back.
 	small := []byte("version: 1\npackage: p\ntopologies:\n  t:\n    kind: nvlink_full\n    world_sizes: [2]\n    generate:\n      allreduce: [oneshot]\n")
-	out, err = tune.ReplaceSelect("s.yaml", small, "t", map[spec.Collective][]spec.Rule{spec.AllReduce: {{UpTo: 1024, Use: "oneshot"}}}, "")
+	out, err = tune.ReplaceSelect("s.yaml", small, "t", map[coll.Collective][]spec.Rule{coll.AllReduce: {{UpTo: 1024, Use: "oneshot"}}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, err := spec.Parse("s.yaml", out)
-	if err != nil || s.Topologies[0].Choose(spec.AllReduce, 1024) != "oneshot" || s.Topologies[0].Choose(spec.AllReduce, 1025) != "nccl" {
+	if err != nil || s.Topologies[0].Choose(coll.AllReduce, 1024) != "oneshot" || s.Topologies[0].Choose(coll.AllReduce, 1025) != "nccl" {
 		t.Errorf("%v\n%s", err, out)
 	}
 	if _, err := tune.ReplaceSelect("s.yaml", small, "u", nil, ""); err == nil || !strings.Contains(err.Error(), `no topology "u"`) {
 		t.Errorf("missing topology: %v", err)
 	}
-	_, err = tune.ReplaceSelect("s.yaml", small, "t", map[spec.Collective][]spec.Rule{spec.AllReduce: {{UpTo: 1024, Use: "twoshot"}}}, "")
+	_, err = tune.ReplaceSelect("s.yaml", small, "t", map[coll.Collective][]spec.Rule{coll.AllReduce: {{UpTo: 1024, Use: "twoshot"}}}, "")
 	if err == nil || !strings.Contains(err.Error(), "does not load") || !strings.Contains(err.Error(), "twoshot") {
 		t.Errorf("refused rules: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/topo"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
@@ -40,21 +41,21 @@ type SpecOptions struct {
 // machineTopology is one topology MachineSpec writes.
 type machineTopology struct {
 	name     string
-	kind     spec.TopologyKind
+	kind     coll.TopologyKind
 	worlds   []int
 	why      string
-	generate map[spec.Collective][]string
+	generate map[coll.Collective][]coll.Algorithm
 	base     *spec.Topology
 }
 
 // algOrder sorts algorithm names barrier first, then LL, then LL128, and by
 // name within a protocol (the shipped spec's order).
-func algOrder(a, b string) int {
-	rank := func(s string) int {
+func algOrder[T ~string](a, b T) int {
+	rank := func(s T) int {
 		switch {
-		case strings.HasSuffix(s, "_ll128"):
+		case strings.HasSuffix(string(s), "_ll128"):
 			return 2
-		case strings.HasSuffix(s, "_ll"):
+		case strings.HasSuffix(string(s), "_ll"):
 			return 1
 		}
 		return 0
@@ -62,7 +63,7 @@ func algOrder(a, b string) int {
 	if ra, rb := rank(a), rank(b); ra != rb {
 		return ra - rb
 	}
-	return strings.Compare(a, b)
+	return strings.Compare(string(a), string(b))
 }
 
 // machineTopologies finds the spec topologies of m: one per spec kind that
@@ -70,11 +71,11 @@ func algOrder(a, b string) int {
 // every algorithm that can run at all of them.
 func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 	wk := m.WorldKinds()
-	byKind := map[spec.TopologyKind]*machineTopology{}
+	byKind := map[coll.TopologyKind]*machineTopology{}
 	// Strongest first, so nvlink_full is named after NVSwitch when it has one.
 	for _, k := range []topo.Kind{topo.NVSwitch, topo.NVLinkMesh, topo.HybridCubeMesh, topo.PCIe} {
 		sk, _ := k.SpecKind()
-		lo, hi, _ := schedule.KindWorldSizes(string(sk))
+		lo, hi, _ := schedule.KindWorldSizes(sk)
 		var ws []int
 		for _, w := range wk[k] {
 			if w >= lo && w <= hi {
@@ -99,18 +100,18 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 		t.why += fmt.Sprintf("; %s at world sizes %s", k, intList(ws))
 	}
 	var out []machineTopology
-	for _, sk := range spec.AllKinds() {
+	for _, sk := range coll.TopologyKinds() {
 		t := byKind[sk]
 		if t == nil {
 			continue
 		}
 		t.why = strings.TrimPrefix(t.why, "; ")
-		t.generate = map[spec.Collective][]string{}
-		for _, c := range spec.Collectives() {
-			for _, a := range schedule.Algorithms(string(c)) {
+		t.generate = map[coll.Collective][]coll.Algorithm{}
+		for _, c := range coll.Collectives() {
+			for _, a := range schedule.Algorithms(c) {
 				ok := true
 				for _, w := range t.worlds {
-					if schedule.CanRun(string(sk), string(c), a, w) != nil {
+					if schedule.CanRun(sk, c, a, w) != nil {
 						ok = false
 						break
 					}
@@ -201,9 +202,9 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 		fmt.Fprintf(&b, "dtypes:\n  reduce: %s\n  copy: %s\n", flowList(o.Base.DTypes.Reduce), flowList(o.Base.DTypes.Copy))
 		fmt.Fprintf(&b, "ops: %s\n", flowList(o.Base.Ops))
 		fmt.Fprintf(&b, "algorithms:\n")
-		for _, c := range spec.Collectives() {
-			var algs []string
-			add := func(names []string) {
+		for _, c := range coll.Collectives() {
+			var algs []coll.Algorithm
+			add := func(names []coll.Algorithm) {
 				for _, a := range names {
 					if !slices.Contains(algs, a) {
 						algs = append(algs, a)
@@ -214,14 +215,14 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 				add(t.generate[c])
 			}
 			for _, t := range o.Base.Topologies {
-				if t.Kind == spec.HostSHM {
+				if t.Kind == coll.HostSHM {
 					add(t.Generate[c])
 				}
 			}
 			if len(algs) == 0 {
 				continue
 			}
-			sort.Strings(algs)
+			slices.Sort(algs)
 			fmt.Fprintf(&b, "  %s:\n", c)
 			for _, a := range algs {
 				l := o.Base.Launch(c, a)
@@ -235,7 +236,7 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 		fmt.Fprintf(&b, "    kind: %s\n", t.kind)
 		fmt.Fprintf(&b, "    world_sizes: [%s]\n", intList(t.worlds))
 		fmt.Fprintf(&b, "    generate:\n")
-		for _, c := range spec.Collectives() {
+		for _, c := range coll.Collectives() {
 			if len(t.generate[c]) > 0 {
 				fmt.Fprintf(&b, "      %s: %s\n", c, flowList(t.generate[c]))
 			}
@@ -244,7 +245,7 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 			continue
 		}
 		var sel strings.Builder
-		for _, c := range spec.Collectives() {
+		for _, c := range coll.Collectives() {
 			rules := usable(t.base.Select[c], t.generate[c])
 			if len(rules) == 0 {
 				continue
@@ -265,20 +266,20 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 // not depend on the GPUs), with their effective dtypes written out.
 func writeHostTopologies(b *strings.Builder, base *spec.Spec, baseName string) {
 	for _, t := range base.Topologies {
-		if t.Kind != spec.HostSHM {
+		if t.Kind != coll.HostSHM {
 			continue
 		}
 		fmt.Fprintf(b, "  %s:  # from %s\n", t.Name, baseName)
 		fmt.Fprintf(b, "    kind: %s\n    world_sizes: [%s]\n", t.Kind, intList(t.WorldSizes))
 		fmt.Fprintf(b, "    dtypes:\n      reduce: %s\n      copy: %s\n", flowList(t.DTypes.Reduce), flowList(t.DTypes.Copy))
 		fmt.Fprintf(b, "    generate:\n")
-		for _, c := range spec.Collectives() {
+		for _, c := range coll.Collectives() {
 			if len(t.Generate[c]) > 0 {
 				fmt.Fprintf(b, "      %s: %s\n", c, flowList(t.Generate[c]))
 			}
 		}
 		var sel strings.Builder
-		for _, c := range spec.Collectives() {
+		for _, c := range coll.Collectives() {
 			if len(t.Select[c]) > 0 {
 				fmt.Fprintf(&sel, "      %s:\n%s", c, RulesYAML("        ", t.Select[c]))
 			}
@@ -291,10 +292,10 @@ func writeHostTopologies(b *strings.Builder, base *spec.Spec, baseName string) {
 
 // usable keeps the rules whose algorithm is generated (or NCCL), merging
 // neighbours that end up choosing the same; nil when only NCCL is left.
-func usable(rules []spec.Rule, generated []string) []spec.Rule {
+func usable(rules []spec.Rule, generated []coll.Algorithm) []spec.Rule {
 	var out []spec.Rule
 	for _, r := range rules {
-		if r.Use != spec.NCCL && !slices.Contains(generated, r.Use) {
+		if r.Use != coll.NCCL && !slices.Contains(generated, r.Use) {
 			continue
 		}
 		if n := len(out); n > 0 && out[n-1].Use == r.Use {
@@ -304,7 +305,7 @@ func usable(rules []spec.Rule, generated []string) []spec.Rule {
 		out = append(out, r)
 	}
 	for _, r := range out {
-		if r.Use != spec.NCCL {
+		if r.Use != coll.NCCL {
 			return out
 		}
 	}

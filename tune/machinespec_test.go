@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/gen"
 	"github.com/collgen/collgen/runtime/topo"
 	"github.com/collgen/collgen/runtime/topo/fakenvml"
@@ -91,16 +92,16 @@ func TestMachineSpec(t *testing.T) {
 			}
 			got, host := "", ""
 			for _, tp := range s.Topologies {
-				if tp.Kind == spec.HostSHM {
-					host = fmt.Sprintf("%s %v %v %v", tp.Name, tp.WorldSizes[len(tp.WorldSizes)-1], tp.DTypes.Reduce, tp.Select[spec.AllReduce])
+				if tp.Kind == coll.HostSHM {
+					host = fmt.Sprintf("%s %v %v %v", tp.Name, tp.WorldSizes[len(tp.WorldSizes)-1], tp.DTypes.Reduce, tp.Select[coll.AllReduce])
 					continue
 				}
 				got += fmt.Sprintf("%s %s %v; ", tp.Name, tp.Kind, tp.WorldSizes)
 			}
 			// With a base, its host topology comes along unchanged.
 			wantHost := ""
-			if bt := findKind(tc.opts.Base, spec.HostSHM); bt != nil {
-				wantHost = fmt.Sprintf("%s %v %v %v", bt.Name, bt.WorldSizes[len(bt.WorldSizes)-1], bt.DTypes.Reduce, bt.Select[spec.AllReduce])
+			if bt := findKind(tc.opts.Base, coll.HostSHM); bt != nil {
+				wantHost = fmt.Sprintf("%s %v %v %v", bt.Name, bt.WorldSizes[len(bt.WorldSizes)-1], bt.DTypes.Reduce, bt.Select[coll.AllReduce])
 				for _, a := range s.Algorithms {
 					if a.Launch != tc.opts.Base.Launch(a.Collective, a.Name) {
 						t.Errorf("%s%s: %s %s launch %+v, base %+v", name, tc.suffix, a.Collective, a.Name, a.Launch, tc.opts.Base.Launch(a.Collective, a.Name))
@@ -136,7 +137,7 @@ func TestMachineSpec(t *testing.T) {
 }
 
 // findKind returns s's first topology of kind k (nil for a nil s).
-func findKind(s *spec.Spec, k spec.TopologyKind) *spec.Topology {
+func findKind(s *spec.Spec, k coll.TopologyKind) *spec.Topology {
 	if s == nil {
 		return nil
 	}
@@ -151,7 +152,7 @@ func findKind(s *spec.Spec, k spec.TopologyKind) *spec.Topology {
 // usesKernel reports whether some rule picks a generated kernel.
 func usesKernel(rules []spec.Rule) bool {
 	for _, r := range rules {
-		if r.Use != spec.NCCL {
+		if r.Use != coll.NCCL {
 			return true
 		}
 	}
@@ -180,7 +181,7 @@ func TestMachineSpecRenders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := gen.Render(s, gen.Options{})
+	r, err := gen.Render(s, gen.Options{ImportPath: "example.com/machine/generated"})
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}

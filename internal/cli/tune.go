@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -126,10 +127,12 @@ func runTune(io *IO, o *tuneOptions) error {
 		if top, err = pickTopology(sp, o, samples); err != nil {
 			return err
 		}
-		opts.Host = top.Kind == spec.HostSHM
+		opts.Host = top.Kind == coll.HostSHM
 		opts.Allowed = map[string][]string{}
 		for c, algs := range top.Generate {
-			opts.Allowed[string(c)] = algs
+			for _, a := range algs {
+				opts.Allowed[string(c)] = append(opts.Allowed[string(c)], string(a))
+			}
 		}
 	}
 	tables, err := tune.Crossovers(samples, opts)
@@ -178,10 +181,10 @@ func runTune(io *IO, o *tuneOptions) error {
 	if o.Out == "" {
 		return nil
 	}
-	rules := map[spec.Collective][]spec.Rule{}
+	rules := map[coll.Collective][]spec.Rule{}
 	for _, t := range tables {
 		if t.World == o.World {
-			rules[spec.Collective(t.Collective)] = t.Rules
+			rules[coll.Collective(t.Collective)] = t.Rules
 		}
 	}
 	src := sp.Sources[0]
@@ -221,7 +224,7 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 	var names []string
 	for i := range s.Topologies {
 		t := &s.Topologies[i]
-		if (t.Kind == spec.HostSHM) != (o.Backend == "host") {
+		if (t.Kind == coll.HostSHM) != (o.Backend == "host") {
 			continue
 		}
 		ok := true

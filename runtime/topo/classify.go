@@ -3,7 +3,7 @@ package topo
 import (
 	"fmt"
 
-	"github.com/collgen/collgen/spec"
+	"github.com/collgen/collgen/coll"
 )
 
 // Kind is what Classify finds a set of GPUs to be.
@@ -30,14 +30,14 @@ const (
 
 // SpecKind returns the spec topology kind whose kernels run on k, and false
 // for NoPeerAccess (no generated GPU kernel can run there).
-func (k Kind) SpecKind() (spec.TopologyKind, bool) {
+func (k Kind) SpecKind() (coll.TopologyKind, bool) {
 	switch k {
 	case NVSwitch, NVLinkMesh:
-		return spec.NVLinkFull, true
+		return coll.NVLinkFull, true
 	case HybridCubeMesh:
-		return spec.HybridCubeMesh, true
+		return coll.HybridCubeMesh, true
 	case PCIe:
-		return spec.PCIeP2P, true
+		return coll.PCIeP2P, true
 	}
 	return "", false
 }

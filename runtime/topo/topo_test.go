@@ -14,6 +14,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/topo"
 	"github.com/collgen/collgen/runtime/topo/fakenvml"
 	"github.com/collgen/collgen/schedule"
@@ -113,7 +114,7 @@ func checkCube(t *testing.T, m *topo.Machine, c *topo.Classification) {
 	if c.Kind != topo.HybridCubeMesh || len(c.Corners) != 8 {
 		t.Fatalf("kind %s corners %v: %s", c.Kind, c.Corners, c.Reason)
 	}
-	cube, err := schedule.NewTopology(schedule.KindHybridCubeMesh, 8)
+	cube, err := schedule.NewTopology(coll.HybridCubeMesh, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
