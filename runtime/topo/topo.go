@@ -292,7 +292,8 @@ type Pair struct {
 	Level Level
 }
 
-// Machine is every GPU NVML reports and how each pair is connected.
+// Machine is every GPU NVML reports and how each pair is connected. It is
+// not changed after Detect, so its methods are safe for concurrent use.
 type Machine struct {
 	// GPUs in NVML index order.
 	GPUs []GPU
