@@ -236,8 +236,16 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 			names = append(names, t.Name)
 		}
 	}
-	if len(fits) != 1 {
-		return nil, usageError(fmt.Errorf("tune: %d topologies of %s fit the measured world sizes (%s); name one with --topology", len(fits), o.Spec, strings.Join(names, ", ")))
+	var ws []int
+	for w := range worlds {
+		ws = append(ws, w)
 	}
-	return fits[0], nil
+	slices.Sort(ws)
+	switch len(fits) {
+	case 0:
+		return nil, usageError(fmt.Errorf("tune: no %s topology of %s lists every measured world size %v; name one with --topology (its other world sizes are skipped)", o.Backend, o.Spec, ws))
+	case 1:
+		return fits[0], nil
+	}
+	return nil, usageError(fmt.Errorf("tune: topologies %s of %s all list the measured world sizes %v; name one with --topology", strings.Join(names, ", "), o.Spec, ws))
 }
