@@ -105,13 +105,9 @@ with collgen tune.`,
 
 // runTopo detects the machine, prints the report and writes the spec.
 func runTopo(io *IO, o *topoOptions) error {
-	var ids []topo.BusID
-	for _, s := range o.GPUs {
-		b, err := topo.ParseBusID(s)
-		if err != nil {
-			return usageError(fmt.Errorf("--gpus: %w", err))
-		}
-		ids = append(ids, b)
+	ids, err := topo.ParseBusIDs(o.GPUs)
+	if err != nil {
+		return usageError(fmt.Errorf("--gpus: %w", err))
 	}
 	if o.JSON && o.Spec != "" {
 		return usageError(errors.New("--json and --spec both write to stdout or a file; give one"))
@@ -170,8 +166,26 @@ func writeMachineSpec(io *IO, o *topoOptions, m *topo.Machine) error {
 	}
 	fmt.Fprintf(io.Out, "\nwrote %s:", o.Spec)
 	for _, t := range s.Topologies {
-		fmt.Fprintf(io.Out, " %s (%s, world sizes %v)", t.Name, t.Kind, t.WorldSizes)
+		fmt.Fprintf(io.Out, " %s (%s, world sizes %s)", t.Name, t.Kind, sizeRanges(t.WorldSizes))
 	}
 	fmt.Fprintln(io.Out)
 	return nil
+}
+
+// sizeRanges formats ascending world sizes compactly: "2-4,8".
+func sizeRanges(ws []int) string {
+	var parts []string
+	for k := 0; k < len(ws); {
+		e := k
+		for e+1 < len(ws) && ws[e+1] == ws[e]+1 {
+			e++
+		}
+		if e > k {
+			parts = append(parts, fmt.Sprintf("%d-%d", ws[k], ws[e]))
+		} else {
+			parts = append(parts, fmt.Sprint(ws[k]))
+		}
+		k = e + 1
+	}
+	return strings.Join(parts, ",")
 }
