@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -32,12 +33,17 @@ type tuneOptions struct {
 	DType    string
 	Op       string
 	Quiet    bool // leave out the per-size decisions
+
+	Run       bool   // run the sweeps first (collgen bench), then tune from them too
+	Worlds    []int  // with --run: the world sizes to sweep (default: the topology's)
+	Sweeps    string // with --run: the directory the sweeps' CSVs go to
+	BenchArgs string // with --run: more collgen bench flags, e.g. "--sizes 1KiB-64MiB"
 }
 
 // newCmdTune builds `collgen tune`; runF, when not nil, replaces the run.
 func newCmdTune(io *IO, o *tuneOptions, runF func(*tuneOptions) error) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "tune --from CSV... [--spec FILE [--topology NAME]] [--world N --out FILE]",
+		Use:   "tune (--from CSV... | --run --spec FILE) [--spec FILE [--topology NAME]] [--world N --out FILE]",
 		Short: "Turn recorded bench sweeps into size rules per collective and world size",
 		Long: `Tune reads sweeps recorded with collgen bench --csv or --json (every algorithm and
 nccl, one or more world sizes; several files are pooled point by point) and
@@ -53,10 +59,18 @@ With --spec, only the algorithms the topology generates are considered
 (--topology names it when more than one fits). With --world N, the block is
 printed in today's syntax (one list per collective) from world size N's
 rules, and --out FILE writes a copy of --spec with the topology's select
-replaced by them, checked with the spec loader.`,
+replaced by them, checked with the spec loader.
+
+--run first runs the sweeps in this process with collgen bench at --worlds
+(default: the topology's world sizes), writing tune-w<N>.csv files into
+--sweeps: on GPUs every collective the topology generates, bf16 sum,
+1KiB-256MiB, every algorithm and NCCL; on the host (--backend host) each
+collective with --algorithms set to what the topology generates.
+--bench-args adds bench flags (they win over these defaults).`,
 		Example: `  collgen bench --backend gpu -n 4 --csv w4.csv && collgen bench --backend gpu -n 2 --csv w2.csv
   collgen tune --from w4.csv --from w2.csv --spec spec
-  collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml`,
+  collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml
+  collgen tune --run --spec spec --topology nvswitch --worlds 4,2 --sweeps sweeps`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runF != nil {
@@ -77,6 +91,10 @@ replaced by them, checked with the spec loader.`,
 	f.StringVar(&o.DType, "dtype", "", "only rows of this dtype (default: all, pooled)")
 	f.StringVar(&o.Op, "op", "", "only rows of this reduce op (default: all, pooled)")
 	f.BoolVarP(&o.Quiet, "quiet", "q", false, "print only the select block")
+	f.BoolVar(&o.Run, "run", false, "first run the sweeps with collgen bench (every algorithm the topology generates, and NCCL on GPUs) at --worlds")
+	f.IntSliceVar(&o.Worlds, "worlds", nil, "with --run: world sizes to sweep (default: the topology's world sizes)")
+	f.StringVar(&o.Sweeps, "sweeps", ".", "with --run: directory for the sweeps' CSVs (tune-w<N>[-<collective>].csv)")
+	f.StringVar(&o.BenchArgs, "bench-args", "", "with --run: more collgen bench flags, space separated (e.g. \"--sizes 1KiB-64MiB --iters 20\")")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
@@ -84,14 +102,41 @@ replaced by them, checked with the spec loader.`,
 // runTune reads the sweeps, tunes and prints or writes the rules.
 func runTune(io *IO, o *tuneOptions) error {
 	switch {
-	case len(o.From) == 0:
-		return usageError(errors.New("tune: no sweeps; give --from FILE.csv (from collgen bench --csv)"))
+	case len(o.From) == 0 && !o.Run:
+		return usageError(errors.New("tune: no sweeps; give --from FILE.csv (from collgen bench --csv), or --run to run them"))
+	case o.Run && o.Spec == "":
+		return usageError(errors.New("tune: --run needs --spec: the topology says which algorithms to sweep"))
+	case o.Run && o.Topology == "" && len(o.Worlds) == 0:
+		return usageError(errors.New("tune: --run needs --topology NAME or --worlds N,... to know what to sweep"))
 	case !(o.Margin > 0 && o.Margin < 1):
 		return usageError(fmt.Errorf("tune: --margin %g: want a fraction between 0 and 1, e.g. 0.15", o.Margin))
 	case !(o.Jitter > 0 && o.Jitter < 1):
 		return usageError(fmt.Errorf("tune: --jitter %g: want a fraction between 0 and 1, e.g. 0.05", o.Jitter))
 	case o.Out != "" && (o.Spec == "" || o.World == 0):
 		return usageError(errors.New("tune: --out needs --spec (the spec to copy) and --world N (whose rules to write)"))
+	}
+	var sp *spec.Spec
+	var top *spec.Topology
+	if o.Spec != "" {
+		var err error
+		if sp, err = spec.Load(o.Spec); err != nil {
+			return fmt.Errorf("tune: --spec %s: %w", o.Spec, err)
+		}
+	}
+	if o.Run {
+		var err error
+		if top, err = pickTopology(sp, o, o.Worlds); err != nil {
+			return err
+		}
+		worlds := o.Worlds
+		if len(worlds) == 0 {
+			worlds = top.WorldSizes
+		}
+		files, err := runSweeps(io, o, top, worlds)
+		if err != nil {
+			return err
+		}
+		o.From = append(o.From, files...)
 	}
 	var samples []tune.Sample
 	for _, path := range o.From {
@@ -117,15 +162,23 @@ func runTune(io *IO, o *tuneOptions) error {
 		samples = append(samples, s...)
 	}
 	opts := tune.Options{Margin: o.Margin, Jitter: o.Jitter, Backend: o.Backend, DType: o.DType, Op: o.Op, Host: o.Backend == "host"}
-	var sp *spec.Spec
-	var top *spec.Topology
-	if o.Spec != "" {
-		var err error
-		if sp, err = spec.Load(o.Spec); err != nil {
-			return fmt.Errorf("tune: --spec %s: %w", o.Spec, err)
-		}
-		if top, err = pickTopology(sp, o, samples); err != nil {
-			return err
+	if sp != nil {
+		if top == nil {
+			worlds := map[int]bool{}
+			for _, x := range samples {
+				if x.Backend == "" || x.Backend == o.Backend {
+					worlds[x.World] = true
+				}
+			}
+			var ws []int
+			for w := range worlds {
+				ws = append(ws, w)
+			}
+			slices.Sort(ws)
+			var err error
+			if top, err = pickTopology(sp, o, ws); err != nil {
+				return err
+			}
 		}
 		opts.Host = top.Kind == coll.HostSHM
 		opts.Allowed = map[string][]string{}
@@ -201,8 +254,8 @@ func runTune(io *IO, o *tuneOptions) error {
 }
 
 // pickTopology returns the topology to tune: --topology, or the only one
-// of the backend's kind (GPU or host) that lists every measured world size.
-func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.Topology, error) {
+// of the backend's kind (GPU or host) that lists every world size in ws.
+func pickTopology(s *spec.Spec, o *tuneOptions, ws []int) (*spec.Topology, error) {
 	if o.Topology != "" {
 		t := s.Topology(o.Topology)
 		if t == nil {
@@ -214,12 +267,6 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 		}
 		return t, nil
 	}
-	worlds := map[int]bool{}
-	for _, x := range samples {
-		if x.Backend == "" || x.Backend == o.Backend {
-			worlds[x.World] = true
-		}
-	}
 	var fits []*spec.Topology
 	var names []string
 	for i := range s.Topologies {
@@ -228,7 +275,7 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 			continue
 		}
 		ok := true
-		for w := range worlds {
+		for _, w := range ws {
 			ok = ok && slices.Contains(t.WorldSizes, w)
 		}
 		if ok {
@@ -236,11 +283,6 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 			names = append(names, t.Name)
 		}
 	}
-	var ws []int
-	for w := range worlds {
-		ws = append(ws, w)
-	}
-	slices.Sort(ws)
 	switch len(fits) {
 	case 0:
 		return nil, usageError(fmt.Errorf("tune: no %s topology of %s lists every measured world size %v; name one with --topology (its other world sizes are skipped)", o.Backend, o.Spec, ws))
@@ -248,4 +290,58 @@ func pickTopology(s *spec.Spec, o *tuneOptions, samples []tune.Sample) (*spec.To
 		return fits[0], nil
 	}
 	return nil, usageError(fmt.Errorf("tune: topologies %s of %s all list the measured world sizes %v; name one with --topology", strings.Join(names, ", "), o.Spec, ws))
+}
+
+// runSweeps runs collgen bench in this process for every world size: on
+// GPUs once per world size over every collective the topology generates
+// (the GPU bench times every algorithm, NCCL and auto), on the host once
+// per collective with --algorithms set to what the topology generates.
+// Bench's tables go to stderr; the CSVs' paths come back.
+func runSweeps(io *IO, o *tuneOptions, top *spec.Topology, worlds []int) ([]string, error) {
+	if err := os.MkdirAll(o.Sweeps, 0o755); err != nil {
+		return nil, err
+	}
+	var colls []string
+	for _, c := range coll.Collectives() {
+		if len(top.Generate[c]) > 0 {
+			colls = append(colls, string(c))
+		}
+	}
+	if len(colls) == 0 {
+		return nil, fmt.Errorf("tune: topology %s generates nothing to sweep", top.Name)
+	}
+	extra := strings.Fields(o.BenchArgs)
+	var files []string
+	run := func(w int, file string, args ...string) error {
+		args = append(append([]string{"bench", "--backend", o.Backend, "-n", fmt.Sprint(w), "--csv", file}, args...), extra...)
+		fmt.Fprintf(io.Err, "tune: collgen %s\n", strings.Join(args, " "))
+		if code := Do(args, io.In, io.Err, io.Err); code != 0 {
+			return fmt.Errorf("tune: the sweep at world size %d failed (collgen bench exit %d; its output is above)", w, code)
+		}
+		files = append(files, file)
+		return nil
+	}
+	for _, w := range worlds {
+		if !slices.Contains(top.WorldSizes, w) {
+			return nil, usageError(fmt.Errorf("tune: --worlds %d: topology %s lists world sizes %v", w, top.Name, top.WorldSizes))
+		}
+		if o.Backend != "host" {
+			file := filepath.Join(o.Sweeps, fmt.Sprintf("tune-w%d.csv", w))
+			if err := run(w, file, "--collective", strings.Join(colls, ","), "--dtype", "bf16", "--op", "sum", "--sizes", "1KiB-256MiB"); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		for _, c := range colls {
+			var algs []string
+			for _, a := range top.Generate[coll.Collective(c)] {
+				algs = append(algs, string(a))
+			}
+			file := filepath.Join(o.Sweeps, fmt.Sprintf("tune-w%d-%s.csv", w, c))
+			if err := run(w, file, "--collective", c, "--algorithms", strings.Join(algs, ",")); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return files, nil
 }
