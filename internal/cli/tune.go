@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -61,7 +62,7 @@ printed in today's syntax (one list per collective) from world size N's
 rules, and --out FILE writes a copy of --spec with the topology's select
 replaced by them, checked with the spec loader.
 
---run first runs the sweeps in this process with collgen bench at --worlds
+--run first runs the sweeps with collgen bench (a child process each) at --worlds
 (default: the topology's world sizes), writing tune-w<N>.csv files into
 --sweeps: on GPUs every collective the topology generates, bf16 sum,
 1KiB-256MiB, every algorithm and NCCL; on the host (--backend host) each
@@ -292,7 +293,8 @@ func pickTopology(s *spec.Spec, o *tuneOptions, ws []int) (*spec.Topology, error
 	return nil, usageError(fmt.Errorf("tune: topologies %s of %s all list the measured world sizes %v; name one with --topology", strings.Join(names, ", "), o.Spec, ws))
 }
 
-// runSweeps runs collgen bench in this process for every world size: on
+// runSweeps runs collgen bench, as a child process of this program (so a
+// sweep's CUDA and NCCL state ends with it), for every world size: on
 // GPUs once per world size over every collective the topology generates
 // (the GPU bench times every algorithm, NCCL and auto), on the host once
 // per collective with --algorithms set to what the topology generates.
@@ -311,12 +313,18 @@ func runSweeps(io *IO, o *tuneOptions, top *spec.Topology, worlds []int) ([]stri
 		return nil, fmt.Errorf("tune: topology %s generates nothing to sweep", top.Name)
 	}
 	extra := strings.Fields(o.BenchArgs)
+	exe, err := selfExe()
+	if err != nil {
+		return nil, fmt.Errorf("tune: cannot find this program to run collgen bench: %w", err)
+	}
 	var files []string
 	run := func(w int, file string, args ...string) error {
 		args = append(append([]string{"bench", "--backend", o.Backend, "-n", fmt.Sprint(w), "--csv", file}, args...), extra...)
 		fmt.Fprintf(io.Err, "tune: collgen %s\n", strings.Join(args, " "))
-		if code := Do(args, io.In, io.Err, io.Err); code != 0 {
-			return fmt.Errorf("tune: the sweep at world size %d failed (collgen bench exit %d; its output is above)", w, code)
+		cmd := exec.Command(exe, args...)
+		cmd.Stdout, cmd.Stderr = io.Err, io.Err
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("tune: the sweep at world size %d failed (collgen bench: %v; its output is above)", w, err)
 		}
 		files = append(files, file)
 		return nil
