@@ -1,0 +1,316 @@
+package topo
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Library is the part of go-nvml's nvml.Interface that Detect uses. Both
+// nvml.New() and go-nvml's generated mock (mock.Interface, and servers built
+// on it such as mock/dgxa100) satisfy it.
+type Library interface {
+	Init() nvml.Return
+	Shutdown() nvml.Return
+	SystemGetDriverVersion() (string, nvml.Return)
+	DeviceGetCount() (int, nvml.Return)
+	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
+	Extensions() nvml.ExtendedInterface
+}
+
+// LibraryName is the shared library go-nvml dlopens.
+const LibraryName = "libnvidia-ml.so.1"
+
+// ErrNoNVML is wrapped by the error of a machine where NVML cannot be used:
+// no libnvidia-ml, no NVIDIA kernel driver, no permission, or NVML
+// unsupported. Callers then fall back to probing peer access through CUDA.
+var ErrNoNVML = errors.New("NVML is not available")
+
+// ErrUnknownGPU is wrapped by Classify's error for a bus id that is not a
+// GPU of the machine.
+var ErrUnknownGPU = errors.New("no such GPU")
+
+// NVMLError is an NVML call that failed.
+type NVMLError struct {
+	// Op is the NVML function, e.g. "nvmlInit" or "nvmlDeviceGetPciInfo".
+	Op string
+	// GPU is the device index the call was about, -1 for none.
+	GPU int
+	// Return is NVML's status.
+	Return nvml.Return
+}
+
+// unavailable reports whether an NVML status means NVML as a whole cannot
+// be used on this machine (rather than one call failing).
+func (e *NVMLError) unavailable() bool {
+	switch e.Return {
+	case nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED:
+		return true
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NO_PERMISSION, nvml.ERROR_FUNCTION_NOT_FOUND:
+		return e.Op == "nvmlInit"
+	}
+	return false
+}
+
+// Error says what failed and, where NVML is unavailable, what to do.
+func (e *NVMLError) Error() string {
+	what := e.Op
+	if e.GPU >= 0 {
+		what = fmt.Sprintf("%s(GPU %d)", e.Op, e.GPU)
+	}
+	msg := fmt.Sprintf("topo: %s: %v", what, e.Return)
+	switch {
+	case e.Return == nvml.ERROR_LIBRARY_NOT_FOUND:
+		return msg + "; " + LibraryName + " was not found: install the NVIDIA driver (it ships " + LibraryName +
+			") or add its directory to LD_LIBRARY_PATH; without NVML, the communicator probes peer access through CUDA instead"
+	case e.Return == nvml.ERROR_DRIVER_NOT_LOADED:
+		return msg + "; the NVIDIA kernel driver is not loaded: load it (modprobe nvidia) or run where NVIDIA GPUs are; " +
+			"without NVML, the communicator probes peer access through CUDA instead"
+	case e.Return == nvml.ERROR_NO_PERMISSION && e.unavailable():
+		return msg + "; this user may not open the NVIDIA devices (/dev/nvidia*): fix their permissions or the container's device list"
+	case e.unavailable():
+		return msg + "; NVML is not supported here (" + LibraryName + " too old, or a virtual GPU without it): " +
+			"the communicator probes peer access through CUDA instead"
+	}
+	return msg
+}
+
+// Unwrap returns ErrNoNVML where NVML as a whole is unavailable.
+func (e *NVMLError) Unwrap() error {
+	if e.unavailable() {
+		return ErrNoNVML
+	}
+	return nil
+}
+
+// Open loads libnvidia-ml with go-nvml and detects the machine. Without the
+// library or the driver, the error wraps ErrNoNVML.
+func Open() (*Machine, error) {
+	return Detect(nvml.New())
+}
+
+// notAvailable reports whether an optional query's status means "this GPU
+// or driver cannot tell" rather than a failure.
+func notAvailable(r nvml.Return) bool {
+	switch r {
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND, nvml.ERROR_INVALID_ARGUMENT,
+		nvml.ERROR_NOT_FOUND, nvml.ERROR_NO_PERMISSION:
+		return true
+	}
+	return false
+}
+
+// Detect initialises NVML through lib, reads every GPU, its NVLinks, the
+// P2P status and PCIe path of every pair and each GPU's NUMA/CPU affinity,
+// and shuts NVML down again. Queries a GPU or driver does not support are
+// left at their zero values ("unknown"); symbols an older libnvidia-ml lacks
+// are looked up before use (go-nvml calls them without a check).
+func Detect(lib Library) (*Machine, error) {
+	if r := lib.Init(); r != nvml.SUCCESS {
+		return nil, &NVMLError{Op: "nvmlInit", GPU: -1, Return: r}
+	}
+	defer lib.Shutdown()
+	has := func(symbol string) bool {
+		ext := lib.Extensions()
+		return ext != nil && ext.LookupSymbol(symbol) == nil
+	}
+	hasRemoteType := has("nvmlDeviceGetNvLinkRemoteDeviceType")
+	hasNUMA := has("nvmlDeviceGetNumaNodeId")
+
+	m := &Machine{}
+	if v, r := lib.SystemGetDriverVersion(); r == nvml.SUCCESS {
+		m.Driver = v
+	}
+	n, r := lib.DeviceGetCount()
+	if r != nvml.SUCCESS {
+		return nil, &NVMLError{Op: "nvmlDeviceGetCount", GPU: -1, Return: r}
+	}
+	devs := make([]nvml.Device, n)
+	m.GPUs = make([]GPU, n)
+	for i := range devs {
+		d, r := lib.DeviceGetHandleByIndex(i)
+		if r != nvml.SUCCESS {
+			return nil, &NVMLError{Op: "nvmlDeviceGetHandleByIndex", GPU: i, Return: r}
+		}
+		devs[i] = d
+		g, err := readGPU(d, i, hasRemoteType, hasNUMA)
+		if err != nil {
+			return nil, err
+		}
+		m.GPUs[i] = g
+	}
+	// Without the remote device type, a link whose far end is no GPU of
+	// this machine ends at a switch (an NVSwitch has its own bus id).
+	for i := range m.GPUs {
+		for k := range m.GPUs[i].Links {
+			l := &m.GPUs[i].Links[k]
+			if l.Kind != RemoteUnknown {
+				continue
+			}
+			if m.GPU(l.Remote) >= 0 {
+				l.Kind = RemoteGPU
+			} else {
+				l.Kind = RemoteSwitch
+			}
+		}
+	}
+	m.Pairs = make([][]Pair, n)
+	for i := range m.Pairs {
+		m.Pairs[i] = make([]Pair, n)
+		for j := range m.Pairs[i] {
+			if i == j {
+				continue
+			}
+			p := &m.Pairs[i][j]
+			for _, l := range m.GPUs[i].Links {
+				if l.Kind == RemoteGPU && l.Remote == m.GPUs[j].BusID {
+					p.NVLinks++
+				}
+			}
+			p.Read = p2pStatus(devs[i], devs[j], nvml.P2P_CAPS_INDEX_READ)
+			p.NVLinkP2P = p2pStatus(devs[i], devs[j], nvml.P2P_CAPS_INDEX_NVLINK)
+			if lv, r := devs[i].GetTopologyCommonAncestor(devs[j]); r == nvml.SUCCESS {
+				p.Level = level(lv)
+			}
+		}
+	}
+	return m, nil
+}
+
+// readGPU reads one device's identity, NVLinks and affinity.
+func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
+	g := GPU{Index: i, NUMANode: -1}
+	if idx, r := d.GetIndex(); r == nvml.SUCCESS {
+		g.Index = idx
+	}
+	var r nvml.Return
+	if g.Name, r = d.GetName(); r != nvml.SUCCESS && !notAvailable(r) {
+		return g, &NVMLError{Op: "nvmlDeviceGetName", GPU: i, Return: r}
+	}
+	if g.UUID, r = d.GetUUID(); r != nvml.SUCCESS && !notAvailable(r) {
+		return g, &NVMLError{Op: "nvmlDeviceGetUUID", GPU: i, Return: r}
+	}
+	pci, r := d.GetPciInfo()
+	if r != nvml.SUCCESS {
+		return g, &NVMLError{Op: "nvmlDeviceGetPciInfo", GPU: i, Return: r}
+	}
+	b, err := pciBusID(pci)
+	if err != nil {
+		return g, fmt.Errorf("topo: GPU %d: %w", i, err)
+	}
+	g.BusID = b
+	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
+		st, r := d.GetNvLinkState(l)
+		if r == nvml.ERROR_NOT_SUPPORTED && l == 0 {
+			break // no NVLink on this GPU
+		}
+		if r != nvml.SUCCESS {
+			continue // past the GPU's last link
+		}
+		if st != nvml.FEATURE_ENABLED {
+			g.DownLinks++
+			continue
+		}
+		link := Link{Index: l}
+		// A GPU's far end always reports its bus id; a switch port may
+		// not (then Remote stays zero, and the link counts as a switch
+		// link unless NVML says otherwise).
+		if rp, r := d.GetNvLinkRemotePciInfo(l); r == nvml.SUCCESS {
+			if link.Remote, err = pciBusID(rp); err != nil {
+				return g, fmt.Errorf("topo: GPU %d NVLink %d: %w", i, l, err)
+			}
+		}
+		if hasRemoteType {
+			if t, r := d.GetNvLinkRemoteDeviceType(l); r == nvml.SUCCESS {
+				switch t {
+				case nvml.NVLINK_DEVICE_TYPE_GPU:
+					link.Kind = RemoteGPU
+				case nvml.NVLINK_DEVICE_TYPE_SWITCH:
+					link.Kind = RemoteSwitch
+				case nvml.NVLINK_DEVICE_TYPE_IBMNPU:
+					link.Kind = RemoteCPU
+				}
+			}
+		}
+		g.Links = append(g.Links, link)
+	}
+	if hasNUMA {
+		if node, r := d.GetNumaNodeId(); r == nvml.SUCCESS {
+			g.NUMANode = node
+		}
+	}
+	// 1024 asks go-nvml for a mask of 1024/8 64-bit words: 8192 CPUs.
+	if mask, r := d.GetCpuAffinity(1024); r == nvml.SUCCESS {
+		for w, word := range mask {
+			for word != 0 {
+				b := bits.TrailingZeros64(uint64(word))
+				g.CPUs = append(g.CPUs, w*64+b)
+				word &^= 1 << b
+			}
+		}
+	}
+	return g, nil
+}
+
+// pciBusID takes the bus id string NVML fills in, or else its numeric
+// fields.
+func pciBusID(p nvml.PciInfo) (BusID, error) {
+	var s []byte
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	if len(s) == 0 {
+		if p.Bus > 0xff || p.Device > 0x1f {
+			return BusID{}, fmt.Errorf("NVML gave no PCI bus id and bad bus %#x device %#x", p.Bus, p.Device)
+		}
+		return BusID{Domain: p.Domain, Bus: uint8(p.Bus), Device: uint8(p.Device)}, nil
+	}
+	return ParseBusID(string(s))
+}
+
+// p2pStatus asks NVML for one P2P capability from a to b.
+func p2pStatus(a, b nvml.Device, c nvml.GpuP2PCapsIndex) P2P {
+	st, r := a.GetP2PStatus(b, c)
+	if r != nvml.SUCCESS {
+		return P2PUnknown
+	}
+	switch st {
+	case nvml.P2P_STATUS_OK:
+		return P2POK
+	case nvml.P2P_STATUS_CHIPSET_NOT_SUPPORTED:
+		return P2PChipsetNotSupported
+	case nvml.P2P_STATUS_GPU_NOT_SUPPORTED:
+		return P2PGPUNotSupported
+	case nvml.P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED:
+		return P2PTopologyNotSupported
+	case nvml.P2P_STATUS_DISABLED_BY_REGKEY:
+		return P2PDisabledByRegkey
+	case nvml.P2P_STATUS_NOT_SUPPORTED:
+		return P2PNotSupported
+	}
+	return P2PUnknown
+}
+
+// level converts NVML's topology level.
+func level(l nvml.GpuTopologyLevel) Level {
+	switch l {
+	case nvml.TOPOLOGY_INTERNAL:
+		return LevelBoard
+	case nvml.TOPOLOGY_SINGLE:
+		return LevelPIX
+	case nvml.TOPOLOGY_MULTIPLE:
+		return LevelPXB
+	case nvml.TOPOLOGY_HOSTBRIDGE:
+		return LevelPHB
+	case nvml.TOPOLOGY_NODE:
+		return LevelNode
+	case nvml.TOPOLOGY_SYSTEM:
+		return LevelSys
+	}
+	return LevelUnknown
+}

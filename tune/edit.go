@@ -1,0 +1,101 @@
+package tune
+
+import (
+	"bytes"
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/spec"
+)
+
+// ReplaceSelect returns a copy of the spec file data in which topology's
+// `select:` rules for the collectives in rules are replaced (other
+// collectives' rules, and everything else in the file, stay; comments
+// outside the replaced lists are kept). The rules use today's syntax: one
+// list per collective, for every world size of the topology. note, if not
+// empty, becomes a comment on the `select:` key. The result is checked with
+// spec.Parse under name before it is returned.
+func ReplaceSelect(name string, data []byte, topology string, rules map[coll.Collective][]spec.Rule, note string) ([]byte, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s: not a spec (want a YAML mapping)", name)
+	}
+	tops := lookup(doc.Content[0], "topologies")
+	if tops == nil || tops.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s: no topologies mapping", name)
+	}
+	top := lookup(tops, topology)
+	if top == nil || top.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s: no topology %q", name, topology)
+	}
+	sel := lookup(top, "select")
+	if sel == nil || sel.Kind != yaml.MappingNode {
+		if sel != nil {
+			// `select:` with an empty value: replace the null by a mapping.
+			*sel = yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		} else {
+			sel = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+			top.Content = append(top.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: "select"}, sel)
+		}
+	}
+	if note != "" {
+		for i := 0; i+1 < len(top.Content); i += 2 {
+			if top.Content[i+1] == sel {
+				top.Content[i].LineComment = note
+			}
+		}
+	}
+	for _, c := range coll.Collectives() {
+		rs, ok := rules[c]
+		if !ok {
+			continue
+		}
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		for _, r := range rs {
+			m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Style: yaml.FlowStyle}
+			if r.UpTo != 0 {
+				m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
+			}
+			m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
+			seq.Content = append(seq.Content, m)
+		}
+		if old := lookup(sel, string(c)); old != nil {
+			*old = *seq
+		} else {
+			sel.Content = append(sel.Content, scalar(string(c)), seq)
+		}
+	}
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	if _, err := spec.Parse(name, b.Bytes()); err != nil {
+		return nil, fmt.Errorf("the spec with the new rules does not load:\n%w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// lookup returns the value of key in mapping m, or nil.
+func lookup(m *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// scalar is a plain string scalar node.
+func scalar(v string) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v}
+}

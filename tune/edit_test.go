@@ -1,0 +1,76 @@
+package tune_test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/spec"
+	"github.com/collgen/collgen/tune"
+)
+
+func TestReplaceSelect(t *testing.T) {
+	data, err := os.ReadFile("testdata/base.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := spec.Parse("base.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[coll.Collective][]spec.Rule{
+		coll.AllReduce: {{UpTo: 128 << 10, Use: "oneshot_ll"}, {UpTo: 32 << 20, Use: "twoshot_ll128"}, {Use: "nccl"}},
+	}
+	out, err := tune.ReplaceSelect("base.yaml", data, "nvswitch", rules, "tuned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := spec.Parse("tuned.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, bt := range before.Topologies {
+		at := after.Topologies[i]
+		for _, c := range coll.Collectives() {
+			want := bt.Select[c]
+			if bt.Name == "nvswitch" && c == coll.AllReduce {
+				want = rules[c]
+			}
+			if fmt.Sprint(at.Select[c]) != fmt.Sprint(want) {
+				t.Errorf("%s %s: %v, want %v", bt.Name, c, at.Select[c], want)
+			}
+		}
+		if fmt.Sprint(at.Generate) != fmt.Sprint(bt.Generate) || fmt.Sprint(at.WorldSizes) != fmt.Sprint(bt.WorldSizes) {
+			t.Errorf("%s changed", bt.Name)
+		}
+	}
+	if fmt.Sprint(after.Algorithms) != fmt.Sprint(before.Algorithms) {
+		t.Errorf("algorithms changed")
+	}
+	for _, want := range []string{"select: # tuned\n", "# crossovers measured on 4 x H200", "    - {upto: 128KiB, use: oneshot_ll}\n"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// A topology without select gets one; a missing topology is an error;
+	// rules the loader refuses are an error and nothing comes back.
+	small := []byte("version: 1\npackage: p\ntopologies:\n  t:\n    kind: nvlink_full\n    world_sizes: [2]\n    generate:\n      allreduce: [oneshot]\n")
+	out, err = tune.ReplaceSelect("s.yaml", small, "t", map[coll.Collective][]spec.Rule{coll.AllReduce: {{UpTo: 1024, Use: "oneshot"}}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("s.yaml", out)
+	if err != nil || s.Topologies[0].Choose(coll.AllReduce, 1024) != "oneshot" || s.Topologies[0].Choose(coll.AllReduce, 1025) != "nccl" {
+		t.Errorf("%v\n%s", err, out)
+	}
+	if _, err := tune.ReplaceSelect("s.yaml", small, "u", nil, ""); err == nil || !strings.Contains(err.Error(), `no topology "u"`) {
+		t.Errorf("missing topology: %v", err)
+	}
+	_, err = tune.ReplaceSelect("s.yaml", small, "t", map[coll.Collective][]spec.Rule{coll.AllReduce: {{UpTo: 1024, Use: "twoshot"}}}, "")
+	if err == nil || !strings.Contains(err.Error(), "does not load") || !strings.Contains(err.Error(), "twoshot") {
+		t.Errorf("refused rules: %v", err)
+	}
+}

@@ -1,0 +1,107 @@
+package tune
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/collgen/collgen/spec"
+)
+
+// WriteDecisions writes, per table, what was picked at each measured size:
+// latency, the fastest and NCCL, how the pick came about, and "close" where
+// another run may move the crossover.
+func WriteDecisions(w io.Writer, tables []Table) error {
+	for k, t := range tables {
+		if k > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%s, world size %d:\n", t.Collective, t.World)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  size\tpick\tus\tfastest\tus\tnccl us\thow\t")
+		for _, d := range t.Decisions {
+			nccl := "-"
+			if d.NCCLUS > 0 {
+				nccl = strconv.FormatFloat(d.NCCLUS, 'f', 2, 64)
+			}
+			how := d.How
+			if d.Close {
+				how += " (close)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%.2f\t%s\t%.2f\t%s\t%s\t\n", spec.FormatSize(d.Bytes), d.Pick, d.PickUS, d.Fastest, d.FastestUS, nccl, how)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RulesYAML renders rules as YAML flow mappings, one a line, each line
+// starting with indent.
+func RulesYAML(indent string, rules []spec.Rule) string {
+	var b strings.Builder
+	for _, r := range rules {
+		if r.UpTo == 0 {
+			fmt.Fprintf(&b, "%s- {use: %s}\n", indent, r.Use)
+		} else {
+			fmt.Fprintf(&b, "%s- {upto: %s, use: %s}\n", indent, spec.FormatSize(r.UpTo), r.Use)
+		}
+	}
+	return b.String()
+}
+
+// SelectYAML renders tables as a `select:` block in the per-world-size
+// syntax proposed in docs/topology.md: under each collective, a mapping
+// from world size to its rule list. indent prefixes every line (the
+// `select:` key included).
+func SelectYAML(indent string, tables []Table) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%sselect:\n", indent)
+	last := ""
+	for _, t := range tables {
+		if t.Collective != last {
+			fmt.Fprintf(&b, "%s  %s:\n", indent, t.Collective)
+			last = t.Collective
+		}
+		fmt.Fprintf(&b, "%s    %d:\n", indent, t.World)
+		b.WriteString(RulesYAML(indent+"      ", t.Rules))
+	}
+	return b.String()
+}
+
+// SelectYAMLFor renders the tables of one world size as a `select:` block
+// in today's syntax (one rule list per collective, for every world size of
+// the topology).
+func SelectYAMLFor(indent string, tables []Table, world int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%sselect:\n", indent)
+	for _, t := range tables {
+		if t.World != world {
+			continue
+		}
+		fmt.Fprintf(&b, "%s  %s:\n", indent, t.Collective)
+		b.WriteString(RulesYAML(indent+"    ", t.Rules))
+	}
+	return b.String()
+}
+
+// CloseCalls lists the close calls of the tables, one entry per table that
+// has any: "allgather w4 at 16MiB, 32MiB".
+func CloseCalls(tables []Table) []string {
+	var out []string
+	for _, t := range tables {
+		var sizes []string
+		for _, d := range t.Decisions {
+			if d.Close {
+				sizes = append(sizes, spec.FormatSize(d.Bytes))
+			}
+		}
+		if len(sizes) > 0 {
+			out = append(out, fmt.Sprintf("%s w%d at %s", t.Collective, t.World, strings.Join(sizes, ", ")))
+		}
+	}
+	return out
+}
