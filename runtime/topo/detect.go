@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -215,11 +216,17 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
 		}
 		link := Link{Index: l}
 		// A GPU's far end always reports its bus id; a switch port may
-		// not (then Remote stays zero, and the link counts as a switch
-		// link unless NVML says otherwise).
+		// not, or may report one that is no bus id (H100/H200 NVSwitch
+		// systems answer "FFFFFFFF:FF:FF.0"). Then Remote stays zero and
+		// the link counts as a switch link unless NVML says otherwise; a
+		// GPU link must name its peer, so an unreadable id there is an
+		// error.
 		if rp, r := d.GetNvLinkRemotePciInfo(l); r == nvml.SUCCESS {
-			if link.Remote, err = pciBusID(rp); err != nil {
-				return g, fmt.Errorf("topo: GPU %d NVLink %d: %w", i, l, err)
+			remote, perr := pciBusID(rp)
+			if perr == nil {
+				link.Remote = remote
+			} else if !allOnes(rp) {
+				return g, fmt.Errorf("topo: GPU %d NVLink %d: %w", i, l, perr)
 			}
 		}
 		if hasRemoteType {
@@ -271,6 +278,22 @@ func pciBusID(p nvml.PciInfo) (BusID, error) {
 		return BusID{Domain: p.Domain, Bus: uint8(p.Bus), Device: uint8(p.Device)}, nil
 	}
 	return ParseBusID(string(s))
+}
+
+// allOnes reports whether p is the all-ones bus id NVML gives for a port
+// that has none ("FFFFFFFF:FF:FF.0", or domain and bus all ones).
+func allOnes(p nvml.PciInfo) bool {
+	var s []byte
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	if len(s) > 0 {
+		return strings.HasPrefix(strings.ToUpper(string(s)), "FFFFFFFF:FF:")
+	}
+	return p.Domain == 0xffffffff && p.Bus == 0xff
 }
 
 // p2pStatus asks NVML for one P2P capability from a to b.

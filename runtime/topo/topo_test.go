@@ -299,6 +299,17 @@ func TestOldDriver(t *testing.T) {
 			t.Errorf("switch ports without bus ids (old driver %v): %s, %d switch links", old, c.Kind, m.GPUs[3].SwitchLinks())
 		}
 	}
+	// H100/H200 NVSwitch systems answer nvmlDeviceGetNvLinkRemotePciInfo
+	// on switch ports with the all-ones id "FFFFFFFF:FF:FF.0" (seen on
+	// nvidia-h200-x2): not a bus id, so the port counts as a switch link.
+	for _, old := range []bool{false, true} {
+		l := fakenvml.NVSwitch8Layout()
+		l.Switches, l.OldDriver = []string{"FFFFFFFF:FF:FF.0"}, old
+		m := detect(t, fakenvml.Build(l))
+		if c, _ := m.Classify(); c.Kind != topo.NVSwitch || m.GPUs[5].SwitchLinks() != 12 {
+			t.Errorf("switch ports with all-ones bus ids (old driver %v): %s, %d switch links", old, c.Kind, m.GPUs[5].SwitchLinks())
+		}
+	}
 	d := fakenvml.DGX1()
 	d.OldDriver = true
 	m = detect(t, fakenvml.Build(d))
