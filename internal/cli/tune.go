@@ -232,7 +232,7 @@ func runTune(io *IO, o *tuneOptions) error {
 		fmt.Fprint(io.Out, tune.SelectYAMLFor("", tables, o.World))
 	} else {
 		fmt.Fprintf(io.Out, "# collgen tune (margin %g): rules per world size, for %s\n", o.Margin, where)
-		fmt.Fprintf(io.Out, "# (per-world select syntax, docs/topology.md; --world N prints one list per collective):\n")
+		fmt.Fprintf(io.Out, "# (per-world select syntax, docs/spec.md; --world N prints one list per collective):\n")
 		fmt.Fprint(io.Out, tune.SelectYAML("", tables))
 	}
 	if o.Out == "" {
