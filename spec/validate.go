@@ -498,7 +498,7 @@ func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
 		if b-a > maxWorld {
 			b = a + maxWorld
 		}
-		for w := a; w <= b; w++ {
+		for w := a; w <= b && len(ts.t.WorldSizes) > 0; w++ { // no world sizes: reported already
 			if !slices.Contains(ts.t.WorldSizes, w) {
 				l.errorf(kf.key, "%s: world size %d is not in world_sizes [%s] of %s; add it there or drop it here", ctx, w, formatWorlds(ts.t.WorldSizes), in)
 				break
