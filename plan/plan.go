@@ -8,6 +8,7 @@ package plan
 import (
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 
 	"github.com/collgen/collgen/coll"
@@ -97,15 +98,38 @@ type builder struct {
 }
 
 // selections adds the size rules of every topology and collective that
-// generates or selects something, in topology then collective order.
+// generates or selects something, in topology then collective order: one
+// selection per distinct rule list, with Worlds the world sizes sharing it
+// (in order of their first world size).
 func (b *builder) selections() {
 	for _, t := range b.s.Topologies {
 		for _, c := range coll.Collectives() {
-			if len(t.Generate[c]) > 0 || len(t.Select[c]) > 0 {
-				b.p.Selections = append(b.p.Selections, selection(&t, c))
+			if len(t.Generate[c]) > 0 || len(t.Select[c]) > 0 || len(t.SelectByWorld[c]) > 0 {
+				b.p.Selections = append(b.p.Selections, selectionsOf(&t, c)...)
 			}
 		}
 	}
+}
+
+// selectionsOf splits the rules of c on t by distinct rule list.
+func selectionsOf(t *spec.Topology, c coll.Collective) []kernels.Selection {
+	byWorld := t.SelectByWorld[c]
+	if len(byWorld) == 0 {
+		return []kernels.Selection{selection(t, c, t.WorldSizes, t.Select[c])}
+	}
+	var out []kernels.Selection
+	var lists [][]spec.Rule
+	for _, w := range t.WorldSizes {
+		rules := byWorld[w]
+		i := slices.IndexFunc(lists, func(l []spec.Rule) bool { return slices.Equal(l, rules) })
+		if i < 0 {
+			lists = append(lists, rules)
+			out = append(out, selection(t, c, nil, rules))
+			i = len(out) - 1
+		}
+		out[i].Worlds = append(out[i].Worlds, w)
+	}
+	return out
 }
 
 // hostReducers adds a (dtype, op) loop for every reduce dtype and op of a
@@ -214,10 +238,10 @@ func opsFor(s *spec.Spec, c coll.Collective) []coll.Op {
 	return []coll.Op{""}
 }
 
-func selection(t *spec.Topology, c coll.Collective) kernels.Selection {
+func selection(t *spec.Topology, c coll.Collective, worlds []int, rules []spec.Rule) kernels.Selection {
 	sel := kernels.Selection{Topology: t.Name, Kind: t.Kind, Collective: c,
-		Worlds: append([]int(nil), t.WorldSizes...)}
-	for _, r := range t.Select[c] {
+		Worlds: append([]int(nil), worlds...)}
+	for _, r := range rules {
 		sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use})
 	}
 	if len(sel.Rules) == 0 && t.Kind != coll.HostSHM {

@@ -97,8 +97,17 @@ type Topology struct {
 	// Select maps collectives to ordered size rules. The last rule of every
 	// list is unbounded (UpTo 0): where the file's last rule has a bound on
 	// a GPU topology, an unbounded {Use: coll.NCCL} rule is appended. A
-	// collective absent from Select always uses NCCL.
+	// collective absent from Select always uses NCCL. A collective given
+	// per world size (a mapping under select) is absent here; see
+	// SelectByWorld.
 	Select map[coll.Collective][]Rule
+	// SelectByWorld maps a collective and a world size to that world size's
+	// rules, for every collective with a select entry and every size of
+	// WorldSizes: the list form copied to each size, the per-world form
+	// expanded from its keys; a GPU world size the mapping leaves out gets
+	// [{Use: coll.NCCL}]. As with Select, every list ends with an unbounded
+	// rule.
+	SelectByWorld map[coll.Collective]map[int][]Rule
 }
 
 // Link holds interconnect performance hints.
@@ -145,9 +154,25 @@ func (s *Spec) Topology(name string) *Topology {
 }
 
 // Choose returns the algorithm (or coll.NCCL) selected for a message of n
-// bytes of collective c on t.
+// bytes of collective c on t by the list form (Select); a collective given
+// per world size needs ChooseFor.
 func (t *Topology) Choose(c coll.Collective, n int64) coll.Algorithm {
 	for _, r := range t.Select[c] {
+		if r.UpTo == 0 || n <= r.UpTo {
+			return r.Use
+		}
+	}
+	return coll.NCCL
+}
+
+// ChooseFor returns the algorithm (or coll.NCCL) selected for n bytes of c
+// at world size w.
+func (t *Topology) ChooseFor(c coll.Collective, w int, n int64) coll.Algorithm {
+	rules, ok := t.SelectByWorld[c][w]
+	if !ok {
+		rules = t.Select[c]
+	}
+	for _, r := range rules {
 		if r.UpTo == 0 || n <= r.UpTo {
 			return r.Use
 		}

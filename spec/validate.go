@@ -37,8 +37,17 @@ type topoSrc struct {
 	genKey   map[coll.Collective]*yaml.Node   // generate.<c> keys
 	genItems map[coll.Collective][]*yaml.Node // generate.<c> items, parallel to t.Generate[c]
 	selKey   map[coll.Collective]*yaml.Node   // select.<c> keys
-	rules    map[coll.Collective][]ruleSrc    // select.<c> rules as written
+	rules    map[coll.Collective][]ruleSrc    // select.<c> rules as written (list form)
+	perWorld map[coll.Collective][]worldRules // select.<c> per world size, in file order
 	selOrder []coll.Collective                // select keys in file order
+}
+
+// worldRules is one key of a per-world select entry with its rules.
+type worldRules struct {
+	key   *yaml.Node
+	text  string // the key as written: "4" or "3-4"
+	sizes []int  // the world sizes the key names that are in world_sizes
+	rules []ruleSrc
 }
 
 // ruleSrc is one select rule as written.
@@ -343,7 +352,8 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 	t := &Topology{Name: e.name, DTypes: s.DTypes, Generate: map[coll.Collective][]coll.Algorithm{}, Select: map[coll.Collective][]Rule{}}
 	ts := &topoSrc{t: t, key: e.key,
 		genKey: map[coll.Collective]*yaml.Node{}, genItems: map[coll.Collective][]*yaml.Node{},
-		selKey: map[coll.Collective]*yaml.Node{}, rules: map[coll.Collective][]ruleSrc{}}
+		selKey: map[coll.Collective]*yaml.Node{}, rules: map[coll.Collective][]ruleSrc{},
+		perWorld: map[coll.Collective][]worldRules{}}
 	in := fmt.Sprintf("topology %q", e.name)
 	if !topoName.MatchString(e.name) {
 		fix := strings.Trim(regexp.MustCompile(`[^a-z0-9_]+`).ReplaceAllString(strings.ToLower(e.name), "_"), "_")
@@ -437,9 +447,19 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 			if !ok {
 				continue
 			}
+			ctx := "select." + cf.name
+			if r := resolve(cf.val); r != nil && r.Kind == yaml.MappingNode {
+				// Per world size; an empty mapping is the same as leaving
+				// the collective out.
+				if wr := l.selectPerWorld(cf, ts, in); len(wr) > 0 {
+					ts.selKey[c] = cf.key
+					ts.selOrder = append(ts.selOrder, c)
+					ts.perWorld[c] = wr
+				}
+				continue
+			}
 			ts.selKey[c] = cf.key
 			ts.selOrder = append(ts.selOrder, c)
-			ctx := "select." + cf.name
 			items := l.seqOf(cf.val, ctx+" of "+in, cf.name+": [{upto: 256KiB, use: oneshot}, {use: nccl}]")
 			if len(items) == 0 && (isSeq(cf.val) || isNull(cf.val)) {
 				l.errorf(cf.key, "%s of %s has no rules; add some, e.g. %s: [{upto: 256KiB, use: oneshot}, {use: nccl}], or remove it", ctx, in, cf.name)
@@ -450,6 +470,84 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 		}
 	}
 	return ts
+}
+
+// selectPerWorld reads a per-world select entry: a mapping from world sizes
+// or "lo-hi" ranges to rule lists.
+func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
+	ctx := "select." + cf.name
+	var out []worldRules
+	owner := map[int]string{} // world size -> key text
+	for _, kf := range l.mappingOf(cf.val, ctx+" of "+in, cf.name+": {2: [{upto: 256KiB, use: oneshot}, {use: nccl}]}") {
+		wr := worldRules{key: kf.key, text: kf.name}
+		rk := resolve(kf.key)
+		m := worldRange.FindStringSubmatch(kf.name)
+		if rk == nil || (rk.Tag != "!!int" && rk.Tag != "!!str") || m == nil {
+			l.errorf(kf.key, "%s: key %q is not a world size; write 4 or a range such as 2-4", ctx, kf.name)
+			continue
+		}
+		a, _ := strconv.Atoi(m[1])
+		b := a
+		if m[2] != "" {
+			b, _ = strconv.Atoi(m[2])
+		}
+		if a > b {
+			l.errorf(kf.key, "%s: world size range %q runs backwards; write %d-%d", ctx, kf.name, b, a)
+			continue
+		}
+		if b-a > maxWorld {
+			b = a + maxWorld
+		}
+		for w := a; w <= b && len(ts.t.WorldSizes) > 0; w++ { // no world sizes: reported already
+			if !slices.Contains(ts.t.WorldSizes, w) {
+				l.errorf(kf.key, "%s: world size %d is not in world_sizes [%s] of %s; add it there or drop it here", ctx, w, formatWorlds(ts.t.WorldSizes), in)
+				break
+			}
+		}
+		reported := false
+		for w := a; w <= b; w++ {
+			if !slices.Contains(ts.t.WorldSizes, w) {
+				continue
+			}
+			if prev, dup := owner[w]; dup {
+				if !reported {
+					l.errorf(kf.key, "%s: world size %d is in both %q and %q", ctx, w, prev, kf.name)
+					reported = true
+				}
+				continue
+			}
+			owner[w] = kf.name
+			wr.sizes = append(wr.sizes, w)
+		}
+		what := fmt.Sprintf("%s[%s]", ctx, kf.name)
+		items := l.seqOf(kf.val, what+" of "+in, kf.name+": [{upto: 256KiB, use: oneshot}, {use: nccl}]")
+		if len(items) == 0 && (isSeq(kf.val) || isNull(kf.val)) {
+			l.errorf(kf.key, "%s of %s has no rules; add some, e.g. %s: [{upto: 256KiB, use: oneshot}, {use: nccl}], or remove it", what, in, kf.name)
+		}
+		for i, it := range items {
+			wr.rules = append(wr.rules, l.rule(it, fmt.Sprintf("%s[%d] of %s", what, i, in)))
+		}
+		out = append(out, wr)
+	}
+	return out
+}
+
+// formatWorlds writes sorted world sizes with runs as ranges: "2-4, 8".
+func formatWorlds(ws []int) string {
+	var parts []string
+	for i := 0; i < len(ws); {
+		j := i
+		for j+1 < len(ws) && ws[j+1] == ws[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", ws[i], ws[j]))
+		} else {
+			parts = append(parts, strconv.Itoa(ws[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
 }
 
 // exampleAlg names an algorithm of c for examples: oneshot if it exists.
@@ -778,57 +876,34 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 
 	// Select rules.
 	gpu := t.Kind.IsGPU() || !ts.kindOK
+	t.SelectByWorld = map[coll.Collective]map[int][]Rule{}
 	for _, c := range ts.selOrder {
-		rules := ts.rules[c]
-		gen := t.Generate[c]
-		choices := slices.Clone(gen)
-		if gpu {
-			choices = append(choices, coll.NCCL)
-		}
-		var out []Rule
-		prevUpto, prevIdx := int64(0), -1
-		for i, r := range rules {
-			name := fmt.Sprintf("select.%s[%d]", c, i)
-			if r.ok {
-				switch {
-				case r.use == coll.NCCL && !gpu:
-					l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
-				case r.use == coll.NCCL || slices.Contains(gen, r.use):
-				case !slices.Contains(schedule.Algorithms(c), r.use):
-					known := knownAlgorithms(c)
-					if gpu {
-						known = append(known, string(coll.NCCL))
-					}
-					l.errorf(r.useN, "%s: %s", name, unknownName("algorithm", string(r.use), known))
-				default:
-					l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
+		byWorld := map[int][]Rule{}
+		if wrs, ok := ts.perWorld[c]; ok {
+			for _, wr := range wrs {
+				out := l.checkRules(ts, c, fmt.Sprintf("select.%s[%s]", c, wr.text), wr.rules, gpu)
+				for _, w := range wr.sizes {
+					byWorld[w] = out
 				}
 			}
-			if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode {
-				l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
-			}
-			if r.hasUpto && r.upto > 0 {
-				if prevIdx >= 0 && r.upto <= prevUpto {
-					l.errorf(r.uptoN, "%s upto %s is not above select.%s[%d]'s upto %s; size ranges must be strictly increasing: reorder the rules or raise this upto above %s", name, FormatSize(r.upto), c, prevIdx, FormatSize(prevUpto), FormatSize(prevUpto))
+			for _, w := range t.WorldSizes {
+				if _, ok := byWorld[w]; ok {
+					continue
+				}
+				if gpu {
+					byWorld[w] = []Rule{{Use: coll.NCCL}}
 				} else {
-					prevUpto, prevIdx = r.upto, i
+					l.errorf(ts.selKey[c], "select.%s: world size %d has no rules; %s has no NCCL to fall back on: add a key covering %d", c, w, t.Kind, w)
 				}
 			}
-			upto := r.upto
-			if !r.hasUpto || upto < 0 {
-				upto = 0
-			}
-			out = append(out, Rule{UpTo: upto, Use: r.use})
-		}
-		if len(out) > 0 && out[len(out)-1].UpTo != 0 {
-			if gpu {
-				out = append(out, Rule{Use: coll.NCCL})
-			} else {
-				last := rules[len(rules)-1]
-				l.errorf(last.node, "the last rule of select.%s bounds the size, but %s is %s and has no NCCL to fall back on; leave upto out of the last rule", c, in, t.Kind)
+		} else {
+			out := l.checkRules(ts, c, "select."+string(c), ts.rules[c], gpu)
+			t.Select[c] = out
+			for _, w := range t.WorldSizes {
+				byWorld[w] = out
 			}
 		}
-		t.Select[c] = out
+		t.SelectByWorld[c] = byWorld
 	}
 	if ts.kindOK && !gpu {
 		for _, c := range coll.Collectives() {
@@ -840,6 +915,63 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 			}
 		}
 	}
+}
+
+// checkRules checks one rule list of collective c, named ctx in messages
+// ("select.allreduce" or "select.allreduce[4]"), and returns its rules with
+// an unbounded NCCL rule appended on GPU kinds where the last is bounded.
+func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []ruleSrc, gpu bool) []Rule {
+	t := ts.t
+	in := fmt.Sprintf("topology %q", t.Name)
+	gen := t.Generate[c]
+	choices := slices.Clone(gen)
+	if gpu {
+		choices = append(choices, coll.NCCL)
+	}
+	var out []Rule
+	prevUpto, prevIdx := int64(0), -1
+	for i, r := range rules {
+		name := fmt.Sprintf("%s[%d]", ctx, i)
+		if r.ok {
+			switch {
+			case r.use == coll.NCCL && !gpu:
+				l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
+			case r.use == coll.NCCL || slices.Contains(gen, r.use):
+			case !slices.Contains(schedule.Algorithms(c), r.use):
+				known := knownAlgorithms(c)
+				if gpu {
+					known = append(known, string(coll.NCCL))
+				}
+				l.errorf(r.useN, "%s: %s", name, unknownName("algorithm", string(r.use), known))
+			default:
+				l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
+			}
+		}
+		if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode {
+			l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
+		}
+		if r.hasUpto && r.upto > 0 {
+			if prevIdx >= 0 && r.upto <= prevUpto {
+				l.errorf(r.uptoN, "%s upto %s is not above %s[%d]'s upto %s; size ranges must be strictly increasing: reorder the rules or raise this upto above %s", name, FormatSize(r.upto), ctx, prevIdx, FormatSize(prevUpto), FormatSize(prevUpto))
+			} else {
+				prevUpto, prevIdx = r.upto, i
+			}
+		}
+		upto := r.upto
+		if !r.hasUpto || upto < 0 {
+			upto = 0
+		}
+		out = append(out, Rule{UpTo: upto, Use: r.use})
+	}
+	if len(out) > 0 && out[len(out)-1].UpTo != 0 {
+		if gpu {
+			out = append(out, Rule{Use: coll.NCCL})
+		} else {
+			last := rules[len(rules)-1]
+			l.errorf(last.node, "the last rule of %s bounds the size, but %s is %s and has no NCCL to fall back on; leave upto out of the last rule", ctx, in, t.Kind)
+		}
+	}
+	return out
 }
 
 // orNone joins names, or says "(none)".

@@ -3,6 +3,9 @@ package tune
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 
 	"gopkg.in/yaml.v3"
 
@@ -13,11 +16,61 @@ import (
 // ReplaceSelect returns a copy of the spec file data in which topology's
 // `select:` rules for the collectives in rules are replaced (other
 // collectives' rules, and everything else in the file, stay; comments
-// outside the replaced lists are kept). The rules use today's syntax: one
+// outside the replaced lists are kept). The rules use the list form: one
 // list per collective, for every world size of the topology. note, if not
 // empty, becomes a comment on the `select:` key. The result is checked with
 // spec.Parse under name before it is returned.
 func ReplaceSelect(name string, data []byte, topology string, rules map[coll.Collective][]spec.Rule, note string) ([]byte, error) {
+	nodes := map[coll.Collective]*yaml.Node{}
+	for c, rs := range rules {
+		nodes[c] = rulesNode(rs)
+	}
+	return replaceSelect(name, data, topology, nodes, note)
+}
+
+// ReplaceSelectPerWorld is ReplaceSelect with the per-world form: each
+// collective in rules maps world sizes to their rules, written as a mapping
+// whose keys are world sizes, or "lo-hi" ranges of consecutive sizes with
+// equal rules. World sizes absent from a collective's map are left out (on
+// a GPU topology they use NCCL).
+func ReplaceSelectPerWorld(name string, data []byte, topology string, rules map[coll.Collective]map[int][]spec.Rule, note string) ([]byte, error) {
+	nodes := map[coll.Collective]*yaml.Node{}
+	for c, byWorld := range rules {
+		ws := slices.Sorted(maps.Keys(byWorld))
+		m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		for i := 0; i < len(ws); {
+			j := i
+			for j+1 < len(ws) && ws[j+1] == ws[j]+1 && slices.Equal(byWorld[ws[j+1]], byWorld[ws[i]]) {
+				j++
+			}
+			key := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(ws[i])}
+			if j > i {
+				key = scalar(fmt.Sprintf("%d-%d", ws[i], ws[j]))
+			}
+			m.Content = append(m.Content, key, rulesNode(byWorld[ws[i]]))
+			i = j + 1
+		}
+		nodes[c] = m
+	}
+	return replaceSelect(name, data, topology, nodes, note)
+}
+
+// rulesNode is a rule list in flow-style mappings.
+func rulesNode(rs []spec.Rule) *yaml.Node {
+	seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+	for _, r := range rs {
+		m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Style: yaml.FlowStyle}
+		if r.UpTo != 0 {
+			m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
+		}
+		m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
+		seq.Content = append(seq.Content, m)
+	}
+	return seq
+}
+
+// replaceSelect puts each collective's node under the topology's select.
+func replaceSelect(name string, data []byte, topology string, rules map[coll.Collective]*yaml.Node, note string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -51,18 +104,9 @@ func ReplaceSelect(name string, data []byte, topology string, rules map[coll.Col
 		}
 	}
 	for _, c := range coll.Collectives() {
-		rs, ok := rules[c]
+		seq, ok := rules[c]
 		if !ok {
 			continue
-		}
-		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
-		for _, r := range rs {
-			m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Style: yaml.FlowStyle}
-			if r.UpTo != 0 {
-				m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
-			}
-			m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
-			seq.Content = append(seq.Content, m)
 		}
 		if old := lookup(sel, string(c)); old != nil {
 			*old = *seq
@@ -98,4 +142,33 @@ func lookup(m *yaml.Node, key string) *yaml.Node {
 // scalar is a plain string scalar node.
 func scalar(v string) *yaml.Node {
 	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v}
+}
+
+// PerWorldRules returns, for each collective tuned in tables at a world size
+// of top, the rules of every world size of top: the tuned rules where
+// measured, else the rules top selects today (SelectByWorld; absent where
+// it has none, so a GPU world size then uses NCCL).
+func PerWorldRules(top *spec.Topology, tables []Table) map[coll.Collective]map[int][]spec.Rule {
+	out := map[coll.Collective]map[int][]spec.Rule{}
+	for _, t := range tables {
+		if !slices.Contains(top.WorldSizes, t.World) {
+			continue
+		}
+		c := coll.Collective(t.Collective)
+		if out[c] == nil {
+			out[c] = map[int][]spec.Rule{}
+		}
+		out[c][t.World] = t.Rules
+	}
+	for c, byWorld := range out {
+		for _, w := range top.WorldSizes {
+			if _, ok := byWorld[w]; ok {
+				continue
+			}
+			if rs, ok := top.SelectByWorld[c][w]; ok {
+				byWorld[w] = rs
+			}
+		}
+	}
+	return out
 }

@@ -74,3 +74,59 @@ func TestReplaceSelect(t *testing.T) {
 		t.Errorf("refused rules: %v", err)
 	}
 }
+
+func TestReplaceSelectPerWorld(t *testing.T) {
+	data := []byte(`version: 1
+package: p
+topologies:
+  t:
+    kind: nvlink_full
+    world_sizes: [2-4, 8]
+    generate:
+      allreduce: [oneshot, twoshot]
+      reduce_scatter: [oneshot]
+    select:
+      allreduce:
+        - {upto: 1MiB, use: oneshot}
+      reduce_scatter:
+        - {upto: 1MiB, use: oneshot}
+`)
+	base, err := spec.Parse("s.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2 := []spec.Rule{{UpTo: 64 << 10, Use: "oneshot"}, {UpTo: 32 << 20, Use: "twoshot"}, {Use: "nccl"}}
+	w3 := []spec.Rule{{UpTo: 256 << 10, Use: "oneshot"}, {Use: "nccl"}}
+	tables := []tune.Table{
+		{Collective: "allreduce", World: 2, Rules: w2},
+		{Collective: "allreduce", World: 3, Rules: w3},
+		{Collective: "allreduce", World: 4, Rules: w3},
+		{Collective: "allreduce", World: 6, Rules: w2}, // not a world size of t
+	}
+	rules := tune.PerWorldRules(&base.Topologies[0], tables)
+	out, err := tune.ReplaceSelectPerWorld("s.yaml", data, "t", rules, "tuned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("tuned.yaml", out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	tp := s.Topologies[0]
+	kept := base.Topologies[0].Select[coll.AllReduce]
+	want := map[int][]spec.Rule{2: w2, 3: w3, 4: w3, 8: kept}
+	if fmt.Sprint(tp.SelectByWorld[coll.AllReduce]) != fmt.Sprint(want) {
+		t.Errorf("allreduce per world %v, want %v\n%s", tp.SelectByWorld[coll.AllReduce], want, out)
+	}
+	if tp.Select[coll.AllReduce] != nil || fmt.Sprint(tp.Select[coll.ReduceScatter]) != fmt.Sprint(base.Topologies[0].Select[coll.ReduceScatter]) {
+		t.Errorf("list forms: %v", tp.Select)
+	}
+	for _, line := range []string{"select: # tuned\n", "      allreduce:\n        2:\n", "        3-4:\n          - {upto: 256KiB, use: oneshot}\n", "        8:\n          - {upto: 1MiB, use: oneshot}\n", "      reduce_scatter:\n        - {upto: 1MiB, use: oneshot}\n"} {
+		if !strings.Contains(string(out), line) {
+			t.Errorf("output lacks %q:\n%s", line, out)
+		}
+	}
+	if a := tp.ChooseFor(coll.AllReduce, 2, 1<<20); a != "twoshot" {
+		t.Errorf("world 2, 1 MiB: %q", a)
+	}
+}

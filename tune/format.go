@@ -3,6 +3,8 @@ package tune
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -53,8 +55,30 @@ func RulesYAML(indent string, rules []spec.Rule) string {
 	return b.String()
 }
 
+// PerWorldYAML renders one collective's per-world rules as a mapping from
+// world sizes to rule lists, one key per run of consecutive world sizes
+// with equal rules ("3-4:"), each line starting with indent.
+func PerWorldYAML(indent string, byWorld map[int][]spec.Rule) string {
+	var b strings.Builder
+	ws := slices.Sorted(maps.Keys(byWorld))
+	for i := 0; i < len(ws); {
+		j := i
+		for j+1 < len(ws) && ws[j+1] == ws[j]+1 && slices.Equal(byWorld[ws[j+1]], byWorld[ws[i]]) {
+			j++
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%s%d-%d:\n", indent, ws[i], ws[j])
+		} else {
+			fmt.Fprintf(&b, "%s%d:\n", indent, ws[i])
+		}
+		b.WriteString(RulesYAML(indent+"  ", byWorld[ws[i]]))
+		i = j + 1
+	}
+	return b.String()
+}
+
 // SelectYAML renders tables as a `select:` block in the per-world-size
-// syntax proposed in docs/topology.md: under each collective, a mapping
+// syntax of docs/spec.md: under each collective, a mapping
 // from world size to its rule list. indent prefixes every line (the
 // `select:` key included).
 func SelectYAML(indent string, tables []Table) string {

@@ -246,6 +246,20 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 		}
 		var sel strings.Builder
 		for _, c := range coll.Collectives() {
+			if byWorld, ok := t.base.SelectByWorld[c]; ok && t.base.Select[c] == nil {
+				// Per world size: the machine's world sizes the base has
+				// rules for; the others use NCCL.
+				m := map[int][]spec.Rule{}
+				for _, w := range t.worlds {
+					if rs := usable(byWorld[w], t.generate[c]); len(rs) > 0 {
+						m[w] = rs
+					}
+				}
+				if len(m) > 0 {
+					fmt.Fprintf(&sel, "      %s:\n%s", c, PerWorldYAML("        ", m))
+				}
+				continue
+			}
 			rules := usable(t.base.Select[c], t.generate[c])
 			if len(rules) == 0 {
 				continue
@@ -282,6 +296,8 @@ func writeHostTopologies(b *strings.Builder, base *spec.Spec, baseName string) {
 		for _, c := range coll.Collectives() {
 			if len(t.Select[c]) > 0 {
 				fmt.Fprintf(&sel, "      %s:\n%s", c, RulesYAML("        ", t.Select[c]))
+			} else if len(t.SelectByWorld[c]) > 0 {
+				fmt.Fprintf(&sel, "      %s:\n%s", c, PerWorldYAML("        ", t.SelectByWorld[c]))
 			}
 		}
 		if sel.Len() > 0 {

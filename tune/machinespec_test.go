@@ -190,3 +190,64 @@ func TestMachineSpecRenders(t *testing.T) {
 	}
 	t.Logf("%d files, %d kernels", len(r.Files), len(r.Plan.Kernels))
 }
+
+// A base that selects per world size passes its rules on per world size:
+// the machine's world sizes it has rules for, host_shm topologies whole.
+func TestMachineSpecPerWorldBase(t *testing.T) {
+	base, err := spec.Parse("perworld.yaml", []byte(`version: 1
+package: collectives
+topologies:
+  nvswitch:
+    kind: nvlink_full
+    world_sizes: [2-4, 8]
+    generate:
+      allreduce: [oneshot, twoshot]
+    select:
+      allreduce:
+        2: [{upto: 1MiB, use: oneshot}]
+        3-4: [{upto: 64KiB, use: oneshot}, {upto: 8MiB, use: twoshot}]
+        8: [{upto: 2MiB, use: twoshot}]
+  host:
+    kind: host_shm
+    world_sizes: [1-4]
+    generate:
+      allreduce: [oneshot, twoshot]
+    select:
+      allreduce:
+        1-2: [{use: oneshot}]
+        3-4: [{upto: 1MiB, use: oneshot}, {use: twoshot}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tune.MachineSpec(machine(t, "nvswitch8"), tune.SpecOptions{Base: base, BaseName: "perworld.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("machine.yaml", out)
+	if err != nil {
+		t.Fatalf("the emitted spec does not load:\n%v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		topo string
+		w    int
+		n    int64
+		want coll.Algorithm
+	}{
+		{"nvswitch", 2, 1 << 20, coll.OneShot},
+		{"nvswitch", 3, 1 << 20, coll.TwoShot},
+		{"nvswitch", 4, 1 << 10, coll.OneShot},
+		{"nvswitch", 5, 1 << 10, coll.NCCL}, // not in the base
+		{"nvswitch", 8, 1 << 20, coll.TwoShot},
+		{"host", 2, 1 << 30, coll.OneShot},
+		{"host", 4, 1 << 30, coll.TwoShot},
+	} {
+		tp := s.Topology(tc.topo)
+		if tp == nil {
+			t.Fatalf("no topology %s:\n%s", tc.topo, out)
+		}
+		if got := tp.ChooseFor(coll.AllReduce, tc.w, tc.n); got != tc.want {
+			t.Errorf("%s world %d, %d bytes: %q, want %q\n%s", tc.topo, tc.w, tc.n, got, tc.want, out)
+		}
+	}
+}

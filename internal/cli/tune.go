@@ -26,7 +26,7 @@ type tuneOptions struct {
 	From     []string // bench CSVs (collgen bench --csv), pooled
 	Spec     string   // the spec whose topology is tuned
 	Topology string   // the topology's name (default: the only one that fits)
-	World    int      // with --out or for today's syntax: the world size whose rules to use
+	World    int      // for the list form: the world size whose rules to use for all
 	Out      string   // write a copy of --spec with the new rules here
 	Margin   float64
 	Jitter   float64
@@ -44,7 +44,7 @@ type tuneOptions struct {
 // newCmdTune builds `collgen tune`; runF, when not nil, replaces the run.
 func newCmdTune(io *IO, o *tuneOptions, runF func(*tuneOptions) error) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "tune (--from CSV... | --run --spec FILE) [--spec FILE [--topology NAME]] [--world N --out FILE]",
+		Use:   "tune (--from CSV... | --run --spec FILE) [--spec FILE [--topology NAME]] [--world N] [--out FILE]",
 		Short: "Turn recorded bench sweeps into size rules per collective and world size",
 		Long: `Tune reads sweeps recorded with collgen bench --csv or --json (every algorithm and
 nccl, one or more world sizes; several files are pooled point by point) and
@@ -54,13 +54,15 @@ challenger must beat it by more than that, near-ties go to NCCL first and
 then to the simpler kernel, and one-size flips are merged. It prints the
 decisions (close calls flagged: another run may move them by one size) and
 the rules as a select block keyed by world size (the per-world syntax of
-docs/topology.md).
+docs/spec.md).
 
 With --spec, only the algorithms the topology generates are considered
-(--topology names it when more than one fits). With --world N, the block is
-printed in today's syntax (one list per collective) from world size N's
-rules, and --out FILE writes a copy of --spec with the topology's select
-replaced by them, checked with the spec loader.
+(--topology names it when more than one fits), and --out FILE writes a copy
+of --spec, checked with the spec loader, in which the topology's select
+gives each tuned collective per world size: the measured world sizes get
+their tuned rules, the topology's other world sizes keep the rules they
+have. With --world N, the block is printed as one list per collective (for
+every world size) from world size N's rules, and --out writes that list.
 
 --run first runs the sweeps with collgen bench (a child process each) at --worlds
 (default: the topology's world sizes), writing tune-w<N>.csv files into
@@ -70,6 +72,7 @@ collective with --algorithms set to what the topology generates.
 --bench-args adds bench flags (they win over these defaults).`,
 		Example: `  collgen bench --backend gpu -n 4 --csv w4.csv && collgen bench --backend gpu -n 2 --csv w2.csv
   collgen tune --from w4.csv --from w2.csv --spec spec
+  collgen tune --from w4.csv --from w2.csv --spec spec --topology nvswitch --out tuned.yaml
   collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml
   collgen tune --run --spec spec --topology nvswitch --worlds 4,2 --sweeps sweeps`,
 		Args: cobra.NoArgs,
@@ -84,8 +87,8 @@ collective with --algorithms set to what the topology generates.
 	f.StringSliceVar(&o.From, "from", nil, "bench results to tune from: `FILE`s from collgen bench --csv, or --json (*.json); repeat or comma-separate; pooled")
 	f.StringVar(&o.Spec, "spec", "", "spec (file or directory) whose topology is tuned")
 	f.StringVar(&o.Topology, "topology", "", "topology of --spec to tune (default: the only one that fits the measured world sizes)")
-	f.IntVar(&o.World, "world", 0, "use world size `N`'s rules for every world size (today's select syntax)")
-	f.StringVar(&o.Out, "out", "", "with --spec and --world: write a copy of the spec with the new rules to `FILE`")
+	f.IntVar(&o.World, "world", 0, "use world size `N`'s rules for every world size (one list per collective)")
+	f.StringVar(&o.Out, "out", "", "with --spec: write a copy of the spec with the new rules to `FILE` (per world size; with --world, world size N's list)")
 	f.Float64Var(&o.Margin, "margin", tune.DefaultMargin, "noise margin: a challenger must be this fraction faster than the incumbent")
 	f.Float64Var(&o.Jitter, "jitter", tune.DefaultJitter, "expected run-to-run jitter of one latency, to flag close calls")
 	f.StringVar(&o.Backend, "backend", "gpu", "bench backend whose rows to use (gpu, host)")
@@ -113,8 +116,8 @@ func runTune(io *IO, o *tuneOptions) error {
 		return usageError(fmt.Errorf("tune: --margin %g: want a fraction between 0 and 1, e.g. 0.15", o.Margin))
 	case !(o.Jitter > 0 && o.Jitter < 1):
 		return usageError(fmt.Errorf("tune: --jitter %g: want a fraction between 0 and 1, e.g. 0.05", o.Jitter))
-	case o.Out != "" && (o.Spec == "" || o.World == 0):
-		return usageError(errors.New("tune: --out needs --spec (the spec to copy) and --world N (whose rules to write)"))
+	case o.Out != "" && o.Spec == "":
+		return usageError(errors.New("tune: --out needs --spec (the spec to copy)"))
 	}
 	var sp *spec.Spec
 	var top *spec.Topology
@@ -229,28 +232,44 @@ func runTune(io *IO, o *tuneOptions) error {
 		fmt.Fprint(io.Out, tune.SelectYAMLFor("", tables, o.World))
 	} else {
 		fmt.Fprintf(io.Out, "# collgen tune (margin %g): rules per world size, for %s\n", o.Margin, where)
-		fmt.Fprintf(io.Out, "# (per-world select syntax, docs/topology.md; --world N prints one list per collective):\n")
+		fmt.Fprintf(io.Out, "# (per-world select syntax, docs/spec.md; --world N prints one list per collective):\n")
 		fmt.Fprint(io.Out, tune.SelectYAML("", tables))
 	}
 	if o.Out == "" {
 		return nil
 	}
-	rules := map[coll.Collective][]spec.Rule{}
-	for _, t := range tables {
-		if t.World == o.World {
-			rules[coll.Collective(t.Collective)] = t.Rules
-		}
-	}
 	src := sp.Sources[0]
-	note := fmt.Sprintf("tuned by collgen tune at world size %d from %s", o.World, strings.Join(o.From, ", "))
-	out, err := tune.ReplaceSelect(src.Path, src.Content, top.Name, rules, note)
+	var out []byte
+	if o.World != 0 {
+		rules := map[coll.Collective][]spec.Rule{}
+		for _, t := range tables {
+			if t.World == o.World {
+				rules[coll.Collective(t.Collective)] = t.Rules
+			}
+		}
+		note := fmt.Sprintf("tuned by collgen tune at world size %d from %s", o.World, strings.Join(o.From, ", "))
+		out, err = tune.ReplaceSelect(src.Path, src.Content, top.Name, rules, note)
+	} else {
+		var ws []int
+		for _, t := range tables {
+			ws = append(ws, t.World)
+		}
+		slices.Sort(ws)
+		ws = slices.Compact(ws)
+		note := fmt.Sprintf("tuned by collgen tune at world sizes %s from %s", strings.ReplaceAll(strings.Trim(fmt.Sprint(ws), "[]"), " ", ", "), strings.Join(o.From, ", "))
+		out, err = tune.ReplaceSelectPerWorld(src.Path, src.Content, top.Name, tune.PerWorldRules(top, tables), note)
+	}
 	if err != nil {
 		return fmt.Errorf("tune: %w", err)
 	}
 	if err := os.WriteFile(o.Out, out, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select from world size %d's rules\n", o.Out, top.Name, o.World)
+	if o.World != 0 {
+		fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select from world size %d's rules\n", o.Out, top.Name, o.World)
+	} else {
+		fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select per world size\n", o.Out, top.Name)
+	}
 	return nil
 }
 

@@ -235,8 +235,8 @@ func (g *gpuComm) pickTopology() error {
 	bounds := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
-		if s.Topology != topo {
-			continue
+		if s.Topology != topo || !slices.Contains(s.Worlds, cfg.WorldSize) {
+			continue // a per-world spec has one selection per rule list
 		}
 		g.sels[coll.Collective(s.Collective)] = s
 		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {

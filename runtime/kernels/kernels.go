@@ -166,7 +166,7 @@ type Selection struct {
 	Topology   string // topology name from the spec
 	Kind       coll.TopologyKind
 	Collective coll.Collective
-	Worlds     []int // world sizes the topology generates for
+	Worlds     []int // world sizes these rules are for: all of the topology's, or those sharing a per-world rule list
 	Rules      []Rule
 }
 
