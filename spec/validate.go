@@ -533,7 +533,12 @@ func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
 }
 
 // formatWorlds writes sorted world sizes with runs as ranges: "2-4, 8".
-func formatWorlds(ws []int) string {
+func formatWorlds(ws []int) string { return strings.Join(WorldRanges(ws), ", ") }
+
+// WorldRanges writes sorted world sizes as the items of a world_sizes list,
+// each run of consecutive sizes as one "lo-hi" range: [2 3 4 8] gives
+// ["2-4", "8"].
+func WorldRanges(ws []int) []string {
 	var parts []string
 	for i := 0; i < len(ws); {
 		j := i
@@ -547,7 +552,7 @@ func formatWorlds(ws []int) string {
 		}
 		i = j + 1
 	}
-	return strings.Join(parts, ", ")
+	return parts
 }
 
 // exampleAlg names an algorithm of c for examples: oneshot if it exists.
