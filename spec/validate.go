@@ -481,15 +481,10 @@ func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
 	for _, kf := range l.mappingOf(cf.val, ctx+" of "+in, cf.name+": {2: [{upto: 256KiB, use: oneshot}, {use: nccl}]}") {
 		wr := worldRules{key: kf.key, text: kf.name}
 		rk := resolve(kf.key)
-		m := worldRange.FindStringSubmatch(kf.name)
-		if rk == nil || (rk.Tag != "!!int" && rk.Tag != "!!str") || m == nil {
+		a, b, ok := parseWorldRange(kf.name)
+		if rk == nil || (rk.Tag != "!!int" && rk.Tag != "!!str") || !ok {
 			l.errorf(kf.key, "%s: key %q is not a world size; write 4 or a range such as 2-4", ctx, kf.name)
 			continue
-		}
-		a, _ := strconv.Atoi(m[1])
-		b := a
-		if m[2] != "" {
-			b, _ = strconv.Atoi(m[2])
 		}
 		if a > b {
 			l.errorf(kf.key, "%s: world size range %q runs backwards; write %d-%d", ctx, kf.name, b, a)
@@ -533,7 +528,12 @@ func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
 }
 
 // formatWorlds writes sorted world sizes with runs as ranges: "2-4, 8".
-func formatWorlds(ws []int) string {
+func formatWorlds(ws []int) string { return strings.Join(WorldRanges(ws), ", ") }
+
+// WorldRanges writes sorted world sizes as the items of a world_sizes list,
+// each run of consecutive sizes as one "lo-hi" range: [2 3 4 8] gives
+// ["2-4", "8"].
+func WorldRanges(ws []int) []string {
 	var parts []string
 	for i := 0; i < len(ws); {
 		j := i
@@ -547,7 +547,7 @@ func formatWorlds(ws []int) string {
 		}
 		i = j + 1
 	}
-	return strings.Join(parts, ", ")
+	return parts
 }
 
 // exampleAlg names an algorithm of c for examples: oneshot if it exists.
@@ -592,6 +592,20 @@ func joinInts(v []int) string {
 // worldRange matches "lo-hi" (or a lone quoted "n").
 var worldRange = regexp.MustCompile(`^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?$`)
 
+// parseWorldRange reads "lo-hi" or a lone "n" (as lo = hi = n).
+func parseWorldRange(s string) (lo, hi int, ok bool) {
+	m := worldRange.FindStringSubmatch(s)
+	if m == nil {
+		return 0, 0, false
+	}
+	lo, _ = strconv.Atoi(m[1])
+	hi = lo
+	if m[2] != "" {
+		hi, _ = strconv.Atoi(m[2])
+	}
+	return lo, hi, true
+}
+
 // worldSizes reads `world_sizes:`, checking each size against the kind.
 func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
 	kind := ts.t.Kind
@@ -619,12 +633,8 @@ func (l *loader) worldSizes(n *yaml.Node, ts *topoSrc) []int {
 			}
 			a, b = v, v
 		case r != nil && r.Kind == yaml.ScalarNode && r.Tag == "!!str" && worldRange.MatchString(r.Value):
-			m := worldRange.FindStringSubmatch(r.Value)
-			a, _ = strconv.ParseInt(m[1], 10, 64)
-			b = a
-			if m[2] != "" {
-				b, _ = strconv.ParseInt(m[2], 10, 64)
-			}
+			lo, hi, _ := parseWorldRange(r.Value)
+			a, b = int64(lo), int64(hi)
 			if a > b {
 				l.errorf(it, "world size range %q runs backwards; write %d-%d", r.Value, b, a)
 				continue

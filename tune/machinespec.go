@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/collgen/collgen/coll"
@@ -136,22 +135,7 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 }
 
 // intList formats world sizes compactly, "2-4, 8".
-func intList(ws []int) string {
-	var parts []string
-	for k := 0; k < len(ws); {
-		e := k
-		for e+1 < len(ws) && ws[e+1] == ws[e]+1 {
-			e++
-		}
-		if e > k {
-			parts = append(parts, fmt.Sprintf("%d-%d", ws[k], ws[e]))
-		} else {
-			parts = append(parts, strconv.Itoa(ws[k]))
-		}
-		k = e + 1
-	}
-	return strings.Join(parts, ", ")
-}
+func intList(ws []int) string { return strings.Join(spec.WorldRanges(ws), ", ") }
 
 // flowList writes a YAML flow sequence of plain scalars.
 func flowList[T any](v []T) string {

@@ -166,26 +166,8 @@ func writeMachineSpec(io *IO, o *topoOptions, m *topo.Machine) error {
 	}
 	fmt.Fprintf(io.Out, "\nwrote %s:", o.Spec)
 	for _, t := range s.Topologies {
-		fmt.Fprintf(io.Out, " %s (%s, world sizes %s)", t.Name, t.Kind, sizeRanges(t.WorldSizes))
+		fmt.Fprintf(io.Out, " %s (%s, world sizes %s)", t.Name, t.Kind, strings.Join(spec.WorldRanges(t.WorldSizes), ","))
 	}
 	fmt.Fprintln(io.Out)
 	return nil
-}
-
-// sizeRanges formats ascending world sizes compactly: "2-4,8".
-func sizeRanges(ws []int) string {
-	var parts []string
-	for k := 0; k < len(ws); {
-		e := k
-		for e+1 < len(ws) && ws[e+1] == ws[e]+1 {
-			e++
-		}
-		if e > k {
-			parts = append(parts, fmt.Sprintf("%d-%d", ws[k], ws[e]))
-		} else {
-			parts = append(parts, fmt.Sprint(ws[k]))
-		}
-		k = e + 1
-	}
-	return strings.Join(parts, ",")
 }

@@ -142,28 +142,9 @@ func runTune(io *IO, o *tuneOptions) error {
 		}
 		o.From = append(o.From, files...)
 	}
-	var samples []tune.Sample
-	for _, path := range o.From {
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		var s []tune.Sample
-		if strings.HasSuffix(path, ".json") {
-			var rs []bench.Result
-			if rs, err = bench.ReadJSON(f); err == nil {
-				s, err = tune.FromResults(rs, path)
-			} else {
-				err = fmt.Errorf("%s: %w", path, err)
-			}
-		} else {
-			s, err = tune.ReadCSV(f, path)
-		}
-		f.Close()
-		if err != nil {
-			return err
-		}
-		samples = append(samples, s...)
+	samples, err := readSweeps(o.From)
+	if err != nil {
+		return err
 	}
 	opts := tune.Options{Margin: o.Margin, Jitter: o.Jitter, Backend: o.Backend, DType: o.DType, Op: o.Op, Host: o.Backend == "host"}
 	if sp != nil {
@@ -271,6 +252,35 @@ func runTune(io *IO, o *tuneOptions) error {
 		fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select per world size\n", o.Out, top.Name)
 	}
 	return nil
+}
+
+// readSweeps reads the samples of every sweep file: collgen bench's JSON
+// (.json) or CSV.
+func readSweeps(paths []string) ([]tune.Sample, error) {
+	var samples []tune.Sample
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		var s []tune.Sample
+		if strings.HasSuffix(path, ".json") {
+			var rs []bench.Result
+			if rs, err = bench.ReadJSON(f); err == nil {
+				s, err = tune.FromResults(rs, path)
+			} else {
+				err = fmt.Errorf("%s: %w", path, err)
+			}
+		} else {
+			s, err = tune.ReadCSV(f, path)
+		}
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		samples = append(samples, s...)
+	}
+	return samples, nil
 }
 
 // pickTopology returns the topology to tune: --topology, or the only one

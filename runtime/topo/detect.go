@@ -264,25 +264,18 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
 // pciBusID takes the bus id string NVML fills in, or else its numeric
 // fields.
 func pciBusID(p nvml.PciInfo) (BusID, error) {
-	var s []byte
-	for _, c := range p.BusId {
-		if c == 0 {
-			break
-		}
-		s = append(s, byte(c))
-	}
-	if len(s) == 0 {
+	s := busIDString(p)
+	if s == "" {
 		if p.Bus > 0xff || p.Device > 0x1f {
 			return BusID{}, fmt.Errorf("NVML gave no PCI bus id and bad bus %#x device %#x", p.Bus, p.Device)
 		}
 		return BusID{Domain: p.Domain, Bus: uint8(p.Bus), Device: uint8(p.Device)}, nil
 	}
-	return ParseBusID(string(s))
+	return ParseBusID(s)
 }
 
-// allOnes reports whether p is the all-ones bus id NVML gives for a port
-// that has none ("FFFFFFFF:FF:FF.0", or domain and bus all ones).
-func allOnes(p nvml.PciInfo) bool {
+// busIDString is the NUL-terminated bus id string NVML fills in, or "".
+func busIDString(p nvml.PciInfo) string {
 	var s []byte
 	for _, c := range p.BusId {
 		if c == 0 {
@@ -290,8 +283,14 @@ func allOnes(p nvml.PciInfo) bool {
 		}
 		s = append(s, byte(c))
 	}
-	if len(s) > 0 {
-		return strings.HasPrefix(strings.ToUpper(string(s)), "FFFFFFFF:FF:")
+	return string(s)
+}
+
+// allOnes reports whether p is the all-ones bus id NVML gives for a port
+// that has none ("FFFFFFFF:FF:FF.0", or domain and bus all ones).
+func allOnes(p nvml.PciInfo) bool {
+	if s := busIDString(p); s != "" {
+		return strings.HasPrefix(strings.ToUpper(s), "FFFFFFFF:FF:")
 	}
 	return p.Domain == 0xffffffff && p.Bus == 0xff
 }
