@@ -22,7 +22,6 @@ import (
 // modules, the fatbin, the stream and the device's context.
 type cudaDevice struct {
 	cfg    Config
-	lib    *kernels.Library
 	dev    *cuda.Device // nil once released
 	handle *cuda.Device // dev, kept after release for Communicator.Device
 	own    *cuda.Stream
@@ -52,7 +51,7 @@ func openDevice(cfg Config) (device, error) {
 	if err != nil {
 		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cfg.Device, err)
 	}
-	d := &cudaDevice{cfg: cfg, lib: cfg.Library, dev: dev, handle: dev, funcs: map[string]*cuda.Function{}}
+	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev, funcs: map[string]*cuda.Function{}}
 	if d.own, err = dev.NewStream(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
@@ -123,11 +122,11 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	}
 	m := d.fatbin
 	if m == nil {
-		src, err := d.lib.Source(k.Source)
+		src, err := d.cfg.Library.Source(k.Source)
 		if err != nil {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
 		}
-		headers, err := d.lib.Headers()
+		headers, err := d.cfg.Library.Headers()
 		if err != nil {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
 		}

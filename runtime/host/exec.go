@@ -15,7 +15,6 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/runtime/shm"
 	"github.com/collgen/collgen/schedule"
 )
 
@@ -53,7 +52,6 @@ type exec struct {
 	scratch int         // offset of Scratch inside a lane area
 	own     bool        // every lane thread of every rank has a CPU (and a P) of its own
 	spin    bool        // barrier waits may busy-poll: processes with own CPUs
-	goPark  bool        // blocked waits park in the Go scheduler (ordinary memory), not on a futex
 	stop    atomic.Bool // a lane failed: the others stop waiting
 	ctx     context.Context
 }
@@ -271,7 +269,6 @@ func (x *exec) plan() {
 	threads := w * x.lanes
 	x.own = threads <= runtime.NumCPU() && (x.g.cfg.Shared || threads <= runtime.GOMAXPROCS(0))
 	x.spin = x.own && x.g.cfg.Shared
-	_, x.goPark = x.g.prov.(shm.InProcess)
 }
 
 // piece is one piece's geometry: all-reduce covers elements [off, off+n)

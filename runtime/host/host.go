@@ -111,6 +111,7 @@ type Group struct {
 	cfg      Config
 	lib      *kernels.Library
 	prov     shm.Provider
+	goPark   bool   // prov is shm.InProcess: blocked waits park in the Go scheduler (ordinary memory), not on a futex
 	prefix   string // store key prefix
 	timeout  time.Duration
 	seq      atomic.Uint64 // last sequence tag handed out
@@ -174,6 +175,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 			g.prov = shm.InProcess{}
 		}
 	}
+	_, g.goPark = g.prov.(shm.InProcess)
 	if g.timeout <= 0 {
 		g.timeout = DefaultTimeout
 	}

@@ -63,7 +63,7 @@ func (x *exec) arrive(counter *uint64, line int, cnt uint64) {
 	me := uint64(x.g.cfg.Rank) + 1
 	for p, m := range x.g.mems {
 		if p != x.g.cfg.Rank && atomic.LoadUint64(word(m, line+lineSleeper)) == me {
-			if x.goPark {
+			if x.g.goPark {
 				unpark(counter)
 			} else {
 				futexWake(counter)
@@ -177,7 +177,7 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			// on it: the order arrive's argument relies on.
 			atomic.StoreUint64(sleeper, uint64(p)+1)
 			announced = true
-		case x.goPark:
+		case g.goPark:
 			park(c, v, min(blockSlice, deadline.Sub(now)))
 		default:
 			if err := futexWait(c, v, min(blockSlice, deadline.Sub(now), nextLive.Sub(now))); err != nil {
