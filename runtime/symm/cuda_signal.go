@@ -100,11 +100,11 @@ func (o *StreamOrdering) Synchronize() error {
 func (o *StreamOrdering) Err() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.err != nil || o.closed {
-		if o.closed && o.err == nil {
-			return fmt.Errorf("symm: %v: ordering closed", o)
-		}
+	if o.err != nil {
 		return o.err
+	}
+	if o.closed {
+		return fmt.Errorf("symm: %v: ordering closed", o)
 	}
 	if o.status.LoadUint32(0) == 0 {
 		return nil

@@ -268,8 +268,8 @@ func (h *Handle) PeerBytes(rank int) []byte {
 }
 
 // BufferPtrs returns every rank's buffer address in this process, indexed
-// by rank (a copy). The GPU backend will also offer it as an array in
-// device memory for custom kernels.
+// by rank (a copy). BufferPtrsDev is the same array in device memory, for
+// custom kernels.
 func (h *Handle) BufferPtrs() []uintptr { return append([]uintptr(nil), h.ptrs...) }
 
 // SignalPadPtrs returns every rank's signal pad address in this process,
@@ -318,7 +318,9 @@ func (h *Handle) Barrier(o Ordering, ch int, timeout time.Duration) error {
 	if err := h.check(h.rank, ch); err != nil {
 		return err
 	}
-	op := &SignalOp{Kind: SignalBarrier, Rank: h.rank, Channel: ch, Timeout: h.bound(timeout)}
+	n := h.world - 1
+	op := &SignalOp{Kind: SignalBarrier, Rank: h.rank, Channel: ch, Timeout: h.bound(timeout),
+		Peers: make([]int, 0, n), Put: make([]uintptr, 0, n), Wait: make([]uintptr, 0, n)}
 	for r := range h.world {
 		if r == h.rank {
 			continue

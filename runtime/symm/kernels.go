@@ -7,6 +7,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
+
+	"github.com/collgen/collgen/runtime/symm/kernels"
 )
 
 // DeviceHeaderName is the name under which kernels include DeviceHeader:
@@ -16,13 +18,11 @@ const DeviceHeaderName = "collgen_symm.cuh"
 // DeviceHeader is collgen_symm.cuh, the device side of symmetric memory for
 // kernels: the cg_symm_group argument (Handle.KernelGroup builds it) and
 // cg_symm_put, cg_symm_wait and cg_symm_barrier on the signal pads, with
-// deadlines reported through a StreamOrdering's status words. It is the
-// same file `collgen generate` writes to generated/cuda/ (from
-// templates/cuda/symm.cuh.tmpl; a test keeps the two equal), and what
+// deadlines reported through a StreamOrdering's status words. It is
+// written once, in runtime/symm/kernels (which `collgen generate` copies to
+// generated/cuda/ under the generated-file marker), and is what
 // CompileKernel lets a kernel include.
-//
-//go:embed kernels/collgen_symm.cuh
-var DeviceHeader string
+var DeviceHeader = kernels.SymmHeader
 
 // signalSource is the kernel behind stream-ordered signals on the CUDA
 // backend (cg_symm_signal; cuda_signal.go lays out its argument).

@@ -88,17 +88,12 @@ func Lookup(ptr uintptr) (buf *Buffer, offset int, ok bool) {
 	}
 	s := *p
 	// The span holding ptr is the last one starting at or before it.
-	lo, hi := 0, len(s)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if s[m].start <= ptr {
-			lo = m + 1
-		} else {
-			hi = m
-		}
+	i := search(s, ptr)
+	if i == len(s) || s[i].start != ptr {
+		i--
 	}
-	if lo == 0 || ptr >= s[lo-1].end {
+	if i < 0 || ptr >= s[i].end {
 		return nil, 0, false
 	}
-	return s[lo-1].buf, int(ptr - s[lo-1].start), true
+	return s[i].buf, int(ptr - s[i].start), true
 }
