@@ -47,9 +47,14 @@ func SymmHeader() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse CUDA templates: %w", err)
 	}
+	return execute(t, "symm.cuh", SymmHeaderName, nil)
+}
+
+// execute renders template name with data; file names the output in errors.
+func execute(t *template.Template, name, file string, data any) ([]byte, error) {
 	var buf bytes.Buffer
-	if err := t.ExecuteTemplate(&buf, "symm.cuh", nil); err != nil {
-		return nil, fmt.Errorf("render %s: %w", SymmHeaderName, err)
+	if err := t.ExecuteTemplate(&buf, name, data); err != nil {
+		return nil, fmt.Errorf("render %s: %w", file, err)
 	}
 	return buf.Bytes(), nil
 }
@@ -77,26 +82,20 @@ func Render(p *plan.Plan) (map[string][]byte, error) {
 		return nil, fmt.Errorf("parse CUDA templates: %w", err)
 	}
 	out := map[string][]byte{}
-	var buf bytes.Buffer
-	if err := t.ExecuteTemplate(&buf, "common.cuh", struct{ Plan *plan.Plan }{p}); err != nil {
-		return nil, fmt.Errorf("render %s: %w", HeaderName, err)
+	if out[HeaderName], err = execute(t, "common.cuh", HeaderName, struct{ Plan *plan.Plan }{p}); err != nil {
+		return nil, err
 	}
-	out[HeaderName] = append([]byte(nil), buf.Bytes()...)
-	buf.Reset()
-	if err := t.ExecuteTemplate(&buf, "symm.cuh", nil); err != nil {
-		return nil, fmt.Errorf("render %s: %w", SymmHeaderName, err)
+	if out[SymmHeaderName], err = execute(t, "symm.cuh", SymmHeaderName, nil); err != nil {
+		return nil, err
 	}
-	out[SymmHeaderName] = append([]byte(nil), buf.Bytes()...)
 	for _, k := range p.Kernels {
-		buf.Reset()
 		ctx, err := newKernelContext(k)
 		if err != nil {
 			return nil, err
 		}
-		if err := t.ExecuteTemplate(&buf, "kernel.cu", ctx); err != nil {
-			return nil, fmt.Errorf("render %s: %w", k.File(), err)
+		if out[k.File()], err = execute(t, "kernel.cu", k.File(), ctx); err != nil {
+			return nil, err
 		}
-		out[k.File()] = append([]byte(nil), buf.Bytes()...)
 	}
 	return out, nil
 }
