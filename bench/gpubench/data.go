@@ -53,8 +53,7 @@ var patterns sync.Map
 
 func makePattern(dtype coll.DType, n int64, seed, rank int) []byte {
 	b := make([]byte, n)
-	switch dtype {
-	case coll.E4M3, coll.E5M2:
+	if dtype.IsFloat8() {
 		r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 		for i := range b {
 			v := byte(r.Uint32())

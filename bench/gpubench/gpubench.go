@@ -89,48 +89,13 @@ func Replays(replayMs, targetMs float64, min, max int) int {
 	return int(r)
 }
 
-// Shape is what one message size means for a collective.
-type Shape struct {
-	// Bytes is the full buffer (for reduce-scatter the input, for
-	// all-gather the output), rounded down to a whole number of elements
-	// per rank; the size the tables report.
-	Bytes int64
-	// Count is the count argument of the call: elements for all-reduce,
-	// recvCount for reduce-scatter, sendCount for all-gather.
-	Count int
-	// InBytes and OutBytes are each rank's input and output sizes.
-	InBytes, OutBytes int64
-}
+// Shape is bench.Shape: what one message size means for a collective.
+type Shape = bench.Shape
 
-// ShapeFor maps a requested size to a collective's call shape. ok is false
-// when the size holds less than one element per rank.
+// ShapeFor is bench.ShapeFor: it maps a requested size to a collective's
+// call shape, ok false when the size holds less than one element per rank.
 func ShapeFor(collective coll.Collective, dtype coll.DType, bytes int64, world int) (sh Shape, ok bool) {
-	es := int64(dtype.Size())
-	if es == 0 || world < 1 {
-		return Shape{}, false
-	}
-	switch collective {
-	case coll.AllReduce:
-		n := bytes / es
-		if n < 1 {
-			return Shape{}, false
-		}
-		b := n * es
-		return Shape{Bytes: b, Count: int(n), InBytes: b, OutBytes: b}, true
-	default:
-		per := bytes / es / int64(world)
-		if per < 1 {
-			return Shape{}, false
-		}
-		full, part := per*es*int64(world), per*es
-		sh := Shape{Bytes: full, Count: int(per)}
-		if collective == coll.ReduceScatter {
-			sh.InBytes, sh.OutBytes = full, part
-		} else {
-			sh.InBytes, sh.OutBytes = part, full
-		}
-		return sh, true
-	}
+	return bench.ShapeFor(collective, dtype, bytes, world)
 }
 
 // Variant is one column of the comparison.

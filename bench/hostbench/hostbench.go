@@ -68,8 +68,7 @@ func Cases(o Options, world int) []Case {
 				}
 				for _, op := range ops {
 					for _, b := range o.Sizes {
-						esz := int64(dt.Size())
-						if esz == 0 || b/esz < int64(world) && c != coll.AllReduce || b < esz {
+						if _, ok := bench.ShapeFor(c, dt, b, world); !ok {
 							continue
 						}
 						out = append(out, Case{c, alg, dt, op, b})
@@ -83,17 +82,8 @@ func Cases(o Options, world int) []Case {
 
 // counts returns the element count argument and the buffer sizes of a case.
 func counts(c Case, world int) (count, inBytes, outBytes int) {
-	esz := c.DType.Size()
-	n := int(c.Bytes) / esz
-	switch c.Collective {
-	case coll.ReduceScatter:
-		count = n / world
-		return count, count * world * esz, count * esz
-	case coll.AllGather:
-		count = n / world
-		return count, count * esz, count * world * esz
-	}
-	return n, n * esz, n * esz
+	sh, _ := bench.ShapeFor(c.Collective, c.DType, c.Bytes, world)
+	return sh.Count, int(sh.InBytes), int(sh.OutBytes)
 }
 
 // Run runs every case on g and returns the results (identical on every

@@ -59,7 +59,7 @@ func Fill(dtype coll.DType, b []byte, seed, rank int) {
 	r := rand.New(rand.NewPCG(uint64(seed), uint64(rank)+1))
 	n := len(b) / dtype.Size()
 	for i := 0; i < n; i++ {
-		if dtype == coll.I32 || dtype == coll.I64 {
+		if !dtype.IsFloat() {
 			Put(dtype, b, i, float64(r.IntN(2001)-1000))
 			continue
 		}
@@ -99,7 +99,7 @@ func Check(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte) error {
 // once at the end: the accumulation bound uses dtype's own unit roundoff.
 func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise bool) error {
 	n := len(got) / dtype.Size()
-	isInt := dtype == coll.I32 || dtype == coll.I64
+	isInt := !dtype.IsFloat()
 	uAcc, uOut := unitRoundoff(dtype)
 	if stepwise {
 		uAcc = uOut

@@ -116,13 +116,9 @@ func decodeFrame(p []byte) (*frame, error) {
 // readFrame reads one length-prefixed frame, refusing payloads over max
 // bytes before allocating them.
 func readFrame(r io.Reader, max int) (*frame, error) {
-	var hdr [frameLenSize]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	n, err := readFrameLen(r, max)
+	if err != nil {
 		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if uint64(n) > uint64(max) {
-		return nil, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errFrame, n, max)
 	}
 	p := make([]byte, n)
 	if _, err := io.ReadFull(r, p); err != nil {
@@ -132,6 +128,19 @@ func readFrame(r io.Reader, max int) (*frame, error) {
 		return nil, err
 	}
 	return decodeFrame(p)
+}
+
+// readFrameLen reads a frame's length prefix, refusing one over max bytes.
+func readFrameLen(r io.Reader, max int) (uint32, error) {
+	var hdr [frameLenSize]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(max) {
+		return 0, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errFrame, n, max)
+	}
+	return n, nil
 }
 
 // writeFrame writes f with its length prefix in one Write call.

@@ -510,13 +510,9 @@ func (s *Server) serve(cs *connState) error {
 // large one before allocating it, and bounding the time its body may take.
 // held is what the caller must release once the request is answered.
 func (s *Server) readRequest(ctx context.Context, c net.Conn, r *bufio.Reader) (f *frame, held int64, err error) {
-	var hdr [frameLenSize]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	n, err := readFrameLen(r, s.opts.MaxFrameSize)
+	if err != nil {
 		return nil, 0, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if uint64(n) > uint64(s.opts.MaxFrameSize) {
-		return nil, 0, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errFrame, n, s.opts.MaxFrameSize)
 	}
 	if n > smallFrame {
 		if err := s.budget.acquire(ctx, int64(n)); err != nil {
