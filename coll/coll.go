@@ -285,14 +285,27 @@ func (k TopologyKind) IsGPU() bool { return k.Valid() && k != HostSHM }
 // size.
 func (d DType) Bytes(count int64, factors ...int64) (n int64, ok bool) {
 	n = int64(d.Size())
-	if n == 0 || count < 0 {
+	if n == 0 {
 		return 0, false
 	}
-	for _, f := range append([]int64{count}, factors...) {
-		if f < 0 || (f != 0 && n > (1<<63-1)/f) {
+	// No append of count to factors: this runs on every collective call
+	// and must not allocate.
+	if n, ok = mulChecked(n, count); !ok {
+		return 0, false
+	}
+	for _, f := range factors {
+		if n, ok = mulChecked(n, f); !ok {
 			return 0, false
 		}
-		n *= f
 	}
 	return n, true
+}
+
+// mulChecked returns n*f for n > 0, or false when f is negative or the
+// product does not fit in an int64.
+func mulChecked(n, f int64) (int64, bool) {
+	if f < 0 || (f != 0 && n > (1<<63-1)/f) {
+		return 0, false
+	}
+	return n * f, true
 }

@@ -122,3 +122,9 @@ func TestTopologyKinds(t *testing.T) {
 		t.Error("IsGPU")
 	}
 }
+
+func TestBytesDoesNotAllocate(t *testing.T) {
+	if a := testing.AllocsPerRun(100, func() { BF16.Bytes(1<<20, 4) }); a != 0 {
+		t.Errorf("Bytes allocates %v times per call", a)
+	}
+}

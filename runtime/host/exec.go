@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"runtime"
 	"strconv"
 	"sync"
@@ -172,8 +170,8 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	case coll.AllGather:
 		outF = int64(g.cfg.World)
 	}
-	in, ok1 := byteSize(c.dtype, int64(c.count), inF)
-	out, ok2 := byteSize(c.dtype, int64(c.count), outF)
+	in, ok1 := c.dtype.Bytes(int64(c.count), inF)
+	out, ok2 := c.dtype.Bytes(int64(c.count), outF)
 	if !ok1 || !ok2 {
 		return bad("%d %s elements overflow a byte size", c.count, c.dtype)
 	}
@@ -187,21 +185,6 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 		}
 	}
 	return in, out, nil
-}
-
-// byteSize is count*f elements of dtype in bytes, or false when that
-// overflows an int64: coll.DType.Bytes without its allocation (this runs
-// on every call). count and f are not negative.
-func byteSize(dtype coll.DType, count, f int64) (int64, bool) {
-	hi, n := bits.Mul64(uint64(count), uint64(f))
-	if hi != 0 || n > math.MaxInt64 {
-		return 0, false
-	}
-	hi, n = bits.Mul64(n, uint64(dtype.Size()))
-	if hi != 0 || n > math.MaxInt64 {
-		return 0, false
-	}
-	return int64(n), true
 }
 
 // name describes the collective for errors.
