@@ -148,7 +148,7 @@ func (x *exec) runLane(l int) error {
 
 // check validates a call's arguments before anything is sized from them
 // and returns the input and output sizes in bytes. Sizes come from
-// byteSize, which refuses a product that overflows, so a huge count is an
+// coll.DType.Bytes, which refuses a product that overflows, so a huge count is an
 // ErrInvalidArgument error, never a wrapped size and a panic.
 func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	bad := func(format string, args ...any) (int64, int64, error) {
