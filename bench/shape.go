@@ -13,6 +13,29 @@ type Shape struct {
 	Count int
 	// InBytes and OutBytes are each rank's input and output sizes.
 	InBytes, OutBytes int64
+	// Offset is how many bytes the input and output pointers lie past an
+	// aligned allocation: 0, or one element for an Awkward shape.
+	Offset int64
+}
+
+// Awkward returns sh's awkward twin: one element less (all-reduce: in all,
+// the others: per rank), with the input and output pointers one element
+// past an aligned allocation. Those are the sizes and pointers real
+// tensors have (a hidden size times a token count, a slice of a larger
+// tensor) that fall off the kernels' vector boundaries. ok is false when
+// sh has only one element (per rank) to take away.
+func Awkward(collective coll.Collective, dtype coll.DType, sh Shape, world int) (aw Shape, ok bool) {
+	es := int64(dtype.Size())
+	if sh.Count <= 1 || es == 0 {
+		return Shape{}, false
+	}
+	if collective == coll.AllReduce {
+		aw, ok = ShapeFor(collective, dtype, sh.Bytes-es, world)
+	} else {
+		aw, ok = ShapeFor(collective, dtype, sh.Bytes-es*int64(world), world)
+	}
+	aw.Offset = es
+	return aw, ok
 }
 
 // ShapeFor maps a requested size to a collective's call shape. ok is false

@@ -236,6 +236,9 @@ type Measurement struct {
 	World      int             `json:"world"`
 	// Bytes is the full buffer size (see Shape.Bytes).
 	Bytes int64 `json:"bytes"`
+	// Offset is the bytes the input and output pointers lay past an aligned
+	// allocation: one element for an awkward size (Config.Awkward), else 0.
+	Offset int64 `json:"offset,omitempty"`
 	// Variant is the column: an algorithm, "auto" or "nccl".
 	Variant string `json:"variant"`
 	// Algorithm is what ran: the forced algorithm, or for "auto" the one

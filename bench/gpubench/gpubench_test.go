@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -55,6 +57,35 @@ func TestShapeFor(t *testing.T) {
 	}
 	if _, ok := ShapeFor(coll.AllReduce, "nope", 1024, 4); ok {
 		t.Error("unknown dtype should not fit")
+	}
+}
+
+func TestAwkward(t *testing.T) {
+	for _, c := range []struct {
+		coll          coll.Collective
+		dt            coll.DType
+		bytes         int64
+		world         int
+		count         int
+		full, in, out int64
+	}{
+		// All-reduce: one element less in all.
+		{coll.AllReduce, "bf16", 1024, 2, 511, 1022, 1022, 1022},
+		// The others: one element less per rank.
+		{coll.AllGather, "bf16", 1024, 4, 127, 1016, 254, 1016},
+		{coll.ReduceScatter, "f32", 1024, 4, 63, 1008, 1008, 252},
+		// World 3: 4 MiB of bf16 is 699050 elements per rank.
+		{coll.AllGather, "bf16", 4 << 20, 3, 699049, 4194294, 1398098, 4194294},
+	} {
+		sh, _ := ShapeFor(c.coll, c.dt, c.bytes, c.world)
+		aw, ok := bench.Awkward(c.coll, c.dt, sh, c.world)
+		if !ok || aw.Count != c.count || aw.Bytes != c.full || aw.InBytes != c.in || aw.OutBytes != c.out || aw.Offset != int64(c.dt.Size()) {
+			t.Errorf("%s %s %d at world %d: %+v %v, want count %d, bytes %d/%d/%d, offset %d", c.coll, c.dt, c.bytes, c.world, aw, ok, c.count, c.full, c.in, c.out, c.dt.Size())
+		}
+	}
+	sh, _ := ShapeFor(coll.AllGather, "f32", 16, 4)
+	if aw, ok := bench.Awkward(coll.AllGather, "f32", sh, 4); ok {
+		t.Errorf("one element per rank has no awkward twin, got %+v", aw)
 	}
 }
 
@@ -167,6 +198,19 @@ func TestPlan(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "8B") {
 		t.Errorf("no note about the skipped size: %q", log.String())
+	}
+	// Awkward: every size followed by its twin, except the one that has
+	// only one element per rank.
+	cfg.Awkward = true
+	if p, err = NewPlan(cfg); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sh := range p.Shapes {
+		got = append(got, fmt.Sprintf("%d+%d", sh.Bytes, sh.Offset))
+	}
+	if want := "16+0 1024+0 1008+4"; strings.Join(got, " ") != want {
+		t.Errorf("awkward shapes %s, want %s", strings.Join(got, " "), want)
 	}
 	for _, bad := range []Config{
 		{World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
@@ -332,7 +376,7 @@ func errString(err error) string {
 func TestRunGPU(t *testing.T) {
 	n, err := cuda.DeviceCount()
 	cfg := Config{Library: collectives.Library, World: 2, Collective: coll.AllReduce, DType: "bf16", Op: "sum",
-		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Replays: 5}
+		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Awkward: true, Replays: 5}
 	if err != nil || n < 2 {
 		if _, rerr := Run(context.Background(), cfg); rerr == nil {
 			t.Fatal("Run without two GPUs succeeded")

@@ -46,6 +46,9 @@ type Config struct {
 	Eager bool
 	// Check verifies every variant's result once per size before timing it.
 	Check bool
+	// Awkward adds after every size its awkward twin (bench.Awkward: one
+	// element less, input and output pointers one element off alignment).
+	Awkward bool
 	// ZeroCopy puts the inputs in symmetric buffers (Communicator.Alloc), so
 	// generated kernels read them in place instead of copying them into the
 	// staging buffer first.
@@ -145,16 +148,21 @@ func NewPlan(cfg Config) (*Plan, error) {
 		return nil, err
 	}
 	p := &Plan{Variants: vs}
+	var last int64 // the previous aligned shape's bytes
 	for _, b := range c.Sizes {
 		sh, ok := ShapeFor(c.Collective, c.DType, b, c.World)
 		if !ok {
 			fmt.Fprintf(c.Log, "note: %s is less than one %s element per rank at world %d; skipped\n", FormatSize(b), c.DType, c.World)
 			continue
 		}
-		if n := len(p.Shapes); n > 0 && p.Shapes[n-1].Bytes == sh.Bytes {
+		if sh.Bytes == last {
 			continue
 		}
+		last = sh.Bytes
 		p.Shapes = append(p.Shapes, sh)
+		if aw, ok := bench.Awkward(c.Collective, c.DType, sh, c.World); ok && c.Awkward {
+			p.Shapes = append(p.Shapes, aw)
+		}
 	}
 	if len(p.Shapes) == 0 {
 		return nil, errors.New("gpubench: no size holds one element per rank; use larger sizes")
@@ -242,7 +250,8 @@ type rankState struct {
 	dev    *cuda.Device
 	s      *cuda.Stream
 	peers  Peers
-	in     [2]cuda.DevicePtr
+	in     [2]cuda.DevicePtr // inputs of aligned shapes
+	inOff  [2]cuda.DevicePtr // inputs of awkward shapes (Shape.Offset), where they are needed
 	out    cuda.DevicePtr
 	host   []byte // output copy-back for --check
 	events []*cuda.Event
@@ -283,31 +292,26 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 }
 
 // setup allocates the inputs (largest size, filled once: every size reads
-// a prefix) and the output, and the stream.
+// a prefix; awkward shapes their own pair, filled from one element in) and
+// the output, and the stream.
 func (st *rankState) setup(ctx context.Context) error {
 	var err error
 	if st.s, err = st.dev.NewStream(); err != nil {
 		return err
 	}
-	var maxIn, maxOut int64
+	var maxIn, maxOut, maxOff int64
 	for _, sh := range st.plan.Shapes {
-		maxIn, maxOut = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes)
+		maxIn, maxOut, maxOff = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes), max(maxOff, sh.Offset)
 	}
-	host := make([]byte, maxIn)
-	for i, seed := range []int{seed0, seed1} {
-		if st.cfg.ZeroCopy {
-			st.in[i], err = st.c.Alloc(ctx, int(maxIn))
-		} else {
-			st.in[i], err = st.alloc(int(maxIn))
-		}
-		if err != nil {
-			return fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn), err)
-		}
-		FillInput(st.cfg.DType, host, seed, st.rank)
-		if err := st.dev.CopyHtoD(st.in[i], host); err != nil {
+	if st.in, err = st.inputs(ctx, maxIn, 0); err != nil {
+		return err
+	}
+	if maxOff > 0 {
+		if st.inOff, err = st.inputs(ctx, maxIn, maxOff); err != nil {
 			return err
 		}
 	}
+	maxOut += maxOff
 	if st.out, err = st.alloc(int(maxOut)); err != nil {
 		return fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut), err)
 	}
@@ -315,6 +319,39 @@ func (st *rankState) setup(ctx context.Context) error {
 		st.host = make([]byte, maxOut)
 	}
 	return nil
+}
+
+// inputs allocates the two input buffers of n bytes each, starting off
+// bytes into their allocations, and fills them.
+func (st *rankState) inputs(ctx context.Context, n, off int64) (in [2]cuda.DevicePtr, err error) {
+	host := make([]byte, n)
+	for i, seed := range []int{seed0, seed1} {
+		var p cuda.DevicePtr
+		if st.cfg.ZeroCopy {
+			p, err = st.c.Alloc(ctx, int(n+off))
+		} else {
+			p, err = st.alloc(int(n + off))
+		}
+		if err != nil {
+			return in, fmt.Errorf("input buffer of %s: %w", FormatSize(n+off), err)
+		}
+		in[i] = p + cuda.DevicePtr(off)
+		FillInput(st.cfg.DType, host, seed, st.rank)
+		if err := st.dev.CopyHtoD(in[i], host); err != nil {
+			return in, err
+		}
+	}
+	return in, nil
+}
+
+// buffers returns the input (number i, inputs alternate) and the output
+// of a shape. Every awkward shape of a sweep has the same offset (one
+// element of the sweep's dtype), the one inOff was made with.
+func (st *rankState) buffers(sh Shape, i int) (in, out cuda.DevicePtr) {
+	if sh.Offset > 0 {
+		return st.inOff[i%2], st.out + cuda.DevicePtr(sh.Offset)
+	}
+	return st.in[i%2], st.out
 }
 
 func (st *rankState) alloc(n int) (cuda.DevicePtr, error) {
@@ -363,7 +400,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		var group []Measurement
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
-				Bytes: sh.Bytes, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
+				Bytes: sh.Bytes, Offset: sh.Offset, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
 			if v.Algorithm == coll.Auto {
 				if a, err := st.c.Choose(cfg.Collective, sh.Bytes, cfg.DType, cfg.Op); err == nil {
 					m.Algorithm = a
@@ -405,7 +442,8 @@ func (st *rankState) broken(ctx context.Context) error {
 // issue enqueues collective number i (inputs alternate) on the stream.
 func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 	cfg := st.cfg
-	in, out := comm.DeviceBuffer(st.in[i%2]), comm.DeviceBuffer(st.out)
+	inp, outp := st.buffers(sh, i)
+	in, out := comm.DeviceBuffer(inp), comm.DeviceBuffer(outp)
 	o := comm.Options{Stream: st.s, Algorithm: alg}
 	switch cfg.Collective {
 	case coll.AllReduce:
@@ -543,7 +581,8 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 // output; the returned string is a check failure ("" when correct), the
 // error a failure to run.
 func (st *rankState) check(sh Shape, v Variant) (string, error) {
-	if err := st.dev.Memset8(st.out, 0xff, int(sh.OutBytes)); err != nil {
+	_, out := st.buffers(sh, 0)
+	if err := st.dev.Memset8(out, 0xff, int(sh.OutBytes)); err != nil {
 		return "", err
 	}
 	if err := st.issue(sh, v.Algorithm, 0); err != nil {
@@ -553,7 +592,7 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 		return "", err
 	}
 	got := st.host[:sh.OutBytes]
-	if err := st.dev.CopyDtoH(got, st.out); err != nil {
+	if err := st.dev.CopyDtoH(got, out); err != nil {
 		return "", err
 	}
 	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, !v.Custom()); err != nil {

@@ -73,6 +73,7 @@ type BenchOptions struct {
 type gpuBenchFlags struct {
 	eager      bool
 	zeroCopy   bool
+	awkward    bool
 	processes  bool
 	staging    string
 	devices    string
@@ -151,6 +152,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.MarkHidden("result-file")
 	f.BoolVar(&o.gpu.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
 	f.BoolVar(&o.gpu.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
+	f.BoolVar(&o.gpu.awkward, "awkward", false, "gpu: after every size also its awkward twin: one element less (per rank), input and output pointers one element off alignment (rows marked *)")
 	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
 	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")

@@ -106,7 +106,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 				seen[key] = true
 				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
-					ZeroCopy: g.zeroCopy, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
+					ZeroCopy: g.zeroCopy, Awkward: g.awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
 				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
 					return nil, usageError(fmt.Errorf("bench: %w", err))
@@ -269,6 +269,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		var variants []string
 		var sizes []int64
 		cell := map[string]*gpubench.Measurement{}
+		awkward := map[int64]bool{} // sizes of awkward rows (Measurement.Offset)
 		for i := range g {
 			m := &g[i]
 			if !slices.Contains(variants, m.Variant) {
@@ -278,6 +279,9 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 				sizes = append(sizes, m.Bytes)
 			}
 			cell[fmt.Sprint(m.Bytes, "/", m.Variant)] = m
+			if m.Offset > 0 {
+				awkward[m.Bytes] = true
+			}
 		}
 		sort.Slice(sizes, func(i, j int) bool { return sizes[i] < sizes[j] })
 		op := k.op
@@ -292,6 +296,9 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
 		for _, b := range sizes {
 			row := []string{gpubench.FormatSize(b)}
+			if awkward[b] {
+				row[0] += "*"
+			}
 			for _, v := range variants {
 				m := cell[fmt.Sprint(b, "/", v)]
 				switch {
@@ -327,6 +334,9 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 		}
 		tw.Flush()
+		if len(awkward) > 0 {
+			fmt.Fprintln(w, "* awkward size: one element less (per rank), input and output pointers one element off alignment")
+		}
 		fmt.Fprintln(w)
 	}
 }

@@ -38,8 +38,8 @@ func TestInboxFootprint(t *testing.T) {
 		t.Errorf("LL128 SlotBytes = %d, want %d", got, 16*17*128)
 	}
 	b := &Kernel{Launch: Launch{VectorBytes: 16}}
-	if got := b.ThreadUnits(1000, 2); got != 125 || b.Push() || !k.Push() {
-		t.Errorf("barrier ThreadUnits = %d (want 125), Push %v/%v", got, b.Push(), k.Push())
+	if got := b.ThreadUnits(1000, 2); got != 128 || b.Push() || !k.Push() {
+		t.Errorf("barrier ThreadUnits = %d (want 125 vectors rounded up to 128), Push %v/%v", got, b.Push(), k.Push())
 	}
 	if got := b.SlotBytes(8000, 2000); got != 8000 {
 		t.Errorf("barrier SlotBytes = %d, want 8000", got)

@@ -1,9 +1,10 @@
 // Package proof proves every generated GPU kernel combination on real GPUs:
 // random inputs with a fixed seed against a float64 host reference, counts
-// of 1, small odd numbers, counts not divisible by the world size and tens
-// of megabytes, poisoned outputs with guard regions before and after, in
-// place and out of place, goroutine-per-GPU and process-per-GPU, and CUDA
-// graph capture and replay. It skips without GPUs. tests/proof/run.sh runs
+// of 1, small odd numbers, a power of two minus one, counts not divisible by
+// the world size and tens of megabytes, poisoned outputs with guard regions
+// before and after, in place and out of place, input and output pointers
+// one element off alignment, goroutine-per-GPU and process-per-GPU, and
+// CUDA graph capture and replay. It skips without GPUs. tests/proof/run.sh runs
 // it on the GPU machine and writes a summary table.
 package proof
 
@@ -53,21 +54,73 @@ func gpus(t *testing.T) int {
 }
 
 // counts returns the element counts to prove: per-rank counts for
-// reduce-scatter and all-gather, total counts for all-reduce.
+// reduce-scatter and all-gather, total counts for all-reduce. The large
+// count comes last. Odd counts make every rank's block and chunk boundary
+// fall off the kernels' vector boundaries.
 func counts(collective coll.Collective, w int, large bool) []int {
 	var cs []int
 	if collective == coll.AllReduce {
-		cs = []int{1, 7, 33, 1000*w + 3, 65537}
+		cs = []int{1, 7, 33, 1000*w + 3, 65535, 65537}
 		if large {
 			cs = append(cs, 8<<20+5)
 		}
 	} else {
-		cs = []int{1, 7, 1001, 16384}
+		cs = []int{1, 7, 1001, 16383, 16384}
 		if large {
 			cs = append(cs, 2<<20+3)
 		}
 	}
 	return cs
+}
+
+// layout places one case's buffers: in place or not, and the input's and
+// the output's offset in elements past an aligned allocation (in place: the
+// shared buffer's offset, inOff). An offset of one element puts a pointer
+// off every vector boundary, as a tensor that is a slice of a larger one.
+type layout struct {
+	inPlace       bool
+	inOff, outOff int
+}
+
+func (l layout) String() string {
+	s := "out of place"
+	if l.inPlace {
+		s = "in place"
+	}
+	if l.inOff != 0 || l.outOff != 0 {
+		s += fmt.Sprintf(", input +%d, output +%d elements", l.inOff, l.outOff)
+	}
+	return s
+}
+
+// layouts returns the layouts a count is proved with: aligned out of place
+// and in place, then the input alone, the output alone and an in-place
+// buffer one element off; the large counts keep only the in-place one of
+// those three (they dominate the proof's time).
+func layouts(large bool) []layout {
+	ls := []layout{{}, {inPlace: true}}
+	if !large {
+		ls = append(ls, layout{inOff: 1}, layout{outOff: 1})
+	}
+	return append(ls, layout{inPlace: true, inOff: 1, outOff: 1})
+}
+
+// cases returns every (count, layout) a combination is proved with, with
+// a distinct seed each.
+type proofCase struct {
+	n, seed int
+	layout
+}
+
+func cases(collective coll.Collective, w int, large bool) []proofCase {
+	var pcs []proofCase
+	cs := counts(collective, w, large)
+	for ci, n := range cs {
+		for _, l := range layouts(large && ci == len(cs)-1) {
+			pcs = append(pcs, proofCase{n: n, seed: len(pcs) + 17, layout: l})
+		}
+	}
+	return pcs
 }
 
 // input returns rank's deterministic input for a case.
@@ -112,10 +165,12 @@ func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte)
 
 // rankCase is one rank's buffers for one collective call.
 type rankCase struct {
-	in, out   cuda.DevicePtr // out includes the guards
+	in, out   cuda.DevicePtr // out lies inside alloc[0], between the guards
 	inBytes   int
 	outBytes  int
 	alloc     []cuda.DevicePtr
+	allBytes  int    // alloc[0]'s size: guards, offset and the largest buffer
+	writable  [2]int // byte range of alloc[0] the call may write: the output, or in place the whole buffer
 	inputHost []byte
 }
 
@@ -134,28 +189,35 @@ func sizes(collective coll.Collective, w, n int) (in, out int) {
 // the input buffer (all-reduce), or the input is the rank's slice of the
 // output (all-gather), or the output is the rank's slice of the input
 // (reduce-scatter), as NCCL defines in-place use.
-func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, inPlace bool) (*rankCase, error) {
+func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, l layout) (*rankCase, error) {
 	size := c.DType.Size()
 	inN, outN := sizes(c.Collective, w, n)
 	rc := &rankCase{inBytes: inN * size, outBytes: outN * size, inputHost: input(c.DType, inN, seed, rank)}
 	big := max(inN, outN) * size
-	buf, err := dev.Alloc(big + 2*guard)
+	shift := max(l.inOff, l.outOff) * size
+	rc.allBytes = big + shift + 2*guard
+	buf, err := dev.Alloc(rc.allBytes)
 	if err != nil {
 		return nil, err
 	}
 	rc.alloc = append(rc.alloc, buf)
-	if err := dev.Memset8(buf, poison, big+2*guard); err != nil {
+	if err := dev.Memset8(buf, poison, rc.allBytes); err != nil {
 		return nil, err
 	}
 	base := buf + guard
+	if l.inPlace {
+		base += cuda.DevicePtr(l.inOff * size)
+		rc.writable = [2]int{guard + l.inOff*size, guard + l.inOff*size + big}
+	}
 	switch {
-	case !inPlace:
-		in, err := dev.Alloc(rc.inBytes)
+	case !l.inPlace:
+		in, err := dev.Alloc(rc.inBytes + l.inOff*size)
 		if err != nil {
 			return nil, err
 		}
 		rc.alloc = append(rc.alloc, in)
-		rc.in, rc.out = in, base
+		rc.in, rc.out = in+cuda.DevicePtr(l.inOff*size), base+cuda.DevicePtr(l.outOff*size)
+		rc.writable = [2]int{int(rc.out - buf), int(rc.out-buf) + rc.outBytes}
 	case c.Collective == "allreduce":
 		rc.in, rc.out = base, base
 	case c.Collective == "reduce_scatter":
@@ -169,25 +231,23 @@ func prepare(dev *cuda.Device, c collectives.Combination, rank, w, n, seed int, 
 	return rc, nil
 }
 
-// verify reads back the output and both guards.
-func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte, inPlace bool) error {
+// verify reads back the output and both guards: every byte outside the
+// range the call may write (writable) must still be poison.
+func (rc *rankCase) verify(dev *cuda.Device, c collectives.Combination, rank, w, n int, ins [][]byte) error {
 	buf := rc.alloc[0]
-	size := c.DType.Size()
-	inN, outN := sizes(c.Collective, w, n)
-	big := max(inN, outN) * size
-	all := make([]byte, big+2*guard)
+	all := make([]byte, rc.allBytes)
 	if err := dev.CopyDtoH(all, buf); err != nil {
 		return err
 	}
 	// The output region within the poisoned buffer.
 	off := int(rc.out - buf)
-	for i := 0; i < off; i++ {
-		if all[i] != poison && !(inPlace && i >= guard) {
+	for i := 0; i < rc.writable[0]; i++ {
+		if all[i] != poison {
 			return fmt.Errorf("guard before the output overwritten at byte %d", i-off)
 		}
 	}
-	for i := off + rc.outBytes; i < len(all); i++ {
-		if all[i] != poison && !(inPlace && i < guard+big) {
+	for i := rc.writable[1]; i < len(all); i++ {
+		if all[i] != poison {
 			return fmt.Errorf("guard after the output overwritten at byte %d past its end", i-off-rc.outBytes)
 		}
 	}
@@ -366,33 +426,20 @@ func worlds(ngpu int) []int {
 	return ws
 }
 
-// proveCombination runs every count, in place and out of place, on all
-// ranks at once and checks every rank's output and guards.
+// proveCombination runs every case (count and layout) on all ranks at once
+// and checks every rank's output and guards.
 func proveCombination(comms []*comm.Communicator, c collectives.Combination, large bool) (int, error) {
-	w := len(comms)
-	cases := 0
-	for ci, n := range counts(c.Collective, w, large) {
-		for _, inPlace := range []bool{false, true} {
-			seed := ci*2 + boolInt(inPlace) + 17
-			if err := runCase(comms, c, n, seed, inPlace, 1); err != nil {
-				return cases, fmt.Errorf("count %d, in place %v: %w", n, inPlace, err)
-			}
-			cases++
+	pcs := cases(c.Collective, len(comms), large)
+	for i, pc := range pcs {
+		if err := runCase(comms, c, pc.n, pc.seed, pc.layout); err != nil {
+			return i, fmt.Errorf("count %d, %v: %w", pc.n, pc.layout, err)
 		}
 	}
-	return cases, nil
+	return len(pcs), nil
 }
 
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// runCase prepares every rank, issues the collective (replays times, the
-// same inputs each time), and verifies.
-func runCase(comms []*comm.Communicator, c collectives.Combination, n, seed int, inPlace bool, replays int) error {
+// runCase prepares every rank, issues the collective, and verifies.
+func runCase(comms []*comm.Communicator, c collectives.Combination, n, seed int, l layout) error {
 	w := len(comms)
 	rcs := make([]*rankCase, w)
 	errs := make([]error, w)
@@ -401,7 +448,7 @@ func runCase(comms []*comm.Communicator, c collectives.Combination, n, seed int,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rcs[r], errs[r] = prepare(cm.Device(), c, r, w, n, seed, inPlace)
+			rcs[r], errs[r] = prepare(cm.Device(), c, r, w, n, seed, l)
 		}()
 	}
 	wg.Wait()
@@ -426,7 +473,7 @@ func runCase(comms []*comm.Communicator, c collectives.Combination, n, seed int,
 			if errs[r] = issue(cm, c, rcs[r], n, nil); errs[r] != nil {
 				return
 			}
-			errs[r] = rcs[r].verify(cm.Device(), c, r, w, n, ins, inPlace)
+			errs[r] = rcs[r].verify(cm.Device(), c, r, w, n, ins)
 			if errs[r] != nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
 			}
@@ -455,7 +502,7 @@ func proveGraph(comms []*comm.Communicator, c collectives.Combination) (int, err
 		go func() {
 			defer wg.Done()
 			dev := cm.Device()
-			rc, err := prepare(dev, c, r, w, n, 99, false)
+			rc, err := prepare(dev, c, r, w, n, 99, layout{})
 			if err != nil {
 				errs[r] = err
 				return
@@ -520,7 +567,7 @@ func proveGraph(comms []*comm.Communicator, c collectives.Combination) (int, err
 				if err := cm.Synchronize(s); err != nil {
 					return err
 				}
-				return rcs[r].verify(dev, c, r, w, n, ins, false)
+				return rcs[r].verify(dev, c, r, w, n, ins)
 			}()
 			if errs[r] != nil {
 				errs[r] = fmt.Errorf("graph replay, rank %d: %w", r, errs[r])
@@ -626,31 +673,27 @@ func TestProofProcess(t *testing.T) {
 		if c.World != w || !selected(c.Kernel) {
 			continue
 		}
-		cases := 0
+		pcs := cases(c.Collective, w, false)
 		var cerr error
-		for ci, n := range counts(c.Collective, w, false) {
-			for _, inPlace := range []bool{false, true} {
-				seed := ci*2 + boolInt(inPlace) + 17
-				rc, err := prepare(cm.Device(), c, rank, w, n, seed, inPlace)
-				if err == nil {
-					ins := make([][]byte, w)
-					for r := range ins {
-						inN, _ := sizes(c.Collective, w, n)
-						ins[r] = input(c.DType, inN, seed, r)
-					}
-					if err = issue(cm, c, rc, n, nil); err == nil {
-						err = rc.verify(cm.Device(), c, rank, w, n, ins, inPlace)
-					}
-					rc.free(cm.Device())
+		for _, pc := range pcs {
+			rc, err := prepare(cm.Device(), c, rank, w, pc.n, pc.seed, pc.layout)
+			if err == nil {
+				ins := make([][]byte, w)
+				for r := range ins {
+					inN, _ := sizes(c.Collective, w, pc.n)
+					ins[r] = input(c.DType, inN, pc.seed, r)
 				}
-				if err != nil && cerr == nil {
-					cerr = fmt.Errorf("rank %d, count %d, in place %v: %w", rank, n, inPlace, err)
+				if err = issue(cm, c, rc, pc.n, nil); err == nil {
+					err = rc.verify(cm.Device(), c, rank, w, pc.n, ins)
 				}
-				cases++
+				rc.free(cm.Device())
+			}
+			if err != nil && cerr == nil {
+				cerr = fmt.Errorf("rank %d, count %d, %v: %w", rank, pc.n, pc.layout, err)
 			}
 		}
 		if rank == 0 || cerr != nil {
-			record(fmt.Sprintf("processes (rank %d)", rank), c.Kernel, cases, cerr)
+			record(fmt.Sprintf("processes (rank %d)", rank), c.Kernel, len(pcs), cerr)
 		}
 		if cerr != nil {
 			t.Errorf("%s: %v", c.Kernel, cerr)
@@ -661,9 +704,11 @@ func TestProofProcess(t *testing.T) {
 // TestProofZeroCopy proves the zero-copy path: inputs allocated with
 // Communicator.Alloc (symmetric) are read in place by peers, with one stage
 // slot and the final barrier kept. Every all-reduce and reduce-scatter
-// kernel of the largest world the machine has, two counts, three
-// back-to-back calls each (the caller overwrites its input between calls,
-// which the final barrier must make safe).
+// kernel of the largest world the machine has, two counts, the larger
+// also with the input one element past the symmetric allocation's start
+// (peers then read it off every vector boundary), three back-to-back calls
+// each (the caller overwrites its input between calls, which the final
+// barrier must make safe).
 func TestProofZeroCopy(t *testing.T) {
 	ngpu := gpus(t)
 	defer writeSummary(t)
@@ -695,7 +740,8 @@ func TestProofZeroCopy(t *testing.T) {
 		}
 		cases := 0
 		var cerr error
-		for _, n := range []int{33, 100003} {
+		for _, zc := range []struct{ n, off int }{{33, 0}, {100003, 0}, {100003, 1}} {
+			n := zc.n
 			for call := 0; call < 3 && cerr == nil; call++ {
 				seed := n + call
 				inN, outN := sizes(c.Collective, w, n)
@@ -710,7 +756,8 @@ func TestProofZeroCopy(t *testing.T) {
 						defer wg.Done()
 						errs[r] = func() error {
 							dev := cm.Device()
-							if err := dev.CopyHtoD(syms[r], ins[r]); err != nil {
+							in := syms[r] + cuda.DevicePtr(zc.off*size)
+							if err := dev.CopyHtoD(in, ins[r]); err != nil {
 								return err
 							}
 							out, err := dev.Alloc(outN * size)
@@ -718,7 +765,7 @@ func TestProofZeroCopy(t *testing.T) {
 								return err
 							}
 							defer dev.Free(out)
-							rc := &rankCase{in: syms[r], out: out, inBytes: inN * size, outBytes: outN * size}
+							rc := &rankCase{in: in, out: out, inBytes: inN * size, outBytes: outN * size}
 							if err := issue(cm, c, rc, n, nil); err != nil {
 								return err
 							}
@@ -729,7 +776,7 @@ func TestProofZeroCopy(t *testing.T) {
 							return expect(c, r, w, n, ins, got)
 						}()
 						if errs[r] != nil {
-							errs[r] = fmt.Errorf("rank %d, count %d, call %d: %w", r, n, call, errs[r])
+							errs[r] = fmt.Errorf("rank %d, count %d, input +%d elements, call %d: %w", r, n, zc.off, call, errs[r])
 						}
 					}()
 				}
