@@ -299,3 +299,51 @@ func FinalBarrierRemovable(s *Schedule) bool {
 	}
 	return true
 }
+
+// SplitChunk is the ref whose chunk index (and, through it, length) sets
+// how a kernel's threads share a step's elements (the device runtime's
+// work split, cg_shift): the destination's chunk, or for a one-chunk
+// destination (all-gather's input, reduce-scatter's output) its first
+// source's.
+func (s *Schedule) SplitChunk(st Step) Ref {
+	if st.Dst.Buf == Input && s.InChunks == 1 || st.Dst.Buf == Output && s.OutChunks == 1 {
+		return st.Srcs[0]
+	}
+	return st.Dst
+}
+
+// CheckSplit proves that every element a barrier schedule writes is read
+// later (by any rank, its writer included) under the same work split it
+// was written with: the reading step's SplitChunk names the same chunk
+// index as the writing step's. The device split then gives the element to
+// the same block on both sides, which is what lets each block synchronise
+// through its own barrier flags only (per-block barriers, no grid-wide
+// one). It holds whatever the chunks' alignment: the warp-wide unaligned
+// loops write only elements their own warp owns.
+func CheckSplit(s *Schedule) error {
+	if s.Protocol.Push() {
+		return nil
+	}
+	w := s.World
+	split := map[region]int{} // the split chunk each written region was written with
+	for pi, ph := range s.Phases {
+		for si, st := range ph.Steps {
+			for r := 0; r < w; r++ {
+				sc := s.SplitChunk(st).Chunk.Eval(r, w)
+				for _, ref := range st.Srcs {
+					g := regionOf(ref, r, w)
+					if c, ok := split[g]; ok && c != sc {
+						return fmt.Errorf("%s phase %d step %d: rank %d reads %s chunk %d of rank %d split as chunk %d, but it was written split as chunk %d (another block may write it)",
+							s.Name(), pi, si, r, g.buf, g.chunk, g.owner, sc, c)
+					}
+				}
+			}
+		}
+		for _, st := range ph.Steps {
+			for r := 0; r < w; r++ {
+				split[regionOf(st.Dst, r, w)] = s.SplitChunk(st).Chunk.Eval(r, w)
+			}
+		}
+	}
+	return nil
+}

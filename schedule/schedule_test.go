@@ -32,6 +32,9 @@ func TestSimulateEveryCombination(t *testing.T) {
 					if err := CheckRaces(s); err != nil {
 						t.Fatal(err)
 					}
+					if err := CheckSplit(s); err != nil {
+						t.Fatal(err)
+					}
 					// Vector width only rounds all-reduce chunks (ChunkElems):
 					// the other collectives' chunks are the per-rank count, so
 					// one width covers them.
@@ -177,6 +180,14 @@ func TestCheckersCatchBrokenSchedules(t *testing.T) {
 	g[1].Dst, g[2].Dst = g[2].Dst, g[1].Dst // each peer's chunk lands in the other's place
 	if err := Simulate(m, 9, 1); err == nil || !strings.Contains(err.Error(), "holds element") {
 		t.Errorf("misplaced chunk: got %v", err)
+	}
+	// A reduce-scatter whose reduce is split by the destination's chunk
+	// (0, a one-chunk output) instead of the chunk it reads: the block that
+	// reads a peer's staged element is not the one that staged it.
+	sp, _ := Build(coll.ReduceScatter, coll.OneShot, 3)
+	sp.OutChunks = 3
+	if err := CheckSplit(sp); err == nil || !strings.Contains(err.Error(), "written split as chunk") {
+		t.Errorf("split by the wrong chunk: got %v", err)
 	}
 	e, _ := Build(coll.AllGather, coll.OneShot, 2)
 	e.Phases[len(e.Phases)-1].Sync = false

@@ -236,13 +236,10 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, e.index(r.Chunk))
 }
 
-// chunkOf is the ref whose chunk index sets a step's work-split shift: the
-// destination's, or for a one-chunk destination its first source's.
+// chunkOf is the ref whose chunk index sets a step's work-split shift
+// (schedule.SplitChunk, which schedule.CheckSplit proves consistent).
 func (e *kernelEmitter) chunkOf(st schedule.Step) schedule.Ref {
-	if e.single(st.Dst.Buf) {
-		return st.Srcs[0]
-	}
-	return st.Dst
+	return e.s.SplitChunk(st)
 }
 
 // barrierPhases emits a barrier (pull) schedule: one block per step, and
