@@ -146,6 +146,7 @@ template <class E, int VB>
 union cg_vec {
   typename cg_raw<VB>::T raw;
   E e[VB / sizeof(E)];
+  unsigned w[VB >= 4 ? VB / 4 : 1];  // 32-bit words, for shuffles and funnel shifts
 };
 
 // A scalar element viewed as raw bits (for cache-global loads).
@@ -158,15 +159,26 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 
 // ---- work split. Elements of a chunk are owned in vectors of VB bytes:
 // vector v of chunk c belongs to global thread (v + shift) mod (grid *
-// block), where shift = c * (vectors per chunk). Every rank uses the same
-// split for the same chunk (it depends only on the chunk's index and
-// length), so the block that writes an element on one rank is the block that
-// reads it on the others, and per-block barriers suffice. The shift puts the
-// chunks of one phase on different threads, so for small messages the
-// loads of all chunks are in flight at once instead of one chunk after
-// another. A trailing partial vector belongs to the thread that would own
-// the next full vector. The split does not depend on alignment: unaligned
-// buffers take the scalar path over the same ownership.
+// block), where shift = c * (vectors per chunk, rounded up to a multiple of
+// 32). Every rank uses the same split for the same chunk (it depends only
+// on the chunk's index and length), so the block that writes an element on
+// one rank is the block that reads it on the others, and per-block barriers
+// suffice. The shift puts the chunks of one phase on different threads, so
+// for small messages the loads of all chunks are in flight at once instead
+// of one chunk after another. A trailing partial vector belongs to the
+// thread that would own the next full vector.
+//
+// Since the shift and the threads per block are multiples of 32, the 32
+// lanes of a warp own 32 consecutive vectors (lane l the warp's first plus
+// l) in every round of the loop. That is what keeps unaligned buffers on
+// the vector path (cg_copy, cg_reduce): a chunk that does not start on a VB
+// boundary (a rank's block of an odd size, a pointer offset into a larger
+// allocation) is still loaded and stored in aligned VB-byte vectors, and
+// the lanes of a warp pass each other the bytes that straddle two vectors
+// with shuffles (cg_ld_vecs, cg_st_vec). Only the first and last vector of
+// a warp's run write a partial vector, element by element. The ownership
+// of elements does not change with alignment: a lane writes only elements
+// that it or another lane of its warp owns.
 
 // cg_first returns this thread's first vector index for a chunk with the
 // given shift, and the stride between its vectors.
@@ -176,9 +188,113 @@ __device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
   return gid >= s ? gid - s : gid - s + stride;
 }
 
-// cg_shift is the work-split shift of chunk c: c times the vectors per chunk.
+// cg_shift is the work-split shift of chunk c: c times the vectors per
+// chunk rounded up to a multiple of 32 (a whole number of warps).
 __device__ __forceinline__ cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
-  return (cg_s64)c * (cg_s64)((chunk + vec - 1) / vec);
+  return (cg_s64)c * (cg_s64)(((chunk + vec - 1) / vec + 31) & ~(cg_u64)31);
+}
+
+// cg_misalign is how many bytes p lies past a VB-byte boundary.
+template <int VB>
+__device__ __forceinline__ int cg_misalign(const void* p) { return (int)((cg_u64)p % VB); }
+
+// cg_funnel returns bytes [m, m + 4N) of the 8N bytes lo ++ hi, for m in
+// [0, 4N) (N is 1, 2 or 4): conditional word moves, then one funnel shift
+// per word, all on registers (no divergence where m is warp uniform, as in
+// the copy loops).
+template <int N>
+__device__ __forceinline__ void cg_funnel(unsigned (&out)[N], const unsigned (&lo)[N], const unsigned (&hi)[N], int m) {
+  unsigned w[2 * N];
+#pragma unroll
+  for (int i = 0; i < N; i++) { w[i] = lo[i]; w[N + i] = hi[i]; }
+  const int q = m >> 2;  // whole words to skip: 0 .. N-1
+  if (N >= 4 && (q & 2)) {
+#pragma unroll
+    for (int i = 0; i + 2 < 2 * N; i++) w[i] = w[i + 2];
+  }
+  if (N >= 2 && (q & 1)) {
+#pragma unroll
+    for (int i = 0; i + 1 < 2 * N; i++) w[i] = w[i + 1];
+  }
+  const unsigned r = (unsigned)(m & 3) * 8u;
+#pragma unroll
+  for (int i = 0; i < N; i++) asm("shf.r.wrap.b32 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(w[i]), "r"(w[i + 1]), "r"(r));
+}
+
+// cg_ld_vecs loads NS vectors, one per source, at p[j] (misaligned by m[j]
+// bytes; warp uniform) into x[j], for the warp-wide split above: `on` is
+// false for a lane past the chunk's last full vector, `edge` true for the
+// last lane with a vector. A misaligned source is read as the aligned
+// vector that holds the lane's first byte; the rest comes from the next
+// lane's vector (a shuffle) or, at the edge, from one more load. All loads
+// are issued before the first shuffle, so their latencies overlap.
+template <class E, int VB, int NS>
+__device__ __forceinline__ void cg_ld_vecs(cg_vec<E, VB> (&x)[NS], const E* const* p, const int* m, bool on, bool edge) {
+  static_assert(VB % 4 == 0 && VB <= 16, "vectors of 4, 8 or 16 bytes");
+  constexpr int N = VB / 4;
+  cg_vec<E, VB> hi[NS];
+#pragma unroll
+  for (int j = 0; j < NS; j++) {
+    const char* const base = (const char*)p[j] - m[j];
+#pragma unroll
+    for (int i = 0; i < N; i++) x[j].w[i] = hi[j].w[i] = 0u;
+    if (on) cg_ld(x[j].raw, base);
+    if (on && edge && m[j] != 0) cg_ld(hi[j].raw, base + VB);
+  }
+#pragma unroll
+  for (int j = 0; j < NS; j++) {
+    if (m[j] == 0) continue;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      const unsigned next = __shfl_down_sync(0xffffffffu, x[j].w[i], 1);
+      if (!edge) hi[j].w[i] = next;
+    }
+    cg_funnel<N>(x[j].w, x[j].w, hi[j].w, m[j]);
+  }
+}
+
+// cg_st_elems stores elements [from, to) of x at p + from.
+template <class E, int VB>
+__device__ __forceinline__ void cg_st_elems(E* p, const cg_vec<E, VB>& x, int from, int to) {
+#pragma unroll
+  for (int e = 0; e < VB / (int)sizeof(E); e++)
+    if (e >= from && e < to) p[e] = x.e[e];
+}
+
+// cg_st_vec stores this lane's vector x at p, misaligned by m bytes (warp
+// uniform), for the warp-wide split above (first: lane 0). A misaligned
+// destination is written in aligned vectors: the one that ends inside the
+// lane's range holds the previous lane's last m bytes (a shuffle) and the
+// lane's first VB - m; the warp's first lane writes its head and the edge
+// lane its tail element by element.
+template <class E, int VB>
+__device__ __forceinline__ void cg_st_vec(E* p, const cg_vec<E, VB>& x, int m, bool on, bool first, bool edge) {
+  constexpr int N = VB / 4;
+  constexpr int V = VB / sizeof(E);
+  if (m == 0) {
+    if (on) *(typename cg_raw<VB>::T*)p = x.raw;
+    return;
+  }
+  cg_vec<E, VB> prev, out;
+#pragma unroll
+  for (int i = 0; i < N; i++) prev.w[i] = __shfl_up_sync(0xffffffffu, x.w[i], 1);
+  if (!on) return;
+  const int k = V - m / (int)sizeof(E);  // elements of x in the aligned vector before p + VB - m
+  if (first) {
+    cg_st_elems<E, VB>(p, x, 0, k);
+  } else {
+    cg_funnel<N>(out.w, prev.w, x.w, VB - m);
+    *(typename cg_raw<VB>::T*)((char*)p - m) = out.raw;
+  }
+  if (edge) cg_st_elems<E, VB>(p, x, k, V);
+}
+
+// cg_warp_split reports whether the warp-wide split holds for this launch
+// and shift: always for collgen's launches (threads per block and shifts
+// are multiples of 32); checked so that another caller gets the scalar path
+// rather than wrong shuffles.
+__device__ __forceinline__ bool cg_warp_split(cg_s64 shift) {
+  return (blockDim.x & 31) == 0 && (shift & 31) == 0;
 }
 
 template <class T, int VB>
@@ -189,11 +305,22 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
   const cg_s64 nvec = n / V;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   const cg_s64 gid = cg_first(shift, stride);
-  if ((((cg_u64)dst | (cg_u64)src) % VB) == 0) {
+  const int ms = cg_misalign<VB>(src), md = cg_misalign<VB>(dst);
+  if ((ms | md) == 0) {
     for (cg_s64 v = gid; v < nvec; v += stride) {
       typename cg_raw<VB>::T x;
       cg_ld(x, src + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = x;
+    }
+  } else if (cg_warp_split(shift)) {
+    const int lane = threadIdx.x & 31;
+    const int m[1] = {ms};
+    for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
+      const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
+      const E* const p[1] = {src + v * V};
+      cg_vec<E, VB> x[1];
+      cg_ld_vecs<E, VB, 1>(x, p, m, on, edge);
+      cg_st_vec<E, VB>(dst + v * V, x[0], md, on, lane == 0, edge);
     }
   } else {
     for (cg_s64 v = gid; v < nvec; v += stride) {
@@ -203,6 +330,71 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
   }
   if (nvec * V < n && gid == nvec % stride) {
     for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
+  }
+}
+
+// cg_reduce_vec combines NS vectors elementwise in source order,
+// accumulating in T::A.
+template <class T, class OP, int NS, int VB>
+__device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<typename T::E, VB> (&x)[NS]) {
+  typedef typename T::A A;
+  cg_vec<typename T::E, VB> out;
+#pragma unroll
+  for (int e = 0; e < VB / (int)sizeof(typename T::E); e++) {
+    A acc = T::up(x[0].e[e]);
+#pragma unroll
+    for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(x[j].e[e]));
+    out.e[e] = T::down(acc);
+  }
+  return out;
+}
+
+// cg_srcs carries a reduce's sources by value (into cg_reduce_warp).
+template <class E, int NS>
+struct cg_srcs { const E* p[NS]; };
+
+// cg_reduce_warp is cg_reduce's loop for sources or a destination off the
+// VB boundary (md: the destination's misalignment), over the warp-wide
+// split. Sources are loaded G at a time (all G loads in flight together):
+// a misaligned source can take two vectors at a warp's edge. The
+// accumulation keeps source order; a last, short group repeats the last
+// source's loads and discards them. Out of line, so its registers do not
+// crowd the aligned loop of the kernel (at world 8 they would spill).
+template <class T, class OP, int NS, int VB>
+__device__ __noinline__ void cg_reduce_warp(typename T::E* dst, const cg_srcs<typename T::E, NS> src, int md, cg_s64 nvec, cg_s64 gid, cg_s64 stride) {
+  typedef typename T::E E;
+  typedef typename T::A A;
+  constexpr int V = VB / sizeof(E);
+  constexpr int G = NS < 4 ? NS : 4;
+  int m[NS];
+#pragma unroll
+  for (int j = 0; j < NS; j++) m[j] = cg_misalign<VB>(src.p[j]);
+  const int lane = threadIdx.x & 31;
+  for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
+    const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
+    A acc[V];
+#pragma unroll
+    for (int j0 = 0; j0 < NS; j0 += G) {
+      const E* p[G];
+      int mg[G];
+#pragma unroll
+      for (int j = 0; j < G; j++) {
+        const int k = j0 + j < NS ? j0 + j : NS - 1;
+        p[j] = src.p[k] + v * V;
+        mg[j] = m[k];
+      }
+      cg_vec<E, VB> x[G];
+      cg_ld_vecs<E, VB, G>(x, p, mg, on, edge);
+#pragma unroll
+      for (int j = 0; j < G && j0 + j < NS; j++) {
+#pragma unroll
+        for (int e = 0; e < V; e++) acc[e] = j0 + j == 0 ? T::up(x[j].e[e]) : OP::f(acc[e], T::up(x[j].e[e]));
+      }
+    }
+    cg_vec<E, VB> out;
+#pragma unroll
+    for (int e = 0; e < V; e++) out.e[e] = T::down(acc[e]);
+    cg_st_vec<E, VB>(dst + v * V, out, md, on, lane == 0, edge);
   }
 }
 
@@ -218,24 +410,22 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
   const cg_s64 nvec = n / V;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   const cg_s64 gid = cg_first(shift, stride);
-  cg_u64 bits = (cg_u64)dst;
+  int m[NS], ms = 0;
 #pragma unroll
-  for (int j = 0; j < NS; j++) bits |= (cg_u64)src[j];
-  if (bits % VB == 0) {
+  for (int j = 0; j < NS; j++) ms |= m[j] = cg_misalign<VB>(src[j]);
+  const int md = cg_misalign<VB>(dst);
+  if ((ms | md) == 0) {
     for (cg_s64 v = gid; v < nvec; v += stride) {
       cg_vec<E, VB> x[NS];
 #pragma unroll
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
-      cg_vec<E, VB> out;
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        A acc = T::up(x[0].e[e]);
-#pragma unroll
-        for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(x[j].e[e]));
-        out.e[e] = T::down(acc);
-      }
-      *(typename cg_raw<VB>::T*)(dst + v * V) = out.raw;
+      *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x).raw;
     }
+  } else if (cg_warp_split(shift)) {
+    cg_srcs<E, NS> ps;
+#pragma unroll
+    for (int j = 0; j < NS; j++) ps.p[j] = src[j];
+    cg_reduce_warp<T, OP, NS, VB>(dst, ps, md, nvec, gid, stride);
   } else {
     for (cg_s64 v = gid; v < nvec; v += stride) {
 #pragma unroll
@@ -415,14 +605,25 @@ typedef uint2 cg_line;
 
 // cg_line_ld reads 8-byte word `line` of an n-element span (elements past
 // n read as zero); cg_line_st writes the word's elements that lie inside
-// the span. Both take the scalar path when the span is not 8-byte aligned.
+// the span. A whole word that is not 8-byte aligned (a chunk of an odd
+// size, a pointer offset into a larger allocation) is still read with two
+// aligned 8-byte loads and a funnel shift, and written in the widest
+// aligned pieces its address allows; only a span's last, partial word goes
+// element by element.
 template <class E>
 __device__ __forceinline__ cg_line cg_line_ld(const E* p, cg_s64 line, cg_s64 n) {
   constexpr int V = 8 / sizeof(E);
   cg_vec<E, 8> v;
   const cg_s64 i = line * V;
-  if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
+  const int m = cg_misalign<8>(p + i);
+  if (i + V <= n && m == 0) {
     cg_ld(v.raw, p + i);
+  } else if (i + V <= n) {
+    cg_vec<E, 8> lo, hi;
+    const char* const b = (const char*)(p + i) - m;
+    cg_ld(lo.raw, b);
+    cg_ld(hi.raw, b + 8);
+    cg_funnel<2>(v.w, lo.w, hi.w, m);
   } else {
 #pragma unroll
     for (int e = 0; e < V; e++) v.e[e] = i + e < n ? cg_ld_elem(p + i + e) : (E)0;
@@ -436,8 +637,12 @@ __device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line 
   cg_vec<E, 8> v;
   v.raw = l;
   const cg_s64 i = line * V;
-  if (i + V <= n && ((cg_u64)(p + i) & 7) == 0) {
+  const int m = cg_misalign<8>(p + i);
+  if (i + V <= n && m == 0) {
     *(uint2*)(p + i) = v.raw;
+  } else if (i + V <= n && m == 4) {
+    *(unsigned*)(p + i) = v.w[0];
+    *(unsigned*)((char*)(p + i) + 4) = v.w[1];
   } else {
 #pragma unroll
     for (int e = 0; e < V; e++)
