@@ -29,6 +29,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
 // guard is the poisoned margin before and after every output.
@@ -701,33 +702,108 @@ func TestProofProcess(t *testing.T) {
 	}
 }
 
-// TestProofZeroCopy proves the zero-copy path: inputs allocated with
-// Communicator.Alloc (symmetric) are read in place by peers, with one stage
-// slot and the final barrier kept. Every all-reduce and reduce-scatter
-// kernel of the largest world the machine has, two counts, the larger
-// also with the input one element past the symmetric allocation's start
-// (peers then read it off every vector boundary), three back-to-back calls
-// each (the caller overwrites its input between calls, which the final
-// barrier must make safe).
+// Zero-copy proof sizes: push kernels (never zero-copy) need their inbox
+// area to hold the 100003-element count, more than the rules' default
+// sizing; zcBig is larger than the whole zcStaging buffer.
+const zcStaging, zcBig = 4 << 20, 5 << 20 // bytes
+
+// zcRun is one count of the zero-copy proofs: calls back-to-back calls
+// with the input off elements past the symmetric buffer's start.
+type zcRun struct{ n, calls, off int }
+
+// zeroCopyCounts are the runs the zero-copy proofs make for kernel c: two
+// counts three times, the larger also with the input one element in (peers
+// then read it off every vector boundary), and for a barrier kernel without
+// scratch one message larger than the whole staging buffer twice
+// (zero-copy needs none; two-shot still reduces into scratch).
+func zeroCopyCounts(c collectives.Combination, w int) []zcRun {
+	runs := []zcRun{{33, 3, 0}, {100003, 3, 0}, {100003, 2, 1}}
+	if !strings.Contains(string(c.Algorithm), "_ll") && c.Algorithm != coll.TwoShot {
+		in, _ := sizes(c.Collective, w, 1)
+		runs = append(runs, zcRun{zcBig/(in*c.DType.Size()) + 1, 2, 0})
+	}
+	return runs
+}
+
+// zeroCopyCase runs one call of kernel c on rank r with its input written
+// into the symmetric buffer at src, and checks the output.
+func zeroCopyCase(cm *comm.Communicator, c collectives.Combination, r, w, n, seed int, src cuda.DevicePtr) error {
+	inN, outN := sizes(c.Collective, w, n)
+	size := c.DType.Size()
+	ins := make([][]byte, w)
+	for p := range ins {
+		ins[p] = input(c.DType, inN, seed, p)
+	}
+	dev := cm.Device()
+	if err := dev.CopyHtoD(src, ins[r]); err != nil {
+		return err
+	}
+	out, err := dev.Alloc(outN * size)
+	if err != nil {
+		return err
+	}
+	defer dev.Free(out)
+	rc := &rankCase{in: src, out: out, inBytes: inN * size, outBytes: outN * size}
+	if err := issue(cm, c, rc, n, nil); err != nil {
+		return err
+	}
+	got := make([]byte, outN*size)
+	if err := dev.CopyDtoH(got, out); err != nil {
+		return err
+	}
+	return expect(c, r, w, n, ins, got)
+}
+
+// TestProofZeroCopy proves the zero-copy path with goroutine ranks: inputs
+// in symmetric memory are read in place by peers, with one stage slot and
+// the final barrier kept. Every kernel of the largest world the machine
+// has (all three collectives; push kernels take the same inputs and send
+// from them), inputs alternating between Communicator.Alloc's buffers and
+// a user's own symm.Pool given to UseSymmetric, the counts of
+// zeroCopyCounts back to back (the caller overwrites its input between
+// calls, which the final barrier must make safe).
 func TestProofZeroCopy(t *testing.T) {
 	ngpu := gpus(t)
 	defer writeSummary(t)
 	ws := worlds(ngpu)
 	w := ws[len(ws)-1]
-	// Barrier kernels read the symmetric input in place whatever the
-	// staging size; push kernels (never zero-copy) need their inbox area to
-	// hold the largest count below, more than the rules' default sizing.
-	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 16 << 20, Group: "zerocopy"})
+	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: zcStaging, Group: "zerocopy"})
 	defer closeComms(comms)
-	const maxBytes = 4 << 20
+	const maxBytes = 2 * zcBig
 	syms := make([]cuda.DevicePtr, w)
+	pooled := make([]cuda.DevicePtr, w)
 	errs := make([]error, w)
+	st := rendezvous.NewMemStore()
 	var wg sync.WaitGroup
 	for r, cm := range comms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			syms[r], errs[r] = cm.Alloc(context.Background(), maxBytes)
+			errs[r] = func() (err error) {
+				ctx := context.Background()
+				if syms[r], err = cm.Alloc(ctx, maxBytes); err != nil {
+					return err
+				}
+				be, err := symm.NewCUDABackend(cm.Device(), nil)
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { be.Close() })
+				pool, err := symm.NewPool(ctx, symm.Config{Group: "proof-user", Rank: r, WorldSize: w, Store: st, Backend: be})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { pool.Close() })
+				buf, err := pool.Alloc(maxBytes)
+				if err != nil {
+					return err
+				}
+				if _, err := pool.Rendezvous(ctx, buf); err != nil {
+					return err
+				}
+				pooled[r] = cuda.DevicePtr(buf.Addr())
+				return cm.UseSymmetric(ctx, pool)
+			}()
 		}()
 	}
 	wg.Wait()
@@ -735,48 +811,24 @@ func TestProofZeroCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range collectives.Combinations {
-		if c.World != w || c.Collective == "allgather" || !selected(c.Kernel) {
+		if c.World != w || !selected(c.Kernel) {
 			continue
 		}
 		cases := 0
 		var cerr error
-		for _, zc := range []struct{ n, off int }{{33, 0}, {100003, 0}, {100003, 1}} {
-			n := zc.n
-			for call := 0; call < 3 && cerr == nil; call++ {
-				seed := n + call
-				inN, outN := sizes(c.Collective, w, n)
-				size := c.DType.Size()
-				ins := make([][]byte, w)
-				for r := 0; r < w; r++ {
-					ins[r] = input(c.DType, inN, seed, r)
+		for _, run := range zeroCopyCounts(c, w) {
+			n, off := run.n, cuda.DevicePtr(run.off*c.DType.Size())
+			for call := 0; call < run.calls && cerr == nil; call++ {
+				src := syms // the input's symmetric buffer, by rank: alternate the two kinds
+				if call%2 == 1 {
+					src = pooled
 				}
 				for r, cm := range comms {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						errs[r] = func() error {
-							dev := cm.Device()
-							in := syms[r] + cuda.DevicePtr(zc.off*size)
-							if err := dev.CopyHtoD(in, ins[r]); err != nil {
-								return err
-							}
-							out, err := dev.Alloc(outN * size)
-							if err != nil {
-								return err
-							}
-							defer dev.Free(out)
-							rc := &rankCase{in: in, out: out, inBytes: inN * size, outBytes: outN * size}
-							if err := issue(cm, c, rc, n, nil); err != nil {
-								return err
-							}
-							got := make([]byte, outN*size)
-							if err := dev.CopyDtoH(got, out); err != nil {
-								return err
-							}
-							return expect(c, r, w, n, ins, got)
-						}()
-						if errs[r] != nil {
-							errs[r] = fmt.Errorf("rank %d, count %d, input +%d elements, call %d: %w", r, n, zc.off, call, errs[r])
+						if errs[r] = zeroCopyCase(cm, c, r, w, n, n+call, src[r]+off); errs[r] != nil {
+							errs[r] = fmt.Errorf("rank %d, count %d, input +%d elements, call %d: %w", r, n, run.off, call, errs[r])
 						}
 					}()
 				}
@@ -786,6 +838,57 @@ func TestProofZeroCopy(t *testing.T) {
 			}
 		}
 		record("zero-copy (goroutines)", c.Kernel, cases, cerr)
+		if cerr != nil {
+			t.Errorf("%s: %v", c.Kernel, cerr)
+		}
+	}
+}
+
+// TestProofProcessZeroCopy is TestProofZeroCopy with process ranks (run
+// through collgen run): Communicator.Alloc's memory crosses processes as
+// VMM file descriptors over Unix sockets, and every kernel of the world
+// reads it in place.
+func TestProofProcessZeroCopy(t *testing.T) {
+	if os.Getenv("COLLGEN_RANK") == "" {
+		t.Skip("run through collgen run (tests/proof/run.sh)")
+	}
+	gpus(t)
+	defer writeSummary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, store, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
+		Library: collectives.Library, StagingBytes: zcStaging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc-zc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cm.Close()
+	w, rank := env.WorldSize, env.Rank
+	sym, err := cm.Alloc(ctx, 2*zcBig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range collectives.Combinations {
+		if c.World != w || !selected(c.Kernel) {
+			continue
+		}
+		cases := 0
+		var cerr error
+		for _, run := range zeroCopyCounts(c, w) {
+			n, off := run.n, cuda.DevicePtr(run.off*c.DType.Size())
+			for call := 0; call < run.calls; call++ { // every call even after an error: peers make them too
+				if err := zeroCopyCase(cm, c, rank, w, n, n+call, sym+off); err != nil && cerr == nil {
+					cerr = fmt.Errorf("rank %d, count %d, input +%d elements, call %d: %w", rank, n, run.off, call, err)
+				}
+				cases++
+			}
+		}
+		if rank == 0 || cerr != nil {
+			record(fmt.Sprintf("zero-copy processes (rank %d)", rank), c.Kernel, cases, cerr)
+		}
 		if cerr != nil {
 			t.Errorf("%s: %v", c.Kernel, cerr)
 		}
