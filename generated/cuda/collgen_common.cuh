@@ -394,55 +394,6 @@ __device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<
   return out;
 }
 
-// cg_srcs carries a reduce's sources by value (into cg_reduce_warp).
-template <class E, int NS>
-struct cg_srcs { const E* p[NS]; };
-
-// cg_reduce_warp is cg_reduce's loop for sources or a destination off the
-// VB boundary (md: the destination's misalignment), over the warp-wide
-// split. Sources are loaded G at a time (all G loads in flight together):
-// a misaligned source can take two vectors at a warp's edge. The
-// accumulation keeps source order; a last, short group repeats the last
-// source's loads and discards them. Out of line, so its registers do not
-// crowd the aligned loop of the kernel (at world 8 they would spill).
-template <class T, class OP, int NS, int VB>
-__device__ __noinline__ void cg_reduce_warp(typename T::E* dst, const cg_srcs<typename T::E, NS> src, int md, cg_s64 nvec, cg_s64 gid, cg_s64 stride) {
-  typedef typename T::E E;
-  typedef typename T::A A;
-  constexpr int V = VB / sizeof(E);
-  constexpr int G = NS < 4 ? NS : 4;
-  int m[NS];
-#pragma unroll
-  for (int j = 0; j < NS; j++) m[j] = cg_misalign<VB>(src.p[j]);
-  const int lane = threadIdx.x & 31;
-  for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
-    const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
-    A acc[V];
-#pragma unroll
-    for (int j0 = 0; j0 < NS; j0 += G) {
-      const E* p[G];
-      int mg[G];
-#pragma unroll
-      for (int j = 0; j < G; j++) {
-        const int k = j0 + j < NS ? j0 + j : NS - 1;
-        p[j] = src.p[k] + v * V;
-        mg[j] = m[k];
-      }
-      cg_vec<E, VB> x[G];
-      cg_ld_vecs<E, VB, G>(x, p, mg, on, edge);
-#pragma unroll
-      for (int j = 0; j < G && j0 + j < NS; j++) {
-#pragma unroll
-        for (int e = 0; e < V; e++) acc[e] = j0 + j == 0 ? T::up(x[j].e[e]) : OP::f(acc[e], T::up(x[j].e[e]));
-      }
-    }
-    cg_vec<E, VB> out;
-#pragma unroll
-    for (int e = 0; e < V; e++) out.e[e] = T::down(acc[e]);
-    cg_st_vec<E, VB>(dst + v * V, out, md, on, lane == 0, edge);
-  }
-}
-
 // cg_reduce writes dst[i] = src[0][i] OP src[1][i] OP ... in source order,
 // accumulating in T::A. All NS loads of a vector are issued before the first
 // use, so peers' latencies overlap.
@@ -466,11 +417,20 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x).raw;
     }
-  } else if (cg_warp_split(shift)) {
-    cg_srcs<E, NS> ps;
+  } else if (NS <= 4 && cg_warp_split(shift)) {
+    // Up to four sources: with more (world 8), two vectors per source at a
+    // warp's edge do not fit the register budget of 1024-thread blocks,
+    // and the kernel takes the element loop below.
+    const int lane = threadIdx.x & 31;
+    for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
+      const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
+      const E* p[NS];
 #pragma unroll
-    for (int j = 0; j < NS; j++) ps.p[j] = src[j];
-    cg_reduce_warp<T, OP, NS, VB>(dst, ps, md, nvec, gid, stride);
+      for (int j = 0; j < NS; j++) p[j] = src[j] + v * V;
+      cg_vec<E, VB> x[NS];
+      cg_ld_vecs<E, VB, NS>(x, p, m, on, edge);
+      cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x), md, on, lane == 0, edge);
+    }
   } else {
     for (cg_s64 v = gid; v < nvec; v += stride) {
 #pragma unroll
