@@ -74,6 +74,23 @@ func (s *Stream) Synchronize() error {
 	return nil
 }
 
+// Query reports whether all work queued on s has completed, without
+// waiting (cuStreamQuery). A kernel that failed makes it an error.
+func (s *Stream) Query() (bool, error) {
+	if err := s.dev.enter(); err != nil {
+		return false, err
+	}
+	defer runtime.UnlockOSThread()
+	switch r := C.cg_cuStreamQuery(s.s); r {
+	case 0:
+		return true, nil
+	case C.CUresult(ErrorNotReady):
+		return false, nil
+	default:
+		return false, s.dev.err(r, "cuStreamQuery")
+	}
+}
+
 // WaitEvent makes future work on s wait for e (which may be of another
 // device).
 func (s *Stream) WaitEvent(e *Event) error {
@@ -256,6 +273,23 @@ func (e *Event) Synchronize() error {
 		return e.dev.err(r, "cuEventSynchronize")
 	}
 	return nil
+}
+
+// Query reports whether the event has completed, without waiting
+// (cuEventQuery).
+func (e *Event) Query() (bool, error) {
+	if err := e.dev.enter(); err != nil {
+		return false, err
+	}
+	defer runtime.UnlockOSThread()
+	switch r := C.cg_cuEventQuery(e.e); r {
+	case 0:
+		return true, nil
+	case C.CUresult(ErrorNotReady):
+		return false, nil
+	default:
+		return false, e.dev.err(r, "cuEventQuery")
+	}
 }
 
 // Destroy releases the event. Idempotent.

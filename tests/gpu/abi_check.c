@@ -83,6 +83,9 @@ CHECK_TYPE(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned
 CHECK_TYPE(cuIpcGetMemHandle, CUresult (*)(CUipcMemHandle *, CUdeviceptr));
 CHECK_TYPE(cuIpcOpenMemHandle, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned int));
 CHECK_TYPE(cuIpcCloseMemHandle, CUresult (*)(CUdeviceptr));
+CHECK_TYPE(cuStreamQuery, CUresult (*)(CUstream));
+CHECK_TYPE(cuEventQuery, CUresult (*)(CUevent));
+CHECK_TYPE(cuPointerGetAttribute, CUresult (*)(void *, CUpointer_attribute, CUdeviceptr));
 
 // VMM (runtime/cuda/vmm.go; the shim casts these pointers with its own
 // cg_CUmem* structs, asserted below to match cuda.h's layout).
@@ -220,6 +223,9 @@ int main(void) {
   SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle");
   SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
   SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+  SYM(cuStreamQuery, "cuStreamQuery");
+  SYM(cuEventQuery, "cuEventQuery");
+  SYM(cuPointerGetAttribute, "cuPointerGetAttribute");
   SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
   SYM(cuMemAddressReserve, "cuMemAddressReserve");
   SYM(cuMemAddressFree, "cuMemAddressFree");
