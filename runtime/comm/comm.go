@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -81,6 +82,12 @@ type Config struct {
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.
 	HostShared bool
+	// Allocator, when set on a GPU communicator that opens NCCL, has
+	// every segment registered with NCCL: those it holds at New, each new
+	// one through its hook, each deregistered before the allocator frees
+	// it, and all at Close and Abort (see docs/registration.md). It must
+	// allocate on this rank's device. Ignored when NCCL is not opened.
+	Allocator *alloc.Allocator
 }
 
 // Options tune one call.
@@ -124,10 +131,17 @@ type Communicator struct {
 	busy sync.Mutex
 	// check is non-nil in the debug check mode (EnvDebugCheck).
 	check *checker
-	// closed is set by Close; later calls return ErrClosed.
+	// closed is set by Close and Abort; later calls return ErrClosed.
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+	// aborted is set by Abort (abort.go); later calls return ErrAborted.
+	// waiting is held for reading by Synchronize, which does not hold
+	// busy; Abort takes it for writing before releasing the device.
+	aborted atomic.Bool
+	waiting sync.RWMutex
+	// reg owns the NCCL registrations (register.go); nil without NCCL.
+	reg *registry
 }
 
 // New joins the group described by cfg. It is collective: every rank must
@@ -192,6 +206,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 			return nil, errors.Join(classify(err), c.leave())
 		}
 		c.b, c.gpu = g, g
+		if err := c.attachRegistry(); err != nil {
+			return nil, errors.Join(err, g.dev.release(), c.leave())
+		}
 	}
 	return c, nil
 }
@@ -268,7 +285,19 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 	if c.gpu == nil {
 		return nil
 	}
-	return classify(c.gpu.synchronize(s))
+	// waiting keeps Abort from releasing the device under this wait.
+	c.waiting.RLock()
+	defer c.waiting.RUnlock()
+	if c.aborted.Load() {
+		return c.abortedError("Synchronize")
+	}
+	if err := c.gpu.synchronize(s); err != nil {
+		if c.aborted.Load() {
+			return c.abortedError("Synchronize")
+		}
+		return classify(err)
+	}
+	return nil
 }
 
 // Err returns the first error a kernel reported without waiting, or nil.
@@ -306,7 +335,8 @@ func (c *Communicator) Close() error {
 		// Wait for a GPU call in flight on another goroutine.
 		c.busy.Lock()
 		defer c.busy.Unlock()
-		c.closeErr = errors.Join(classify(c.b.close()), c.leave())
+		// Registrations go before the NCCL communicator does.
+		c.closeErr = errors.Join(classify(c.reg.closeAll(false)), classify(c.b.close()), c.leave())
 	})
 	return c.closeErr
 }
