@@ -202,4 +202,6 @@ func (d *cudaDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, err
 }
 
 // deregisterWindow implements registrar (ncclCommWindowDeregister).
-func (d *cudaDevice) deregisterWindow(h uintptr) error { return d.comm.WindowDeregister(nccl.Window(h)) }
+func (d *cudaDevice) deregisterWindow(h uintptr) error {
+	return d.comm.WindowDeregister(nccl.Window(h))
+}

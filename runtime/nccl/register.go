@@ -63,7 +63,9 @@ func (c *Comm) WindowRegister(p cuda.DevicePtr, bytes int, flags WindowFlags) (W
 		return 0, fmt.Errorf("nccl: window %#x (%d bytes) on rank %d: need a device address and a positive size", uintptr(p), bytes, c.rank)
 	}
 	var w C.ulonglong
-	err := c.call(func() string { return fmt.Sprintf("ncclCommWindowRegister(%#x, %d bytes, flags %#x)", uintptr(p), bytes, int(flags)) },
+	err := c.call(func() string {
+		return fmt.Sprintf("ncclCommWindowRegister(%#x, %d bytes, flags %#x)", uintptr(p), bytes, int(flags))
+	},
 		func(cm C.ncclComm_t) C.ncclResult_t {
 			return C.cgn_ncclCommWindowRegister(cm, C.ulonglong(p), C.size_t(bytes), &w, C.int(flags))
 		})
