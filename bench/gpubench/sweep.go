@@ -255,7 +255,7 @@ type rankState struct {
 	windows   []cuda.DevicePtr
 	// registeredBufs are registered with NCCL (deregistered before freed).
 	registeredBufs []cuda.DevicePtr
-	warmed bool             // the clock warm-up has run
+	warmed         bool // the clock warm-up has run
 }
 
 func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, peers Peers) (ms []Measurement, err error) {
