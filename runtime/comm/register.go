@@ -36,6 +36,7 @@ type registration struct {
 	base    cuda.DevicePtr
 	bytes   int64
 	handle  uintptr
+	seq     int  // registration order (windows are deregistered in it)
 	refs    int  // RegisterBuffer calls (and the allocator's hook, which counts once)
 	window  bool // an NCCL window (RegisterWindow)
 	segment bool // registered by the allocator's hook
@@ -61,6 +62,7 @@ type registry struct {
 	gone   map[cuda.DevicePtr]bool // deregistered bases, for the error message
 	hookEr []error                 // failures inside the allocator's hook
 	closed bool
+	seq    int    // registrations made so far
 	detach func() // unsubscribes from the allocator
 }
 
@@ -147,7 +149,8 @@ func (g *registry) addLocked(p cuda.DevicePtr, bytes int64, window, segment bool
 	if err := g.r.checkMemory(p, bytes); err != nil {
 		return err
 	}
-	reg := &registration{base: p, bytes: bytes, refs: 1, window: window, segment: segment}
+	g.seq++
+	reg := &registration{base: p, bytes: bytes, seq: g.seq, refs: 1, window: window, segment: segment}
 	var err error
 	if window {
 		reg.handle, err = g.r.registerWindow(p, bytes)
@@ -215,14 +218,15 @@ func (g *registry) dropLocked(reg *registration, abort bool) error {
 	return nil
 }
 
-// sortedLocked returns the registrations by address (a fixed order, so
-// windows are deregistered in the same order on every rank).
+// sortedLocked returns the registrations in registration order: windows,
+// registered collectively in the same order on every rank, are then
+// deregistered in the same order on every rank too (addresses differ).
 func (g *registry) sortedLocked() []*registration {
 	out := make([]*registration, 0, len(g.regs))
 	for _, reg := range g.regs {
 		out = append(out, reg)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].base < out[j].base })
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
 	return out
 }
 

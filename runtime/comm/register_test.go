@@ -405,3 +405,35 @@ func TestAbortFake(t *testing.T) {
 	}
 	closeAll(t, fresh)
 }
+
+// TestWindowsDeregisteredInOrder: Close deregisters windows (collective)
+// in registration order, the same on every rank whatever the addresses.
+func TestWindowsDeregisteredInOrder(t *testing.T) {
+	log := &eventLog{}
+	comms, _ := regComms(t, rendezvous.NewMemStore(), "W", 2, log, nil)
+	ctx := context.Background()
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		// Rank 1's second window lies below its first.
+		first, second := cuda.DevicePtr(0xa000_0000), cuda.DevicePtr(0xb000_0000)
+		if r == 1 {
+			second = 0x9000_0000
+		}
+		return errors.Join(c.RegisterWindow(ctx, first, 4096), c.RegisterWindow(ctx, second, 4096))
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if err := comms[0].RegisterBuffer(0xa000_0000, 4096); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "overlaps a registered window") {
+		t.Errorf("a buffer over a window: %v", err)
+	}
+	n := len(log.all())
+	closeAll(t, comms)
+	for _, name := range []string{"W0", "W1"} {
+		var order []string
+		for _, l := range log.since(n) {
+			if strings.HasPrefix(l, name+" window deregister") {
+				order = append(order, l)
+			}
+		}
+		wantLines(t, name+" window deregistrations", order, []string{name + " window deregister h1", name + " window deregister h2"})
+	}
+}

@@ -466,7 +466,9 @@ func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
 		return nil
 	}
 	return c.dev.WithContext(func() error {
-		if r := fn(h); r != 0 {
+		// A non-blocking communicator may finish tearing down in NCCL's
+		// background thread (ncclInProgress); the handle is NCCL's then.
+		if r := fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
 			return newError(r, op, c.rank, nil)
 		}
 		return nil
