@@ -367,37 +367,39 @@ func (st *rankState) setupRegistered(ctx context.Context, maxIn, maxOut int64) e
 	return nil
 }
 
-// registered allocates and registers one set of the given kind.
+// registered allocates and registers one set of the given kind: cuMemAlloc
+// buffers registered with RegisterBuffer, or ncclMemAlloc buffers
+// registered as windows (collective: every rank in the same order).
 func (st *rankState) registered(ctx context.Context, kind Buffers, maxIn, maxOut int64) (*bufSet, error) {
-	if kind == RegisteredBuffers {
-		b, err := st.fill(maxIn, maxOut, st.alloc, st.alloc)
+	alloc := st.alloc
+	register := func(p cuda.DevicePtr, n int64) error {
+		err := st.c.RegisterBuffer(p, n)
+		if err == nil {
+			st.registeredBufs = append(st.registeredBufs, p)
+		}
+		return err
+	}
+	if kind == WindowBuffers {
+		lib, err := nccl.Load()
 		if err != nil {
 			return nil, err
 		}
-		for i, p := range b.ptrs() {
-			n := maxIn
-			if i == 2 {
-				n = maxOut
+		alloc = func(n int) (cuda.DevicePtr, error) {
+			p, err := lib.MemAlloc(st.dev, n)
+			if err == nil {
+				st.ncclOwned = append(st.ncclOwned, p)
 			}
-			if err := st.c.RegisterBuffer(p, n); err != nil {
-				return nil, err
+			return p, err
+		}
+		register = func(p cuda.DevicePtr, n int64) error {
+			err := st.c.RegisterWindow(ctx, p, n)
+			if err == nil {
+				st.windows = append(st.windows, p)
 			}
-			st.registeredBufs = append(st.registeredBufs, p)
+			return err
 		}
-		return b, nil
 	}
-	lib, err := nccl.Load()
-	if err != nil {
-		return nil, err
-	}
-	ncclAlloc := func(n int) (cuda.DevicePtr, error) {
-		p, err := lib.MemAlloc(st.dev, n)
-		if err == nil {
-			st.ncclOwned = append(st.ncclOwned, p)
-		}
-		return p, err
-	}
-	b, err := st.fill(maxIn, maxOut, ncclAlloc, ncclAlloc)
+	b, err := st.fill(maxIn, maxOut, alloc, alloc)
 	if err != nil {
 		return nil, err
 	}
@@ -406,10 +408,9 @@ func (st *rankState) registered(ctx context.Context, kind Buffers, maxIn, maxOut
 		if i == 2 {
 			n = maxOut
 		}
-		if err := st.c.RegisterWindow(ctx, p, n); err != nil {
+		if err := register(p, n); err != nil {
 			return nil, err
 		}
-		st.windows = append(st.windows, p)
 	}
 	return b, nil
 }
