@@ -97,7 +97,7 @@ func NewCommConfig(ctx context.Context, store rendezvous.Store, key string, rank
 	if !ok {
 		deadline = time.Now().Add(100 * 365 * 24 * time.Hour)
 	}
-	if err := cm.wait(func() string { return op }, deadline, ctx); err != nil {
+	if err := cm.wait(ctx, func() string { return op }, deadline); err != nil {
 		return nil, err
 	}
 	return cm, nil
@@ -138,31 +138,21 @@ func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, worl
 // operation is no longer in progress. Past deadline, or when ctx ends,
 // it aborts the communicator; Abort from another goroutine ends it too.
 // The read lock is held only around each poll (see Comm).
-func (c *Comm) wait(op func() string, deadline time.Time, ctx context.Context) error {
+func (c *Comm) wait(ctx context.Context, op func() string, deadline time.Time) error {
 	for {
 		if c.aborting.Load() {
 			return fmt.Errorf("nccl: %s on rank %d: %w", op(), c.rank, ErrAborted)
 		}
 		var res C.ncclResult_t
-		c.mu.RLock()
-		h := c.c
-		if h == nil {
-			c.mu.RUnlock()
-			return c.goneError(op())
-		}
-		var r C.ncclResult_t
-		c.dev.WithContext(func() error {
-			r = C.cgn_ncclCommGetAsyncError(h, &res)
+		err := c.withHandle(op, func(h C.ncclComm_t) error {
+			if r := C.cgn_ncclCommGetAsyncError(h, &res); r != 0 {
+				return newError(r, op()+": ncclCommGetAsyncError", c.rank, h)
+			}
+			if res != 0 && Result(res) != InProgress {
+				return newError(res, op(), c.rank, h)
+			}
 			return nil
 		})
-		var err error
-		switch {
-		case r != 0:
-			err = newError(r, op()+": ncclCommGetAsyncError", c.rank, h)
-		case res != 0 && Result(res) != InProgress:
-			err = newError(res, op(), c.rank, h)
-		}
-		c.mu.RUnlock()
 		if err != nil {
 			return err
 		}

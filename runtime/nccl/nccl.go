@@ -344,27 +344,29 @@ func (c *Comm) Device() *cuda.Device { return c.dev }
 // non-blocking communicator a call NCCL reports in progress is waited for
 // (wait), so call returns when the operation is enqueued or failed.
 func (c *Comm) call(op func() string, fn func(C.ncclComm_t) C.ncclResult_t) error {
-	c.mu.RLock()
-	h := c.c
-	if h == nil {
-		c.mu.RUnlock()
-		return c.goneError(op())
-	}
 	var r C.ncclResult_t
-	err := c.dev.WithContext(func() error {
-		r = fn(h)
+	err := c.withHandle(op, func(h C.ncclComm_t) error {
+		if r = fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
+			return newError(r, op(), c.rank, h)
+		}
 		return nil
 	})
-	c.mu.RUnlock()
-	switch {
-	case err != nil:
-		return err
-	case Result(r) == InProgress && c.nonBlocking:
-		return c.wait(op, time.Now().Add(c.timeout), context.Background())
-	case r != 0:
-		return newError(r, op(), c.rank, h)
+	if err == nil && r != 0 { // in progress
+		return c.wait(context.Background(), op, time.Now().Add(c.timeout))
 	}
-	return nil
+	return err
+}
+
+// withHandle runs fn on the handle, under the read lock (so Abort and
+// Destroy wait for it) and with the device context current.
+func (c *Comm) withHandle(op func() string, fn func(C.ncclComm_t) error) error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	h := c.c
+	if h == nil {
+		return c.goneError(op())
+	}
+	return c.dev.WithContext(func() error { return fn(h) })
 }
 
 // goneError is the error of a call on a destroyed or aborted communicator.
