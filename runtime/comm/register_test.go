@@ -373,6 +373,9 @@ func TestAbortFake(t *testing.T) {
 		t.Errorf("Abort took %v", el)
 	}
 	wantLines(t, "abort order", log.since(n), []string{"X0 release kernels", "X0 deregister h1", "X0 nccl abort", "X0 release"})
+	if regs := c.reg.registered(); len(regs) != 0 || !d.released {
+		t.Errorf("after Abort: %d registrations left, device released %v", len(regs), d.released)
+	}
 	g := c.gpu
 	if want := []cuda.DevicePtr{g.seq + cuda.DevicePtr((collectives.Library.MaxBlocks+2)*8), g.signal[0]}; !slices.Equal(d.abortAt, want) || d.padLen != g.signalBytes() {
 		t.Errorf("released kernels through %x (%d pad bytes), want the abort word and signal pad %x (%d)", d.abortAt, d.padLen, want, g.signalBytes())
