@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/collgen/collgen/runtime/cuda"
@@ -159,6 +160,7 @@ func TestStatsAndSnapshot(t *testing.T) {
 	if !reflect.DeepEqual(big.Blocks, wantBlocks) {
 		t.Errorf("big segment blocks %+v, want %+v", big.Blocks, wantBlocks)
 	}
+	checkTiling(t, a)
 	if err := a.EmptyCache(); err != nil {
 		t.Fatal(err)
 	}
@@ -306,4 +308,71 @@ func TestOutOfMemory(t *testing.T) {
 		t.Errorf("over the limit: %v", err)
 	}
 	a.Free(y)
+}
+
+// checkTiling asserts every segment's blocks tile it in address order and
+// no two free blocks are neighbours (they would have been merged).
+func checkTiling(t *testing.T, a *Allocator) {
+	t.Helper()
+	for _, seg := range a.Snapshot() {
+		at := seg.Base
+		for i, b := range seg.Blocks {
+			if b.Ptr != at {
+				t.Fatalf("segment %#x: block %d at %#x, want %#x", uintptr(seg.Base), i, uintptr(b.Ptr), uintptr(at))
+			}
+			if i > 0 && !b.Allocated && !seg.Blocks[i-1].Allocated {
+				t.Fatalf("segment %#x: free blocks %d and %d not merged", uintptr(seg.Base), i-1, i)
+			}
+			at += cuda.DevicePtr(b.Size)
+		}
+		if at != seg.Base+cuda.DevicePtr(seg.Bytes) {
+			t.Fatalf("segment %#x: blocks end at %#x, segment at %#x", uintptr(seg.Base), uintptr(at), uintptr(seg.Base)+uintptr(seg.Bytes))
+		}
+	}
+}
+
+// TestConcurrent: goroutines allocating and freeing on their own streams
+// leave consistent segments and no allocated bytes (run with -race).
+func TestConcurrent(t *testing.T) {
+	a, d, _ := newTest(t) // the allocator's lock serialises driver calls
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := &cuda.Stream{}
+			var live []*Block
+			for i := 0; i < 300; i++ {
+				if len(live) > 0 && (i%3 == 0 || len(live) > 20) {
+					k := (i * 7) % len(live)
+					if err := a.Free(live[k]); err != nil {
+						t.Error(err)
+						return
+					}
+					live = append(live[:k], live[k+1:]...)
+					continue
+				}
+				b, err := a.Alloc(int64(1+(i*977+g*131)%(3<<20)), s)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				live = append(live, b)
+			}
+			for _, b := range live {
+				a.Free(b)
+			}
+		}()
+	}
+	wg.Wait()
+	checkTiling(t, a)
+	if s := a.Stats(); s.AllocatedBytes != 0 || s.ActiveBlocks != 0 || s.NumAllocs != s.NumFrees {
+		t.Errorf("stats after everything was freed: %+v", s)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.live) != 0 {
+		t.Errorf("%d segments not given back", len(d.live))
+	}
 }
