@@ -88,6 +88,9 @@ type Config struct {
 	// it, and all at Close and Abort (see docs/registration.md). It must
 	// allocate on this rank's device. Ignored when NCCL is not opened.
 	Allocator *alloc.Allocator
+	// NoNCCLWindows keeps Alloc's buffers from being registered as NCCL
+	// windows (see Alloc); RegisterWindow still works.
+	NoNCCLWindows bool
 }
 
 // Options tune one call.
@@ -239,6 +242,39 @@ func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype coll.DType
 	return c.do(&call{collective: coll.AllGather, in: in, out: out, count: int64(sendCount), dtype: dtype, o: o})
 }
 
+// Plan is what a collective call would run.
+type Plan struct {
+	// Algorithm is a generated algorithm or coll.NCCL.
+	Algorithm coll.Algorithm
+	// Kernel names the generated kernel; "" for NCCL and host calls.
+	Kernel string
+	// ZeroCopy: the kernel reads the input in place from symmetric memory.
+	ZeroCopy bool
+}
+
+// Explain resolves a call exactly as AllReduce, ReduceScatter or AllGather
+// would with these arguments (count as each of them takes it; op is
+// ignored for all-gather) and reports its plan without running anything.
+// It is local: no rank waits for another. A count of 0 plans nothing and
+// returns the zero Plan.
+func (c *Communicator) Explain(collective coll.Collective, in, out Buffer, count int, dtype coll.DType, op coll.Op, o Options) (Plan, error) {
+	if c.closed.Load() {
+		return Plan{}, errorf(ErrClosed, "comm: Explain on a closed communicator")
+	}
+	if !collective.Reduces() {
+		op = ""
+	}
+	cl := &call{collective: collective, in: in, out: out, count: int64(count), dtype: dtype, op: op, o: o}
+	if err := c.resolve(cl); err != nil || cl.n == 0 {
+		return Plan{}, err
+	}
+	p := Plan{Algorithm: cl.alg, ZeroCopy: cl.zc.on()}
+	if cl.kernel != nil {
+		p.Kernel = cl.kernel.Name
+	}
+	return p, nil
+}
+
 // Choose returns the algorithm automatic selection picks for a message of
 // the given size in bytes (for all-gather and reduce-scatter: the full,
 // gathered size), through the same resolution a call makes; it checks its
@@ -263,8 +299,12 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 // so every rank must pass a symmetric input (at the same offset) in the
 // same calls: a call where some ranks do and others do not runs kernels
 // with different barrier counts, which then report a TimeoutError (the
-// debug check mode, EnvDebugCheck, names the rank instead). Freed by
-// Close. GPU only.
+// debug check mode, EnvDebugCheck, names the rank instead). When the
+// communicator uses NCCL 2.27 or newer, the buffer is also registered as
+// an NCCL window (RegisterWindow), so sizes the rules give to NCCL run
+// NCCL's symmetric kernels on it (Config.NoNCCLWindows turns that off; a
+// failed registration is an error, the buffer then stays allocated until
+// Close). Freed by Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	if c.gpu == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
@@ -276,7 +316,10 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
 	}
 	p, err := c.gpu.alloc(ctx, bytes)
-	return p, classify(err)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return p, c.allocWindow(ctx, p, bytes)
 }
 
 // Synchronize waits for the stream (nil: the communicator's own) and then

@@ -205,3 +205,15 @@ func (d *cudaDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, err
 func (d *cudaDevice) deregisterWindow(h uintptr) error {
 	return d.comm.WindowDeregister(nccl.Window(h))
 }
+
+// noWindows implements registrar.
+func (d *cudaDevice) noWindows() string {
+	lib, err := nccl.Load()
+	if err != nil {
+		return err.Error()
+	}
+	if !lib.AtLeast(2, 27) {
+		return fmt.Sprintf("NCCL %v has no windows (2.27+)", lib.Version())
+	}
+	return ""
+}

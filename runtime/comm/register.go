@@ -29,6 +29,9 @@ type registrar interface {
 	// every rank in the same order.
 	registerWindow(p cuda.DevicePtr, bytes int64) (handle uintptr, err error)
 	deregisterWindow(handle uintptr) error
+	// noWindows says why the NCCL library has no windows (before 2.27),
+	// or "".
+	noWindows() string
 }
 
 // registration is one registered range.
@@ -324,6 +327,20 @@ func (c *Communicator) DeregisterWindow(ctx context.Context, p cuda.DevicePtr) e
 		return classify(err)
 	}
 	return classify(reg.remove(p, true))
+}
+
+// allocWindow registers a buffer of Alloc as an NCCL window when NCCL is
+// open and has windows (collective, like Alloc: every rank decides alike,
+// from the agreed NCCL set-up and the same library version). A failure is
+// returned; the buffer stays allocated until Close.
+func (c *Communicator) allocWindow(ctx context.Context, p cuda.DevicePtr, bytes int) error {
+	if c.reg == nil || c.cfg.NoNCCLWindows || c.reg.r.noWindows() != "" {
+		return nil
+	}
+	if err := c.reg.add(p, int64(bytes), true); err != nil {
+		return classify(fmt.Errorf("comm: rank %d: Alloc: the buffer was allocated, but its NCCL window registration failed: %w", c.cfg.Rank, err))
+	}
+	return nil
 }
 
 // registry returns the communicator's registry, or why there is none.

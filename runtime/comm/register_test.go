@@ -86,6 +86,8 @@ func (d *regDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, erro
 	return h, nil
 }
 
+func (d *regDevice) noWindows() string { return "" }
+
 func (d *regDevice) deregisterWindow(h uintptr) error {
 	d.log.add("%s window deregister h%d", d.name, h)
 	return nil
@@ -438,5 +440,33 @@ func TestWindowsDeregisteredInOrder(t *testing.T) {
 			}
 		}
 		wantLines(t, name+" window deregistrations", order, []string{name + " window deregister h1", name + " window deregister h2"})
+	}
+}
+
+// TestAllocRegistersWindow: a buffer from Alloc (symmetric, VMM) is
+// registered as an NCCL window on every rank, and deregistered at Close.
+func TestAllocRegistersWindow(t *testing.T) {
+	log := &eventLog{}
+	comms, _ := regComms(t, rendezvous.NewMemStore(), "S", 2, log, nil)
+	ptrs := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		ptrs[r], err = c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range comms {
+		regs := c.reg.registered()
+		if len(regs) != 1 || !regs[0].window || regs[0].base != ptrs[r] || regs[0].bytes != 1<<20 {
+			t.Errorf("rank %d: registrations %+v, want one window at %#x", r, regs, uintptr(ptrs[r]))
+		}
+	}
+	n := len(log.all())
+	closeAll(t, comms)
+	got := strings.Join(log.since(n), "\n")
+	for _, want := range []string{"S0 window deregister h1", "S1 window deregister h1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Close: %q missing from\n%s", want, got)
+		}
 	}
 }

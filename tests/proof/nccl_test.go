@@ -390,3 +390,37 @@ func TestNCCLPeerKilledGPU(t *testing.T) {
 		t.Errorf("Abort after the peer died took %v", el)
 	}
 }
+
+// TestNCCLAllocWindowsGPU: buffers from Communicator.Alloc (symmetric VMM
+// memory) are registered as NCCL windows (NCCL 2.27+); NCCL collectives
+// on them, small and large, are right.
+func TestNCCLAllocWindowsGPU(t *testing.T) {
+	gpus(t)
+	lib, err := nccl.Load()
+	if err != nil {
+		t.Skipf("NCCL: %v", err)
+	}
+	if !lib.AtLeast(2, 27) {
+		t.Skipf("NCCL %v has no windows (2.27+)", lib.Version())
+	}
+	comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
+		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second}
+	})
+	defer closeComms(comms)
+	const n = 8 << 20
+	ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+	if err := ranks(comms, func(r int, c *comm.Communicator) (err error) {
+		if ins[r], err = c.Alloc(context.Background(), 4*n); err != nil {
+			return err
+		}
+		outs[r], err = c.Alloc(context.Background(), 4*n)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []int{512, n} {
+		if err := ncclCollectives(comms, ins, outs, m, fmt.Sprintf("Alloc window, %d bf16", m)); err != nil {
+			t.Error(err)
+		}
+	}
+}
