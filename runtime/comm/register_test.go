@@ -63,13 +63,18 @@ func (d *regDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
 	return nil
 }
 
-func (d *regDevice) register(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+// handle makes the next handle and logs "<name> <what> <p> <bytes> -> h<n>".
+func (d *regDevice) handle(what string, p cuda.DevicePtr, bytes int64) (uintptr, error) {
 	d.mu.Lock()
 	d.next++
 	h := d.next
 	d.mu.Unlock()
-	d.log.add("%s register %#x %d -> h%d", d.name, uintptr(p), bytes, h)
+	d.log.add("%s %s %#x %d -> h%d", d.name, what, uintptr(p), bytes, h)
 	return h, nil
+}
+
+func (d *regDevice) register(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	return d.handle("register", p, bytes)
 }
 
 func (d *regDevice) deregister(h uintptr) error {
@@ -78,12 +83,7 @@ func (d *regDevice) deregister(h uintptr) error {
 }
 
 func (d *regDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, error) {
-	d.mu.Lock()
-	d.next++
-	h := d.next
-	d.mu.Unlock()
-	d.log.add("%s window %#x %d -> h%d", d.name, uintptr(p), bytes, h)
-	return h, nil
+	return d.handle("window", p, bytes)
 }
 
 func (d *regDevice) noWindows() string { return "" }

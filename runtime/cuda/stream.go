@@ -81,14 +81,19 @@ func (s *Stream) Query() (bool, error) {
 		return false, err
 	}
 	defer runtime.UnlockOSThread()
-	switch r := C.cg_cuStreamQuery(s.s); r {
+	return s.dev.queryResult(C.cg_cuStreamQuery(s.s), "cuStreamQuery")
+}
+
+// queryResult turns a cuStreamQuery or cuEventQuery result into done or
+// not, CUDA_ERROR_NOT_READY being "not yet".
+func (d *Device) queryResult(r C.CUresult, op string) (bool, error) {
+	switch r {
 	case 0:
 		return true, nil
 	case C.CUresult(ErrorNotReady):
 		return false, nil
-	default:
-		return false, s.dev.err(r, "cuStreamQuery")
 	}
+	return false, d.err(r, op)
 }
 
 // WaitEvent makes future work on s wait for e (which may be of another
@@ -282,14 +287,7 @@ func (e *Event) Query() (bool, error) {
 		return false, err
 	}
 	defer runtime.UnlockOSThread()
-	switch r := C.cg_cuEventQuery(e.e); r {
-	case 0:
-		return true, nil
-	case C.CUresult(ErrorNotReady):
-		return false, nil
-	default:
-		return false, e.dev.err(r, "cuEventQuery")
-	}
+	return e.dev.queryResult(C.cg_cuEventQuery(e.e), "cuEventQuery")
 }
 
 // Destroy releases the event. Idempotent.
