@@ -378,7 +378,12 @@ func (c *Communicator) Close() error {
 		// Wait for a GPU call in flight on another goroutine.
 		c.busy.Lock()
 		defer c.busy.Unlock()
-		// Registrations go before the NCCL communicator does.
+		// Registrations go after the collectives queued on the own stream
+		// (best effort: close reports the stream's error) and before the
+		// NCCL communicator does.
+		if c.gpu != nil {
+			c.gpu.dev.synchronize(nil)
+		}
 		c.closeErr = errors.Join(classify(c.reg.closeAll(false)), classify(c.b.close()), c.leave())
 	})
 	return c.closeErr
