@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/collgen/collgen/runtime/cuda"
 )
@@ -214,6 +215,9 @@ func TestObserverOrder(t *testing.T) {
 // TestStreams: blocks are reused only on their own stream; a block used on
 // another stream comes back only after that stream's event passes.
 func TestStreams(t *testing.T) {
+	if unsafe.Sizeof(cuda.Stream{}) == 0 {
+		t.Skip("without cgo cuda.Stream is empty, so two *cuda.Stream may be equal")
+	}
 	a, d, _ := newTest(t)
 	s1, s2 := &cuda.Stream{}, &cuda.Stream{}
 	x := mustAlloc(t, a, 4096, s1)
