@@ -329,12 +329,13 @@ func (c *Communicator) DeregisterWindow(ctx context.Context, p cuda.DevicePtr) e
 	return classify(reg.remove(p, true))
 }
 
-// allocWindow registers a buffer of Alloc as an NCCL window when NCCL is
-// open and has windows (collective, like Alloc: every rank decides alike,
-// from the agreed NCCL set-up and the same library version). A failure is
-// returned; the buffer stays allocated until Close.
+// allocWindow registers a buffer of Alloc as an NCCL window with
+// Config.NCCLWindows, when NCCL is open and has windows (collective, like
+// Alloc: every rank decides alike, from the same Config, the agreed NCCL
+// set-up and the library version). A failure is returned; the buffer
+// stays allocated until Close.
 func (c *Communicator) allocWindow(ctx context.Context, p cuda.DevicePtr, bytes int) error {
-	if c.reg == nil || c.cfg.NoNCCLWindows || c.reg.r.noWindows() != "" {
+	if !c.cfg.NCCLWindows || c.reg == nil || c.reg.r.noWindows() != "" {
 		return nil
 	}
 	if err := c.reg.add(p, int64(bytes), true); err != nil {

@@ -160,6 +160,13 @@ func (f *fakeAllocDriver) Record(*cuda.Stream) (alloc.Event, error) {
 // regComms forms one group of world ranks on regDevices named
 // group+rank; allocs[r] (may be nil) is rank r's Config.Allocator.
 func regComms(t *testing.T, store rendezvous.Store, group string, world int, log *eventLog, allocs []*alloc.Allocator) ([]*Communicator, []*regDevice) {
+	return regCommsWith(t, store, Config{Group: group}, world, log, allocs)
+}
+
+// regCommsWith is regComms with more of the Config (Group names the
+// devices).
+func regCommsWith(t *testing.T, store rendezvous.Store, base Config, world int, log *eventLog, allocs []*alloc.Allocator) ([]*Communicator, []*regDevice) {
+	group := base.Group
 	t.Helper()
 	comms := make([]*Communicator, world)
 	devs := make([]*regDevice, world)
@@ -171,7 +178,8 @@ func regComms(t *testing.T, store rendezvous.Store, group string, world int, log
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cfg := Config{Rank: r, WorldSize: world, Device: r, Store: store, Library: collectives.Library, Group: group}
+			cfg := base
+			cfg.Rank, cfg.WorldSize, cfg.Device, cfg.Store, cfg.Library = r, world, r, store, collectives.Library
 			if allocs != nil {
 				cfg.Allocator = allocs[r]
 			}
@@ -443,11 +451,23 @@ func TestWindowsDeregisteredInOrder(t *testing.T) {
 	}
 }
 
-// TestAllocRegistersWindow: a buffer from Alloc (symmetric, VMM) is
-// registered as an NCCL window on every rank, and deregistered at Close.
+// TestAllocRegistersWindow: with Config.NCCLWindows a buffer from Alloc
+// (symmetric, VMM) is registered as an NCCL window on every rank, and
+// deregistered at Close; without, it is not.
 func TestAllocRegistersWindow(t *testing.T) {
 	log := &eventLog{}
-	comms, _ := regComms(t, rendezvous.NewMemStore(), "S", 2, log, nil)
+	plain, _ := regComms(t, rendezvous.NewMemStore(), "P", 2, log, nil)
+	if err := errors.Join(onRanks(plain, func(r int, c *Communicator) error {
+		_, err := c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if regs := plain[0].reg.registered(); len(regs) != 0 {
+		t.Errorf("without NCCLWindows: %+v registered", regs)
+	}
+	closeAll(t, plain)
+	comms, _ := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "S", NCCLWindows: true}, 2, log, nil)
 	ptrs := make([]cuda.DevicePtr, 2)
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
 		ptrs[r], err = c.Alloc(context.Background(), 1<<20)

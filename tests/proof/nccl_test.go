@@ -391,9 +391,9 @@ func TestNCCLPeerKilledGPU(t *testing.T) {
 	}
 }
 
-// TestNCCLAllocWindowsGPU: buffers from Communicator.Alloc (symmetric VMM
-// memory) are registered as NCCL windows (NCCL 2.27+); NCCL collectives
-// on them, small and large, are right.
+// TestNCCLAllocWindowsGPU: with Config.NCCLWindows, buffers from
+// Communicator.Alloc (symmetric VMM memory) are registered as NCCL windows
+// (NCCL 2.27+); NCCL collectives on them, small and large, are right.
 func TestNCCLAllocWindowsGPU(t *testing.T) {
 	gpus(t)
 	lib, err := nccl.Load()
@@ -404,7 +404,7 @@ func TestNCCLAllocWindowsGPU(t *testing.T) {
 		t.Skipf("NCCL %v has no windows (2.27+)", lib.Version())
 	}
 	comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
-		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second}
+		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true}
 	})
 	defer closeComms(comms)
 	const n = 8 << 20
