@@ -16,7 +16,7 @@ func newTestGPU(t *testing.T, cfg Config) (*gpuComm, error) {
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
 	}
-	return newGPUState(cfg, "test/")
+	return newGPUState(cfg, "test/", nil)
 }
 
 // frontOf wraps a GPU state in a Communicator whose front end resolves
