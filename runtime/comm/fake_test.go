@@ -33,6 +33,7 @@ type fakeDevice struct {
 	// bus, classifyFn and peersFn answer topology detection (detect.go);
 	// zero values: a made-up bus id, no NVML, peer access to every GPU.
 	bus        string
+	busErr     error
 	classifyFn func(ids []string) (classification, error)
 	peersFn    func(ids []string) ([]int, error)
 	// setups counts region set-ups (none when the GPUs use NCCL only).
@@ -55,6 +56,9 @@ type fakeLaunch struct {
 func fakeRegion(r int) cuda.DevicePtr { return cuda.DevicePtr(0x7000_0000_0000 + r<<32) }
 
 func (d *fakeDevice) busID() (string, error) {
+	if d.busErr != nil {
+		return "", d.busErr
+	}
 	if d.bus != "" {
 		return d.bus, nil
 	}
