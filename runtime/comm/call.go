@@ -31,7 +31,7 @@ type call struct {
 	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
 	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
 	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
-	zc     *zeroCopy       // GPU kernel: the input is read in place, nil when staged
+	zc     zeroCopy        // GPU kernel: where the input is read in place (zero value: staged)
 }
 
 // backend executes resolved calls: the GPU (gpuComm) or the host

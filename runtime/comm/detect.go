@@ -298,18 +298,23 @@ func (g *gpuComm) kernelRank() int {
 	return g.cfg.Rank
 }
 
+// rankAt is the communicator rank that plays kernel rank k (the inverse of
+// kernelRank; the identity unless remapped).
+func (g *gpuComm) rankAt(k int) int {
+	if c := g.corners(); c != nil {
+		return slices.Index(c, k)
+	}
+	return k
+}
+
 // byCorner reorders a by-rank table of peer addresses into kernel-rank
 // order (identity unless remapped). Every kernel of a remapped
 // communicator sees the same order, so signal pads and stage slots stay
 // consistent across kernels.
 func (g *gpuComm) byCorner(byRank []cuda.DevicePtr) []cuda.DevicePtr {
-	c := g.corners()
-	if c == nil {
-		return byRank
-	}
 	out := make([]cuda.DevicePtr, len(byRank))
-	for r, p := range byRank {
-		out[c[r]] = p
+	for k := range out {
+		out[k] = byRank[g.rankAt(k)]
 	}
 	return out
 }

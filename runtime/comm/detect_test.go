@@ -202,6 +202,37 @@ func TestDetectCubeCorners(t *testing.T) {
 				}
 			}
 		}
+		// Zero-copy: the stage table points into each rank's symmetric
+		// input, at the rank's corner.
+		syms := make([]cuda.DevicePtr, 8)
+		errs = onRanks(comms, func(r int, c *Communicator) (err error) {
+			if syms[r], err = c.Alloc(context.Background(), 1<<20); err != nil {
+				return err
+			}
+			return c.AllReduce(DeviceBuffer(syms[r]+4096), DeviceBuffer(0x9000), 1<<14, coll.BF16, coll.Sum, Options{})
+		})
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		for r, dev := range devs {
+			l := dev.launches[1]
+			var a collectives.ArgsW8
+			if err := binary.Read(bytes.NewReader(l.args), binary.LittleEndian, &a); err != nil {
+				t.Fatal(err)
+			}
+			m, ok := comms[r].gpu.inPlace[l.kernel]
+			if !ok || a.SlotBytes != 0 {
+				t.Fatalf("GPUs %v, rank %d: %s did not read its input in place", gpus, r, l.kernel.Name)
+			}
+			chunk := chunkElems(&call{collective: coll.AllReduce, n: 1 << 14, esize: 2}, 8, l.kernel)
+			for p := range 8 {
+				k := d.Corners[p]
+				want := uint64(syms[p]) + 4096 - uint64(2*min(int64(m.delta[k])*chunk, 1<<14))
+				if a.Stage[k] != want {
+					t.Errorf("GPUs %v: rank %d's zero-copy stage at corner %d is %#x, want rank %d's input %#x", gpus, r, k, a.Stage[k], p, want)
+				}
+			}
+		}
 		// Reduce-scatter places data by rank: its kernels may not run
 		// with ranks playing other corners.
 		err = comms[0].ReduceScatter(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShot})

@@ -28,6 +28,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
 // guard is the poisoned margin before and after every output.
@@ -658,31 +659,61 @@ func TestProofProcess(t *testing.T) {
 	}
 }
 
-// TestProofZeroCopy proves the zero-copy path: inputs allocated with
-// Communicator.Alloc (symmetric) are read in place by peers, with one stage
-// slot and the final barrier kept. Every all-reduce and reduce-scatter
-// kernel of the largest world the machine has, two counts, three
-// back-to-back calls each (the caller overwrites its input between calls,
-// which the final barrier must make safe).
+// TestProofZeroCopy proves the zero-copy path: inputs in symmetric memory
+// are read in place by peers, with one stage slot and the final barrier
+// kept. Every kernel of the largest world the machine has (all three
+// collectives; push kernels take the same inputs and send from them),
+// inputs alternating between Communicator.Alloc's buffers and a user's own
+// symm.Pool given to UseSymmetric, two counts with three back-to-back
+// calls each (the caller overwrites its input between calls, which the
+// final barrier must make safe), and for barrier kernels one message
+// larger than the whole staging buffer (zero-copy needs none).
 func TestProofZeroCopy(t *testing.T) {
 	ngpu := gpus(t)
 	defer writeSummary(t)
 	ws := worlds(ngpu)
 	w := ws[len(ws)-1]
-	// Barrier kernels read the symmetric input in place whatever the
-	// staging size; push kernels (never zero-copy) need their inbox area to
-	// hold the largest count below, more than the rules' default sizing.
-	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 16 << 20, Group: "zerocopy"})
+	// Push kernels (never zero-copy) need their inbox area to hold the
+	// 100003-element count, more than the rules' default sizing; barrier
+	// kernels' big count is larger than this whole staging buffer.
+	const staging, big = 4 << 20, 5 << 20 // bytes
+	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: staging, Group: "zerocopy"})
 	defer closeComms(comms)
-	const maxBytes = 4 << 20
+	const maxBytes = 2 * big
 	syms := make([]cuda.DevicePtr, w)
+	pooled := make([]cuda.DevicePtr, w)
 	errs := make([]error, w)
+	st := rendezvous.NewMemStore()
 	var wg sync.WaitGroup
 	for r, cm := range comms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			syms[r], errs[r] = cm.Alloc(context.Background(), maxBytes)
+			errs[r] = func() (err error) {
+				ctx := context.Background()
+				if syms[r], err = cm.Alloc(ctx, maxBytes); err != nil {
+					return err
+				}
+				be, err := symm.NewCUDABackend(cm.Device(), nil)
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { be.Close() })
+				pool, err := symm.NewPool(ctx, symm.Config{Group: "proof-user", Rank: r, WorldSize: w, Store: st, Backend: be})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { pool.Close() })
+				buf, err := pool.Alloc(maxBytes)
+				if err != nil {
+					return err
+				}
+				if _, err := pool.Rendezvous(ctx, buf); err != nil {
+					return err
+				}
+				pooled[r] = cuda.DevicePtr(buf.Addr())
+				return cm.UseSymmetric(ctx, pool)
+			}()
 		}()
 	}
 	wg.Wait()
@@ -690,16 +721,29 @@ func TestProofZeroCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range collectives.Combinations {
-		if c.World != w || c.Collective == "allgather" || !selected(c.Kernel) {
+		if c.World != w || !selected(c.Kernel) {
 			continue
+		}
+		counts := []int{33, 100003}
+		if !strings.Contains(string(c.Algorithm), "_ll") { // barrier kernel: larger than the staging buffer
+			in, _ := sizes(c.Collective, w, 1)
+			counts = append(counts, big/(in*c.DType.Size())+1)
 		}
 		cases := 0
 		var cerr error
-		for _, n := range []int{33, 100003} {
-			for call := 0; call < 3 && cerr == nil; call++ {
+		for _, n := range counts {
+			calls := 3
+			if n > 100003 {
+				calls = 2 // one Alloc'd input, one pooled
+			}
+			for call := 0; call < calls && cerr == nil; call++ {
 				seed := n + call
 				inN, outN := sizes(c.Collective, w, n)
 				size := c.DType.Size()
+				src := syms // the input's symmetric buffer, by rank: alternate the two kinds
+				if call%2 == 1 {
+					src = pooled
+				}
 				ins := make([][]byte, w)
 				for r := 0; r < w; r++ {
 					ins[r] = input(c.DType, inN, seed, r)
@@ -710,7 +754,7 @@ func TestProofZeroCopy(t *testing.T) {
 						defer wg.Done()
 						errs[r] = func() error {
 							dev := cm.Device()
-							if err := dev.CopyHtoD(syms[r], ins[r]); err != nil {
+							if err := dev.CopyHtoD(src[r], ins[r]); err != nil {
 								return err
 							}
 							out, err := dev.Alloc(outN * size)
@@ -718,7 +762,7 @@ func TestProofZeroCopy(t *testing.T) {
 								return err
 							}
 							defer dev.Free(out)
-							rc := &rankCase{in: syms[r], out: out, inBytes: inN * size, outBytes: outN * size}
+							rc := &rankCase{in: src[r], out: out, inBytes: inN * size, outBytes: outN * size}
 							if err := issue(cm, c, rc, n, nil); err != nil {
 								return err
 							}
