@@ -31,11 +31,7 @@ import (
 // fakeMachine detects one of fakenvml's machines.
 func fakeMachine(t *testing.T, name string) *topo.Machine {
 	t.Helper()
-	lib, err := fakenvml.New(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := topo.Detect(lib)
+	m, err := fakenvml.Machine(name)
 	if err != nil {
 		t.Fatal(err)
 	}
