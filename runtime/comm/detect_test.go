@@ -142,6 +142,28 @@ func TestDetectFakeMachines(t *testing.T) {
 	}
 }
 
+// A Config.Topology is honoured where its kernels run on the detected GPUs
+// (pcie kernels on NVSwitch: every pair has peer access), and refused on
+// every rank where they cannot (nvlink_full kernels read every pair, which
+// a DGX-1 cannot).
+func TestDetectExplicitTopology(t *testing.T) {
+	comms, errs := newFakeComms(t, Config{Topology: "pcie"}, machineDevs(fakeMachine(t, "nvswitch8"), seq(4)))
+	if d := agreed(t, comms, errs); d.Topology != "pcie" || d.Kind != "nvswitch" {
+		t.Errorf("pcie on nvswitch8: %+v", d)
+	}
+	closeAll(t, comms)
+	devs := machineDevs(fakeMachine(t, "dgx1"), seq(8))
+	_, errs = newFakeComms(t, Config{Topology: "nvswitch"}, devs)
+	for r, err := range errs {
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), `Config.Topology "nvswitch" (nvlink_full) cannot run on these GPUs, detected as hybrid_cube_mesh`) {
+			t.Errorf("nvswitch on dgx1: rank %d: %v", r, err)
+		}
+		if !devs[r].released {
+			t.Errorf("rank %d's device not released", r)
+		}
+	}
+}
+
 // On a hybrid cube mesh the ranks play the cube's corners: the identity in
 // NVML order, another map in a scrambled order, and then every kernel sees
 // the corner as its rank and its peer tables in corner order, so every
