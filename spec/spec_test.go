@@ -131,11 +131,19 @@ func TestShipped(t *testing.T) {
 	// The thresholds are tuned from measurements (docs/performance.md,
 	// docs/topology.md), per world size, so this checks their shape, not
 	// their values: every world size has rules, increasing bounds, each
-	// rule a generated algorithm, coll.NCCL last, and ChooseFor following
-	// them; world 2 has rules of its own.
+	// rule a generated algorithm, coll.NCCL last, and ChooseFor (staged
+	// inputs: the plain rules) following them; symmetric rules read in
+	// place; world 2 has rules of its own.
 	for _, c := range coll.Collectives() {
 		for _, w := range nv.WorldSizes {
-			rules := nv.SelectByWorld[c][w]
+			var rules []Rule
+			for _, r := range nv.SelectByWorld[c][w] {
+				if !r.Symmetric {
+					rules = append(rules, r)
+				} else if r.Use != coll.OneShot {
+					t.Errorf("nvswitch %s world %d symmetric rule %+v: want the in-place one-shot", c, w, r)
+				}
+			}
 			if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: coll.NCCL}) {
 				t.Errorf("nvswitch %s rules at world %d %v do not end in nccl", c, w, rules)
 				continue

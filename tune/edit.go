@@ -63,6 +63,9 @@ func rulesNode(rs []spec.Rule) *yaml.Node {
 		if r.UpTo != 0 {
 			m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
 		}
+		if r.Symmetric {
+			m.Content = append(m.Content, scalar("symmetric"), scalar("true"))
+		}
 		m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
 		seq.Content = append(seq.Content, m)
 	}

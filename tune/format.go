@@ -46,11 +46,15 @@ func WriteDecisions(w io.Writer, tables []Table) error {
 func RulesYAML(indent string, rules []spec.Rule) string {
 	var b strings.Builder
 	for _, r := range rules {
-		if r.UpTo == 0 {
-			fmt.Fprintf(&b, "%s- {use: %s}\n", indent, r.Use)
-		} else {
-			fmt.Fprintf(&b, "%s- {upto: %s, use: %s}\n", indent, spec.FormatSize(r.UpTo), r.Use)
+		var fields []string
+		if r.UpTo != 0 {
+			fields = append(fields, "upto: "+spec.FormatSize(r.UpTo))
 		}
+		if r.Symmetric {
+			fields = append(fields, "symmetric: true")
+		}
+		fields = append(fields, "use: "+string(r.Use))
+		fmt.Fprintf(&b, "%s- {%s}\n", indent, strings.Join(fields, ", "))
 	}
 	return b.String()
 }

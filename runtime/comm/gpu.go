@@ -388,8 +388,11 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	chunk := chunkElems(cl, g.world, k)
 	need := slotNeed(k, cl.bytes, chunk*cl.esize, g.area[proto])
 	zc := g.zeroCopy(k, cl)
+	// Reading the input in place frees a kernel from the stage slot, but
+	// not from scratch (two-shot reduces into it, laid out like the slot).
+	inPlace := zc.on() && !k.UsesScratch
 	switch {
-	case auto && need > g.area[proto] && !zc.on():
+	case auto && need > g.area[proto] && !inPlace:
 		cl.alg = coll.NCCL
 		return g.prepare(cl, true)
 	case auto:
@@ -400,6 +403,9 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes need %s of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
 			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
+	case need > g.area[proto] && zc.on() && k.UsesScratch:
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
+			cl.collective, cl.alg, cl.bytes, g.area[proto])
 	case need > g.area[proto] && !zc.on():
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, cl.bytes, g.area[proto])
@@ -440,6 +446,14 @@ func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) zeroCopy {
 	}
 	zc, _ := g.dev.lookup(cl.in.dev, cl.inBytes)
 	return zc
+}
+
+func (g *gpuComm) symmetricInput(cl *call) bool {
+	if cl.in.kind != deviceMemory {
+		return false
+	}
+	_, ok := g.dev.lookup(cl.in.dev, cl.inBytes)
+	return ok
 }
 
 // run executes a prepared call; with no stream it waits for completion.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
@@ -110,9 +111,11 @@ func TestFakeZeroCopyAllGather(t *testing.T) {
 	}
 }
 
-// TestFakeZeroCopyLiftsStagingLimit: a forced barrier all-reduce larger
+// TestFakeZeroCopyLiftsStagingLimit: a forced one-shot all-reduce larger
 // than the staging buffer is refused when staged and runs when its input
 // is symmetric; auto keeps the generated kernel for it instead of NCCL.
+// Two-shot reduces into scratch, which zero-copy does not replace: still
+// refused, naming the scratch area.
 func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
@@ -124,15 +127,50 @@ func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 	})...); err != nil {
 		t.Fatal(err)
 	}
-	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot}); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("staged 4 MiB two-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
+	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
+	}
+	if err := comms[0].AllReduce(DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "scratch area") {
+		t.Errorf("zero-copy 4 MiB two-shot over a 1 MiB scratch area: %v, want ErrInvalidArgument naming the scratch area", err)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
-		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot})
+		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
 	})...); err != nil {
-		t.Fatalf("zero-copy 4 MiB two-shot: %v", err)
+		t.Fatalf("zero-copy 4 MiB one-shot: %v", err)
 	}
-	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.TwoShot {
-		t.Errorf("launches %v, want one two-shot kernel", devs[0].launches)
+	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot {
+		t.Errorf("launches %v, want one one-shot kernel", devs[0].launches)
+	}
+}
+
+// TestFakeSymmetricRules: the shipped rules send a 64 MiB all-reduce with
+// a symmetric input to the in-place one-shot (no staging needed) and the
+// same call staged to NCCL; Explain reports both plans.
+func TestFakeSymmetricRules(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	const n = 16 << 20 // f32: 64 MiB
+	syms := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), 4*n)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
+		t.Errorf("symmetric 64 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
+	}
+	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.NCCL}) {
+		t.Errorf("staged 64 MiB: plan %+v, %v; want nccl", p, err)
+	}
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot || len(devs[0].nccl) != 0 {
+		t.Errorf("launches %d, nccl calls %v; want one one-shot kernel", len(devs[0].launches), devs[0].nccl)
 	}
 }
