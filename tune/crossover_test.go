@@ -37,19 +37,9 @@ func readFiles(t *testing.T, files ...string) []tune.Sample {
 func rulesOf(ts []tune.Table) string {
 	var b strings.Builder
 	for _, t := range ts {
-		fmt.Fprintf(&b, "%s w%d %s\n", t.Collective, t.World, ruleList(t.Rules))
+		fmt.Fprintf(&b, "%s w%d %v\n", t.Collective, t.World, t.Rules)
 	}
 	return b.String()
-}
-
-// ruleList prints rules as [{upto use} ...]: the tuner writes only plain
-// (staged) rules, so spec.Rule's Symmetric flag is left out.
-func ruleList(rs []spec.Rule) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = fmt.Sprintf("{%d %s}", r.UpTo, r.Use)
-	}
-	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // checkRules asserts the invariants every table's rules keep: bounds
@@ -218,7 +208,7 @@ func TestHysteresisAndMargin(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkRules(t, tables, tune.DefaultMargin)
-		if got := ruleList(tables[0].Rules); got != tc.want {
+		if got := fmt.Sprint(tables[0].Rules); got != tc.want {
 			var b bytes.Buffer
 			tune.WriteDecisions(&b, tables)
 			t.Errorf("%s: rules %s, want %s\n%s", tc.name, got, tc.want, b.String())

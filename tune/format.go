@@ -46,15 +46,15 @@ func WriteDecisions(w io.Writer, tables []Table) error {
 func RulesYAML(indent string, rules []spec.Rule) string {
 	var b strings.Builder
 	for _, r := range rules {
-		var fields []string
-		if r.UpTo != 0 {
-			fields = append(fields, "upto: "+spec.FormatSize(r.UpTo))
-		}
+		sym := ""
 		if r.Symmetric {
-			fields = append(fields, "symmetric: true")
+			sym = ", symmetric: true"
 		}
-		fields = append(fields, "use: "+string(r.Use))
-		fmt.Fprintf(&b, "%s- {%s}\n", indent, strings.Join(fields, ", "))
+		if r.UpTo == 0 {
+			fmt.Fprintf(&b, "%s- {use: %s%s}\n", indent, r.Use, sym)
+		} else {
+			fmt.Fprintf(&b, "%s- {upto: %s, use: %s%s}\n", indent, spec.FormatSize(r.UpTo), r.Use, sym)
+		}
 	}
 	return b.String()
 }

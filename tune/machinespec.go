@@ -291,9 +291,7 @@ func writeHostTopologies(b *strings.Builder, base *spec.Spec, baseName string) {
 }
 
 // usable keeps the rules whose algorithm is generated (or NCCL), merging
-// neighbours that end up choosing the same for the same inputs (a
-// symmetric rule never merges with a plain one); nil when only NCCL is
-// left.
+// neighbours that end up choosing the same; nil when only NCCL is left.
 func usable(rules []spec.Rule, generated []coll.Algorithm) []spec.Rule {
 	var out []spec.Rule
 	for _, r := range rules {
