@@ -4,6 +4,7 @@ package comm
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/topo"
@@ -16,8 +17,14 @@ func (d *cudaDevice) busID() (string, error) {
 	return d.handle.PCIBusID, nil
 }
 
+// nvmlMu serialises NVML detection between goroutine ranks of one process:
+// go-nvml's library loading sets package-level symbol tables.
+var nvmlMu sync.Mutex
+
 func (d *cudaDevice) classify(ids []string) (classification, error) {
+	nvmlMu.Lock()
 	m, err := topo.Open()
+	nvmlMu.Unlock()
 	if err != nil {
 		return classification{}, err
 	}
