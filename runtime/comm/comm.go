@@ -58,8 +58,14 @@ type Config struct {
 	// member has closed. Default "default".
 	Group string
 	// Topology is the spec topology whose kernels and selection rules to
-	// use; "" picks the first GPU topology (nvlink_full preferred) that
-	// lists WorldSize, or the host_shm topology for Device: Host.
+	// use. "" lets New choose from what it detects (docs/topology.md): the
+	// first topology of the detected kind (nvlink_full on NVSwitch or an
+	// NVLink mesh, hybrid_cube_mesh on a DGX-1-style cube, pcie_p2p), NCCL
+	// only when some GPU cannot access another's memory, and without NVML
+	// the first nvlink_full topology when CUDA finds peer access everywhere;
+	// the host_shm topology for Device: Host. A named GPU topology whose
+	// kernels cannot run on the detected GPUs fails New on every rank
+	// (ErrUnsupported).
 	Topology string
 	// Timeout bounds every wait of a rank for a peer; a kernel that waits
 	// longer reports a timeout instead of hanging. Default DefaultTimeout.
