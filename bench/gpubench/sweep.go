@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/nccl"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -250,13 +252,18 @@ type rankState struct {
 	dev    *cuda.Device
 	s      *cuda.Stream
 	peers  Peers
-	in     [2]cuda.DevicePtr // inputs of aligned shapes
-	inOff  [2]cuda.DevicePtr // inputs of awkward shapes (Shape.Offset), where they are needed
-	out    cuda.DevicePtr
-	host   []byte // output copy-back for --check
+	bufs   map[Buffers]*bufSet // by kind; PlainBuffers always
+	bufErr map[Buffers]error   // why a kind's buffers could not be set up (agreed)
+	host   []byte              // output copy-back for --check
 	events []*cuda.Event
 	owned  []cuda.DevicePtr // plain allocations to free
-	warmed bool             // the clock warm-up has run
+	// ncclOwned are ncclMemAlloc allocations to free, windows those
+	// registered as windows (deregistered first, in order on every rank).
+	ncclOwned []cuda.DevicePtr
+	windows   []cuda.DevicePtr
+	// registeredBufs are registered with NCCL (deregistered before freed).
+	registeredBufs []cuda.DevicePtr
+	warmed         bool // the clock warm-up has run
 }
 
 func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, peers Peers) (ms []Measurement, err error) {
@@ -291,67 +298,161 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	return st.sweep(ctx)
 }
 
+// bufSet is one kind's inputs (alternating) and output. Awkward shapes
+// (Shape.Offset) read inputs of their own, filled from off bytes into
+// their allocations, and write the output from off bytes in; every awkward
+// shape of a sweep has the same offset (one element of its dtype).
+type bufSet struct {
+	in    [2]cuda.DevicePtr
+	inOff [2]cuda.DevicePtr // allocation starts; the inputs are off bytes in
+	out   cuda.DevicePtr    // maxOut + off bytes
+	off   int64
+}
+
+// at returns the input (number i: inputs alternate) and the output of a
+// call of shape sh.
+func (b *bufSet) at(sh Shape, i int) (in, out cuda.DevicePtr) {
+	if sh.Offset > 0 {
+		return b.inOff[i%2] + cuda.DevicePtr(b.off), b.out + cuda.DevicePtr(b.off)
+	}
+	return b.in[i%2], b.out
+}
+
 // setup allocates the inputs (largest size, filled once: every size reads
-// a prefix; awkward shapes their own pair, filled from one element in) and
-// the output, and the stream.
+// a prefix) and the output, and the stream; then a set of its own for each
+// kind of registered buffers a variant names (see setupRegistered).
 func (st *rankState) setup(ctx context.Context) error {
 	var err error
 	if st.s, err = st.dev.NewStream(); err != nil {
 		return err
 	}
-	var maxIn, maxOut, maxOff int64
+	var maxIn, maxOut, off int64
 	for _, sh := range st.plan.Shapes {
-		maxIn, maxOut, maxOff = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes), max(maxOff, sh.Offset)
+		maxIn, maxOut, off = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes), max(off, sh.Offset)
 	}
-	if st.in, err = st.inputs(ctx, maxIn, 0); err != nil {
+	alloc := st.alloc
+	if st.cfg.ZeroCopy {
+		alloc = func(n int) (cuda.DevicePtr, error) { return st.c.Alloc(ctx, n) }
+	}
+	plain, err := st.fill(maxIn, maxOut, off, alloc, st.alloc)
+	if err != nil {
 		return err
 	}
-	if maxOff > 0 {
-		if st.inOff, err = st.inputs(ctx, maxIn, maxOff); err != nil {
-			return err
-		}
-	}
-	maxOut += maxOff
-	if st.out, err = st.alloc(int(maxOut)); err != nil {
-		return fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut), err)
-	}
+	st.bufs = map[Buffers]*bufSet{PlainBuffers: plain}
+	st.bufErr = map[Buffers]error{}
 	if st.cfg.Check {
 		st.host = make([]byte, maxOut)
+	}
+	return st.setupRegistered(ctx, maxIn, maxOut, off)
+}
+
+// fill allocates a set with inAlloc and outAlloc and writes the inputs
+// (with off > 0 also the awkward shapes' inputs).
+func (st *rankState) fill(maxIn, maxOut, off int64, inAlloc, outAlloc func(int) (cuda.DevicePtr, error)) (*bufSet, error) {
+	b := &bufSet{off: off}
+	host := make([]byte, maxIn)
+	var err error
+	for i, seed := range []int{seed0, seed1} {
+		if b.in[i], err = inAlloc(int(maxIn)); err != nil {
+			return nil, fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn), err)
+		}
+		FillInput(st.cfg.DType, host, seed, st.rank)
+		if err := st.dev.CopyHtoD(b.in[i], host); err != nil {
+			return nil, err
+		}
+		if off == 0 {
+			continue
+		}
+		if b.inOff[i], err = inAlloc(int(maxIn + off)); err != nil {
+			return nil, fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn+off), err)
+		}
+		if err := st.dev.CopyHtoD(b.inOff[i]+cuda.DevicePtr(off), host); err != nil {
+			return nil, err
+		}
+	}
+	if b.out, err = outAlloc(int(maxOut + off)); err != nil {
+		return nil, fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut+off), err)
+	}
+	return b, nil
+}
+
+// allocation is one allocation of a set and its size.
+type allocation struct {
+	p cuda.DevicePtr
+	n int64
+}
+
+// allocations lists a set's allocations (as fill made them).
+func (b *bufSet) allocations(maxIn, maxOut int64) []allocation {
+	as := []allocation{{b.in[0], maxIn}, {b.in[1], maxIn}, {b.out, maxOut + b.off}}
+	if b.off > 0 {
+		as = append(as, allocation{b.inOff[0], maxIn + b.off}, allocation{b.inOff[1], maxIn + b.off})
+	}
+	return as
+}
+
+// setupRegistered makes the sets the NCCL variants on registered buffers
+// need: cuMemAlloc buffers registered with NCCL (nccl_reg), and
+// ncclMemAlloc buffers registered as symmetric windows (nccl_win). A kind
+// that cannot be set up (NCCL not in use, NCCL before 2.27 for windows) is
+// recorded, agreed across ranks, and its variant skipped with the reason.
+func (st *rankState) setupRegistered(ctx context.Context, maxIn, maxOut, off int64) error {
+	for _, kind := range []Buffers{RegisteredBuffers, WindowBuffers} {
+		if !slices.ContainsFunc(st.plan.Variants, func(v Variant) bool { return v.Buffers == kind }) {
+			continue
+		}
+		b, err := st.registered(ctx, kind, maxIn, maxOut, off)
+		if err := agree(ctx, st.peers, err); err != nil {
+			st.bufErr[kind] = err
+			continue
+		}
+		st.bufs[kind] = b
 	}
 	return nil
 }
 
-// inputs allocates the two input buffers of n bytes each, starting off
-// bytes into their allocations, and fills them.
-func (st *rankState) inputs(ctx context.Context, n, off int64) (in [2]cuda.DevicePtr, err error) {
-	host := make([]byte, n)
-	for i, seed := range []int{seed0, seed1} {
-		var p cuda.DevicePtr
-		if st.cfg.ZeroCopy {
-			p, err = st.c.Alloc(ctx, int(n+off))
-		} else {
-			p, err = st.alloc(int(n + off))
+// registered allocates and registers one set of the given kind: cuMemAlloc
+// buffers registered with RegisterBuffer, or ncclMemAlloc buffers
+// registered as windows (collective: every rank in the same order).
+func (st *rankState) registered(ctx context.Context, kind Buffers, maxIn, maxOut, off int64) (*bufSet, error) {
+	alloc := st.alloc
+	register := func(p cuda.DevicePtr, n int64) error {
+		err := st.c.RegisterBuffer(p, n)
+		if err == nil {
+			st.registeredBufs = append(st.registeredBufs, p)
 		}
+		return err
+	}
+	if kind == WindowBuffers {
+		lib, err := nccl.Load()
 		if err != nil {
-			return in, fmt.Errorf("input buffer of %s: %w", FormatSize(n+off), err)
+			return nil, err
 		}
-		in[i] = p + cuda.DevicePtr(off)
-		FillInput(st.cfg.DType, host, seed, st.rank)
-		if err := st.dev.CopyHtoD(in[i], host); err != nil {
-			return in, err
+		alloc = func(n int) (cuda.DevicePtr, error) {
+			p, err := lib.MemAlloc(st.dev, n)
+			if err == nil {
+				st.ncclOwned = append(st.ncclOwned, p)
+			}
+			return p, err
+		}
+		register = func(p cuda.DevicePtr, n int64) error {
+			err := st.c.RegisterWindow(ctx, p, n)
+			if err == nil {
+				st.windows = append(st.windows, p)
+			}
+			return err
 		}
 	}
-	return in, nil
-}
-
-// buffers returns the input (number i, inputs alternate) and the output
-// of a shape. Every awkward shape of a sweep has the same offset (one
-// element of the sweep's dtype), the one inOff was made with.
-func (st *rankState) buffers(sh Shape, i int) (in, out cuda.DevicePtr) {
-	if sh.Offset > 0 {
-		return st.inOff[i%2], st.out + cuda.DevicePtr(sh.Offset)
+	b, err := st.fill(maxIn, maxOut, off, alloc, alloc)
+	if err != nil {
+		return nil, err
 	}
-	return st.in[i%2], st.out
+	for _, a := range b.allocations(maxIn, maxOut) {
+		if err := register(a.p, a.n); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 func (st *rankState) alloc(n int) (cuda.DevicePtr, error) {
@@ -369,6 +470,22 @@ func (st *rankState) release() error {
 	}
 	for _, e := range st.events {
 		errs = append(errs, e.Destroy())
+	}
+	// Registrations go before their memory.
+	for _, p := range st.registeredBufs {
+		errs = append(errs, st.c.DeregisterBuffer(p))
+	}
+	for _, p := range st.windows {
+		errs = append(errs, st.c.DeregisterWindow(context.Background(), p))
+	}
+	if len(st.ncclOwned) > 0 {
+		lib, err := nccl.Load()
+		errs = append(errs, err)
+		for _, p := range st.ncclOwned {
+			if err == nil {
+				errs = append(errs, lib.MemFree(st.dev, p))
+			}
+		}
 	}
 	for _, p := range st.owned {
 		errs = append(errs, st.dev.Free(p))
@@ -401,14 +518,18 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
 				Bytes: sh.Bytes, Offset: sh.Offset, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
-			if p, err := st.explain(sh, v.Algorithm); err == nil {
+			if p, err := st.explain(sh, v); err == nil {
 				m.ZeroCopy = p.ZeroCopy
 				if v.Algorithm == coll.Auto {
 					m.Algorithm = p.Algorithm
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
-			if why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr); why != "" {
+			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
+			if err := st.bufErr[v.Buffers]; err != nil && why == "" {
+				why = fmt.Sprintf("%s buffers could not be registered: %v", v.Name(), err)
+			}
+			if why != "" {
 				m.Skipped = why
 				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name(), why)
 			} else if err := st.measure(ctx, sh, v, &m); err != nil {
@@ -440,12 +561,13 @@ func (st *rankState) broken(ctx context.Context) error {
 	return agree(ctx, st.peers, st.c.Err())
 }
 
-// issue enqueues collective number i (inputs alternate) on the stream.
-func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
+// issue enqueues collective number i (inputs alternate) of variant v on
+// the stream, on the variant's buffers.
+func (st *rankState) issue(sh Shape, v Variant, i int) error {
 	cfg := st.cfg
-	inp, outp := st.buffers(sh, i)
+	inp, outp := st.bufs[v.Buffers].at(sh, i)
 	in, out := comm.DeviceBuffer(inp), comm.DeviceBuffer(outp)
-	o := comm.Options{Stream: st.s, Algorithm: alg}
+	o := comm.Options{Stream: st.s, Algorithm: v.Algorithm}
 	switch cfg.Collective {
 	case coll.AllReduce:
 		return st.c.AllReduce(in, out, sh.Count, cfg.DType, cfg.Op, o)
@@ -457,16 +579,20 @@ func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 }
 
 // explain is the plan of the calls issue makes (the same buffers).
-func (st *rankState) explain(sh Shape, alg coll.Algorithm) (comm.Plan, error) {
+func (st *rankState) explain(sh Shape, v Variant) (comm.Plan, error) {
 	cfg := st.cfg
-	in, out := st.buffers(sh, 0)
-	return st.c.Explain(cfg.Collective, comm.DeviceBuffer(in), comm.DeviceBuffer(out), sh.Count, cfg.DType, cfg.Op, comm.Options{Algorithm: alg})
+	b := st.bufs[v.Buffers]
+	if b == nil { // its buffers could not be set up (bufErr)
+		return comm.Plan{}, st.bufErr[v.Buffers]
+	}
+	in, out := b.at(sh, 0)
+	return st.c.Explain(cfg.Collective, comm.DeviceBuffer(in), comm.DeviceBuffer(out), sh.Count, cfg.DType, cfg.Op, comm.Options{Algorithm: v.Algorithm})
 }
 
 // issueK enqueues K collectives.
-func (st *rankState) issueK(sh Shape, alg coll.Algorithm) error {
+func (st *rankState) issueK(sh Shape, v Variant) error {
 	for i := 0; i < st.cfg.OpsPerGraph; i++ {
-		if err := st.issue(sh, alg, i); err != nil {
+		if err := st.issue(sh, v, i); err != nil {
 			return err
 		}
 	}
@@ -527,7 +653,7 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 	}
 	err := func() error {
 		for i := 0; i < n; i++ {
-			if err := st.issue(sh, v.Algorithm, i); err != nil {
+			if err := st.issue(sh, v, i); err != nil {
 				return err
 			}
 		}
@@ -537,9 +663,9 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	// The replay: a graph of K collectives, or K eager launches.
-	replay := func() error { return st.issueK(sh, v.Algorithm) }
+	replay := func() error { return st.issueK(sh, v) }
 	if !cfg.Eager {
-		ge, err := st.capture(sh, v.Algorithm)
+		ge, err := st.capture(sh, v)
 		if err := agree(ctx, st.peers, err); err != nil {
 			if ge != nil {
 				ge.Destroy()
@@ -589,11 +715,11 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 // output; the returned string is a check failure ("" when correct), the
 // error a failure to run.
 func (st *rankState) check(sh Shape, v Variant) (string, error) {
-	_, out := st.buffers(sh, 0)
+	_, out := st.bufs[v.Buffers].at(sh, 0)
 	if err := st.dev.Memset8(out, 0xff, int(sh.OutBytes)); err != nil {
 		return "", err
 	}
-	if err := st.issue(sh, v.Algorithm, 0); err != nil {
+	if err := st.issue(sh, v, 0); err != nil {
 		return "", err
 	}
 	if err := st.c.Synchronize(st.s); err != nil {
@@ -610,11 +736,11 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 }
 
 // capture records K collectives into a graph on the rank's stream.
-func (st *rankState) capture(sh Shape, alg coll.Algorithm) (*cuda.GraphExec, error) {
+func (st *rankState) capture(sh Shape, v Variant) (*cuda.GraphExec, error) {
 	if err := st.s.BeginCapture(); err != nil {
 		return nil, err
 	}
-	ierr := st.issueK(sh, alg)
+	ierr := st.issueK(sh, v)
 	g, err := st.s.EndCapture()
 	if ierr != nil || err != nil {
 		if g != nil {
