@@ -81,6 +81,16 @@ type Config struct {
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.
 	HostShared bool
+	// HostID names this rank's host; ranks with the same id form one host
+	// (CUDA IPC among them). "" uses $COLLGEN_HOST_ID, else the hostname
+	// and boot id. A group spanning hosts runs the hierarchical
+	// collectives (hier.go); see docs/multihost.md.
+	HostID string
+	// MultiHostRules are the selection rules of a group spanning hosts,
+	// per collective: each rule names coll.Hierarchical or coll.NCCL (over
+	// all ranks). A collective without rules uses coll.Hierarchical.
+	// Ignored on one host.
+	MultiHostRules map[coll.Collective][]kernels.Rule
 }
 
 // Options tune one call.
