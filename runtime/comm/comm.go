@@ -127,7 +127,12 @@ type Communicator struct {
 	prefix string // store keys of this formation: base + "<nonce>/"
 	record []byte // the world record this formation was made under
 	b      backend
-	gpu    *gpuComm // nil on the host backend
+	gpu    *gpuComm // nil on the host backend and across hosts
+	// hier is the backend of a GPU group spanning hosts (hier.go), nil on
+	// one host; layout groups the ranks by host (hosts.go).
+	hier   *hierComm
+	hostID string
+	layout hostLayout
 	// busy is held for the whole of a GPU call: calls on one GPU
 	// communicator share sequence counters and stage slots, so a second
 	// goroutine arriving meanwhile gets ErrBusy instead of racing them.
@@ -174,6 +179,10 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		cfg.Timeout = DefaultTimeout
 	}
 	c := &Communicator{cfg: cfg}
+	var err error
+	if c.hostID, err = hostID(cfg); err != nil {
+		return nil, err
+	}
 	if on, err := debugCheckEnabled(); err != nil {
 		return nil, err
 	} else if on {
@@ -194,6 +203,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 			c.b.close()
 		}
 		return nil, err
+	}
+	if c.layout.multi() {
+		return c.spanHosts(ctx, open)
 	}
 	if cfg.Device != Host {
 		g, err := newGPU(ctx, cfg, c.prefix, open)
@@ -259,7 +271,7 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 // debug check mode, EnvDebugCheck, names the rank instead). Freed by
 // Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	if c.gpu == nil {
+	if c.gpu == nil && c.hier == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
 	}
 	if bytes <= 0 {
@@ -268,6 +280,10 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 	if c.closed.Load() {
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
 	}
+	if c.hier != nil {
+		p, err := c.hier.alloc(ctx, bytes)
+		return p, classify(err)
+	}
 	p, err := c.gpu.alloc(ctx, bytes)
 	return p, classify(err)
 }
@@ -275,6 +291,9 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 // Synchronize waits for the stream (nil: the communicator's own) and then
 // returns any error a kernel reported, such as a timeout waiting for a peer.
 func (c *Communicator) Synchronize(s *cuda.Stream) error {
+	if c.hier != nil {
+		return classify(c.hier.synchronize(s))
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -283,6 +302,9 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 
 // Err returns the first error a kernel reported without waiting, or nil.
 func (c *Communicator) Err() error {
+	if c.hier != nil {
+		return classify(c.hier.statusErr())
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -291,6 +313,9 @@ func (c *Communicator) Err() error {
 
 // Device returns the CUDA device of a GPU communicator, nil on the host.
 func (c *Communicator) Device() *cuda.Device {
+	if c.hier != nil {
+		return c.hier.dev.cudaDevice()
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -299,6 +324,9 @@ func (c *Communicator) Device() *cuda.Device {
 
 // Stream returns the GPU communicator's own stream, nil on the host.
 func (c *Communicator) Stream() *cuda.Stream {
+	if c.hier != nil {
+		return c.hier.dev.stream()
+	}
 	if c.gpu == nil {
 		return nil
 	}
