@@ -154,6 +154,9 @@ func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 		if _, ok := lookupScheme(scheme); !ok {
 			return "", "", fmt.Errorf("rendezvous: store address %q: %s", addr, schemeHelp(scheme))
 		}
+		if rest == "" || rest[0] == '/' {
+			return "", "", fmt.Errorf("rendezvous: store address %q names no server; want %s://host:port", addr, scheme)
+		}
 		return scheme, rest, nil
 	}
 	if _, _, err := net.SplitHostPort(rest); err != nil {
