@@ -16,8 +16,6 @@ import (
 
 	"github.com/collgen/collgen/runtime/launch"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	// The etcd:// and etcds:// store addresses of --store.
-	_ "github.com/collgen/collgen/runtime/rendezvous/etcdstore"
 )
 
 func init() { register("run", newCmdRun) }

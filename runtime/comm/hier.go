@@ -202,7 +202,13 @@ func (h *hierComm) runPlan(cl *call, s *cuda.Stream) error {
 		}
 	}
 	addr := func(sp span) cuda.DevicePtr {
-		base := map[bufID]cuda.DevicePtr{bufIn: cl.in.dev, bufOut: cl.out.dev, bufTmp: tmp}[sp.buf]
+		base := tmp
+		switch sp.buf {
+		case bufIn:
+			base = cl.in.dev
+		case bufOut:
+			base = cl.out.dev
+		}
 		return base + cuda.DevicePtr(sp.off*cl.esize)
 	}
 	o := Options{Stream: s, Context: cl.o.Context}

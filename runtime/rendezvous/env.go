@@ -200,7 +200,7 @@ func lookupScheme(scheme string) (Opener, bool) {
 // linked in, or the scheme is unknown.
 func schemeHelp(scheme string) string {
 	if scheme == "etcd" || scheme == "etcds" {
-		return "the etcd store is not linked into this program; import _ \"github.com/collgen/collgen/runtime/rendezvous/etcdstore\" (the collgen command has it)"
+		return "the etcd store is not linked into this program; import _ \"github.com/collgen/collgen/runtime/rendezvous/etcdstore\" (the collgen command has it unless built with -tags noetcd)"
 	}
 	return "want tcp://host:port, file:///path or etcd://host:port"
 }
