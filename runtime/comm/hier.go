@@ -70,6 +70,9 @@ func hierRules(cfg Config) (map[coll.Collective]*kernels.Selection, error) {
 			if r.Use != coll.Hierarchical && r.Use != coll.NCCL {
 				return nil, errorf(ErrInvalidArgument, "comm: Config.MultiHostRules[%s][%d] uses %q; a group spanning hosts runs hierarchical or nccl", c, i, r.Use)
 			}
+			if r.Symmetric {
+				return nil, errorf(ErrInvalidArgument, "comm: Config.MultiHostRules[%s][%d] is for symmetric inputs only; rules across hosts apply to every input", c, i)
+			}
 			if r.UpTo < 0 {
 				return nil, errorf(ErrInvalidArgument, "comm: Config.MultiHostRules[%s][%d] has negative UpTo %d", c, i, r.UpTo)
 			}
@@ -131,6 +134,10 @@ func (h *hierComm) closeIntra() error {
 func (h *hierComm) memory() memKind { return deviceMemory }
 
 func (h *hierComm) rules(collective coll.Collective) *kernels.Selection { return h.sels[collective] }
+
+// symmetricInput: MultiHostRules have no symmetric-input rules (the host
+// communicator applies its own to its steps).
+func (h *hierComm) symmetricInput(*call) bool { return false }
 
 // prepare refuses what cannot run across hosts: a generated algorithm
 // (kernels reach one host), a type or op NCCL lacks, and a hierarchical

@@ -206,11 +206,19 @@ func TestHierRules(t *testing.T) {
 	}
 	closeAll(t, comms)
 
-	bad := map[coll.Collective][]kernels.Rule{coll.AllGather: {{Use: coll.OneShot}}}
-	_, _, errs = hierComms(t, rendezvous.NewMemStore(), []string{"a", "b"}, Config{MultiHostRules: bad, Group: "bad"})
-	for r, err := range errs {
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), `Config.MultiHostRules[allgather][0] uses "oneshot"; a group spanning hosts runs hierarchical or nccl`) {
-			t.Errorf("rank %d: %v", r, err)
+	for _, c := range []struct {
+		rules map[coll.Collective][]kernels.Rule
+		want  string
+	}{
+		{map[coll.Collective][]kernels.Rule{coll.AllGather: {{Use: coll.OneShot}}}, `Config.MultiHostRules[allgather][0] uses "oneshot"; a group spanning hosts runs hierarchical or nccl`},
+		{map[coll.Collective][]kernels.Rule{coll.AllReduce: {{Use: coll.NCCL, Symmetric: true}}}, "Config.MultiHostRules[allreduce][0] is for symmetric inputs only"},
+		{map[coll.Collective][]kernels.Rule{coll.AllReduce: {{UpTo: -1, Use: coll.NCCL}}}, "Config.MultiHostRules[allreduce][0] has negative UpTo -1"},
+	} {
+		_, _, errs = hierComms(t, rendezvous.NewMemStore(), []string{"a", "b"}, Config{MultiHostRules: c.rules, Group: "bad"})
+		for r, err := range errs {
+			if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(fmt.Sprint(err), c.want) {
+				t.Errorf("rank %d: %v, want %q", r, err, c.want)
+			}
 		}
 	}
 }
