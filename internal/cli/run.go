@@ -45,7 +45,12 @@ to the ranks only.
 Every output line is prefixed with "[rank R] ". When a rank fails the others
 get SIGTERM, then SIGKILL after --grace, and run exits with the failing
 rank's code (128+N for a rank killed by signal N). Ctrl-C or SIGTERM is
-forwarded to every rank; a second one kills them at once.`,
+forwarded to every rank; a second one kills them at once.
+
+A run spanning hosts runs one collgen run per host with the same -n,
+--nnodes, --run-id and --store (etcd://host:2379, or a tcp:// store every
+host reaches), and each host's --node-rank: host I starts ranks I*N to
+I*N+N-1 (docs/multihost.md).`,
 		Example: `  collgen run -n 4 -- ./allreduce-bench --size 64MiB
   collgen run -n 2 --store file:///shared/rdzv -- ./prog
   # two hosts of 8 GPUs, rendezvous through etcd (run on each host):
