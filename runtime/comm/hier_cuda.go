@@ -54,21 +54,7 @@ func (d *cudaHier) nccl(cross bool, collective coll.Collective, in, out cuda.Dev
 	if cross {
 		c = d.cross
 	}
-	dt, ok := dtype.NCCL()
-	if !ok {
-		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", dtype)
-	}
-	if collective == coll.AllGather {
-		return c.AllGather(in, out, int(count), nccl.DataType(dt), s)
-	}
-	o, ok := op.NCCL()
-	if !ok {
-		return errorf(ErrUnsupported, "comm: NCCL has no op %s", op)
-	}
-	if collective == coll.AllReduce {
-		return c.AllReduce(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
-	}
-	return c.ReduceScatter(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
+	return ncclCall(c, collective, in, out, count, dtype, op, s)
 }
 
 func (d *cudaHier) copy(dst, src cuda.DevicePtr, bytes int64, s *cuda.Stream) error {
