@@ -98,6 +98,16 @@ type Config struct {
 	// like sglang's symmetric-memory option. Off by default: sglang
 	// measured windows slower than plain NCCL at 64-256 MiB on H200.
 	NCCLWindows bool
+	// HostID names this rank's host; ranks with the same id form one host
+	// (CUDA IPC among them). "" uses $COLLGEN_HOST_ID, else the hostname
+	// and boot id. A group spanning hosts runs the hierarchical
+	// collectives (hier.go); see docs/multihost.md.
+	HostID string
+	// MultiHostRules are the selection rules of a group spanning hosts,
+	// per collective: each rule names coll.Hierarchical or coll.NCCL (over
+	// all ranks). A collective without rules uses coll.Hierarchical.
+	// Ignored on one host.
+	MultiHostRules map[coll.Collective][]kernels.Rule
 }
 
 // Options tune one call.
@@ -134,7 +144,12 @@ type Communicator struct {
 	prefix string // store keys of this formation: base + "<nonce>/"
 	record []byte // the world record this formation was made under
 	b      backend
-	gpu    *gpuComm // nil on the host backend
+	gpu    *gpuComm // nil on the host backend and across hosts
+	// hier is the backend of a GPU group spanning hosts (hier.go), nil on
+	// one host; layout groups the ranks by host (hosts.go).
+	hier   *hierComm
+	hostID string
+	layout hostLayout
 	// busy is held for the whole of a GPU call: calls on one GPU
 	// communicator share sequence counters and stage slots, so a second
 	// goroutine arriving meanwhile gets ErrBusy instead of racing them.
@@ -188,6 +203,10 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		cfg.Timeout = DefaultTimeout
 	}
 	c := &Communicator{cfg: cfg}
+	var err error
+	if c.hostID, err = hostID(cfg); err != nil {
+		return nil, err
+	}
 	if on, err := debugCheckEnabled(); err != nil {
 		return nil, err
 	} else if on {
@@ -208,6 +227,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 			c.b.close()
 		}
 		return nil, err
+	}
+	if c.layout.multi() {
+		return c.spanHosts(ctx, open)
 	}
 	if cfg.Device != Host {
 		g, err := newGPU(ctx, cfg, c.prefix, open)
@@ -312,7 +334,7 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 // NCCL's symmetric kernels on it; a failed registration is an error (the
 // buffer then stays allocated until Close). Freed by Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	if c.gpu == nil {
+	if c.gpu == nil && c.hier == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
 	}
 	if bytes <= 0 {
@@ -320,6 +342,10 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 	}
 	if c.closed.Load() {
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
+	}
+	if c.hier != nil {
+		p, err := c.hier.alloc(ctx, bytes)
+		return p, classify(err)
 	}
 	p, err := c.gpu.alloc(ctx, bytes)
 	if err != nil {
@@ -331,6 +357,9 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 // Synchronize waits for the stream (nil: the communicator's own) and then
 // returns any error a kernel reported, such as a timeout waiting for a peer.
 func (c *Communicator) Synchronize(s *cuda.Stream) error {
+	if c.hier != nil {
+		return classify(c.hier.synchronize(s))
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -351,6 +380,9 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 
 // Err returns the first error a kernel reported without waiting, or nil.
 func (c *Communicator) Err() error {
+	if c.hier != nil {
+		return classify(c.hier.statusErr())
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -359,6 +391,9 @@ func (c *Communicator) Err() error {
 
 // Device returns the CUDA device of a GPU communicator, nil on the host.
 func (c *Communicator) Device() *cuda.Device {
+	if c.hier != nil {
+		return c.hier.dev.cudaDevice()
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -367,6 +402,9 @@ func (c *Communicator) Device() *cuda.Device {
 
 // Stream returns the GPU communicator's own stream, nil on the host.
 func (c *Communicator) Stream() *cuda.Stream {
+	if c.hier != nil {
+		return c.hier.dev.stream()
+	}
 	if c.gpu == nil {
 		return nil
 	}

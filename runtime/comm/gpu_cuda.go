@@ -239,22 +239,11 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 		s = d.own
 	}
 	d.noteNCCL(s)
-	dt, ok := cl.dtype.NCCL()
-	if !ok {
-		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", cl.dtype)
+	count := cl.count
+	if cl.collective == coll.AllReduce {
+		count = cl.n
 	}
-	switch cl.collective {
-	case coll.AllReduce, coll.ReduceScatter:
-		op, ok := cl.op.NCCL()
-		if !ok {
-			return errorf(ErrUnsupported, "comm: NCCL has no op %s", cl.op)
-		}
-		if cl.collective == coll.AllReduce {
-			return d.comm.AllReduce(cl.in.dev, cl.out.dev, int(cl.n), nccl.DataType(dt), nccl.RedOp(op), s)
-		}
-		return d.comm.ReduceScatter(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), nccl.RedOp(op), s)
-	}
-	return d.comm.AllGather(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), s)
+	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, count, cl.dtype, cl.op, s)
 }
 
 func (d *cudaDevice) synchronize(s *cuda.Stream) error {
