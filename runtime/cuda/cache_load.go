@@ -77,3 +77,58 @@ func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache
 	}
 	return d.LoadSource(ctx, src.Source, cache)
 }
+
+// LoadSources builds reqs for this device with b (in parallel, sharing
+// the work with other processes through b.Cache; see Builder) and loads
+// one module per request, in request order. A request's Arch 0 means this
+// device's architecture. A cached image the driver rejects is compiled
+// again. On failure nothing stays loaded and the error is a *BuildError
+// naming the request.
+func (d *Device) LoadSources(ctx context.Context, reqs []CompileRequest, b *Builder) ([]*Module, error) {
+	reqs = append([]CompileRequest(nil), reqs...)
+	for i := range reqs {
+		if reqs[i].Arch == 0 {
+			reqs[i].Arch = d.Arch()
+		}
+	}
+	built, err := b.Build(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	mods := make([]*Module, 0, len(reqs))
+	for i, bl := range built {
+		m, err := d.loadBuilt(ctx, reqs[i], bl, b)
+		if err != nil {
+			for _, m := range mods {
+				m.Unload()
+			}
+			return nil, &BuildError{Index: i, Name: reqs[i].Name, Err: err}
+		}
+		mods = append(mods, m)
+	}
+	return mods, nil
+}
+
+// loadBuilt loads one built image; a cached one the driver rejects is
+// compiled again and replaced in the cache.
+func (d *Device) loadBuilt(ctx context.Context, req CompileRequest, bl Built, b *Builder) (*Module, error) {
+	origin := "nvrtc-cache"
+	if bl.Compiled {
+		origin = "nvrtc"
+	}
+	m, err := d.loadModule(bl.Image, origin)
+	if err == nil || bl.Compiled {
+		return m, err
+	}
+	if b.Cache != nil {
+		b.Cache.corrupt.Add(1)
+	}
+	img, err := b.compile(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if k, ok := b.key(req); ok {
+		_ = b.Cache.Put(k, img)
+	}
+	return d.loadModule(img, "nvrtc")
+}
