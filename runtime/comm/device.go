@@ -30,6 +30,10 @@ type device interface {
 	// symmetric allocates bytes on every rank (collective) and returns the
 	// local base and every rank's address of its buffer, by rank.
 	symmetric(ctx context.Context, key string, bytes int) (base cuda.DevicePtr, peers []cuda.DevicePtr, err error)
+	// preload compiles or loads kernels ks (New, unless
+	// Config.LazyKernels), so launch finds them ready; a kernel that fails
+	// is a *KernelError naming it.
+	preload(ctx context.Context, ks []*kernels.Kernel) error
 	// launch runs kernel k on s (nil: the device's own stream) with grid
 	// blocks of block threads and args as its by-value argument struct,
 	// loading the kernel on first use.

@@ -94,6 +94,20 @@ func classify(err error) error {
 	return &kindError{kind: kind, err: err}
 }
 
+// KernelError is a generated kernel that could not be compiled or loaded
+// (a *cuda.CompileError with NVRTC's log, a fatbin without it, a driver
+// error). errors.Is(err, ErrDevice) is true for it.
+type KernelError struct {
+	Kernel string // the kernel's name, e.g. allreduce_oneshot_bf16_sum_w4
+	Err    error
+}
+
+// Error names the kernel and the cause.
+func (e *KernelError) Error() string { return "comm: kernel " + e.Kernel + ": " + e.Err.Error() }
+
+// Unwrap returns the cause and ErrDevice.
+func (e *KernelError) Unwrap() []error { return []error{e.Err, ErrDevice} }
+
 // TimeoutError is a kernel's report that a rank waited too long for a peer.
 // errors.Is(err, ErrTimeout) is true for it.
 type TimeoutError struct {

@@ -29,6 +29,11 @@ type fakeDevice struct {
 	nextSym   cuda.DevicePtr
 	statusVal uint64
 
+	// preloaded are the kernels preload was given; preloadErr is what it
+	// returns.
+	preloaded  []*kernels.Kernel
+	preloadErr error
+
 	// hold, when set, makes launch signal entered and then wait for it to
 	// be closed (the busy test).
 	hold    chan struct{}
@@ -48,6 +53,13 @@ func fakeRegion(r int) cuda.DevicePtr { return cuda.DevicePtr(0x7000_0000_0000 +
 func (d *fakeDevice) ncclUnavailable() string { return "" }
 func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
 	return nil
+}
+
+func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.preloaded = append(d.preloaded, ks...)
+	return d.preloadErr
 }
 
 func (d *fakeDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, _ *cuda.Stream) error {
@@ -114,6 +126,21 @@ func (d worldDevice) symmetric(_ context.Context, _ string, bytes int) (cuda.Dev
 // fakeComms makes world goroutine-rank GPU communicators over fake devices.
 func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDevice) {
 	t.Helper()
+	devs := make([]*fakeDevice, world)
+	for r := range devs {
+		devs[r] = &fakeDevice{rank: r}
+	}
+	comms, errs := formFake(t, cfg, devs)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return comms, devs
+}
+
+// formFake runs New on one goroutine rank per fake device and returns
+// what each got.
+func formFake(t *testing.T, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
+	world := len(devs)
 	store := rendezvous.NewMemStore()
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
@@ -122,11 +149,9 @@ func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDev
 		cfg.Group = t.Name()
 	}
 	comms := make([]*Communicator, world)
-	devs := make([]*fakeDevice, world)
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := 0; r < world; r++ {
-		devs[r] = &fakeDevice{rank: r}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -138,10 +163,7 @@ func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDev
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	return comms, devs
+	return comms, errs
 }
 
 // onRanks runs fn on every rank concurrently and returns the errors.

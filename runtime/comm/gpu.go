@@ -136,7 +136,8 @@ func newGPUState(cfg Config, prefix string) (*gpuComm, error) {
 	return g, nil
 }
 
-// setup agrees with the other ranks on the set-up, opens NCCL if the rules
+// setup agrees with the other ranks on the set-up, readies the kernels of
+// this world size (unless Config.LazyKernels), opens NCCL if the rules
 // use it, and lays out the region every rank exported. It ends with a
 // store barrier: every rank has zeroed its signal pad before any kernel
 // can signal into it.
@@ -171,6 +172,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
 		}
 	}
+	if !cfg.LazyKernels {
+		if err := dev.preload(ctx, g.kernels()); err != nil {
+			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
+		}
+	}
 	if g.ncclErr == nil && wantNCCL {
 		if err := dev.openNCCL(ctx, g.prefix+"nccl", cfg.Rank, g.world); err != nil {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
@@ -202,6 +208,18 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 	}
 	return nil
+}
+
+// kernels lists the library's kernels of this world size, in library
+// order.
+func (g *gpuComm) kernels() []*kernels.Kernel {
+	var ks []*kernels.Kernel
+	for i := range g.lib.Kernels {
+		if k := &g.lib.Kernels[i]; k.World == g.world {
+			ks = append(ks, k)
+		}
+	}
+	return ks
 }
 
 // pickTopology resolves Config.Topology and the staging size.

@@ -5,7 +5,7 @@ package comm
 import (
 	"context"
 	"errors"
-	"fmt"
+	"os"
 	"sync"
 
 	"github.com/collgen/collgen/coll"
@@ -55,12 +55,32 @@ func openDevice(cfg Config) (device, error) {
 	if d.own, err = dev.NewStream(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
-	if cfg.FatbinPath != "" {
-		if d.fatbin, err = dev.LoadFatbinFile(cfg.FatbinPath); err != nil {
-			return nil, errors.Join(fmt.Errorf("comm: load fatbin %s: %w", cfg.FatbinPath, err), d.release())
-		}
+	if d.fatbin, err = loadFatbin(cfg, dev); err != nil {
+		return nil, errors.Join(err, d.release())
 	}
 	return d, nil
+}
+
+// loadFatbin loads Config.Fatbin, else the file Config.FatbinPath or
+// $COLLGEN_FATBIN names; nil when none is set (kernels come from NVRTC).
+// A named fatbin is used or New fails; there is no fallback to NVRTC.
+func loadFatbin(cfg Config, dev *cuda.Device) (*cuda.Module, error) {
+	path := cfg.FatbinPath
+	if path == "" {
+		path = os.Getenv(EnvFatbin)
+	}
+	var m *cuda.Module
+	var err error
+	switch {
+	case len(cfg.Fatbin) > 0:
+		path = "embedded"
+		m, err = dev.LoadFatbin(cfg.Fatbin, path)
+	case path != "":
+		m, err = dev.LoadFatbinFile(path)
+	default:
+		return nil, nil
+	}
+	return m, fatbinError(cfg.Rank, path, err)
 }
 
 func (d *cudaDevice) ncclUnavailable() string {
@@ -113,7 +133,79 @@ func (d *cudaDevice) symmetric(ctx context.Context, key string, bytes int) (cuda
 	return p, m.Peers(), nil
 }
 
-// function returns the loaded kernel, compiling or loading it on first use.
+// preload readies every kernel of ks (see device.preload): it looks them
+// up in the fatbin, or builds their sources with NVRTC in parallel through
+// the cache (cuda.Builder: ranks of one host compile each kernel once
+// between them) and loads them.
+func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
+	var todo []*kernels.Kernel
+	var reqs []cuda.CompileRequest
+	for _, k := range ks {
+		if d.fatbin != nil {
+			if _, err := d.function(k); err != nil {
+				return err
+			}
+			continue
+		}
+		req, err := d.request(k)
+		if err != nil {
+			return err
+		}
+		todo, reqs = append(todo, k), append(reqs, req)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
+	mods, err := d.dev.LoadSources(ctx, reqs, b)
+	if err != nil {
+		var be *cuda.BuildError
+		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(todo) {
+			return &KernelError{Kernel: todo[be.Index].Name, Err: be.Err}
+		}
+		return err // the context ended
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.modules = append(d.modules, mods...)
+	for i, k := range todo {
+		f, err := mods[i].Function(k.Name)
+		if err != nil {
+			return &KernelError{Kernel: k.Name, Err: err}
+		}
+		d.funcs[k.Name] = f
+	}
+	return nil
+}
+
+// cache is Config.Cache, else the default cache (nil when there is no
+// cache directory: everything is compiled).
+func (d *cudaDevice) cache() *cuda.Cache {
+	if d.cfg.Cache != nil {
+		return d.cfg.Cache
+	}
+	c, _ := cuda.DefaultCache()
+	return c
+}
+
+// request is kernel k's NVRTC compile request.
+func (d *cudaDevice) request(k *kernels.Kernel) (cuda.CompileRequest, error) {
+	src, err := d.cfg.Library.Source(k.Source)
+	if err != nil {
+		return cuda.CompileRequest{}, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
+	}
+	headers, err := d.cfg.Library.Headers()
+	if err != nil {
+		return cuda.CompileRequest{}, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
+	}
+	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions}, nil
+}
+
+// nvrtcOptions are the NVRTC options of every generated kernel.
+var nvrtcOptions = []string{"--std=c++17"}
+
+// function returns the loaded kernel: preloaded, from the fatbin, or
+// (Config.LazyKernels) compiled or loaded from the cache now.
 func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -122,24 +214,18 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	}
 	m := d.fatbin
 	if m == nil {
-		src, err := d.cfg.Library.Source(k.Source)
+		req, err := d.request(k)
 		if err != nil {
-			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
+			return nil, err
 		}
-		headers, err := d.cfg.Library.Headers()
-		if err != nil {
-			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
-		}
-		m, err = d.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
-			Headers: headers, Options: []string{"--std=c++17"}}, d.cfg.Cache)
-		if err != nil {
-			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+		if m, err = d.dev.LoadSource(context.Background(), req, d.cfg.Cache); err != nil {
+			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
 		d.modules = append(d.modules, m)
 	}
 	f, err := m.Function(k.Name)
 	if err != nil {
-		return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+		return nil, &KernelError{Kernel: k.Name, Err: err}
 	}
 	d.funcs[k.Name] = f
 	return f, nil

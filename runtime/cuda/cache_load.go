@@ -53,7 +53,7 @@ func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache
 	var ferr error
 	switch {
 	case len(src.Fatbin) > 0:
-		m, err := d.loadModule(src.Fatbin, "fatbin:embedded")
+		m, err := d.LoadFatbin(src.Fatbin, "embedded")
 		if err == nil {
 			return m, nil
 		}
