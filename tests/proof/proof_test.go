@@ -616,7 +616,10 @@ func TestProofProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
-		Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc"})
+		Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc",
+		// run.sh builds the fatbin of $PROOF_ONLY's kernels only: load
+		// those on use rather than every kernel of the world at New.
+		LazyKernels: os.Getenv("PROOF_ONLY") != ""})
 	if err != nil {
 		t.Fatal(err)
 	}
