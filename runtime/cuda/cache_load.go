@@ -80,10 +80,10 @@ func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache
 
 // LoadSources builds reqs for this device with b (in parallel, sharing
 // the work with other processes through b.Cache; see Builder) and loads
-// one module per request, in request order. A request's Arch 0 means this
-// device's architecture. A cached image the driver rejects is compiled
-// again. On failure nothing stays loaded and the error is a *BuildError
-// naming the request.
+// one module per request (in parallel too), in request order. A request's
+// Arch 0 means this device's architecture. A cached image the driver
+// rejects is compiled again. On failure nothing stays loaded and the
+// error is a *BuildError naming the request (or the context's error).
 func (d *Device) LoadSources(ctx context.Context, reqs []CompileRequest, b *Builder) ([]*Module, error) {
 	reqs = append([]CompileRequest(nil), reqs...)
 	for i := range reqs {
@@ -95,16 +95,24 @@ func (d *Device) LoadSources(ctx context.Context, reqs []CompileRequest, b *Buil
 	if err != nil {
 		return nil, err
 	}
-	mods := make([]*Module, 0, len(reqs))
-	for i, bl := range built {
-		m, err := d.loadBuilt(ctx, reqs[i], bl, b)
-		if err != nil {
-			for _, m := range mods {
+	// Loading is parallel too: on a warm cache it is most of the time.
+	mods := make([]*Module, len(reqs))
+	idx := make([]int, len(reqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	err = b.forEach(ctx, idx, func(ctx context.Context, i int) error {
+		var err error
+		mods[i], err = d.loadBuilt(ctx, reqs[i], built[i], b)
+		return buildError(reqs, i, err)
+	})
+	if err != nil {
+		for _, m := range mods {
+			if m != nil {
 				m.Unload()
 			}
-			return nil, &BuildError{Index: i, Name: reqs[i].Name, Err: err}
 		}
-		mods = append(mods, m)
+		return nil, err
 	}
 	return mods, nil
 }
