@@ -45,10 +45,11 @@ cuda-check:
 	NVCC=$(NVCC) tests/cuda/check.sh generated/cuda sm_80 sm_90
 
 # FATBIN_ARCHS="sm_90 sm_100" make fatbin: the architectures to build for;
-# FATBIN=path: where to write it.
+# FATBIN=path: where to write it. (collgen fatbin --help)
 FATBIN ?= .gpu/collgen.fatbin
+FATBIN_ARCHS ?= sm_90 sm_80
 fatbin:
-	NVCC=$(NVCC) tests/cuda/fatbin.sh generated/cuda $(FATBIN)
+	$(GO) run ./cmd/collgen fatbin --dir generated/cuda --out $(FATBIN) --arch "$(FATBIN_ARCHS)" --nvcc $(NVCC)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./gen

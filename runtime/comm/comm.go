@@ -76,7 +76,7 @@ type Config struct {
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.
 	DisableNCCL bool
-	// Fatbin is a fatbin image (e.g. //go:embed of one `make fatbin`
+	// Fatbin is a fatbin image (e.g. //go:embed of one `collgen fatbin`
 	// built) to load kernels from instead of compiling the library's
 	// sources with NVRTC; it must hold code for the device's architecture
 	// (else New fails with a *cuda.FatbinError naming both; there is no

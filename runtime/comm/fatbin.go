@@ -19,7 +19,7 @@ func fatbinError(rank int, path string, err error) error {
 	var fe *cuda.FatbinError
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return errorf(ErrInvalidArgument, "comm: rank %d: fatbin %s (Config.FatbinPath or $%s) does not exist: build it with `make fatbin`, or leave both unset to compile the kernels with NVRTC: %w", rank, path, EnvFatbin, err)
+		return errorf(ErrInvalidArgument, "comm: rank %d: fatbin %s (Config.FatbinPath or $%s) does not exist: build it with `collgen fatbin`, or leave both unset to compile the kernels with NVRTC: %w", rank, path, EnvFatbin, err)
 	case errors.As(err, &fe) && fe.Codes != nil:
 		return errorf(ErrUnsupported, "comm: rank %d: %w", rank, err)
 	}

@@ -74,7 +74,7 @@ func TestPreloadErrorFailsNew(t *testing.T) {
 }
 
 // TestFatbinErrorKinds: a missing fatbin is ErrInvalidArgument naming the
-// file and `make fatbin`; a fatbin without code for the device is
+// file and `collgen fatbin`; a fatbin without code for the device is
 // ErrUnsupported keeping the *cuda.FatbinError (what it holds, the
 // device's architecture); a driver failure is ErrDevice.
 func TestFatbinErrorKinds(t *testing.T) {
@@ -85,7 +85,7 @@ func TestFatbinErrorKinds(t *testing.T) {
 		kind error
 		says []string
 	}{
-		{missing, ErrInvalidArgument, []string{"rank 3", "/x/k.fatbin", "does not exist", "make fatbin", EnvFatbin}},
+		{missing, ErrInvalidArgument, []string{"rank 3", "/x/k.fatbin", "does not exist", "collgen fatbin", EnvFatbin}},
 		{mismatch, ErrUnsupported, []string{"rank 3", "holds sm_90", "sm_100"}},
 		{errors.New("CUDA_ERROR_INVALID_IMAGE"), ErrDevice, []string{"rank 3", "/x/k.fatbin", "INVALID_IMAGE"}},
 	} {

@@ -7,10 +7,6 @@ import (
 	"strings"
 )
 
-// EnvFatbinArchs is read by `make fatbin` (tests/cuda/fatbin.sh): the
-// architectures a fatbin holds code for, e.g. "sm_90 sm_100".
-const EnvFatbinArchs = "FATBIN_ARCHS"
-
 // FatbinCode is one entry of a fatbin: machine code (a cubin) for one
 // architecture, or PTX the driver can compile for that one and newer.
 type FatbinCode struct {
@@ -100,8 +96,8 @@ func (e *FatbinError) Error() string {
 	for i, c := range e.Codes {
 		have[i] = c.String()
 	}
-	return fmt.Sprintf("cuda: fatbin %s has no code for device %d (sm_%d): it holds %s; rebuild it with %s=\"sm_%d\" make fatbin, or compile with NVRTC (no fatbin): %v",
-		e.Fatbin, e.Device, e.Arch, strings.Join(have, ", "), EnvFatbinArchs, e.Arch, e.Err)
+	return fmt.Sprintf("cuda: fatbin %s has no code for device %d (sm_%d): it holds %s; rebuild it with `collgen fatbin --arch sm_%d`, or compile with NVRTC (no fatbin): %v",
+		e.Fatbin, e.Device, e.Arch, strings.Join(have, ", "), e.Arch, e.Err)
 }
 
 // Unwrap returns the cause (a driver *Error such as

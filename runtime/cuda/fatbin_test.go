@@ -68,7 +68,7 @@ func TestFatbinMismatchError(t *testing.T) {
 		t.Fatal("no FatbinError for an sm_80-only fatbin on sm_90")
 	}
 	msg := fe.Error()
-	for _, want := range []string{"k.fatbin", "device 1 (sm_90)", "holds sm_80", `FATBIN_ARCHS="sm_90" make fatbin`, "NVRTC"} {
+	for _, want := range []string{"k.fatbin", "device 1 (sm_90)", "holds sm_80", "collgen fatbin --arch sm_90", "NVRTC"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q lacks %q", msg, want)
 		}

@@ -54,7 +54,7 @@ func (d *Device) loadModule(image []byte, origin string) (*Module, error) {
 }
 
 // LoadFatbinFile loads a fatbin (or cubin) built by nvcc, e.g. by
-// `make fatbin`. A missing or unreadable file is a *FatbinError over the
+// `collgen fatbin` or `make fatbin`. A missing or unreadable file is a *FatbinError over the
 // file error (errors.Is(err, fs.ErrNotExist) for a missing one); see
 // LoadFatbin for the rest.
 func (d *Device) LoadFatbinFile(path string) (*Module, error) {
