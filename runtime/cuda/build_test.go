@@ -182,21 +182,9 @@ func TestBuilderSharesWorkAcrossProcesses(t *testing.T) {
 		t.Skip("starts child processes")
 	}
 	dir := t.TempDir()
-	var cmds []*exec.Cmd
-	for i := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestBuilderSharesWorkAcrossProcesses$")
-		cmd.Env = append(os.Environ(), "COLLGEN_BUILD_TEST_CHILD="+dir, fmt.Sprintf("COLLGEN_BUILD_TEST_START=%d", i*8))
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-	}
-	for i, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child %d: %v", i, err)
-		}
-	}
+	RunTestChildren(t, "TestBuilderSharesWorkAcrossProcesses", 3, func(i int) []string {
+		return []string{"COLLGEN_BUILD_TEST_CHILD=" + dir, fmt.Sprintf("COLLGEN_BUILD_TEST_START=%d", i*8)}
+	})
 	data, err := os.ReadFile(filepath.Join(dir, "compiled.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +196,28 @@ func TestBuilderSharesWorkAcrossProcesses(t *testing.T) {
 	for _, r := range reqs {
 		if seen[r.Name] != 1 {
 			t.Errorf("%s compiled %d times across the processes, want once", r.Name, seen[r.Name])
+		}
+	}
+}
+
+// RunTestChildren runs n copies of this test binary at once, each running
+// only test, with env(i) added to child i's environment, and fails t for
+// each child that fails. (Exported for cuda_test's tests across processes.)
+func RunTestChildren(t *testing.T, test string, n int, env func(i int) []string) {
+	t.Helper()
+	var cmds []*exec.Cmd
+	for i := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$")
+		cmd.Env = append(os.Environ(), env(i)...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child %d: %v", i, err)
 		}
 	}
 }

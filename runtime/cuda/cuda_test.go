@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -841,21 +840,7 @@ func TestCacheConcurrentProcesses(t *testing.T) {
 		return
 	}
 	dir := t.TempDir()
-	var cmds []*exec.Cmd
-	for i := 0; i < 4; i++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCacheConcurrentProcesses$")
-		cmd.Env = append(os.Environ(), "COLLGEN_CACHE_TEST_CHILD="+dir)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-	}
-	for i, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child %d: %v", i, err)
-		}
-	}
+	cuda.RunTestChildren(t, "TestCacheConcurrentProcesses", 4, func(int) []string { return []string{"COLLGEN_CACHE_TEST_CHILD=" + dir} })
 	c := &cuda.Cache{Dir: dir}
 	if _, ok := c.Get(k); !ok {
 		t.Error("final entry invalid")
