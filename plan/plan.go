@@ -242,7 +242,7 @@ func selection(t *spec.Topology, c coll.Collective, worlds []int, rules []spec.R
 	sel := kernels.Selection{Topology: t.Name, Kind: t.Kind, Collective: c,
 		Worlds: append([]int(nil), worlds...)}
 	for _, r := range rules {
-		sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use})
+		sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use, Symmetric: r.Symmetric})
 	}
 	if len(sel.Rules) == 0 && t.Kind != coll.HostSHM {
 		sel.Rules = []kernels.Rule{{Use: coll.NCCL}}

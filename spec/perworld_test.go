@@ -53,11 +53,11 @@ func TestSelectPerWorld(t *testing.T) {
 	if _, ok := nv.SelectByWorld[coll.AllGather]; ok {
 		t.Errorf("an empty mapping must be as if allgather were left out: %v", nv.SelectByWorld[coll.AllGather])
 	}
-	w2 := []Rule{{256 << 10, coll.OneShotLL}, {64 << 20, coll.TwoShot}, {0, coll.NCCL}}
-	w34 := []Rule{{128 << 10, coll.OneShotLL}, {0, coll.OneShot}}
-	rs := []Rule{{128 << 10, coll.OneShot}, {0, coll.NCCL}}
+	w2 := []Rule{{UpTo: 256 << 10, Use: coll.OneShotLL}, {UpTo: 64 << 20, Use: coll.TwoShot}, {UpTo: 0, Use: coll.NCCL}}
+	w34 := []Rule{{UpTo: 128 << 10, Use: coll.OneShotLL}, {UpTo: 0, Use: coll.OneShot}}
+	rs := []Rule{{UpTo: 128 << 10, Use: coll.OneShot}, {UpTo: 0, Use: coll.NCCL}}
 	want := map[coll.Collective]map[int][]Rule{
-		coll.AllReduce:     {2: w2, 3: w34, 4: w34, 8: {{0, coll.NCCL}}},
+		coll.AllReduce:     {2: w2, 3: w34, 4: w34, 8: {{UpTo: 0, Use: coll.NCCL}}},
 		coll.ReduceScatter: {2: rs, 3: rs, 4: rs, 8: rs},
 	}
 	if !reflect.DeepEqual(nv.SelectByWorld, want) {

@@ -125,6 +125,10 @@ type Rule struct {
 	UpTo int64
 	// Use is an algorithm from the topology's Generate list, or coll.NCCL.
 	Use coll.Algorithm
+	// Symmetric limits the rule to calls whose input lies in symmetric
+	// memory (read in place, no staging); other calls skip it. Its
+	// algorithm reads the input in place without scratch (or is nccl).
+	Symmetric bool
 }
 
 // Launch returns the launch parameters of algorithm alg of collective c, or
@@ -154,26 +158,28 @@ func (s *Spec) Topology(name string) *Topology {
 }
 
 // Choose returns the algorithm (or coll.NCCL) selected for a message of n
-// bytes of collective c on t by the list form (Select); a collective given
-// per world size needs ChooseFor.
+// bytes of collective c on t by the list form (Select) for a staged input
+// (symmetric rules skipped); a collective given per world size needs
+// ChooseFor.
 func (t *Topology) Choose(c coll.Collective, n int64) coll.Algorithm {
-	for _, r := range t.Select[c] {
-		if r.UpTo == 0 || n <= r.UpTo {
-			return r.Use
-		}
-	}
-	return coll.NCCL
+	return choose(t.Select[c], n)
 }
 
 // ChooseFor returns the algorithm (or coll.NCCL) selected for n bytes of c
-// at world size w.
+// at world size w, for a staged input (symmetric rules skipped).
 func (t *Topology) ChooseFor(c coll.Collective, w int, n int64) coll.Algorithm {
 	rules, ok := t.SelectByWorld[c][w]
 	if !ok {
 		rules = t.Select[c]
 	}
+	return choose(rules, n)
+}
+
+// choose is the first plain rule covering n bytes (as
+// kernels.Selection.Choose does for a staged input).
+func choose(rules []Rule, n int64) coll.Algorithm {
 	for _, r := range rules {
-		if r.UpTo == 0 || n <= r.UpTo {
+		if !r.Symmetric && (r.UpTo == 0 || n <= r.UpTo) {
 			return r.Use
 		}
 	}

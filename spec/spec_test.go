@@ -130,9 +130,17 @@ func TestShipped(t *testing.T) {
 	}
 	// The thresholds are tuned from measurements (docs/performance.md), so
 	// this checks their shape, not their values: increasing bounds, each
-	// rule a generated algorithm, coll.NCCL last, and Choose following them.
+	// rule a generated algorithm, coll.NCCL last, and Choose (staged
+	// inputs: the plain rules) following them. Symmetric rules read in place.
 	for _, c := range coll.Collectives() {
-		rules := nv.Select[c]
+		var rules []Rule
+		for _, r := range nv.Select[c] {
+			if !r.Symmetric {
+				rules = append(rules, r)
+			} else if r.Use != coll.OneShot {
+				t.Errorf("nvswitch %s symmetric rule %+v: want the in-place one-shot", c, r)
+			}
+		}
 		if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: coll.NCCL}) {
 			t.Errorf("nvswitch %s rules %v do not end in nccl", c, rules)
 			continue

@@ -22,7 +22,7 @@ var (
 	launchFields   = []string{"threads", "max_blocks", "vector_bytes"}
 	topologyFields = []string{"kind", "world_sizes", "link", "dtypes", "generate", "select"}
 	linkFields     = []string{"bandwidth_gbps", "latency_us"}
-	ruleFields     = []string{"upto", "use"}
+	ruleFields     = []string{"upto", "use", "symmetric"}
 )
 
 // maxWorld bounds world sizes of topologies whose kind is unknown, so that a
@@ -59,6 +59,8 @@ type ruleSrc struct {
 	use     coll.Algorithm
 	useN    *yaml.Node
 	ok      bool // use was read
+	sym     bool // symmetric: true
+	symN    *yaml.Node
 }
 
 // spec reads the top-level mapping.
@@ -770,6 +772,13 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 	} else if reportMissing(f, "use") {
 		l.errorf(keyOr(u.key, n), "%s has no use; write use: followed by an algorithm it generates or nccl", what)
 	}
+	if u, ok := f["symmetric"]; ok && !isNull(u.val) {
+		if r := resolve(u.val); r.Kind == yaml.ScalarNode && r.Tag == "!!bool" && r.Decode(&rs.sym) == nil {
+			rs.symN = u.val
+		} else {
+			l.errorf(u.val, "symmetric must be true or false, not %s; write symmetric: true", describe(u.val))
+		}
+	}
 	return rs
 }
 
@@ -957,8 +966,11 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 				l.errorf(r.useN, "%s uses %q, which %s does not generate; add it to generate.%s or use one of: %s", name, r.use, in, c, orNone(choices))
 			}
 		}
-		if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode {
-			l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
+		if r.sym && r.ok {
+			l.checkSymmetricRule(ts, c, name, r, gpu)
+		}
+		if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode && !(r.sym && noneSymmetric(rules[i+1:])) {
+			l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule (or a symmetric rule followed by plain ones only) may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
 		}
 		if r.hasUpto && r.upto > 0 {
 			if prevIdx >= 0 && r.upto <= prevUpto {
@@ -971,9 +983,9 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 		if !r.hasUpto || upto < 0 {
 			upto = 0
 		}
-		out = append(out, Rule{UpTo: upto, Use: r.use})
+		out = append(out, Rule{UpTo: upto, Use: r.use, Symmetric: r.sym})
 	}
-	if len(out) > 0 && out[len(out)-1].UpTo != 0 {
+	if plain := plainRules(out); len(plain) > 0 && plain[len(plain)-1].UpTo != 0 {
 		if gpu {
 			out = append(out, Rule{Use: coll.NCCL})
 		} else {
@@ -982,6 +994,58 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 		}
 	}
 	return out
+}
+
+// noneSymmetric reports whether no rule of rules is a symmetric one.
+func noneSymmetric(rules []ruleSrc) bool {
+	for _, r := range rules {
+		if r.sym {
+			return false
+		}
+	}
+	return true
+}
+
+// plainRules is rules without the symmetric ones: what a staged call sees.
+func plainRules(rules []Rule) []Rule {
+	var out []Rule
+	for _, r := range rules {
+		if !r.Symmetric {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// checkSymmetricRule checks that a symmetric rule's algorithm can serve
+// inputs in symmetric memory: nccl, or a generated algorithm that reads
+// its input in place (a barrier schedule) and needs no scratch, so no
+// staging bounds the sizes it takes. Host kinds have no symmetric memory.
+func (l *loader) checkSymmetricRule(ts *topoSrc, c coll.Collective, name string, r ruleSrc, gpu bool) {
+	t := ts.t
+	if !gpu {
+		l.errorf(r.symN, "%s is symmetric, but topology %q is %s: CPU ranks have no symmetric device memory; remove symmetric: true", name, t.Name, t.Kind)
+		return
+	}
+	if r.use == coll.NCCL || !slices.Contains(t.Generate[c], r.use) || len(t.WorldSizes) == 0 {
+		return // nccl, or an unknown algorithm reported already
+	}
+	s, err := schedule.Build(c, r.use, t.WorldSizes[0])
+	if err != nil {
+		return // reported by the generate checks
+	}
+	if s.Protocol.Push() {
+		l.errorf(r.useN, "%s is symmetric but uses %s, a push (%s) algorithm: it sends from its input and never reads it in place; use a barrier algorithm such as oneshot, or nccl", name, r.use, s.Protocol)
+		return
+	}
+	for _, ph := range s.Phases {
+		for _, st := range ph.Steps {
+			if st.Dst.Buf == schedule.Scratch {
+				l.errorf(r.useN, "%s is symmetric but uses %s, which reduces into scratch sized by the staging buffer, so it cannot take sizes beyond it; use oneshot or nccl", name, r.use)
+				return
+			}
+		}
+	}
 }
 
 // orNone joins names, or says "(none)".

@@ -241,6 +241,8 @@ type Measurement struct {
 	// Algorithm is what ran: the forced algorithm, or for "auto" the one
 	// the selection picked.
 	Algorithm coll.Algorithm `json:"algorithm,omitempty"`
+	// ZeroCopy: the kernel read its input in place from symmetric memory.
+	ZeroCopy bool `json:"zero_copy,omitempty"`
 	// Mode is "graph" (CUDA-graph replay) or "eager".
 	Mode string `json:"mode"`
 	// LatencyUs is the median per-op latency in microseconds; MinUs and

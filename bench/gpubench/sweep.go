@@ -364,9 +364,10 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
 				Bytes: sh.Bytes, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
-			if v.Algorithm == coll.Auto {
-				if a, err := st.c.Choose(cfg.Collective, sh.Bytes, cfg.DType, cfg.Op); err == nil {
-					m.Algorithm = a
+			if p, err := st.explain(sh, v.Algorithm); err == nil {
+				m.ZeroCopy = p.ZeroCopy
+				if v.Algorithm == coll.Auto {
+					m.Algorithm = p.Algorithm
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
@@ -415,6 +416,12 @@ func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 	default:
 		return st.c.AllGather(in, out, sh.Count, cfg.DType, o)
 	}
+}
+
+// explain is the plan of the calls issue makes (the same buffers).
+func (st *rankState) explain(sh Shape, alg coll.Algorithm) (comm.Plan, error) {
+	cfg := st.cfg
+	return st.c.Explain(cfg.Collective, comm.DeviceBuffer(st.in[0]), comm.DeviceBuffer(st.out), sh.Count, cfg.DType, cfg.Op, comm.Options{Algorithm: alg})
 }
 
 // issueK enqueues K collectives.

@@ -313,6 +313,9 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 			pick, abw, nbw, ratio := "", "", "", ""
 			if a != nil {
 				pick = string(a.Algorithm)
+				if a.ZeroCopy {
+					pick += " (in place)"
+				}
 				if a.Measured() {
 					abw = fmt.Sprintf("%.1f", a.BusGBps)
 					if a.VsNCCL > 0 {

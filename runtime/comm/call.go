@@ -31,7 +31,7 @@ type call struct {
 	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
 	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
 	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
-	zc     *zeroCopy       // GPU kernel: the input is read in place, nil when staged
+	zc     zeroCopy        // GPU kernel: where the input is read in place (zero value: staged)
 }
 
 // backend executes resolved calls: the GPU (gpuComm) or the host
@@ -41,6 +41,9 @@ type backend interface {
 	memory() memKind
 	// rules returns the size rules for a collective, nil if there are none.
 	rules(collective coll.Collective) *kernels.Selection
+	// symmetricInput reports whether cl's input lies in symmetric memory
+	// the backend reads in place (the rules' symmetric: true rules apply).
+	symmetricInput(cl *call) bool
 	// prepare checks that cl.alg can run cl and fills the backend's part of
 	// the plan. With auto (the rules chose cl.alg) it may fall back to
 	// another algorithm, the same on every rank; without, it refuses with
@@ -195,7 +198,7 @@ func (c *Communicator) choose(cl *call) error {
 	}
 	cl.alg = coll.NCCL
 	if sel := c.b.rules(cl.collective); sel != nil {
-		cl.alg = coll.Algorithm(sel.Choose(cl.bytes))
+		cl.alg = coll.Algorithm(sel.Choose(cl.bytes, c.b.symmetricInput(cl)))
 	}
 	return c.b.prepare(cl, true)
 }

@@ -240,6 +240,39 @@ func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype coll.DType
 	return c.do(&call{collective: coll.AllGather, in: in, out: out, count: int64(sendCount), dtype: dtype, o: o})
 }
 
+// Plan is what a collective call would run.
+type Plan struct {
+	// Algorithm is a generated algorithm or coll.NCCL.
+	Algorithm coll.Algorithm
+	// Kernel names the generated kernel; "" for NCCL and host calls.
+	Kernel string
+	// ZeroCopy: the kernel reads the input in place from symmetric memory.
+	ZeroCopy bool
+}
+
+// Explain resolves a call exactly as AllReduce, ReduceScatter or AllGather
+// would with these arguments (count as each of them takes it; op is
+// ignored for all-gather) and reports its plan without running anything.
+// It is local: no rank waits for another. A count of 0 plans nothing and
+// returns the zero Plan.
+func (c *Communicator) Explain(collective coll.Collective, in, out Buffer, count int, dtype coll.DType, op coll.Op, o Options) (Plan, error) {
+	if c.closed.Load() {
+		return Plan{}, errorf(ErrClosed, "comm: Explain on a closed communicator")
+	}
+	if !collective.Reduces() {
+		op = ""
+	}
+	cl := &call{collective: collective, in: in, out: out, count: int64(count), dtype: dtype, op: op, o: o}
+	if err := c.resolve(cl); err != nil || cl.n == 0 {
+		return Plan{}, err
+	}
+	p := Plan{Algorithm: cl.alg, ZeroCopy: cl.zc.on()}
+	if cl.kernel != nil {
+		p.Kernel = cl.kernel.Name
+	}
+	return p, nil
+}
+
 // Choose returns the algorithm automatic selection picks for a message of
 // the given size in bytes (for all-gather and reduce-scatter: the full,
 // gathered size), through the same resolution a call makes; it checks its

@@ -80,7 +80,7 @@ func fingerprintOf(cl *call, err error) fingerprint {
 	if cl.alg != "" {
 		f.Resolved = cl.alg.String()
 	}
-	if cl.zc != nil {
+	if cl.zc.on() {
 		f.ZeroCopy = cl.zc.offset
 	}
 	if err != nil {

@@ -27,9 +27,15 @@ type device interface {
 	// timeouts in. It returns every rank's region base, by rank, and the
 	// device addresses of the counters and the status word.
 	setup(ctx context.Context, key string, regionBytes, seqBytes int64) (regions []cuda.DevicePtr, seq, status cuda.DevicePtr, err error)
-	// symmetric allocates bytes on every rank (collective) and returns the
-	// local base and every rank's address of its buffer, by rank.
-	symmetric(ctx context.Context, key string, bytes int) (base cuda.DevicePtr, peers []cuda.DevicePtr, err error)
+	// symmetric allocates bytes on every rank (collective) in symmetric
+	// memory that lookup then finds, and returns the local base. group
+	// names the communicator's pool (made on first use).
+	symmetric(ctx context.Context, group string, bytes int) (base cuda.DevicePtr, err error)
+	// lookup reports whether the n bytes at p lie in a symmetric buffer
+	// whose peers are this communicator's ranks (Alloc's, or one of a pool
+	// given to UseSymmetric), with every rank's copy. It takes no lock
+	// shared with other calls and allocates nothing: it runs on every call.
+	lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool)
 	// preload compiles or loads kernels ks (New, unless
 	// Config.LazyKernels), so launch finds them ready; a kernel that fails
 	// is a *KernelError naming it.

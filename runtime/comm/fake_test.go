@@ -27,6 +27,7 @@ type fakeDevice struct {
 	nccl      []coll.Algorithm
 	released  bool
 	nextSym   cuda.DevicePtr
+	syms      []fakeSym
 	statusVal uint64
 
 	// preloaded are the kernels preload was given; preloadErr is what it
@@ -39,6 +40,15 @@ type fakeDevice struct {
 	hold    chan struct{}
 	entered chan struct{}
 }
+
+// fakeSym is one symmetric buffer of a fake device: at offset off of every
+// rank's fake region.
+type fakeSym struct{ off, bytes cuda.DevicePtr }
+
+// fakePeers is a fake symmetric buffer's peer table.
+type fakePeers struct{ off cuda.DevicePtr }
+
+func (p fakePeers) Peer(r int) uintptr { return uintptr(fakeRegion(r) + p.off) }
 
 // fakeLaunch is one recorded launch.
 type fakeLaunch struct {
@@ -111,16 +121,25 @@ func (d worldDevice) setup(context.Context, string, int64, int64) ([]cuda.Device
 	return regions, fakeRegion(d.rank) + 1<<30, fakeRegion(d.rank) + 2<<30, nil
 }
 
-func (d worldDevice) symmetric(_ context.Context, _ string, bytes int) (cuda.DevicePtr, []cuda.DevicePtr, error) {
+func (d worldDevice) symmetric(_ context.Context, _ string, bytes int) (cuda.DevicePtr, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	off := 3<<30 + d.nextSym
 	d.nextSym += cuda.DevicePtr(bytes)
-	peers := make([]cuda.DevicePtr, d.world)
-	for r := range peers {
-		peers[r] = fakeRegion(r) + off
+	d.syms = append(d.syms, fakeSym{off, cuda.DevicePtr(bytes)})
+	return fakeRegion(d.rank) + off, nil
+}
+
+func (d *fakeDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.syms {
+		base := fakeRegion(d.rank) + s.off
+		if p >= base && p-base+cuda.DevicePtr(n) <= s.bytes {
+			return zeroCopy{offset: int64(p - base), peers: fakePeers{s.off}}, true
+		}
 	}
-	return peers[d.rank], peers, nil
+	return zeroCopy{}, false
 }
 
 // fakeComms makes world goroutine-rank GPU communicators over fake devices.

@@ -13,6 +13,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/schedule"
 )
 
 // gpuComm is the GPU backend's pure part: it decides, the device acts.
@@ -33,7 +34,9 @@ import (
 //	seq      MaxBlocks barrier sequence counters plus the collective and
 //	         finished-block counters and the LL abort word (local)
 //	status   one pinned, device-mapped word where kernels report timeouts
-//	syms     symmetric buffers from Alloc, each exported like region
+//	symm     the communicator's symmetric-memory pool (Alloc), made on
+//	         first use; inputs in it, or in a pool given to UseSymmetric,
+//	         are read in place (zeroCopy)
 //
 // All are zeroed before the store barrier that ends New, so no peer ever
 // sees a stale flag. Close waits for every rank (store barrier) before the
@@ -61,24 +64,64 @@ type gpuComm struct {
 	ncclOK  bool
 	ncclErr error // why NCCL cannot be used, agreed by all ranks
 
-	mu       sync.Mutex // guards syms, symCount, broken
-	syms     []symBuffer
+	// inPlace says, per kernel, where a symmetric input stands in for the
+	// kernel's stage slot (see stageMapping); absent: it never does.
+	inPlace map[*kernels.Kernel]stageMap
+
+	mu       sync.Mutex // guards symCount, broken
 	symCount int
 	broken   error
 }
 
-// symBuffer is one symmetric allocation from Alloc.
-type symBuffer struct {
-	base  cuda.DevicePtr
-	bytes int64
-	peers []cuda.DevicePtr
-}
-
 // zeroCopy is a call whose input peers read in place: the input lies at
-// offset in a symmetric buffer whose copies are at peers (by rank).
+// offset in a symmetric buffer of which peers gives every rank's copy.
+// The zero value (peers nil) is a staged call.
 type zeroCopy struct {
 	offset int64
-	peers  []cuda.DevicePtr
+	peers  peerTable
+}
+
+// on reports whether the call reads its input in place.
+func (z zeroCopy) on() bool { return z.peers != nil }
+
+// peerTable gives every rank's address of one symmetric buffer, by rank
+// (a *symm.Handle; a table in fakes).
+type peerTable interface{ Peer(rank int) uintptr }
+
+// stageMap is how a kernel's schedule fills its stage slot: only by
+// copying this rank's input into it, input chunk c landing in stage chunk
+// c+delta[rank]. A symmetric input can then stand in for every rank's
+// slot: stage[r] = (rank r's input) - lo(delta[r]) elements, so the copies
+// find source and destination equal and skip, and peers read the input
+// where the kernel would have read the slot.
+type stageMap struct{ delta []int }
+
+// stageMapping derives k's stageMap from its schedule; ok is false when
+// any step writes the stage with anything but such a copy (the input would
+// be overwritten, or the slot holds more than the input) or none fills it.
+func stageMapping(s *schedule.Schedule) (stageMap, bool) {
+	m := stageMap{delta: make([]int, s.World)}
+	seen := false
+	for r := range s.World {
+		first := true
+		for _, ph := range s.Phases {
+			for _, st := range ph.Steps {
+				if st.Dst.Buf != schedule.Stage {
+					continue
+				}
+				src := st.Srcs[0]
+				if st.Kind != schedule.Copy || len(st.Srcs) != 1 || src.Buf != schedule.Input || !st.Dst.Rank.IsSelf() {
+					return stageMap{}, false
+				}
+				d := st.Dst.Chunk.Eval(r, s.World) - src.Chunk.Eval(r, s.World)
+				if !first && d != m.delta[r] {
+					return stageMap{}, false
+				}
+				m.delta[r], first, seen = d, false, true
+			}
+		}
+	}
+	return m, seen
 }
 
 // regionAlign keeps every part of the region 256-byte aligned (LL128
@@ -115,7 +158,8 @@ func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (d
 // newGPUState builds the pure state: topology, areas, argument packers.
 func newGPUState(cfg Config, prefix string) (*gpuComm, error) {
 	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix,
-		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{}}
+		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
+		inPlace: map[*kernels.Kernel]stageMap{}}
 	if err := g.pickTopology(); err != nil {
 		return nil, err
 	}
@@ -132,6 +176,16 @@ func newGPUState(cfg Config, prefix string) (*gpuComm, error) {
 			return nil, err
 		}
 		g.packers[k] = p
+		if k.Protocol.Push() {
+			continue // push kernels send from the input; they stage nothing
+		}
+		sched, err := schedule.Build(k.Collective, k.Algorithm, k.World)
+		if err != nil {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w; regenerate", k.Name, err)
+		}
+		if m, ok := stageMapping(sched); ok {
+			g.inPlace[k] = m
+		}
 	}
 	return g, nil
 }
@@ -301,11 +355,12 @@ func (g *gpuComm) rules(collective coll.Collective) *kernels.Selection { return 
 // algorithm needs a kernel for the call's dtype and op and room for its
 // stage-slot need in its protocol's area (unless the input is read in
 // place). The automatic choice sends a call that fails either check to
-// NCCL (every rank decides alike: only the call's arguments and agreed
-// set-up enter, never the input address); an explicit one is refused with
-// the reason.
+// NCCL (every rank decides alike: only the call's arguments, agreed set-up
+// and whether the input is symmetric enter, and Alloc's contract has every
+// rank pass symmetric inputs in the same calls); an explicit one is
+// refused with the reason.
 func (g *gpuComm) prepare(cl *call, auto bool) error {
-	cl.kernel, cl.zc = nil, nil
+	cl.kernel, cl.zc = nil, zeroCopy{}
 	if cl.alg == coll.NCCL {
 		if g.ncclOK {
 			return nil
@@ -328,8 +383,11 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	chunk := chunkElems(cl, g.world, k)
 	need := slotNeed(k, cl.bytes, chunk*cl.esize, g.area[proto])
 	zc := g.zeroCopy(k, cl)
+	// Reading the input in place frees a kernel from the stage slot, but
+	// not from scratch (two-shot reduces into it, laid out like the slot).
+	inPlace := zc.on() && !k.UsesScratch
 	switch {
-	case auto && need > g.area[proto]:
+	case auto && need > g.area[proto] && !inPlace:
 		cl.alg = coll.NCCL
 		return g.prepare(cl, true)
 	case auto:
@@ -340,7 +398,10 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes need %s of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
 			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
-	case need > g.area[proto] && zc == nil:
+	case need > g.area[proto] && zc.on() && k.UsesScratch:
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
+			cl.collective, cl.alg, cl.bytes, g.area[proto])
+	case need > g.area[proto] && !zc.on():
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, cl.bytes, g.area[proto])
 	}
@@ -371,22 +432,23 @@ func (g *gpuComm) ncclWhy() error {
 }
 
 // zeroCopy reports whether kernel k reads the call's input in place: the
-// input lies in a symmetric buffer, the collective reduces, and k pulls
-// (push kernels send from the input, so a symmetric input changes nothing
-// for them).
-func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) *zeroCopy {
-	if !cl.collective.Reduces() || coll.Protocol(k.Protocol).Push() || cl.in.kind != deviceMemory {
-		return nil
+// input lies in a symmetric buffer of this communicator's ranks and k
+// fills its stage slot only by copying the input (stageMapping). Push
+// kernels send from the input directly, so they never stage it.
+func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) zeroCopy {
+	if _, ok := g.inPlace[k]; !ok || cl.in.kind != deviceMemory {
+		return zeroCopy{}
 	}
-	p := cl.in.dev
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, sb := range g.syms {
-		if p >= sb.base && int64(p-sb.base)+cl.inBytes <= sb.bytes {
-			return &zeroCopy{offset: int64(p - sb.base), peers: sb.peers}
-		}
+	zc, _ := g.dev.lookup(cl.in.dev, cl.inBytes)
+	return zc
+}
+
+func (g *gpuComm) symmetricInput(cl *call) bool {
+	if cl.in.kind != deviceMemory {
+		return false
 	}
-	return nil
+	_, ok := g.dev.lookup(cl.in.dev, cl.inBytes)
+	return ok
 }
 
 // run executes a prepared call; with no stream it waits for completion.
@@ -425,16 +487,13 @@ func gridFor(cl *call, world int) (grid, block uint32) {
 // pack fills the kernel's argument struct for a prepared call.
 func (g *gpuComm) pack(cl *call) []byte {
 	stage, slotBytes := g.areaStage[coll.Protocol(cl.kernel.Protocol)], uint64(g.slotBytes)
-	if cl.zc != nil {
+	if cl.zc.on() {
 		// Zero-copy: peers read this input in place; the copy-in steps
 		// become no-ops because source and destination coincide. One
 		// slot only, so the kernel keeps its final barrier (the caller
 		// may overwrite its input as soon as the kernel ends).
 		slotBytes = 0
-		stage = make([]cuda.DevicePtr, g.world)
-		for r, p := range cl.zc.peers {
-			stage[r] = p + cuda.DevicePtr(cl.zc.offset)
-		}
+		stage = g.zcStage(cl)
 	}
 	return g.packers[cl.kernel].pack(args{
 		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
@@ -443,19 +502,29 @@ func (g *gpuComm) pack(cl *call) []byte {
 	})
 }
 
+// zcStage is every rank's stage pointer for a zero-copy call: its input
+// copy moved back by the chunk distance its stage copies would add (see
+// stageMap), so stage chunk c of rank r is where rank r's input holds it.
+func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
+	m := g.inPlace[cl.kernel]
+	stage := make([]cuda.DevicePtr, g.world)
+	for r := range stage {
+		lo := min(int64(m.delta[r])*cl.chunk, cl.n) // cg_chunk's lo; delta ≥ 0 in every schedule
+		stage[r] = cuda.DevicePtr(cl.zc.peers.Peer(r)) + cuda.DevicePtr(cl.zc.offset) - cuda.DevicePtr(lo*cl.esize)
+	}
+	return stage
+}
+
 // alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	g.mu.Lock()
 	g.symCount++
 	n := g.symCount
 	g.mu.Unlock()
-	base, peers, err := g.dev.symmetric(ctx, fmt.Sprintf("%ssym%d", g.prefix, n), bytes)
+	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)
 	if err != nil {
 		return 0, fmt.Errorf("comm: rank %d: symmetric alloc %d: %w", g.cfg.Rank, n, err)
 	}
-	g.mu.Lock()
-	g.syms = append(g.syms, symBuffer{base: base, bytes: int64(bytes), peers: peers})
-	g.mu.Unlock()
 	return base, nil
 }
 

@@ -1,4 +1,4 @@
-//go:build cgo
+//go:build cgo && linux && (amd64 || arm64)
 
 package comm
 
@@ -6,20 +6,25 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/nccl"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
-// cudaDevice is the device over runtime/cuda, runtime/ipc and runtime/nccl.
-// It owns, and release frees in reverse order of creation: the NCCL
-// communicator, symmetric buffers and their mappings, the region's
-// mapping, the region, the sequence counters, the status word, loaded
-// modules, the fatbin, the stream and the device's context.
+// cudaDevice is the device over runtime/cuda, runtime/ipc, runtime/nccl
+// and runtime/symm. It owns, and release frees in reverse order of
+// creation: the NCCL communicator, the symmetric-memory pool (its buffers
+// and mappings) and its backend, the region's mapping, the region, the
+// sequence counters, the status word, loaded modules, the fatbin, the
+// stream and the device's context. Pools given to UseSymmetric stay the
+// caller's.
 type cudaDevice struct {
 	cfg    Config
 	dev    *cuda.Device // nil once released
@@ -33,16 +38,16 @@ type cudaDevice struct {
 	seq       cuda.DevicePtr
 	statusBuf *cuda.HostBuffer
 
-	mu      sync.Mutex // guards funcs, modules, syms
+	mu      sync.Mutex // guards funcs, modules, pool, symmBE
 	funcs   map[string]*cuda.Function
 	modules []*cuda.Module
-	syms    []symAlloc
-}
+	pool    *symm.Pool // Alloc's, made on first use
+	symmBE  *symm.CUDABackend
 
-// symAlloc is one symmetric buffer the device owns.
-type symAlloc struct {
-	base cuda.DevicePtr
-	m    *ipc.Mapping
+	// pools are the symmetric-memory pools whose buffers are read in
+	// place: pool and those given to UseSymmetric. Written under mu by
+	// copy-and-swap, read without a lock on every call (lookup).
+	pools atomic.Pointer[[]*symm.Pool]
 }
 
 // openDevice opens Config.Device, its stream and the fatbin, if any.
@@ -118,19 +123,88 @@ func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqByte
 	return d.regionMap.Peers(), d.seq, d.statusBuf.DevPtr, nil
 }
 
-func (d *cudaDevice) symmetric(ctx context.Context, key string, bytes int) (cuda.DevicePtr, []cuda.DevicePtr, error) {
-	p, err := d.dev.Alloc(bytes)
+func (d *cudaDevice) symmetric(ctx context.Context, group string, bytes int) (cuda.DevicePtr, error) {
+	pool, err := d.ownPool(ctx, group)
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
-	m, err := ipc.Exchange(ctx, d.cfg.Store, key, d.cfg.Rank, d.cfg.WorldSize, d.dev, p, bytes)
+	b, err := pool.Alloc(bytes)
 	if err != nil {
-		return 0, nil, errors.Join(err, d.dev.Free(p))
+		return 0, err
 	}
+	if _, err := pool.Rendezvous(ctx, b); err != nil {
+		return 0, errors.Join(err, b.Free())
+	}
+	return cuda.DevicePtr(b.Addr()), nil
+}
+
+// ownPool returns the pool behind Alloc, forming it (collectively: every
+// rank's first Alloc) on first use.
+func (d *cudaDevice) ownPool(ctx context.Context, group string) (*symm.Pool, error) {
 	d.mu.Lock()
-	d.syms = append(d.syms, symAlloc{base: p, m: m})
-	d.mu.Unlock()
-	return p, m.Peers(), nil
+	defer d.mu.Unlock()
+	if d.pool != nil {
+		return d.pool, nil
+	}
+	be, err := symm.NewCUDABackend(d.dev, d.cfg.Cache)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := symm.NewPool(ctx, symm.Config{Group: group, Rank: d.cfg.Rank, WorldSize: d.cfg.WorldSize,
+		Device: d.cfg.Device, Store: d.cfg.Store, Backend: be, Timeout: d.cfg.Timeout})
+	if err != nil {
+		return nil, errors.Join(err, be.Close())
+	}
+	d.pool, d.symmBE = pool, be
+	d.addPool(pool)
+	return pool, nil
+}
+
+// addPool makes pool's buffers candidates for zero-copy. Callers hold mu.
+func (d *cudaDevice) addPool(pool *symm.Pool) {
+	var next []*symm.Pool
+	if old := d.pools.Load(); old != nil {
+		next = append(next, *old...)
+	}
+	next = append(next, pool)
+	d.pools.Store(&next)
+}
+
+// checkSymmetric checks that pool's buffers live on this rank's GPU.
+func (d *cudaDevice) checkSymmetric(pool *symm.Pool) error {
+	be, ok := pool.Backend().(*symm.CUDABackend)
+	if !ok {
+		return errorf(ErrInvalidArgument, "comm: UseSymmetric: pool of group %q uses the %q backend; a GPU communicator reads only CUDA symmetric memory in place", pool.Group(), pool.Backend().Kind())
+	}
+	if be.Device().Ordinal != d.handle.Ordinal {
+		return errorf(ErrInvalidArgument, "comm: UseSymmetric: pool of group %q allocates on GPU %d, this rank's communicator runs on GPU %d", pool.Group(), be.Device().Ordinal, d.handle.Ordinal)
+	}
+	return nil
+}
+
+// addSymmetric adds pool to the zero-copy candidates, once.
+func (d *cudaDevice) addSymmetric(pool *symm.Pool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if old := d.pools.Load(); old == nil || !slices.Contains(*old, pool) {
+		d.addPool(pool)
+	}
+}
+
+func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
+	pools := d.pools.Load()
+	if pools == nil {
+		return zeroCopy{}, false
+	}
+	b, off, ok := symm.Lookup(uintptr(p))
+	if !ok || int64(off)+n > int64(b.Size()) || !slices.Contains(*pools, b.Pool()) {
+		return zeroCopy{}, false
+	}
+	h := b.Handle()
+	if h == nil { // not rendezvoused: peers cannot see it
+		return zeroCopy{}, false
+	}
+	return zeroCopy{offset: int64(off), peers: h}, true
 }
 
 // preload readies every kernel of ks (see device.preload): it looks them
@@ -302,10 +376,11 @@ func (d *cudaDevice) release() error {
 		errs = append(errs, d.comm.Destroy())
 		d.comm = nil
 	}
-	for _, sb := range d.syms {
-		errs = append(errs, sb.m.Close(), d.dev.Free(sb.base))
+	if d.pool != nil {
+		errs = append(errs, d.pool.Close(), d.symmBE.Close())
+		d.pool, d.symmBE = nil, nil
 	}
-	d.syms = nil
+	d.pools.Store(nil)
 	if d.regionMap != nil {
 		errs = append(errs, d.regionMap.Close())
 		d.regionMap = nil

@@ -16,6 +16,9 @@ type hostBackend struct {
 
 func (h *hostBackend) memory() memKind { return hostMemory }
 
+// symmetricInput: host buffers are plain memory, never symmetric.
+func (h *hostBackend) symmetricInput(*call) bool { return false }
+
 func (h *hostBackend) rules(collective coll.Collective) *kernels.Selection {
 	sel, _ := h.lib.Selection(coll.HostSHM, collective, h.world)
 	return sel

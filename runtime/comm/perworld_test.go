@@ -66,7 +66,7 @@ func TestPerWorldSelection(t *testing.T) {
 		if sel == nil || len(sel.Worlds) != 1 || sel.Worlds[0] != tc.world {
 			t.Fatalf("world %d uses selection %+v", tc.world, sel)
 		}
-		if got := sel.Choose(tc.bytes); got != tc.want {
+		if got := sel.Choose(tc.bytes, false); got != tc.want {
 			t.Errorf("world %d, %d bytes: rules choose %q, want %q", tc.world, tc.bytes, got, tc.want)
 		}
 		if tc.want == coll.NCCL {

@@ -16,11 +16,15 @@ func newTestGPU(t *testing.T, cfg Config) (*gpuComm, error) {
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
 	}
-	return newGPUState(cfg, "test/")
+	g, err := newGPUState(cfg, "test/")
+	if g != nil {
+		g.dev = worldDevice{&fakeDevice{rank: cfg.Rank}, cfg.WorldSize} // no symmetric buffers: every call is staged
+	}
+	return g, err
 }
 
 // frontOf wraps a GPU state in a Communicator whose front end resolves
-// calls against it (no device: only selection and refusals run).
+// calls against it (a fake device: only selection and refusals run).
 func frontOf(g *gpuComm) *Communicator {
 	return &Communicator{cfg: g.cfg, b: g, gpu: g}
 }

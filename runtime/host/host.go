@@ -327,7 +327,7 @@ func (g *Group) Algorithm(collective coll.Collective, bytes int64) (coll.Algorit
 		return "", fmt.Errorf("host: %w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
 			ErrInvalidArgument, g.lib.Package, collective, g.cfg.World)
 	}
-	a := sel.Choose(bytes)
+	a := sel.Choose(bytes, false) // host buffers are never symmetric device memory
 	if !a.Generated() {
 		return "", fmt.Errorf("host: %w: the host_shm rules select %s for %s of %d bytes; the host backend runs generated schedules only",
 			ErrInvalidArgument, a, collective, bytes)

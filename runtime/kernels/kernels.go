@@ -159,6 +159,9 @@ func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
 type Rule struct {
 	UpTo int64
 	Use  coll.Algorithm
+	// Symmetric: only for calls whose input lies in symmetric memory (see
+	// spec.Rule); Choose skips it for others.
+	Symmetric bool
 }
 
 // Selection is a topology's ordered size rules for one collective.
@@ -171,9 +174,13 @@ type Selection struct {
 }
 
 // Choose returns the algorithm the rules pick for a message of the given
-// size in bytes, or coll.NCCL when no rule covers it.
-func (s *Selection) Choose(bytes int64) coll.Algorithm {
+// size in bytes whose input is in symmetric memory or not, or coll.NCCL
+// when no rule covers it.
+func (s *Selection) Choose(bytes int64, symmetric bool) coll.Algorithm {
 	for _, r := range s.Rules {
+		if r.Symmetric && !symmetric {
+			continue
+		}
 		if r.UpTo == 0 || bytes <= r.UpTo {
 			return r.Use
 		}
@@ -185,7 +192,7 @@ func (s *Selection) Choose(bytes int64) coll.Algorithm {
 // (not nccl); 0 when every rule is nccl or unbounded rules use a custom one.
 func (s *Selection) MaxCustomBytes() (max int64, unbounded bool) {
 	for _, r := range s.Rules {
-		if r.Use == coll.NCCL {
+		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
 			continue
 		}
 		if r.UpTo == 0 {
@@ -267,7 +274,7 @@ func (l *Library) slotBound(collective coll.Collective, algorithm coll.Algorithm
 func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int64 {
 	bounds := map[coll.Protocol]int64{}
 	for _, r := range s.Rules {
-		if r.Use == coll.NCCL {
+		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
 			continue
 		}
 		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, r.UpTo); ok && need > bounds[protocol] {

@@ -311,6 +311,12 @@ func (p *Pool) WorldSize() int { return p.cfg.WorldSize }
 // Group is the group's name.
 func (p *Pool) Group() string { return p.cfg.Group }
 
+// ID names this instance of the group: a random id rank 0 drew when the
+// pool formed, the same on every rank of it and different for every other
+// pool, even one of the same group name formed later. Ranks compare IDs to
+// prove they hold the same pool (comm does before reading peers' buffers).
+func (p *Pool) ID() string { return p.nonce }
+
 // Backend is the memory backend the pool uses.
 func (p *Pool) Backend() Backend { return p.be }
 

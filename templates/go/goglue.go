@@ -215,7 +215,11 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			if r.UpTo != 0 {
 				kv = append(kv, jen.Id("UpTo").Op(":").Op(strconv.FormatInt(r.UpTo, 10)))
 			}
-			rules = append(rules, jen.Values(append(kv, jen.Id("Use").Op(":").Lit(string(r.Use)))...))
+			kv = append(kv, jen.Id("Use").Op(":").Lit(string(r.Use)))
+			if r.Symmetric {
+				kv = append(kv, jen.Id("Symmetric").Op(":").True())
+			}
+			rules = append(rules, jen.Values(kv...))
 		}
 		var worlds []jen.Code
 		for _, w := range s.Worlds {

@@ -14,6 +14,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -34,26 +35,37 @@ func TestGeneratedRegistry(t *testing.T) {
 		t.Fatal("no nvlink_full allreduce selection at world 4")
 	}
 	// The rules are tuned (spec/collgen.yaml); check that the generated
-	// table follows them at every bound and ends in NCCL.
-	for i, r := range sel.Rules {
-		if r.UpTo == 0 {
-			if i != len(sel.Rules)-1 || r.Use != "nccl" {
-				t.Errorf("rule %d %+v: only the last rule is unbounded, and it is nccl", i, r)
+	// table follows them at every bound, for staged inputs (the plain
+	// rules, ending in an unbounded nccl) and for symmetric ones (every
+	// rule up to the first unbounded one).
+	for _, symmetric := range []bool{false, true} {
+		var rules []kernels.Rule
+		for _, r := range sel.Rules {
+			if symmetric || !r.Symmetric {
+				rules = append(rules, r)
 			}
-			continue
+			if len(rules) > 0 && rules[len(rules)-1].UpTo == 0 {
+				break
+			}
 		}
-		if got := sel.Choose(r.UpTo); got != r.Use {
-			t.Errorf("%d bytes: %s, want %s", r.UpTo, got, r.Use)
+		last := rules[len(rules)-1]
+		if last.UpTo != 0 || !symmetric && last.Use != coll.NCCL {
+			t.Errorf("symmetric %v: last reachable rule %+v, want an unbounded one (nccl for staged inputs)", symmetric, last)
 		}
-		if got := sel.Choose(r.UpTo + 1); got != sel.Rules[i+1].Use {
-			t.Errorf("%d bytes: %s, want %s", r.UpTo+1, got, sel.Rules[i+1].Use)
+		for i, r := range rules[:len(rules)-1] {
+			if got := sel.Choose(r.UpTo, symmetric); got != r.Use {
+				t.Errorf("symmetric %v, %d bytes: %s, want %s", symmetric, r.UpTo, got, r.Use)
+			}
+			if got := sel.Choose(r.UpTo+1, symmetric); got != rules[i+1].Use {
+				t.Errorf("symmetric %v, %d bytes: %s, want %s", symmetric, r.UpTo+1, got, rules[i+1].Use)
+			}
 		}
 	}
-	if got := sel.Choose(1024); got != "oneshot_ll" {
+	if got := sel.Choose(1024, false); got != "oneshot_ll" {
 		t.Errorf("1 KiB all-reduce picks %s, want the LL one-shot", got)
 	}
 	hcm, ok := lib.Selection("hybrid_cube_mesh", "allreduce", 8)
-	if !ok || hcm.Choose(256<<10) != "hcm" || hcm.Choose(256<<10+1) != "nccl" {
+	if !ok || hcm.Choose(256<<10, false) != "hcm" || hcm.Choose(256<<10+1, false) != "nccl" {
 		t.Errorf("hybrid cube mesh rules: %+v", hcm)
 	}
 	if _, ok := lib.HostReducer("bf16", "sum"); !ok {

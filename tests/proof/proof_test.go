@@ -28,6 +28,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
 // guard is the poisoned margin before and after every output.
@@ -661,31 +662,103 @@ func TestProofProcess(t *testing.T) {
 	}
 }
 
-// TestProofZeroCopy proves the zero-copy path: inputs allocated with
-// Communicator.Alloc (symmetric) are read in place by peers, with one stage
-// slot and the final barrier kept. Every all-reduce and reduce-scatter
-// kernel of the largest world the machine has, two counts, three
-// back-to-back calls each (the caller overwrites its input between calls,
-// which the final barrier must make safe).
+// Zero-copy proof sizes: push kernels (never zero-copy) need their inbox
+// area to hold the 100003-element count, more than the rules' default
+// sizing; zcBig is larger than the whole zcStaging buffer.
+const zcStaging, zcBig = 4 << 20, 5 << 20 // bytes
+
+// zeroCopyCounts are the counts the zero-copy proofs run for kernel c, and
+// how many back-to-back calls each: two counts three times, and for a
+// barrier kernel without scratch one message larger than the whole staging
+// buffer twice (zero-copy needs none; two-shot still reduces into scratch).
+func zeroCopyCounts(c collectives.Combination, w int) (counts, calls []int) {
+	counts, calls = []int{33, 100003}, []int{3, 3}
+	if !strings.Contains(string(c.Algorithm), "_ll") && c.Algorithm != coll.TwoShot {
+		in, _ := sizes(c.Collective, w, 1)
+		counts, calls = append(counts, zcBig/(in*c.DType.Size())+1), append(calls, 2)
+	}
+	return counts, calls
+}
+
+// zeroCopyCase runs one call of kernel c on rank r with its input written
+// into the symmetric buffer at src, and checks the output.
+func zeroCopyCase(cm *comm.Communicator, c collectives.Combination, r, w, n, seed int, src cuda.DevicePtr) error {
+	inN, outN := sizes(c.Collective, w, n)
+	size := c.DType.Size()
+	ins := make([][]byte, w)
+	for p := range ins {
+		ins[p] = input(c.DType, inN, seed, p)
+	}
+	dev := cm.Device()
+	if err := dev.CopyHtoD(src, ins[r]); err != nil {
+		return err
+	}
+	out, err := dev.Alloc(outN * size)
+	if err != nil {
+		return err
+	}
+	defer dev.Free(out)
+	rc := &rankCase{in: src, out: out, inBytes: inN * size, outBytes: outN * size}
+	if err := issue(cm, c, rc, n, nil); err != nil {
+		return err
+	}
+	got := make([]byte, outN*size)
+	if err := dev.CopyDtoH(got, out); err != nil {
+		return err
+	}
+	return expect(c, r, w, n, ins, got)
+}
+
+// TestProofZeroCopy proves the zero-copy path with goroutine ranks: inputs
+// in symmetric memory are read in place by peers, with one stage slot and
+// the final barrier kept. Every kernel of the largest world the machine
+// has (all three collectives; push kernels take the same inputs and send
+// from them), inputs alternating between Communicator.Alloc's buffers and
+// a user's own symm.Pool given to UseSymmetric, the counts of
+// zeroCopyCounts back to back (the caller overwrites its input between
+// calls, which the final barrier must make safe).
 func TestProofZeroCopy(t *testing.T) {
 	ngpu := gpus(t)
 	defer writeSummary(t)
 	ws := worlds(ngpu)
 	w := ws[len(ws)-1]
-	// Barrier kernels read the symmetric input in place whatever the
-	// staging size; push kernels (never zero-copy) need their inbox area to
-	// hold the largest count below, more than the rules' default sizing.
-	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 16 << 20, Group: "zerocopy"})
+	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: zcStaging, Group: "zerocopy"})
 	defer closeComms(comms)
-	const maxBytes = 4 << 20
+	const maxBytes = 2 * zcBig
 	syms := make([]cuda.DevicePtr, w)
+	pooled := make([]cuda.DevicePtr, w)
 	errs := make([]error, w)
+	st := rendezvous.NewMemStore()
 	var wg sync.WaitGroup
 	for r, cm := range comms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			syms[r], errs[r] = cm.Alloc(context.Background(), maxBytes)
+			errs[r] = func() (err error) {
+				ctx := context.Background()
+				if syms[r], err = cm.Alloc(ctx, maxBytes); err != nil {
+					return err
+				}
+				be, err := symm.NewCUDABackend(cm.Device(), nil)
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { be.Close() })
+				pool, err := symm.NewPool(ctx, symm.Config{Group: "proof-user", Rank: r, WorldSize: w, Store: st, Backend: be})
+				if err != nil {
+					return err
+				}
+				t.Cleanup(func() { pool.Close() })
+				buf, err := pool.Alloc(maxBytes)
+				if err != nil {
+					return err
+				}
+				if _, err := pool.Rendezvous(ctx, buf); err != nil {
+					return err
+				}
+				pooled[r] = cuda.DevicePtr(buf.Addr())
+				return cm.UseSymmetric(ctx, pool)
+			}()
 		}()
 	}
 	wg.Wait()
@@ -693,45 +766,23 @@ func TestProofZeroCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range collectives.Combinations {
-		if c.World != w || c.Collective == "allgather" || !selected(c.Kernel) {
+		if c.World != w || !selected(c.Kernel) {
 			continue
 		}
 		cases := 0
 		var cerr error
-		for _, n := range []int{33, 100003} {
-			for call := 0; call < 3 && cerr == nil; call++ {
-				seed := n + call
-				inN, outN := sizes(c.Collective, w, n)
-				size := c.DType.Size()
-				ins := make([][]byte, w)
-				for r := 0; r < w; r++ {
-					ins[r] = input(c.DType, inN, seed, r)
+		counts, calls := zeroCopyCounts(c, w)
+		for i, n := range counts {
+			for call := 0; call < calls[i] && cerr == nil; call++ {
+				src := syms // the input's symmetric buffer, by rank: alternate the two kinds
+				if call%2 == 1 {
+					src = pooled
 				}
 				for r, cm := range comms {
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
-						errs[r] = func() error {
-							dev := cm.Device()
-							if err := dev.CopyHtoD(syms[r], ins[r]); err != nil {
-								return err
-							}
-							out, err := dev.Alloc(outN * size)
-							if err != nil {
-								return err
-							}
-							defer dev.Free(out)
-							rc := &rankCase{in: syms[r], out: out, inBytes: inN * size, outBytes: outN * size}
-							if err := issue(cm, c, rc, n, nil); err != nil {
-								return err
-							}
-							got := make([]byte, outN*size)
-							if err := dev.CopyDtoH(got, out); err != nil {
-								return err
-							}
-							return expect(c, r, w, n, ins, got)
-						}()
-						if errs[r] != nil {
+						if errs[r] = zeroCopyCase(cm, c, r, w, n, n+call, src[r]); errs[r] != nil {
 							errs[r] = fmt.Errorf("rank %d, count %d, call %d: %w", r, n, call, errs[r])
 						}
 					}()
@@ -742,6 +793,57 @@ func TestProofZeroCopy(t *testing.T) {
 			}
 		}
 		record("zero-copy (goroutines)", c.Kernel, cases, cerr)
+		if cerr != nil {
+			t.Errorf("%s: %v", c.Kernel, cerr)
+		}
+	}
+}
+
+// TestProofProcessZeroCopy is TestProofZeroCopy with process ranks (run
+// through collgen run): Communicator.Alloc's memory crosses processes as
+// VMM file descriptors over Unix sockets, and every kernel of the world
+// reads it in place.
+func TestProofProcessZeroCopy(t *testing.T) {
+	if os.Getenv("COLLGEN_RANK") == "" {
+		t.Skip("run through collgen run (tests/proof/run.sh)")
+	}
+	gpus(t)
+	defer writeSummary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	env, store, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
+		Library: collectives.Library, StagingBytes: zcStaging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc-zc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cm.Close()
+	w, rank := env.WorldSize, env.Rank
+	sym, err := cm.Alloc(ctx, 2*zcBig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range collectives.Combinations {
+		if c.World != w || !selected(c.Kernel) {
+			continue
+		}
+		cases := 0
+		var cerr error
+		counts, calls := zeroCopyCounts(c, w)
+		for i, n := range counts {
+			for call := 0; call < calls[i]; call++ { // every call even after an error: peers make them too
+				if err := zeroCopyCase(cm, c, rank, w, n, n+call, sym); err != nil && cerr == nil {
+					cerr = fmt.Errorf("rank %d, count %d, call %d: %w", rank, n, call, err)
+				}
+				cases++
+			}
+		}
+		if rank == 0 || cerr != nil {
+			record(fmt.Sprintf("zero-copy processes (rank %d)", rank), c.Kernel, cases, cerr)
+		}
 		if cerr != nil {
 			t.Errorf("%s: %v", c.Kernel, cerr)
 		}

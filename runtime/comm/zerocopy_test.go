@@ -1,0 +1,176 @@
+package comm
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/schedule"
+)
+
+// TestStageMapping checks, for every kernel of the shipped library, where
+// a symmetric input stands in for the stage slot: every barrier kernel
+// can read its input in place, reducing collectives stage chunk c at chunk
+// c, all-gather stages its one chunk at chunk rank; push kernels stage
+// nothing. A schedule that writes the stage with a reduction cannot.
+func TestStageMapping(t *testing.T) {
+	eligible := map[coll.Collective]int{}
+	for i := range collectives.Library.Kernels {
+		k := &collectives.Library.Kernels[i]
+		s, err := schedule.Build(k.Collective, k.Algorithm, k.World)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := stageMapping(s)
+		if k.Protocol.Push() {
+			if ok {
+				t.Errorf("%s: push kernel has a stage mapping %v", k.Name, m.delta)
+			}
+			continue
+		}
+		if !ok {
+			t.Errorf("%s: barrier kernel cannot read a symmetric input in place", k.Name)
+			continue
+		}
+		eligible[k.Collective]++
+		for r, d := range m.delta {
+			want := 0
+			if !k.Collective.Reduces() {
+				want = r
+			}
+			if d != want {
+				t.Errorf("%s: rank %d stages input chunk c at chunk c%+d, want c%+d", k.Name, r, d, want)
+			}
+		}
+	}
+	for _, c := range []coll.Collective{coll.AllReduce, coll.ReduceScatter, coll.AllGather} {
+		if eligible[c] == 0 {
+			t.Errorf("no %s kernel reads in place", c)
+		}
+	}
+	s, err := schedule.Build(coll.AllReduce, coll.TwoShot, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := *s
+	bad.Phases = append([]schedule.Phase{{Steps: []schedule.Step{{Kind: schedule.Reduce,
+		Dst:  schedule.Ref{Buf: schedule.Stage, Rank: schedule.Self, Chunk: schedule.Self},
+		Srcs: []schedule.Ref{{Buf: schedule.Input, Rank: schedule.Self, Chunk: schedule.Self}, {Buf: schedule.Input, Rank: schedule.Self, Chunk: schedule.Rel(1)}}}}}}, s.Phases...)
+	if m, ok := stageMapping(&bad); ok {
+		t.Errorf("a schedule reducing into the stage got mapping %v", m.delta)
+	}
+}
+
+// TestFakeZeroCopyAllGather checks an all-gather whose input is symmetric:
+// one slot, and stage[r] placed so that stage chunk r is rank r's input.
+func TestFakeZeroCopyAllGather(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	syms := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	const count, off = 1000, 512 // f32 elements per rank; input offset in the buffer
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllGather(DeviceBuffer(syms[r]+off), DeviceBuffer(0x9000), count, coll.F32, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	for r, d := range devs {
+		var a collectives.ArgsW2
+		binary.Read(bytes.NewReader(d.launches[0].args), binary.LittleEndian, &a)
+		if a.SlotBytes != 0 {
+			t.Errorf("rank %d: slot bytes %d, want 0 (zero-copy)", r, a.SlotBytes)
+		}
+		for p := range 2 {
+			input := uint64(fakeRegion(p)) + 3<<30 + off
+			if got := a.Stage[p] + uint64(p)*a.Chunk*4; got != input {
+				t.Errorf("rank %d: stage[%d] + chunk %d = %#x, want rank %d's input %#x", r, p, p, got, p, input)
+			}
+		}
+	}
+	// Staged (plain device memory): both slots, the staging area.
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllGather(DeviceBuffer(0x1000), DeviceBuffer(0x9000), count, coll.F32, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	var a collectives.ArgsW2
+	binary.Read(bytes.NewReader(devs[0].launches[1].args), binary.LittleEndian, &a)
+	if a.SlotBytes == 0 || a.Stage[1] < uint64(fakeRegion(1)) || a.Stage[1] >= uint64(fakeRegion(1))+3<<30 {
+		t.Errorf("staged call: slot bytes %d, stage %#x; want the staging area", a.SlotBytes, a.Stage)
+	}
+}
+
+// TestFakeZeroCopyLiftsStagingLimit: a forced one-shot all-reduce larger
+// than the staging buffer is refused when staged and runs when its input
+// is symmetric; auto keeps the generated kernel for it instead of NCCL.
+// Two-shot reduces into scratch, which zero-copy does not replace: still
+// refused, naming the scratch area.
+func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
+	defer closeAll(t, comms)
+	const n = 1 << 20 // f32: 4 MiB, over the 1 MiB staging buffer
+	syms := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), 4*n)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
+	}
+	if err := comms[0].AllReduce(DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "scratch area") {
+		t.Errorf("zero-copy 4 MiB two-shot over a 1 MiB scratch area: %v, want ErrInvalidArgument naming the scratch area", err)
+	}
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatalf("zero-copy 4 MiB one-shot: %v", err)
+	}
+	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot {
+		t.Errorf("launches %v, want one one-shot kernel", devs[0].launches)
+	}
+}
+
+// TestFakeSymmetricRules: the shipped rules send a 64 MiB all-reduce with
+// a symmetric input to the in-place one-shot (no staging needed) and the
+// same call staged to NCCL; Explain reports both plans.
+func TestFakeSymmetricRules(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	const n = 16 << 20 // f32: 64 MiB
+	syms := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), 4*n)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
+		t.Errorf("symmetric 64 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
+	}
+	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.NCCL}) {
+		t.Errorf("staged 64 MiB: plan %+v, %v; want nccl", p, err)
+	}
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot || len(devs[0].nccl) != 0 {
+		t.Errorf("launches %d, nccl calls %v; want one one-shot kernel", len(devs[0].launches), devs[0].nccl)
+	}
+}
