@@ -73,6 +73,23 @@ func TestPreloadErrorFailsNew(t *testing.T) {
 	}
 }
 
+// TestKernelErrorKind: a KernelError matches exactly one sentinel:
+// ErrDevice, or its cause's kind when the cause has one.
+func TestKernelErrorKind(t *testing.T) {
+	dev := &KernelError{Kernel: "k", Err: &cuda.CompileError{Name: "k.cu"}}
+	lib := &KernelError{Kernel: "k", Err: errorf(ErrInvalidArgument, "no source k.cu")}
+	for _, tc := range []struct {
+		err  error
+		kind error
+	}{{dev, ErrDevice}, {lib, ErrInvalidArgument}} {
+		for _, s := range sentinels {
+			if got := errors.Is(tc.err, s); got != (s == tc.kind) {
+				t.Errorf("%v: errors.Is(%v) = %v", tc.err, s, got)
+			}
+		}
+	}
+}
+
 // TestFatbinErrorKinds: a missing fatbin is ErrInvalidArgument naming the
 // file and `collgen fatbin`; a fatbin without code for the device is
 // ErrUnsupported keeping the *cuda.FatbinError (what it holds, the
