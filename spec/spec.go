@@ -8,7 +8,11 @@
 // saying what to write instead. The format is documented in docs/spec.md.
 package spec
 
-import "github.com/collgen/collgen/coll"
+import (
+	"fmt"
+
+	"github.com/collgen/collgen/coll"
+)
 
 // Version is the only spec version this package reads.
 const Version = 1
@@ -129,6 +133,14 @@ type Rule struct {
 	// memory (read in place, no staging); other calls skip it. Its
 	// algorithm reads the input in place without scratch (or is nccl).
 	Symmetric bool
+}
+
+// String prints a rule as {upto use}, with " symmetric" when it is one.
+func (r Rule) String() string {
+	if r.Symmetric {
+		return fmt.Sprintf("{%d %s symmetric}", r.UpTo, r.Use)
+	}
+	return fmt.Sprintf("{%d %s}", r.UpTo, r.Use)
 }
 
 // Launch returns the launch parameters of algorithm alg of collective c, or

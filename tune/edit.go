@@ -55,6 +55,39 @@ func ReplaceSelectPerWorld(name string, data []byte, topology string, rules map[
 	return replaceSelect(name, data, topology, nodes, note)
 }
 
+// KeepSymmetric returns measured (plain rules from a sweep of staged
+// inputs) with the symmetric rules of old (the rules it replaces) put back
+// before measured's last rule: tuning staged inputs says nothing about
+// inputs read in place. A bounded symmetric rule is kept only when its
+// bound lies above every bounded measured rule's (the bounds must grow).
+func KeepSymmetric(measured, old []spec.Rule) []spec.Rule {
+	if len(measured) == 0 {
+		return measured
+	}
+	last := measured[len(measured)-1]
+	out := slices.Clone(measured[:len(measured)-1])
+	top := int64(0)
+	for _, r := range out {
+		top = max(top, r.UpTo)
+	}
+	if last.UpTo != 0 {
+		out, top = append(out, last), max(top, last.UpTo)
+	}
+	for _, r := range old {
+		if r.Symmetric && (r.UpTo == 0 || r.UpTo > top) {
+			out = append(out, r)
+			if r.UpTo == 0 {
+				break
+			}
+			top = r.UpTo
+		}
+	}
+	if last.UpTo == 0 {
+		out = append(out, last)
+	}
+	return out
+}
+
 // rulesNode is a rule list in flow-style mappings.
 func rulesNode(rs []spec.Rule) *yaml.Node {
 	seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
@@ -64,6 +97,9 @@ func rulesNode(rs []spec.Rule) *yaml.Node {
 			m.Content = append(m.Content, scalar("upto"), scalar(spec.FormatSize(r.UpTo)))
 		}
 		m.Content = append(m.Content, scalar("use"), scalar(string(r.Use)))
+		if r.Symmetric {
+			m.Content = append(m.Content, scalar("symmetric"), &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "true"})
+		}
 		seq.Content = append(seq.Content, m)
 	}
 	return seq
@@ -158,7 +194,7 @@ func PerWorldRules(top *spec.Topology, tables []Table) map[coll.Collective]map[i
 		if out[c] == nil {
 			out[c] = map[int][]spec.Rule{}
 		}
-		out[c][t.World] = t.Rules
+		out[c][t.World] = KeepSymmetric(t.Rules, top.SelectByWorld[c][t.World])
 	}
 	for c, byWorld := range out {
 		for _, w := range top.WorldSizes {

@@ -3,6 +3,7 @@ package tune_test
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -128,5 +129,23 @@ topologies:
 	}
 	if a := tp.ChooseFor(coll.AllReduce, 2, 1<<20); a != "twoshot" {
 		t.Errorf("world 2, 1 MiB: %q", a)
+	}
+}
+
+// TestKeepSymmetric: tuning staged inputs replaces the plain rules and
+// keeps the symmetric ones that still fit (bounds growing, before the
+// final unbounded rule).
+func TestKeepSymmetric(t *testing.T) {
+	old := []spec.Rule{{UpTo: 1 << 20, Use: coll.OneShotLL}, {UpTo: 4 << 20, Use: coll.OneShot, Symmetric: true},
+		{UpTo: 64 << 20, Use: coll.OneShot, Symmetric: true}, {Use: coll.OneShot, Symmetric: true}, {Use: coll.NCCL}}
+	measured := []spec.Rule{{UpTo: 256 << 10, Use: coll.OneShotLL}, {UpTo: 8 << 20, Use: coll.OneShotLL128}, {Use: coll.NCCL}}
+	got := tune.KeepSymmetric(measured, old)
+	want := []spec.Rule{{UpTo: 256 << 10, Use: coll.OneShotLL}, {UpTo: 8 << 20, Use: coll.OneShotLL128},
+		{UpTo: 64 << 20, Use: coll.OneShot, Symmetric: true}, {Use: coll.OneShot, Symmetric: true}, {Use: coll.NCCL}}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if got := tune.KeepSymmetric(measured, nil); !slices.Equal(got, measured) {
+		t.Errorf("no symmetric rules: got %v, want %v", got, measured)
 	}
 }

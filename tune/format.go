@@ -46,10 +46,14 @@ func WriteDecisions(w io.Writer, tables []Table) error {
 func RulesYAML(indent string, rules []spec.Rule) string {
 	var b strings.Builder
 	for _, r := range rules {
+		sym := ""
+		if r.Symmetric {
+			sym = ", symmetric: true"
+		}
 		if r.UpTo == 0 {
-			fmt.Fprintf(&b, "%s- {use: %s}\n", indent, r.Use)
+			fmt.Fprintf(&b, "%s- {use: %s%s}\n", indent, r.Use, sym)
 		} else {
-			fmt.Fprintf(&b, "%s- {upto: %s, use: %s}\n", indent, spec.FormatSize(r.UpTo), r.Use)
+			fmt.Fprintf(&b, "%s- {upto: %s, use: %s%s}\n", indent, spec.FormatSize(r.UpTo), r.Use, sym)
 		}
 	}
 	return b.String()

@@ -298,7 +298,7 @@ func usable(rules []spec.Rule, generated []coll.Algorithm) []spec.Rule {
 		if r.Use != coll.NCCL && !slices.Contains(generated, r.Use) {
 			continue
 		}
-		if n := len(out); n > 0 && out[n-1].Use == r.Use {
+		if n := len(out); n > 0 && out[n-1].Use == r.Use && out[n-1].Symmetric == r.Symmetric {
 			out[n-1].UpTo = r.UpTo
 			continue
 		}

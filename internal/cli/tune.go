@@ -225,7 +225,7 @@ func runTune(io *IO, o *tuneOptions) error {
 		rules := map[coll.Collective][]spec.Rule{}
 		for _, t := range tables {
 			if t.World == o.World {
-				rules[coll.Collective(t.Collective)] = t.Rules
+				rules[coll.Collective(t.Collective)] = tune.KeepSymmetric(t.Rules, top.Select[coll.Collective(t.Collective)])
 			}
 		}
 		note := fmt.Sprintf("tuned by collgen tune at world size %d from %s", o.World, strings.Join(o.From, ", "))
