@@ -212,20 +212,23 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 // the cache (cuda.Builder: ranks of one host compile each kernel once
 // between them) and loads them.
 func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
-	var todo []*kernels.Kernel
-	var reqs []cuda.CompileRequest
-	for _, k := range ks {
-		if d.fatbin != nil {
+	if d.fatbin != nil {
+		for _, k := range ks {
 			if _, err := d.function(k); err != nil {
 				return err
 			}
-			continue
 		}
-		req, err := d.request(k)
+		return nil
+	}
+	reqs := make([]cuda.CompileRequest, len(ks))
+	headers, err := d.cfg.Library.Headers()
+	for i, k := range ks {
+		if err == nil {
+			reqs[i], err = d.request(k, headers)
+		}
 		if err != nil {
-			return err
+			return &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		todo, reqs = append(todo, k), append(reqs, req)
 	}
 	if len(reqs) == 0 {
 		return nil
@@ -234,15 +237,15 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
 	mods, err := d.dev.LoadSources(ctx, reqs, b)
 	if err != nil {
 		var be *cuda.BuildError
-		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(todo) {
-			return &KernelError{Kernel: todo[be.Index].Name, Err: be.Err}
+		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(ks) {
+			return &KernelError{Kernel: ks[be.Index].Name, Err: be.Err}
 		}
 		return err // the context ended
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.modules = append(d.modules, mods...)
-	for i, k := range todo {
+	for i, k := range ks {
 		f, err := mods[i].Function(k.Name)
 		if err != nil {
 			return &KernelError{Kernel: k.Name, Err: err}
@@ -262,15 +265,12 @@ func (d *cudaDevice) cache() *cuda.Cache {
 	return c
 }
 
-// request is kernel k's NVRTC compile request.
-func (d *cudaDevice) request(k *kernels.Kernel) (cuda.CompileRequest, error) {
+// request is kernel k's NVRTC compile request, with the library's
+// headers.
+func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string) (cuda.CompileRequest, error) {
 	src, err := d.cfg.Library.Source(k.Source)
 	if err != nil {
-		return cuda.CompileRequest{}, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
-	}
-	headers, err := d.cfg.Library.Headers()
-	if err != nil {
-		return cuda.CompileRequest{}, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
+		return cuda.CompileRequest{}, err
 	}
 	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions}, nil
 }
@@ -288,9 +288,13 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	}
 	m := d.fatbin
 	if m == nil {
-		req, err := d.request(k)
+		headers, err := d.cfg.Library.Headers()
+		var req cuda.CompileRequest
+		if err == nil {
+			req, err = d.request(k, headers)
+		}
 		if err != nil {
-			return nil, err
+			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
 		if m, err = d.dev.LoadSource(context.Background(), req, d.cfg.Cache); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}

@@ -20,7 +20,8 @@ type Builder struct {
 	// nothing.
 	Cache *Cache
 	// Workers is how many programs compile at once; 0 means
-	// runtime.NumCPU().
+	// runtime.NumCPU(). NVRTC compiles of all Builders of a process share
+	// one limit of runtime.NumCPU().
 	Workers int
 	// Compile turns one request into an image; nil means NVRTC (Compile).
 	Compile func(context.Context, CompileRequest) ([]byte, error)
@@ -201,5 +202,15 @@ func (b *Builder) compile(ctx context.Context, req CompileRequest) ([]byte, erro
 	if b.Compile != nil {
 		return b.Compile(ctx, req)
 	}
+	select { // NVRTC: at most one compile per CPU in this process
+	case nvrtcSlots <- struct{}{}:
+		defer func() { <-nvrtcSlots }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	return Compile(ctx, req)
 }
+
+// nvrtcSlots bounds the NVRTC compiles of all Builders of this process
+// (goroutine ranks each have one) to one per CPU: more only costs memory.
+var nvrtcSlots = make(chan struct{}, runtime.NumCPU())
