@@ -8,7 +8,7 @@
 # tests/gpu/run.sh runs every .gpu/*.test binary.
 
 GPU_DIR        ?= .gpu
-GPU_TEST_PKGS  ?= ./runtime/cuda ./runtime/ipc ./runtime/nccl ./runtime/symm ./runtime/topo ./tests/proof
+GPU_TEST_PKGS  ?= ./runtime/alloc ./runtime/cuda ./runtime/ipc ./runtime/nccl ./runtime/symm ./runtime/topo ./tests/proof
 
 # Binaries are built without symbol tables and DWARF (-s -w): the device
 # tool carries at most 64 MiB with the working tree, and unstripped the

@@ -128,36 +128,43 @@ func TestShipped(t *testing.T) {
 	if !reflect.DeepEqual(nv.Generate[coll.AllReduce], []coll.Algorithm{coll.OneShot, coll.TwoShot, coll.OneShotLL, coll.TwoShotLL, coll.OneShotLL128, coll.TwoShotLL128}) {
 		t.Errorf("nvswitch generate %v", nv.Generate)
 	}
-	// The thresholds are tuned from measurements (docs/performance.md), so
-	// this checks their shape, not their values: increasing bounds, each
-	// rule a generated algorithm, coll.NCCL last, and Choose (staged
-	// inputs: the plain rules) following them. Symmetric rules read in place.
+	// The thresholds are tuned from measurements (docs/performance.md,
+	// docs/topology.md), per world size, so this checks their shape, not
+	// their values: every world size has rules, increasing bounds, each
+	// rule a generated algorithm, coll.NCCL last, and ChooseFor (staged
+	// inputs: the plain rules) following them; symmetric rules read in
+	// place; world 2 has rules of its own.
 	for _, c := range coll.Collectives() {
-		var rules []Rule
-		for _, r := range nv.Select[c] {
-			if !r.Symmetric {
-				rules = append(rules, r)
-			} else if r.Use != coll.OneShot {
-				t.Errorf("nvswitch %s symmetric rule %+v: want the in-place one-shot", c, r)
+		for _, w := range nv.WorldSizes {
+			var rules []Rule
+			for _, r := range nv.SelectByWorld[c][w] {
+				if !r.Symmetric {
+					rules = append(rules, r)
+				} else if r.Use != coll.OneShot {
+					t.Errorf("nvswitch %s world %d symmetric rule %+v: want the in-place one-shot", c, w, r)
+				}
+			}
+			if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: coll.NCCL}) {
+				t.Errorf("nvswitch %s rules at world %d %v do not end in nccl", c, w, rules)
+				continue
+			}
+			for i, r := range rules[:len(rules)-1] {
+				if i > 0 && r.UpTo <= rules[i-1].UpTo {
+					t.Errorf("nvswitch %s world %d rule %d bound %d does not grow", c, w, i, r.UpTo)
+				}
+				if !slices.Contains(nv.Generate[c], r.Use) {
+					t.Errorf("nvswitch %s world %d rule %d uses %s, which is not generated", c, w, i, r.Use)
+				}
+				if got := nv.ChooseFor(c, w, r.UpTo); got != r.Use {
+					t.Errorf("ChooseFor(%s, %d, %d) = %q, want %q", c, w, r.UpTo, got, r.Use)
+				}
+				if got, want := nv.ChooseFor(c, w, r.UpTo+1), rules[i+1].Use; got != want {
+					t.Errorf("ChooseFor(%s, %d, %d) = %q, want %q", c, w, r.UpTo+1, got, want)
+				}
 			}
 		}
-		if len(rules) == 0 || rules[len(rules)-1] != (Rule{Use: coll.NCCL}) {
-			t.Errorf("nvswitch %s rules %v do not end in nccl", c, rules)
-			continue
-		}
-		for i, r := range rules[:len(rules)-1] {
-			if i > 0 && r.UpTo <= rules[i-1].UpTo {
-				t.Errorf("nvswitch %s rule %d bound %d does not grow", c, i, r.UpTo)
-			}
-			if !slices.Contains(nv.Generate[c], r.Use) {
-				t.Errorf("nvswitch %s rule %d uses %s, which is not generated", c, i, r.Use)
-			}
-			if got := nv.Choose(c, r.UpTo); got != r.Use {
-				t.Errorf("Choose(%s, %d) = %q, want %q", c, r.UpTo, got, r.Use)
-			}
-			if got, want := nv.Choose(c, r.UpTo+1), rules[i+1].Use; got != want {
-				t.Errorf("Choose(%s, %d) = %q, want %q", c, r.UpTo+1, got, want)
-			}
+		if reflect.DeepEqual(nv.SelectByWorld[c][2], nv.SelectByWorld[c][4]) {
+			t.Errorf("nvswitch %s: world 2 has world 4's rules %v, want its own", c, nv.SelectByWorld[c][2])
 		}
 	}
 	if got := s.Topology("hcm8").Choose(coll.ReduceScatter, 1); got != coll.NCCL {

@@ -14,6 +14,10 @@ import (
 // nccl is NCCL's name in bench results and decisions.
 const nccl = string(coll.NCCL)
 
+// auto is the automatic selection's name in bench results: what the
+// rules compiled into the bench picked.
+const auto = "auto"
+
 // DefaultMargin is the noise margin Crossovers uses when Options.Margin is
 // 0: an algorithm must be more than 15% faster than the incumbent to take
 // over. A run-to-run jitter of ±5% on each latency can make one of two
@@ -136,6 +140,23 @@ type curve struct {
 // within the margin of NCCL). Tables come sorted by collective (canonical
 // order) and world size. A sample of an unknown collective is an error.
 func Crossovers(samples []Sample, o Options) ([]Table, error) {
+	curves, err := pool(samples, o, false)
+	if err != nil {
+		return nil, err
+	}
+	tables := make([]Table, 0, len(curves))
+	for i := range curves {
+		tables = append(tables, curves[i].tune(o))
+	}
+	return tables, nil
+}
+
+// pool groups the samples that pass o's filters into one curve per
+// collective and world size (canonical collective order, ascending world
+// sizes), each point the median of its samples. Rows of the automatic
+// selection ("auto") are kept only with keepAuto. A sample of an unknown
+// collective is an error; no sample left is ErrNoSamples.
+func pool(samples []Sample, o Options, keepAuto bool) ([]curve, error) {
 	backend := o.Backend
 	if backend == "" {
 		backend = "gpu"
@@ -146,14 +167,14 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 		if !slices.Contains(coll.Collectives(), coll.Collective(s.Collective)) {
 			return nil, fmt.Errorf("%s: unknown collective %q (known: allreduce, reduce_scatter, allgather)", s.Pos, s.Collective)
 		}
-		if s.Backend != "" && s.Backend != backend || s.Algorithm == "auto" ||
+		if s.Backend != "" && s.Backend != backend || s.Algorithm == auto && !keepAuto ||
 			o.DType != "" && s.DType != o.DType || o.Op != "" && s.Op != o.Op {
 			continue
 		}
 		if s.Algorithm == nccl && o.Host {
 			continue
 		}
-		if o.Allowed != nil && s.Algorithm != nccl && !slices.Contains(o.Allowed[s.Collective], s.Algorithm) {
+		if o.Allowed != nil && s.Algorithm != nccl && s.Algorithm != auto && !slices.Contains(o.Allowed[s.Collective], s.Algorithm) {
 			continue
 		}
 		if pooled[s.Collective] == nil {
@@ -172,7 +193,7 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w (backend %s%s)", ErrNoSamples, backend, filterNote(o))
 	}
-	var tables []Table
+	var curves []curve
 	for _, c := range coll.Collectives() {
 		byWorld := pooled[string(c)]
 		worlds := make([]int, 0, len(byWorld))
@@ -194,10 +215,10 @@ func Crossovers(samples []Sample, o Options) ([]Table, error) {
 				}
 			}
 			slices.Sort(cv.sizes)
-			tables = append(tables, cv.tune(o))
+			curves = append(curves, cv)
 		}
 	}
-	return tables, nil
+	return curves, nil
 }
 
 // filterNote describes the dtype/op filters for ErrNoSamples.

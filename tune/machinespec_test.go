@@ -44,11 +44,7 @@ func golden(t *testing.T, name string, got []byte) {
 // machine detects a built-in fake machine.
 func machine(t *testing.T, name string) *topo.Machine {
 	t.Helper()
-	lib, err := fakenvml.New(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := topo.Detect(lib)
+	m, err := fakenvml.Machine(name)
 	if err != nil {
 		t.Fatal(err)
 	}

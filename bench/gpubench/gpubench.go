@@ -103,10 +103,41 @@ type Variant struct {
 	// Algorithm is what comm.Options.Algorithm is given: a forced generated
 	// algorithm, coll.NCCL, or coll.Auto for the automatic selection.
 	Algorithm coll.Algorithm
+	// Buffers says which buffers the collectives run on: the sweep's
+	// plain ones, or (NCCL variants) ones registered with NCCL.
+	Buffers Buffers
 }
 
-// Name is what tables show: the algorithm's name, "auto" or "nccl".
-func (v Variant) Name() string { return v.Algorithm.String() }
+// Buffers is the kind of buffers a variant runs on.
+type Buffers int
+
+// Buffer kinds. Each has buffers of its own, so a registration never
+// reaches another variant's runs.
+const (
+	// PlainBuffers: cuMemAlloc buffers, not registered.
+	PlainBuffers Buffers = iota
+	// RegisteredBuffers: cuMemAlloc buffers registered with NCCL
+	// (Communicator.RegisterBuffer, ncclCommRegister): variant nccl_reg.
+	RegisteredBuffers
+	// WindowBuffers: ncclMemAlloc buffers registered as symmetric NCCL
+	// windows (Communicator.RegisterWindow, NCCL 2.27+): variant nccl_win.
+	WindowBuffers
+)
+
+// ncclVariants are the NCCL variants on registered buffers, by name; they
+// run only when named (--algorithms ...,nccl_reg,nccl_win).
+var ncclVariants = map[string]Buffers{"nccl_reg": RegisteredBuffers, "nccl_win": WindowBuffers}
+
+// Name is what tables show: the algorithm's name, "auto", "nccl",
+// "nccl_reg" or "nccl_win".
+func (v Variant) Name() string {
+	for n, b := range ncclVariants {
+		if v.Buffers == b {
+			return n
+		}
+	}
+	return v.Algorithm.String()
+}
 
 // Custom reports whether the variant forces a generated kernel.
 func (v Variant) Custom() bool { return v.Algorithm.Generated() }
@@ -130,8 +161,9 @@ func Algorithms(lib *kernels.Library, collective coll.Collective, dtype coll.DTy
 
 // Variants builds the variant list: requested names in the given order, or
 // (for none, or the single name "all") every generated algorithm of the
-// collective, then Auto, then NCCL. An unknown name is an error listing
-// what exists.
+// collective, then Auto, then NCCL. The NCCL variants on registered
+// buffers, nccl_reg and nccl_win, run when named. An unknown name is an
+// error listing what exists.
 func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType, op coll.Op, world int, requested []string) ([]Variant, error) {
 	algs := Algorithms(lib, collective, dtype, op, world)
 	var names []string
@@ -150,19 +182,25 @@ func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType
 		}
 	}
 	var out []Variant
-	seen := map[coll.Algorithm]bool{}
+	seen := map[Variant]bool{}
 	for _, n := range names {
-		a, err := coll.ParseAlgorithm(n)
-		if err != nil || !slices.Contains(all, a) {
-			have := make([]string, len(all))
-			for i, a := range all {
-				have[i] = a.String()
+		v := Variant{Algorithm: coll.NCCL}
+		if b, ok := ncclVariants[n]; ok {
+			v.Buffers = b
+		} else {
+			a, err := coll.ParseAlgorithm(n)
+			if err != nil || !slices.Contains(all, a) {
+				have := make([]string, len(all))
+				for i, a := range all {
+					have[i] = a.String()
+				}
+				return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s, nccl_reg, nccl_win", n, collective, dtype, opOrDash(collective, op), world, strings.Join(have, ", "))
 			}
-			return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s", n, collective, dtype, opOrDash(collective, op), world, strings.Join(have, ", "))
+			v.Algorithm = a
 		}
-		if !seen[a] {
-			seen[a] = true
-			out = append(out, Variant{Algorithm: a})
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
 		}
 	}
 	return out, nil
@@ -183,7 +221,7 @@ func opOrDash(collective coll.Collective, op coll.Op) string {
 func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) string {
 	switch {
 	case v.Algorithm == coll.NCCL && ncclErr != nil:
-		return "nccl unavailable: " + ncclErr.Error()
+		return v.Name() + " unavailable: " + ncclErr.Error()
 	case v.Custom() && need > stagingBytes:
 		what := FormatSize(bytes)
 		if need != bytes {

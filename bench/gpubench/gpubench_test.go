@@ -106,6 +106,32 @@ func TestVariants(t *testing.T) {
 	}
 }
 
+// TestNCCLVariants: nccl_reg and nccl_win are NCCL on buffers of their
+// own kind, run only when named.
+func TestNCCLVariants(t *testing.T) {
+	lib := collectives.Library
+	vs, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"auto,nccl,nccl_reg,nccl_win,nccl_reg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Variant{{Algorithm: coll.Auto}, {Algorithm: coll.NCCL}, {Algorithm: coll.NCCL, Buffers: RegisteredBuffers}, {Algorithm: coll.NCCL, Buffers: WindowBuffers}}
+	if !reflect.DeepEqual(vs, want) || !reflect.DeepEqual(names(vs), []string{"auto", "nccl", "nccl_reg", "nccl_win"}) {
+		t.Errorf("variants %+v (%v), want %+v", vs, names(vs), want)
+	}
+	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 2, nil)
+	for _, v := range all {
+		if v.Buffers != PlainBuffers {
+			t.Errorf("the default list has %s", v.Name())
+		}
+	}
+	if _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"nccl_bogus"}); err == nil || !strings.Contains(err.Error(), "nccl_reg, nccl_win") {
+		t.Errorf("unknown name: %v, want the list to name nccl_reg and nccl_win", err)
+	}
+	if r := SkipReason(want[3], 1, 1, 1, errors.New("no libnccl")); !strings.Contains(r, "nccl_win unavailable") {
+		t.Errorf("skip reason %q", r)
+	}
+}
+
 func TestSkipReason(t *testing.T) {
 	one := Variant{Algorithm: coll.OneShot}
 	if r := SkipReason(one, 1<<20, 1<<20, 1<<20, nil); r != "" {

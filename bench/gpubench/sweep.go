@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/nccl"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -242,12 +244,18 @@ type rankState struct {
 	dev    *cuda.Device
 	s      *cuda.Stream
 	peers  Peers
-	in     [2]cuda.DevicePtr
-	out    cuda.DevicePtr
-	host   []byte // output copy-back for --check
+	bufs   map[Buffers]*bufSet // by kind; PlainBuffers always
+	bufErr map[Buffers]error   // why a kind's buffers could not be set up (agreed)
+	host   []byte              // output copy-back for --check
 	events []*cuda.Event
 	owned  []cuda.DevicePtr // plain allocations to free
-	warmed bool             // the clock warm-up has run
+	// ncclOwned are ncclMemAlloc allocations to free, windows those
+	// registered as windows (deregistered first, in order on every rank).
+	ncclOwned []cuda.DevicePtr
+	windows   []cuda.DevicePtr
+	// registeredBufs are registered with NCCL (deregistered before freed).
+	registeredBufs []cuda.DevicePtr
+	warmed         bool // the clock warm-up has run
 }
 
 func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, peers Peers) (ms []Measurement, err error) {
@@ -282,8 +290,15 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	return st.sweep(ctx)
 }
 
+// bufSet is one kind's inputs (alternating) and output.
+type bufSet struct {
+	in  [2]cuda.DevicePtr
+	out cuda.DevicePtr
+}
+
 // setup allocates the inputs (largest size, filled once: every size reads
-// a prefix) and the output, and the stream.
+// a prefix) and the output, and the stream; then a set of its own for each
+// kind of registered buffers a variant names (see setupRegistered).
 func (st *rankState) setup(ctx context.Context) error {
 	var err error
 	if st.s, err = st.dev.NewStream(); err != nil {
@@ -293,28 +308,111 @@ func (st *rankState) setup(ctx context.Context) error {
 	for _, sh := range st.plan.Shapes {
 		maxIn, maxOut = max(maxIn, sh.InBytes), max(maxOut, sh.OutBytes)
 	}
-	host := make([]byte, maxIn)
-	for i, seed := range []int{seed0, seed1} {
-		if st.cfg.ZeroCopy {
-			st.in[i], err = st.c.Alloc(ctx, int(maxIn))
-		} else {
-			st.in[i], err = st.alloc(int(maxIn))
-		}
-		if err != nil {
-			return fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn), err)
-		}
-		FillInput(st.cfg.DType, host, seed, st.rank)
-		if err := st.dev.CopyHtoD(st.in[i], host); err != nil {
-			return err
-		}
+	alloc := st.alloc
+	if st.cfg.ZeroCopy {
+		alloc = func(n int) (cuda.DevicePtr, error) { return st.c.Alloc(ctx, n) }
 	}
-	if st.out, err = st.alloc(int(maxOut)); err != nil {
-		return fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut), err)
+	plain, err := st.fill(maxIn, maxOut, alloc, st.alloc)
+	if err != nil {
+		return err
 	}
+	st.bufs = map[Buffers]*bufSet{PlainBuffers: plain}
+	st.bufErr = map[Buffers]error{}
 	if st.cfg.Check {
 		st.host = make([]byte, maxOut)
 	}
+	return st.setupRegistered(ctx, maxIn, maxOut)
+}
+
+// fill allocates a set with inAlloc and outAlloc and writes the inputs.
+func (st *rankState) fill(maxIn, maxOut int64, inAlloc, outAlloc func(int) (cuda.DevicePtr, error)) (*bufSet, error) {
+	b := &bufSet{}
+	host := make([]byte, maxIn)
+	var err error
+	for i, seed := range []int{seed0, seed1} {
+		if b.in[i], err = inAlloc(int(maxIn)); err != nil {
+			return nil, fmt.Errorf("input buffer of %s: %w", FormatSize(maxIn), err)
+		}
+		FillInput(st.cfg.DType, host, seed, st.rank)
+		if err := st.dev.CopyHtoD(b.in[i], host); err != nil {
+			return nil, err
+		}
+	}
+	if b.out, err = outAlloc(int(maxOut)); err != nil {
+		return nil, fmt.Errorf("output buffer of %s: %w", FormatSize(maxOut), err)
+	}
+	return b, nil
+}
+
+// ptrs lists a set's buffers.
+func (b *bufSet) ptrs() []cuda.DevicePtr { return []cuda.DevicePtr{b.in[0], b.in[1], b.out} }
+
+// setupRegistered makes the sets the NCCL variants on registered buffers
+// need: cuMemAlloc buffers registered with NCCL (nccl_reg), and
+// ncclMemAlloc buffers registered as symmetric windows (nccl_win). A kind
+// that cannot be set up (NCCL not in use, NCCL before 2.27 for windows) is
+// recorded, agreed across ranks, and its variant skipped with the reason.
+func (st *rankState) setupRegistered(ctx context.Context, maxIn, maxOut int64) error {
+	for _, kind := range []Buffers{RegisteredBuffers, WindowBuffers} {
+		if !slices.ContainsFunc(st.plan.Variants, func(v Variant) bool { return v.Buffers == kind }) {
+			continue
+		}
+		b, err := st.registered(ctx, kind, maxIn, maxOut)
+		if err := agree(ctx, st.peers, err); err != nil {
+			st.bufErr[kind] = err
+			continue
+		}
+		st.bufs[kind] = b
+	}
 	return nil
+}
+
+// registered allocates and registers one set of the given kind: cuMemAlloc
+// buffers registered with RegisterBuffer, or ncclMemAlloc buffers
+// registered as windows (collective: every rank in the same order).
+func (st *rankState) registered(ctx context.Context, kind Buffers, maxIn, maxOut int64) (*bufSet, error) {
+	alloc := st.alloc
+	register := func(p cuda.DevicePtr, n int64) error {
+		err := st.c.RegisterBuffer(p, n)
+		if err == nil {
+			st.registeredBufs = append(st.registeredBufs, p)
+		}
+		return err
+	}
+	if kind == WindowBuffers {
+		lib, err := nccl.Load()
+		if err != nil {
+			return nil, err
+		}
+		alloc = func(n int) (cuda.DevicePtr, error) {
+			p, err := lib.MemAlloc(st.dev, n)
+			if err == nil {
+				st.ncclOwned = append(st.ncclOwned, p)
+			}
+			return p, err
+		}
+		register = func(p cuda.DevicePtr, n int64) error {
+			err := st.c.RegisterWindow(ctx, p, n)
+			if err == nil {
+				st.windows = append(st.windows, p)
+			}
+			return err
+		}
+	}
+	b, err := st.fill(maxIn, maxOut, alloc, alloc)
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range b.ptrs() {
+		n := maxIn
+		if i == 2 {
+			n = maxOut
+		}
+		if err := register(p, n); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 func (st *rankState) alloc(n int) (cuda.DevicePtr, error) {
@@ -332,6 +430,22 @@ func (st *rankState) release() error {
 	}
 	for _, e := range st.events {
 		errs = append(errs, e.Destroy())
+	}
+	// Registrations go before their memory.
+	for _, p := range st.registeredBufs {
+		errs = append(errs, st.c.DeregisterBuffer(p))
+	}
+	for _, p := range st.windows {
+		errs = append(errs, st.c.DeregisterWindow(context.Background(), p))
+	}
+	if len(st.ncclOwned) > 0 {
+		lib, err := nccl.Load()
+		errs = append(errs, err)
+		for _, p := range st.ncclOwned {
+			if err == nil {
+				errs = append(errs, lib.MemFree(st.dev, p))
+			}
+		}
 	}
 	for _, p := range st.owned {
 		errs = append(errs, st.dev.Free(p))
@@ -364,14 +478,18 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
 				Bytes: sh.Bytes, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
-			if p, err := st.explain(sh, v.Algorithm); err == nil {
+			if p, err := st.explain(sh, v); err == nil {
 				m.ZeroCopy = p.ZeroCopy
 				if v.Algorithm == coll.Auto {
 					m.Algorithm = p.Algorithm
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
-			if why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr); why != "" {
+			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
+			if err := st.bufErr[v.Buffers]; err != nil && why == "" {
+				why = fmt.Sprintf("%s buffers could not be registered: %v", v.Name(), err)
+			}
+			if why != "" {
 				m.Skipped = why
 				fmt.Fprintf(cfg.Log, "note: %s %s: skipped: %s\n", FormatSize(sh.Bytes), v.Name(), why)
 			} else if err := st.measure(ctx, sh, v, &m); err != nil {
@@ -403,11 +521,13 @@ func (st *rankState) broken(ctx context.Context) error {
 	return agree(ctx, st.peers, st.c.Err())
 }
 
-// issue enqueues collective number i (inputs alternate) on the stream.
-func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
+// issue enqueues collective number i (inputs alternate) of variant v on
+// the stream, on the variant's buffers.
+func (st *rankState) issue(sh Shape, v Variant, i int) error {
 	cfg := st.cfg
-	in, out := comm.DeviceBuffer(st.in[i%2]), comm.DeviceBuffer(st.out)
-	o := comm.Options{Stream: st.s, Algorithm: alg}
+	b := st.bufs[v.Buffers]
+	in, out := comm.DeviceBuffer(b.in[i%2]), comm.DeviceBuffer(b.out)
+	o := comm.Options{Stream: st.s, Algorithm: v.Algorithm}
 	switch cfg.Collective {
 	case coll.AllReduce:
 		return st.c.AllReduce(in, out, sh.Count, cfg.DType, cfg.Op, o)
@@ -419,15 +539,19 @@ func (st *rankState) issue(sh Shape, alg coll.Algorithm, i int) error {
 }
 
 // explain is the plan of the calls issue makes (the same buffers).
-func (st *rankState) explain(sh Shape, alg coll.Algorithm) (comm.Plan, error) {
+func (st *rankState) explain(sh Shape, v Variant) (comm.Plan, error) {
 	cfg := st.cfg
-	return st.c.Explain(cfg.Collective, comm.DeviceBuffer(st.in[0]), comm.DeviceBuffer(st.out), sh.Count, cfg.DType, cfg.Op, comm.Options{Algorithm: alg})
+	b := st.bufs[v.Buffers]
+	if b == nil { // its buffers could not be set up (bufErr)
+		return comm.Plan{}, st.bufErr[v.Buffers]
+	}
+	return st.c.Explain(cfg.Collective, comm.DeviceBuffer(b.in[0]), comm.DeviceBuffer(b.out), sh.Count, cfg.DType, cfg.Op, comm.Options{Algorithm: v.Algorithm})
 }
 
 // issueK enqueues K collectives.
-func (st *rankState) issueK(sh Shape, alg coll.Algorithm) error {
+func (st *rankState) issueK(sh Shape, v Variant) error {
 	for i := 0; i < st.cfg.OpsPerGraph; i++ {
-		if err := st.issue(sh, alg, i); err != nil {
+		if err := st.issue(sh, v, i); err != nil {
 			return err
 		}
 	}
@@ -488,7 +612,7 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 	}
 	err := func() error {
 		for i := 0; i < n; i++ {
-			if err := st.issue(sh, v.Algorithm, i); err != nil {
+			if err := st.issue(sh, v, i); err != nil {
 				return err
 			}
 		}
@@ -498,9 +622,9 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	// The replay: a graph of K collectives, or K eager launches.
-	replay := func() error { return st.issueK(sh, v.Algorithm) }
+	replay := func() error { return st.issueK(sh, v) }
 	if !cfg.Eager {
-		ge, err := st.capture(sh, v.Algorithm)
+		ge, err := st.capture(sh, v)
 		if err := agree(ctx, st.peers, err); err != nil {
 			if ge != nil {
 				ge.Destroy()
@@ -550,17 +674,18 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 // output; the returned string is a check failure ("" when correct), the
 // error a failure to run.
 func (st *rankState) check(sh Shape, v Variant) (string, error) {
-	if err := st.dev.Memset8(st.out, 0xff, int(sh.OutBytes)); err != nil {
+	out := st.bufs[v.Buffers].out
+	if err := st.dev.Memset8(out, 0xff, int(sh.OutBytes)); err != nil {
 		return "", err
 	}
-	if err := st.issue(sh, v.Algorithm, 0); err != nil {
+	if err := st.issue(sh, v, 0); err != nil {
 		return "", err
 	}
 	if err := st.c.Synchronize(st.s); err != nil {
 		return "", err
 	}
 	got := st.host[:sh.OutBytes]
-	if err := st.dev.CopyDtoH(got, st.out); err != nil {
+	if err := st.dev.CopyDtoH(got, out); err != nil {
 		return "", err
 	}
 	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, !v.Custom()); err != nil {
@@ -570,11 +695,11 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 }
 
 // capture records K collectives into a graph on the rank's stream.
-func (st *rankState) capture(sh Shape, alg coll.Algorithm) (*cuda.GraphExec, error) {
+func (st *rankState) capture(sh Shape, v Variant) (*cuda.GraphExec, error) {
 	if err := st.s.BeginCapture(); err != nil {
 		return nil, err
 	}
-	ierr := st.issueK(sh, alg)
+	ierr := st.issueK(sh, v)
 	g, err := st.s.EndCapture()
 	if ierr != nil || err != nil {
 		if g != nil {

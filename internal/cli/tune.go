@@ -39,6 +39,8 @@ type tuneOptions struct {
 	Worlds    []int  // with --run: the world sizes to sweep (default: the topology's)
 	Sweeps    string // with --run: the directory the sweeps' CSVs go to
 	BenchArgs string // with --run: more collgen bench flags, e.g. "--sizes 1KiB-64MiB"
+
+	Compare []string // NAME=SPEC rule sets to evaluate on the sweeps instead of tuning
 }
 
 // newCmdTune builds `collgen tune`; runF, when not nil, replaces the run.
@@ -69,12 +71,19 @@ every world size) from world size N's rules, and --out writes that list.
 --sweeps: on GPUs every collective the topology generates, bf16 sum,
 1KiB-256MiB, every algorithm and NCCL; on the host (--backend host) each
 collective with --algorithms set to what the topology generates.
---bench-args adds bench flags (they win over these defaults).`,
+--bench-args adds bench flags (they win over these defaults).
+
+--compare NAME=SPEC (repeatable) evaluates rule sets instead of tuning: for
+every measured collective, world size and size, what each spec's topology
+(--topology, or the only one listing the measured world sizes) picks and
+the latency the sweeps measured for that pick, next to the fastest and the
+bench's own automatic selection, with a geomean per rule set.`,
 		Example: `  collgen bench --backend gpu -n 4 --csv w4.csv && collgen bench --backend gpu -n 2 --csv w2.csv
   collgen tune --from w4.csv --from w2.csv --spec spec
   collgen tune --from w4.csv --from w2.csv --spec spec --topology nvswitch --out tuned.yaml
   collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml
-  collgen tune --run --spec spec --topology nvswitch --worlds 4,2 --sweeps sweeps`,
+  collgen tune --run --spec spec --topology nvswitch --worlds 4,2 --sweeps sweeps
+  collgen tune --from w2.csv --topology nvswitch --compare old=old.yaml --compare new=spec`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if runF != nil {
@@ -99,6 +108,7 @@ collective with --algorithms set to what the topology generates.
 	f.IntSliceVar(&o.Worlds, "worlds", nil, "with --run: world sizes to sweep (default: the topology's world sizes)")
 	f.StringVar(&o.Sweeps, "sweeps", ".", "with --run: directory for the sweeps' CSVs (tune-w<N>[-<collective>].csv)")
 	f.StringVar(&o.BenchArgs, "bench-args", "", "with --run: more collgen bench flags, space separated (e.g. \"--sizes 1KiB-64MiB --iters 20\")")
+	f.StringArrayVar(&o.Compare, "compare", nil, "evaluate the rules of spec `NAME=FILE` on the sweeps instead of tuning (repeat to compare)")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
@@ -118,6 +128,8 @@ func runTune(io *IO, o *tuneOptions) error {
 		return usageError(fmt.Errorf("tune: --jitter %g: want a fraction between 0 and 1, e.g. 0.05", o.Jitter))
 	case o.Out != "" && o.Spec == "":
 		return usageError(errors.New("tune: --out needs --spec (the spec to copy)"))
+	case len(o.Compare) > 0 && (o.Out != "" || o.World != 0):
+		return usageError(errors.New("tune: --compare evaluates rules and writes none; leave out --out and --world"))
 	}
 	var sp *spec.Spec
 	var top *spec.Topology
@@ -147,21 +159,13 @@ func runTune(io *IO, o *tuneOptions) error {
 		return err
 	}
 	opts := tune.Options{Margin: o.Margin, Jitter: o.Jitter, Backend: o.Backend, DType: o.DType, Op: o.Op, Host: o.Backend == "host"}
+	if len(o.Compare) > 0 {
+		return runCompare(io, o, samples, opts)
+	}
 	if sp != nil {
 		if top == nil {
-			worlds := map[int]bool{}
-			for _, x := range samples {
-				if x.Backend == "" || x.Backend == o.Backend {
-					worlds[x.World] = true
-				}
-			}
-			var ws []int
-			for w := range worlds {
-				ws = append(ws, w)
-			}
-			slices.Sort(ws)
 			var err error
-			if top, err = pickTopology(sp, o, ws); err != nil {
+			if top, err = pickTopology(sp, o, measuredWorlds(samples, o.Backend)); err != nil {
 				return err
 			}
 		}

@@ -58,6 +58,9 @@ type backend interface {
 // do is the front end of every collective: resolve once, cross-check in
 // the debug mode, then run.
 func (c *Communicator) do(cl *call) error {
+	if c.aborted.Load() {
+		return c.abortedError(string(cl.collective))
+	}
 	if c.closed.Load() {
 		// Before the debug check: peers of a closed rank are not calling.
 		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
@@ -78,7 +81,13 @@ func (c *Communicator) do(cl *call) error {
 	if err != nil || cl.n == 0 {
 		return err
 	}
-	return classify(c.b.run(cl))
+	if err := c.b.run(cl); err != nil {
+		if c.aborted.Load() { // whatever the device saw, Abort caused it
+			return c.abortedError(string(cl.collective))
+		}
+		return classify(err)
+	}
+	return nil
 }
 
 // resolve checks a call's arguments and plans it: sizes first, without

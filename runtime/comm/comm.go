@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -61,8 +62,14 @@ type Config struct {
 	// member has closed. Default "default".
 	Group string
 	// Topology is the spec topology whose kernels and selection rules to
-	// use; "" picks the first GPU topology (nvlink_full preferred) that
-	// lists WorldSize, or the host_shm topology for Device: Host.
+	// use. "" lets New choose from what it detects (docs/topology.md): the
+	// first topology of the detected kind (nvlink_full on NVSwitch or an
+	// NVLink mesh, hybrid_cube_mesh on a DGX-1-style cube, pcie_p2p), NCCL
+	// only when some GPU cannot access another's memory, and without NVML
+	// the first nvlink_full topology when CUDA finds peer access everywhere;
+	// the host_shm topology for Device: Host. A named GPU topology whose
+	// kernels cannot run on the detected GPUs fails New on every rank
+	// (ErrUnsupported).
 	Topology string
 	// Timeout bounds every wait of a rank for a peer; a kernel that waits
 	// longer reports a timeout instead of hanging. Default DefaultTimeout.
@@ -99,6 +106,16 @@ type Config struct {
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.
 	HostShared bool
+	// Allocator, when set on a GPU communicator that opens NCCL, has
+	// every segment registered with NCCL: those it holds at New, each new
+	// one through its hook, each deregistered before the allocator frees
+	// it, and all at Close and Abort (see docs/registration.md). It must
+	// allocate on this rank's device. Ignored when NCCL is not opened.
+	Allocator *alloc.Allocator
+	// NCCLWindows registers Alloc's buffers as NCCL windows (see Alloc),
+	// like sglang's symmetric-memory option. Off by default: sglang
+	// measured windows slower than plain NCCL at 64-256 MiB on H200.
+	NCCLWindows bool
 }
 
 // Options tune one call.
@@ -142,10 +159,17 @@ type Communicator struct {
 	busy sync.Mutex
 	// check is non-nil in the debug check mode (EnvDebugCheck).
 	check *checker
-	// closed is set by Close; later calls return ErrClosed.
+	// closed is set by Close and Abort; later calls return ErrClosed.
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+	// aborted is set by Abort (abort.go); later calls return ErrAborted.
+	// waiting is held for reading by Synchronize, which does not hold
+	// busy; Abort takes it for writing before releasing the device.
+	aborted atomic.Bool
+	waiting sync.RWMutex
+	// reg owns the NCCL registrations (register.go); nil without NCCL.
+	reg *registry
 }
 
 // New joins the group described by cfg. It is collective: every rank must
@@ -210,6 +234,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 			return nil, errors.Join(classify(err), c.leave())
 		}
 		c.b, c.gpu = g, g
+		if err := c.attachRegistry(); err != nil {
+			return nil, errors.Join(err, g.dev.release(), c.leave())
+		}
 	}
 	return c, nil
 }
@@ -297,8 +324,11 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 // so every rank must pass a symmetric input (at the same offset) in the
 // same calls: a call where some ranks do and others do not runs kernels
 // with different barrier counts, which then report a TimeoutError (the
-// debug check mode, EnvDebugCheck, names the rank instead). Freed by
-// Close. GPU only.
+// debug check mode, EnvDebugCheck, names the rank instead). With
+// Config.NCCLWindows and NCCL 2.27 or newer, the buffer is also registered
+// as an NCCL window (RegisterWindow), so sizes the rules give to NCCL run
+// NCCL's symmetric kernels on it; a failed registration is an error (the
+// buffer then stays allocated until Close). Freed by Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	if c.gpu == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
@@ -310,7 +340,10 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
 	}
 	p, err := c.gpu.alloc(ctx, bytes)
-	return p, classify(err)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return p, c.allocWindow(ctx, p, bytes)
 }
 
 // Synchronize waits for the stream (nil: the communicator's own) and then
@@ -319,7 +352,19 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 	if c.gpu == nil {
 		return nil
 	}
-	return classify(c.gpu.synchronize(s))
+	// waiting keeps Abort from releasing the device under this wait.
+	c.waiting.RLock()
+	defer c.waiting.RUnlock()
+	if c.aborted.Load() {
+		return c.abortedError("Synchronize")
+	}
+	if err := c.gpu.synchronize(s); err != nil {
+		if c.aborted.Load() {
+			return c.abortedError("Synchronize")
+		}
+		return classify(err)
+	}
+	return nil
 }
 
 // Err returns the first error a kernel reported without waiting, or nil.
@@ -357,7 +402,13 @@ func (c *Communicator) Close() error {
 		// Wait for a GPU call in flight on another goroutine.
 		c.busy.Lock()
 		defer c.busy.Unlock()
-		c.closeErr = errors.Join(classify(c.b.close()), c.leave())
+		// Registrations go after the collectives queued on the own stream
+		// (best effort: close reports the stream's error) and before the
+		// NCCL communicator does.
+		if c.gpu != nil {
+			c.gpu.dev.synchronize(nil)
+		}
+		c.closeErr = errors.Join(classify(c.reg.closeAll(false)), classify(c.b.close()), c.leave())
 	})
 	return c.closeErr
 }

@@ -17,6 +17,17 @@ import (
 // Ownership: the device frees everything it allocated, in reverse order,
 // in release; gpuComm only holds addresses into it.
 type device interface {
+	// busID returns the PCI bus id of this rank's GPU ("0000:18:00.0").
+	busID() (string, error)
+	// classify classifies the GPUs at ids (every rank's bus id, by rank)
+	// with NVML (runtime/topo); an error says why NVML cannot (no
+	// libnvidia-ml, NVML unsupported, a GPU it does not know) and what to
+	// do.
+	classify(ids []string) (classification, error)
+	// canAccessPeers probes, for each of ids, whether this rank's GPU can
+	// access that GPU's memory (peerYes, peerNo, or peerUnknown where this
+	// process cannot see the GPU).
+	canAccessPeers(ids []string) ([]int, error)
 	// ncclUnavailable says why NCCL cannot be loaded on this rank, or "".
 	ncclUnavailable() string
 	// openNCCL creates the NCCL communicator (collective over the store).

@@ -91,8 +91,17 @@ func classify(err error) error {
 	case errors.Is(err, host.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		kind = ErrTimeout
 	}
+	for _, k := range deviceKinds {
+		if errors.Is(err, k.cause) {
+			kind = k.kind
+		}
+	}
 	return &kindError{kind: kind, err: err}
 }
+
+// deviceKinds maps errors of cgo-only packages (runtime/nccl) to their
+// kind; filled by the cgo build (device_abort.go).
+var deviceKinds []struct{ cause, kind error }
 
 // KernelError is a generated kernel that could not be compiled or loaded
 // (a *cuda.CompileError with NVRTC's log, a fatbin without it, a driver

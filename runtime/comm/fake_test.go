@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,14 @@ type fakeDevice struct {
 	// returns.
 	preloaded  []*kernels.Kernel
 	preloadErr error
+	// bus, classifyFn and peersFn answer topology detection (detect.go);
+	// zero values: a made-up bus id, no NVML, peer access to every GPU.
+	bus        string
+	busErr     error
+	classifyFn func(ids []string) (classification, error)
+	peersFn    func(ids []string) ([]int, error)
+	// setups counts region set-ups (none when the GPUs use NCCL only).
+	setups int
 
 	// hold, when set, makes launch signal entered and then wait for it to
 	// be closed (the busy test).
@@ -59,6 +68,34 @@ type fakeLaunch struct {
 
 // fakeRegion is rank r's made-up region base.
 func fakeRegion(r int) cuda.DevicePtr { return cuda.DevicePtr(0x7000_0000_0000 + r<<32) }
+
+func (d *fakeDevice) busID() (string, error) {
+	if d.busErr != nil {
+		return "", d.busErr
+	}
+	if d.bus != "" {
+		return d.bus, nil
+	}
+	return fmt.Sprintf("0000:%02x:00.0", 0x10+d.rank), nil
+}
+
+func (d *fakeDevice) classify(ids []string) (classification, error) {
+	if d.classifyFn != nil {
+		return d.classifyFn(ids)
+	}
+	return classification{}, errors.New("fake: no libnvidia-ml.so.1")
+}
+
+func (d *fakeDevice) canAccessPeers(ids []string) ([]int, error) {
+	if d.peersFn != nil {
+		return d.peersFn(ids)
+	}
+	out := make([]int, len(ids))
+	for i := range out {
+		out[i] = peerYes
+	}
+	return out, nil
+}
 
 func (d *fakeDevice) ncclUnavailable() string { return "" }
 func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
@@ -114,6 +151,9 @@ type worldDevice struct {
 }
 
 func (d worldDevice) setup(context.Context, string, int64, int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
+	d.mu.Lock()
+	d.setups++
+	d.mu.Unlock()
 	regions := make([]cuda.DevicePtr, d.world)
 	for r := range regions {
 		regions[r] = fakeRegion(r)
@@ -149,16 +189,17 @@ func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDev
 	for r := range devs {
 		devs[r] = &fakeDevice{rank: r}
 	}
-	comms, errs := formFake(t, cfg, devs)
+	comms, errs := newFakeComms(t, cfg, devs)
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
 	return comms, devs
 }
 
-// formFake runs New on one goroutine rank per fake device and returns
-// what each got.
-func formFake(t *testing.T, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
+// newFakeComms runs New on every rank over the given fake devices (one per
+// rank) and returns each rank's communicator and error.
+func newFakeComms(t *testing.T, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
+	t.Helper()
 	world := len(devs)
 	store := rendezvous.NewMemStore()
 	if cfg.Library == nil {

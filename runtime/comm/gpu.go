@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 
 	"github.com/collgen/collgen/coll"
@@ -48,7 +47,9 @@ type gpuComm struct {
 	world  int
 	prefix string // store keys
 
-	topology  string
+	topology  string            // "" : NCCL only (detect.go)
+	kind      coll.TopologyKind // the topology's kind
+	det       *Detected         // what New detected; nil for world size 1
 	sels      map[coll.Collective]*kernels.Selection
 	protocols []coll.Protocol         // the library's at this world, in region order
 	area      map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
@@ -145,7 +146,11 @@ func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (d
 	if err != nil {
 		return nil, err
 	}
-	g, err := newGPUState(cfg, prefix)
+	det, err := detect(ctx, cfg, prefix, dev)
+	if err != nil {
+		return nil, errors.Join(err, dev.release())
+	}
+	g, err := newGPUState(cfg, prefix, det)
 	if err != nil {
 		return nil, errors.Join(err, dev.release())
 	}
@@ -155,9 +160,10 @@ func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (d
 	return g, nil
 }
 
-// newGPUState builds the pure state: topology, areas, argument packers.
-func newGPUState(cfg Config, prefix string) (*gpuComm, error) {
-	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix,
+// newGPUState builds the pure state: topology (for the detection det, see
+// detect.go), areas, argument packers.
+func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
+	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix, det: det,
 		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
 		inPlace: map[*kernels.Kernel]stageMap{}}
 	if err := g.pickTopology(); err != nil {
@@ -226,7 +232,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
 		}
 	}
-	if !cfg.LazyKernels {
+	if !cfg.LazyKernels && g.topology != "" { // "": NCCL only, no kernel runs
 		if err := dev.preload(ctx, g.kernels()); err != nil {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
@@ -236,6 +242,14 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
 		g.ncclOK = true
+	}
+	if g.topology == "" {
+		// NCCL only (detect.go): the GPUs cannot map each other's memory,
+		// so there is no region to exchange.
+		if g.ncclErr != nil {
+			return errorf(ErrUnsupported, "comm: rank %d: no generated kernel runs on these GPUs (%s), and %v", cfg.Rank, g.det.Reason, g.ncclErr)
+		}
+		return classify(rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world))
 	}
 
 	sigBytes := alignUp(int64(g.lib.MaxBlocks*g.world*8), regionAlign)
@@ -247,6 +261,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		return classify(fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err))
 	}
 	g.seq, g.statusPtr = seq, status
+	regions = g.byCorner(regions) // kernels index peers by kernel rank
 	// Areas in protocol order, the same on every rank.
 	g.areaStage = map[coll.Protocol][]cuda.DevicePtr{}
 	for _, base := range regions {
@@ -295,15 +310,13 @@ func (g *gpuComm) pickTopology() error {
 	}
 	topo := cfg.Topology
 	if topo == "" {
-		// Prefer a fully connected NVLink topology, then spec order.
-		sort.SliceStable(names, func(i, j int) bool {
-			return kinds[names[i]] == coll.NVLinkFull && kinds[names[j]] != coll.NVLinkFull
-		})
-		topo = names[0]
+		topo = chooseTopology(g.det, names, kinds)
 	} else if _, ok := kinds[topo]; !ok {
 		return errorf(ErrInvalidArgument, "comm: topology %q does not exist for world size %d in the library (have: %v)", topo, cfg.WorldSize, names)
+	} else if err := checkExplicit(g.det, topo, kinds[topo]); err != nil {
+		return err
 	}
-	g.topology = topo
+	g.topology, g.kind = topo, kinds[topo]
 	bounds := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
@@ -337,6 +350,9 @@ func (g *gpuComm) pickTopology() error {
 }
 
 func (g *gpuComm) usesNCCL() bool {
+	if g.topology == "" {
+		return true // NCCL only
+	}
 	for _, s := range g.sels {
 		for _, r := range s.Rules {
 			if coll.Algorithm(r.Use) == coll.NCCL {
@@ -369,6 +385,13 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 			return errorf(ErrUnsupported, "comm: %s of %d bytes (%s) selects nccl, but %v", cl.collective, cl.bytes, cl.dtype, g.ncclWhy())
 		}
 		return errorf(ErrUnsupported, "comm: %s with algorithm nccl refused: %v", cl.collective, g.ncclWhy())
+	}
+	if err := g.kernelRefusal(cl); err != nil {
+		if auto {
+			cl.alg = coll.NCCL
+			return g.prepare(cl, true)
+		}
+		return err
 	}
 	k, ok := g.lib.Kernel(cl.collective, cl.alg, cl.dtype, cl.op, g.world)
 	if !ok {
@@ -498,25 +521,29 @@ func (g *gpuComm) pack(cl *call) []byte {
 	return g.packers[cl.kernel].pack(args{
 		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
 		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk),
-		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.cfg.Rank),
+		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.kernelRank()),
 	})
 }
 
-// zcStage is every rank's stage pointer for a zero-copy call: its input
-// copy moved back by the chunk distance its stage copies would add (see
-// stageMap), so stage chunk c of rank r is where rank r's input holds it.
+// zcStage is every kernel rank's stage pointer for a zero-copy call: its
+// input copy moved back by the chunk distance its stage copies would add
+// (see stageMap), so stage chunk c of kernel rank k is where that rank's
+// input holds it.
 func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
 	m := g.inPlace[cl.kernel]
 	stage := make([]cuda.DevicePtr, g.world)
-	for r := range stage {
-		lo := min(int64(m.delta[r])*cl.chunk, cl.n) // cg_chunk's lo; delta ≥ 0 in every schedule
-		stage[r] = cuda.DevicePtr(cl.zc.peers.Peer(r)) + cuda.DevicePtr(cl.zc.offset) - cuda.DevicePtr(lo*cl.esize)
+	for k := range stage {
+		lo := min(int64(m.delta[k])*cl.chunk, cl.n) // cg_chunk's lo; delta ≥ 0 in every schedule
+		stage[k] = cuda.DevicePtr(cl.zc.peers.Peer(g.rankAt(k))) + cuda.DevicePtr(cl.zc.offset) - cuda.DevicePtr(lo*cl.esize)
 	}
 	return stage
 }
 
 // alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
+	if g.topology == "" {
+		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the GPUs cannot map each other's memory (%s), so the communicator uses NCCL only", g.det.Reason)
+	}
 	g.mu.Lock()
 	g.symCount++
 	n := g.symCount

@@ -48,6 +48,8 @@ type cudaDevice struct {
 	// place: pool and those given to UseSymmetric. Written under mu by
 	// copy-and-swap, read without a lock on every call (lookup).
 	pools atomic.Pointer[[]*symm.Pool]
+
+	abortState // device_abort.go: Abort, bounded waits
 }
 
 // openDevice opens Config.Device, its stream and the fatbin, if any.
@@ -95,8 +97,10 @@ func (d *cudaDevice) ncclUnavailable() string {
 	return ""
 }
 
+// openNCCL makes a non-blocking NCCL communicator: its initialisation is
+// bounded by ctx and every later wait on it by Config.Timeout.
 func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
-	d.comm, err = nccl.NewComm(ctx, d.cfg.Store, key, rank, world, d.dev)
+	d.comm, err = nccl.NewCommConfig(ctx, d.cfg.Store, key, rank, world, d.dev, nccl.Config{Timeout: d.cfg.Timeout})
 	return err
 }
 
@@ -324,6 +328,7 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 	if s == nil {
 		s = d.own
 	}
+	d.noteNCCL(s)
 	dt, ok := cl.dtype.NCCL()
 	if !ok {
 		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", cl.dtype)
@@ -349,7 +354,7 @@ func (d *cudaDevice) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		return nil
 	}
-	return s.Synchronize()
+	return d.wait(s)
 }
 
 func (d *cudaDevice) ncclError() error {
@@ -375,7 +380,13 @@ func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
 
 func (d *cudaDevice) release() error {
+	d.relMu.Lock() // not while releaseKernels works on the device
+	defer d.relMu.Unlock()
 	var errs []error
+	if d.abortStream != nil {
+		errs = append(errs, d.abortStream.Destroy())
+		d.abortStream = nil
+	}
 	if d.comm != nil {
 		errs = append(errs, d.comm.Destroy())
 		d.comm = nil

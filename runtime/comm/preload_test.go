@@ -57,7 +57,7 @@ func TestPreloadErrorFailsNew(t *testing.T) {
 		devs[r] = &fakeDevice{rank: r, preloadErr: &KernelError{Kernel: name,
 			Err: &cuda.CompileError{Name: name + ".cu", Arch: 90, Result: "NVRTC_ERROR_COMPILATION", Log: "error: fake"}}}
 	}
-	comms, errs := formFake(t, Config{}, devs)
+	comms, errs := newFakeComms(t, Config{}, devs)
 	for r, err := range errs {
 		var ke *KernelError
 		var ce *cuda.CompileError

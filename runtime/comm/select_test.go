@@ -16,7 +16,7 @@ func newTestGPU(t *testing.T, cfg Config) (*gpuComm, error) {
 	if cfg.Library == nil {
 		cfg.Library = collectives.Library
 	}
-	g, err := newGPUState(cfg, "test/")
+	g, err := newGPUState(cfg, "test/", nil)
 	if g != nil {
 		g.dev = worldDevice{&fakeDevice{rank: cfg.Rank}, cfg.WorldSize} // no symmetric buffers: every call is staged
 	}

@@ -143,13 +143,15 @@ func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 	}
 }
 
-// TestFakeSymmetricRules: the shipped rules send a 64 MiB all-reduce with
-// a symmetric input to the in-place one-shot (no staging needed) and the
-// same call staged to NCCL; Explain reports both plans.
+// TestFakeSymmetricRules: the shipped rules send a 128 MiB all-reduce
+// with a symmetric input to the in-place one-shot (no staging needed) and
+// the same call staged to NCCL; Explain reports both plans. (At world 2
+// the plain rules send up to 64 MiB to twoshot_ll128, symmetric or not:
+// they come first.)
 func TestFakeSymmetricRules(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
-	const n = 16 << 20 // f32: 64 MiB
+	const n = 32 << 20 // f32: 128 MiB
 	syms := make([]cuda.DevicePtr, 2)
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
 		syms[r], err = c.Alloc(context.Background(), 4*n)
@@ -159,11 +161,11 @@ func TestFakeSymmetricRules(t *testing.T) {
 	}
 	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
 	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
-		t.Errorf("symmetric 64 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
+		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
 	}
 	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
 	if err != nil || p != (Plan{Algorithm: coll.NCCL}) {
-		t.Errorf("staged 64 MiB: plan %+v, %v; want nccl", p, err)
+		t.Errorf("staged 128 MiB: plan %+v, %v; want nccl", p, err)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})

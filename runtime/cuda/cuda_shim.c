@@ -185,6 +185,11 @@ CUresult cg_cuIpcOpenMemHandle(CUdeviceptr *p, const void *handle64, unsigned fl
   CU_CALL(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned), p, h, flags);
 }
 CUresult cg_cuIpcCloseMemHandle(CUdeviceptr p) { CU_CALL(cuIpcCloseMemHandle, (CUdeviceptr), p); }
+CUresult cg_cuStreamQuery(CUstream s) { CU_CALL(cuStreamQuery, (CUstream), s); }
+CUresult cg_cuEventQuery(CUevent e) { CU_CALL(cuEventQuery, (CUevent), e); }
+CUresult cg_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+  CU_CALL(cuPointerGetAttribute, (void *, int, CUdeviceptr), data, attr, p);
+}
 
 CUresult cg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                    unsigned bx, unsigned by, unsigned bz, unsigned shared,

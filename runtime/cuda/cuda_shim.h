@@ -90,7 +90,10 @@ typedef struct _nvrtcProgram *nvrtcProgram;
   X(cuLaunchKernel, "cuLaunchKernel")                                          \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                                    \
   X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2")                               \
-  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")                               \
+  X(cuStreamQuery, "cuStreamQuery")                                            \
+  X(cuEventQuery, "cuEventQuery")                                              \
+  X(cuPointerGetAttribute, "cuPointerGetAttribute")
 
 #define CG_ENUM(id, sym) CG_##id,
 enum { CG_CU_SYMBOLS(CG_ENUM) CG_CU_COUNT };
@@ -175,6 +178,9 @@ CUresult cg_cuFuncSetAttribute(CUfunction f, int attr, int value);
 CUresult cg_cuIpcGetMemHandle(void *handle64, CUdeviceptr p);
 CUresult cg_cuIpcOpenMemHandle(CUdeviceptr *p, const void *handle64, unsigned flags);
 CUresult cg_cuIpcCloseMemHandle(CUdeviceptr p);
+CUresult cg_cuStreamQuery(CUstream s);
+CUresult cg_cuEventQuery(CUevent e);
+CUresult cg_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
 
 // cg_launch launches f with one by-value kernel parameter whose bytes are
 // args[0:argBytes] (argBytes 0 = no parameters). The bytes are copied into C

@@ -62,6 +62,63 @@ func (d *Device) AddressRange(p DevicePtr) (base DevicePtr, size int, err error)
 	return DevicePtr(b), int(n), nil
 }
 
+// MemoryType is where an address points (CUmemorytype).
+type MemoryType int
+
+// Memory types (cuda.h CUmemorytype).
+const (
+	MemoryUnknown MemoryType = 0 // not an address the driver knows
+	MemoryHost    MemoryType = 1 // page-locked host memory
+	MemoryDevice  MemoryType = 2 // device memory (cuMemAlloc or VMM)
+	MemoryArray   MemoryType = 3
+	MemoryUnified MemoryType = 4
+)
+
+// PointerInfo is what the driver knows about an address.
+type PointerInfo struct {
+	Type    MemoryType
+	Managed bool // unified (cuMemAllocManaged) memory
+	Ordinal int  // the device the memory is on (device memory only)
+}
+
+// pointer attributes (cuda.h CUpointer_attribute).
+const (
+	pointerAttrMemoryType    = 2
+	pointerAttrIsManaged     = 8
+	pointerAttrDeviceOrdinal = 9
+)
+
+// Pointer describes p (cuPointerGetAttribute). An address the driver does
+// not know (plain host memory, garbage) has Type MemoryUnknown and no
+// error.
+func (d *Device) Pointer(p DevicePtr) (PointerInfo, error) {
+	if err := d.enter(); err != nil {
+		return PointerInfo{}, err
+	}
+	defer runtime.UnlockOSThread()
+	var typ C.uint
+	switch r := C.cg_cuPointerGetAttribute(unsafe.Pointer(&typ), pointerAttrMemoryType, C.CUdeviceptr(p)); {
+	case r == C.CUresult(ErrorInvalidValue):
+		return PointerInfo{}, nil
+	case r != 0:
+		return PointerInfo{}, d.err(r, fmt.Sprintf("cuPointerGetAttribute(%#x, memory type)", uintptr(p)))
+	}
+	info := PointerInfo{Type: MemoryType(typ), Ordinal: -1}
+	var managed C.uint
+	if r := C.cg_cuPointerGetAttribute(unsafe.Pointer(&managed), pointerAttrIsManaged, C.CUdeviceptr(p)); r != 0 {
+		return info, d.err(r, fmt.Sprintf("cuPointerGetAttribute(%#x, is managed)", uintptr(p)))
+	}
+	info.Managed = managed != 0
+	if info.Type == MemoryDevice {
+		var ord C.int
+		if r := C.cg_cuPointerGetAttribute(unsafe.Pointer(&ord), pointerAttrDeviceOrdinal, C.CUdeviceptr(p)); r != 0 {
+			return info, d.err(r, fmt.Sprintf("cuPointerGetAttribute(%#x, device ordinal)", uintptr(p)))
+		}
+		info.Ordinal = int(ord)
+	}
+	return info, nil
+}
+
 // Memset8 sets n bytes at dst to v and waits for it.
 func (d *Device) Memset8(dst DevicePtr, v byte, n int) error {
 	if err := d.enter(); err != nil {

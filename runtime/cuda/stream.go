@@ -74,6 +74,28 @@ func (s *Stream) Synchronize() error {
 	return nil
 }
 
+// Query reports whether all work queued on s has completed, without
+// waiting (cuStreamQuery). A kernel that failed makes it an error.
+func (s *Stream) Query() (bool, error) {
+	if err := s.dev.enter(); err != nil {
+		return false, err
+	}
+	defer runtime.UnlockOSThread()
+	return s.dev.queryResult(C.cg_cuStreamQuery(s.s), "cuStreamQuery")
+}
+
+// queryResult turns a cuStreamQuery or cuEventQuery result into done or
+// not, CUDA_ERROR_NOT_READY being "not yet".
+func (d *Device) queryResult(r C.CUresult, op string) (bool, error) {
+	switch r {
+	case 0:
+		return true, nil
+	case C.CUresult(ErrorNotReady):
+		return false, nil
+	}
+	return false, d.err(r, op)
+}
+
 // WaitEvent makes future work on s wait for e (which may be of another
 // device).
 func (s *Stream) WaitEvent(e *Event) error {
@@ -256,6 +278,16 @@ func (e *Event) Synchronize() error {
 		return e.dev.err(r, "cuEventSynchronize")
 	}
 	return nil
+}
+
+// Query reports whether the event has completed, without waiting
+// (cuEventQuery).
+func (e *Event) Query() (bool, error) {
+	if err := e.dev.enter(); err != nil {
+		return false, err
+	}
+	defer runtime.UnlockOSThread()
+	return e.dev.queryResult(C.cg_cuEventQuery(e.e), "cuEventQuery")
 }
 
 // Destroy releases the event. Idempotent.

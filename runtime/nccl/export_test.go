@@ -10,3 +10,6 @@ func OpenForTest() error {
 	}
 	return err
 }
+
+// MissingMsg is missingMsg, for the message test.
+var MissingMsg = missingMsg

@@ -24,6 +24,8 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/collgen/collgen/runtime/cuda"
@@ -121,6 +123,7 @@ const (
 	InvalidUsage       Result = 5
 	RemoteError        Result = 6
 	InProgress         Result = 7
+	TimedOut           Result = 8 // ncclTimeout (NCCL 2.28+)
 )
 
 // Error is a failed NCCL call.
@@ -151,7 +154,7 @@ func newError(r C.ncclResult_t, op string, rank int, comm C.ncclComm_t) *Error {
 	e := &Error{Op: op, Rank: rank, Code: Result(r)}
 	if int(r) >= missingBase {
 		e.Code = -1
-		e.Msg = fmt.Sprintf("symbol %s not found in libnccl", C.GoString(C.cgn_symbol(C.int(int(r)-missingBase))))
+		e.Msg = missingMsg(C.GoString(C.cgn_symbol(C.int(int(r) - missingBase))))
 		return e
 	}
 	e.Msg = C.GoString(C.cgn_ncclGetErrorString(r))
@@ -284,12 +287,24 @@ func (l *Lib) GroupEnd() error {
 }
 
 // Comm is one rank's NCCL communicator, bound to one device.
+//
+// Locking: every NCCL call on the handle holds mu for reading; Abort and
+// Destroy take it for writing to clear the handle, so no call uses a freed
+// communicator. A non-blocking communicator's calls return at once, and its
+// waits (wait) hold mu only around each poll, so Abort from another
+// goroutine gets the lock promptly; aborting is raised first so waits stop
+// polling.
 type Comm struct {
 	lib         *Lib
 	dev         *cuda.Device
 	rank, world int
-	mu          sync.Mutex
+	mu          sync.RWMutex
 	c           C.ncclComm_t
+	// nonBlocking: created with blocking = 0 (NewCommConfig); timeout
+	// bounds each wait for a call NCCL reports in progress.
+	nonBlocking bool
+	timeout     time.Duration
+	aborting    atomic.Bool
 }
 
 // NewComm creates rank's communicator of world ranks on dev. Rank 0 makes
@@ -299,31 +314,9 @@ type Comm struct {
 // have joined (ctx does not bound that part): with goroutine-per-GPU, call
 // NewComm for every rank concurrently, each on its own goroutine.
 func NewComm(ctx context.Context, store rendezvous.Store, key string, rank, world int, dev *cuda.Device) (*Comm, error) {
-	if world <= 0 || rank < 0 || rank >= world {
-		return nil, fmt.Errorf("nccl: rank %d out of range for world %d", rank, world)
-	}
-	lib, err := Load()
+	lib, id, err := agreeID(ctx, store, key, rank, world)
 	if err != nil {
 		return nil, err
-	}
-	idKey := key + "/nccl-id"
-	var id UniqueID
-	if rank == 0 {
-		if id, err = lib.NewUniqueID(); err != nil {
-			return nil, err
-		}
-		if err := store.Set(ctx, idKey, id[:]); err != nil {
-			return nil, fmt.Errorf("nccl: rank 0: publish id: %w", err)
-		}
-	} else {
-		b, err := store.Get(ctx, idKey)
-		if err != nil {
-			return nil, fmt.Errorf("nccl: rank %d: waiting for rank 0's id: %w", rank, err)
-		}
-		if len(b) != UniqueIDSize {
-			return nil, fmt.Errorf("nccl: rank %d: id under %q has %d bytes, want %d", rank, idKey, len(b), UniqueIDSize)
-		}
-		copy(id[:], b)
 	}
 	cm := &Comm{lib: lib, dev: dev, rank: rank, world: world}
 	err = dev.WithContext(func() error {
@@ -347,20 +340,41 @@ func (c *Comm) World() int { return c.world }
 // Device returns the communicator's device.
 func (c *Comm) Device() *cuda.Device { return c.dev }
 
-// call runs fn with the device context current and the comm handle.
+// call runs fn with the device context current and the comm handle. On a
+// non-blocking communicator a call NCCL reports in progress is waited for
+// (wait), so call returns when the operation is enqueued or failed.
 func (c *Comm) call(op func() string, fn func(C.ncclComm_t) C.ncclResult_t) error {
-	c.mu.Lock()
-	h := c.c
-	c.mu.Unlock()
-	if h == nil {
-		return fmt.Errorf("nccl: %s on rank %d: communicator destroyed", op(), c.rank)
-	}
-	return c.dev.WithContext(func() error {
-		if r := fn(h); r != 0 {
+	var r C.ncclResult_t
+	err := c.withHandle(op, func(h C.ncclComm_t) error {
+		if r = fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
 			return newError(r, op(), c.rank, h)
 		}
 		return nil
 	})
+	if err == nil && r != 0 { // in progress
+		return c.wait(context.Background(), op, time.Now().Add(c.timeout))
+	}
+	return err
+}
+
+// withHandle runs fn on the handle, under the read lock (so Abort and
+// Destroy wait for it) and with the device context current.
+func (c *Comm) withHandle(op func() string, fn func(C.ncclComm_t) error) error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	h := c.c
+	if h == nil {
+		return c.goneError(op())
+	}
+	return c.dev.WithContext(func() error { return fn(h) })
+}
+
+// goneError is the error of a call on a destroyed or aborted communicator.
+func (c *Comm) goneError(op string) error {
+	if c.aborting.Load() {
+		return fmt.Errorf("nccl: %s on rank %d: %w", op, c.rank, ErrAborted)
+	}
+	return fmt.Errorf("nccl: %s on rank %d: communicator destroyed", op, c.rank)
 }
 
 // stream returns the CUstream handle for s (0 for nil: the legacy default
@@ -423,17 +437,19 @@ func (c *Comm) AsyncError() error {
 		return err
 	}
 	if res != 0 && Result(res) != InProgress {
-		c.mu.Lock()
-		h := c.c
-		c.mu.Unlock()
-		return newError(res, "async error", c.rank, h)
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		return newError(res, "async error", c.rank, c.c)
 	}
 	return nil
 }
 
 // Abort tears the communicator down without waiting for pending work or
-// other ranks (use after an error). The Comm is unusable afterwards.
+// other ranks (use after an error): NCCL kernels still running stop. Safe
+// from any goroutine, also while another waits in a call of this Comm (it
+// returns an error wrapping ErrAborted). The Comm is unusable afterwards.
 func (c *Comm) Abort() error {
+	c.aborting.Store(true)
 	return c.release("ncclCommAbort", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommAbort(h) })
 }
 
@@ -444,7 +460,7 @@ func (c *Comm) Destroy() error {
 }
 
 func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
-	c.mu.Lock()
+	c.mu.Lock() // waits for calls in NCCL, never for a wait's sleep
 	h := c.c
 	c.c = nil
 	c.mu.Unlock()
@@ -452,7 +468,9 @@ func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
 		return nil
 	}
 	return c.dev.WithContext(func() error {
-		if r := fn(h); r != 0 {
+		// A non-blocking communicator may finish tearing down in NCCL's
+		// background thread (ncclInProgress); the handle is NCCL's then.
+		if r := fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
 			return newError(r, op, c.rank, nil)
 		}
 		return nil

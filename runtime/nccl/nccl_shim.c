@@ -64,3 +64,47 @@ ncclResult_t cgn_ncclAllGather(unsigned long long send, unsigned long long recv,
 }
 ncclResult_t cgn_ncclGroupStart(void) { N_CALL(ncclGroupStart, (void)); }
 ncclResult_t cgn_ncclGroupEnd(void) { N_CALL(ncclGroupEnd, (void)); }
+
+_Static_assert(offsetof(cgn_ncclConfig, blocking) == 16 && offsetof(cgn_ncclConfig, netName) == 32 &&
+                   offsetof(cgn_ncclConfig, splitShare) == 40 && sizeof(cgn_ncclConfig) == 48,
+               "cgn_ncclConfig layout (tests/gpu/abi_check.c checks the same offsets in nccl.h)");
+
+ncclResult_t cgn_ncclCommInitRankConfig(ncclComm_t *c, int nranks, const void *id128, int rank, int blocking) {
+  ncclUniqueId id;
+  memcpy(&id, id128, sizeof id);
+  cgn_ncclConfig cfg = {sizeof(cgn_ncclConfig), CGN_NCCL_API_MAGIC, CGN_NCCL_CONFIG_VERSION, blocking,
+                        CGN_NCCL_CONFIG_UNDEF_INT, CGN_NCCL_CONFIG_UNDEF_INT, CGN_NCCL_CONFIG_UNDEF_INT,
+                        NULL, CGN_NCCL_CONFIG_UNDEF_INT};
+  N_CALL(ncclCommInitRankConfig, (ncclComm_t *, int, ncclUniqueId, int, cgn_ncclConfig *), c, nranks, id, rank, &cfg);
+}
+ncclResult_t cgn_ncclCommRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *handle) {
+  void *f_ = cgn_fn[CGN_ncclCommRegister];
+  if (!f_) return CGN_MISSING_BASE + CGN_ncclCommRegister;
+  void *h = NULL;
+  ncclResult_t r = ((ncclResult_t(*)(ncclComm_t, void *, size_t, void **))f_)(c, (void *)(size_t)buff, size, &h);
+  *handle = (unsigned long long)(size_t)h;
+  return r;
+}
+ncclResult_t cgn_ncclCommDeregister(ncclComm_t c, unsigned long long handle) {
+  N_CALL(ncclCommDeregister, (ncclComm_t, void *), c, (void *)(size_t)handle);
+}
+ncclResult_t cgn_ncclMemAlloc(unsigned long long *p, size_t size) {
+  void *f_ = cgn_fn[CGN_ncclMemAlloc];
+  if (!f_) return CGN_MISSING_BASE + CGN_ncclMemAlloc;
+  void *ptr = NULL;
+  ncclResult_t r = ((ncclResult_t(*)(void **, size_t))f_)(&ptr, size);
+  *p = (unsigned long long)(size_t)ptr;
+  return r;
+}
+ncclResult_t cgn_ncclMemFree(unsigned long long p) { N_CALL(ncclMemFree, (void *), (void *)(size_t)p); }
+ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *win, int flags) {
+  void *f_ = cgn_fn[CGN_ncclCommWindowRegister];
+  if (!f_) return CGN_MISSING_BASE + CGN_ncclCommWindowRegister;
+  ncclWindow_t w = NULL;
+  ncclResult_t r = ((ncclResult_t(*)(ncclComm_t, void *, size_t, ncclWindow_t *, int))f_)(c, (void *)(size_t)buff, size, &w, flags);
+  *win = (unsigned long long)(size_t)w;
+  return r;
+}
+ncclResult_t cgn_ncclCommWindowDeregister(ncclComm_t c, unsigned long long win) {
+  N_CALL(ncclCommWindowDeregister, (ncclComm_t, ncclWindow_t), c, (ncclWindow_t)(size_t)win);
+}

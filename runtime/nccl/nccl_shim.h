@@ -11,10 +11,33 @@ typedef int ncclDataType_t;
 typedef int ncclRedOp_t;
 typedef struct ncclComm *ncclComm_t;
 typedef struct CUstream_st *cudaStream_t;
+typedef struct ncclWindow_vidmem *ncclWindow_t;
 // NCCL_UNIQUE_ID_BYTES = 128, passed by value to ncclCommInitRank.
 typedef struct { char internal[128]; } ncclUniqueId;
 
 #define CGN_MISSING_BASE 100000
+
+// The leading members of ncclConfig_t, as NCCL 2.18 through 2.28 lay them
+// out (nccl.h; tests/gpu/abi_check.c asserts the offsets against the real
+// header). ncclCommInitRankConfig copies min(size, its own sizeof) bytes
+// and fills the members past them from NCCL_CONFIG_INITIALIZER, so this
+// prefix, with size = its own sizeof and version = 2.18.0, is a complete
+// config for every library from 2.18 on.
+typedef struct {
+  size_t size;          // sizeof this struct
+  unsigned int magic;   // NCCL_API_MAGIC
+  unsigned int version; // NCCL_VERSION(2, 18, 0): the members present
+  int blocking;         // 0: calls return ncclInProgress instead of waiting
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char *netName;
+  int splitShare;
+} cgn_ncclConfig;
+#define CGN_NCCL_API_MAGIC 0xcafebeefu
+#define CGN_NCCL_CONFIG_VERSION 21800
+#define CGN_NCCL_CONFIG_UNDEF_INT (-2147483647 - 1) // INT_MIN
+#define CGN_NCCL_WIN_COLL_SYMMETRIC 0x01
 
 #define CGN_SYMBOLS(X)                                                         \
   X(ncclGetVersion)                                                            \
@@ -29,7 +52,14 @@ typedef struct { char internal[128]; } ncclUniqueId;
   X(ncclReduceScatter)                                                         \
   X(ncclAllGather)                                                             \
   X(ncclGroupStart)                                                            \
-  X(ncclGroupEnd)
+  X(ncclGroupEnd)                                                              \
+  X(ncclCommInitRankConfig)                                                    \
+  X(ncclCommRegister)                                                          \
+  X(ncclCommDeregister)                                                        \
+  X(ncclMemAlloc)                                                              \
+  X(ncclMemFree)                                                               \
+  X(ncclCommWindowRegister)                                                    \
+  X(ncclCommWindowDeregister)
 
 #define CGN_ENUM(s) CGN_##s,
 enum { CGN_SYMBOLS(CGN_ENUM) CGN_COUNT };
@@ -55,5 +85,14 @@ ncclResult_t cgn_ncclAllGather(unsigned long long send, unsigned long long recv,
                                ncclDataType_t dt, ncclComm_t c, unsigned long long s);
 ncclResult_t cgn_ncclGroupStart(void);
 ncclResult_t cgn_ncclGroupEnd(void);
+// cgn_ncclCommInitRankConfig initialises with a cgn_ncclConfig whose
+// members are all NCCL's defaults but blocking.
+ncclResult_t cgn_ncclCommInitRankConfig(ncclComm_t *c, int nranks, const void *id128, int rank, int blocking);
+ncclResult_t cgn_ncclCommRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *handle);
+ncclResult_t cgn_ncclCommDeregister(ncclComm_t c, unsigned long long handle);
+ncclResult_t cgn_ncclMemAlloc(unsigned long long *p, size_t size);
+ncclResult_t cgn_ncclMemFree(unsigned long long p);
+ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *win, int flags);
+ncclResult_t cgn_ncclCommWindowDeregister(ncclComm_t c, unsigned long long win);
 
 #endif

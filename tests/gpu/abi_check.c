@@ -10,6 +10,7 @@
 #include <nccl.h>
 #include <nvrtc.h>
 #include <stdio.h>
+#include <limits.h>
 #include <string.h>
 
 #define STR(x) #x
@@ -83,6 +84,9 @@ CHECK_TYPE(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned
 CHECK_TYPE(cuIpcGetMemHandle, CUresult (*)(CUipcMemHandle *, CUdeviceptr));
 CHECK_TYPE(cuIpcOpenMemHandle, CUresult (*)(CUdeviceptr *, CUipcMemHandle, unsigned int));
 CHECK_TYPE(cuIpcCloseMemHandle, CUresult (*)(CUdeviceptr));
+CHECK_TYPE(cuStreamQuery, CUresult (*)(CUstream));
+CHECK_TYPE(cuEventQuery, CUresult (*)(CUevent));
+CHECK_TYPE(cuPointerGetAttribute, CUresult (*)(void *, CUpointer_attribute, CUdeviceptr));
 
 // VMM (runtime/cuda/vmm.go; the shim casts these pointers with its own
 // cg_CUmem* structs, asserted below to match cuda.h's layout).
@@ -130,6 +134,32 @@ CHECK_TYPE(ncclReduceScatter, ncclResult_t (*)(const void *, void *, size_t, ncc
 CHECK_TYPE(ncclAllGather, ncclResult_t (*)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t));
 CHECK_TYPE(ncclGroupStart, ncclResult_t (*)(void));
 CHECK_TYPE(ncclGroupEnd, ncclResult_t (*)(void));
+CHECK_TYPE(ncclCommInitRankConfig, ncclResult_t (*)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
+CHECK_TYPE(ncclCommRegister, ncclResult_t (*)(const ncclComm_t, void *, size_t, void **));
+CHECK_TYPE(ncclCommDeregister, ncclResult_t (*)(const ncclComm_t, void *));
+CHECK_TYPE(ncclMemAlloc, ncclResult_t (*)(void **, size_t));
+CHECK_TYPE(ncclMemFree, ncclResult_t (*)(void *));
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+CHECK_TYPE(ncclCommWindowRegister, ncclResult_t (*)(ncclComm_t, void *, size_t, ncclWindow_t *, int));
+CHECK_TYPE(ncclCommWindowDeregister, ncclResult_t (*)(ncclComm_t, ncclWindow_t));
+_Static_assert(NCCL_WIN_COLL_SYMMETRIC == 1, "NCCL_WIN_COLL_SYMMETRIC (nccl.WindowSymmetric)");
+#endif
+// runtime/nccl/nccl_shim.h's cgn_ncclConfig: the leading members of
+// ncclConfig_t at the same offsets, and no larger than the real struct.
+_Static_assert(__builtin_offsetof(ncclConfig_t, size) == 0 && __builtin_offsetof(ncclConfig_t, magic) == 8 &&
+                   __builtin_offsetof(ncclConfig_t, version) == 12 && __builtin_offsetof(ncclConfig_t, blocking) == 16 &&
+                   __builtin_offsetof(ncclConfig_t, cgaClusterSize) == 20 && __builtin_offsetof(ncclConfig_t, minCTAs) == 24 &&
+                   __builtin_offsetof(ncclConfig_t, maxCTAs) == 28 && __builtin_offsetof(ncclConfig_t, netName) == 32 &&
+                   __builtin_offsetof(ncclConfig_t, splitShare) == 40 && sizeof(ncclConfig_t) >= 48,
+               "ncclConfig_t prefix (cgn_ncclConfig)");
+_Static_assert(NCCL_API_MAGIC == 0xcafebeef && NCCL_CONFIG_UNDEF_INT == INT_MIN, "config constants");
+_Static_assert(ncclInProgress == 7, "ncclInProgress");
+_Static_assert(CUDA_ERROR_NOT_READY == 600, "CUDA_ERROR_NOT_READY (cuStreamQuery, cuEventQuery)");
+_Static_assert(CU_POINTER_ATTRIBUTE_MEMORY_TYPE == 2 && CU_POINTER_ATTRIBUTE_IS_MANAGED == 8 &&
+                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == 9 && CU_MEMORYTYPE_HOST == 1 && CU_MEMORYTYPE_DEVICE == 2,
+               "pointer attributes (cuda.Device.Pointer)");
 
 // Sizes and enum values the Go code hard-codes.
 _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle");
@@ -220,6 +250,9 @@ int main(void) {
   SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle");
   SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
   SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");
+  SYM(cuStreamQuery, "cuStreamQuery");
+  SYM(cuEventQuery, "cuEventQuery");
+  SYM(cuPointerGetAttribute, "cuPointerGetAttribute");
   SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity");
   SYM(cuMemAddressReserve, "cuMemAddressReserve");
   SYM(cuMemAddressFree, "cuMemAddressFree");

@@ -12,6 +12,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+
+	"github.com/collgen/collgen/runtime/topo"
 )
 
 // Layout describes a fake machine.
@@ -78,6 +80,16 @@ func New(name string) (nvml.Interface, error) {
 		return nil, fmt.Errorf("fakenvml: unknown fake machine %q (known: %s)", name, strings.Join(Names(), ", "))
 	}
 	return f(), nil
+}
+
+// Machine detects the built-in fake machine called name: New, then
+// topo.Detect.
+func Machine(name string) (*topo.Machine, error) {
+	lib, err := New(name)
+	if err != nil {
+		return nil, err
+	}
+	return topo.Detect(lib)
 }
 
 // dgx1NV is the DGX-1 (V100) NVLink matrix as `nvidia-smi topo -m` shows

@@ -1,0 +1,523 @@
+// Package alloc is a caching device allocator with segment hooks, after
+// PyTorch's CUDA caching allocator: it takes large segments from the driver,
+// splits blocks out of them, and keeps freed blocks for reuse instead of
+// returning them to the driver (cuMemFree synchronises the device).
+//
+// Streams: every segment, and so every block, belongs to the stream it was
+// first allocated for, and a freed block is reused only by allocations on
+// that stream, so reuse is ordered after the previous user's work without
+// any wait. A block also used on other streams (RecordStream) is held back
+// at Free until an event recorded on each of those streams has passed.
+//
+// Observers see every segment the allocator obtains (SegmentAllocated) and
+// every segment it is about to give back (SegmentFreeing, called before the
+// memory is freed), which is what NCCL buffer registration needs: runtime/comm
+// registers each segment with its NCCL communicator and deregisters it before
+// the free. Observe can replay the segments that already exist, atomically
+// with subscribing, so an observer never misses or double-counts one.
+//
+// The allocator reaches the device only through Driver, so CPU tests run it
+// over a fake; NewCUDA (cgo builds) drives a real device.
+package alloc
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/collgen/collgen/runtime/cuda"
+)
+
+// Driver is what the allocator needs from a device.
+type Driver interface {
+	// Alloc obtains a segment of bytes of device memory.
+	Alloc(bytes int64) (cuda.DevicePtr, error)
+	// Free gives a segment back.
+	Free(p cuda.DevicePtr) error
+	// Record enqueues an event on s marking the work queued so far.
+	Record(s *cuda.Stream) (Event, error)
+}
+
+// Event is a point in a stream's work (Driver.Record).
+type Event interface {
+	// Done reports whether the stream has passed the event.
+	Done() (bool, error)
+	// Wait blocks until the stream has passed the event.
+	Wait() error
+	// Release destroys the event.
+	Release() error
+}
+
+// Observer is told about segments. Its methods run with the allocator's
+// lock held, in the goroutine that caused them: they must not call the
+// allocator back, and they should be quick (a local registration).
+type Observer interface {
+	// SegmentAllocated: seg was obtained from the driver (or, on Observe
+	// with replay, already existed).
+	SegmentAllocated(seg Segment)
+	// SegmentFreeing: seg is about to be freed; its memory is still valid
+	// until this returns.
+	SegmentFreeing(seg Segment)
+}
+
+// ErrInvalid marks a misuse of the allocator: a bad size, a block freed
+// twice or freed through another allocator.
+var ErrInvalid = errors.New("alloc: invalid use")
+
+// OutOfMemoryError is an allocation the driver refused even after the
+// allocator gave back every cached segment it could.
+type OutOfMemoryError struct {
+	Bytes    int64 // the request, rounded
+	Reserved int64 // bytes held in segments when it failed
+	Err      error // the driver's error
+}
+
+// Error names the request and what the allocator holds.
+func (e *OutOfMemoryError) Error() string {
+	return fmt.Sprintf("alloc: out of device memory allocating %d bytes (%d bytes reserved in segments, cache emptied): %v", e.Bytes, e.Reserved, e.Err)
+}
+
+// Unwrap returns the driver's error.
+func (e *OutOfMemoryError) Unwrap() error { return e.Err }
+
+// Options tune an Allocator; zero values take the defaults.
+type Options struct {
+	// MinBlock is the rounding of every request (default 512 bytes).
+	MinBlock int64
+	// SegmentBytes is the smallest segment and the rounding of larger
+	// ones (default 2 MiB). A request larger than it gets a segment of
+	// its own size, rounded up.
+	SegmentBytes int64
+}
+
+// Allocator is a caching device allocator over one Driver (one device).
+// Safe for concurrent use.
+type Allocator struct {
+	drv  Driver
+	opts Options
+
+	mu        sync.Mutex
+	segments  []*segment // sorted by base
+	free      map[*cuda.Stream][]*Block
+	pending   []pendingFree
+	observers []*observerEntry
+	stats     Stats
+}
+
+// segment is one driver allocation; blocks tile it in address order.
+type segment struct {
+	base   cuda.DevicePtr
+	bytes  int64
+	stream *cuda.Stream
+	blocks []*Block // address order, covering [base, base+bytes)
+}
+
+// Block is a piece of a segment, handed out by Alloc.
+type Block struct {
+	seg       *segment
+	ptr       cuda.DevicePtr
+	size      int64
+	requested int64
+	allocated bool
+	pending   bool           // freed, waiting for other streams' events
+	uses      []*cuda.Stream // streams other than the segment's (RecordStream)
+}
+
+// Ptr is the block's device address.
+func (b *Block) Ptr() cuda.DevicePtr { return b.ptr }
+
+// Size is the block's size in bytes (the request rounded up).
+func (b *Block) Size() int64 { return b.size }
+
+// Stream is the stream the block belongs to.
+func (b *Block) Stream() *cuda.Stream { return b.seg.stream }
+
+// pendingFree is a freed block waiting for events on other streams.
+type pendingFree struct {
+	b      *Block
+	events []Event
+}
+
+type observerEntry struct{ o Observer }
+
+// New makes an allocator over drv.
+func New(drv Driver, opts Options) (*Allocator, error) {
+	if drv == nil {
+		return nil, fmt.Errorf("%w: nil Driver", ErrInvalid)
+	}
+	if opts.MinBlock == 0 {
+		opts.MinBlock = 512
+	}
+	if opts.SegmentBytes == 0 {
+		opts.SegmentBytes = 2 << 20
+	}
+	if opts.MinBlock < 0 || opts.MinBlock&(opts.MinBlock-1) != 0 || opts.SegmentBytes < opts.MinBlock || opts.SegmentBytes%opts.MinBlock != 0 {
+		return nil, fmt.Errorf("%w: MinBlock %d must be a power of two and SegmentBytes %d a multiple of it", ErrInvalid, opts.MinBlock, opts.SegmentBytes)
+	}
+	return &Allocator{drv: drv, opts: opts, free: map[*cuda.Stream][]*Block{}}, nil
+}
+
+func roundUp(n, a int64) int64 { return (n + a - 1) / a * a }
+
+// Alloc returns a block of at least bytes for use on stream s (nil: the
+// legacy default stream). A cached free block of s is reused (best fit,
+// split when the rest is at least MinBlock); otherwise a new segment is
+// obtained, and when the driver refuses, cached segments are given back
+// and the allocation retried once.
+func (a *Allocator) Alloc(bytes int64, s *cuda.Stream) (*Block, error) {
+	if bytes <= 0 {
+		return nil, fmt.Errorf("%w: alloc of %d bytes", ErrInvalid, bytes)
+	}
+	if bytes > 1<<62 {
+		return nil, fmt.Errorf("%w: alloc of %d bytes is too large", ErrInvalid, bytes)
+	}
+	size := roundUp(bytes, a.opts.MinBlock)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.collectPending(false); err != nil {
+		return nil, err
+	}
+	b := a.bestFit(size, s)
+	if b == nil {
+		seg, err := a.newSegment(size, s)
+		if err != nil {
+			return nil, err
+		}
+		b = seg.blocks[0]
+	}
+	a.split(b, size)
+	b.allocated, b.requested = true, bytes
+	a.stats.AllocatedBytes += b.size
+	a.stats.ActiveBlocks++
+	a.stats.NumAllocs++
+	a.stats.PeakAllocatedBytes = max(a.stats.PeakAllocatedBytes, a.stats.AllocatedBytes)
+	return b, nil
+}
+
+// bestFit removes and returns the smallest free block of s that holds size.
+func (a *Allocator) bestFit(size int64, s *cuda.Stream) *Block {
+	pool := a.free[s]
+	i := sort.Search(len(pool), func(i int) bool { return pool[i].size >= size })
+	if i == len(pool) {
+		return nil
+	}
+	b := pool[i]
+	a.free[s] = slices.Delete(pool, i, i+1)
+	return b
+}
+
+// newSegment obtains a segment for size on s and tells the observers.
+func (a *Allocator) newSegment(size int64, s *cuda.Stream) (*segment, error) {
+	bytes := roundUp(size, a.opts.SegmentBytes)
+	p, err := a.drv.Alloc(bytes)
+	if err != nil {
+		// Give back what the cache holds and try once more.
+		if ferr := a.releaseCached(); ferr != nil {
+			return nil, errors.Join(err, ferr)
+		}
+		a.stats.NumOOMRetries++
+		if p, err = a.drv.Alloc(bytes); err != nil {
+			return nil, &OutOfMemoryError{Bytes: bytes, Reserved: a.stats.ReservedBytes, Err: err}
+		}
+	}
+	seg := &segment{base: p, bytes: bytes, stream: s}
+	seg.blocks = []*Block{{seg: seg, ptr: p, size: bytes}}
+	i := sort.Search(len(a.segments), func(i int) bool { return a.segments[i].base > p })
+	a.segments = slices.Insert(a.segments, i, seg)
+	a.stats.ReservedBytes += bytes
+	a.stats.Segments++
+	a.stats.NumSegmentAllocs++
+	a.stats.PeakReservedBytes = max(a.stats.PeakReservedBytes, a.stats.ReservedBytes)
+	info := seg.info()
+	for _, e := range a.observers {
+		e.o.SegmentAllocated(info)
+	}
+	return seg, nil
+}
+
+// split cuts b to size, returning the rest to the free pool when it is at
+// least MinBlock (requests are rounded to MinBlock, so it always is).
+func (a *Allocator) split(b *Block, size int64) {
+	rest := b.size - size
+	if rest < a.opts.MinBlock {
+		return
+	}
+	nb := &Block{seg: b.seg, ptr: b.ptr + cuda.DevicePtr(size), size: rest}
+	b.size = size
+	i := slices.Index(b.seg.blocks, b)
+	b.seg.blocks = slices.Insert(b.seg.blocks, i+1, nb)
+	a.addFree(nb)
+}
+
+// addFree puts b in its stream's pool, sorted by size then address.
+func (a *Allocator) addFree(b *Block) {
+	pool := a.free[b.seg.stream]
+	i := sort.Search(len(pool), func(i int) bool {
+		return pool[i].size > b.size || pool[i].size == b.size && pool[i].ptr > b.ptr
+	})
+	a.free[b.seg.stream] = slices.Insert(pool, i, b)
+}
+
+// removeFree takes b out of its stream's pool.
+func (a *Allocator) removeFree(b *Block) {
+	pool := a.free[b.seg.stream]
+	if i := slices.Index(pool, b); i >= 0 {
+		a.free[b.seg.stream] = slices.Delete(pool, i, i+1)
+	}
+}
+
+// RecordStream marks b as used on s too (a stream other than its own), so
+// Free holds it back until the work queued on s so far has finished.
+func (a *Allocator) RecordStream(b *Block, s *cuda.Stream) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkLive(b, "RecordStream"); err != nil {
+		return err
+	}
+	if s != b.seg.stream && !slices.Contains(b.uses, s) {
+		b.uses = append(b.uses, s)
+	}
+	return nil
+}
+
+func (a *Allocator) checkLive(b *Block, op string) error {
+	switch {
+	case b == nil:
+		return fmt.Errorf("%w: %s of a nil block", ErrInvalid, op)
+	case b.seg == nil || !slices.Contains(a.segments, b.seg):
+		return fmt.Errorf("%w: %s of block %#x: not from this allocator (or its segment was freed)", ErrInvalid, op, uintptr(b.ptr))
+	case !b.allocated || b.pending:
+		return fmt.Errorf("%w: %s of block %#x: already freed", ErrInvalid, op, uintptr(b.ptr))
+	}
+	return nil
+}
+
+// Free returns b to the cache. A block used on other streams
+// (RecordStream) becomes reusable once events recorded now on each of
+// them have passed; otherwise at once (for its own stream's later work).
+func (a *Allocator) Free(b *Block) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkLive(b, "Free"); err != nil {
+		return err
+	}
+	a.stats.AllocatedBytes -= b.size
+	a.stats.ActiveBlocks--
+	a.stats.NumFrees++
+	if len(b.uses) == 0 {
+		a.release(b)
+		return nil
+	}
+	pf := pendingFree{b: b}
+	for _, s := range b.uses {
+		ev, err := a.drv.Record(s)
+		if err != nil {
+			// Without an event, only a full wait is safe.
+			for _, e := range pf.events {
+				e.Release()
+			}
+			return fmt.Errorf("alloc: free of block %#x: record event: %w", uintptr(b.ptr), err)
+		}
+		pf.events = append(pf.events, ev)
+	}
+	b.pending = true
+	a.pending = append(a.pending, pf)
+	return nil
+}
+
+// release makes b free and merges it with free neighbours in its segment.
+func (a *Allocator) release(b *Block) {
+	b.allocated, b.pending, b.uses, b.requested = false, false, nil, 0
+	blocks := b.seg.blocks
+	i := slices.Index(blocks, b)
+	if i+1 < len(blocks) && a.isFree(blocks[i+1]) {
+		n := blocks[i+1]
+		a.removeFree(n)
+		b.size += n.size
+		blocks = slices.Delete(blocks, i+1, i+2)
+	}
+	if i > 0 && a.isFree(blocks[i-1]) {
+		p := blocks[i-1]
+		a.removeFree(p)
+		p.size += b.size
+		blocks = slices.Delete(blocks, i, i+1)
+		b = p
+	}
+	b.seg.blocks = blocks
+	a.addFree(b)
+}
+
+func (a *Allocator) isFree(b *Block) bool { return !b.allocated && !b.pending }
+
+// collectPending releases pending blocks whose events have passed (all of
+// them, waiting, with wait).
+func (a *Allocator) collectPending(wait bool) error {
+	var errs []error
+	keep := a.pending[:0]
+	for _, pf := range a.pending {
+		done := true
+		for _, e := range pf.events {
+			var err error
+			ok := true
+			if wait {
+				err = e.Wait()
+			} else {
+				ok, err = e.Done()
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if !ok || err != nil {
+				done = false
+				break
+			}
+		}
+		if !done {
+			keep = append(keep, pf)
+			continue
+		}
+		for _, e := range pf.events {
+			errs = append(errs, e.Release())
+		}
+		a.release(pf.b)
+	}
+	clear(a.pending[len(keep):])
+	a.pending = keep
+	return errors.Join(errs...)
+}
+
+// EmptyCache waits for blocks held back for other streams, then gives
+// every segment with no allocated block back to the driver (observers
+// first). Blocks in use keep their segments.
+func (a *Allocator) EmptyCache() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return errors.Join(a.collectPending(true), a.releaseCached())
+}
+
+// releaseCached frees every segment made of one free block.
+func (a *Allocator) releaseCached() error {
+	var errs []error
+	keep := a.segments[:0]
+	for _, seg := range a.segments {
+		if len(seg.blocks) != 1 || !a.isFree(seg.blocks[0]) {
+			keep = append(keep, seg)
+			continue
+		}
+		info := seg.info()
+		for _, e := range a.observers {
+			e.o.SegmentFreeing(info)
+		}
+		a.removeFree(seg.blocks[0])
+		if err := a.drv.Free(seg.base); err != nil {
+			errs = append(errs, fmt.Errorf("alloc: free segment %#x (%d bytes): %w", uintptr(seg.base), seg.bytes, err))
+		}
+		a.stats.ReservedBytes -= seg.bytes
+		a.stats.Segments--
+		a.stats.NumSegmentFrees++
+	}
+	clear(a.segments[len(keep):])
+	a.segments = keep
+	for s, pool := range a.free {
+		if len(pool) == 0 {
+			delete(a.free, s)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Observe subscribes o. With replay, o.SegmentAllocated is first called
+// for every segment that exists, under the same lock, so no segment is
+// missed or seen twice. The returned function unsubscribes o (safe to call
+// twice); it does not call SegmentFreeing.
+func (a *Allocator) Observe(o Observer, replay bool) (cancel func()) {
+	e := &observerEntry{o: o}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if replay {
+		for _, seg := range a.segments {
+			o.SegmentAllocated(seg.info())
+		}
+	}
+	a.observers = append(a.observers, e)
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if i := slices.Index(a.observers, e); i >= 0 {
+			a.observers = slices.Delete(a.observers, i, i+1)
+		}
+	}
+}
+
+// Stats are the allocator's counters.
+type Stats struct {
+	AllocatedBytes     int64 // in blocks handed out and not freed (rounded sizes)
+	ReservedBytes      int64 // in segments
+	ActiveBlocks       int   // blocks handed out and not freed
+	Segments           int   // segments held
+	PeakAllocatedBytes int64
+	PeakReservedBytes  int64
+	NumAllocs          int64 // successful Alloc calls
+	NumFrees           int64 // successful Free calls
+	NumSegmentAllocs   int64 // driver allocations
+	NumSegmentFrees    int64 // driver frees
+	NumOOMRetries      int64 // times the cache was emptied to retry a refused allocation
+}
+
+// Stats returns the current counters.
+func (a *Allocator) Stats() Stats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stats
+}
+
+// Segment describes one segment (Snapshot, observers).
+type Segment struct {
+	Base   cuda.DevicePtr
+	Bytes  int64
+	Stream *cuda.Stream
+	Blocks []BlockInfo // address order, tiling the segment
+}
+
+// BlockInfo describes one block of a segment.
+type BlockInfo struct {
+	Ptr       cuda.DevicePtr
+	Size      int64
+	Requested int64 // bytes asked for (0 when free)
+	Allocated bool  // handed out (including freed but held for other streams)
+}
+
+func (s *segment) info() Segment {
+	out := Segment{Base: s.base, Bytes: s.bytes, Stream: s.stream}
+	for _, b := range s.blocks {
+		out.Blocks = append(out.Blocks, BlockInfo{Ptr: b.ptr, Size: b.size, Requested: b.requested, Allocated: b.allocated})
+	}
+	return out
+}
+
+// Snapshot returns every segment with its blocks, by address.
+func (a *Allocator) Snapshot() []Segment {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Segment, len(a.segments))
+	for i, s := range a.segments {
+		out[i] = s.info()
+	}
+	return out
+}
+
+// Close waits for pending frees and gives every segment back; it fails
+// (freeing nothing) while blocks are still allocated.
+func (a *Allocator) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.collectPending(true); err != nil {
+		return err
+	}
+	if a.stats.ActiveBlocks > 0 {
+		return fmt.Errorf("%w: Close with %d blocks (%d bytes) still allocated; free them first", ErrInvalid, a.stats.ActiveBlocks, a.stats.AllocatedBytes)
+	}
+	return a.releaseCached()
+}

@@ -1,0 +1,39 @@
+//go:build cgo
+
+package alloc
+
+import "github.com/collgen/collgen/runtime/cuda"
+
+// CUDADriver is the Driver over a real device: segments from cuMemAlloc,
+// events from cuEventRecord and cuEventQuery.
+type CUDADriver struct{ Dev *cuda.Device }
+
+// NewCUDA makes an allocator over dev.
+func NewCUDA(dev *cuda.Device, opts Options) (*Allocator, error) {
+	return New(CUDADriver{Dev: dev}, opts)
+}
+
+// Alloc is cuMemAlloc.
+func (d CUDADriver) Alloc(bytes int64) (cuda.DevicePtr, error) { return d.Dev.Alloc(int(bytes)) }
+
+// Free is cuMemFree.
+func (d CUDADriver) Free(p cuda.DevicePtr) error { return d.Dev.Free(p) }
+
+// Record records a new event on s.
+func (d CUDADriver) Record(s *cuda.Stream) (Event, error) {
+	e, err := d.Dev.NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Record(s); err != nil {
+		e.Destroy()
+		return nil, err
+	}
+	return cudaEvent{e}, nil
+}
+
+type cudaEvent struct{ e *cuda.Event }
+
+func (e cudaEvent) Done() (bool, error) { return e.e.Query() }
+func (e cudaEvent) Wait() error         { return e.e.Synchronize() }
+func (e cudaEvent) Release() error      { return e.e.Destroy() }

@@ -1,0 +1,219 @@
+//go:build cgo
+
+package comm
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/nccl"
+)
+
+func init() {
+	deviceKinds = append(deviceKinds,
+		struct{ cause, kind error }{nccl.ErrTimeout, ErrTimeout},
+		struct{ cause, kind error }{nccl.ErrAborted, ErrAborted})
+}
+
+// abortState is cudaDevice's part for Abort and bounded waits.
+type abortState struct {
+	aborted     atomic.Bool
+	relMu       sync.Mutex   // release and releaseKernels exclude each other
+	abortStream *cuda.Stream // made by releaseKernels, freed by release
+
+	ncclMu     sync.Mutex
+	ncclStream *cuda.Stream // where NCCL work was last enqueued; nil when none is pending
+}
+
+// noteNCCL records that NCCL work was enqueued on s, so a wait on s is
+// bounded by Config.Timeout (NCCL kernels have no deadline of their own).
+func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
+	d.ncclMu.Lock()
+	d.ncclStream = s
+	d.ncclMu.Unlock()
+}
+
+// Polling of wait: spin on cuStreamQuery for spinFor (short collectives
+// finish there, as fast as cuStreamSynchronize), then sleep, doubling up
+// to maxSleep; NCCL's asynchronous error is read every asyncEvery.
+const (
+	spinFor    = 50 * time.Microsecond
+	maxSleep   = time.Millisecond
+	asyncEvery = time.Millisecond
+)
+
+// wait waits for s like cuStreamSynchronize, but it can be cut short:
+// Abort makes it return ErrAborted at once; NCCL's asynchronous error
+// (such as a remote rank's failure) aborts the NCCL communicator and
+// returns; and when NCCL work is pending on s, Config.Timeout bounds the
+// wait, after which the NCCL communicator is aborted (its kernels stop)
+// and the error is ErrTimeout. Generated kernels bound themselves.
+func (d *cudaDevice) wait(s *cuda.Stream) error {
+	d.ncclMu.Lock()
+	ncclPending := d.comm != nil && d.ncclStream == s
+	d.ncclMu.Unlock()
+	start := time.Now()
+	nextAsync := start.Add(asyncEvery)
+	sleep := time.Duration(0)
+	for {
+		done, err := s.Query()
+		if err != nil {
+			return err
+		}
+		if done {
+			if ncclPending {
+				d.ncclMu.Lock()
+				if d.ncclStream == s {
+					d.ncclStream = nil
+				}
+				d.ncclMu.Unlock()
+			}
+			return nil
+		}
+		if d.aborted.Load() {
+			return errorf(ErrAborted, "comm: rank %d: aborted (Communicator.Abort) while waiting for the stream", d.cfg.Rank)
+		}
+		now := time.Now()
+		if ncclPending && now.After(nextAsync) {
+			nextAsync = now.Add(asyncEvery)
+			if aerr := d.comm.AsyncError(); aerr != nil {
+				d.comm.Abort()
+				return errorf(ErrAborted, "comm: rank %d: NCCL failed (a peer died or failed?): %w; the NCCL communicator was aborted, make a new Communicator", d.cfg.Rank, aerr)
+			}
+		}
+		if ncclPending && now.Sub(start) > d.cfg.Timeout {
+			d.comm.Abort()
+			return errorf(ErrTimeout, "comm: rank %d: an NCCL collective did not finish within %v (Config.Timeout): a peer is dead, stalled or issuing a different collective; the NCCL communicator was aborted, make a new Communicator", d.cfg.Rank, d.cfg.Timeout)
+		}
+		if now.Sub(start) < spinFor {
+			runtime.Gosched()
+			continue
+		}
+		sleep = min(max(2*sleep, 10*time.Microsecond), maxSleep)
+		time.Sleep(sleep)
+	}
+}
+
+// releaseKernels implements aborter (see there).
+func (d *cudaDevice) releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int64) error {
+	d.aborted.Store(true)
+	d.relMu.Lock()
+	defer d.relMu.Unlock()
+	if d.dev == nil {
+		return nil
+	}
+	if d.abortStream == nil {
+		st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
+		if err != nil {
+			return fmt.Errorf("comm: rank %d: abort: %w", d.cfg.Rank, err)
+		}
+		d.abortStream = st
+	}
+	if err := d.dev.MemsetD32Async(abortWord, 1, 2, d.abortStream); err != nil {
+		return fmt.Errorf("comm: rank %d: abort: raise the abort word: %w", d.cfg.Rank, err)
+	}
+	if err := d.dev.Memset8Async(pad, 0xff, int(padBytes), d.abortStream); err != nil {
+		return fmt.Errorf("comm: rank %d: abort: release barrier waits: %w", d.cfg.Rank, err)
+	}
+	return nil
+}
+
+// abortNCCL implements aborter.
+func (d *cudaDevice) abortNCCL() error {
+	d.relMu.Lock()
+	defer d.relMu.Unlock()
+	if d.comm == nil {
+		return nil
+	}
+	return d.comm.Abort()
+}
+
+// drained implements aborter: it polls the device's own stream and the
+// last NCCL stream (a user's stream with a generated kernel on it is the
+// user's to drain, and the kernel ends by its deadline anyway).
+func (d *cudaDevice) drained(timeout time.Duration) bool {
+	d.ncclMu.Lock()
+	streams := []*cuda.Stream{d.own, d.ncclStream}
+	d.ncclMu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for _, s := range streams {
+		if s == nil {
+			continue
+		}
+		for {
+			done, err := s.Query()
+			if done || err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	return true
+}
+
+// checkMemory implements registrar: device memory of this rank's GPU
+// (cuMemAlloc or VMM; not managed, not host memory), [p, p+bytes) inside
+// one allocation.
+func (d *cudaDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
+	info, err := d.dev.Pointer(p)
+	if err != nil {
+		return err
+	}
+	switch {
+	case info.Type == cuda.MemoryUnknown:
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: not memory the CUDA driver knows (plain host memory, or freed); NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p))
+	case info.Managed:
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: managed (unified) memory; NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p))
+	case info.Type != cuda.MemoryDevice:
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: host memory (memory type %d); NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p), info.Type)
+	case info.Ordinal != d.dev.Ordinal:
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: memory of GPU %d, but this rank's is GPU %d", d.cfg.Rank, uintptr(p), info.Ordinal, d.dev.Ordinal)
+	}
+	base, size, err := d.dev.AddressRange(p)
+	if err != nil {
+		return err
+	}
+	if end := base + cuda.DevicePtr(size); p+cuda.DevicePtr(bytes) > end {
+		return errorf(ErrInvalidArgument, "comm: rank %d: register [%#x, %#x): runs past its allocation [%#x, %#x)", d.cfg.Rank, uintptr(p), uintptr(p)+uintptr(bytes), uintptr(base), uintptr(end))
+	}
+	return nil
+}
+
+// register implements registrar (ncclCommRegister).
+func (d *cudaDevice) register(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	h, err := d.comm.Register(p, int(bytes))
+	return uintptr(h), err
+}
+
+// deregister implements registrar (ncclCommDeregister).
+func (d *cudaDevice) deregister(h uintptr) error { return d.comm.Deregister(nccl.RegHandle(h)) }
+
+// registerWindow implements registrar (ncclCommWindowRegister).
+func (d *cudaDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	w, err := d.comm.WindowRegister(p, int(bytes), nccl.WindowSymmetric)
+	return uintptr(w), err
+}
+
+// deregisterWindow implements registrar (ncclCommWindowDeregister).
+func (d *cudaDevice) deregisterWindow(h uintptr) error {
+	return d.comm.WindowDeregister(nccl.Window(h))
+}
+
+// noWindows implements registrar.
+func (d *cudaDevice) noWindows() string {
+	lib, err := nccl.Load()
+	if err != nil {
+		return err.Error()
+	}
+	if !lib.AtLeast(2, 27) {
+		return fmt.Sprintf("NCCL %v has no windows (2.27+)", lib.Version())
+	}
+	return ""
+}

@@ -1,0 +1,492 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/alloc"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// eventLog is one ordered log shared by fake registrars and fake allocator
+// drivers, so tests see registration calls and driver frees in one order.
+type eventLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *eventLog) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf(format, args...))
+}
+
+func (l *eventLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
+}
+
+// since returns the lines after the first n.
+func (l *eventLog) since(n int) []string { return l.all()[n:] }
+
+// regDevice is a fake GPU with a fake NCCL registrar and the aborter.
+type regDevice struct {
+	worldDevice
+	name string // "A0": group A, rank 0
+	log  *eventLog
+
+	mu      sync.Mutex
+	next    uintptr
+	refuse  map[cuda.DevicePtr]string
+	stuck   chan struct{} // non-nil: synchronize waits until releaseKernels closes it
+	waiting chan struct{} // signalled when synchronize starts waiting on stuck
+	abortAt []cuda.DevicePtr
+	padLen  int64
+}
+
+func (d *regDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if why, ok := d.refuse[p]; ok {
+		return errorf(ErrInvalidArgument, "comm: register %#x: %s", uintptr(p), why)
+	}
+	return nil
+}
+
+// handle makes the next handle and logs "<name> <what> <p> <bytes> -> h<n>".
+func (d *regDevice) handle(what string, p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	d.mu.Lock()
+	d.next++
+	h := d.next
+	d.mu.Unlock()
+	d.log.add("%s %s %#x %d -> h%d", d.name, what, uintptr(p), bytes, h)
+	return h, nil
+}
+
+func (d *regDevice) register(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	return d.handle("register", p, bytes)
+}
+
+func (d *regDevice) deregister(h uintptr) error {
+	d.log.add("%s deregister h%d", d.name, h)
+	return nil
+}
+
+func (d *regDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	return d.handle("window", p, bytes)
+}
+
+func (d *regDevice) noWindows() string { return "" }
+
+func (d *regDevice) deregisterWindow(h uintptr) error {
+	d.log.add("%s window deregister h%d", d.name, h)
+	return nil
+}
+
+func (d *regDevice) synchronize(*cuda.Stream) error {
+	d.mu.Lock()
+	stuck := d.stuck
+	d.mu.Unlock()
+	if stuck == nil {
+		return nil
+	}
+	d.waiting <- struct{}{}
+	<-stuck
+	// What a real device reports once its wait is cut short.
+	return errorf(ErrAborted, "fake: wait cut short by abort")
+}
+
+func (d *regDevice) releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int64) error {
+	d.log.add("%s release kernels", d.name)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.abortAt = []cuda.DevicePtr{abortWord, pad}
+	d.padLen = padBytes
+	if d.stuck != nil {
+		close(d.stuck)
+		d.stuck = nil
+	}
+	return nil
+}
+
+func (d *regDevice) abortNCCL() error {
+	d.log.add("%s nccl abort", d.name)
+	return nil
+}
+
+func (d *regDevice) drained(time.Duration) bool { return true }
+
+func (d *regDevice) release() error {
+	d.log.add("%s release", d.name)
+	return d.fakeDevice.release()
+}
+
+// fakeAllocDriver is an alloc.Driver logging into the shared log.
+type fakeAllocDriver struct {
+	name string
+	log  *eventLog
+	next cuda.DevicePtr
+}
+
+func (f *fakeAllocDriver) Alloc(bytes int64) (cuda.DevicePtr, error) {
+	if f.next == 0 {
+		f.next = 0x5000_0000_0000
+	}
+	p := f.next
+	f.next += cuda.DevicePtr(bytes)
+	f.log.add("%s driver alloc %#x %d", f.name, uintptr(p), bytes)
+	return p, nil
+}
+
+func (f *fakeAllocDriver) Free(p cuda.DevicePtr) error {
+	f.log.add("%s driver free %#x", f.name, uintptr(p))
+	return nil
+}
+
+func (f *fakeAllocDriver) Record(*cuda.Stream) (alloc.Event, error) {
+	return nil, errors.New("fake: no events")
+}
+
+// regComms forms one group of world ranks on regDevices named
+// group+rank; allocs[r] (may be nil) is rank r's Config.Allocator.
+func regComms(t *testing.T, store rendezvous.Store, group string, world int, log *eventLog, allocs []*alloc.Allocator) ([]*Communicator, []*regDevice) {
+	return regCommsWith(t, store, Config{Group: group}, world, log, allocs)
+}
+
+// regCommsWith is regComms with more of the Config (Group names the
+// devices).
+func regCommsWith(t *testing.T, store rendezvous.Store, base Config, world int, log *eventLog, allocs []*alloc.Allocator) ([]*Communicator, []*regDevice) {
+	group := base.Group
+	t.Helper()
+	comms := make([]*Communicator, world)
+	devs := make([]*regDevice, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		devs[r] = &regDevice{worldDevice: worldDevice{&fakeDevice{rank: r}, world}, name: fmt.Sprintf("%s%d", group, r), log: log,
+			refuse: map[cuda.DevicePtr]string{}, waiting: make(chan struct{}, 1)}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := base
+			cfg.Rank, cfg.WorldSize, cfg.Device, cfg.Store, cfg.Library = r, world, r, store, collectives.Library
+			if allocs != nil {
+				cfg.Allocator = allocs[r]
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			comms[r], errs[r] = newComm(ctx, cfg, func(Config) (device, error) { return devs[r], nil })
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return comms, devs
+}
+
+func newAllocs(t *testing.T, world int, log *eventLog) []*alloc.Allocator {
+	t.Helper()
+	out := make([]*alloc.Allocator, world)
+	for r := range out {
+		a, err := alloc.New(&fakeAllocDriver{name: fmt.Sprintf("dev%d", r), log: log, next: cuda.DevicePtr(0x5000_0000_0000 + r<<36)}, alloc.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[r] = a
+	}
+	return out
+}
+
+func wantLines(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n  %s\nwant\n  %s", what, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// TestRegistrationHooks: segments existing at New are registered, new ones
+// through the hook, each deregistered before the driver frees it, and
+// every registration goes at Close; after Close the hook is gone.
+func TestRegistrationHooks(t *testing.T) {
+	log := &eventLog{}
+	allocs := newAllocs(t, 2, log)
+	b0, err := allocs[0].Alloc(1000, nil) // a 2 MiB segment before New
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := len(log.all())
+	comms, _ := regComms(t, rendezvous.NewMemStore(), "A", 2, log, allocs)
+	seg0 := uintptr(0x5000_0000_0000)
+	wantLines(t, "New registers the existing segment", log.since(n), []string{fmt.Sprintf("A0 register %#x %d -> h1", seg0, 2<<20)})
+
+	n = len(log.all())
+	b1, _ := allocs[0].Alloc(3<<20, nil) // a new 4 MiB segment
+	allocs[0].Free(b0)
+	allocs[0].Free(b1)
+	if err := allocs[0].EmptyCache(); err != nil {
+		t.Fatal(err)
+	}
+	seg1 := seg0 + 2<<20
+	wantLines(t, "hook registers, deregisters before the free", log.since(n), []string{
+		fmt.Sprintf("dev0 driver alloc %#x %d", seg1, 4<<20),
+		fmt.Sprintf("A0 register %#x %d -> h2", seg1, 4<<20),
+		"A0 deregister h1",
+		fmt.Sprintf("dev0 driver free %#x", seg0),
+		"A0 deregister h2",
+		fmt.Sprintf("dev0 driver free %#x", seg1),
+	})
+
+	b2, _ := allocs[0].Alloc(100, nil)
+	n = len(log.all())
+	closeAll(t, comms)
+	got := log.since(n)
+	if i, j := slices.Index(got, "A0 deregister h3"), slices.Index(got, "A0 release"); i < 0 || j < 0 || i > j {
+		t.Errorf("Close: %q, want h3 deregistered before the device is released", got)
+	}
+	n = len(log.all())
+	allocs[0].Free(b2)
+	allocs[0].EmptyCache()
+	for _, l := range log.since(n) {
+		if strings.HasPrefix(l, "A0 ") {
+			t.Errorf("the hook still ran after Close: %s", l)
+		}
+	}
+}
+
+// TestRegistrationRefcounts: repeats count, the last deregistration calls
+// NCCL, and unknown, repeated, overlapping and refused registrations are
+// errors that say so.
+func TestRegistrationRefcounts(t *testing.T) {
+	log := &eventLog{}
+	comms, devs := regComms(t, rendezvous.NewMemStore(), "R", 2, log, nil)
+	defer closeAll(t, comms)
+	c := comms[0]
+	p := cuda.DevicePtr(0x9000_0000)
+	n := len(log.all())
+	for i := 0; i < 2; i++ {
+		if err := c.RegisterBuffer(p, 4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DeregisterBuffer(p); err != nil {
+		t.Fatal(err)
+	}
+	wantLines(t, "two registrations, one deregistration", log.since(n), []string{"R0 register 0x90000000 4096 -> h1"})
+	if err := c.DeregisterBuffer(p); err != nil {
+		t.Fatal(err)
+	}
+	wantLines(t, "the last deregistration", log.since(n), []string{"R0 register 0x90000000 4096 -> h1", "R0 deregister h1"})
+	cases := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"again", c.DeregisterBuffer(p), "already deregistered"},
+		{"unknown", c.DeregisterBuffer(0x1234), "not registered"},
+		{"nil", c.RegisterBuffer(0, 10), "need a device address"},
+	}
+	if err := c.RegisterBuffer(p, 8192); err != nil {
+		t.Fatal(err)
+	}
+	cases = append(cases, struct {
+		name string
+		err  error
+		want string
+	}{"overlap", c.RegisterBuffer(p+4096, 8192), "overlaps a registered buffer"})
+	devs[0].refuse[0x7777_0000] = "host memory"
+	cases = append(cases, struct {
+		name string
+		err  error
+		want string
+	}{"refused", c.RegisterBuffer(0x7777_0000, 64), "host memory"})
+	cases = append(cases, struct {
+		name string
+		err  error
+		want string
+	}{"window as buffer", c.DeregisterWindow(context.Background(), p), "registered as a buffer"})
+	for _, tc := range cases {
+		if !errors.Is(tc.err, ErrInvalidArgument) || !strings.Contains(tc.err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrInvalidArgument saying %q", tc.name, tc.err, tc.want)
+		}
+	}
+	if got := len(comms[0].reg.registered()); got != 1 {
+		t.Errorf("%d registrations left, want 1", got)
+	}
+}
+
+// TestRegistrationTwoComms: two communicators on one device (two groups
+// sharing one allocator) each register every segment and deregister it
+// before the free; closing one leaves the other's registrations.
+func TestRegistrationTwoComms(t *testing.T) {
+	log := &eventLog{}
+	allocs := newAllocs(t, 2, log)
+	store := rendezvous.NewMemStore()
+	a, _ := regComms(t, store, "A", 2, log, allocs)
+	bc, _ := regComms(t, store, "B", 2, log, allocs)
+	defer closeAll(t, bc)
+	n := len(log.all())
+	blk, _ := allocs[1].Alloc(10, nil)
+	seg := uintptr(0x5000_0000_0000 + 1<<36)
+	got := log.since(n)
+	want := []string{fmt.Sprintf("dev1 driver alloc %#x %d", seg, 2<<20), fmt.Sprintf("A1 register %#x %d -> h1", seg, 2<<20), fmt.Sprintf("B1 register %#x %d -> h1", seg, 2<<20)}
+	wantLines(t, "both communicators register the segment", got, want)
+	closeAll(t, a)
+	n = len(log.all())
+	allocs[1].Free(blk)
+	allocs[1].EmptyCache()
+	wantLines(t, "only B deregisters after A closed", log.since(n), []string{"B1 deregister h1", fmt.Sprintf("dev1 driver free %#x", seg)})
+}
+
+// TestAbortFake: Abort from another goroutine while a collective waits:
+// the call returns ErrAborted promptly, kernels are released through the
+// abort word and the signal pad, registrations are deregistered before
+// NCCL is aborted (windows left to ncclCommAbort), later calls fail fast,
+// and a new group on a fresh store works.
+func TestAbortFake(t *testing.T) {
+	log := &eventLog{}
+	allocs := newAllocs(t, 2, log)
+	blk, _ := allocs[0].Alloc(100, nil)
+	defer allocs[0].Free(blk)
+	comms, devs := regComms(t, rendezvous.NewMemStore(), "X", 2, log, allocs)
+	defer comms[1].Abort() // a closing peer would wait for rank 0 at the close barrier
+	c, d := comms[0], devs[0]
+	if err := c.RegisterWindow(context.Background(), 0xa000_0000, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	d.stuck = make(chan struct{})
+	res := make(chan error, 1)
+	go func() {
+		res <- c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 64, coll.F32, coll.Sum, Options{})
+	}()
+	<-d.waiting
+	n := len(log.all())
+	start := time.Now()
+	if err := c.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	err := <-res
+	if !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "aborted") {
+		t.Errorf("blocked call: %v, want ErrAborted", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("Abort took %v", el)
+	}
+	wantLines(t, "abort order", log.since(n), []string{"X0 release kernels", "X0 deregister h1", "X0 nccl abort", "X0 release"})
+	if regs := c.reg.registered(); len(regs) != 0 || !d.released {
+		t.Errorf("after Abort: %d registrations left, device released %v", len(regs), d.released)
+	}
+	g := c.gpu
+	if want := []cuda.DevicePtr{g.seq + cuda.DevicePtr((collectives.Library.MaxBlocks+2)*8), g.signal[0]}; !slices.Equal(d.abortAt, want) || d.padLen != g.signalBytes() {
+		t.Errorf("released kernels through %x (%d pad bytes), want the abort word and signal pad %x (%d)", d.abortAt, d.padLen, want, g.signalBytes())
+	}
+	start = time.Now()
+	for name, err := range map[string]error{
+		"AllGather":      c.AllGather(DeviceBuffer(0x1000), DeviceBuffer(0x2000), 64, coll.F32, Options{}),
+		"Synchronize":    c.Synchronize(nil),
+		"RegisterBuffer": c.RegisterBuffer(0x1000, 64),
+		"Abort again":    c.Abort(),
+		"Close":          c.Close(),
+	} {
+		want := ErrAborted
+		if strings.HasPrefix(name, "Abort") || name == "Close" {
+			want = nil
+		}
+		if !errors.Is(err, want) && !(want == nil && err == nil) {
+			t.Errorf("%s after Abort: %v, want %v", name, err, want)
+		}
+	}
+	if el := time.Since(start); el > time.Second {
+		t.Errorf("calls after Abort took %v", el)
+	}
+	// A fresh group works.
+	fresh, _ := regComms(t, rendezvous.NewMemStore(), "X", 2, log, nil)
+	if err := errors.Join(onRanks(fresh, func(_ int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 64, coll.F32, coll.Sum, Options{})
+	})...); err != nil {
+		t.Errorf("a new communicator after Abort: %v", err)
+	}
+	closeAll(t, fresh)
+}
+
+// TestWindowsDeregisteredInOrder: Close deregisters windows (collective)
+// in registration order, the same on every rank whatever the addresses.
+func TestWindowsDeregisteredInOrder(t *testing.T) {
+	log := &eventLog{}
+	comms, _ := regComms(t, rendezvous.NewMemStore(), "W", 2, log, nil)
+	ctx := context.Background()
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		// Rank 1's second window lies below its first.
+		first, second := cuda.DevicePtr(0xa000_0000), cuda.DevicePtr(0xb000_0000)
+		if r == 1 {
+			second = 0x9000_0000
+		}
+		return errors.Join(c.RegisterWindow(ctx, first, 4096), c.RegisterWindow(ctx, second, 4096))
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if err := comms[0].RegisterBuffer(0xa000_0000, 4096); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "overlaps a registered window") {
+		t.Errorf("a buffer over a window: %v", err)
+	}
+	n := len(log.all())
+	closeAll(t, comms)
+	for _, name := range []string{"W0", "W1"} {
+		var order []string
+		for _, l := range log.since(n) {
+			if strings.HasPrefix(l, name+" window deregister") {
+				order = append(order, l)
+			}
+		}
+		wantLines(t, name+" window deregistrations", order, []string{name + " window deregister h1", name + " window deregister h2"})
+	}
+}
+
+// TestAllocRegistersWindow: with Config.NCCLWindows a buffer from Alloc
+// (symmetric, VMM) is registered as an NCCL window on every rank, and
+// deregistered at Close; without, it is not.
+func TestAllocRegistersWindow(t *testing.T) {
+	log := &eventLog{}
+	plain, _ := regComms(t, rendezvous.NewMemStore(), "P", 2, log, nil)
+	if err := errors.Join(onRanks(plain, func(r int, c *Communicator) error {
+		_, err := c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if regs := plain[0].reg.registered(); len(regs) != 0 {
+		t.Errorf("without NCCLWindows: %+v registered", regs)
+	}
+	closeAll(t, plain)
+	comms, _ := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "S", NCCLWindows: true}, 2, log, nil)
+	ptrs := make([]cuda.DevicePtr, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		ptrs[r], err = c.Alloc(context.Background(), 1<<20)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range comms {
+		regs := c.reg.registered()
+		if len(regs) != 1 || !regs[0].window || regs[0].base != ptrs[r] || regs[0].bytes != 1<<20 {
+			t.Errorf("rank %d: registrations %+v, want one window at %#x", r, regs, uintptr(ptrs[r]))
+		}
+	}
+	n := len(log.all())
+	closeAll(t, comms)
+	got := strings.Join(log.since(n), "\n")
+	for _, want := range []string{"S0 window deregister h1", "S1 window deregister h1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Close: %q missing from\n%s", want, got)
+		}
+	}
+}

@@ -1,0 +1,175 @@
+package nccl
+
+/*
+#include "nccl_shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// Sentinels for errors.Is.
+var (
+	// ErrTimeout: a non-blocking communicator's initialisation or call did
+	// not finish within its bound; the communicator was aborted.
+	ErrTimeout = errors.New("nccl: timeout")
+	// ErrAborted: the communicator was aborted (Abort, or after a
+	// timeout).
+	ErrAborted = errors.New("nccl: communicator aborted")
+)
+
+// since names the NCCL release that introduced each symbol collgen may
+// use, for the error when the loaded library lacks one.
+var since = map[string]string{
+	"ncclCommInitRankConfig":   "2.14",
+	"ncclGetLastError":         "2.13",
+	"ncclCommRegister":         "2.19",
+	"ncclCommDeregister":       "2.19",
+	"ncclMemAlloc":             "2.19",
+	"ncclMemFree":              "2.19",
+	"ncclCommWindowRegister":   "2.27",
+	"ncclCommWindowDeregister": "2.27",
+}
+
+// missingMsg says which symbol is missing and which NCCL has it.
+func missingMsg(sym string) string {
+	msg := fmt.Sprintf("symbol %s not found in libnccl", sym)
+	if v, ok := since[sym]; ok {
+		if loaded != nil {
+			msg += fmt.Sprintf(" %v", loaded.Version())
+		}
+		msg += fmt.Sprintf(" (%s needs NCCL %s or newer)", sym, v)
+	}
+	return msg
+}
+
+// Config tunes NewCommConfig.
+type Config struct {
+	// Timeout bounds every wait on the communicator after it is made:
+	// a call NCCL reports in progress (a collective whose connection
+	// set-up waits for a peer, a window registration). Past it the
+	// communicator is aborted and the call returns an error wrapping
+	// ErrTimeout. 0 means one minute.
+	Timeout time.Duration
+}
+
+// pollInterval is how often waits ask NCCL for progress.
+const pollInterval = 200 * time.Microsecond
+
+// NewCommConfig is NewComm for a non-blocking communicator
+// (ncclCommInitRankConfig with blocking = 0, NCCL 2.14+): initialisation
+// is bounded by ctx, and every later call by cfg.Timeout, so no wait on
+// NCCL can hang; on either bound the communicator is aborted. Rank 0's id
+// travels through store as in NewComm.
+func NewCommConfig(ctx context.Context, store rendezvous.Store, key string, rank, world int, dev *cuda.Device, cfg Config) (*Comm, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Minute
+	}
+	lib, id, err := agreeID(ctx, store, key, rank, world)
+	if err != nil {
+		return nil, err
+	}
+	cm := &Comm{lib: lib, dev: dev, rank: rank, world: world, nonBlocking: true, timeout: cfg.Timeout}
+	op := fmt.Sprintf("ncclCommInitRankConfig(world %d, device %d, non-blocking)", world, dev.Ordinal)
+	var r C.ncclResult_t
+	if err := dev.WithContext(func() error {
+		r = C.cgn_ncclCommInitRankConfig(&cm.c, C.int(world), unsafe.Pointer(&id[0]), C.int(rank), 0)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if r != 0 && Result(r) != InProgress {
+		err := newError(r, op, rank, nil)
+		if cm.c != nil {
+			cm.Abort()
+		}
+		return nil, err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(100 * 365 * 24 * time.Hour)
+	}
+	if err := cm.wait(ctx, func() string { return op }, deadline); err != nil {
+		return nil, err
+	}
+	return cm, nil
+}
+
+// agreeID loads NCCL and shares rank 0's unique id through the store.
+func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, world int) (*Lib, UniqueID, error) {
+	var id UniqueID
+	if world <= 0 || rank < 0 || rank >= world {
+		return nil, id, fmt.Errorf("nccl: rank %d out of range for world %d", rank, world)
+	}
+	lib, err := Load()
+	if err != nil {
+		return nil, id, err
+	}
+	idKey := key + "/nccl-id"
+	if rank == 0 {
+		if id, err = lib.NewUniqueID(); err != nil {
+			return nil, id, err
+		}
+		if err := store.Set(ctx, idKey, id[:]); err != nil {
+			return nil, id, fmt.Errorf("nccl: rank 0: publish id: %w", err)
+		}
+		return lib, id, nil
+	}
+	b, err := store.Get(ctx, idKey)
+	if err != nil {
+		return nil, id, fmt.Errorf("nccl: rank %d: waiting for rank 0's id: %w", rank, err)
+	}
+	if len(b) != UniqueIDSize {
+		return nil, id, fmt.Errorf("nccl: rank %d: id under %q has %d bytes, want %d", rank, idKey, len(b), UniqueIDSize)
+	}
+	copy(id[:], b)
+	return lib, id, nil
+}
+
+// wait polls ncclCommGetAsyncError until the communicator's pending
+// operation is no longer in progress. Past deadline, or when ctx ends,
+// it aborts the communicator; Abort from another goroutine ends it too.
+// The read lock is held only around each poll (see Comm).
+func (c *Comm) wait(ctx context.Context, op func() string, deadline time.Time) error {
+	for {
+		if c.aborting.Load() {
+			return fmt.Errorf("nccl: %s on rank %d: %w", op(), c.rank, ErrAborted)
+		}
+		var res C.ncclResult_t
+		err := c.withHandle(op, func(h C.ncclComm_t) error {
+			if r := C.cgn_ncclCommGetAsyncError(h, &res); r != 0 {
+				return newError(r, op()+": ncclCommGetAsyncError", c.rank, h)
+			}
+			if res != 0 && Result(res) != InProgress {
+				return newError(res, op(), c.rank, h)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if res == 0 {
+			return nil
+		}
+		var why error
+		switch {
+		case ctx.Err() != nil:
+			why = fmt.Errorf("%w (%w)", ErrTimeout, ctx.Err())
+		case time.Now().After(deadline):
+			why = ErrTimeout
+		}
+		if why != nil {
+			aerr := c.Abort()
+			return errors.Join(fmt.Errorf("nccl: %s on rank %d: not finished in time (a peer is dead, stalled or not calling); communicator aborted: %w", op(), c.rank, why), aerr)
+		}
+		time.Sleep(pollInterval)
+	}
+}

@@ -1,0 +1,426 @@
+package proof
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/alloc"
+	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/nccl"
+	"github.com/collgen/collgen/runtime/numeric"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// commsWith forms a world-2 group of goroutine ranks, rank r's Config
+// from cfg(r).
+func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
+	t.Helper()
+	comms := make([]*comm.Communicator, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg(r)
+			c.Rank, c.WorldSize, c.Device, c.Store = r, 2, r, store
+			if c.Library == nil {
+				c.Library = collectives.Library
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			comms[r], errs[r] = comm.New(ctx, c)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return comms
+}
+
+// ranks runs fn on both ranks concurrently.
+func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) error {
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[r] = fn(r, c) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// ncclCollectives runs the three collectives through NCCL (forced) on
+// ins/outs (by rank, n bf16 per rank, outs holding 2n) and checks them.
+func ncclCollectives(comms []*comm.Communicator, ins, outs []cuda.DevicePtr, n int, what string) error {
+	const dt = coll.BF16
+	srcs := make([][]byte, len(comms))
+	for r := range srcs {
+		srcs[r] = input(dt, 2*n, 31, r)
+	}
+	return ranks(comms, func(r int, c *comm.Communicator) error {
+		d := c.Device()
+		if err := d.CopyHtoD(ins[r], srcs[r]); err != nil {
+			return err
+		}
+		o := comm.Options{Algorithm: coll.NCCL}
+		in, out := comm.DeviceBuffer(ins[r]), comm.DeviceBuffer(outs[r])
+		got := make([]byte, 2*2*n)
+		// All-reduce of 2n elements.
+		if err := c.AllReduce(in, out, 2*n, dt, coll.Sum, o); err != nil {
+			return fmt.Errorf("%s allreduce: %w", what, err)
+		}
+		d.CopyDtoH(got, outs[r])
+		if err := numeric.Check(dt, coll.Sum, got, srcs); err != nil {
+			return fmt.Errorf("%s allreduce, rank %d: %w", what, r, err)
+		}
+		// Reduce-scatter: rank r gets elements [r*n, (r+1)*n).
+		if err := c.ReduceScatter(in, out, n, dt, coll.Sum, o); err != nil {
+			return fmt.Errorf("%s reducescatter: %w", what, err)
+		}
+		d.CopyDtoH(got[:2*n], outs[r])
+		part := make([][]byte, len(srcs))
+		for q := range srcs {
+			part[q] = srcs[q][2*n*r : 2*n*(r+1)]
+		}
+		if err := numeric.Check(dt, coll.Sum, got[:2*n], part); err != nil {
+			return fmt.Errorf("%s reducescatter, rank %d: %w", what, r, err)
+		}
+		// All-gather of n elements per rank.
+		if err := c.AllGather(in, out, n, dt, o); err != nil {
+			return fmt.Errorf("%s allgather: %w", what, err)
+		}
+		d.CopyDtoH(got, outs[r])
+		for q := range srcs {
+			if !bytesEqual(got[2*n*q:2*n*(q+1)], srcs[q][:2*n]) {
+				return fmt.Errorf("%s allgather, rank %d: chunk %d differs", what, r, q)
+			}
+		}
+		return nil
+	})
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
+
+// TestNCCLRegistrationGPU runs NCCL collectives on allocator blocks (every
+// segment registered through Config.Allocator) and on NCCL windows
+// (ncclMemAlloc memory, RegisterWindow; NCCL 2.27+), small and large; and
+// checks that memory NCCL cannot register is refused at registration.
+func TestNCCLRegistrationGPU(t *testing.T) {
+	gpus(t)
+	lib, err := nccl.Load()
+	if err != nil {
+		t.Skipf("NCCL: %v", err)
+	}
+	if !lib.AtLeast(2, 19) {
+		t.Skipf("NCCL %v has no registration (2.19+)", lib.Version())
+	}
+	devs := make([]*cuda.Device, 2)
+	allocs := make([]*alloc.Allocator, 2)
+	for r := range devs {
+		if devs[r], err = cuda.Open(r); err != nil {
+			t.Fatal(err)
+		}
+		defer devs[r].Close()
+		if allocs[r], err = alloc.NewCUDA(devs[r], alloc.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A segment before New: registered at New.
+	early, err := allocs[0].Alloc(1<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comms := commsWith(t, rendezvous.NewMemStore(), func(r int) comm.Config {
+		return comm.Config{Group: "ncclreg", Allocator: allocs[r], Timeout: 20 * time.Second}
+	})
+	defer closeComms(comms)
+	for _, n := range []int{512, 16 << 20} { // 1 KiB and 32 MiB of bf16 per rank
+		ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+		var blocks []*alloc.Block
+		for r := range comms {
+			bi, err1 := allocs[r].Alloc(int64(4*n), comms[r].Stream())
+			bo, err2 := allocs[r].Alloc(int64(4*n), comms[r].Stream())
+			if err := errors.Join(err1, err2); err != nil {
+				t.Fatal(err)
+			}
+			blocks = append(blocks, bi, bo)
+			ins[r], outs[r] = bi.Ptr(), bo.Ptr()
+		}
+		if err := ncclCollectives(comms, ins, outs, n, fmt.Sprintf("registered, %d bf16", n)); err != nil {
+			t.Error(err)
+		}
+		for i, b := range blocks {
+			allocs[i/2].Free(b)
+		}
+	}
+	allocs[0].Free(early)
+	// Freeing segments deregisters them first (a failure would show here
+	// or in Close).
+	for _, a := range allocs {
+		if err := a.EmptyCache(); err != nil {
+			t.Error(err)
+		}
+	}
+	// Refusals at registration.
+	host, err := devs[0].HostAlloc(4096, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Free()
+	goMem := make([]byte, 4096)
+	for _, c := range []struct {
+		p    cuda.DevicePtr
+		want string
+	}{{host.DevPtr, "host memory"}, {0x10, "not memory the CUDA driver knows"}, {cuda.DevicePtr(unsafe.Pointer(&goMem[0])), "not memory the CUDA driver knows"}} {
+		if err := comms[0].RegisterBuffer(c.p, 4096); !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("register %#x: %v, want ErrInvalidArgument saying %q", uintptr(c.p), err, c.want)
+		}
+	}
+	if !lib.AtLeast(2, 27) {
+		t.Logf("NCCL %v: no windows (2.27+)", lib.Version())
+		return
+	}
+	const n = 4 << 20
+	ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+	for r := range comms {
+		if ins[r], err = lib.MemAlloc(devs[r], 4*n); err != nil {
+			t.Fatal(err)
+		}
+		defer lib.MemFree(devs[r], ins[r])
+		if outs[r], err = lib.MemAlloc(devs[r], 4*n); err != nil {
+			t.Fatal(err)
+		}
+		defer lib.MemFree(devs[r], outs[r])
+	}
+	ctx := context.Background()
+	if err := ranks(comms, func(r int, c *comm.Communicator) error {
+		return errors.Join(c.RegisterWindow(ctx, ins[r], 4*n), c.RegisterWindow(ctx, outs[r], 4*n))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []int{512, n} {
+		if err := ncclCollectives(comms, ins, outs, m, fmt.Sprintf("window, %d bf16", m)); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := ranks(comms, func(r int, c *comm.Communicator) error {
+		return errors.Join(c.DeregisterWindow(ctx, outs[r]), c.DeregisterWindow(ctx, ins[r]))
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestAbortGPU: rank 0 runs a generated kernel that waits for rank 1,
+// which never calls; Abort from another goroutine returns ErrAborted from
+// the call long before the kernel's deadline (the barrier kernel through
+// its signal pad, the LL kernel through the abort word). Then a new group
+// on a fresh store works.
+func TestAbortGPU(t *testing.T) {
+	gpus(t)
+	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
+		t.Run(string(alg), func(t *testing.T) {
+			const timeout = 60 * time.Second
+			comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
+				return comm.Config{Group: "abort", Timeout: timeout}
+			})
+			dev := comms[0].Device()
+			buf, err := dev.Alloc(1 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(buf)
+			res := make(chan error, 1)
+			go func() {
+				b := comm.DeviceBuffer(buf)
+				res <- comms[0].AllReduce(b, b, 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg})
+			}()
+			time.Sleep(time.Second)
+			start := time.Now()
+			aerr := comms[0].Abort()
+			err = <-res
+			el := time.Since(start)
+			if !errors.Is(err, comm.ErrAborted) {
+				t.Errorf("blocked call: %v, want ErrAborted", err)
+			}
+			if el > 10*time.Second {
+				t.Errorf("Abort took %v to release the call (kernel deadline %v)", el, timeout)
+			}
+			if aerr != nil {
+				t.Errorf("Abort: %v", aerr)
+			}
+			t.Logf("released after %v: %v", el, err)
+			if err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 16, coll.F32, coll.Sum, comm.Options{}); !errors.Is(err, comm.ErrAborted) {
+				t.Errorf("after Abort: %v", err)
+			}
+			comms[1].Abort()
+			fresh := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config { return comm.Config{Group: "abort"} })
+			defer closeComms(fresh)
+			ins := [][]byte{input(coll.F32, 1024, 5, 0), input(coll.F32, 1024, 5, 1)}
+			if err := ranks(fresh, func(r int, c *comm.Communicator) error {
+				d := c.Device()
+				p, err := d.Alloc(4096)
+				if err != nil {
+					return err
+				}
+				defer d.Free(p)
+				d.CopyHtoD(p, ins[r])
+				if err := c.AllReduce(comm.DeviceBuffer(p), comm.DeviceBuffer(p), 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
+					return err
+				}
+				got := make([]byte, 4096)
+				d.CopyDtoH(got, p)
+				return numeric.Check(coll.F32, coll.Sum, got, ins)
+			}); err != nil {
+				t.Errorf("a new communicator after Abort: %v", err)
+			}
+		})
+	}
+}
+
+// envKillChild marks the child process of TestNCCLPeerKilledGPU (rank 1);
+// its value is the file store's directory.
+const envKillChild = "COLLGEN_TEST_NCCL_KILL_STORE"
+
+// TestNCCLPeerKilledGPU: two process ranks loop 64 MiB NCCL all-reduces;
+// rank 1 is SIGKILLed mid-loop; rank 0 must get an error (ErrTimeout or
+// ErrAborted) within Config.Timeout plus slack, never hang.
+func TestNCCLPeerKilledGPU(t *testing.T) {
+	gpus(t)
+	if _, err := nccl.Load(); err != nil {
+		t.Skipf("NCCL: %v", err)
+	}
+	const timeout = 5 * time.Second
+	dir := os.Getenv(envKillChild)
+	child := dir != ""
+	rank := 0
+	if child {
+		rank = 1
+	} else {
+		dir = t.TempDir()
+	}
+	store, err := rendezvous.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd *exec.Cmd
+	if !child {
+		cmd = exec.Command(os.Args[0], "-test.run", "^TestNCCLPeerKilledGPU$", "-test.v")
+		cmd.Env = append(os.Environ(), envKillChild+"="+dir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: 2, Device: rank, Store: store, Library: collectives.Library,
+		Group: "nccl-kill", Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Device()
+	const n = 32 << 20 // bf16: 64 MiB
+	buf, err := d.Alloc(2 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := comm.DeviceBuffer(buf)
+	o := comm.Options{Algorithm: coll.NCCL}
+	if child {
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+			if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return
+	}
+	defer d.Free(buf)
+	for i := 0; i < 20; i++ {
+		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
+			t.Fatalf("iteration %d before the kill: %v", i, err)
+		}
+	}
+	// Enqueue without waiting, so the kill lands while a collective runs.
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	for i := 0; i < 4; i++ {
+		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.NCCL, Stream: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	killed := time.Now()
+	var ferr error
+	for ferr == nil && time.Since(killed) < 10*timeout {
+		if ferr = c.Synchronize(s); ferr == nil {
+			ferr = c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.NCCL, Stream: s})
+		}
+	}
+	el := time.Since(killed)
+	t.Logf("survivor: %v after %v", ferr, el)
+	if !errors.Is(ferr, comm.ErrTimeout) && !errors.Is(ferr, comm.ErrAborted) {
+		t.Errorf("survivor got %v, want ErrTimeout or ErrAborted", ferr)
+	}
+	if el > 2*timeout+5*time.Second {
+		t.Errorf("survivor's error came %v after the kill (Config.Timeout %v)", el, timeout)
+	}
+	start := time.Now()
+	if err := c.Abort(); err != nil {
+		t.Logf("Abort: %v", err)
+	}
+	if el := time.Since(start); el > timeout+5*time.Second {
+		t.Errorf("Abort after the peer died took %v", el)
+	}
+}
+
+// TestNCCLAllocWindowsGPU: with Config.NCCLWindows, buffers from
+// Communicator.Alloc (symmetric VMM memory) are registered as NCCL windows
+// (NCCL 2.27+); NCCL collectives on them, small and large, are right.
+func TestNCCLAllocWindowsGPU(t *testing.T) {
+	gpus(t)
+	lib, err := nccl.Load()
+	if err != nil {
+		t.Skipf("NCCL: %v", err)
+	}
+	if !lib.AtLeast(2, 27) {
+		t.Skipf("NCCL %v has no windows (2.27+)", lib.Version())
+	}
+	comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
+		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true}
+	})
+	defer closeComms(comms)
+	const n = 8 << 20
+	ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+	if err := ranks(comms, func(r int, c *comm.Communicator) (err error) {
+		if ins[r], err = c.Alloc(context.Background(), 4*n); err != nil {
+			return err
+		}
+		outs[r], err = c.Alloc(context.Background(), 4*n)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []int{512, n} {
+		if err := ncclCollectives(comms, ins, outs, m, fmt.Sprintf("Alloc window, %d bf16", m)); err != nil {
+			t.Error(err)
+		}
+	}
+}
