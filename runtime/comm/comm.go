@@ -39,6 +39,10 @@ import (
 // Host is the Config.Device value that selects the host (CPU) backend.
 const Host = -1
 
+// EnvFatbin names a fatbin file for GPU ranks whose Config has neither
+// Fatbin nor FatbinPath.
+const EnvFatbin = "COLLGEN_FATBIN"
+
 // DefaultTimeout bounds each barrier inside a kernel, and each host wait.
 const DefaultTimeout = 10 * time.Second
 
@@ -79,12 +83,26 @@ type Config struct {
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.
 	DisableNCCL bool
-	// FatbinPath loads kernels from a fatbin built by `make fatbin` instead
-	// of compiling the embedded sources with NVRTC.
+	// Fatbin is a fatbin image (e.g. //go:embed of one `collgen fatbin`
+	// built) to load kernels from instead of compiling the library's
+	// sources with NVRTC; it must hold code for the device's architecture
+	// (else New fails with a *cuda.FatbinError naming both; there is no
+	// fallback to NVRTC). Fatbin wins over FatbinPath.
+	Fatbin []byte
+	// FatbinPath is a fatbin file to load kernels from, as Fatbin; ""
+	// means $COLLGEN_FATBIN (EnvFatbin), and NVRTC when that is unset too.
 	FatbinPath string
 	// Cache is the NVRTC cache; nil uses cuda.DefaultCache when a cache
 	// directory can be found, and compiles without caching otherwise.
+	// Processes of one host sharing it compile each kernel once between
+	// them (see cuda.Builder).
 	Cache *cuda.Cache
+	// LazyKernels loads each kernel on the first call that needs it
+	// instead of in New. By default New compiles (in parallel, through
+	// the cache) or loads every kernel of the world size, so no call
+	// stalls on a compile and a kernel that fails to compile fails New
+	// with a *KernelError naming it.
+	LazyKernels bool
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.
 	HostShared bool
