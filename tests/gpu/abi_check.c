@@ -154,7 +154,7 @@ _Static_assert(__builtin_offsetof(ncclConfig_t, size) == 0 && __builtin_offsetof
                    __builtin_offsetof(ncclConfig_t, maxCTAs) == 28 && __builtin_offsetof(ncclConfig_t, netName) == 32 &&
                    __builtin_offsetof(ncclConfig_t, splitShare) == 40 && sizeof(ncclConfig_t) >= 48,
                "ncclConfig_t prefix (cgn_ncclConfig)");
-_Static_assert(NCCL_API_MAGIC == 0xcafebeef && NCCL_CONFIG_UNDEF_INT == INT_MIN, "config constants");
+_Static_assert(NCCL_CONFIG_UNDEF_INT == INT_MIN, "NCCL_CONFIG_UNDEF_INT (the magic 0xcafebeef is a literal in NCCL_CONFIG_INITIALIZER)");
 _Static_assert(ncclInProgress == 7, "ncclInProgress");
 _Static_assert(CUDA_ERROR_NOT_READY == 600, "CUDA_ERROR_NOT_READY (cuStreamQuery, cuEventQuery)");
 _Static_assert(CU_POINTER_ATTRIBUTE_MEMORY_TYPE == 2 && CU_POINTER_ATTRIBUTE_IS_MANAGED == 8 &&
