@@ -13,7 +13,7 @@ help:
 	@echo "vet         fail on unformatted files, then go vet"
 	@echo "ci          everything CI runs (.ci/run; installs nvcc when missing)"
 	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90, side by side"
-	@echo "fatbin      build .gpu/collgen.fatbin (sm_90) for loading without NVRTC"
+	@echo "fatbin      build .gpu/collgen.fatbin for FATBIN_ARCHS (default sm_90 sm_80): kernels load without NVRTC"
 	@echo "gpu-bundle  build GPU test binaries and collgen into .gpu/ (see docs/gpu-workflow.md)"
 	@echo "bench       generator benchmark"
 
@@ -44,9 +44,12 @@ ci:
 cuda-check:
 	NVCC=$(NVCC) tests/cuda/check.sh generated/cuda sm_80 sm_90
 
+# FATBIN_ARCHS="sm_90 sm_100" make fatbin: the architectures to build for;
+# FATBIN=path: where to write it. (collgen fatbin --help)
+FATBIN ?= .gpu/collgen.fatbin
+FATBIN_ARCHS ?= sm_90 sm_80
 fatbin:
-	mkdir -p .gpu
-	NVCC=$(NVCC) tests/cuda/fatbin.sh generated/cuda .gpu/collgen.fatbin
+	$(GO) run ./cmd/collgen fatbin --dir generated/cuda --out $(FATBIN) --arch "$(FATBIN_ARCHS)" --nvcc $(NVCC)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./gen

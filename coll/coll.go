@@ -171,15 +171,19 @@ type Algorithm string
 // Algorithms. The generated ones are schedules (package schedule has one
 // builder for each); NCCL hands the collective to NCCL.
 const (
-	Auto          Algorithm = ""
-	OneShot       Algorithm = "oneshot"
-	TwoShot       Algorithm = "twoshot"
-	HCM           Algorithm = "hcm" // hybrid cube mesh all-reduce, 8 GPUs
-	OneShotLL     Algorithm = "oneshot_ll"
-	TwoShotLL     Algorithm = "twoshot_ll"
-	OneShotLL128  Algorithm = "oneshot_ll128"
-	TwoShotLL128  Algorithm = "twoshot_ll128"
-	NCCL          Algorithm = "nccl"
+	Auto         Algorithm = ""
+	OneShot      Algorithm = "oneshot"
+	TwoShot      Algorithm = "twoshot"
+	HCM          Algorithm = "hcm" // hybrid cube mesh all-reduce, 8 GPUs
+	OneShotLL    Algorithm = "oneshot_ll"
+	TwoShotLL    Algorithm = "twoshot_ll"
+	OneShotLL128 Algorithm = "oneshot_ll128"
+	TwoShotLL128 Algorithm = "twoshot_ll128"
+	NCCL         Algorithm = "nccl"
+	// Hierarchical runs a group that spans hosts: the generated kernels
+	// within each host and NCCL across hosts (runtime/comm, hier.go). It is
+	// never generated; a multi-host group's selection rules name it.
+	Hierarchical  Algorithm = "hierarchical"
 	autoSpelledAs           = "auto"
 )
 
@@ -188,13 +192,13 @@ func Algorithms() []Algorithm {
 	return []Algorithm{OneShot, TwoShot, HCM, OneShotLL, TwoShotLL, OneShotLL128, TwoShotLL128}
 }
 
-// ParseAlgorithm returns the algorithm named s: a generated one, "nccl", or
-// "" / "auto" for Auto.
+// ParseAlgorithm returns the algorithm named s: a generated one, "nccl",
+// "hierarchical", or "" / "auto" for Auto.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	if s == autoSpelledAs {
 		return Auto, nil
 	}
-	return parse("algorithm", s, append([]Algorithm{Auto, NCCL}, Algorithms()...))
+	return parse("algorithm", s, append([]Algorithm{Auto, NCCL, Hierarchical}, Algorithms()...))
 }
 
 // String returns the algorithm's name; Auto prints as "auto".
@@ -205,8 +209,9 @@ func (a Algorithm) String() string {
 	return string(a)
 }
 
-// Valid reports whether a is Auto, NCCL or a generated algorithm.
-func (a Algorithm) Valid() bool { return a == Auto || a == NCCL || a.Generated() }
+// Valid reports whether a is Auto, NCCL, Hierarchical or a generated
+// algorithm.
+func (a Algorithm) Valid() bool { return a == Auto || a == NCCL || a == Hierarchical || a.Generated() }
 
 // Generated reports whether a names a generated schedule.
 func (a Algorithm) Generated() bool { return slices.Contains(Algorithms(), a) }

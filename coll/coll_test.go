@@ -22,7 +22,7 @@ func TestParseRoundTrips(t *testing.T) {
 			t.Errorf("ParseOp(%q) = %q, %v", o, got, err)
 		}
 	}
-	for _, a := range append([]Algorithm{Auto, NCCL}, Algorithms()...) {
+	for _, a := range append([]Algorithm{Auto, NCCL, Hierarchical}, Algorithms()...) {
 		if got, err := ParseAlgorithm(a.String()); err != nil || got != a || !a.Valid() {
 			t.Errorf("ParseAlgorithm(%q) = %q, %v", a, got, err)
 		}

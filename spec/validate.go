@@ -956,6 +956,8 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 			case r.use == coll.NCCL && !gpu:
 				l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
 			case r.use == coll.NCCL || slices.Contains(gen, r.use):
+			case r.use == coll.Hierarchical:
+				l.errorf(r.useN, "%s uses hierarchical, which runs groups spanning hosts; a topology's rules are for the GPUs of one host: name it in comm.Config.MultiHostRules instead (docs/multihost.md), and use one of: %s here", name, orNone(choices))
 			case !slices.Contains(schedule.Algorithms(c), r.use):
 				known := knownAlgorithms(c)
 				if gpu {

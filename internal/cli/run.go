@@ -28,6 +28,10 @@ func newCmdRun(io *IO) *cobra.Command {
 		n     int
 		store string
 		grace time.Duration
+		// Multi-node runs: every node's launcher gets the same --nnodes,
+		// --store and --run-id, and its own --node-rank.
+		nodes, nodeRank int
+		runID           string
 	)
 	cmd := &cobra.Command{
 		Use:   "run -n N [--store ADDR] -- CMD [ARGS...]",
@@ -41,9 +45,16 @@ to the ranks only.
 Every output line is prefixed with "[rank R] ". When a rank fails the others
 get SIGTERM, then SIGKILL after --grace, and run exits with the failing
 rank's code (128+N for a rank killed by signal N). Ctrl-C or SIGTERM is
-forwarded to every rank; a second one kills them at once.`,
+forwarded to every rank; a second one kills them at once.
+
+A run spanning hosts runs one collgen run per host with the same -n,
+--nnodes, --run-id and --store (etcd://host:2379, or a tcp:// store every
+host reaches), and each host's --node-rank: host I starts ranks I*N to
+I*N+N-1 (docs/multihost.md).`,
 		Example: `  collgen run -n 4 -- ./allreduce-bench --size 64MiB
-  collgen run -n 2 --store file:///shared/rdzv -- ./prog`,
+  collgen run -n 2 --store file:///shared/rdzv -- ./prog
+  # two hosts of 8 GPUs, rendezvous through etcd (run on each host):
+  collgen run -n 8 --nnodes 2 --node-rank $NODE --run-id job42abc --store etcd://etcd1:2379 -- ./prog`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if n < 1 || n > launch.MaxRanks {
@@ -52,7 +63,14 @@ forwarded to every rank; a second one kills them at once.`,
 			if len(args) == 0 {
 				return usageError(errors.New("run: no program given; usage: collgen run -n N -- CMD [ARGS...]"))
 			}
-			cfg := launch.Config{N: n, Args: args, Store: store, Stdout: io.Out, Stderr: io.Err, Grace: grace}
+			cfg := launch.Config{N: n, Args: args, Store: store, Stdout: io.Out, Stderr: io.Err, Grace: grace,
+				Nodes: nodes, NodeRank: nodeRank, RunID: runID}
+			if nodes < 1 || nodeRank < 0 || nodeRank >= nodes {
+				return usageError(fmt.Errorf("run: --node-rank %d of --nnodes %d: want 0 <= node-rank < nnodes", nodeRank, nodes))
+			}
+			if nodes > 1 && (store == "" || runID == "") {
+				return usageError(fmt.Errorf("run: --nnodes %d needs --store (an etcd:// or tcp:// address every host reaches) and --run-id (the same on every host)", nodes))
+			}
 			if store != "" {
 				if _, _, err := rendezvous.ParseStoreAddr(store); err != nil {
 					return usageError(fmt.Errorf("run: --store: %w", err))
@@ -121,7 +139,10 @@ forwarded to every rank; a second one kills them at once.`,
 		},
 	}
 	cmd.Flags().IntVarP(&n, "nproc", "n", 0, "number of ranks to start (required, at most 1024)")
-	cmd.Flags().StringVar(&store, "store", "", "existing store for the ranks: tcp://host:port or file:///path (default: serve one)")
+	cmd.Flags().StringVar(&store, "store", "", "existing store for the ranks: tcp://host:port, file:///path or etcd://host:port (default: serve one)")
+	cmd.Flags().IntVar(&nodes, "nnodes", 1, "number of hosts, each running its own collgen run with the same -n, --store and --run-id")
+	cmd.Flags().IntVar(&nodeRank, "node-rank", 0, "this host's index (0..nnodes-1): it starts ranks node-rank*N to node-rank*N+N-1")
+	cmd.Flags().StringVar(&runID, "run-id", "", "the run's id, 8-16 letters and digits, the same on every host (default: a fresh one; required with --nnodes > 1)")
 	cmd.Flags().DurationVar(&grace, "grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
 	// Everything from CMD on belongs to CMD, "--" or not.
 	cmd.Flags().SetInterspersed(false)

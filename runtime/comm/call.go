@@ -65,7 +65,7 @@ func (c *Communicator) do(cl *call) error {
 		// Before the debug check: peers of a closed rank are not calling.
 		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
 	}
-	if c.gpu != nil {
+	if c.gpu != nil || c.hier != nil {
 		if !c.busy.TryLock() {
 			return errorf(ErrBusy, "comm: rank %d: %s called while another goroutine's collective is in progress on this GPU communicator; issue one communicator's calls from one goroutine at a time (they share sequence counters and stage slots)",
 				c.cfg.Rank, cl.collective)

@@ -39,6 +39,10 @@ import (
 // Host is the Config.Device value that selects the host (CPU) backend.
 const Host = -1
 
+// EnvFatbin names a fatbin file for GPU ranks whose Config has neither
+// Fatbin nor FatbinPath.
+const EnvFatbin = "COLLGEN_FATBIN"
+
 // DefaultTimeout bounds each barrier inside a kernel, and each host wait.
 const DefaultTimeout = 10 * time.Second
 
@@ -79,12 +83,26 @@ type Config struct {
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.
 	DisableNCCL bool
-	// FatbinPath loads kernels from a fatbin built by `make fatbin` instead
-	// of compiling the embedded sources with NVRTC.
+	// Fatbin is a fatbin image (e.g. //go:embed of one `collgen fatbin`
+	// built) to load kernels from instead of compiling the library's
+	// sources with NVRTC; it must hold code for the device's architecture
+	// (else New fails with a *cuda.FatbinError naming both; there is no
+	// fallback to NVRTC). Fatbin wins over FatbinPath.
+	Fatbin []byte
+	// FatbinPath is a fatbin file to load kernels from, as Fatbin; ""
+	// means $COLLGEN_FATBIN (EnvFatbin), and NVRTC when that is unset too.
 	FatbinPath string
 	// Cache is the NVRTC cache; nil uses cuda.DefaultCache when a cache
 	// directory can be found, and compiles without caching otherwise.
+	// Processes of one host sharing it compile each kernel once between
+	// them (see cuda.Builder).
 	Cache *cuda.Cache
+	// LazyKernels loads each kernel on the first call that needs it
+	// instead of in New. By default New compiles (in parallel, through
+	// the cache) or loads every kernel of the world size, so no call
+	// stalls on a compile and a kernel that fails to compile fails New
+	// with a *KernelError naming it.
+	LazyKernels bool
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.
 	HostShared bool
@@ -107,6 +125,16 @@ type Config struct {
 	// enqueued NCCL collective by Timeout (Synchronize polls NCCL's
 	// asynchronous error and aborts the communicator).
 	NCCLNonBlocking bool
+	// HostID names this rank's host; ranks with the same id form one host
+	// (CUDA IPC among them). "" uses $COLLGEN_HOST_ID, else the hostname
+	// and boot id. A group spanning hosts runs the hierarchical
+	// collectives (hier.go); see docs/multihost.md.
+	HostID string
+	// MultiHostRules are the selection rules of a group spanning hosts,
+	// per collective: each rule names coll.Hierarchical or coll.NCCL (over
+	// all ranks). A collective without rules uses coll.Hierarchical.
+	// Ignored on one host.
+	MultiHostRules map[coll.Collective][]kernels.Rule
 }
 
 // Options tune one call.
@@ -143,7 +171,12 @@ type Communicator struct {
 	prefix string // store keys of this formation: base + "<nonce>/"
 	record []byte // the world record this formation was made under
 	b      backend
-	gpu    *gpuComm // nil on the host backend
+	gpu    *gpuComm // nil on the host backend and across hosts
+	// hier is the backend of a GPU group spanning hosts (hier.go), nil on
+	// one host; layout groups the ranks by host (hosts.go).
+	hier   *hierComm
+	hostID string
+	layout hostLayout
 	// busy is held for the whole of a GPU call: calls on one GPU
 	// communicator share sequence counters and stage slots, so a second
 	// goroutine arriving meanwhile gets ErrBusy instead of racing them.
@@ -197,6 +230,10 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		cfg.Timeout = DefaultTimeout
 	}
 	c := &Communicator{cfg: cfg}
+	var err error
+	if c.hostID, err = hostID(cfg); err != nil {
+		return nil, err
+	}
 	if on, err := debugCheckEnabled(); err != nil {
 		return nil, err
 	} else if on {
@@ -217,6 +254,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 			c.b.close()
 		}
 		return nil, err
+	}
+	if c.layout.multi() {
+		return c.spanHosts(ctx, open)
 	}
 	if cfg.Device != Host {
 		g, err := newGPU(ctx, cfg, c.prefix, open)
@@ -321,7 +361,7 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 // NCCL's symmetric kernels on it; a failed registration is an error (the
 // buffer then stays allocated until Close). Freed by Close. GPU only.
 func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	if c.gpu == nil {
+	if c.gpu == nil && c.hier == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
 	}
 	if bytes <= 0 {
@@ -329,6 +369,10 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 	}
 	if c.closed.Load() {
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
+	}
+	if c.hier != nil {
+		p, err := c.hier.alloc(ctx, bytes)
+		return p, classify(err)
 	}
 	p, err := c.gpu.alloc(ctx, bytes)
 	if err != nil {
@@ -340,6 +384,9 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 // Synchronize waits for the stream (nil: the communicator's own) and then
 // returns any error a kernel reported, such as a timeout waiting for a peer.
 func (c *Communicator) Synchronize(s *cuda.Stream) error {
+	if c.hier != nil {
+		return classify(c.hier.synchronize(s))
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -360,6 +407,9 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 
 // Err returns the first error a kernel reported without waiting, or nil.
 func (c *Communicator) Err() error {
+	if c.hier != nil {
+		return classify(c.hier.statusErr())
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -368,6 +418,9 @@ func (c *Communicator) Err() error {
 
 // Device returns the CUDA device of a GPU communicator, nil on the host.
 func (c *Communicator) Device() *cuda.Device {
+	if c.hier != nil {
+		return c.hier.dev.cudaDevice()
+	}
 	if c.gpu == nil {
 		return nil
 	}
@@ -376,6 +429,9 @@ func (c *Communicator) Device() *cuda.Device {
 
 // Stream returns the GPU communicator's own stream, nil on the host.
 func (c *Communicator) Stream() *cuda.Stream {
+	if c.hier != nil {
+		return c.hier.dev.stream()
+	}
 	if c.gpu == nil {
 		return nil
 	}

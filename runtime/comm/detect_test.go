@@ -281,8 +281,8 @@ func TestDetectNoPeerAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r, dev := range devs {
-		if dev.setups != 0 || len(dev.launches) != 0 || len(dev.nccl) != 1 {
-			t.Errorf("rank %d: %d region set-ups, %d launches, NCCL calls %v; want NCCL only", r, dev.setups, len(dev.launches), dev.nccl)
+		if dev.setups != 0 || len(dev.preloaded) != 0 || len(dev.launches) != 0 || len(dev.nccl) != 1 {
+			t.Errorf("rank %d: %d region set-ups, %d kernels preloaded, %d launches, NCCL calls %v; want NCCL only", r, dev.setups, len(dev.preloaded), len(dev.launches), dev.nccl)
 		}
 	}
 	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 1024, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "cannot read") {

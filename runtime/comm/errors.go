@@ -103,6 +103,30 @@ func classify(err error) error {
 // kind; filled by the cgo build (device_abort.go).
 var deviceKinds []struct{ cause, kind error }
 
+// KernelError is a generated kernel that could not be compiled or loaded
+// (a *cuda.CompileError with NVRTC's log, a fatbin without it, a driver
+// error). errors.Is(err, ErrDevice) is true for it, unless its cause is
+// already of another kind (a library without the kernel's source:
+// ErrInvalidArgument).
+type KernelError struct {
+	Kernel string // the kernel's name, e.g. allreduce_oneshot_bf16_sum_w4
+	Err    error
+}
+
+// Error names the kernel and the cause.
+func (e *KernelError) Error() string { return "comm: kernel " + e.Kernel + ": " + e.Err.Error() }
+
+// Unwrap returns the cause, and ErrDevice when the cause matches no
+// sentinel: the error always matches exactly one.
+func (e *KernelError) Unwrap() []error {
+	for _, s := range sentinels {
+		if errors.Is(e.Err, s) {
+			return []error{e.Err}
+		}
+	}
+	return []error{e.Err, ErrDevice}
+}
+
 // TimeoutError is a kernel's report that a rank waited too long for a peer.
 // errors.Is(err, ErrTimeout) is true for it.
 type TimeoutError struct {

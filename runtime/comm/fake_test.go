@@ -31,6 +31,10 @@ type fakeDevice struct {
 	syms      []fakeSym
 	statusVal uint64
 
+	// preloaded are the kernels preload was given; preloadErr is what it
+	// returns.
+	preloaded  []*kernels.Kernel
+	preloadErr error
 	// bus, classifyFn and peersFn answer topology detection (detect.go);
 	// zero values: a made-up bus id, no NVML, peer access to every GPU.
 	bus        string
@@ -96,6 +100,13 @@ func (d *fakeDevice) canAccessPeers(ids []string) ([]int, error) {
 func (d *fakeDevice) ncclUnavailable() string { return "" }
 func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
 	return nil
+}
+
+func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.preloaded = append(d.preloaded, ks...)
+	return d.preloadErr
 }
 
 func (d *fakeDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, _ *cuda.Stream) error {

@@ -196,7 +196,8 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 	return g, nil
 }
 
-// setup agrees with the other ranks on the set-up, opens NCCL if the rules
+// setup agrees with the other ranks on the set-up, readies the kernels of
+// this world size (unless Config.LazyKernels), opens NCCL if the rules
 // use it, and lays out the region every rank exported. It ends with a
 // store barrier: every rank has zeroed its signal pad before any kernel
 // can signal into it.
@@ -229,6 +230,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		}
 		if a.NCCL != "" && g.ncclErr == nil {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
+		}
+	}
+	if !cfg.LazyKernels && g.topology != "" { // "": NCCL only, no kernel runs
+		if err := dev.preload(ctx, g.kernels()); err != nil {
+			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
 	}
 	if g.ncclErr == nil && wantNCCL {
@@ -271,6 +277,18 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 	}
 	return nil
+}
+
+// kernels lists the library's kernels of this world size, in library
+// order.
+func (g *gpuComm) kernels() []*kernels.Kernel {
+	var ks []*kernels.Kernel
+	for i := range g.lib.Kernels {
+		if k := &g.lib.Kernels[i]; k.World == g.world {
+			ks = append(ks, k)
+		}
+	}
+	return ks
 }
 
 // pickTopology resolves Config.Topology and the staging size.

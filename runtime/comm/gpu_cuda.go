@@ -5,7 +5,7 @@ package comm
 import (
 	"context"
 	"errors"
-	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,12 +62,32 @@ func openDevice(cfg Config) (device, error) {
 	if d.own, err = dev.NewStream(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
-	if cfg.FatbinPath != "" {
-		if d.fatbin, err = dev.LoadFatbinFile(cfg.FatbinPath); err != nil {
-			return nil, errors.Join(fmt.Errorf("comm: load fatbin %s: %w", cfg.FatbinPath, err), d.release())
-		}
+	if d.fatbin, err = loadFatbin(cfg, dev); err != nil {
+		return nil, errors.Join(err, d.release())
 	}
 	return d, nil
+}
+
+// loadFatbin loads Config.Fatbin, else the file Config.FatbinPath or
+// $COLLGEN_FATBIN names; nil when none is set (kernels come from NVRTC).
+// A named fatbin is used or New fails; there is no fallback to NVRTC.
+func loadFatbin(cfg Config, dev *cuda.Device) (*cuda.Module, error) {
+	path := cfg.FatbinPath
+	if path == "" {
+		path = os.Getenv(EnvFatbin)
+	}
+	var m *cuda.Module
+	var err error
+	switch {
+	case len(cfg.Fatbin) > 0:
+		path = "embedded"
+		m, err = dev.LoadFatbin(cfg.Fatbin, path)
+	case path != "":
+		m, err = dev.LoadFatbinFile(path)
+	default:
+		return nil, nil
+	}
+	return m, fatbinError(cfg.Rank, path, err)
 }
 
 func (d *cudaDevice) ncclUnavailable() string {
@@ -196,7 +216,79 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 	return zeroCopy{offset: int64(off), peers: h}, true
 }
 
-// function returns the loaded kernel, compiling or loading it on first use.
+// preload readies every kernel of ks (see device.preload): it looks them
+// up in the fatbin, or builds their sources with NVRTC in parallel through
+// the cache (cuda.Builder: ranks of one host compile each kernel once
+// between them) and loads them.
+func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
+	if d.fatbin != nil {
+		for _, k := range ks {
+			if _, err := d.function(k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	reqs := make([]cuda.CompileRequest, len(ks))
+	headers, err := d.cfg.Library.Headers()
+	for i, k := range ks {
+		if err == nil {
+			reqs[i], err = d.request(k, headers)
+		}
+		if err != nil {
+			return &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
+		}
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
+	mods, err := d.dev.LoadSources(ctx, reqs, b)
+	if err != nil {
+		var be *cuda.BuildError
+		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(ks) {
+			return &KernelError{Kernel: ks[be.Index].Name, Err: be.Err}
+		}
+		return err // the context ended
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.modules = append(d.modules, mods...)
+	for i, k := range ks {
+		f, err := mods[i].Function(k.Name)
+		if err != nil {
+			return &KernelError{Kernel: k.Name, Err: err}
+		}
+		d.funcs[k.Name] = f
+	}
+	return nil
+}
+
+// cache is Config.Cache, else the default cache (nil when there is no
+// cache directory: everything is compiled).
+func (d *cudaDevice) cache() *cuda.Cache {
+	if d.cfg.Cache != nil {
+		return d.cfg.Cache
+	}
+	c, _ := cuda.DefaultCache()
+	return c
+}
+
+// request is kernel k's NVRTC compile request, with the library's
+// headers.
+func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string) (cuda.CompileRequest, error) {
+	src, err := d.cfg.Library.Source(k.Source)
+	if err != nil {
+		return cuda.CompileRequest{}, err
+	}
+	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions}, nil
+}
+
+// nvrtcOptions are the NVRTC options of every generated kernel.
+var nvrtcOptions = []string{"--std=c++17"}
+
+// function returns the loaded kernel: preloaded, from the fatbin, or
+// (Config.LazyKernels) compiled or loaded from the cache now.
 func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -205,24 +297,22 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	}
 	m := d.fatbin
 	if m == nil {
-		src, err := d.cfg.Library.Source(k.Source)
-		if err != nil {
-			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
-		}
 		headers, err := d.cfg.Library.Headers()
-		if err != nil {
-			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: %w", k.Name, err)
+		var req cuda.CompileRequest
+		if err == nil {
+			req, err = d.request(k, headers)
 		}
-		m, err = d.dev.LoadSource(context.Background(), cuda.CompileRequest{Name: k.Source, Source: src,
-			Headers: headers, Options: []string{"--std=c++17"}}, d.cfg.Cache)
 		if err != nil {
-			return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
+		}
+		if m, err = d.dev.LoadSource(context.Background(), req, d.cfg.Cache); err != nil {
+			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
 		d.modules = append(d.modules, m)
 	}
 	f, err := m.Function(k.Name)
 	if err != nil {
-		return nil, fmt.Errorf("comm: kernel %s: %w", k.Name, err)
+		return nil, &KernelError{Kernel: k.Name, Err: err}
 	}
 	d.funcs[k.Name] = f
 	return f, nil
@@ -244,22 +334,11 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 		s = d.own
 	}
 	d.noteNCCL(s)
-	dt, ok := cl.dtype.NCCL()
-	if !ok {
-		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", cl.dtype)
+	count := cl.count
+	if cl.collective == coll.AllReduce {
+		count = cl.n
 	}
-	switch cl.collective {
-	case coll.AllReduce, coll.ReduceScatter:
-		op, ok := cl.op.NCCL()
-		if !ok {
-			return errorf(ErrUnsupported, "comm: NCCL has no op %s", cl.op)
-		}
-		if cl.collective == coll.AllReduce {
-			return d.comm.AllReduce(cl.in.dev, cl.out.dev, int(cl.n), nccl.DataType(dt), nccl.RedOp(op), s)
-		}
-		return d.comm.ReduceScatter(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), nccl.RedOp(op), s)
-	}
-	return d.comm.AllGather(cl.in.dev, cl.out.dev, int(cl.count), nccl.DataType(dt), s)
+	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, count, cl.dtype, cl.op, s)
 }
 
 func (d *cudaDevice) synchronize(s *cuda.Stream) error {

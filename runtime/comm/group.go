@@ -45,6 +45,7 @@ type membership struct {
 	World   int    `json:"world"`
 	Backend string `json:"backend"` // "gpu", "host" or "host-shared"
 	Library string `json:"library"` // sha256 of the library's manifest
+	Host    string `json:"host"`    // the rank's host id (hosts.go); not compared
 }
 
 // form joins the group: it claims the world size and this rank through the
@@ -97,7 +98,7 @@ func (c *Communicator) agree(ctx context.Context) error {
 	if err := c.waitJoined(ctx); err != nil {
 		return err
 	}
-	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest)))}
+	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest))), Host: c.hostID}
 	if cfg.Device == Host {
 		mine.Backend = "host"
 		if cfg.HostShared {
@@ -109,6 +110,7 @@ func (c *Communicator) agree(ctx context.Context) error {
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on membership of group %q: %w", cfg.Rank, cfg.Group, err))
 	}
+	hosts := make([]string, len(all))
 	for r, b := range all {
 		var m membership
 		if err := json.Unmarshal(b, &m); err != nil {
@@ -122,10 +124,17 @@ func (c *Communicator) agree(ctx context.Context) error {
 			return errorf(ErrMismatch, "comm: rank %d uses a different generated library than rank %d (manifest hash %.12s, here %.12s); build every rank from the same generated code",
 				r, cfg.Rank, m.Library, mine.Library)
 		}
+		hosts[r] = m.Host
 	}
 	// A rank that found a mismatch after this one joined (say a third rank
 	// with another world size) fails every rank that has not returned yet.
-	return c.poisoned(ctx)
+	if err := c.poisoned(ctx); err != nil {
+		return err
+	}
+	// Every rank groups the same ids, so all agree on the layout (and on
+	// refusing unequal hosts).
+	c.layout, err = groupHosts(hosts)
+	return err
 }
 
 func (c *Communicator) rankKey(r int) string { return c.prefix + "rank/" + strconv.Itoa(r) }

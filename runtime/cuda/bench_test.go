@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/cuda/cudatest"
 )
@@ -116,13 +117,17 @@ func BenchmarkNVRTCCompile(b *testing.B) {
 
 // BenchmarkNVRTCCompileParallel compiles the set on one goroutine per CPU
 // (NVRTC programs are independent): the wall time of a cold start whose
-// loader compiles concurrently.
+// loader compiles concurrently. sum-ms/set, the compile times added up,
+// stands in for the serial cost (somewhat above it: the compiles share
+// memory bandwidth), so NVRTC options can be compared in seconds each
+// ($COLLGEN_NVRTC_OPTIONS; tests/gpu/coldstart.sh does).
 func BenchmarkNVRTCCompileParallel(b *testing.B) {
 	d := cudatest.Devices(b, 1)[0]
 	reqs := kernelSet(b, d.Arch())
 	var mu sync.Mutex
 	var sum, slowest time.Duration
 	slowestName := ""
+	times := map[string]time.Duration{}
 	t0 := time.Now()
 	for b.Loop() {
 		if err := forEachParallel(reqs, func(r cuda.CompileRequest) error {
@@ -131,6 +136,7 @@ func BenchmarkNVRTCCompileParallel(b *testing.B) {
 			el := time.Since(t)
 			mu.Lock()
 			sum += el
+			times[r.Name] = el
 			if el > slowest {
 				slowest, slowestName = el, r.Name
 			}
@@ -144,6 +150,83 @@ func BenchmarkNVRTCCompileParallel(b *testing.B) {
 	b.ReportMetric(float64(sum.Milliseconds())/float64(b.N), "sum-ms/set")
 	b.ReportMetric(float64(runtime.NumCPU()), "workers")
 	b.Logf("slowest file: %s %v", slowestName, slowest)
+	logCompileTimes(b, times)
+}
+
+// worldOf is a kernel file's world size suffix ("w8" of ..._w8.cu), or
+// "other".
+func worldOf(name string) string {
+	i := strings.LastIndex(name, "_w")
+	if i < 0 || !strings.HasSuffix(name, ".cu") {
+		return "other"
+	}
+	return name[i+1 : len(name)-3]
+}
+
+// familyOf is a kernel file's collective and algorithm, the part of its
+// name before the dtype: "allreduce_oneshot_ll128" of
+// allreduce_oneshot_ll128_f32_min_w8.cu.
+func familyOf(name string) string {
+	f := strings.Split(name, "_")
+	for i, w := range f {
+		if coll.DType(w).Valid() {
+			return strings.Join(f[:i], "_")
+		}
+	}
+	return "other"
+}
+
+// logCompileTimes logs the compile time summed by world size and by
+// protocol/algorithm family, and the ten slowest files: where the cold
+// start goes.
+func logCompileTimes(b *testing.B, times map[string]time.Duration) {
+	byWorld := map[string]time.Duration{}
+	byAlg := map[string]time.Duration{}
+	names := make([]string, 0, len(times))
+	for n, d := range times {
+		names = append(names, n)
+		byWorld[worldOf(n)] += d
+		byAlg[familyOf(n)] += d
+	}
+	sort.Slice(names, func(i, j int) bool { return times[names[i]] > times[names[j]] })
+	for _, m := range []map[string]time.Duration{byWorld, byAlg} {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var sb strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&sb, " %s=%v", k, m[k].Round(time.Millisecond))
+		}
+		b.Logf("compile time by group:%s", sb.String())
+	}
+	for _, n := range names[:min(10, len(names))] {
+		b.Logf("slow: %-50s %v", n, times[n].Round(time.Millisecond))
+	}
+}
+
+// BenchmarkNVRTCHeaderOnly compiles a program that includes the kernel
+// set's headers and holds one empty kernel: the fixed cost every kernel
+// file pays (NVRTC's start-up, parsing the headers) before its own code.
+func BenchmarkNVRTCHeaderOnly(b *testing.B) {
+	d := cudatest.Devices(b, 1)[0]
+	reqs := kernelSet(b, d.Arch())
+	req := reqs[0]
+	req.Name = "header_only.cu"
+	req.Source = ""
+	for h := range req.Headers {
+		if strings.HasSuffix(h, "collgen_common.cuh") {
+			req.Source += "#include \"" + h + "\"\n"
+		}
+	}
+	req.Source += "extern \"C\" __global__ void header_only() {}\n"
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := cuda.Compile(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // forEachParallel runs fn over reqs on runtime.NumCPU() goroutines and

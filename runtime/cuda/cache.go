@@ -77,6 +77,11 @@ func (c *Cache) Key(req CompileRequest) (CacheKey, error) {
 	if err != nil {
 		return CacheKey{}, err
 	}
+	return c.keyFor(req, fmt.Sprintf("nvrtc %d.%d", maj, min)), nil
+}
+
+// keyFor is Key for the compiler named by compiler (its name and version).
+func (c *Cache) keyFor(req CompileRequest, compiler string) CacheKey {
 	h := sha256.New()
 	field := func(s string) {
 		var n [8]byte
@@ -103,10 +108,10 @@ func (c *Cache) Key(req CompileRequest) (CacheKey, error) {
 		field(o)
 	}
 	field(strconv.Itoa(req.Arch))
-	field(fmt.Sprintf("nvrtc %d.%d", maj, min))
+	field(compiler)
 	var k CacheKey
 	h.Sum(k[:0])
-	return k, nil
+	return k
 }
 
 // Cache file layout (little endian):

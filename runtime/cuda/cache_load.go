@@ -53,7 +53,7 @@ func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache
 	var ferr error
 	switch {
 	case len(src.Fatbin) > 0:
-		m, err := d.loadModule(src.Fatbin, "fatbin:embedded")
+		m, err := d.LoadFatbin(src.Fatbin, "embedded")
 		if err == nil {
 			return m, nil
 		}
@@ -76,4 +76,67 @@ func (d *Device) LoadKernels(ctx context.Context, src KernelSource, cache *Cache
 		return nil, ferr
 	}
 	return d.LoadSource(ctx, src.Source, cache)
+}
+
+// LoadSources builds reqs for this device with b (in parallel, sharing
+// the work with other processes through b.Cache; see Builder) and loads
+// one module per request (in parallel too), in request order. A request's
+// Arch 0 means this device's architecture. A cached image the driver
+// rejects is compiled again. On failure nothing stays loaded and the
+// error is a *BuildError naming the request (or the context's error).
+func (d *Device) LoadSources(ctx context.Context, reqs []CompileRequest, b *Builder) ([]*Module, error) {
+	reqs = append([]CompileRequest(nil), reqs...)
+	for i := range reqs {
+		if reqs[i].Arch == 0 {
+			reqs[i].Arch = d.Arch()
+		}
+	}
+	built, err := b.Build(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	// Loading is parallel too: on a warm cache it is most of the time.
+	mods := make([]*Module, len(reqs))
+	idx := make([]int, len(reqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	err = b.forEach(ctx, idx, func(ctx context.Context, i int) error {
+		var err error
+		mods[i], err = d.loadBuilt(ctx, reqs[i], built[i], b)
+		return buildError(reqs, i, err)
+	})
+	if err != nil {
+		for _, m := range mods {
+			if m != nil {
+				m.Unload()
+			}
+		}
+		return nil, err
+	}
+	return mods, nil
+}
+
+// loadBuilt loads one built image; a cached one the driver rejects is
+// compiled again and replaced in the cache.
+func (d *Device) loadBuilt(ctx context.Context, req CompileRequest, bl Built, b *Builder) (*Module, error) {
+	origin := "nvrtc-cache"
+	if bl.Compiled {
+		origin = "nvrtc"
+	}
+	m, err := d.loadModule(bl.Image, origin)
+	if err == nil || bl.Compiled {
+		return m, err
+	}
+	if b.Cache != nil {
+		b.Cache.corrupt.Add(1)
+	}
+	img, err := b.compile(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if k, ok := b.key(req); ok {
+		_ = b.Cache.Put(k, img)
+	}
+	return d.loadModule(img, "nvrtc")
 }

@@ -9,9 +9,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,11 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/cuda/cudatest"
 )
+
+// tinySM80 holds sm_80 code only (see fatbin_test.go for how it was built).
+//
+//go:embed testdata/tiny_sm80.fatbin
+var tinySM80 []byte
 
 //go:embed testdata/test_kernels.cu
 var testKernels string
@@ -648,6 +654,84 @@ func TestFatbin(t *testing.T) {
 	}
 }
 
+// TestFatbinArchMismatch: a fatbin without code for the device (sm_80
+// only, on a newer major) is a *FatbinError listing what it holds, over
+// CUDA_ERROR_NO_BINARY_FOR_GPU; a missing file is one over fs.ErrNotExist;
+// LoadKernels still falls back to NVRTC for both.
+func TestFatbinArchMismatch(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	if d.Major == 8 {
+		t.Skip("the test fatbin's sm_80 code runs on this sm_8x device")
+	}
+	_, err := d.LoadFatbin(tinySM80, "tiny_sm80")
+	var fe *cuda.FatbinError
+	if !errors.As(err, &fe) || !cuda.IsCode(err, cuda.ErrorNoBinaryForGPU) || len(fe.Codes) != 1 || fe.Codes[0].String() != "sm_80" {
+		t.Fatalf("LoadFatbin(sm_80 only) on sm_%d: %v; want a *FatbinError holding sm_80 over NO_BINARY_FOR_GPU", d.Arch(), err)
+	}
+	t.Log(err)
+	_, err = d.LoadFatbinFile(filepath.Join(t.TempDir(), "none.fatbin"))
+	if !errors.As(err, &fe) || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing fatbin: %v; want a *FatbinError over fs.ErrNotExist", err)
+	}
+	m, err := d.LoadKernels(context.Background(), cuda.KernelSource{Fatbin: tinySM80, Source: testRequest()}, &cuda.Cache{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unload()
+	if m.Origin != "nvrtc" {
+		t.Fatalf("origin %q, want nvrtc (fallback)", m.Origin)
+	}
+}
+
+// TestLoadSourcesShared: two Builders over one cache (two ranks of a
+// host) load the same programs; between them each is compiled once, and
+// the loaded modules run.
+func TestLoadSourcesShared(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	cache := &cuda.Cache{Dir: t.TempDir()}
+	reqs := []cuda.CompileRequest{testRequest()}
+	other := testRequest()
+	other.Name, other.Options = "test_kernels_2.cu", append(other.Options, "-DCOLLGEN_TEST_VARIANT=2")
+	reqs = append(reqs, other)
+	var wg sync.WaitGroup
+	mods := make([][]*cuda.Module, 2)
+	errs := make([]error, 2)
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mods[r], errs[r] = d.LoadSources(context.Background(), reqs, &cuda.Builder{Cache: cache, Start: r})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	compiled := 0
+	for r := range mods {
+		for _, m := range mods[r] {
+			if m.Origin == "nvrtc" {
+				compiled++
+			}
+			if _, err := m.Function("inc"); err != nil {
+				t.Fatal(err)
+			}
+			m.Unload()
+		}
+	}
+	if compiled != len(reqs) {
+		t.Fatalf("%d compiles for %d programs over one cache, want one each", compiled, len(reqs))
+	}
+	bad := testRequest()
+	bad.Name, bad.Source = "bad.cu", "this is not CUDA"
+	_, err := d.LoadSources(context.Background(), []cuda.CompileRequest{testRequest(), bad}, &cuda.Builder{Cache: cache})
+	var be *cuda.BuildError
+	var ce *cuda.CompileError
+	if !errors.As(err, &be) || be.Index != 1 || be.Name != "bad.cu" || !errors.As(err, &ce) {
+		t.Fatalf("bad program: %v; want a *BuildError for request 1 over a *CompileError", err)
+	}
+}
+
 // TestPeerAccess runs one goroutine per GPU: each fills its buffer, enables
 // peer access to the other, then sums both GPUs' buffers with a kernel that
 // reads the peer's memory directly, and also copies the peer buffer D2D.
@@ -756,21 +840,7 @@ func TestCacheConcurrentProcesses(t *testing.T) {
 		return
 	}
 	dir := t.TempDir()
-	var cmds []*exec.Cmd
-	for i := 0; i < 4; i++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCacheConcurrentProcesses$")
-		cmd.Env = append(os.Environ(), "COLLGEN_CACHE_TEST_CHILD="+dir)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-	}
-	for i, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child %d: %v", i, err)
-		}
-	}
+	cuda.RunTestChildren(t, "TestCacheConcurrentProcesses", 4, func(int) []string { return []string{"COLLGEN_CACHE_TEST_CHILD=" + dir} })
 	c := &cuda.Cache{Dir: dir}
 	if _, ok := c.Get(k); !ok {
 		t.Error("final entry invalid")

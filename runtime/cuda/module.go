@@ -54,14 +54,30 @@ func (d *Device) loadModule(image []byte, origin string) (*Module, error) {
 }
 
 // LoadFatbinFile loads a fatbin (or cubin) built by nvcc, e.g. by
-// `make fatbin`. It fails with ErrorNoBinaryForGPU when the file has no
-// code for this device's architecture.
+// `collgen fatbin` or `make fatbin`. A missing or unreadable file is a *FatbinError over the
+// file error (errors.Is(err, fs.ErrNotExist) for a missing one); see
+// LoadFatbin for the rest.
 func (d *Device) LoadFatbinFile(path string) (*Module, error) {
 	img, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("cuda: load fatbin: %w", err)
+		return nil, &FatbinError{Fatbin: path, Device: d.Ordinal, Arch: d.Arch(), Err: err}
 	}
-	return d.loadModule(img, "fatbin:"+path)
+	return d.LoadFatbin(img, path)
+}
+
+// LoadFatbin loads a fatbin image; name says where it came from (a path,
+// or "embedded") in Module.Origin ("fatbin:<name>") and errors. A fatbin
+// with no code the device runs is a *FatbinError listing what it holds
+// (over the driver's CUDA_ERROR_NO_BINARY_FOR_GPU).
+func (d *Device) LoadFatbin(image []byte, name string) (*Module, error) {
+	m, err := d.loadModule(image, "fatbin:"+name)
+	if err != nil {
+		if fe := fatbinMismatch(name, image, d.Ordinal, d.Arch(), err); fe != nil {
+			return nil, fe
+		}
+		return nil, err
+	}
+	return m, nil
 }
 
 // Device returns the module's device.

@@ -2,7 +2,10 @@
 
 package cuda
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // ErrNoCgo is returned by everything that would reach CUDA in a program
 // built with CGO_ENABLED=0: the driver, NVRTC and modules are reached
@@ -33,3 +36,6 @@ func Open(ordinal int) (*Device, error) { return nil, ErrNoCgo }
 // NVRTCVersion returns ErrNoCgo (the cache key then cannot be computed, so
 // nothing is cached).
 func NVRTCVersion() (major, minor int, path string, err error) { return 0, 0, "", ErrNoCgo }
+
+// Compile returns ErrNoCgo.
+func Compile(ctx context.Context, req CompileRequest) ([]byte, error) { return nil, ErrNoCgo }

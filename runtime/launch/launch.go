@@ -75,6 +75,12 @@ type Config struct {
 	// ShmDir is where Wait sweeps the run's shared-memory segments
 	// ("" : /dev/shm). Tests point it elsewhere.
 	ShmDir string
+	// Nodes and NodeRank place this launcher's ranks in a world spanning
+	// hosts (0: one node): it starts ranks NodeRank*N to NodeRank*N+N-1 of
+	// Nodes*N, with local ranks 0 to N-1, and reports global ranks. Every
+	// node needs the same N, Store and RunID; a file store is refused
+	// (each launcher removes the run's directory when its ranks exit).
+	Nodes, NodeRank int
 }
 
 // ExitError reports why a group did not succeed: the rank whose failure
@@ -147,6 +153,9 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	if err := checkFDs(cfg.N); err != nil {
 		return nil, err
 	}
+	if err := checkNodes(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.RunID == "" {
 		var b [8]byte
 		rand.Read(b[:])
@@ -181,17 +190,18 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	}
 	// One lock for both streams keeps every line whole and in order.
 	var outMu sync.Mutex
+	first, world := cfg.NodeRank*cfg.N, cfg.N*max(cfg.Nodes, 1)
 	for r := range cfg.N {
 		cmd := exec.Command(cfg.Args[0], cfg.Args[1:]...)
 		cmd.Dir = cfg.Dir
 		cmd.Env = append(append([]string(nil), base...),
-			rendezvous.RankEnv+"="+strconv.Itoa(r),
-			rendezvous.WorldSizeEnv+"="+strconv.Itoa(cfg.N),
+			rendezvous.RankEnv+"="+strconv.Itoa(first+r),
+			rendezvous.WorldSizeEnv+"="+strconv.Itoa(world),
 			rendezvous.LocalRankEnv+"="+strconv.Itoa(r),
 			rendezvous.StoreEnv+"="+cfg.Store,
 			rendezvous.RunIDEnv+"="+cfg.RunID,
 		)
-		prefix := fmt.Sprintf("[rank %d] ", r)
+		prefix := fmt.Sprintf("[rank %d] ", first+r)
 		stdout := &prefixWriter{mu: &outMu, w: cfg.Stdout, prefix: prefix}
 		stderr := &prefixWriter{mu: &outMu, w: cfg.Stderr, prefix: prefix}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
@@ -209,7 +219,7 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 				c.Wait()
 			}
 			g.cleanup()
-			return nil, fmt.Errorf("launch: start rank %d: %w", r, err)
+			return nil, fmt.Errorf("launch: start rank %d: %w", first+r, err)
 		}
 		g.cmds = append(g.cmds, cmd)
 		g.outs = append(g.outs, stdout, stderr)
@@ -220,7 +230,7 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 			g.mu.Lock()
 			g.exited[r] = true
 			g.mu.Unlock()
-			g.results <- result{r, err}
+			g.results <- result{first + r, err}
 		}()
 	}
 	return g, nil
@@ -518,4 +528,28 @@ next:
 		out = append(out, kv)
 	}
 	return out
+}
+
+// checkNodes checks a multi-node configuration: a node rank within Nodes,
+// a store every node can reach other than a file store, and a run id
+// shared by every node (a fresh one per launcher would split the run).
+func checkNodes(cfg Config) error {
+	if cfg.Nodes < 0 || cfg.NodeRank < 0 || cfg.NodeRank >= max(cfg.Nodes, 1) {
+		return fmt.Errorf("launch: node rank %d of %d nodes: want 0 <= node rank < nodes", cfg.NodeRank, cfg.Nodes)
+	}
+	if cfg.Nodes <= 1 {
+		return nil
+	}
+	scheme, _, err := rendezvous.ParseStoreAddr(cfg.Store)
+	switch {
+	case cfg.Store == "":
+		return fmt.Errorf("launch: %d nodes need a store every node reaches (an etcd:// or tcp:// address)", cfg.Nodes)
+	case err != nil:
+		return fmt.Errorf("launch: %w", err)
+	case scheme == "file":
+		return fmt.Errorf("launch: %d nodes cannot share file store %s: each launcher removes the run's directory when its own ranks exit; use an etcd:// or tcp:// store", cfg.Nodes, cfg.Store)
+	case cfg.RunID == "":
+		return fmt.Errorf("launch: %d nodes need the same run id on every node (%s); a fresh one per launcher would split the run", cfg.Nodes, rendezvous.RunIDEnv)
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Environment variables set by `collgen run` for every rank.
@@ -86,7 +87,7 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	}
 	e.Store, _ = lookup(StoreEnv)
 	if e.Store == "" {
-		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port or file:///path)", StoreEnv)
+		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port, file:///path or etcd://host:port)", StoreEnv)
 	}
 	if _, _, err := ParseStoreAddr(e.Store); err != nil {
 		return Env{}, err
@@ -133,8 +134,9 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	return e, nil
 }
 
-// ParseStoreAddr splits a store address into its scheme ("tcp" or "file")
-// and the rest (host:port, or an absolute path). A bare host:port means tcp.
+// ParseStoreAddr splits a store address into its scheme ("tcp", "file" or
+// a registered one such as "etcd") and the rest (host:port, an absolute
+// path, or what the registered store parses). A bare host:port means tcp.
 func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 	switch {
 	case strings.HasPrefix(addr, "tcp://"):
@@ -148,7 +150,14 @@ func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 	case !strings.Contains(addr, "://"):
 		scheme, rest = "tcp", addr
 	default:
-		return "", "", fmt.Errorf("rendezvous: store address %q: want tcp://host:port or file:///path", addr)
+		scheme, rest, _ = strings.Cut(addr, "://")
+		if _, ok := lookupScheme(scheme); !ok {
+			return "", "", fmt.Errorf("rendezvous: store address %q: %s", addr, schemeHelp(scheme))
+		}
+		if rest == "" || rest[0] == '/' {
+			return "", "", fmt.Errorf("rendezvous: store address %q names no server; want %s://host:port", addr, scheme)
+		}
+		return scheme, rest, nil
 	}
 	if _, _, err := net.SplitHostPort(rest); err != nil {
 		return "", "", fmt.Errorf("rendezvous: store address %q: %w (want tcp://host:port)", addr, err)
@@ -156,18 +165,64 @@ func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 	return scheme, rest, nil
 }
 
+// Opener opens a store of a registered scheme; rest is the address after
+// "scheme://".
+type Opener func(ctx context.Context, rest string) (Store, error)
+
+var (
+	schemesMu sync.Mutex
+	schemes   = map[string]Opener{}
+)
+
+// RegisterScheme makes Open, OpenRun and FromEnv open addresses
+// "scheme://..." with open. Packages providing a store with heavy
+// dependencies register from init (rendezvous/etcdstore registers
+// "etcd" and "etcds"), so only programs importing them link them.
+// Registering tcp, file or a scheme twice panics: it is a programming
+// error.
+func RegisterScheme(scheme string, open Opener) {
+	schemesMu.Lock()
+	defer schemesMu.Unlock()
+	if _, dup := schemes[scheme]; dup || scheme == "tcp" || scheme == "file" {
+		panic("rendezvous: RegisterScheme called twice for " + scheme)
+	}
+	schemes[scheme] = open
+}
+
+func lookupScheme(scheme string) (Opener, bool) {
+	schemesMu.Lock()
+	defer schemesMu.Unlock()
+	o, ok := schemes[scheme]
+	return o, ok
+}
+
+// schemeHelp says why scheme cannot be opened: the etcd store is not
+// linked in, or the scheme is unknown.
+func schemeHelp(scheme string) string {
+	if scheme == "etcd" || scheme == "etcds" {
+		return "the etcd store is not linked into this program; import _ \"github.com/collgen/collgen/runtime/rendezvous/etcdstore\" (the collgen command has it unless built with -tags noetcd)"
+	}
+	return "want tcp://host:port, file:///path or etcd://host:port"
+}
+
 // Open connects to the store at addr: "tcp://host:port" (or bare
 // "host:port") dials a TCP server with the secret from $COLLGEN_STORE_SECRET;
-// "file:///path" opens a file store in that directory.
+// "file:///path" opens a file store in that directory; any other scheme
+// uses the store registered for it (RegisterScheme), such as
+// "etcd://host:port" with rendezvous/etcdstore linked in.
 func Open(ctx context.Context, addr string) (Store, error) {
 	scheme, rest, err := ParseStoreAddr(addr)
 	if err != nil {
 		return nil, err
 	}
-	if scheme == "file" {
+	switch scheme {
+	case "file":
 		return NewFileStore(rest)
+	case "tcp":
+		return DialTCP(ctx, rest, ClientOptions{})
 	}
-	return DialTCP(ctx, rest, ClientOptions{})
+	open, _ := lookupScheme(scheme)
+	return open(ctx, rest)
 }
 
 // OpenRun opens the store at addr for one run: with a run id, a file store
@@ -188,7 +243,7 @@ func OpenRun(ctx context.Context, addr, runID string) (Store, error) {
 	if scheme == "file" {
 		return NewFileStore(RunDir(rest, runID))
 	}
-	s, err := DialTCP(ctx, rest, ClientOptions{})
+	s, err := Open(ctx, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,8 @@
 package rendezvous
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -74,177 +70,10 @@ func short(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-func TestStoreOps(t *testing.T) {
-	for _, k := range storeKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			peer := k.setup(t)
-			a, b := peer(), peer()
-			ctx := short(t, 5*time.Second)
-
-			if err := a.Set(ctx, "k", []byte("v1")); err != nil {
-				t.Fatal(err)
-			}
-			if v, err := b.Get(ctx, "k"); err != nil || string(v) != "v1" {
-				t.Fatalf("Get = %q, %v; want v1", v, err)
-			}
-			if err := a.Set(ctx, "empty", nil); err != nil {
-				t.Fatal(err)
-			}
-			if v, err := b.Get(ctx, "empty"); err != nil || v == nil || len(v) != 0 {
-				t.Fatalf("Get(empty) = %#v, %v; want a non-nil empty value", v, err)
-			}
-
-			// Add: missing counts as 0, stored as decimal.
-			for i, want := range []int64{5, 3} {
-				n, err := []Store{a, b}[i].Add(ctx, "ctr", []int64{5, -2}[i])
-				if err != nil || n != want {
-					t.Fatalf("Add #%d = %d, %v; want %d", i, n, err, want)
-				}
-			}
-			if v, _ := a.Get(ctx, "ctr"); string(v) != "3" {
-				t.Fatalf("counter value = %q, want 3", v)
-			}
-			if _, err := a.Add(ctx, "k", 1); err == nil || err.Error() != `rendezvous: add to key "k": value "v1" is not a decimal integer` {
-				t.Fatalf("Add to non-counter: %v", err)
-			}
-
-			// CAS.
-			cur, ok, err := a.CompareAndSet(ctx, "cas", nil, []byte("x"))
-			if err != nil || !ok || string(cur) != "x" {
-				t.Fatalf("CAS(absent→x) = %q, %v, %v", cur, ok, err)
-			}
-			cur, ok, err = b.CompareAndSet(ctx, "cas", nil, []byte("y"))
-			if err != nil || ok || string(cur) != "x" {
-				t.Fatalf("CAS(absent→y) on present = %q, %v, %v; want x, false", cur, ok, err)
-			}
-			cur, ok, err = b.CompareAndSet(ctx, "cas", []byte("x"), []byte("y"))
-			if err != nil || !ok || string(cur) != "y" {
-				t.Fatalf("CAS(x→y) = %q, %v, %v", cur, ok, err)
-			}
-			cur, ok, err = b.CompareAndSet(ctx, "nope", []byte("x"), []byte("y"))
-			if err != nil || ok || cur != nil {
-				t.Fatalf("CAS on absent key = %#v, %v, %v; want nil, false", cur, ok, err)
-			}
-
-			// Delete.
-			if ok, err := a.Delete(ctx, "cas"); err != nil || !ok {
-				t.Fatalf("Delete existing = %v, %v", ok, err)
-			}
-			if ok, err := b.Delete(ctx, "cas"); err != nil || ok {
-				t.Fatalf("Delete missing = %v, %v", ok, err)
-			}
-
-			// Wait wakes when another handle sets the key.
-			go func() {
-				time.Sleep(20 * time.Millisecond)
-				b.Set(ctx, "late", []byte("1"))
-			}()
-			if err := a.Wait(short(t, 3*time.Second), "k", "late"); err != nil {
-				t.Fatal(err)
-			}
-			// Long keys still work (file store hashes them).
-			long := string(bytes.Repeat([]byte("x"), 400))
-			if err := a.Set(ctx, long, []byte("L")); err != nil {
-				t.Fatal(err)
-			}
-			if v, err := b.Get(ctx, long); err != nil || string(v) != "L" {
-				t.Fatalf("long key: %q, %v", v, err)
-			}
-		})
-	}
-}
-
-func TestStoreWaitTimeoutNamesMissingKeys(t *testing.T) {
-	for _, k := range storeKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			s := k.setup(t)()
-			s.Set(context.Background(), "b", []byte("1"))
-			start := time.Now()
-			err := s.Wait(short(t, 100*time.Millisecond), "a", "b", "c")
-			if got, want := fmt.Sprint(err), `rendezvous: timeout waiting for keys "a", "c"`; got != want {
-				t.Fatalf("Wait error = %q, want %q", got, want)
-			}
-			if !errors.Is(err, ErrTimeout) {
-				t.Fatal("error does not wrap ErrTimeout")
-			}
-			if d := time.Since(start); d > 2*time.Second {
-				t.Fatalf("Wait took %v", d)
-			}
-			_, err = s.Get(short(t, 50*time.Millisecond), "zz")
-			if got, want := fmt.Sprint(err), `rendezvous: timeout waiting for key "zz"`; got != want {
-				t.Fatalf("Get error = %q, want %q", got, want)
-			}
-		})
-	}
-}
-
-func TestStoreConcurrentAdd(t *testing.T) {
-	for _, k := range storeKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			peer := k.setup(t)
-			const workers, each = 4, 25
-			var wg sync.WaitGroup
-			for range workers {
-				s := peer()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range each {
-						if _, err := s.Add(short(t, 5*time.Second), "n", 1); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			n, err := peer().Add(context.Background(), "n", 0)
-			if err != nil || n != workers*each {
-				t.Fatalf("counter = %d, %v; want %d", n, err, workers*each)
-			}
-		})
-	}
-}
-
-func TestStoreClosed(t *testing.T) {
-	for _, k := range storeKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			s := k.setup(t)()
-			if k.name == "mem" {
-				s = NewMemStore() // the shared one is closed by cleanup
-			}
-			s.Close()
-			if err := s.Set(context.Background(), "k", nil); !errors.Is(err, ErrClosed) {
-				t.Fatalf("Set after Close: %v", err)
-			}
-		})
-	}
-}
-
 func TestMemWaitWokenByClose(t *testing.T) {
 	s := NewMemStore()
 	go func() { time.Sleep(20 * time.Millisecond); s.Close() }()
 	if err := s.Wait(short(t, 5*time.Second), "never"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait = %v, want ErrClosed", err)
-	}
-}
-
-// TestCancelledWaitSaysWhy: a wait cancelled with a cause (a signal, via
-// signal.NotifyContext, or the caller's own) names it, and is still
-// context.Canceled for errors.Is.
-func TestCancelledWaitSaysWhy(t *testing.T) {
-	for _, k := range storeKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			s := k.setup(t)()
-			ctx, cancel := context.WithCancelCause(context.Background())
-			go func() {
-				time.Sleep(20 * time.Millisecond)
-				cancel(errors.New("terminated signal received"))
-			}()
-			err := s.Wait(ctx, "never")
-			if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "terminated signal received") {
-				t.Fatalf("Wait = %v, want context.Canceled naming the cause", err)
-			}
-		})
 	}
 }

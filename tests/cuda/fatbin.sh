@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Builds one fatbin holding every generated kernel for sm_90 (and sm_80), for
-# the runtime to load instead of compiling with NVRTC.
+# Builds one fatbin of the generated kernels with `collgen fatbin` (see
+# `collgen fatbin --help`), run as .gpu/collgen where the GPU bundle is
+# (GPU machines have no Go), else with go run.
 # Usage: tests/cuda/fatbin.sh [cuda-dir] [out.fatbin]
-# ONLY: a glob over kernel names (e.g. '*_ll128_*') to build a subset.
+# FATBIN_ARCHS: the architectures (default "sm_90 sm_80"); ONLY: a glob over
+# kernel names (e.g. '*_ll128_*' or '*_w2') to build a subset; NVCC: the nvcc.
 set -euo pipefail
 dir=${1:-generated/cuda}; out=${2:-.gpu/collgen.fatbin}
-NVCC=${NVCC:-nvcc}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-ONLY=${ONLY:-*}
-for f in "$dir"/$ONLY.cu; do [ -e "$f" ] || continue; echo "#include \"$(realpath "$f")\""; done > "$tmp/all.cu"
-"$NVCC" -std=c++17 -I "$dir" -fatbin -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 -o "$out" "$tmp/all.cu"
-echo "fatbin: $out"
+collgen=("${COLLGEN:-.gpu/collgen}")
+[ -x "${collgen[0]}" ] || collgen=(go run ./cmd/collgen)
+exec "${collgen[@]}" fatbin --dir "$dir" --out "$out" --arch "${FATBIN_ARCHS:-sm_90 sm_80}" --only "${ONLY:-*}" ${NVCC:+--nvcc "$NVCC"}

@@ -600,6 +600,16 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 	}
 }
 
+// processConfig is a process rank's communicator: kernels from
+// $COLLGEN_FATBIN when run.sh built one, NVRTC otherwise.
+func processConfig(env rendezvous.Env, store rendezvous.Store, staging int64, group string) comm.Config {
+	return comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
+		Library: collectives.Library, StagingBytes: staging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: group,
+		// run.sh builds the fatbin of $PROOF_ONLY's kernels only: load
+		// those on use rather than every kernel of the world at New.
+		LazyKernels: os.Getenv("PROOF_ONLY") != ""}
+}
+
 // TestProofProcess is one rank of the process-per-GPU proof, started by
 // `collgen run -n W -- proof.test -test.run TestProofProcess` (see
 // tests/proof/run.sh): IPC handles instead of peer access, fatbin loading
@@ -616,8 +626,7 @@ func TestProofProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
-		Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc"})
+	cm, err := comm.New(ctx, processConfig(env, store, stagingBytes, "proof-proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -812,8 +821,7 @@ func TestProofProcessZeroCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm, err := comm.New(ctx, comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
-		Library: collectives.Library, StagingBytes: zcStaging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: "proof-proc-zc"})
+	cm, err := comm.New(ctx, processConfig(env, store, zcStaging, "proof-proc-zc"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,30 @@
+//go:build cgo
+
+package comm
+
+import (
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/nccl"
+)
+
+// ncclCall enqueues one collective on c: count is NCCL's (all-reduce:
+// elements; reduce-scatter: recvCount; all-gather: sendCount). The GPU and
+// hierarchical backends share it.
+func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, count int64, dtype coll.DType, op coll.Op, s *cuda.Stream) error {
+	dt, ok := dtype.NCCL()
+	if !ok {
+		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", dtype)
+	}
+	if collective == coll.AllGather {
+		return c.AllGather(in, out, int(count), nccl.DataType(dt), s)
+	}
+	o, ok := op.NCCL()
+	if !ok {
+		return errorf(ErrUnsupported, "comm: NCCL has no op %s", op)
+	}
+	if collective == coll.AllReduce {
+		return c.AllReduce(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
+	}
+	return c.ReduceScatter(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
+}

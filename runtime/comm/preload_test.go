@@ -1,0 +1,122 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
+)
+
+// TestPreloadAtNew: by default New readies every kernel of the world size
+// (each once, in library order) before any call.
+func TestPreloadAtNew(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	var want []string
+	for _, k := range collectives.Library.Kernels {
+		if k.World == 2 {
+			want = append(want, k.Name)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("the library has no kernels of world size 2")
+	}
+	for r, d := range devs {
+		var got []string
+		for _, k := range d.preloaded {
+			got = append(got, k.Name)
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("rank %d preloaded %d kernels %v, want the %d of world 2", r, len(got), got, len(want))
+		}
+	}
+}
+
+// TestLazyKernels: with Config.LazyKernels, New readies no kernel.
+func TestLazyKernels(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{LazyKernels: true})
+	defer closeAll(t, comms)
+	for r, d := range devs {
+		if len(d.preloaded) != 0 {
+			t.Fatalf("rank %d preloaded %d kernels with LazyKernels", r, len(d.preloaded))
+		}
+	}
+}
+
+// TestPreloadErrorFailsNew: a kernel that fails to compile fails New with
+// a *KernelError naming it (over NVRTC's *cuda.CompileError, and
+// ErrDevice), and the device is released.
+func TestPreloadErrorFailsNew(t *testing.T) {
+	const name = "allreduce_oneshot_bf16_sum_w2"
+	devs := make([]*fakeDevice, 2)
+	for r := range devs {
+		devs[r] = &fakeDevice{rank: r, preloadErr: &KernelError{Kernel: name,
+			Err: &cuda.CompileError{Name: name + ".cu", Arch: 90, Result: "NVRTC_ERROR_COMPILATION", Log: "error: fake"}}}
+	}
+	comms, errs := newFakeComms(t, Config{}, devs)
+	for r, err := range errs {
+		var ke *KernelError
+		var ce *cuda.CompileError
+		if comms[r] != nil || !errors.As(err, &ke) || !errors.As(err, &ce) || !errors.Is(err, ErrDevice) {
+			t.Fatalf("rank %d: New = %v, %v; want a *KernelError over a *cuda.CompileError, ErrDevice", r, comms[r], err)
+		}
+		if ke.Kernel != name || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", r)) {
+			t.Fatalf("rank %d: error does not name the kernel and rank: %v", r, err)
+		}
+		if !devs[r].released {
+			t.Fatalf("rank %d: device not released after New failed", r)
+		}
+	}
+}
+
+// TestKernelErrorKind: a KernelError matches exactly one sentinel:
+// ErrDevice, or its cause's kind when the cause has one.
+func TestKernelErrorKind(t *testing.T) {
+	dev := &KernelError{Kernel: "k", Err: &cuda.CompileError{Name: "k.cu"}}
+	lib := &KernelError{Kernel: "k", Err: errorf(ErrInvalidArgument, "no source k.cu")}
+	for _, tc := range []struct {
+		err  error
+		kind error
+	}{{dev, ErrDevice}, {lib, ErrInvalidArgument}} {
+		for _, s := range sentinels {
+			if got := errors.Is(tc.err, s); got != (s == tc.kind) {
+				t.Errorf("%v: errors.Is(%v) = %v", tc.err, s, got)
+			}
+		}
+	}
+}
+
+// TestFatbinErrorKinds: a missing fatbin is ErrInvalidArgument naming the
+// file and `collgen fatbin`; a fatbin without code for the device is
+// ErrUnsupported keeping the *cuda.FatbinError (what it holds, the
+// device's architecture); a driver failure is ErrDevice.
+func TestFatbinErrorKinds(t *testing.T) {
+	missing := &cuda.FatbinError{Fatbin: "/x/k.fatbin", Arch: 90, Err: fmt.Errorf("open /x/k.fatbin: %w", fs.ErrNotExist)}
+	mismatch := &cuda.FatbinError{Fatbin: "/x/k.fatbin", Arch: 100, Codes: []cuda.FatbinCode{{Arch: 90}}, Err: errors.New("CUDA_ERROR_NO_BINARY_FOR_GPU")}
+	for _, tc := range []struct {
+		err  error
+		kind error
+		says []string
+	}{
+		{missing, ErrInvalidArgument, []string{"rank 3", "/x/k.fatbin", "does not exist", "collgen fatbin", EnvFatbin}},
+		{mismatch, ErrUnsupported, []string{"rank 3", "holds sm_90", "sm_100"}},
+		{errors.New("CUDA_ERROR_INVALID_IMAGE"), ErrDevice, []string{"rank 3", "/x/k.fatbin", "INVALID_IMAGE"}},
+	} {
+		err := fatbinError(3, "/x/k.fatbin", tc.err)
+		if !errors.Is(err, tc.kind) || !errors.Is(err, tc.err) {
+			t.Errorf("%v: got %v, want %v wrapping the cause", tc.err, err, tc.kind)
+		}
+		for _, s := range tc.says {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%q lacks %q", err, s)
+			}
+		}
+	}
+	if fatbinError(0, "", nil) != nil {
+		t.Error("fatbinError(nil) != nil")
+	}
+}

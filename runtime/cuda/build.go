@@ -1,0 +1,216 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Builder compiles many programs at once: in parallel, through a Cache
+// that processes of one host share. Each program is compiled by one
+// process only: a worker takes the program's lock file in the cache
+// directory before compiling it; a program whose lock another process (or
+// another Builder) holds is put aside and taken up again after the rest,
+// by which time it is usually in the cache. A lock dies with its holder
+// (flock), so a crashed process never blocks the others.
+type Builder struct {
+	// Cache holds compiled images; nil compiles every program and caches
+	// nothing.
+	Cache *Cache
+	// Workers is how many programs compile at once; 0 means
+	// runtime.NumCPU(). NVRTC compiles of all Builders of a process share
+	// one limit of runtime.NumCPU().
+	Workers int
+	// Compile turns one request into an image; nil means NVRTC (Compile).
+	Compile func(context.Context, CompileRequest) ([]byte, error)
+	// Compiler names Compile's compiler and version in cache keys; "" means
+	// the loaded NVRTC (see Cache.Key).
+	Compiler string
+	// Start is the index of the first program taken; ranks of one host
+	// that start at different places seldom wait for each other.
+	Start int
+}
+
+// Built is one program's image.
+type Built struct {
+	Image []byte
+	// Compiled is true when this Builder compiled the program, false when
+	// it was read from the cache (possibly after another process built it).
+	Compiled bool
+}
+
+// BuildError is a program of a Build that could not be compiled (or
+// loaded, for Device.LoadSources). Index is its place in the request list.
+type BuildError struct {
+	Index int
+	Name  string
+	Err   error
+}
+
+// Error names the program and the cause.
+func (e *BuildError) Error() string { return fmt.Sprintf("cuda: build %s: %v", e.Name, e.Err) }
+
+// Unwrap returns the cause (a *CompileError for a compile failure).
+func (e *BuildError) Unwrap() error { return e.Err }
+
+// errLocked reports that another process holds a program's lock.
+var errLocked = errors.New("cuda: cache entry locked by another process")
+
+// Build returns an image for every request, in request order. The first
+// failure stops the others (programs already compiling finish) and is
+// returned as a *BuildError; the end of ctx is returned wrapped.
+func (b *Builder) Build(ctx context.Context, reqs []CompileRequest) ([]Built, error) {
+	out := make([]Built, len(reqs))
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = (i + max(b.Start, 0)) % max(len(reqs), 1)
+	}
+	var mu sync.Mutex
+	var held []int // programs whose lock another process held
+	err := b.forEach(ctx, order, func(ctx context.Context, i int) error {
+		var err error
+		out[i], err = b.one(ctx, reqs[i], false)
+		if errors.Is(err, errLocked) {
+			mu.Lock()
+			held = append(held, i)
+			mu.Unlock()
+			return nil
+		}
+		return buildError(reqs, i, err)
+	})
+	if err == nil {
+		err = b.forEach(ctx, held, func(ctx context.Context, i int) error {
+			var err error
+			out[i], err = b.one(ctx, reqs[i], true)
+			return buildError(reqs, i, err)
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// buildError wraps err (nil stays nil) as program i's *BuildError.
+func buildError(reqs []CompileRequest, i int, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &BuildError{Index: i, Name: reqs[i].Name, Err: err}
+}
+
+// forEach runs fn over idx on the Builder's workers; the first error
+// cancels the context the others see, stops handing out work, and is
+// returned; so is the end of ctx.
+func (b *Builder) forEach(ctx context.Context, idx []int, fn func(context.Context, int) error) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	workers := b.Workers
+	if workers <= 0 {
+		workers = runtime.NumCPU()
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	work := make(chan int)
+	var once sync.Once
+	var first error
+	var wg sync.WaitGroup
+	for range min(workers, len(idx)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if err := fn(ctx, i); err != nil {
+					once.Do(func() { first = err; cancel() })
+				}
+			}
+		}()
+	}
+feed:
+	for _, i := range idx {
+		select {
+		case work <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if err := parent.Err(); err != nil { // ended while feeding, before any fn failed
+		return fmt.Errorf("cuda: build: %w", err)
+	}
+	return nil
+}
+
+// one builds one program. Unless wait is set, a lock held elsewhere
+// returns errLocked at once. A cache that cannot be locked or written (a
+// read-only directory) only costs the sharing: the program is compiled
+// here.
+func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built, error) {
+	key, keyed := b.key(req)
+	if keyed {
+		if img, ok := b.Cache.Get(key); ok {
+			return Built{Image: img}, nil
+		}
+		unlock, err := b.Cache.lock(ctx, key, wait)
+		switch {
+		case errors.Is(err, errLocked):
+			return Built{}, err
+		case ctx.Err() != nil:
+			return Built{}, ctx.Err()
+		case err == nil:
+			defer unlock()
+			if img, ok := b.Cache.Get(key); ok { // built while we waited
+				return Built{Image: img}, nil
+			}
+		}
+	}
+	img, err := b.compile(ctx, req)
+	if err != nil {
+		return Built{}, err
+	}
+	if keyed {
+		_ = b.Cache.Put(key, img) // best effort: a read-only cache only costs time
+	}
+	return Built{Image: img, Compiled: true}, nil
+}
+
+// key is the request's cache key; false when there is no cache or no key
+// (NVRTC could not be loaded: compiling will say why).
+func (b *Builder) key(req CompileRequest) (CacheKey, bool) {
+	if b.Cache == nil {
+		return CacheKey{}, false
+	}
+	if b.Compiler != "" {
+		return b.Cache.keyFor(req, b.Compiler), true
+	}
+	k, err := b.Cache.Key(req)
+	return k, err == nil
+}
+
+func (b *Builder) compile(ctx context.Context, req CompileRequest) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if b.Compile != nil {
+		return b.Compile(ctx, req)
+	}
+	select { // NVRTC: at most one compile per CPU in this process
+	case nvrtcSlots <- struct{}{}:
+		defer func() { <-nvrtcSlots }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return Compile(ctx, req)
+}
+
+// nvrtcSlots bounds the NVRTC compiles of all Builders of this process
+// (goroutine ranks each have one) to one per CPU: more only costs memory.
+var nvrtcSlots = make(chan struct{}, runtime.NumCPU())

@@ -1,0 +1,85 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// The testdata fatbins were built from testdata/tiny.cu with nvcc 11.8:
+//
+//	nvcc -fatbin -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=compute_90 -o tiny_sm80_ptx90.fatbin tiny.cu
+//	nvcc -fatbin -gencode arch=compute_80,code=sm_80 -o tiny_sm80.fatbin tiny.cu
+func TestFatbinCodes(t *testing.T) {
+	for file, want := range map[string][]FatbinCode{
+		"testdata/tiny_sm80_ptx90.fatbin": {{Arch: 80}, {Arch: 90, PTX: true}},
+		"testdata/tiny_sm80.fatbin":       {{Arch: 80}},
+	} {
+		img, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := FatbinCodes(img)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %v, %v; want %v", file, got, err, want)
+		}
+		if _, err := FatbinCodes(img[:40]); err == nil {
+			t.Errorf("%s cut to 40 bytes: no error", file)
+		}
+	}
+	if _, err := FatbinCodes([]byte("\x7fELF not a fatbin, a cubin")); !errors.Is(err, errNotFatbin) {
+		t.Errorf("cubin: %v, want errNotFatbin", err)
+	}
+}
+
+func TestFatbinCodeRuns(t *testing.T) {
+	for _, tc := range []struct {
+		code FatbinCode
+		arch int
+		want bool
+	}{
+		{FatbinCode{Arch: 90}, 90, true},
+		{FatbinCode{Arch: 80}, 86, true},  // same major, lower minor
+		{FatbinCode{Arch: 80}, 90, false}, // a cubin never runs on a newer major
+		{FatbinCode{Arch: 90}, 80, false},
+		{FatbinCode{Arch: 80, PTX: true}, 100, true}, // PTX is compiled for newer devices
+		{FatbinCode{Arch: 100, PTX: true}, 90, false},
+	} {
+		if got := tc.code.Runs(tc.arch); got != tc.want {
+			t.Errorf("%v on sm_%d: %v, want %v", tc.code, tc.arch, got, tc.want)
+		}
+	}
+}
+
+// TestFatbinMismatchError: a fatbin the driver refuses for lack of code is
+// a *FatbinError listing what it holds, the device's architecture and the
+// command that builds one that fits, over the driver's error; a fatbin
+// that does hold usable code (refused for another reason) is not.
+func TestFatbinMismatchError(t *testing.T) {
+	img, err := os.ReadFile("testdata/tiny_sm80.fatbin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("CUDA_ERROR_NO_BINARY_FOR_GPU")
+	fe := fatbinMismatch("k.fatbin", img, 1, 90, cause)
+	if fe == nil {
+		t.Fatal("no FatbinError for an sm_80-only fatbin on sm_90")
+	}
+	msg := fe.Error()
+	for _, want := range []string{"k.fatbin", "device 1 (sm_90)", "holds sm_80", "collgen fatbin --arch sm_90", "NVRTC"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q lacks %q", msg, want)
+		}
+	}
+	if !errors.Is(fe, cause) {
+		t.Error("FatbinError does not unwrap to the driver's error")
+	}
+	if fe := fatbinMismatch("k.fatbin", img, 0, 86, cause); fe != nil {
+		t.Errorf("sm_80 code on sm_86 reported as a mismatch: %v", fe)
+	}
+	if fe := fatbinMismatch("k.cubin", []byte("\x7fELF"), 0, 90, cause); fe != nil {
+		t.Errorf("a non-fatbin reported as a mismatch: %v", fe)
+	}
+}

@@ -1,0 +1,196 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/rendezvous/etcdstore"
+	"github.com/collgen/collgen/runtime/rendezvous/storetest"
+)
+
+// startEtcd starts a one-member etcd server on loopback (free ports, a
+// temporary data directory), stopped by the test's cleanup, and returns
+// its client endpoint (host:port).
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = t.TempDir()
+	// Quiet: stopping logs its closed listeners at error level; start-up
+	// errors come back from StartEtcd.
+	cfg.LogLevel = "panic"
+	cfg.Logger = "zap"
+	client, peer := freeURL(t), freeURL(t)
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = cfg.Name + "=" + peer.String()
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.Close()
+		<-e.Server.StopNotify()
+	})
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("embedded etcd did not become ready in 30s")
+	}
+	return client.Host
+}
+
+// freeURL returns http://127.0.0.1:<a port free a moment ago>.
+func freeURL(t *testing.T) url.URL {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return url.URL{Scheme: "http", Host: l.Addr().String()}
+}
+
+func open(t *testing.T, cfg etcdstore.Config) rendezvous.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := etcdstore.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestConformance runs the Store conformance suite on etcd; every subtest
+// gets a prefix of its own on one server.
+func TestConformance(t *testing.T) {
+	ep := startEtcd(t)
+	n := 0
+	storetest.Run(t, func(t *testing.T) func() rendezvous.Store {
+		n++
+		prefix := fmt.Sprintf("/test%d/", n)
+		return func() rendezvous.Store { return open(t, etcdstore.Config{Endpoints: []string{ep}, Prefix: prefix}) }
+	})
+}
+
+// TestDeadRankKeysExpire: a handle that stops keeping its lease alive (a
+// dead rank; Close looks the same to etcd) loses its keys after the TTL,
+// while a live handle's keys stay.
+func TestDeadRankKeysExpire(t *testing.T) {
+	ep := startEtcd(t)
+	cfg := etcdstore.Config{Endpoints: []string{ep}, TTL: 2 * time.Second}
+	dead, live := open(t, cfg), open(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := dead.Set(ctx, "dead", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Set(ctx, "live", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	dead.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := live.Wait(shortCtx(t, 200*time.Millisecond), "dead")
+		if errors.Is(err, rendezvous.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dead handle's key still exists 20s after it stopped (TTL 2s)")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // past a TTL: the live lease is kept alive
+	if v, err := live.Get(shortCtx(t, time.Second), "live"); err != nil || string(v) != "1" {
+		t.Fatalf("live handle's key: %q, %v", v, err)
+	}
+}
+
+func shortCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestOpenByAddress: rendezvous.OpenRun reaches etcd through the
+// registered etcd:// scheme, scoped by run id like a TCP store.
+func TestOpenByAddress(t *testing.T) {
+	ep := startEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := rendezvous.OpenRun(ctx, "etcd://"+ep+"/jobs/a", "run12345")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Set(ctx, "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	raw := open(t, etcdstore.Config{Endpoints: []string{ep}, Prefix: "/jobs/a/"})
+	if v, err := raw.Get(ctx, "collgen/run/run12345/k"); err != nil || string(v) != "v" {
+		t.Fatalf("key under the run prefix: %q, %v", v, err)
+	}
+}
+
+func TestParseAddr(t *testing.T) {
+	cfg, err := etcdstore.ParseAddr("h1:2379,h2:2379/jobs/x/", false)
+	if err != nil || strings.Join(cfg.Endpoints, " ") != "http://h1:2379 http://h2:2379" || cfg.Prefix != "/jobs/x/" || cfg.TLS != nil {
+		t.Fatalf("ParseAddr = %+v, %v", cfg, err)
+	}
+	if cfg, err = etcdstore.ParseAddr("h1:2379", true); err != nil || cfg.Endpoints[0] != "https://h1:2379" || cfg.TLS == nil {
+		t.Fatalf("ParseAddr(secure) = %+v, %v", cfg, err)
+	}
+	for _, c := range []struct {
+		rest   string
+		secure bool
+		env    map[string]string
+		want   string
+	}{
+		{"/x", false, nil, `etcdstore: address "/x" names no endpoint; want etcd://host:2379[,host2:2379][/prefix]`},
+		{"h:1", false, map[string]string{etcdstore.CACertEnv: "/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT or COLLGEN_ETCD_CERT is set but the address is etcd://; use etcds:// for TLS"},
+		{"h:1", true, map[string]string{etcdstore.CertEnv: "/c.pem"}, "etcdstore: set both COLLGEN_ETCD_CERT and COLLGEN_ETCD_KEY for a client certificate, or neither"},
+		{"h:1", true, map[string]string{etcdstore.CACertEnv: "/nonexistent/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT: open /nonexistent/ca.pem: no such file or directory"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		_, err := etcdstore.ParseAddr(c.rest, c.secure)
+		if fmt.Sprint(err) != c.want {
+			t.Errorf("ParseAddr(%q, %v) error = %v, want %s", c.rest, c.secure, err, c.want)
+		}
+		for k := range c.env {
+			t.Setenv(k, "")
+		}
+	}
+}
+
+func TestOpenUnreachable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{freeURL(t).Host}, DialTimeout: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "etcdstore: ") {
+		t.Fatalf("Open on a closed port = %v, want an error", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Open took %v", d)
+	}
+	if _, err := etcdstore.Open(ctx, etcdstore.Config{}); fmt.Sprint(err) != "etcdstore: Config.Endpoints is empty" {
+		t.Fatalf("Open(empty) = %v", err)
+	}
+}
