@@ -116,6 +116,15 @@ type Config struct {
 	// like sglang's symmetric-memory option. Off by default: sglang
 	// measured windows slower than plain NCCL at 64-256 MiB on H200.
 	NCCLWindows bool
+	// NCCLNonBlocking opens the NCCL communicator non-blocking
+	// (ncclCommInitRankConfig with blocking = 0): its initialisation is
+	// then bounded by New's context and every later NCCL operation by
+	// Timeout, including a first collective whose connection set-up waits
+	// for a peer that never comes. Off by default: the blocking
+	// communicator is the one proven on GPUs; both bound a wait for an
+	// enqueued NCCL collective by Timeout (Synchronize polls NCCL's
+	// asynchronous error and aborts the communicator).
+	NCCLNonBlocking bool
 	// HostID names this rank's host; ranks with the same id form one host
 	// (CUDA IPC among them). "" uses $COLLGEN_HOST_ID, else the hostname
 	// and boot id. A group spanning hosts runs the hierarchical

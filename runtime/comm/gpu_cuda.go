@@ -97,10 +97,15 @@ func (d *cudaDevice) ncclUnavailable() string {
 	return ""
 }
 
-// openNCCL makes a non-blocking NCCL communicator: its initialisation is
-// bounded by ctx and every later wait on it by Config.Timeout.
+// openNCCL makes the NCCL communicator: blocking (ncclCommInitRank) by
+// default, non-blocking with Config.NCCLNonBlocking (its initialisation
+// bounded by ctx and every later NCCL operation by Config.Timeout).
 func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
-	d.comm, err = nccl.NewCommConfig(ctx, d.cfg.Store, key, rank, world, d.dev, nccl.Config{Timeout: d.cfg.Timeout})
+	if d.cfg.NCCLNonBlocking {
+		d.comm, err = nccl.NewCommConfig(ctx, d.cfg.Store, key, rank, world, d.dev, nccl.Config{Timeout: d.cfg.Timeout})
+	} else {
+		d.comm, err = nccl.NewComm(ctx, d.cfg.Store, key, rank, world, d.dev)
+	}
 	return err
 }
 

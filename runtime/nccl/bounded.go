@@ -54,7 +54,7 @@ func missingMsg(sym string) string {
 // Config tunes NewCommConfig.
 type Config struct {
 	// Timeout bounds every wait on the communicator after it is made:
-	// a call NCCL reports in progress (a collective whose connection
+	// an operation NCCL has not finished (a collective whose connection
 	// set-up waits for a peer, a window registration). Past it the
 	// communicator is aborted and the call returns an error wrapping
 	// ErrTimeout. 0 means one minute.
@@ -70,35 +70,42 @@ const pollInterval = 200 * time.Microsecond
 // NCCL can hang; on either bound the communicator is aborted. Rank 0's id
 // travels through store as in NewComm.
 func NewCommConfig(ctx context.Context, store rendezvous.Store, key string, rank, world int, dev *cuda.Device, cfg Config) (*Comm, error) {
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = time.Minute
-	}
 	lib, id, err := agreeID(ctx, store, key, rank, world)
 	if err != nil {
 		return nil, err
 	}
-	cm := &Comm{lib: lib, dev: dev, rank: rank, world: world, nonBlocking: true, timeout: cfg.Timeout}
+	cm := newComm(lib, dev, rank, world, true, cfg.Timeout)
 	op := fmt.Sprintf("ncclCommInitRankConfig(world %d, device %d, non-blocking)", world, dev.Ordinal)
 	var r C.ncclResult_t
 	if err := dev.WithContext(func() error {
-		r = C.cgn_ncclCommInitRankConfig(&cm.c, C.int(world), unsafe.Pointer(&id[0]), C.int(rank), 0)
+		// NCCL sets h before returning; its background thread initialises
+		// the communicator h points to and never writes h itself.
+		var h C.ncclComm_t
+		r = C.cgn_ncclCommInitRankConfig(&h, C.int(world), unsafe.Pointer(&id[0]), C.int(rank), 0)
+		cm.c = h
 		return nil
 	}); err != nil {
+		cm.freeSlot()
 		return nil, err
 	}
+	if cm.c == nil {
+		cm.freeSlot()
+		return nil, newError(r, op, rank, nil)
+	}
 	if r != 0 && Result(r) != InProgress {
-		err := newError(r, op, rank, nil)
-		if cm.c != nil {
-			cm.Abort()
-		}
-		return nil, err
+		return nil, errors.Join(newError(r, op, rank, nil), cm.Abort())
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(100 * 365 * 24 * time.Hour)
 	}
-	if err := cm.wait(ctx, func() string { return op }, deadline); err != nil {
-		return nil, err
+	cm.opMu.Lock()
+	err = cm.wait(ctx, func() string { return op }, deadline)
+	cm.opMu.Unlock()
+	if err != nil {
+		// A failed initialisation must be aborted too (a timeout already
+		// was; Abort is idempotent).
+		return nil, errors.Join(err, cm.Abort())
 	}
 	return cm, nil
 }
@@ -134,29 +141,23 @@ func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, worl
 	return lib, id, nil
 }
 
-// wait polls ncclCommGetAsyncError until the communicator's pending
-// operation is no longer in progress. Past deadline, or when ctx ends,
-// it aborts the communicator; Abort from another goroutine ends it too.
-// The read lock is held only around each poll (see Comm).
+// wait polls ncclCommGetAsyncError (with opMu held) until the
+// communicator's last operation is no longer in progress: nil when it
+// succeeded, NCCL's error when it or an earlier one failed. Past
+// deadline, or when ctx ends, it aborts the communicator; Abort from
+// another goroutine ends it too. The read lock is held only around each
+// poll (see Comm). On a blocking communicator it returns at the first
+// poll.
 func (c *Comm) wait(ctx context.Context, op func() string, deadline time.Time) error {
 	for {
 		if c.aborting.Load() {
 			return fmt.Errorf("nccl: %s on rank %d: %w", op(), c.rank, ErrAborted)
 		}
-		var res C.ncclResult_t
-		err := c.withHandle(op, func(h C.ncclComm_t) error {
-			if r := C.cgn_ncclCommGetAsyncError(h, &res); r != 0 {
-				return newError(r, op()+": ncclCommGetAsyncError", c.rank, h)
-			}
-			if res != 0 && Result(res) != InProgress {
-				return newError(res, op(), c.rank, h)
-			}
-			return nil
-		})
+		inProgress, err := c.poll(op)
 		if err != nil {
 			return err
 		}
-		if res == 0 {
+		if !inProgress {
 			return nil
 		}
 		var why error

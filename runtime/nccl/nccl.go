@@ -21,6 +21,7 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -288,23 +289,48 @@ func (l *Lib) GroupEnd() error {
 
 // Comm is one rank's NCCL communicator, bound to one device.
 //
-// Locking: every NCCL call on the handle holds mu for reading; Abort and
-// Destroy take it for writing to clear the handle, so no call uses a freed
-// communicator. A non-blocking communicator's calls return at once, and its
-// waits (wait) hold mu only around each poll, so Abort from another
-// goroutine gets the lock promptly; aborting is raised first so waits stop
-// polling.
+// Locking: opMu serialises operations (an NCCL call and, on a
+// non-blocking communicator, the wait until NCCL finished it), as NCCL
+// requires of one communicator; ncclCommGetAsyncError is an operation too
+// (it joins NCCL's finished background job, which two concurrent callers
+// would free twice). Every NCCL call on the handle also holds mu for
+// reading; Abort and Destroy take it for writing to clear the handle, so
+// no call uses a freed communicator. They do not take opMu: waits hold mu
+// only around each poll, so Abort from another goroutine gets the lock
+// promptly; aborting is raised first so waits stop polling.
 type Comm struct {
 	lib         *Lib
 	dev         *cuda.Device
 	rank, world int
+	opMu        sync.Mutex
 	mu          sync.RWMutex
 	c           C.ncclComm_t
+	// winSlot is C memory NCCL writes a new window's handle into: on a
+	// non-blocking communicator from its background thread, after
+	// ncclCommWindowRegister has returned (Go memory must not be kept by
+	// C). Read under opMu after the wait; freed by release once NCCL has
+	// torn the communicator down (its threads joined).
+	winSlot *C.ncclWindow_t
 	// nonBlocking: created with blocking = 0 (NewCommConfig); timeout
-	// bounds each wait for a call NCCL reports in progress.
+	// bounds each wait for an operation NCCL has not finished.
 	nonBlocking bool
 	timeout     time.Duration
 	aborting    atomic.Bool
+}
+
+// newComm makes the Comm value before its NCCL handle exists.
+func newComm(lib *Lib, dev *cuda.Device, rank, world int, nonBlocking bool, timeout time.Duration) *Comm {
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	slot := (*C.ncclWindow_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.ncclWindow_t(nil)))))
+	return &Comm{lib: lib, dev: dev, rank: rank, world: world, winSlot: slot, nonBlocking: nonBlocking, timeout: timeout}
+}
+
+// freeSlot frees winSlot; only release (and a failed constructor) call it.
+func (c *Comm) freeSlot() {
+	C.free(unsafe.Pointer(c.winSlot))
+	c.winSlot = nil
 }
 
 // NewComm creates rank's communicator of world ranks on dev. Rank 0 makes
@@ -318,14 +344,17 @@ func NewComm(ctx context.Context, store rendezvous.Store, key string, rank, worl
 	if err != nil {
 		return nil, err
 	}
-	cm := &Comm{lib: lib, dev: dev, rank: rank, world: world}
+	cm := newComm(lib, dev, rank, world, false, 0)
 	err = dev.WithContext(func() error {
-		if r := C.cgn_ncclCommInitRank(&cm.c, C.int(world), unsafe.Pointer(&id[0]), C.int(rank)); r != 0 {
+		var h C.ncclComm_t // written before ncclCommInitRank returns
+		if r := C.cgn_ncclCommInitRank(&h, C.int(world), unsafe.Pointer(&id[0]), C.int(rank)); r != 0 {
 			return newError(r, fmt.Sprintf("ncclCommInitRank(world %d, device %d)", world, dev.Ordinal), rank, nil)
 		}
+		cm.c = h
 		return nil
 	})
 	if err != nil {
+		cm.freeSlot()
 		return nil, err
 	}
 	return cm, nil
@@ -340,21 +369,33 @@ func (c *Comm) World() int { return c.world }
 // Device returns the communicator's device.
 func (c *Comm) Device() *cuda.Device { return c.dev }
 
-// call runs fn with the device context current and the comm handle. On a
-// non-blocking communicator a call NCCL reports in progress is waited for
-// (wait), so call returns when the operation is enqueued or failed.
+// call runs fn with the device context current and the comm handle, as
+// one operation (under opMu).
 func (c *Comm) call(op func() string, fn func(C.ncclComm_t) C.ncclResult_t) error {
-	var r C.ncclResult_t
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	return c.callLocked(op, fn)
+}
+
+// callLocked is call with opMu held. On a non-blocking communicator it
+// then waits until NCCL has finished the operation (wait), whatever the
+// call returned: NCCL reports ncclInProgress through
+// ncclCommGetAsyncError, and some calls return ncclSuccess while their
+// work still runs in NCCL's background thread (ncclCommWindowRegister
+// does, NCCL 2.28), after which the next call on the communicator fails
+// ("Attempt to use communicator before the previous operation returned
+// ncclSuccess"). So call returns when the operation is enqueued or failed.
+func (c *Comm) callLocked(op func() string, fn func(C.ncclComm_t) C.ncclResult_t) error {
 	err := c.withHandle(op, func(h C.ncclComm_t) error {
-		if r = fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
+		if r := fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
 			return newError(r, op(), c.rank, h)
 		}
 		return nil
 	})
-	if err == nil && r != 0 { // in progress
-		return c.wait(context.Background(), op, time.Now().Add(c.timeout))
+	if err != nil || !c.nonBlocking {
+		return err
 	}
-	return err
+	return c.wait(context.Background(), op, time.Now().Add(c.timeout))
 }
 
 // withHandle runs fn on the handle, under the read lock (so Abort and
@@ -429,19 +470,28 @@ func (c *Comm) AllGather(send, recv cuda.DevicePtr, sendCount int, dtype DataTyp
 // a collective already enqueued, or a remote rank's failure), nil if none.
 // After an error the communicator must be aborted.
 func (c *Comm) AsyncError() error {
-	var res C.ncclResult_t
-	err := c.call(func() string { return "ncclCommGetAsyncError" }, func(h C.ncclComm_t) C.ncclResult_t {
-		return C.cgn_ncclCommGetAsyncError(h, &res)
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	_, err := c.poll(func() string { return "async error" })
+	return err
+}
+
+// poll asks NCCL for the communicator's state once
+// (ncclCommGetAsyncError, under opMu): whether an operation is still in
+// progress, or the error it or an earlier one ended with.
+func (c *Comm) poll(op func() string) (inProgress bool, err error) {
+	err = c.withHandle(op, func(h C.ncclComm_t) error {
+		var res C.ncclResult_t
+		if r := C.cgn_ncclCommGetAsyncError(h, &res); r != 0 {
+			return newError(r, op()+": ncclCommGetAsyncError", c.rank, h)
+		}
+		inProgress = Result(res) == InProgress
+		if res != 0 && !inProgress {
+			return newError(res, op(), c.rank, h)
+		}
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if res != 0 && Result(res) != InProgress {
-		c.mu.RLock()
-		defer c.mu.RUnlock()
-		return newError(res, "async error", c.rank, c.c)
-	}
-	return nil
+	return inProgress, err
 }
 
 // Abort tears the communicator down without waiting for pending work or
@@ -453,12 +503,40 @@ func (c *Comm) Abort() error {
 	return c.release("ncclCommAbort", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommAbort(h) })
 }
 
-// Destroy frees the communicator after its pending work completes. The
-// Comm is unusable afterwards. Idempotent (with Abort too).
+// Destroy frees the communicator after its pending work completes. A
+// communicator that is not ready (an operation NCCL has not finished
+// within the timeout, or an asynchronous error) is aborted instead, and
+// Destroy returns why: ncclCommDestroy on it would return early without
+// ending the NCCL group it began (NCCL 2.28), leaving this OS thread inside
+// a group so that later NCCL calls on the thread are only queued (a
+// communicator initialised there would report success without
+// initialising). The Comm is unusable afterwards. Idempotent (with Abort
+// too).
 func (c *Comm) Destroy() error {
+	op := func() string { return "ncclCommDestroy" }
+	c.opMu.Lock()
+	err := c.wait(context.Background(), op, time.Now().Add(c.timeout))
+	c.opMu.Unlock()
+	if err != nil {
+		if c.gone() {
+			return nil
+		}
+		return errors.Join(fmt.Errorf("nccl: rank %d: destroy a communicator that is not ready: aborted instead: %w", c.rank, err), c.Abort())
+	}
 	return c.release("ncclCommDestroy", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommDestroy(h) })
 }
 
+// gone reports whether the handle was released (Abort or Destroy).
+func (c *Comm) gone() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.c == nil
+}
+
+// release hands the handle to fn (ncclCommAbort or ncclCommDestroy) once:
+// later calls find it gone. Both run their NCCL work to the end before
+// returning (NCCL runs a destroying communicator's group blocking) and
+// join its background job, so winSlot is NCCL's no longer afterwards.
 func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
 	c.mu.Lock() // waits for calls in NCCL, never for a wait's sleep
 	h := c.c
@@ -467,9 +545,8 @@ func (c *Comm) release(op string, fn func(C.ncclComm_t) C.ncclResult_t) error {
 	if h == nil {
 		return nil
 	}
+	defer c.freeSlot()
 	return c.dev.WithContext(func() error {
-		// A non-blocking communicator may finish tearing down in NCCL's
-		// background thread (ncclInProgress); the handle is NCCL's then.
 		if r := fn(h); r != 0 && !(c.nonBlocking && Result(r) == InProgress) {
 			return newError(r, op, c.rank, nil)
 		}

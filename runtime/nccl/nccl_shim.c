@@ -97,13 +97,8 @@ ncclResult_t cgn_ncclMemAlloc(unsigned long long *p, size_t size) {
   return r;
 }
 ncclResult_t cgn_ncclMemFree(unsigned long long p) { N_CALL(ncclMemFree, (void *), (void *)(size_t)p); }
-ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *win, int flags) {
-  void *f_ = cgn_fn[CGN_ncclCommWindowRegister];
-  if (!f_) return CGN_MISSING_BASE + CGN_ncclCommWindowRegister;
-  ncclWindow_t w = NULL;
-  ncclResult_t r = ((ncclResult_t(*)(ncclComm_t, void *, size_t, ncclWindow_t *, int))f_)(c, (void *)(size_t)buff, size, &w, flags);
-  *win = (unsigned long long)(size_t)w;
-  return r;
+ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, ncclWindow_t *win, int flags) {
+  N_CALL(ncclCommWindowRegister, (ncclComm_t, void *, size_t, ncclWindow_t *, int), c, (void *)(size_t)buff, size, win, flags);
 }
 ncclResult_t cgn_ncclCommWindowDeregister(ncclComm_t c, unsigned long long win) {
   N_CALL(ncclCommWindowDeregister, (ncclComm_t, ncclWindow_t), c, (ncclWindow_t)(size_t)win);

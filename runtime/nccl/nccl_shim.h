@@ -92,7 +92,10 @@ ncclResult_t cgn_ncclCommRegister(ncclComm_t c, unsigned long long buff, size_t 
 ncclResult_t cgn_ncclCommDeregister(ncclComm_t c, unsigned long long handle);
 ncclResult_t cgn_ncclMemAlloc(unsigned long long *p, size_t size);
 ncclResult_t cgn_ncclMemFree(unsigned long long p);
-ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, unsigned long long *win, int flags);
+// cgn_ncclCommWindowRegister passes win on to NCCL, which may write it
+// from its background thread after returning (non-blocking communicator):
+// win must be C memory that outlives the operation.
+ncclResult_t cgn_ncclCommWindowRegister(ncclComm_t c, unsigned long long buff, size_t size, ncclWindow_t *win, int flags);
 ncclResult_t cgn_ncclCommWindowDeregister(ncclComm_t c, unsigned long long win);
 
 #endif

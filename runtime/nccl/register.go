@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/collgen/collgen/runtime/cuda"
 )
@@ -57,19 +58,33 @@ const WindowAlign = 4096
 // (ncclCommWindowRegister, NCCL 2.27+). It is collective: every rank
 // registers its buffer in the same order. The memory must come from the
 // VMM API (cuMemCreate/cuMemMap, e.g. runtime/symm's CUDA backend, or
-// MemAlloc); NCCL refuses cuMemAlloc memory.
+// MemAlloc); NCCL refuses cuMemAlloc memory. A zero Window with a nil
+// error means NCCL chose not to register (NCCL_LOCAL_REGISTER=0 without
+// symmetric support); deregistering it is a no-op.
 func (c *Comm) WindowRegister(p cuda.DevicePtr, bytes int, flags WindowFlags) (Window, error) {
 	if p == 0 || bytes <= 0 {
 		return 0, fmt.Errorf("nccl: window %#x (%d bytes) on rank %d: need a device address and a positive size", uintptr(p), bytes, c.rank)
 	}
-	var w C.ulonglong
-	err := c.call(func() string {
+	op := func() string {
 		return fmt.Sprintf("ncclCommWindowRegister(%#x, %d bytes, flags %#x)", uintptr(p), bytes, int(flags))
-	},
-		func(cm C.ncclComm_t) C.ncclResult_t {
-			return C.cgn_ncclCommWindowRegister(cm, C.ulonglong(p), C.size_t(bytes), &w, C.int(flags))
-		})
-	return Window(w), err
+	}
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	var w Window
+	err := c.callLocked(op, func(cm C.ncclComm_t) C.ncclResult_t {
+		*c.winSlot = nil
+		return C.cgn_ncclCommWindowRegister(cm, C.ulonglong(p), C.size_t(bytes), c.winSlot, C.int(flags))
+	})
+	if err != nil {
+		return 0, err
+	}
+	// Read under the read lock: release frees winSlot after clearing the
+	// handle.
+	err = c.withHandle(op, func(C.ncclComm_t) error {
+		w = Window(unsafe.Pointer(*c.winSlot))
+		return nil
+	})
+	return w, err
 }
 
 // WindowDeregister drops a window (ncclCommWindowDeregister); collective

@@ -78,85 +78,125 @@ func collectives(comm *nccl.Comm, d *cuda.Device, s *cuda.Stream, send, recv cud
 		})
 }
 
+// modes are the two kinds of communicator: blocking (NewComm) and
+// non-blocking (NewCommConfig).
+var modes = []struct {
+	name        string
+	nonBlocking bool
+}{{"blocking", false}, {"nonblocking", true}}
+
+// newComm makes rank r's communicator of world, blocking or not, its
+// initialisation bounded by a minute.
+func newComm(store rendezvous.Store, key string, r, world int, d *cuda.Device, nonBlocking bool, timeout time.Duration) (*nccl.Comm, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if nonBlocking {
+		return nccl.NewCommConfig(ctx, store, key, r, world, d, nccl.Config{Timeout: timeout})
+	}
+	return nccl.NewComm(ctx, store, key, r, world, d)
+}
+
 // TestRegisterAndWindows2GPU runs the collectives on plain, registered
 // (ncclCommRegister) and window (ncclCommWindowRegister on ncclMemAlloc
-// memory, NCCL 2.27+) buffers of non-blocking communicators.
+// memory, NCCL 2.27+) buffers, on blocking and on non-blocking
+// communicators. Two window registrations back to back prove that a
+// non-blocking call waits for NCCL to finish the operation even when
+// NCCL returned ncclSuccess while its background thread still works
+// (NCCL 2.28 does so for windows; the next call then failed with "Attempt
+// to use communicator before the previous operation returned
+// ncclSuccess"), and the windows' handles arrive through C memory.
 func TestRegisterAndWindows2GPU(t *testing.T) {
 	devs := cudatest.Devices(t, 2)
 	lib := loadOrSkip(t)
 	if !lib.AtLeast(2, 19) {
 		t.Skipf("NCCL %v has no buffer registration (2.19+)", lib.Version())
 	}
-	store := rendezvous.NewMemStore()
-	const n = 1 << 20
-	err := onRanks(devs, func(r int, d *cuda.Device) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		comm, err := nccl.NewCommConfig(ctx, store, "ncclreg", r, len(devs), d, nccl.Config{Timeout: 30 * time.Second})
-		if err != nil {
-			return err
-		}
-		defer comm.Destroy()
-		s, err := d.NewStream()
-		if err != nil {
-			return err
-		}
-		defer s.Destroy()
-		bytes := 4 * n * len(devs)
-		send, _ := d.Alloc(bytes)
-		recv, _ := d.Alloc(bytes)
-		defer d.Free(send)
-		defer d.Free(recv)
-		if err := collectives(comm, d, s, send, recv, n, "plain"); err != nil {
-			return err
-		}
-		hs, err := comm.Register(send, bytes)
-		if err != nil {
-			return err
-		}
-		hr, err := comm.Register(recv, bytes)
-		if err != nil {
-			return err
-		}
-		if err := collectives(comm, d, s, send, recv, n, "registered"); err != nil {
-			return err
-		}
-		if err := errors.Join(comm.Deregister(hs), comm.Deregister(hr)); err != nil {
-			return err
-		}
-		if !lib.AtLeast(2, 27) {
-			t.Logf("NCCL %v: no windows (2.27+), skipping that part", lib.Version())
-			return comm.AsyncError()
-		}
-		wsend, err := lib.MemAlloc(d, bytes)
-		if err != nil {
-			return err
-		}
-		defer lib.MemFree(d, wsend)
-		wrecv, err := lib.MemAlloc(d, bytes)
-		if err != nil {
-			return err
-		}
-		defer lib.MemFree(d, wrecv)
-		w1, err := comm.WindowRegister(wsend, bytes, nccl.WindowSymmetric)
-		if err != nil {
-			return err
-		}
-		w2, err := comm.WindowRegister(wrecv, bytes, nccl.WindowSymmetric)
-		if err != nil {
-			return err
-		}
-		if err := collectives(comm, d, s, wsend, wrecv, n, "window"); err != nil {
-			return err
-		}
-		if err := collectives(comm, d, s, wsend, wrecv, 256, "window, 1 KiB"); err != nil {
-			return err
-		}
-		return errors.Join(comm.WindowDeregister(w2), comm.WindowDeregister(w1), comm.AsyncError())
-	})
-	if err != nil {
-		t.Fatal(err)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			store := rendezvous.NewMemStore()
+			err := onRanks(devs, func(r int, d *cuda.Device) error {
+				comm, err := newComm(store, "ncclreg", r, len(devs), d, m.nonBlocking, 30*time.Second)
+				if err != nil {
+					return err
+				}
+				defer comm.Destroy()
+				return registerAndWindows(t, lib, comm, d)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
+}
+
+// registerAndWindows is one rank of TestRegisterAndWindows2GPU.
+func registerAndWindows(t *testing.T, lib *nccl.Lib, comm *nccl.Comm, d *cuda.Device) error {
+	const n = 1 << 20
+	s, err := d.NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Destroy()
+	bytes := 4 * n * comm.World()
+	send, err := d.Alloc(bytes)
+	if err != nil {
+		return err
+	}
+	defer d.Free(send)
+	recv, err := d.Alloc(bytes)
+	if err != nil {
+		return err
+	}
+	defer d.Free(recv)
+	if err := collectives(comm, d, s, send, recv, n, "plain"); err != nil {
+		return err
+	}
+	hs, err := comm.Register(send, bytes)
+	if err != nil {
+		return err
+	}
+	hr, err := comm.Register(recv, bytes)
+	if err != nil {
+		return errors.Join(err, comm.Deregister(hs))
+	}
+	if err := collectives(comm, d, s, send, recv, n, "registered"); err != nil {
+		return errors.Join(err, comm.Deregister(hs), comm.Deregister(hr))
+	}
+	if err := errors.Join(comm.Deregister(hs), comm.Deregister(hr)); err != nil {
+		return err
+	}
+	if !lib.AtLeast(2, 27) {
+		t.Logf("NCCL %v: no windows (2.27+), skipping that part", lib.Version())
+		return comm.AsyncError()
+	}
+	wsend, err := lib.MemAlloc(d, bytes)
+	if err != nil {
+		return err
+	}
+	defer lib.MemFree(d, wsend)
+	wrecv, err := lib.MemAlloc(d, bytes)
+	if err != nil {
+		return err
+	}
+	defer lib.MemFree(d, wrecv)
+	w1, err := comm.WindowRegister(wsend, bytes, nccl.WindowSymmetric)
+	if err != nil {
+		return err
+	}
+	w2, err := comm.WindowRegister(wrecv, bytes, nccl.WindowSymmetric)
+	if err != nil {
+		return err
+	}
+	if w1 == 0 || w2 == 0 || w1 == w2 {
+		return fmt.Errorf("rank %d: windows %#x and %#x, want two distinct handles", comm.Rank(), uintptr(w1), uintptr(w2))
+	}
+	if err := collectives(comm, d, s, wsend, wrecv, n, "window"); err != nil {
+		return err
+	}
+	if err := collectives(comm, d, s, wsend, wrecv, 256, "window, 1 KiB"); err != nil {
+		return err
+	}
+	return errors.Join(comm.WindowDeregister(w2), comm.WindowDeregister(w1), comm.AsyncError())
 }
 
 // TestInitBounded: a non-blocking communicator whose peer never joins
@@ -178,35 +218,58 @@ func TestInitBounded(t *testing.T) {
 	t.Logf("%v after %v", err, el)
 }
 
-// TestAbortReleasesKernel2GPU: rank 0 issues an all-reduce rank 1 never
-// joins, so NCCL's kernel waits for it; Abort from another goroutine stops
-// the kernel (the stream drains) and later calls fail with ErrAborted.
+// TestAbortReleasesKernel2GPU: both ranks run an all-reduce (NCCL sets up
+// its connections in the first one), then rank 0 issues the same
+// all-reduce alone, so the call returns and NCCL's kernel waits for rank
+// 1; Abort from another goroutine stops the kernel (the stream drains)
+// and later calls fail with ErrAborted. For blocking and non-blocking
+// communicators.
 func TestAbortReleasesKernel2GPU(t *testing.T) {
 	devs := cudatest.Devices(t, 2)
 	loadOrSkip(t)
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { abortReleasesKernel(t, devs, m.nonBlocking) })
+	}
+}
+
+func abortReleasesKernel(t *testing.T, devs []*cuda.Device, nonBlocking bool) {
+	const n = 1 << 20
 	store := rendezvous.NewMemStore()
 	comms := make([]*nccl.Comm, 2)
+	streams := make([]*cuda.Stream, 2)
+	bufs := make([]cuda.DevicePtr, 2)
+	t.Cleanup(func() {
+		for r := range comms {
+			if comms[r] != nil {
+				comms[r].Abort()
+			}
+			if streams[r] != nil {
+				streams[r].Destroy()
+			}
+			if bufs[r] != 0 {
+				devs[r].Free(bufs[r])
+			}
+		}
+	})
 	if err := onRanks(devs, func(r int, d *cuda.Device) (err error) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		comms[r], err = nccl.NewCommConfig(ctx, store, "abortkernel", r, 2, d, nccl.Config{Timeout: 20 * time.Second})
-		return err
+		if comms[r], err = newComm(store, "abortkernel", r, 2, d, nonBlocking, 20*time.Second); err != nil {
+			return err
+		}
+		if streams[r], err = d.NewStream(); err != nil {
+			return err
+		}
+		if bufs[r], err = d.Alloc(4 * n); err != nil {
+			return err
+		}
+		if err := comms[r].AllReduce(bufs[r], bufs[r], n, nccl.Float32, nccl.Sum, streams[r]); err != nil {
+			return err
+		}
+		return streams[r].Synchronize()
 	}); err != nil {
 		t.Fatal(err)
 	}
-	defer comms[1].Destroy()
-	d := devs[0]
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	buf, err := d.Alloc(4 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(buf)
-	if err := comms[0].AllReduce(buf, buf, 1<<20, nccl.Float32, nccl.Sum, s); err != nil {
+	s, buf := streams[0], bufs[0]
+	if err := comms[0].AllReduce(buf, buf, n, nccl.Float32, nccl.Sum, s); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)

@@ -23,7 +23,8 @@ import (
 )
 
 // commsWith forms a world-2 group of goroutine ranks, rank r's Config
-// from cfg(r).
+// from cfg(r). When a rank fails, the communicators made are aborted, so
+// the next test starts clean.
 func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
 	t.Helper()
 	comms := make([]*comm.Communicator, 2)
@@ -45,10 +46,22 @@ func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				c.Abort()
+			}
+		}
 		t.Fatal(err)
 	}
 	return comms
 }
+
+// ncclModes are the ways comm opens its NCCL communicator: blocking (the
+// default) and Config.NCCLNonBlocking.
+var ncclModes = []struct {
+	name        string
+	nonBlocking bool
+}{{"blocking", false}, {"nonblocking", true}}
 
 // ranks runs fn on both ranks concurrently.
 func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) error {
@@ -117,7 +130,8 @@ func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
 // TestNCCLRegistrationGPU runs NCCL collectives on allocator blocks (every
 // segment registered through Config.Allocator) and on NCCL windows
 // (ncclMemAlloc memory, RegisterWindow; NCCL 2.27+), small and large; and
-// checks that memory NCCL cannot register is refused at registration.
+// checks that memory NCCL cannot register is refused at registration. With
+// blocking and non-blocking NCCL communicators.
 func TestNCCLRegistrationGPU(t *testing.T) {
 	gpus(t)
 	lib, err := nccl.Load()
@@ -127,6 +141,13 @@ func TestNCCLRegistrationGPU(t *testing.T) {
 	if !lib.AtLeast(2, 19) {
 		t.Skipf("NCCL %v has no registration (2.19+)", lib.Version())
 	}
+	for _, m := range ncclModes {
+		t.Run(m.name, func(t *testing.T) { ncclRegistration(t, lib, m.nonBlocking) })
+	}
+}
+
+func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
+	var err error
 	devs := make([]*cuda.Device, 2)
 	allocs := make([]*alloc.Allocator, 2)
 	for r := range devs {
@@ -144,7 +165,7 @@ func TestNCCLRegistrationGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	comms := commsWith(t, rendezvous.NewMemStore(), func(r int) comm.Config {
-		return comm.Config{Group: "ncclreg", Allocator: allocs[r], Timeout: 20 * time.Second}
+		return comm.Config{Group: "ncclreg", Allocator: allocs[r], Timeout: 20 * time.Second, NCCLNonBlocking: nonBlocking}
 	})
 	defer closeComms(comms)
 	for _, n := range []int{512, 16 << 20} { // 1 KiB and 32 MiB of bf16 per rank
@@ -394,6 +415,7 @@ func TestNCCLPeerKilledGPU(t *testing.T) {
 // TestNCCLAllocWindowsGPU: with Config.NCCLWindows, buffers from
 // Communicator.Alloc (symmetric VMM memory) are registered as NCCL windows
 // (NCCL 2.27+); NCCL collectives on them, small and large, are right.
+// With blocking and non-blocking NCCL communicators.
 func TestNCCLAllocWindowsGPU(t *testing.T) {
 	gpus(t)
 	lib, err := nccl.Load()
@@ -403,8 +425,14 @@ func TestNCCLAllocWindowsGPU(t *testing.T) {
 	if !lib.AtLeast(2, 27) {
 		t.Skipf("NCCL %v has no windows (2.27+)", lib.Version())
 	}
+	for _, m := range ncclModes {
+		t.Run(m.name, func(t *testing.T) { ncclAllocWindows(t, m.nonBlocking) })
+	}
+}
+
+func ncclAllocWindows(t *testing.T, nonBlocking bool) {
 	comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
-		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true}
+		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true, NCCLNonBlocking: nonBlocking}
 	})
 	defer closeComms(comms)
 	const n = 8 << 20
