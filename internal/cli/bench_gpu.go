@@ -437,23 +437,7 @@ func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBench
 	if !g.sizesSet {
 		sizes, _ = bench.ParseSizes(gpubench.DefaultSizes)
 	}
-	var extra []string
-	if g.eager {
-		extra = append(extra, "--eager")
-	}
-	if g.zeroCopy {
-		extra = append(extra, "--zero-copy")
-	}
-	if g.staging != "" {
-		extra = append(extra, "--staging", g.staging)
-	}
-	if g.devices != "" {
-		extra = append(extra, "--devices", g.devices)
-	}
-	if g.timeoutSet {
-		extra = append(extra, "--timeout", o.Timeout.String())
-	}
-	b, lerr, err := runWorkers(ctx, io, o, "gpu", sizes, extra, prog)
+	b, lerr, err := runWorkers(ctx, io, o, "gpu", sizes, workerFlags(g, o), prog)
 	if err != nil {
 		return nil, err
 	}
@@ -475,4 +459,29 @@ func benchGPUProcesses(ctx context.Context, io *IO, o *BenchOptions, g *gpuBench
 		return res.Measurements, fmt.Errorf("bench: %w (the ranks' output is above)", lerr)
 	}
 	return res.Measurements, nil
+}
+
+// workerFlags are the GPU flags --processes passes on to every worker
+// process, so each rank sweeps exactly what the command line asked for.
+func workerFlags(g *gpuBenchFlags, o *BenchOptions) []string {
+	var extra []string
+	if g.eager {
+		extra = append(extra, "--eager")
+	}
+	if g.zeroCopy {
+		extra = append(extra, "--zero-copy")
+	}
+	if g.awkward {
+		extra = append(extra, "--awkward")
+	}
+	if g.staging != "" {
+		extra = append(extra, "--staging", g.staging)
+	}
+	if g.devices != "" {
+		extra = append(extra, "--devices", g.devices)
+	}
+	if g.timeoutSet {
+		extra = append(extra, "--timeout", o.Timeout.String())
+	}
+	return extra
 }

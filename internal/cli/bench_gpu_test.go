@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/collgen/collgen/bench/gpubench"
 )
@@ -76,5 +77,19 @@ func TestGPUReport(t *testing.T) {
 	err := reportGPU(&IO{Out: &eo, Err: &ee}, &BenchOptions{}, ms, nil)
 	if err == nil || !strings.Contains(ee.String(), "CHECK FAILED") {
 		t.Errorf("a check failure must fail loudly: %v\n%s", err, ee.String())
+	}
+}
+
+// TestWorkerFlags: --processes hands every GPU sweep flag to the workers
+// (--awkward was once dropped there, so process sweeps had no awkward rows).
+func TestWorkerFlags(t *testing.T) {
+	o := &BenchOptions{Timeout: 90 * time.Second}
+	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
+	got := strings.Join(workerFlags(g, o), " ")
+	if want := "--eager --zero-copy --awkward --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
+		t.Errorf("worker flags %q, want %q", got, want)
+	}
+	if got := workerFlags(&gpuBenchFlags{}, o); len(got) != 0 {
+		t.Errorf("no flags set: %q", got)
 	}
 }
