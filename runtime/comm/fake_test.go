@@ -48,16 +48,24 @@ type fakeDevice struct {
 	// be closed (the busy test).
 	hold    chan struct{}
 	entered chan struct{}
+	// countOnly makes launch count launches (counted) instead of
+	// recording them, so benchmarks measure the communicator alone.
+	countOnly bool
+	counted   int
 }
 
 // fakeSym is one symmetric buffer of a fake device: at offset off of every
-// rank's fake region.
-type fakeSym struct{ off, bytes cuda.DevicePtr }
+// rank's fake region. peers is its peer table, made once (as a real
+// buffer's *symm.Handle is), so lookup allocates nothing.
+type fakeSym struct {
+	off, bytes cuda.DevicePtr
+	peers      *fakePeers
+}
 
 // fakePeers is a fake symmetric buffer's peer table.
 type fakePeers struct{ off cuda.DevicePtr }
 
-func (p fakePeers) Peer(r int) uintptr { return uintptr(fakeRegion(r) + p.off) }
+func (p *fakePeers) Peer(r int) uintptr { return uintptr(fakeRegion(r) + p.off) }
 
 // fakeLaunch is one recorded launch.
 type fakeLaunch struct {
@@ -116,7 +124,12 @@ func (d *fakeDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.launches = append(d.launches, fakeLaunch{k, grid, block, args})
+	if d.countOnly {
+		d.counted++
+		return nil
+	}
+	// Copy args, as cuLaunchKernel does: the caller reuses the buffer.
+	d.launches = append(d.launches, fakeLaunch{k, grid, block, bytes.Clone(args)})
 	return nil
 }
 
@@ -166,7 +179,7 @@ func (d worldDevice) symmetric(_ context.Context, _ string, bytes int) (cuda.Dev
 	defer d.mu.Unlock()
 	off := 3<<30 + d.nextSym
 	d.nextSym += cuda.DevicePtr(bytes)
-	d.syms = append(d.syms, fakeSym{off, cuda.DevicePtr(bytes)})
+	d.syms = append(d.syms, fakeSym{off, cuda.DevicePtr(bytes), &fakePeers{off}})
 	return fakeRegion(d.rank) + off, nil
 }
 
@@ -176,14 +189,14 @@ func (d *fakeDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 	for _, s := range d.syms {
 		base := fakeRegion(d.rank) + s.off
 		if p >= base && p-base+cuda.DevicePtr(n) <= s.bytes {
-			return zeroCopy{offset: int64(p - base), peers: fakePeers{s.off}}, true
+			return zeroCopy{offset: int64(p - base), peers: s.peers}, true
 		}
 	}
 	return zeroCopy{}, false
 }
 
 // fakeComms makes world goroutine-rank GPU communicators over fake devices.
-func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDevice) {
+func fakeComms(t testing.TB, world int, cfg Config) ([]*Communicator, []*fakeDevice) {
 	t.Helper()
 	devs := make([]*fakeDevice, world)
 	for r := range devs {
@@ -198,7 +211,7 @@ func fakeComms(t *testing.T, world int, cfg Config) ([]*Communicator, []*fakeDev
 
 // newFakeComms runs New on every rank over the given fake devices (one per
 // rank) and returns each rank's communicator and error.
-func newFakeComms(t *testing.T, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
+func newFakeComms(t testing.TB, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
 	t.Helper()
 	world := len(devs)
 	store := rendezvous.NewMemStore()
@@ -238,7 +251,7 @@ func onRanks(comms []*Communicator, fn func(r int, c *Communicator) error) []err
 	return errs
 }
 
-func closeAll(t *testing.T, comms []*Communicator) {
+func closeAll(t testing.TB, comms []*Communicator) {
 	t.Helper()
 	if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error { return c.Close() })...); err != nil {
 		t.Error(err)
