@@ -87,11 +87,7 @@ func (g *gpuComm) abortWord() cuda.DevicePtr {
 // releaseKernels marks the backend broken by Abort and releases kernels
 // waiting for peers (aborter.releaseKernels).
 func (g *gpuComm) releaseKernels() error {
-	g.mu.Lock()
-	if g.broken == nil {
-		g.broken = errorf(ErrAborted, "comm: rank %d: the communicator was aborted (Communicator.Abort); make a new one", g.cfg.Rank)
-	}
-	g.mu.Unlock()
+	g.setBroken(errorf(ErrAborted, "comm: rank %d: the communicator was aborted (Communicator.Abort); make a new one", g.cfg.Rank))
 	a, ok := g.dev.(aborter)
 	if !ok || len(g.signal) == 0 {
 		return nil

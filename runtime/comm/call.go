@@ -56,21 +56,33 @@ type backend interface {
 }
 
 // do is the front end of every collective: resolve once, cross-check in
-// the debug mode, then run.
-func (c *Communicator) do(cl *call) error {
+// the debug mode, then run. It takes the call by value: a GPU call is
+// planned in the communicator's one call record (cur, guarded by busy),
+// so the per-call path allocates nothing; host calls, which may run
+// concurrently, get their own.
+func (c *Communicator) do(in call) error {
 	if c.aborted.Load() {
-		return c.abortedError(string(cl.collective))
+		return c.abortedError(string(in.collective))
 	}
 	if c.closed.Load() {
 		// Before the debug check: peers of a closed rank are not calling.
-		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, cl.collective)
+		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, in.collective)
 	}
+	var cl *call
 	if c.gpu != nil || c.hier != nil {
 		if !c.busy.TryLock() {
 			return errorf(ErrBusy, "comm: rank %d: %s called while another goroutine's collective is in progress on this GPU communicator; issue one communicator's calls from one goroutine at a time (they share sequence counters and stage slots)",
-				c.cfg.Rank, cl.collective)
+				c.cfg.Rank, in.collective)
 		}
-		defer c.busy.Unlock()
+		defer func() {
+			c.cur = call{} // keep no reference to the caller's stream or context
+			c.busy.Unlock()
+		}()
+		c.cur = in
+		cl = &c.cur
+	} else {
+		cl = new(call)
+		*cl = in
 	}
 	err := c.resolve(cl)
 	if c.check != nil {

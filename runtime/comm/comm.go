@@ -181,6 +181,10 @@ type Communicator struct {
 	// communicator share sequence counters and stage slots, so a second
 	// goroutine arriving meanwhile gets ErrBusy instead of racing them.
 	busy sync.Mutex
+	// cur is the plan of the GPU call in progress (see do): written and
+	// read only while busy is held, and not kept by anything past the
+	// call.
+	cur call
 	// check is non-nil in the debug check mode (EnvDebugCheck).
 	check *checker
 	// closed is set by Close and Abort; later calls return ErrClosed.
@@ -281,21 +285,21 @@ func (c *Communicator) WorldSize() int { return c.cfg.WorldSize }
 // AllReduce combines count elements of every rank's in with op and writes
 // the result to every rank's out. in and out may be the same buffer.
 func (c *Communicator) AllReduce(in, out Buffer, count int, dtype coll.DType, op coll.Op, o Options) error {
-	return c.do(&call{collective: coll.AllReduce, in: in, out: out, count: int64(count), dtype: dtype, op: op, o: o})
+	return c.do(call{collective: coll.AllReduce, in: in, out: out, count: int64(count), dtype: dtype, op: op, o: o})
 }
 
 // ReduceScatter combines every rank's in (WorldSize*recvCount elements) with
 // op; rank r receives elements [r*recvCount, (r+1)*recvCount) in out. For
 // in-place use pass out = in + r*recvCount elements.
 func (c *Communicator) ReduceScatter(in, out Buffer, recvCount int, dtype coll.DType, op coll.Op, o Options) error {
-	return c.do(&call{collective: coll.ReduceScatter, in: in, out: out, count: int64(recvCount), dtype: dtype, op: op, o: o})
+	return c.do(call{collective: coll.ReduceScatter, in: in, out: out, count: int64(recvCount), dtype: dtype, op: op, o: o})
 }
 
 // AllGather concatenates every rank's in (sendCount elements) in rank order
 // into every rank's out (WorldSize*sendCount elements). For in-place use
 // pass in = out + r*sendCount elements.
 func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype coll.DType, o Options) error {
-	return c.do(&call{collective: coll.AllGather, in: in, out: out, count: int64(sendCount), dtype: dtype, o: o})
+	return c.do(call{collective: coll.AllGather, in: in, out: out, count: int64(sendCount), dtype: dtype, o: o})
 }
 
 // Plan is what a collective call would run.

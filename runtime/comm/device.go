@@ -51,10 +51,13 @@ type device interface {
 	// Config.LazyKernels), so launch finds them ready; a kernel that fails
 	// is a *KernelError naming it.
 	preload(ctx context.Context, ks []*kernels.Kernel) error
-	// launch runs kernel k on s (nil: the device's own stream) with grid
-	// blocks of block threads and args as its by-value argument struct,
-	// loading the kernel on first use.
-	launch(k *kernels.Kernel, grid, block uint32, args []byte, s *cuda.Stream) error
+	// launch runs kernel k, the id-th of Config.Library.Kernels, on s
+	// (nil: the device's own stream) with grid blocks of block threads and
+	// args as its by-value argument struct, loading the kernel on first
+	// use (Config.LazyKernels). It keeps nothing of args once it returns:
+	// the caller reuses the buffer for its next call. It runs on every
+	// call: with the kernel loaded it takes no lock and allocates nothing.
+	launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream) error
 	// runNCCL hands a resolved call to NCCL on s.
 	runNCCL(cl *call, s *cuda.Stream) error
 	// synchronize waits for s (nil: the device's own stream).

@@ -117,7 +117,7 @@ func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel) error {
 	return d.preloadErr
 }
 
-func (d *fakeDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, _ *cuda.Stream) error {
+func (d *fakeDevice) launch(k *kernels.Kernel, _ int, grid, block uint32, args []byte, _ *cuda.Stream) error {
 	if d.hold != nil {
 		d.entered <- struct{}{}
 		<-d.hold

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -69,9 +70,22 @@ type gpuComm struct {
 	// kernel's stage slot (see stageMapping); absent: it never does.
 	inPlace map[*kernels.Kernel]stageMap
 
-	mu       sync.Mutex // guards symCount, broken
+	// argBuf and zcBuf are the launch's argument struct and a zero-copy
+	// call's stage pointers, reused by every call: run is reached only
+	// through Communicator.do, which holds Communicator.busy for the whole
+	// call, so one call at a time writes them; and the device keeps
+	// nothing of argBuf after launch returns (cuLaunchKernel copies the
+	// parameter values, into the graph node under stream capture too).
+	argBuf []byte
+	zcBuf  []cuda.DevicePtr
+
+	// broken is the error every later call returns once the communicator
+	// is unusable (a kernel's timeout, or Abort). It is set once, by the
+	// first setBroken, and read without a lock on every call.
+	broken atomic.Pointer[error]
+
+	mu       sync.Mutex // guards symCount
 	symCount int
-	broken   error
 }
 
 // zeroCopy is a call whose input peers read in place: the input lies at
@@ -165,7 +179,7 @@ func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (d
 func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix, det: det,
 		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
-		inPlace: map[*kernels.Kernel]stageMap{}}
+		inPlace: map[*kernels.Kernel]stageMap{}, zcBuf: make([]cuda.DevicePtr, cfg.WorldSize)}
 	if err := g.pickTopology(); err != nil {
 		return nil, err
 	}
@@ -182,6 +196,9 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 			return nil, err
 		}
 		g.packers[k] = p
+		if p.size > len(g.argBuf) {
+			g.argBuf = make([]byte, p.size)
+		}
 		if k.Protocol.Push() {
 			continue // push kernels send from the input; they stage nothing
 		}
@@ -485,7 +502,8 @@ func (g *gpuComm) run(cl *call) error {
 		err = g.dev.runNCCL(cl, s)
 	} else {
 		grid, block := gridFor(cl, g.world)
-		err = g.dev.launch(cl.kernel, grid, block, g.pack(cl), s)
+		p := g.packers[cl.kernel]
+		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s)
 	}
 	if err != nil {
 		return err
@@ -507,8 +525,9 @@ func gridFor(cl *call, world int) (grid, block uint32) {
 	return uint32(blocks), uint32(threads)
 }
 
-// pack fills the kernel's argument struct for a prepared call.
-func (g *gpuComm) pack(cl *call) []byte {
+// pack fills the kernel's argument struct for a prepared call, with p its
+// packer, into argBuf (valid until the next call).
+func (g *gpuComm) pack(p *packer, cl *call) []byte {
 	stage, slotBytes := g.areaStage[coll.Protocol(cl.kernel.Protocol)], uint64(g.slotBytes)
 	if cl.zc.on() {
 		// Zero-copy: peers read this input in place; the copy-in steps
@@ -518,7 +537,7 @@ func (g *gpuComm) pack(cl *call) []byte {
 		slotBytes = 0
 		stage = g.zcStage(cl)
 	}
-	return g.packers[cl.kernel].pack(args{
+	return p.pack(g.argBuf, args{
 		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
 		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk),
 		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.kernelRank()),
@@ -528,10 +547,10 @@ func (g *gpuComm) pack(cl *call) []byte {
 // zcStage is every kernel rank's stage pointer for a zero-copy call: its
 // input copy moved back by the chunk distance its stage copies would add
 // (see stageMap), so stage chunk c of kernel rank k is where that rank's
-// input holds it.
+// input holds it. It fills zcBuf (valid until the next call).
 func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
 	m := g.inPlace[cl.kernel]
-	stage := make([]cuda.DevicePtr, g.world)
+	stage := g.zcBuf
 	for k := range stage {
 		lo := min(int64(m.delta[k])*cl.chunk, cl.n) // cg_chunk's lo; delta ≥ 0 in every schedule
 		stage[k] = cuda.DevicePtr(cl.zc.peers.Peer(g.rankAt(k))) + cuda.DevicePtr(cl.zc.offset) - cuda.DevicePtr(lo*cl.esize)
@@ -559,10 +578,8 @@ func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) 
 // header). After a timeout, barrier sequences differ between ranks, so the
 // communicator stays broken: every later call returns the same error.
 func (g *gpuComm) statusErr() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.broken != nil {
-		return g.broken
+	if err := g.broken.Load(); err != nil {
+		return *err
 	}
 	v := g.dev.status()
 	if uint32(v) == 0 {
@@ -573,8 +590,15 @@ func (g *gpuComm) statusErr() error {
 	if id := int(v >> 48); id < len(g.lib.Kernels) {
 		e.Kernel = g.lib.Kernels[id].Name
 	}
-	g.broken = e
-	return e
+	return g.setBroken(e)
+}
+
+// setBroken makes err the communicator's lasting error unless one is set
+// already, and returns the one that stands (the first; concurrent callers,
+// such as a call and Err on another goroutine, see the same).
+func (g *gpuComm) setBroken(err error) error {
+	g.broken.CompareAndSwap(nil, &err)
+	return *g.broken.Load()
 }
 
 // synchronize waits for s, then reports a kernel's timeout or NCCL's

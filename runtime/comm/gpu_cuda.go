@@ -38,8 +38,16 @@ type cudaDevice struct {
 	seq       cuda.DevicePtr
 	statusBuf *cuda.HostBuffer
 
-	mu      sync.Mutex // guards funcs, modules, pool, symmBE
-	funcs   map[string]*cuda.Function
+	// fns holds each loaded kernel by its index in Config.Library.Kernels,
+	// so launch finds it without a lock or a lookup by name. A slot is
+	// written only under mu, from nil to a function of a module the
+	// device keeps loaded (preload in New, before any call; function on a
+	// lazy miss), and emptied only by release, which runs once every call
+	// has ended (Close and Abort wait for busy). A reader that loads nil
+	// takes the slow path (function), which looks again under mu.
+	fns []atomic.Pointer[cuda.Function]
+
+	mu      sync.Mutex // guards modules, pool, symmBE and writes to fns
 	modules []*cuda.Module
 	pool    *symm.Pool // Alloc's, made on first use
 	symmBE  *symm.CUDABackend
@@ -58,7 +66,10 @@ func openDevice(cfg Config) (device, error) {
 	if err != nil {
 		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cfg.Device, err)
 	}
-	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev, funcs: map[string]*cuda.Function{}}
+	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev}
+	if cfg.Library != nil {
+		d.fns = make([]atomic.Pointer[cuda.Function], len(cfg.Library.Kernels))
+	}
 	if d.own, err = dev.NewStream(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
@@ -221,9 +232,13 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 // the cache (cuda.Builder: ranks of one host compile each kernel once
 // between them) and loads them.
 func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
+	ids, err := d.kernelIDs(ks)
+	if err != nil {
+		return err
+	}
 	if d.fatbin != nil {
-		for _, k := range ks {
-			if _, err := d.function(k); err != nil {
+		for i, k := range ks {
+			if _, err := d.function(k, ids[i]); err != nil {
 				return err
 			}
 		}
@@ -259,9 +274,27 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
 		if err != nil {
 			return &KernelError{Kernel: k.Name, Err: err}
 		}
-		d.funcs[k.Name] = f
+		d.fns[ids[i]].Store(f)
 	}
 	return nil
+}
+
+// kernelIDs returns the index of each of ks in Config.Library.Kernels (the
+// slot of fns it fills).
+func (d *cudaDevice) kernelIDs(ks []*kernels.Kernel) ([]int, error) {
+	index := map[*kernels.Kernel]int{}
+	for i := range d.cfg.Library.Kernels {
+		index[&d.cfg.Library.Kernels[i]] = i
+	}
+	ids := make([]int, len(ks))
+	for i, k := range ks {
+		id, ok := index[k]
+		if !ok {
+			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "comm: kernel %s is not one of Config.Library's", k.Name)}
+		}
+		ids[i] = id
+	}
+	return ids, nil
 }
 
 // cache is Config.Cache, else the default cache (nil when there is no
@@ -287,12 +320,16 @@ func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string) (cuda
 // nvrtcOptions are the NVRTC options of every generated kernel.
 var nvrtcOptions = []string{"--std=c++17"}
 
-// function returns the loaded kernel: preloaded, from the fatbin, or
-// (Config.LazyKernels) compiled or loaded from the cache now.
-func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
+// function returns kernel k, the id-th of the library, loading it if its
+// slot is empty: from the fatbin, or (Config.LazyKernels) compiled or
+// loaded from the cache now. launch calls it only on a miss.
+func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error) {
+	if id < 0 || id >= len(d.fns) {
+		return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "comm: kernel %s has index %d, outside Config.Library's %d kernels", k.Name, id, len(d.fns))}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if f := d.funcs[k.Name]; f != nil {
+	if f := d.fns[id].Load(); f != nil {
 		return f, nil
 	}
 	m := d.fatbin
@@ -314,14 +351,20 @@ func (d *cudaDevice) function(k *kernels.Kernel) (*cuda.Function, error) {
 	if err != nil {
 		return nil, &KernelError{Kernel: k.Name, Err: err}
 	}
-	d.funcs[k.Name] = f
+	d.fns[id].Store(f)
 	return f, nil
 }
 
-func (d *cudaDevice) launch(k *kernels.Kernel, grid, block uint32, args []byte, s *cuda.Stream) error {
-	f, err := d.function(k)
-	if err != nil {
-		return err
+func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream) error {
+	var f *cuda.Function
+	if id >= 0 && id < len(d.fns) {
+		f = d.fns[id].Load()
+	}
+	if f == nil {
+		var err error
+		if f, err = d.function(k, id); err != nil {
+			return err
+		}
 	}
 	if s == nil {
 		s = d.own
@@ -407,7 +450,10 @@ func (d *cudaDevice) release() error {
 	for _, m := range d.modules {
 		errs = append(errs, m.Unload())
 	}
-	d.modules, d.funcs = nil, map[string]*cuda.Function{}
+	d.modules = nil
+	for i := range d.fns {
+		d.fns[i].Store(nil)
+	}
 	if d.fatbin != nil {
 		errs = append(errs, d.fatbin.Unload())
 		d.fatbin = nil

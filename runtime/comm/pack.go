@@ -83,9 +83,12 @@ func put(a []byte, f field, i int, v uint64) {
 	}
 }
 
-// pack returns the argument struct for a.
-func (p *packer) pack(a args) []byte {
-	b := make([]byte, p.size)
+// pack writes the argument struct for a into the start of buf, which
+// holds at least p.size bytes, and returns that part. Bytes no member
+// covers (padding) are zero.
+func (p *packer) pack(buf []byte, a args) []byte {
+	b := buf[:p.size]
+	clear(b)
 	put(b, p.input, 0, uint64(a.input))
 	put(b, p.output, 0, uint64(a.output))
 	for r := 0; r < p.world; r++ {
