@@ -76,6 +76,8 @@ type gpuComm struct {
 	// call, so one call at a time writes them; and the device keeps
 	// nothing of argBuf after launch returns (cuLaunchKernel copies the
 	// parameter values, into the graph node under stream capture too).
+	// argBuf is an allocation of its own, holding no Go pointers, as cgo
+	// requires of the memory a pointer passed to C points into.
 	argBuf []byte
 	zcBuf  []cuda.DevicePtr
 

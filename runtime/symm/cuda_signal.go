@@ -41,6 +41,15 @@ type StreamOrdering struct {
 	mu     sync.Mutex
 	err    error // the decoded report, once seen
 	closed bool
+
+	// args is the signal kernel's argument buffer, reused by every
+	// operation (the driver copies it during the launch, into the graph
+	// node under capture too). argsMu keeps two goroutines that break the
+	// one-goroutine rule from mixing their arguments; Err and Close do not
+	// take it. args is an allocation of its own: cgo checks the whole
+	// object a passed pointer points into for Go pointers.
+	argsMu sync.Mutex
+	args   []byte
 }
 
 // NewStreamOrdering returns an ordering on s, a stream of the backend's
@@ -59,7 +68,7 @@ func (b *CUDABackend) NewStreamOrdering(s *cuda.Stream) (*StreamOrdering, error)
 	if err != nil {
 		return nil, err
 	}
-	o := &StreamOrdering{be: b, s: s, fn: fn}
+	o := &StreamOrdering{be: b, s: s, fn: fn, args: make([]byte, sigArgsBytes)}
 	if o.status, err = b.dev.HostAlloc(4*statusWords, true); err != nil {
 		return nil, err
 	}
@@ -165,7 +174,9 @@ func (o *StreamOrdering) launch(op *SignalOp) error {
 	if closed {
 		return fmt.Errorf("symm: %s on %v: ordering closed", op.Kind, o)
 	}
-	a, err := signalArgs(op, uint64(o.status.DevPtr), uint64(o.broken))
+	o.argsMu.Lock()
+	defer o.argsMu.Unlock()
+	a, err := signalArgs(o.args, op, uint64(o.status.DevPtr), uint64(o.broken))
 	if err != nil {
 		return err
 	}

@@ -55,13 +55,16 @@ const (
 const statusWords = 8
 
 // signalArgs lays out op as the signal kernel's argument, with the
-// ordering's status words and sticky word (device addresses).
-func signalArgs(op *SignalOp, status, broken uint64) ([]byte, error) {
+// ordering's status words and sticky word (device addresses), in the
+// first sigArgsBytes of buf (a buffer reused from one operation to the
+// next: everything op does not set is zeroed), and returns that part.
+func signalArgs(buf []byte, op *SignalOp, status, broken uint64) ([]byte, error) {
 	if len(op.Peers) > MaxStreamPeers {
 		return nil, fmt.Errorf("symm: a stream-ordered %s names %d peers; the CUDA backend's signal kernel takes at most %d (world size %d)",
 			op.Kind, len(op.Peers), MaxStreamPeers, MaxStreamPeers+1)
 	}
-	a := make([]byte, sigArgsBytes)
+	a := buf[:sigArgsBytes]
+	clear(a)
 	le := binary.LittleEndian
 	for i, p := range op.Peers {
 		if i < len(op.Put) {

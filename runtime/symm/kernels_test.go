@@ -3,6 +3,7 @@
 package symm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,7 +30,8 @@ func TestSignalArgsLayout(t *testing.T) {
 	}
 	op := &SignalOp{Kind: SignalBarrier, Rank: 2, Channel: 7, Peers: []int{0, 1, 3},
 		Put: []uintptr{0x1000, 0x2000, 0x3000}, Wait: []uintptr{0x4000, 0x5000, 0x6000}, Timeout: 3 * time.Second}
-	a, err := signalArgs(op, 0xabc0, 0xdef0)
+	buf := bytes.Repeat([]byte{0xff}, sigArgsBytes) // a reused buffer's stale bytes
+	a, err := signalArgs(buf, op, 0xabc0, 0xdef0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +48,13 @@ func TestSignalArgsLayout(t *testing.T) {
 		t.Errorf("header fields wrong: %d bytes, %d peers, op %d, rank %d, channel %d, timeout %d, status %#x, broken %#x",
 			len(a), u32(sigNPeersOff), u32(sigOpOff), u32(sigRankOff), u32(sigChannelOff), u64(sigTimeoutOff), u64(sigStatusOff), u64(sigBrokenOff))
 	}
+	for off := sigPutOff + 8*3; off < sigWaitOff; off++ {
+		if a[off] != 0 {
+			t.Fatalf("byte %d (past the last peer's put address) is %#x: the reused buffer was not cleared", off, a[off])
+		}
+	}
 	big := &SignalOp{Kind: SignalBarrier, Peers: make([]int, MaxStreamPeers+1)}
-	if _, err := signalArgs(big, 0, 0); err == nil || !strings.Contains(err.Error(), "at most 63") {
+	if _, err := signalArgs(buf, big, 0, 0); err == nil || !strings.Contains(err.Error(), "at most 63") {
 		t.Errorf("64 peers: %v", err)
 	}
 }
