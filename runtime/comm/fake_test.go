@@ -374,13 +374,7 @@ func TestFakeGPUDebugCheck(t *testing.T) {
 	t.Setenv(EnvDebugCheck, "1")
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
-	syms := make([]cuda.DevicePtr, 2)
-	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
-		syms[r], err = c.Alloc(context.Background(), 1<<20)
-		return err
-	})...); err != nil {
-		t.Fatal(err)
-	}
+	syms := allocOnRanks(t, comms, 1<<20)
 	errs := onRanks(comms, func(r int, c *Communicator) error {
 		in := DeviceBuffer(0x1000)
 		if r == 1 {

@@ -72,13 +72,7 @@ func TestStageMapping(t *testing.T) {
 func TestFakeZeroCopyAllGather(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
-	syms := make([]cuda.DevicePtr, 2)
-	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
-		syms[r], err = c.Alloc(context.Background(), 1<<20)
-		return err
-	})...); err != nil {
-		t.Fatal(err)
-	}
+	syms := allocOnRanks(t, comms, 1<<20)
 	const count, off = 1000, 512 // f32 elements per rank; input offset in the buffer
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllGather(DeviceBuffer(syms[r]+off), DeviceBuffer(0x9000), count, coll.F32, Options{Algorithm: coll.OneShot})
@@ -120,13 +114,7 @@ func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
 	const n = 1 << 20 // f32: 4 MiB, over the 1 MiB staging buffer
-	syms := make([]cuda.DevicePtr, 2)
-	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
-		syms[r], err = c.Alloc(context.Background(), 4*n)
-		return err
-	})...); err != nil {
-		t.Fatal(err)
-	}
+	syms := allocOnRanks(t, comms, 4*n)
 	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
 	}
@@ -152,13 +140,7 @@ func TestFakeSymmetricRules(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
 	const n = 32 << 20 // f32: 128 MiB
-	syms := make([]cuda.DevicePtr, 2)
-	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
-		syms[r], err = c.Alloc(context.Background(), 4*n)
-		return err
-	})...); err != nil {
-		t.Fatal(err)
-	}
+	syms := allocOnRanks(t, comms, 4*n)
 	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
 	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
 		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
@@ -175,4 +157,18 @@ func TestFakeSymmetricRules(t *testing.T) {
 	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot || len(devs[0].nccl) != 0 {
 		t.Errorf("launches %d, nccl calls %v; want one one-shot kernel", len(devs[0].launches), devs[0].nccl)
 	}
+}
+
+// allocOnRanks makes a symmetric buffer of bytes on every rank (Alloc is
+// collective) and returns each rank's base.
+func allocOnRanks(t *testing.T, comms []*Communicator, bytes int) []cuda.DevicePtr {
+	t.Helper()
+	syms := make([]cuda.DevicePtr, len(comms))
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
+		syms[r], err = c.Alloc(context.Background(), bytes)
+		return err
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	return syms
 }

@@ -657,28 +657,38 @@ func processConfig(env rendezvous.Env, store rendezvous.Store, staging int64, gr
 		LazyKernels: os.Getenv("PROOF_ONLY") != ""}
 }
 
+// processRank is the set-up of one process rank (started by collgen run;
+// skipped otherwise): a communicator of the run's ranks with the given
+// staging size and group, closed and its context cancelled when the test
+// ends (2 minutes).
+func processRank(t *testing.T, staging int64, group string) (*comm.Communicator, context.Context, int) {
+	t.Helper()
+	if os.Getenv("COLLGEN_RANK") == "" {
+		t.Skip("run through collgen run (tests/proof/run.sh)")
+	}
+	gpus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	env, store, err := rendezvous.FromEnv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := comm.New(ctx, processConfig(env, store, staging, group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cm.Close() })
+	return cm, ctx, env.Rank
+}
+
 // TestProofProcess is one rank of the process-per-GPU proof, started by
 // `collgen run -n W -- proof.test -test.run TestProofProcess` (see
 // tests/proof/run.sh): IPC handles instead of peer access, fatbin loading
 // when $COLLGEN_FATBIN is set.
 func TestProofProcess(t *testing.T) {
-	if os.Getenv("COLLGEN_RANK") == "" {
-		t.Skip("run through collgen run (tests/proof/run.sh)")
-	}
-	gpus(t)
+	cm, _, rank := processRank(t, stagingBytes, "proof-proc")
 	defer writeSummary(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	env, store, err := rendezvous.FromEnv(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm, err := comm.New(ctx, processConfig(env, store, stagingBytes, "proof-proc"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cm.Close()
-	w, rank := env.WorldSize, env.Rank
+	w := cm.WorldSize()
 	for _, c := range collectives.Combinations {
 		if c.World != w || !selected(c.Kernel) {
 			continue
@@ -858,23 +868,9 @@ func TestProofZeroCopy(t *testing.T) {
 // VMM file descriptors over Unix sockets, and every kernel of the world
 // reads it in place.
 func TestProofProcessZeroCopy(t *testing.T) {
-	if os.Getenv("COLLGEN_RANK") == "" {
-		t.Skip("run through collgen run (tests/proof/run.sh)")
-	}
-	gpus(t)
+	cm, ctx, rank := processRank(t, zcStaging, "proof-proc-zc")
 	defer writeSummary(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	env, store, err := rendezvous.FromEnv(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cm, err := comm.New(ctx, processConfig(env, store, zcStaging, "proof-proc-zc"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cm.Close()
-	w, rank := env.WorldSize, env.Rank
+	w := cm.WorldSize()
 	sym, err := cm.Alloc(ctx, 2*zcBig)
 	if err != nil {
 		t.Fatal(err)
