@@ -1,8 +1,6 @@
 package comm
 
 import (
-	"context"
-	"errors"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
@@ -35,13 +33,7 @@ var hotCalls = []hotCall{
 func hotComms(tb testing.TB) ([]*Communicator, []*fakeDevice, []cuda.DevicePtr) {
 	tb.Helper()
 	comms, devs := fakeComms(tb, 2, Config{})
-	syms := make([]cuda.DevicePtr, 2)
-	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
-		syms[r], err = c.Alloc(context.Background(), 1<<20)
-		return err
-	})...); err != nil {
-		tb.Fatal(err)
-	}
+	syms := allocOnRanks(tb, comms, 1<<20)
 	for _, d := range devs {
 		d.countOnly = true
 	}

@@ -161,7 +161,7 @@ func TestFakeSymmetricRules(t *testing.T) {
 
 // allocOnRanks makes a symmetric buffer of bytes on every rank (Alloc is
 // collective) and returns each rank's base.
-func allocOnRanks(t *testing.T, comms []*Communicator, bytes int) []cuda.DevicePtr {
+func allocOnRanks(t testing.TB, comms []*Communicator, bytes int) []cuda.DevicePtr {
 	t.Helper()
 	syms := make([]cuda.DevicePtr, len(comms))
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) (err error) {
