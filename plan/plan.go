@@ -29,6 +29,8 @@ type Plan struct {
 	// Selections are the size rules of every topology and collective, in
 	// topology then collective order.
 	Selections []kernels.Selection
+	// MultiHost are the spec's multi_host rules, in collective order.
+	MultiHost []kernels.Selection
 	// HostReducers are the (dtype, op) pairs of host reduce loops, sorted.
 	HostReducers []kernels.HostKey
 	// MaxBlocks is the largest grid any kernel launches; signal pads and
@@ -102,6 +104,15 @@ type builder struct {
 // selection per distinct rule list, with Worlds the world sizes sharing it
 // (in order of their first world size).
 func (b *builder) selections() {
+	for _, c := range coll.Collectives() {
+		if rules, ok := b.s.MultiHost[c]; ok {
+			sel := kernels.Selection{Topology: "multi_host", Collective: c}
+			for _, r := range rules {
+				sel.Rules = append(sel.Rules, kernels.Rule{UpTo: r.UpTo, Use: r.Use})
+			}
+			b.p.MultiHost = append(b.p.MultiHost, sel)
+		}
+	}
 	for _, t := range b.s.Topologies {
 		for _, c := range coll.Collectives() {
 			if len(t.Generate[c]) > 0 || len(t.Select[c]) > 0 || len(t.SelectByWorld[c]) > 0 {

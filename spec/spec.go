@@ -41,6 +41,11 @@ type Spec struct {
 	Algorithms []AlgorithmSpec
 	// Topologies are sorted by Name.
 	Topologies []Topology
+	// MultiHost are the size rules of groups spanning hosts
+	// (`multi_host: {select: ...}`), per collective: each rule uses
+	// coll.Hierarchical or coll.NCCL (over all ranks). A collective
+	// without rules runs hierarchical at every size. Nil when absent.
+	MultiHost map[coll.Collective][]Rule
 	// Sources are the files read, for the manifest.
 	Sources []Source
 }

@@ -17,12 +17,13 @@ import (
 
 // Field names, in documentation order.
 var (
-	topFields      = []string{"version", "package", "dtypes", "ops", "algorithms", "topologies"}
-	dtypeFields    = []string{"reduce", "copy"}
-	launchFields   = []string{"threads", "max_blocks", "vector_bytes"}
-	topologyFields = []string{"kind", "world_sizes", "link", "dtypes", "generate", "select"}
-	linkFields     = []string{"bandwidth_gbps", "latency_us"}
-	ruleFields     = []string{"upto", "use", "symmetric"}
+	topFields       = []string{"version", "package", "dtypes", "ops", "algorithms", "topologies", "multi_host"}
+	multiHostFields = []string{"select"}
+	dtypeFields     = []string{"reduce", "copy"}
+	launchFields    = []string{"threads", "max_blocks", "vector_bytes"}
+	topologyFields  = []string{"kind", "world_sizes", "link", "dtypes", "generate", "select"}
+	linkFields      = []string{"bandwidth_gbps", "latency_us"}
+	ruleFields      = []string{"upto", "use", "symmetric"}
 )
 
 // maxWorld bounds world sizes of topologies whose kind is unknown, so that a
@@ -118,6 +119,10 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 		}
 	} else if reportMissing(f, "topologies") {
 		l.errorf(keyOr(t.key, root), "missing topologies; add e.g. topologies: {nvswitch: {kind: nvlink_full, world_sizes: [2-8], generate: {allreduce: [oneshot]}}}")
+	}
+
+	if m, ok := f["multi_host"]; ok && !isNull(m.val) {
+		s.MultiHost = l.multiHost(m.val)
 	}
 
 	for _, ts := range topos {
@@ -957,7 +962,7 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 				l.errorf(r.useN, "%s uses nccl, but %s is %s: its ranks are CPUs and NCCL cannot run there; use one of: %s", name, in, t.Kind, orNone(choices))
 			case r.use == coll.NCCL || slices.Contains(gen, r.use):
 			case r.use == coll.Hierarchical:
-				l.errorf(r.useN, "%s uses hierarchical, which runs groups spanning hosts; a topology's rules are for the GPUs of one host: name it in comm.Config.MultiHostRules instead (docs/multihost.md), and use one of: %s here", name, orNone(choices))
+				l.errorf(r.useN, "%s uses hierarchical, which runs groups spanning hosts; a topology's rules are for the GPUs of one host: name it under multi_host: {select: ...} instead (docs/multihost.md), and use one of: %s here", name, orNone(choices))
 			case !slices.Contains(schedule.Algorithms(c), r.use):
 				known := knownAlgorithms(c)
 				if gpu {
@@ -1056,4 +1061,64 @@ func orNone(v []coll.Algorithm) string {
 		return "(none: add an algorithm to generate first)"
 	}
 	return strings.Join(strs(v), ", ")
+}
+
+// multiHost reads multi_host: {select: {allreduce: [rules], ...}}: the
+// rules of groups spanning hosts. Each rule uses hierarchical or nccl
+// (plain NCCL over all ranks), bounds grow, only the last rule may leave
+// upto out, and a bounded last rule is followed by NCCL (as Choose does).
+func (l *loader) multiHost(n *yaml.Node) map[coll.Collective][]Rule {
+	const example = "multi_host: {select: {allreduce: [{upto: 64KiB, use: nccl}, {use: hierarchical}]}}"
+	f := l.fields(n, "multi_host", example, multiHostFields)
+	sl, ok := f["select"]
+	if !ok || isNull(sl.val) {
+		if reportMissing(f, "select") {
+			l.errorf(n, "multi_host has no select; write %s", example)
+		}
+		return nil
+	}
+	out := map[coll.Collective][]Rule{}
+	for _, cf := range l.mappingOf(sl.val, "multi_host.select", example) {
+		c, ok := l.collective(cf)
+		if !ok {
+			continue
+		}
+		ctx := "multi_host.select." + cf.name
+		items := l.seqOf(cf.val, ctx, cf.name+": [{upto: 64KiB, use: nccl}, {use: hierarchical}]")
+		if len(items) == 0 {
+			l.errorf(cf.key, "%s has no rules; add some, e.g. %s: [{upto: 64KiB, use: nccl}, {use: hierarchical}], or remove it", ctx, cf.name)
+			continue
+		}
+		var rules []Rule
+		prev := int64(0)
+		for i, it := range items {
+			name := fmt.Sprintf("%s[%d]", ctx, i)
+			r := l.rule(it, name)
+			switch {
+			case r.sym:
+				l.errorf(r.symN, "%s is symmetric, but rules across hosts apply to every input; remove symmetric: true", name)
+			case r.ok && r.use != coll.Hierarchical && r.use != coll.NCCL:
+				l.errorf(r.useN, "%s uses %q; a group spanning hosts runs hierarchical (these kernels in each host, NCCL between hosts) or nccl (NCCL over all ranks)", name, r.use)
+			}
+			if i < len(items)-1 && !r.hasUpto && resolve(it).Kind == yaml.MappingNode {
+				l.errorf(it, "%s has no upto but is not the last rule; only the last rule may leave upto out", name)
+			}
+			if r.hasUpto && r.upto > 0 {
+				if r.upto <= prev {
+					l.errorf(r.uptoN, "%s upto %s is not above the previous rule's %s; size ranges must be strictly increasing", name, FormatSize(r.upto), FormatSize(prev))
+				}
+				prev = max(prev, r.upto)
+			}
+			upto := r.upto
+			if !r.hasUpto || upto < 0 {
+				upto = 0
+			}
+			rules = append(rules, Rule{UpTo: upto, Use: r.use})
+		}
+		if rules[len(rules)-1].UpTo != 0 {
+			rules = append(rules, Rule{Use: coll.NCCL})
+		}
+		out[c] = rules
+	}
+	return out
 }

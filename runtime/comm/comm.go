@@ -132,8 +132,9 @@ type Config struct {
 	HostID string
 	// MultiHostRules are the selection rules of a group spanning hosts,
 	// per collective: each rule names coll.Hierarchical or coll.NCCL (over
-	// all ranks). A collective without rules uses coll.Hierarchical.
-	// Ignored on one host.
+	// all ranks). A collective without rules uses coll.Hierarchical. Nil
+	// uses the library's (the spec's multi_host.select). Ignored on one
+	// host.
 	MultiHostRules map[coll.Collective][]kernels.Rule
 }
 

@@ -56,12 +56,20 @@ type hierComm struct {
 // hier_nocgo.go); tests replace it.
 var openHier = openHierDevice
 
-// hierRules checks Config.MultiHostRules and builds the selections: every
-// rule names coll.Hierarchical or coll.NCCL, and a collective without
-// rules is all hierarchical.
+// hierRules checks the rules of a group spanning hosts and builds the
+// selections: Config.MultiHostRules when set, else the library's (the
+// spec's multi_host.select). Every rule names coll.Hierarchical or
+// coll.NCCL, and a collective without rules is all hierarchical.
 func hierRules(cfg Config) (map[coll.Collective]*kernels.Selection, error) {
 	sels := map[coll.Collective]*kernels.Selection{}
-	for c, rules := range cfg.MultiHostRules {
+	given := cfg.MultiHostRules
+	if given == nil && cfg.Library != nil {
+		given = map[coll.Collective][]kernels.Rule{}
+		for _, s := range cfg.Library.MultiHost {
+			given[s.Collective] = s.Rules
+		}
+	}
+	for c, rules := range given {
 		if !c.Valid() {
 			_, err := coll.ParseCollective(string(c))
 			return nil, errorf(ErrInvalidArgument, "comm: Config.MultiHostRules: %w", err)
@@ -79,7 +87,7 @@ func hierRules(cfg Config) (map[coll.Collective]*kernels.Selection, error) {
 		}
 	}
 	for _, c := range []coll.Collective{coll.AllReduce, coll.ReduceScatter, coll.AllGather} {
-		rules := cfg.MultiHostRules[c]
+		rules := given[c]
 		if len(rules) == 0 {
 			rules = []kernels.Rule{{Use: coll.Hierarchical}}
 		}

@@ -257,3 +257,25 @@ func TestHierRefusals(t *testing.T) {
 	}
 	closeAll(t, comms)
 }
+
+// TestHierRulesFromLibrary: without Config.MultiHostRules the library's
+// rules (the spec's multi_host.select) decide; Config.MultiHostRules, when
+// set, replaces them; a collective with neither is all hierarchical.
+func TestHierRulesFromLibrary(t *testing.T) {
+	lib := &kernels.Library{MultiHost: []kernels.Selection{{Topology: "multi_host", Collective: coll.AllReduce,
+		Rules: []kernels.Rule{{UpTo: 1 << 20, Use: coll.NCCL}, {Use: coll.Hierarchical}}}}}
+	sels, err := hierRules(Config{Library: lib, WorldSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := sels[coll.AllReduce].Choose(1<<20, false), sels[coll.AllReduce].Choose(1<<20+1, false); a != coll.NCCL || b != coll.Hierarchical {
+		t.Errorf("library rules: %s at 1 MiB, %s above; want nccl, hierarchical", a, b)
+	}
+	if a := sels[coll.AllGather].Choose(1, false); a != coll.Hierarchical {
+		t.Errorf("all-gather without rules: %s, want hierarchical", a)
+	}
+	sels, err = hierRules(Config{Library: lib, WorldSize: 4, MultiHostRules: map[coll.Collective][]kernels.Rule{coll.AllReduce: {{Use: coll.Hierarchical}}}})
+	if err != nil || sels[coll.AllReduce].Choose(1, false) != coll.Hierarchical {
+		t.Errorf("Config.MultiHostRules did not replace the library's: %v", err)
+	}
+}

@@ -224,6 +224,12 @@ type Library struct {
 	Package    string
 	Kernels    []Kernel
 	Selections []Selection
+	// MultiHost are the size rules of groups spanning hosts (the spec's
+	// multi_host.select), one Selection per collective that has rules,
+	// with Topology "multi_host" and no Kind or Worlds: each rule uses
+	// coll.Hierarchical or coll.NCCL. comm.Config.MultiHostRules, when
+	// set, replaces them.
+	MultiHost []Selection
 	// Sources holds, at its root, every kernel's .cu file (Kernel.Source)
 	// and the headers they include (*.cuh): the generated package embeds
 	// the files of its cuda directory, so each source exists once.

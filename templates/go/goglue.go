@@ -208,30 +208,15 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 	}
 	var sels []jen.Code
 	for _, s := range p.Selections {
-		var rules []jen.Code
-		for _, r := range s.Rules {
-			// {UpTo: 262144, Use: "oneshot"}; the bound as an untyped constant
-			var kv []jen.Code
-			if r.UpTo != 0 {
-				kv = append(kv, jen.Id("UpTo").Op(":").Op(strconv.FormatInt(r.UpTo, 10)))
-			}
-			kv = append(kv, jen.Id("Use").Op(":").Lit(string(r.Use)))
-			if r.Symmetric {
-				kv = append(kv, jen.Id("Symmetric").Op(":").True())
-			}
-			rules = append(rules, jen.Values(kv...))
+		sels = append(sels, selection(s))
+	}
+	var multiHost jen.Code // left out when the spec has no multi_host rules
+	if len(p.MultiHost) > 0 {
+		var mh []jen.Code
+		for _, s := range p.MultiHost {
+			mh = append(mh, selection(s))
 		}
-		var worlds []jen.Code
-		for _, w := range s.Worlds {
-			worlds = append(worlds, jen.Lit(w))
-		}
-		sels = append(sels, keyed(
-			field{"Topology", jen.Lit(s.Topology)},
-			field{"Kind", jen.Lit(string(s.Kind))},
-			field{"Collective", jen.Lit(string(s.Collective))},
-			field{"Worlds", jen.Index().Int().Values(worlds...)},
-			field{"Rules", jen.Index().Qual(kernelsPkg, "Rule").Custom(multi, rules...)},
-		))
+		multiHost = jen.Index().Qual(kernelsPkg, "Selection").Custom(multi, mh...)
 	}
 	// const (_ = kernels.EnforceVersion(1 - kernels.MinVersion); _ = kernels.EnforceVersion(kernels.MaxVersion - 1))
 	f.Const().Defs(
@@ -246,6 +231,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 		field{"Package", jen.Lit(p.Package)},
 		field{"Kernels", jen.Index().Qual(kernelsPkg, "Kernel").Custom(multi, ks...)},
 		field{"Selections", jen.Index().Qual(kernelsPkg, "Selection").Custom(multi, sels...)},
+		field{"MultiHost", multiHost},
 		field{"Sources", jen.Qual(cudaImport, "FS")},
 		field{"HostReducers", jen.Id("hostReducers")},
 		field{"Manifest", jen.Id("Manifest")},
@@ -375,4 +361,36 @@ func combinationsFile(p *plan.Plan) *jen.File {
 	f.Comment(commentText("Combinations lists every generated GPU kernel, sorted by name."))
 	f.Var().Id("Combinations").Op("=").Index().Id("Combination").Custom(multi, rows...)
 	return f
+}
+
+// selection is one kernels.Selection literal; zero fields are left out.
+func selection(s kernels.Selection) jen.Code {
+	var rules []jen.Code
+	for _, r := range s.Rules {
+		// {UpTo: 262144, Use: "oneshot"}; the bound as an untyped constant
+		var kv []jen.Code
+		if r.UpTo != 0 {
+			kv = append(kv, jen.Id("UpTo").Op(":").Op(strconv.FormatInt(r.UpTo, 10)))
+		}
+		kv = append(kv, jen.Id("Use").Op(":").Lit(string(r.Use)))
+		if r.Symmetric {
+			kv = append(kv, jen.Id("Symmetric").Op(":").True())
+		}
+		rules = append(rules, jen.Values(kv...))
+	}
+	var worlds jen.Code
+	if len(s.Worlds) > 0 {
+		var ws []jen.Code
+		for _, w := range s.Worlds {
+			ws = append(ws, jen.Lit(w))
+		}
+		worlds = jen.Index().Int().Values(ws...)
+	}
+	return keyed(
+		field{"Topology", jen.Lit(s.Topology)},
+		field{"Kind", nonZero(string(s.Kind))},
+		field{"Collective", jen.Lit(string(s.Collective))},
+		field{"Worlds", worlds},
+		field{"Rules", jen.Index().Qual(kernelsPkg, "Rule").Custom(multi, rules...)},
+	)
 }
