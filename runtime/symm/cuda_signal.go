@@ -236,9 +236,6 @@ func (b *CUDABackend) signalNow(op *SignalOp) error {
 	return err
 }
 
-// KernelGroupBytes is the size of cg_symm_group (collgen_symm.cuh).
-const KernelGroupBytes = 56
-
 // KernelGroup returns the bytes of a cg_symm_group for this handle, to be
 // placed in a kernel's argument struct: the device pointer arrays, this
 // rank, the world size, the channel count, the deadline of one device

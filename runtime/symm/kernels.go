@@ -11,6 +11,10 @@ import (
 	"github.com/collgen/collgen/runtime/symm/kernels"
 )
 
+// KernelGroupBytes is the size of cg_symm_group (collgen_symm.cuh), the
+// by-value argument Handle.KernelGroup fills for users' kernels.
+const KernelGroupBytes = 56
+
 // DeviceHeaderName is the name under which kernels include DeviceHeader:
 // #include "collgen_symm.cuh".
 const DeviceHeaderName = "collgen_symm.cuh"
