@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -32,10 +33,13 @@ type Buffer struct {
 	// mu is held for writing by Free and Rendezvous, and for reading by
 	// signal operations, so Free never unmaps memory a signal operation
 	// of this process is touching.
-	mu     sync.RWMutex
-	chunk  Chunk
-	handle *Handle
-	freed  bool
+	mu    sync.RWMutex
+	chunk Chunk
+	freed bool
+	// handle is set once, under mu, by the first Rendezvous, and read
+	// without a lock (Handle runs on every collective's zero-copy check).
+	// It stays set after Free; the Handle then reports ErrFreed.
+	handle atomic.Pointer[Handle]
 }
 
 // Pool is the pool the buffer came from.
@@ -65,12 +69,9 @@ func (b *Buffer) Bytes() []byte {
 	return unsafe.Slice((*byte)(ptrAt(b.addr)), b.size)
 }
 
-// Handle returns the buffer's Handle if Rendezvous has run on it, else nil.
-func (b *Buffer) Handle() *Handle {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return b.handle
-}
+// Handle returns the buffer's Handle if Rendezvous has run on it, else
+// nil. It takes no lock.
+func (b *Buffer) Handle() *Handle { return b.handle.Load() }
 
 // Free releases this rank's hold on the buffer (see the type's comment)
 // and removes it from Lookup. The buffer and its Handle report ErrFreed
@@ -84,8 +85,8 @@ func (b *Buffer) Free() error {
 	b.freed = true
 	unregister(b)
 	var errs []error
-	if b.handle != nil {
-		errs = append(errs, b.handle.unmap())
+	if h := b.handle.Load(); h != nil {
+		errs = append(errs, h.unmap())
 	}
 	errs = append(errs, b.chunk.Unmap())
 	p := b.pool

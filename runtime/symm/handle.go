@@ -77,8 +77,8 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	if b.freed {
 		return nil, fmt.Errorf("%w: rendezvous on the buffer at %#x", ErrFreed, b.addr)
 	}
-	if b.handle != nil {
-		return b.handle, nil // another goroutine's call finished first
+	if h := b.handle.Load(); h != nil {
+		return h, nil // another goroutine's call finished first
 	}
 	p.mu.Lock()
 	closed := p.closed
@@ -93,7 +93,7 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
 	}
-	b.handle = h
+	b.handle.Store(h)
 	return h, nil
 }
 
