@@ -31,6 +31,7 @@ type call struct {
 	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
 	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
 	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
+	sym    zeroCopy        // GPU: the input's symmetric buffer, looked up once per call (zero value: none)
 	zc     zeroCopy        // GPU kernel: where the input is read in place (zero value: staged)
 }
 
@@ -41,7 +42,8 @@ type backend interface {
 	memory() memKind
 	// rules returns the size rules for a collective, nil if there are none.
 	rules(collective coll.Collective) *kernels.Selection
-	// symmetricInput reports whether cl's input lies in symmetric memory
+	// symmetricInput looks cl's input up once per call (recording it in
+	// cl.sym for prepare) and reports whether it lies in symmetric memory
 	// the backend reads in place (the rules' symmetric: true rules apply).
 	symmetricInput(cl *call) bool
 	// prepare checks that cl.alg can run cl and fills the backend's part of
@@ -213,13 +215,14 @@ func (c *Communicator) checkBuffer(cl *call, name string, b Buffer, need int64) 
 // (kernels.Selection.Choose, the runtime's one selection function; NCCL
 // where no rule covers the size), which the backend may still send to NCCL.
 func (c *Communicator) choose(cl *call) error {
+	symmetric := c.b.symmetricInput(cl)
 	if cl.o.Algorithm != coll.Auto {
 		cl.alg = cl.o.Algorithm
 		return c.b.prepare(cl, false)
 	}
 	cl.alg = coll.NCCL
 	if sel := c.b.rules(cl.collective); sel != nil {
-		cl.alg = coll.Algorithm(sel.Choose(cl.bytes, c.b.symmetricInput(cl)))
+		cl.alg = coll.Algorithm(sel.Choose(cl.bytes, symmetric))
 	}
 	return c.b.prepare(cl, true)
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/collgen/collgen/coll"
@@ -86,8 +85,6 @@ type gpuComm struct {
 	// first setBroken, and read without a lock on every call.
 	broken atomic.Pointer[error]
 
-	mu       sync.Mutex // guards symCount
-	symCount int
 }
 
 // zeroCopy is a call whose input peers read in place: the input lies at
@@ -478,19 +475,18 @@ func (g *gpuComm) ncclWhy() error {
 // fills its stage slot only by copying the input (stageMapping). Push
 // kernels send from the input directly, so they never stage it.
 func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) zeroCopy {
-	if _, ok := g.inPlace[k]; !ok || cl.in.kind != deviceMemory {
+	if _, ok := g.inPlace[k]; !ok {
 		return zeroCopy{}
 	}
-	zc, _ := g.dev.lookup(cl.in.dev, cl.inBytes)
-	return zc
+	return cl.sym
 }
 
 func (g *gpuComm) symmetricInput(cl *call) bool {
-	if cl.in.kind != deviceMemory {
-		return false
+	cl.sym = zeroCopy{}
+	if cl.in.kind == deviceMemory {
+		cl.sym, _ = g.dev.lookup(cl.in.dev, cl.inBytes)
 	}
-	_, ok := g.dev.lookup(cl.in.dev, cl.inBytes)
-	return ok
+	return cl.sym.on()
 }
 
 // run executes a prepared call; with no stream it waits for completion.
@@ -565,13 +561,9 @@ func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) 
 	if g.topology == "" {
 		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the GPUs cannot map each other's memory (%s), so the communicator uses NCCL only", g.det.Reason)
 	}
-	g.mu.Lock()
-	g.symCount++
-	n := g.symCount
-	g.mu.Unlock()
 	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)
 	if err != nil {
-		return 0, fmt.Errorf("comm: rank %d: symmetric alloc %d: %w", g.cfg.Rank, n, err)
+		return 0, fmt.Errorf("comm: rank %d: symmetric alloc of %d bytes: %w", g.cfg.Rank, bytes, err)
 	}
 	return base, nil
 }

@@ -62,16 +62,13 @@ type cudaDevice struct {
 
 // openDevice opens Config.Device, its stream and the fatbin, if any.
 func openDevice(cfg Config) (device, error) {
-	dev, err := cuda.Open(cfg.Device)
+	dev, own, err := openGPU(cfg, "; for CPU ranks set Config.Device = comm.Host")
 	if err != nil {
-		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w; for CPU ranks set Config.Device = comm.Host", cfg.Rank, cfg.Device, err)
+		return nil, err
 	}
-	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev}
+	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev, own: own}
 	if cfg.Library != nil {
 		d.fns = make([]atomic.Pointer[cuda.Function], len(cfg.Library.Kernels))
-	}
-	if d.own, err = dev.NewStream(); err != nil {
-		return nil, errors.Join(err, d.release())
 	}
 	if d.fatbin, err = loadFatbin(cfg, dev); err != nil {
 		return nil, errors.Join(err, d.release())

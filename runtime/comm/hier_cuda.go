@@ -30,15 +30,11 @@ type cudaHier struct {
 // openHierDevice opens Config.Device and a stream for the hierarchical
 // backend (the nested host communicator opens its own reference).
 func openHierDevice(cfg Config) (hierDevice, error) {
-	dev, err := cuda.Open(cfg.Device)
+	dev, own, err := openGPU(cfg, "")
 	if err != nil {
-		return nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w", cfg.Rank, cfg.Device, err)
+		return nil, err
 	}
-	d := &cudaHier{cfg: cfg, dev: dev, handle: dev}
-	if d.own, err = dev.NewStream(); err != nil {
-		return nil, errors.Join(err, d.release())
-	}
-	return d, nil
+	return &cudaHier{cfg: cfg, dev: dev, handle: dev, own: own}, nil
 }
 
 func (d *cudaHier) openNCCL(ctx context.Context, crossKey string, crossRank, crossWorld int, globalKey string, rank, world int) (err error) {

@@ -3,6 +3,8 @@
 package comm
 
 import (
+	"errors"
+
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/nccl"
@@ -27,4 +29,19 @@ func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, 
 		return c.AllReduce(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
 	}
 	return c.ReduceScatter(in, out, int(count), nccl.DataType(dt), nccl.RedOp(o), s)
+}
+
+// openGPU opens Config.Device and a stream on it for the GPU and the
+// hierarchical devices; hint ends the error when the device cannot be
+// used. On error nothing stays open.
+func openGPU(cfg Config, hint string) (*cuda.Device, *cuda.Stream, error) {
+	dev, err := cuda.Open(cfg.Device)
+	if err != nil {
+		return nil, nil, errorf(ErrUnsupported, "comm: rank %d: cannot use GPU %d (Config.Device): %w%s", cfg.Rank, cfg.Device, err, hint)
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, nil, errors.Join(err, dev.Close())
+	}
+	return dev, s, nil
 }
