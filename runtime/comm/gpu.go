@@ -84,7 +84,6 @@ type gpuComm struct {
 	// is unusable (a kernel's timeout, or Abort). It is set once, by the
 	// first setBroken, and read without a lock on every call.
 	broken atomic.Pointer[error]
-
 }
 
 // zeroCopy is a call whose input peers read in place: the input lies at
