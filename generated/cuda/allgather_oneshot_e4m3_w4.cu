@@ -40,20 +40,13 @@ allgather_oneshot_e4m3_w4(const collgen_args_w4 a) {
     const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
     cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input, n, shift);
   }
-  { // output@rank[rank+1] <- copy(stage@rank+1[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // output@rank[rank+2] <- copy(stage@rank+2[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // output@rank[rank+3] <- copy(stage@rank+3[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+  { // k = 0..2, one loop: output@rank[rank+1] <- copy(stage@rank+1[rank+1]) ... output@rank[rank+3] <- copy(stage@rank+3[rank+3])
+    #pragma unroll 1
+    for (int k = 0; k < 3; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k + 1, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo, (const E*)cg_slot(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;

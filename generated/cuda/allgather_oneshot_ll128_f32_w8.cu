@@ -74,95 +74,20 @@ allgather_oneshot_ll128_f32_w8(const collgen_args_w8 a) {
       PR::st(p1, u, sp.n, x);
     }
   }
-  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+4] <- copy(inbox@rank[rank+4][rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 4, W), cg_rel(rank, 4, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 4, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+5] <- copy(inbox@rank[rank+5][rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 5, W), cg_rel(rank, 5, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 5, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+6] <- copy(inbox@rank[rank+6][rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), cg_rel(rank, 6, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 6, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), cg_rel(rank, 7, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 7, W), 1, on)) goto done;
-      PR::st(p1, u, sp.n, x);
+  { // k = 0..6, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, k + 1, W), cg_rel(rank, k + 1, W), chunk_ll);
+      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        PR::P x;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 1, on)) goto done;
+        PR::st(p1, u, sp.n, x);
+      }
     }
   }
 

@@ -55,211 +55,45 @@ allreduce_hcm_f16_sum_w8(const collgen_args_w8 a) {
   const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
-  { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
-  }
-  { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+  { // k = 0..7, one loop: stage@rank[rank] <- copy(input@rank[rank]) ... stage@rank[rank+7] <- copy(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+    }
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
-  { // scratch@rank[rank] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank], stage@[1 1 1 1 5 5 5 5][rank][rank], stage@[2 2 2 2 6 6 6 6][rank][rank], stage@[3 3 3 3 7 7 7 7][rank][rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+1] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+1], stage@[1 1 1 1 5 5 5 5][rank][rank+1], stage@[2 2 2 2 6 6 6 6][rank][rank+1], stage@[3 3 3 3 7 7 7 7][rank][rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+2] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+2], stage@[1 1 1 1 5 5 5 5][rank][rank+2], stage@[2 2 2 2 6 6 6 6][rank][rank+2], stage@[3 3 3 3 7 7 7 7][rank][rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+3] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+3], stage@[1 1 1 1 5 5 5 5][rank][rank+3], stage@[2 2 2 2 6 6 6 6][rank][rank+3], stage@[3 3 3 3 7 7 7 7][rank][rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+4] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+4], stage@[1 1 1 1 5 5 5 5][rank][rank+4], stage@[2 2 2 2 6 6 6 6][rank][rank+4], stage@[3 3 3 3 7 7 7 7][rank][rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+5] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+5], stage@[1 1 1 1 5 5 5 5][rank][rank+5], stage@[2 2 2 2 6 6 6 6][rank][rank+5], stage@[3 3 3 3 7 7 7 7][rank][rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+6] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+6], stage@[1 1 1 1 5 5 5 5][rank][rank+6], stage@[2 2 2 2 6 6 6 6][rank][rank+6], stage@[3 3 3 3 7 7 7 7][rank][rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n, shift);
-  }
-  { // scratch@rank[rank+7] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+7], stage@[1 1 1 1 5 5 5 5][rank][rank+7], stage@[2 2 2 2 6 6 6 6][rank][rank+7], stage@[3 3 3 3 7 7 7 7][rank][rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n, shift);
+  { // k = 0..7, one loop: scratch@rank[rank] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank], stage@[1 1 1 1 5 5 5 5][rank][rank], stage@[2 2 2 2 6 6 6 6][rank][rank], stage@[3 3 3 3 7 7 7 7][rank][rank]) ... scratch@rank[rank+7] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+7], stage@[1 1 1 1 5 5 5 5][rank][rank+7], stage@[2 2 2 2 6 6 6 6][rank][rank+7], stage@[3 3 3 3 7 7 7 7][rank][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const E* const src[4] = {
+          (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+      };
+      cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+    }
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
-  { // output@rank[rank] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank], scratch@[4 5 6 7 4 5 6 7][rank][rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, rank).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
-  }
-  { // output@rank[rank+1] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+1], scratch@[4 5 6 7 4 5 6 7][rank][rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+2] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+2], scratch@[4 5 6 7 4 5 6 7][rank][rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+3] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+3], scratch@[4 5 6 7 4 5 6 7][rank][rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+4] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+4], scratch@[4 5 6 7 4 5 6 7][rank][rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+5] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+5], scratch@[4 5 6 7 4 5 6 7][rank][rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+6] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+6], scratch@[4 5 6 7 4 5 6 7][rank][rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+7] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+7], scratch@[4 5 6 7 4 5 6 7][rank][rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
-    };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n, shift);
+  { // k = 0..7, one loop: output@rank[rank] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank], scratch@[4 5 6 7 4 5 6 7][rank][rank]) ... output@rank[rank+7] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+7], scratch@[4 5 6 7 4 5 6 7][rank][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const E* const src[2] = {
+          (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+      };
+      cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;

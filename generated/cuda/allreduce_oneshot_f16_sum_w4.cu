@@ -31,72 +31,30 @@ allreduce_oneshot_f16_sum_w4(const collgen_args_w4 a) {
   const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
-  { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
-  }
-  { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+  { // k = 0..3, one loop: stage@rank[rank] <- copy(input@rank[rank]) ... stage@rank[rank+3] <- copy(input@rank[rank+3])
+    #pragma unroll 1
+    for (int k = 0; k < 4; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+    }
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
-  { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
-  }
-  { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1], stage@3[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2], stage@3[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+3] <- reduce(stage@0[rank+3], stage@1[rank+3], stage@2[rank+3], stage@3[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    const E* const src[4] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
-    };
-    cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
+  { // k = 0..3, one loop: output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank]) ... output@rank[rank+3] <- reduce(stage@0[rank+3], stage@1[rank+3], stage@2[rank+3], stage@3[rank+3])
+    #pragma unroll 1
+    for (int k = 0; k < 4; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const E* const src[4] = {
+          (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+      };
+      cg_reduce<T, OP, 4, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;

@@ -39,168 +39,34 @@ allreduce_oneshot_f32_min_w8(const collgen_args_w8 a) {
   const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
-  { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
-  }
-  { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+  { // k = 0..7, one loop: stage@rank[rank] <- copy(input@rank[rank]) ... stage@rank[rank+7] <- copy(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+    }
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
-  { // output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank], stage@4[rank], stage@5[rank], stage@6[rank], stage@7[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
-  }
-  { // output@rank[rank+1] <- reduce(stage@0[rank+1], stage@1[rank+1], stage@2[rank+1], stage@3[rank+1], stage@4[rank+1], stage@5[rank+1], stage@6[rank+1], stage@7[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+2] <- reduce(stage@0[rank+2], stage@1[rank+2], stage@2[rank+2], stage@3[rank+2], stage@4[rank+2], stage@5[rank+2], stage@6[rank+2], stage@7[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+3] <- reduce(stage@0[rank+3], stage@1[rank+3], stage@2[rank+3], stage@3[rank+3], stage@4[rank+3], stage@5[rank+3], stage@6[rank+3], stage@7[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+4] <- reduce(stage@0[rank+4], stage@1[rank+4], stage@2[rank+4], stage@3[rank+4], stage@4[rank+4], stage@5[rank+4], stage@6[rank+4], stage@7[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+5] <- reduce(stage@0[rank+5], stage@1[rank+5], stage@2[rank+5], stage@3[rank+5], stage@4[rank+5], stage@5[rank+5], stage@6[rank+5], stage@7[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+6] <- reduce(stage@0[rank+6], stage@1[rank+6], stage@2[rank+6], stage@3[rank+6], stage@4[rank+6], stage@5[rank+6], stage@6[rank+6], stage@7[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n, shift);
-  }
-  { // output@rank[rank+7] <- reduce(stage@0[rank+7], stage@1[rank+7], stage@2[rank+7], stage@3[rank+7], stage@4[rank+7], stage@5[rank+7], stage@6[rank+7], stage@7[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    const E* const src[8] = {
-        (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
-    };
-    cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n, shift);
+  { // k = 0..7, one loop: output@rank[rank] <- reduce(stage@0[rank], stage@1[rank], stage@2[rank], stage@3[rank], stage@4[rank], stage@5[rank], stage@6[rank], stage@7[rank]) ... output@rank[rank+7] <- reduce(stage@0[rank+7], stage@1[rank+7], stage@2[rank+7], stage@3[rank+7], stage@4[rank+7], stage@5[rank+7], stage@6[rank+7], stage@7[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const E* const src[8] = {
+          (const E*)cg_slot(a.stage[0], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[1], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[2], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[3], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[4], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[5], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[6], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
+          (const E*)cg_slot(a.stage[7], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+      };
+      cg_reduce<T, OP, 8, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;

@@ -49,15 +49,13 @@ allreduce_twoshot_f16_min_w2(const collgen_args_w2 a) {
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
-  { // output@rank[rank] <- copy(scratch@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
-  }
-  { // output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+  { // k = 0..1, one loop: output@rank[rank] <- copy(scratch@rank[rank]) ... output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
+    #pragma unroll 1
+    for (int k = 0; k < 2; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.scratch[cg_rel(rank, k, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;

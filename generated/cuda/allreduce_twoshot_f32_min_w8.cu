@@ -41,40 +41,13 @@ allreduce_twoshot_f32_min_w8(const collgen_args_w8 a) {
   const int slot = cg_stage_slot(a.seq, a.slot_bytes);
 
   // phase 0
-  { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
-  }
-  { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+  { // k = 0..6, one loop: stage@rank[rank+1] <- copy(input@rank[rank+1]) ... stage@rank[rank+7] <- copy(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k + 1, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo, n, shift);
+    }
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
@@ -97,45 +70,13 @@ allreduce_twoshot_f32_min_w8(const collgen_args_w8 a) {
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
-  { // output@rank[rank] <- copy(scratch@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
-  }
-  { // output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
-  }
-  { // output@rank[rank+2] <- copy(scratch@rank+2[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.scratch[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
-  }
-  { // output@rank[rank+3] <- copy(scratch@rank+3[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.scratch[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
-  }
-  { // output@rank[rank+4] <- copy(scratch@rank+4[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.scratch[cg_rel(rank, 4, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
-  }
-  { // output@rank[rank+5] <- copy(scratch@rank+5[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.scratch[cg_rel(rank, 5, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
-  }
-  { // output@rank[rank+6] <- copy(scratch@rank+6[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.scratch[cg_rel(rank, 6, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
-  }
-  { // output@rank[rank+7] <- copy(scratch@rank+7[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.scratch[cg_rel(rank, 7, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+  { // k = 0..7, one loop: output@rank[rank] <- copy(scratch@rank[rank]) ... output@rank[rank+7] <- copy(scratch@rank+7[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.scratch[cg_rel(rank, k, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+    }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;

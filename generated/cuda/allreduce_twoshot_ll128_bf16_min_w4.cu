@@ -34,40 +34,19 @@ allreduce_twoshot_ll128_bf16_min_w4(const collgen_args_w4 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
+  { // k = 0..2, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
+    #pragma unroll 1
+    for (int k = 0; k < 3; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, k + 1, W), chunk_ll);
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        const PR::P x = PR::ld(p0, u, sp.n);
+        PR::store(p1 + u * 16, x, flag, on);
+      }
     }
   }
 
@@ -106,43 +85,20 @@ allreduce_twoshot_ll128_bf16_min_w4(const collgen_args_w4 a) {
   }
 
   // phase 2
-  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
+  { // k = 0..2, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
+    #pragma unroll 1
+    for (int k = 0; k < 3; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, k + 1, W), cg_rel(rank, k + 1, W), chunk_ll);
+      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        PR::P x;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 2, on)) goto done;
+        PR::st(p1, u, sp.n, x);
+      }
     }
   }
 

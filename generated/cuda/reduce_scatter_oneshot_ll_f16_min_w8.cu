@@ -31,81 +31,18 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
-    }
-  }
-  { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag);
+  { // k = 0..6, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, k + 1, W), chunk_ll);
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+        const PR::P x = PR::ld(p0, u, sp.n);
+        PR::store(p1 + u * 16, x, flag);
+      }
     }
   }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -311,11 +312,18 @@ func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string) (cuda
 	if err != nil {
 		return cuda.CompileRequest{}, err
 	}
-	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions}, nil
+	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions()}, nil
 }
 
-// nvrtcOptions are the NVRTC options of every generated kernel.
-var nvrtcOptions = []string{"--std=c++17"}
+// nvrtcOptions are the NVRTC options of every generated kernel:
+// --std=c++17, then $COLLGEN_NVRTC_OPTIONS (space separated, unset by
+// default), which lets an option be measured on the communicator itself
+// (cold start, proof, bench) before it is adopted here (docs/cold-start.md).
+// Options are part of the cache key, so images compiled with other options
+// are never loaded in their place.
+func nvrtcOptions() []string {
+	return append([]string{"--std=c++17"}, strings.Fields(os.Getenv("COLLGEN_NVRTC_OPTIONS"))...)
+}
 
 // function returns kernel k, the id-th of the library, loading it if its
 // slot is empty: from the fatbin, or (Config.LazyKernels) compiled or

@@ -3,11 +3,13 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -24,7 +26,7 @@ import (
 // compile requests; every other file in the directory tree is offered as a
 // header under its relative path. Extra NVRTC options come from
 // $COLLGEN_NVRTC_OPTIONS (space separated). Skips when there is no set.
-func kernelSet(b *testing.B, arch int) []cuda.CompileRequest {
+func kernelSet(b testing.TB, arch int) []cuda.CompileRequest {
 	b.Helper()
 	dir := os.Getenv("COLLGEN_CUDA_DIR")
 	if dir == "" {
@@ -81,7 +83,7 @@ func kernelSet(b *testing.B, arch int) []cuda.CompileRequest {
 // $COLLGEN_BENCH_STRIP_OFFSETOF=1: NVRTC 13.0 has no such builtin, and the
 // generated layout asserts use it. The asserts cost nothing to compile, so
 // the timings stand; the real fix belongs in the generator's template.
-func stripOffsetof(b *testing.B, name, src string) string {
+func stripOffsetof(b testing.TB, name, src string) string {
 	if os.Getenv("COLLGEN_BENCH_STRIP_OFFSETOF") != "1" || !strings.Contains(src, "__builtin_offsetof") {
 		return src
 	}
@@ -260,10 +262,35 @@ func forEachParallel(reqs []cuda.CompileRequest, fn func(cuda.CompileRequest) er
 func BenchmarkWarmLoad(b *testing.B) {
 	d := cudatest.Devices(b, 1)[0]
 	reqs := kernelSet(b, d.Arch())
-	ctx := context.Background()
+	benchWarmLoad(b, d, reqs, fillCache(b, d, reqs), "set")
+}
+
+// BenchmarkWarmLoadWorld is BenchmarkWarmLoad for the kernels of one world
+// size at a time (a sub-benchmark per world: w2, w3, ...): what a warm
+// comm.New loads, since it readies only its world size's kernels.
+func BenchmarkWarmLoadWorld(b *testing.B) {
+	d := cudatest.Devices(b, 1)[0]
+	reqs := kernelSet(b, d.Arch())
+	cache := fillCache(b, d, reqs)
+	byWorld := map[string][]cuda.CompileRequest{}
+	for _, r := range reqs {
+		byWorld[worldOf(r.Name)] = append(byWorld[worldOf(r.Name)], r)
+	}
+	worlds := make([]string, 0, len(byWorld))
+	for w := range byWorld {
+		worlds = append(worlds, w)
+	}
+	sort.Strings(worlds)
+	for _, w := range worlds {
+		b.Run(w, func(b *testing.B) { benchWarmLoad(b, d, byWorld[w], cache, "world") })
+	}
+}
+
+// fillCache compiles reqs into a fresh cache, in parallel.
+func fillCache(b *testing.B, d *cuda.Device, reqs []cuda.CompileRequest) *cuda.Cache {
 	cache := &cuda.Cache{Dir: b.TempDir()}
-	if err := forEachParallel(reqs, func(r cuda.CompileRequest) error { // fill the cache
-		m, err := d.LoadSource(ctx, r, cache)
+	if err := forEachParallel(reqs, func(r cuda.CompileRequest) error {
+		m, err := d.LoadSource(context.Background(), r, cache)
 		if err == nil {
 			m.Unload()
 		}
@@ -271,6 +298,13 @@ func BenchmarkWarmLoad(b *testing.B) {
 	}); err != nil {
 		b.Fatal(err)
 	}
+	return cache
+}
+
+// benchWarmLoad times loading reqs, one after another, from a cache that
+// holds them all (each load must be a cache hit), reported as ms/<unit>.
+func benchWarmLoad(b *testing.B, d *cuda.Device, reqs []cuda.CompileRequest, cache *cuda.Cache, unit string) {
+	ctx := context.Background()
 	t0 := time.Now()
 	for b.Loop() {
 		for _, r := range reqs {
@@ -284,5 +318,50 @@ func BenchmarkWarmLoad(b *testing.B) {
 			m.Unload()
 		}
 	}
-	b.ReportMetric(float64(time.Since(t0).Microseconds())/1000/float64(b.N), "ms/set")
+	b.ReportMetric(float64(time.Since(t0).Microseconds())/1000/float64(b.N), "ms/"+unit)
+	b.ReportMetric(float64(len(reqs)), "files")
+}
+
+// TestNVRTCOptionsSameCode compiles every kernel of the set with and
+// without the NVRTC options in $COLLGEN_SAME_CODE_OPTIONS (e.g. -minimal)
+// and fails on each image that differs. An option that leaves every image
+// byte for byte as it was changes no kernel's code, so adopting it in comm
+// needs no proof or bench run, only the compile-time measurement
+// (docs/cold-start.md). Skips unless the variable is set (the set takes
+// seconds on many cores), without a GPU (images are for its architecture)
+// and without a kernel set.
+func TestNVRTCOptionsSameCode(t *testing.T) {
+	extra := strings.Fields(os.Getenv("COLLGEN_SAME_CODE_OPTIONS"))
+	if len(extra) == 0 {
+		t.Skip("set COLLGEN_SAME_CODE_OPTIONS to the NVRTC options to check")
+	}
+	d := cudatest.Devices(t, 1)[0]
+	reqs := kernelSet(t, d.Arch())
+	var mu sync.Mutex
+	var differ []string
+	err := forEachParallel(reqs, func(r cuda.CompileRequest) error {
+		base, err := cuda.Compile(context.Background(), r)
+		if err != nil {
+			return err
+		}
+		r.Options = append(slices.Clip(r.Options), extra...)
+		with, err := cuda.Compile(context.Background(), r)
+		if err != nil {
+			return fmt.Errorf("with %q: %w", extra, err)
+		}
+		if !bytes.Equal(base, with) {
+			mu.Lock()
+			differ = append(differ, r.Name)
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(differ)
+	if len(differ) > 0 {
+		t.Fatalf("%d of %d images differ with %q, e.g. %s", len(differ), len(reqs), extra, strings.Join(differ[:min(5, len(differ))], ", "))
+	}
+	t.Logf("all %d images identical with and without %q", len(reqs), extra)
 }

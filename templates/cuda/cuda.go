@@ -189,6 +189,9 @@ func (e *kernelEmitter) index(x schedule.Index) string {
 	case schedule.Const:
 		return fmt.Sprint(x.K)
 	case schedule.RankPlus:
+		if k, ok := loopK(x); ok {
+			return loopRel(k)
+		}
 		if x.K == 0 {
 			return "rank"
 		}
@@ -249,12 +252,12 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 	seq := 0
 	for _, ph := range e.s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
-		for _, st := range ph.Steps {
-			sc, err := e.barrierStep(st)
+		for _, l := range loops(singles(ph.Steps), e.s.World) {
+			sc, err := e.barrierStep(l.body[0])
 			if err != nil {
 				return nil, err
 			}
-			pc.Steps = append(pc.Steps, sc)
+			pc.Steps = append(pc.Steps, l.wrap(sc))
 		}
 		if ph.Sync {
 			seq++
@@ -302,12 +305,12 @@ func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 	var phases []phaseContext
 	for pi, ph := range e.s.Phases {
 		pc := phaseContext{}
-		for _, g := range llGroups(ph.Steps) {
-			sc, err := e.pushGroup(g, pi)
+		for _, l := range loops(llGroups(ph.Steps), e.s.World) {
+			sc, err := e.pushGroup(l.body, pi)
 			if err != nil {
 				return nil, err
 			}
-			pc.Steps = append(pc.Steps, sc)
+			pc.Steps = append(pc.Steps, l.wrap(sc))
 		}
 		phases = append(phases, pc)
 	}
@@ -394,11 +397,7 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 // the whole warp, reach every poll and store together.
 func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, error) {
 	lead := g[0]
-	comments := make([]string, len(g))
-	for i, st := range g {
-		comments[i] = stepComment(st)
-	}
-	w := &stepWriter{sc: stepContext{Comment: strings.Join(comments, "; ")}}
+	w := &stepWriter{sc: stepContext{Comment: groupComment(g)}}
 	chunkRef := e.chunkOf(lead)
 	if e.single(chunkRef.Buf) {
 		w.P("const cg_span sp = {0, (cg_s64)a.chunk};")

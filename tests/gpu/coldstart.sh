@@ -16,7 +16,8 @@
 #     with the headers; the set on one goroutine per CPU with the first
 #     option set of OPTION_SETS (sum-ms/set stands in for the serial cost;
 #     the log breaks it down by world size and algorithm and lists the
-#     slowest files); the warm load of the set
+#     slowest files); the warm load of the set, and of each world size's
+#     kernels alone (what a warm New loads)
 #  4. fatbin: nvcc builds the kernels of world $WORLD for this GPU
 #     (tests/cuda/fatbin.sh), then process ranks load it (New to ready);
 #     and New with a fatbin lacking the GPU's architecture must fail
@@ -27,7 +28,8 @@
 # Knobs: OUT, BUDGET (seconds for the whole script, 280), WORLD (2), OPTION_SETS (';'-separated NVRTC option lists;
 # default: none, -default-device, -pch, -minimal, -Ofast-compile=min:
 # the last changes code, so it needs tests/gpu/bench.sh too), SERIAL (1: also the
-# serial compile of the whole set, about 200 s), FATBIN (0: skip step 4).
+# serial compile of the whole set), FATBIN (0: skip step 4), SAME_CODE (NVRTC options, e.g.
+# -minimal: compile every kernel with and without them and fail on an image that differs).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/../.."
@@ -40,7 +42,7 @@ LOG="$OUT/coldstart.log"
 BUDGET=${BUDGET:-280} # seconds for the whole script; later steps are skipped past it
 TMP=$(mktemp -d)
 summary() {
-  grep -E 'coldstart:|^(Benchmark|fatbin:|FAILED|SKIPPED|--- FAIL|== 3)|coldstart_test.go.*rank [0-9]: |compile time by group|slow: ' "$LOG" | sed 's/^ *//' >"$OUT/summary.txt"
+  grep -E 'coldstart:|^(Benchmark|fatbin:|FAILED|SKIPPED|--- FAIL|== 3)|coldstart_test.go.*rank [0-9]: |compile time by group|slow: |images (identical|differ)' "$LOG" | sed 's/^ *//' >"$OUT/summary.txt"
   rm -rf "$TMP"
 }
 trap summary EXIT
@@ -88,7 +90,7 @@ options() { # options SET...: the parallel cold compile with each option set
   done
 }
 options "${sets[0]:-}"
-run 60 .gpu/cuda.test -test.run '^$' -test.bench 'WarmLoad' -test.benchtime 10x
+run 90 .gpu/cuda.test -test.run '^$' -test.bench 'WarmLoad' -test.benchtime 10x
 
 if [ "${FATBIN:-1}" = 1 ]; then
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
@@ -103,6 +105,10 @@ if [ "${FATBIN:-1}" = 1 ]; then
 fi
 
 options "${sets[@]:1}"
+if [ -n "${SAME_CODE:-}" ]; then
+  step "3. same code with and without NVRTC options '$SAME_CODE'"
+  run 120 env COLLGEN_SAME_CODE_OPTIONS="$SAME_CODE" .gpu/cuda.test -test.run '^TestNVRTCOptionsSameCode$' -test.v
+fi
 if [ "${SERIAL:-0}" = 1 ]; then
   step "3. serial cold compile of the set"
   run 300 .gpu/cuda.test -test.run '^$' -test.bench 'NVRTCCompile$' -test.benchtime 1x
