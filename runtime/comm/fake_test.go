@@ -311,7 +311,7 @@ func TestFakeGPULaunch(t *testing.T) {
 			Scratch: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes), uint64(fakeRegion(1)) + 2*uint64(g.slotBytes)},
 			Signal: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier]),
 				uint64(fakeRegion(1)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier])},
-			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk),
+			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk), Window: uint64(chunk),
 			TimeoutNs: uint64(DefaultTimeout), SlotBytes: uint64(g.slotBytes), Rank: 1, KernelId: int32(id)}
 		if a != want {
 			t.Errorf("launch %d: arguments\n%+v\nwant\n%+v", i, a, want)

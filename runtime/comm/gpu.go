@@ -339,8 +339,8 @@ func (g *gpuComm) pickTopology() error {
 			continue // a per-world spec has one selection per rule list
 		}
 		g.sels[coll.Collective(s.Collective)] = s
-		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
-			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
+		if alg, unbounded := lib.UnboundedPush(s, cfg.WorldSize); unbounded && cfg.StagingBytes == 0 {
+			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to %s, a push kernel whose inbox holds the whole message; bound the rule or set Config.StagingBytes", topo, s.Collective, alg)
 		}
 		for p, m := range lib.RulesSlotBounds(s, cfg.WorldSize) {
 			bounds[coll.Protocol(p)] = max(bounds[coll.Protocol(p)], m)
@@ -424,6 +424,14 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	// Reading the input in place frees a kernel from the stage slot, but
 	// not from scratch (two-shot reduces into it, laid out like the slot).
 	inPlace := zc.on() && !k.UsesScratch
+	window := chunk
+	if !k.Push() && !zc.on() && need > g.area[proto] {
+		// A staged barrier kernel runs in rounds over windows that fit.
+		window = windowElems(g.area[proto], g.world, cl.esize, k.VecElems(int(cl.esize)))
+		if window > 0 {
+			need = int64(g.world) * window * cl.esize
+		}
+	}
 	switch {
 	case auto && need > g.area[proto] && !inPlace:
 		cl.alg = coll.NCCL
@@ -440,11 +448,18 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
 			cl.collective, cl.alg, cl.bytes, g.area[proto])
 	case need > g.area[proto] && !zc.on():
-		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
-			cl.collective, cl.alg, cl.bytes, g.area[proto])
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: the %d-byte staging area cannot hold one %d-element vector of each of %d ranks; raise Config.StagingBytes or use nccl",
+			cl.collective, cl.alg, g.area[proto], k.VecElems(int(cl.esize)), g.world)
 	}
-	cl.kernel, cl.chunk, cl.zc = k, chunk, zc
+	cl.kernel, cl.chunk, cl.window, cl.zc = k, chunk, window, zc
 	return nil
+}
+
+// windowElems is the round window of a staged barrier kernel (cg_window):
+// the most elements per chunk, a multiple of vec, whose window of every
+// one of world chunks fits area bytes; 0 when not even one vector does.
+func windowElems(area int64, world int, esize, vec int64) int64 {
+	return area / (int64(world) * esize) / vec * vec
 }
 
 // slotNeed is the stage-slot bytes kernel k needs for a message of bytes
@@ -517,7 +532,7 @@ func (g *gpuComm) run(cl *call) error {
 func gridFor(cl *call, world int) (grid, block uint32) {
 	k := cl.kernel
 	threads := int64(k.Launch.Threads)
-	units := int64(world) * k.ThreadUnits(cl.chunk, int(cl.esize))
+	units := int64(world) * k.ThreadUnits(cl.window, int(cl.esize)) // one round's work
 	blocks := min(max((units+threads-1)/threads, 1), int64(k.Launch.MaxBlocks))
 	return uint32(blocks), uint32(threads)
 }
@@ -536,7 +551,7 @@ func (g *gpuComm) pack(p *packer, cl *call) []byte {
 	}
 	return p.pack(g.argBuf, args{
 		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
-		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk),
+		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk), window: uint64(cl.window),
 		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.kernelRank()),
 	})
 }

@@ -105,19 +105,27 @@ func TestFakeZeroCopyAllGather(t *testing.T) {
 	}
 }
 
-// TestFakeZeroCopyLiftsStagingLimit: a forced one-shot all-reduce larger
-// than the staging buffer is refused when staged and runs when its input
-// is symmetric; auto keeps the generated kernel for it instead of NCCL.
-// Two-shot reduces into scratch, which zero-copy does not replace: still
-// refused, naming the scratch area.
-func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
+// TestFakeZeroCopyOneRound: a one-shot all-reduce larger than the staging
+// buffer runs in rounds over windows that fit it when staged, and in one
+// round when its input is symmetric (read in place, nothing staged).
+// Two-shot reduces into scratch, which zero-copy does not replace and
+// whose layout then follows the input's: refused, naming the scratch area.
+func TestFakeZeroCopyOneRound(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
 	const n = 1 << 20 // f32: 4 MiB, over the 1 MiB staging buffer
 	syms := allocOnRanks(t, comms, 4*n)
-	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatalf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v", err)
 	}
+	var a collectives.ArgsW2
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.Chunk != n/2 || a.Window != (1<<20)/(2*4) || a.SlotBytes == 0 {
+		t.Errorf("staged call: chunk %d, window %d, slot bytes %d; want chunk %d in windows of %d (2 chunks of f32 in the 1 MiB area)", a.Chunk, a.Window, a.SlotBytes, n/2, (1<<20)/(2*4))
+	}
+	devs[0].launches = nil
 	if err := comms[0].AllReduce(DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "scratch area") {
 		t.Errorf("zero-copy 4 MiB two-shot over a 1 MiB scratch area: %v, want ErrInvalidArgument naming the scratch area", err)
 	}
@@ -127,7 +135,11 @@ func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 		t.Fatalf("zero-copy 4 MiB one-shot: %v", err)
 	}
 	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot {
-		t.Errorf("launches %v, want one one-shot kernel", devs[0].launches)
+		t.Fatalf("launches %v, want one one-shot kernel", devs[0].launches)
+	}
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.Window != a.Chunk || a.SlotBytes != 0 {
+		t.Errorf("zero-copy call: window %d of a %d-element chunk, slot bytes %d; want one round (window = chunk) and one slot", a.Window, a.Chunk, a.SlotBytes)
 	}
 }
 
