@@ -271,7 +271,8 @@ func TestFakeGPULaunch(t *testing.T) {
 		if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShot}); err != nil {
 			return err
 		}
-		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64<<20, coll.BF16, coll.Sum, Options{})
+		// No f64 kernel: the rules' NCCL fallback.
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64<<20, coll.F64, coll.Sum, Options{})
 	})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
@@ -279,7 +280,7 @@ func TestFakeGPULaunch(t *testing.T) {
 	g := comms[1].gpu
 	for r, d := range devs {
 		if len(d.launches) != 2 || len(d.nccl) != 1 || d.nccl[0] != coll.NCCL {
-			t.Fatalf("rank %d: %d launches, NCCL calls %v; want 2 launches and one NCCL call (128 MiB)", r, len(d.launches), d.nccl)
+			t.Fatalf("rank %d: %d launches, NCCL calls %v; want 2 launches and one NCCL call (f64)", r, len(d.launches), d.nccl)
 		}
 	}
 	for i, want := range []string{"allreduce_oneshot_ll_bf16_sum_w2", "allreduce_twoshot_bf16_sum_w2"} {

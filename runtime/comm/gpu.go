@@ -364,14 +364,35 @@ func (g *gpuComm) pickTopology() error {
 	return nil
 }
 
+// usesNCCL reports whether automatic selection can send a call to NCCL:
+// a rule names it, or a rule's algorithm (or one-shot, where a push
+// kernel's call does not fit its inbox) lacks a kernel for some dtype and
+// op of its collective, whose calls then fall back to NCCL.
 func (g *gpuComm) usesNCCL() bool {
 	if g.topology == "" {
 		return true // NCCL only
 	}
-	for _, s := range g.sels {
+	for c, s := range g.sels {
+		ops := coll.Ops()
+		if !c.Reduces() {
+			ops = []coll.Op{""}
+		}
 		for _, r := range s.Rules {
-			if coll.Algorithm(r.Use) == coll.NCCL {
-				return true
+			algs := []coll.Algorithm{r.Use}
+			if r.Use != coll.NCCL && !g.lib.Windowed(c, r.Use, g.world) { // push
+				algs = append(algs, coll.OneShot)
+			}
+			for _, a := range algs {
+				if a == coll.NCCL {
+					return true
+				}
+				for _, dt := range coll.DTypes() {
+					for _, op := range ops {
+						if _, ok := g.lib.Kernel(c, a, dt, op, g.world); !ok {
+							return true
+						}
+					}
+				}
 			}
 		}
 	}
@@ -383,13 +404,15 @@ func (g *gpuComm) memory() memKind { return deviceMemory }
 func (g *gpuComm) rules(collective coll.Collective) *kernels.Selection { return g.sels[collective] }
 
 // prepare plans cl.alg for the call: NCCL must be available; a generated
-// algorithm needs a kernel for the call's dtype and op and room for its
-// stage-slot need in its protocol's area (unless the input is read in
-// place). The automatic choice sends a call that fails either check to
-// NCCL (every rank decides alike: only the call's arguments, agreed set-up
-// and whether the input is symmetric enter, and Alloc's contract has every
-// rank pass symmetric inputs in the same calls); an explicit one is
-// refused with the reason.
+// algorithm needs a kernel for the call's dtype and op, and a push kernel
+// room for its inbox in its protocol's area (a staged barrier kernel runs
+// in rounds through any area; one reading its input in place needs none).
+// The automatic choice sends a push kernel's call that does not fit to the
+// one-shot barrier kernel, and a call that fails otherwise to NCCL (every
+// rank decides alike: only the call's arguments, agreed set-up and whether
+// the input is symmetric enter, and Alloc's contract has every rank pass
+// symmetric inputs in the same calls); an explicit one is refused with
+// the reason.
 func (g *gpuComm) prepare(cl *call, auto bool) error {
 	cl.kernel, cl.zc = nil, zeroCopy{}
 	if cl.alg == coll.NCCL {
@@ -433,6 +456,11 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 	}
 	switch {
+	case auto && need > g.area[proto] && !inPlace && k.Push() && cl.alg != coll.OneShot:
+		// The push kernel's inbox cannot hold the message: one-shot runs
+		// it in rounds through any staging area (NCCL if it has no kernel).
+		cl.alg = coll.OneShot
+		return g.prepare(cl, true)
 	case auto && need > g.area[proto] && !inPlace:
 		cl.alg = coll.NCCL
 		return g.prepare(cl, true)

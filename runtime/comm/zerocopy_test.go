@@ -144,22 +144,23 @@ func TestFakeZeroCopyOneRound(t *testing.T) {
 }
 
 // TestFakeSymmetricRules: the shipped rules send a 128 MiB all-reduce
-// with a symmetric input to the in-place one-shot (no staging needed) and
-// the same call staged to NCCL; Explain reports both plans. (At world 2
-// the plain rules send up to 64 MiB to twoshot_ll128, symmetric or not:
-// they come first.)
+// with a symmetric input to the in-place one-shot (one round, nothing
+// staged) and the same call staged to the one-shot in rounds through the
+// 8 MiB barrier area; Explain reports both plans. (At world 2 the plain
+// rules send up to 8 MiB to twoshot_ll128, symmetric or not: they come
+// first.)
 func TestFakeSymmetricRules(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
 	const n = 32 << 20 // f32: 128 MiB
 	syms := allocOnRanks(t, comms, 4*n)
 	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
-		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", ZeroCopy: true, Rounds: 1}) {
+		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot in one round", p, err)
 	}
 	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	if err != nil || p != (Plan{Algorithm: coll.NCCL}) {
-		t.Errorf("staged 128 MiB: plan %+v, %v; want nccl", p, err)
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", Rounds: 16}) {
+		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged one-shot in 16 rounds of 8 MiB", p, err)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
@@ -183,4 +184,21 @@ func allocOnRanks(t testing.TB, comms []*Communicator, bytes int) []cuda.DeviceP
 		t.Fatal(err)
 	}
 	return syms
+}
+
+// TestFakePushFallsBackToRounds: with a staging area too small for a push
+// kernel's inbox, the automatic choice runs the message on the one-shot
+// barrier kernel in rounds (not NCCL); forcing the push kernel is refused.
+func TestFakePushFallsBackToRounds(t *testing.T) {
+	comms, _ := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
+	defer closeAll(t, comms)
+	const n = 2 << 20 // bf16: 4 MiB, twoshot_ll128 by the rules
+	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_bf16_sum_w2", Rounds: 4}) {
+		t.Errorf("auto 4 MiB over a 1 MiB area: plan %+v, %v; want the one-shot in 4 rounds", p, err)
+	}
+	_, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShotLL128})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "of inbox") {
+		t.Errorf("forced twoshot_ll128 over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
+	}
 }
