@@ -45,8 +45,16 @@ func TestSimulateEveryCombination(t *testing.T) {
 					}
 					for _, n := range counts {
 						for _, vec := range vecs {
-							if err := simulate(s, n, vec, mem); err != nil {
+							if err := simulate(s, n, vec, 0, mem); err != nil {
 								t.Errorf("n=%d vec=%d: %v", n, vec, err)
+							}
+							if s.Protocol.Push() {
+								continue // push kernels run in one round
+							}
+							for _, win := range []int{1, 2, 5} { // rounds over windows (cg_window)
+								if err := simulate(s, n, vec, win, mem); err != nil {
+									t.Errorf("n=%d vec=%d window=%d: %v", n, vec, win, err)
+								}
 							}
 						}
 					}

@@ -76,5 +76,5 @@ allgather_oneshot_ll128_e4m3_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

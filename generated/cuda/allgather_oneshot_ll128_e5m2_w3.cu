@@ -72,5 +72,5 @@ allgather_oneshot_ll128_e5m2_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

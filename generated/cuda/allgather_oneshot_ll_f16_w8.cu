@@ -90,5 +90,5 @@ allgather_oneshot_ll_f16_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -63,5 +63,5 @@ allgather_oneshot_ll_f32_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -51,16 +51,24 @@ allreduce_hcm_f16_min_w8(const collgen_args_w8 a) {
   const int table3[W] = {3, 3, 3, 3, 7, 7, 7, 7};
   const int table4[W] = {0, 1, 2, 3, 0, 1, 2, 3};
   const int table5[W] = {4, 5, 6, 7, 4, 5, 6, 7};
-  const cg_u64 seq = cg_seq_begin(a.seq);
-  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 seq0 = cg_seq_begin(a.seq);
+  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  // Rounds over windows of every chunk (see cg_window in the header).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 per_round = a.slot_bytes ? 2 : 3;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  const cg_u64 seq = seq0 + r * per_round;
+  const int slot = (slot0 + (int)(r & 1)) & 1;  // rounds alternate slots like collectives
 
   // phase 0
   { // k = 0..7, one loop: stage@rank[rank] <- copy(input@rank[rank]) ... stage@rank[rank+7] <- copy(input@rank[rank+7])
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
-      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
-      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, n, shift);
+      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
+      cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, n, shift);
     }
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
@@ -69,15 +77,15 @@ allreduce_hcm_f16_min_w8(const collgen_args_w8 a) {
   { // k = 0..7, one loop: scratch@rank[rank] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank], stage@[1 1 1 1 5 5 5 5][rank][rank], stage@[2 2 2 2 6 6 6 6][rank][rank], stage@[3 3 3 3 7 7 7 7][rank][rank]) ... scratch@rank[rank+7] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+7], stage@[1 1 1 1 5 5 5 5][rank][rank+7], stage@[2 2 2 2 6 6 6 6][rank][rank+7], stage@[3 3 3 3 7 7 7 7][rank][rank+7])
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
-      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
       const E* const src[4] = {
-          (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
-          (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
-          (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
-          (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+          (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
-      cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+      cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, k, W)), src, n, shift);
     }
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
@@ -86,18 +94,19 @@ allreduce_hcm_f16_min_w8(const collgen_args_w8 a) {
   { // k = 0..7, one loop: output@rank[rank] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank], scratch@[4 5 6 7 4 5 6 7][rank][rank]) ... output@rank[rank+7] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+7], scratch@[4 5 6 7 4 5 6 7][rank][rank+7])
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
-      const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), a.chunk, VB / sizeof(E));
+      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
+      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
       const E* const src[2] = {
-          (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo,
-          (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo
+          (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
-      cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo, src, n, shift);
+      cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, src, n, shift);
     }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;
 
-  cg_seq_end(a.seq, seq + (a.slot_bytes ? 2 : 3));
-  if (a.slot_bytes) cg_collective_end(a.seq);
+  }
+  cg_seq_end(a.seq, seq0 + rounds * per_round);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
 }

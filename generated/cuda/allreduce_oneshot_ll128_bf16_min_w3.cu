@@ -85,5 +85,5 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

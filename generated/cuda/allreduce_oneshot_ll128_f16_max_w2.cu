@@ -74,5 +74,5 @@ allreduce_oneshot_ll128_f16_max_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -98,5 +98,5 @@ allreduce_oneshot_ll128_f16_max_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -170,5 +170,5 @@ allreduce_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

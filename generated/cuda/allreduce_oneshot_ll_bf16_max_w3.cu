@@ -83,5 +83,5 @@ allreduce_oneshot_ll_bf16_max_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

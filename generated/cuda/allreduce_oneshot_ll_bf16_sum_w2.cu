@@ -72,5 +72,5 @@ allreduce_oneshot_ll_bf16_sum_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -96,5 +96,5 @@ allreduce_oneshot_ll_f16_min_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -168,5 +168,5 @@ allreduce_oneshot_ll_f32_max_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

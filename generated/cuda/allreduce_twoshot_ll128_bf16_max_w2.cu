@@ -81,5 +81,5 @@ allreduce_twoshot_ll128_bf16_max_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -95,5 +95,5 @@ allreduce_twoshot_ll128_bf16_sum_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -135,5 +135,5 @@ allreduce_twoshot_ll128_f16_max_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

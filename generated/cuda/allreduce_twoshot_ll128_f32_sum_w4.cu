@@ -103,5 +103,5 @@ allreduce_twoshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -78,5 +78,5 @@ allreduce_twoshot_ll_bf16_min_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

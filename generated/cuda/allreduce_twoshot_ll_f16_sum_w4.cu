@@ -100,5 +100,5 @@ allreduce_twoshot_ll_f16_sum_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -92,5 +92,5 @@ allreduce_twoshot_ll_f32_sum_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

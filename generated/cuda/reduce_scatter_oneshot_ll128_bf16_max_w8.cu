@@ -88,5 +88,5 @@ reduce_scatter_oneshot_ll128_bf16_max_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

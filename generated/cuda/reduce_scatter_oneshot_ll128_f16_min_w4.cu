@@ -72,5 +72,5 @@ reduce_scatter_oneshot_ll128_f16_min_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -61,5 +61,5 @@ reduce_scatter_oneshot_ll128_f16_sum_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -68,5 +68,5 @@ reduce_scatter_oneshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -70,5 +70,5 @@ reduce_scatter_oneshot_ll_f16_max_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -59,5 +59,5 @@ reduce_scatter_oneshot_ll_f32_sum_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

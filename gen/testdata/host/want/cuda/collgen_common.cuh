@@ -36,6 +36,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   cg_u64 slot_bytes;            // distance between the two stage slots; 0: one slot
+  cg_u64 window;                // barrier kernels: elements per chunk per round; 0: the whole chunk (see cg_window)
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
 };
@@ -407,6 +408,56 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
   return s;
 }
 
+// ---- rounds. A barrier kernel whose stage slot cannot hold a whole chunk
+// of every rank runs its schedule in rounds: round r covers elements
+// [r*win, (r+1)*win) of every chunk, where win = a.window, and the stage
+// and scratch buffers hold one window of each chunk, chunk c at c*win (the
+// window layout; with win = chunk it is the input layout). Every step maps
+// element j of its source chunks to element j of its destination chunk, so
+// a round is the whole schedule over a window (schedule.SimulateWindows
+// proves the windowed execution on the CPU). Rounds alternate stage slots
+// exactly as consecutive collectives do, with the same per-block barriers:
+// the work split depends only on the window and the chunk index, so the
+// thread that owns element j of chunk c in one round owns it in every
+// round and phase, on every rank, and block b of round r+2 overwrites only
+// stage elements that block b of every rank read in round r, after passing
+// a barrier of round r+1 with each of them. With one stage slot (zero-copy
+// input: the stage pointers are the peers' inputs, in input layout) there
+// is one round over the whole chunk.
+
+// cg_window is the elements per chunk of one round.
+__device__ __forceinline__ cg_u64 cg_window(cg_u64 chunk, cg_u64 window, cg_u64 slot_bytes) {
+  return (window == 0 || window >= chunk || slot_bytes == 0) ? chunk : window;
+}
+// cg_rounds is how many rounds cover a chunk (at least one).
+__device__ __forceinline__ cg_u64 cg_rounds(cg_u64 chunk, cg_u64 win) {
+  return (chunk <= win || win == 0) ? 1 : (chunk + win - 1) / win;
+}
+// cg_wchunk is the part of chunk c that round w0 (its first element in the
+// chunk) covers in a W-chunk buffer of count elements, in input layout.
+__device__ __forceinline__ cg_span cg_wchunk(cg_u64 count, cg_u64 chunk, int c, cg_u64 w0, cg_u64 win) {
+  const cg_u64 start = (cg_u64)c * chunk;
+  cg_u64 lo = start + w0, hi = lo + win;
+  if (hi > start + chunk) hi = start + chunk;
+  if (lo > count) lo = count;
+  if (hi > count) hi = count;
+  cg_span s = {(cg_s64)lo, (cg_s64)(hi - lo)};
+  return s;
+}
+// cg_wsingle is the part of a 1-chunk buffer (reduce-scatter output,
+// all-gather input) that round w0 covers.
+__device__ __forceinline__ cg_span cg_wsingle(cg_u64 chunk, cg_u64 w0, cg_u64 win) {
+  const cg_u64 hi = w0 + win < chunk ? w0 + win : chunk;
+  cg_span s = {(cg_s64)w0, (cg_s64)(hi - w0)};
+  return s;
+}
+// cg_woff is where chunk c starts in a stage or scratch buffer (window
+// layout), clamped like cg_chunk's lo.
+__device__ __forceinline__ cg_s64 cg_woff(cg_u64 count, cg_u64 win, int c) {
+  const cg_u64 lo = (cg_u64)c * win;
+  return (cg_s64)(lo > count ? count : lo);
+}
+
 // ---- barriers. Each rank's signal pad holds one 64-bit flag per (block,
 // source rank). Barrier i of block b stores the block's next sequence value
 // into every peer's pad at [b][rank] with release semantics at system scope
@@ -493,16 +544,17 @@ __device__ __forceinline__ int cg_stage_slot(const cg_u64* seq, cg_u64 slot_byte
 __device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
   return (char*)p + (cg_u64)slot * slot_bytes;
 }
-// cg_collective_end: the last block of the grid to get here bumps the
-// collective counter for the next launch (a later kernel on the stream, so
-// it sees the new value) and resets the finished-block count.
-__device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
+// cg_collective_end: the last block of the grid to get here advances the
+// collective counter by the launch's rounds (so the next launch starts on
+// the slot after this one's last; a later kernel on the stream, so it sees
+// the new value) and resets the finished-block count.
+__device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned long long done = atomicAdd(seq + CG_MAX_BLOCKS + 1, 1ull);
     if (done == gridDim.x - 1) {
       seq[CG_MAX_BLOCKS + 1] = 0;
-      seq[CG_MAX_BLOCKS] += 1;
+      seq[CG_MAX_BLOCKS] += rounds;
     }
   }
 }
