@@ -157,6 +157,9 @@ type kernelEmitter struct {
 	byValues map[string]string // fmt.Sprint(values) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
+	// err is the first error of an expression (an inbox chunk no put
+	// writes); context returns it.
+	err error
 }
 
 // context emits every phase and returns the template context.
@@ -174,6 +177,9 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 		if err == nil && c.FinalOptional {
 			c.Phases[len(c.Phases)-1].Optional = true
 		}
+	}
+	if err == nil {
+		err = e.err
 	}
 	if err != nil {
 		return nil, err
@@ -225,8 +231,12 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	case schedule.Stage:
 		e.usesStage = true
 		base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, e.index(r.Rank))
-	case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
-		return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", e.index(r.Rank), e.index(r.Lane), e.index(r.Chunk))
+	case schedule.Inbox: // push: its place in the owner's inbox (schedule.InboxLayout)
+		place, err := e.s.InboxPlace(r)
+		if err != nil {
+			e.err = err
+		}
+		return fmt.Sprintf("cg_inbox(a.stage[%s], slot, a.slot_bytes, %s, chunk_ll)", e.index(r.Rank), e.index(place))
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}

@@ -588,8 +588,9 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds) {
 // in schedule.Validate (every rank hears from every peer).
 //
 // Inbox memory is a sequence of 16-byte units. Inbox layout, inside stage
-// slot `slot` of every rank: W lanes of W chunks; chunk c of lane s starts
-// at (s * W + c) * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
+// slot `slot` of every rank: the chunks the schedule's puts write there,
+// each at its place p (schedule.InboxLayout: lane then chunk order),
+// starting at p * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
 // 16. Lane s is written only by rank s. Unit u of a chunk is handled by the
 // same thread on every rank and in every phase (work split above, with
 // shift c * PR::units<E>(chunk)), so a thread that computes a unit's value
@@ -775,9 +776,11 @@ struct cg_ll128 {
   static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
 };
 
-template <int W>
-__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
-  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
+// cg_inbox is where the inbox chunk at place `place` of a rank whose stage
+// buffer is `stage` starts in slot `slot` (schedule.InboxLayout numbers the
+// (lane, chunk) pairs a schedule's puts write into each rank's inbox).
+__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int place, cg_u64 chunk_ll) {
+  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)place * chunk_ll;
 }
 
 __device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
