@@ -106,6 +106,7 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		}
 		return n
 	}
+	inboxAt, places := s.InboxLayout()
 	var size [NumBuffers]int // of each rank's buffers
 	perRank := 0
 	for b := Input; b < NumBuffers; b++ {
@@ -113,7 +114,7 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		if b == Inbox {
 			size[b] = 0 // only push schedules have inboxes
 			if s.Protocol.Push() {
-				size[b] = w * bufLen(Stage) // W lanes, each a full W-chunk buffer
+				size[b] = places * c // InboxLayout's places, one chunk each
 			}
 		}
 		perRank += size[b]
@@ -145,9 +146,13 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		if ref.Buf.Symmetric() && win < c { // window layout
 			lo, hi = ci*win, ci*win+hi-lo
 		}
-		if ref.Buf == Inbox {
-			off := ref.Lane.Eval(r, w) * bufLen(Stage)
-			lo, hi = lo+off, hi+off
+		if ref.Buf == Inbox { // the chunk's place in its owner's inbox
+			k := inboxAt[ref.Rank.Eval(r, w)][ref.Lane.Eval(r, w)][ci]
+			if k < 0 {
+				k = places // nothing writes it: an empty span past the places, read as unwritten below
+				lo, hi = 0, 0
+			}
+			lo, hi = k*c, k*c+hi-lo
 		}
 		return lo, hi
 	}

@@ -40,11 +40,11 @@ func TestPickTopology(t *testing.T) {
 	}
 	// Each protocol's area holds its rules' largest need: barrier kernels
 	// all-gather's one-shot up to 16 MiB, capped at kernels.WindowBytes
-	// (larger messages run in rounds); LL all-reduce's twoshot_ll and
-	// all-gather's oneshot_ll up to 256 KiB (16 inbox chunks of 64 KiB
-	// payload, 128 KiB as LL lines: 2 MiB); LL128 all-reduce's twoshot_ll128
-	// up to 8 MiB (16 chunks of 2 MiB payload in 17477 lines of 128 bytes).
-	want := map[coll.Protocol]int64{coll.Barrier: kernels.WindowBytes, coll.LL: 2 << 20, coll.LL128: 16 * 17477 * 128}
+	// (larger messages run in rounds); LL all-reduce's twoshot_ll up to
+	// 256 KiB (6 inbox places, 2(W-1), of 64 KiB payload, 128 KiB as LL
+	// lines: 768 KiB); LL128 all-reduce's twoshot_ll128 up to 8 MiB (6
+	// places of 2 MiB payload in 17477 lines of 128 bytes).
+	want := map[coll.Protocol]int64{coll.Barrier: kernels.WindowBytes, coll.LL: 6 * 128 << 10, coll.LL128: 6 * 17477 * 128}
 	if !maps.Equal(g.area, want) || g.slotBytes != want[coll.Barrier]+want[coll.LL]+want[coll.LL128] {
 		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
 	}
@@ -133,8 +133,8 @@ func TestChooseAndRefuse(t *testing.T) {
 	}{
 		{16, coll.HCM, ErrUnsupported, "has no kernel hcm for bf16 sum at world size 4"},
 		{16, coll.NCCL, ErrUnsupported, "algorithm nccl refused: NCCL is unavailable on rank 2"},
-		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 2097152-byte ll area"},
-		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
+		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need over 786432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 786432-byte ll area"},
+		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 26843904 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 		{16, "threeshot", ErrInvalidArgument, `unknown name: algorithm "threeshot"`},
 	}
 	for _, r := range refuse {

@@ -157,6 +157,13 @@ type kernelEmitter struct {
 	byValues map[string]string // fmt.Sprint(values) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
+	// err is the first error of an expression (an inbox chunk no put
+	// writes); context returns it.
+	err error
+	// recording: index appends each index to rec and writes a placeholder
+	// instead of its C (loop.go renders a run of groups so).
+	recording bool
+	rec       []schedule.Index
 }
 
 // context emits every phase and returns the template context.
@@ -175,6 +182,9 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 			c.Phases[len(c.Phases)-1].Optional = true
 		}
 	}
+	if err == nil {
+		err = e.err
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -185,13 +195,14 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 // index returns the C expression of an index of the executing rank; a
 // table index declares its table on first use.
 func (e *kernelEmitter) index(x schedule.Index) string {
+	if e.recording {
+		e.rec = append(e.rec, x)
+		return placeholder(len(e.rec) - 1)
+	}
 	switch x.Kind {
 	case schedule.Const:
 		return fmt.Sprint(x.K)
 	case schedule.RankPlus:
-		if k, ok := loopK(x); ok {
-			return loopRel(k)
-		}
 		if x.K == 0 {
 			return "rank"
 		}
@@ -228,8 +239,12 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	case schedule.Stage:
 		e.usesStage = true
 		base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, e.index(r.Rank))
-	case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
-		return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", e.index(r.Rank), e.index(r.Lane), e.index(r.Chunk))
+	case schedule.Inbox: // push: its place in the owner's inbox (schedule.InboxLayout)
+		place, err := e.s.InboxPlace(r)
+		if err != nil {
+			e.err = err
+		}
+		return fmt.Sprintf("cg_inbox(a.stage[%s], slot, a.slot_bytes, %s, chunk_ll)", e.index(r.Rank), e.index(place))
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}
@@ -263,13 +278,11 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 	seq := 0
 	for _, ph := range e.s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
-		for _, l := range loops(singles(ph.Steps), e.s.World) {
-			sc, err := e.barrierStep(l.body[0])
-			if err != nil {
-				return nil, err
-			}
-			pc.Steps = append(pc.Steps, l.wrap(sc))
+		steps, err := e.blocks(singles(ph.Steps), func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) })
+		if err != nil {
+			return nil, err
 		}
+		pc.Steps = steps
 		if ph.Sync {
 			seq++
 			pc.SeqOffset = seq
@@ -316,13 +329,11 @@ func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 	var phases []phaseContext
 	for pi, ph := range e.s.Phases {
 		pc := phaseContext{}
-		for _, l := range loops(llGroups(ph.Steps), e.s.World) {
-			sc, err := e.pushGroup(l.body, pi)
-			if err != nil {
-				return nil, err
-			}
-			pc.Steps = append(pc.Steps, l.wrap(sc))
+		steps, err := e.blocks(llGroups(ph.Steps), func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) })
+		if err != nil {
+			return nil, err
 		}
+		pc.Steps = steps
 		phases = append(phases, pc)
 	}
 	return phases, nil

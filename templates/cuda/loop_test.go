@@ -2,6 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,58 +13,74 @@ import (
 	"github.com/collgen/collgen/spec"
 )
 
-// unroll is what loop l runs: its body with each loop index evaluated at
-// k = 0 .. n-1.
-func unroll(l loop) [][]schedule.Step {
-	at := func(x schedule.Index, k int) schedule.Index {
-		if k0, ok := loopK(x); ok {
-			return schedule.Rel(k0 + k)
-		}
-		return x
-	}
-	ref := func(r schedule.Ref, k int) schedule.Ref {
-		return schedule.Ref{Buf: r.Buf, Rank: at(r.Rank, k), Lane: at(r.Lane, k), Chunk: at(r.Chunk, k)}
-	}
-	var out [][]schedule.Step
-	for k := range l.n {
-		g := make([]schedule.Step, len(l.body))
-		for s, st := range l.body {
-			g[s] = schedule.Step{Kind: st.Kind, Dst: ref(st.Dst, k)}
-			for _, r := range st.Srcs {
-				g[s].Srcs = append(g[s].Srcs, ref(r, k))
+var (
+	loopHead = regexp.MustCompile(`^for \(int k = 0; k < (\d+); k\+\+\) \{$`)
+	loopVar  = regexp.MustCompile(`cg_rel\(rank, k( \+ (\d+))?, W\)`)
+)
+
+// unroll returns iteration i of a loop block's body, with k's expressions
+// evaluated as the emitter writes the indices they stand for.
+func unroll(e *kernelEmitter, body []string, i int) []string {
+	out := make([]string, len(body))
+	for j, line := range body {
+		out[j] = loopVar.ReplaceAllStringFunc(line, func(m string) string {
+			k0 := 0
+			if sub := loopVar.FindStringSubmatch(m); sub[2] != "" {
+				k0, _ = strconv.Atoi(sub[2])
 			}
-		}
-		out = append(out, g)
+			return e.index(schedule.Rel(k0 + i))
+		})
 	}
 	return out
 }
 
-func sameGroups(a, b [][]schedule.Step) error {
-	if len(a) != len(b) {
-		return fmt.Errorf("%d groups, want %d", len(a), len(b))
+// checkBlocks renders groups with blocks and checks that each loop's
+// iteration i is, line for line, the block render writes for its group i
+// alone, and that other blocks are render's; it returns the loops' lengths
+// (1 for a block).
+func checkBlocks(t *testing.T, e *kernelEmitter, name string, groups [][]schedule.Step, render func([]schedule.Step) (stepContext, error)) []int {
+	t.Helper()
+	blocks, err := e.blocks(groups, render)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
-	for i := range a {
-		if len(a[i]) != len(b[i]) {
-			return fmt.Errorf("group %d: %d steps, want %d", i, len(a[i]), len(b[i]))
-		}
-		for s := range a[i] {
-			x, y := a[i][s], b[i][s]
-			same := x.Kind == y.Kind && x.Dst.Equal(y.Dst) && len(x.Srcs) == len(y.Srcs)
-			for j := 0; same && j < len(x.Srcs); j++ {
-				same = x.Srcs[j].Equal(y.Srcs[j])
+	var lens []int
+	g := 0
+	for _, b := range blocks {
+		n, body := 1, b.Lines
+		if len(b.Lines) > 2 && b.Lines[0] == "#pragma unroll 1" {
+			m := loopHead.FindStringSubmatch(b.Lines[1])
+			if m == nil || b.Lines[len(b.Lines)-1] != "}" {
+				t.Fatalf("%s: malformed loop %q", name, b.Lines)
 			}
-			if !same {
-				return fmt.Errorf("group %d step %d: %s, want %s", i, s, stepComment(x), stepComment(y))
+			n, _ = strconv.Atoi(m[1])
+			body = nil
+			for _, l := range b.Lines[2 : len(b.Lines)-1] {
+				body = append(body, strings.TrimPrefix(l, "  "))
 			}
 		}
+		for i := range n {
+			want, err := render(groups[g+i])
+			if err != nil {
+				t.Fatalf("%s group %d: %v", name, g+i, err)
+			}
+			if got := unroll(e, body, i); !slices.Equal(got, want.Lines) {
+				t.Fatalf("%s group %d (iteration %d of a loop of %d):\n got %q\nwant %q", name, g+i, i, n, got, want.Lines)
+			}
+		}
+		lens = append(lens, n)
+		g += n
 	}
-	return nil
+	if g != len(groups) {
+		t.Fatalf("%s: blocks cover %d groups of %d", name, g, len(groups))
+	}
+	return lens
 }
 
-// TestLoopsRunTheSchedule: for every kernel of the shipped spec, the loops
-// of each phase, unrolled, are the phase's steps (or push groups) in
-// order; and the world-8 one-shot phases, W copies of one step, are one
-// loop each.
+// TestLoopsRunTheSchedule: for every kernel of the shipped spec, each loop
+// iteration is the code of its step (or push group) rendered alone, in the
+// schedule's order; and the world-8 one-shot barrier phases, W copies of
+// one step, are one loop each.
 func TestLoopsRunTheSchedule(t *testing.T) {
 	s, err := spec.Load("../../spec/collgen.yaml")
 	if err != nil {
@@ -71,39 +90,43 @@ func TestLoopsRunTheSchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks, loopsSeen := 0, 0
+	blocks, loops := map[bool]int{}, map[bool]int{} // by push protocol
 	for _, k := range p.Kernels {
 		sch := k.Schedule
+		e := &kernelEmitter{k: k, s: sch, byValues: map[string]string{}}
 		for pi, ph := range sch.Phases {
+			name := fmt.Sprintf("%s phase %d", k.Name, pi)
 			groups := singles(ph.Steps)
+			render := func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) }
 			if sch.Protocol.Push() {
 				groups = llGroups(ph.Steps)
+				render = func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) }
 			}
-			var got [][]schedule.Step
-			ls := loops(groups, sch.World)
-			for _, l := range ls {
-				got = append(got, unroll(l)...)
-				blocks++
-				if l.n > 1 {
-					loopsSeen++
+			lens := checkBlocks(t, e, name, groups, render)
+			for _, n := range lens {
+				blocks[sch.Protocol.Push()]++
+				if n > 1 {
+					loops[sch.Protocol.Push()]++
 				}
 			}
-			if err := sameGroups(got, groups); err != nil {
-				t.Fatalf("%s phase %d: %v", k.Name, pi, err)
-			}
-			if strings.HasPrefix(k.Name, "allreduce_oneshot_f32_sum_w8") && (len(ls) != 1 || ls[0].n != 8) {
-				t.Errorf("%s phase %d: %d blocks, want one loop of 8", k.Name, pi, len(ls))
+			if strings.HasPrefix(k.Name, "allreduce_oneshot_f32_sum_w8") && fmt.Sprint(lens) != "[8]" {
+				t.Errorf("%s: blocks %v, want one loop of 8", name, lens)
 			}
 		}
+		if e.err != nil {
+			t.Fatalf("%s: %v", k.Name, e.err)
+		}
 	}
-	if loopsSeen == 0 {
-		t.Fatal("no loops in the shipped kernels")
+	if loops[false] == 0 {
+		t.Fatal("no loops in the shipped barrier kernels")
 	}
-	t.Logf("%d kernels: %d blocks, %d of them loops", len(p.Kernels), blocks, loopsSeen)
+	t.Logf("%d kernels: barrier kernels %d blocks, %d of them loops; push kernels %d blocks, %d loops",
+		len(p.Kernels), blocks[false], loops[false], blocks[true], loops[true])
 }
 
-// TestLoopsBreak: a run ends where a buffer, a table index or the shape
-// changes, or where the next index would pass W - 1.
+// TestLoopsBreak: a run ends where the rendered text differs (a buffer),
+// or an index neither stays the same nor advances by one (a table that
+// changes, a step of two, past W - 1).
 func TestLoopsBreak(t *testing.T) {
 	copyStep := func(dst, src schedule.Buffer, rank, chunk schedule.Index) []schedule.Step {
 		return []schedule.Step{{Kind: schedule.Copy,
@@ -111,6 +134,7 @@ func TestLoopsBreak(t *testing.T) {
 			Srcs: []schedule.Ref{{Buf: src, Rank: rank, Chunk: chunk}}}}
 	}
 	tab := schedule.TableIndex([]int{1, 0, 3, 2})
+	tab2 := schedule.TableIndex([]int{2, 3, 0, 1})
 	for _, c := range []struct {
 		name   string
 		groups [][]schedule.Step
@@ -126,9 +150,9 @@ func TestLoopsBreak(t *testing.T) {
 			copyStep(schedule.Output, schedule.Scratch, schedule.Rel(2), schedule.Rel(2)),
 			copyStep(schedule.Output, schedule.Scratch, schedule.Rel(3), schedule.Rel(3)),
 		}, []int{1, 2}},
-		{"table index", [][]schedule.Step{
+		{"table changes", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, tab, schedule.Rel(0)),
-			copyStep(schedule.Output, schedule.Stage, schedule.Rel(1), schedule.Rel(1)),
+			copyStep(schedule.Output, schedule.Stage, tab2, schedule.Rel(1)),
 		}, []int{1, 1}},
 		{"same table, chunk advances", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, tab, schedule.Rel(0)),
@@ -142,17 +166,21 @@ func TestLoopsBreak(t *testing.T) {
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(3), schedule.Rel(3)),
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(4), schedule.Rel(4)),
 		}, []int{1, 1}},
-		{"group sizes differ", [][]schedule.Step{
-			copyStep(schedule.Output, schedule.Stage, schedule.Rel(1), schedule.Rel(1)),
-			append(copyStep(schedule.Output, schedule.Stage, schedule.Rel(2), schedule.Rel(2)),
-				copyStep(schedule.Output, schedule.Stage, schedule.Rel(2), schedule.Rel(2))...),
+		{"constants step", [][]schedule.Step{
+			copyStep(schedule.Output, schedule.Stage, schedule.ConstIndex(1), schedule.ConstIndex(1)),
+			copyStep(schedule.Output, schedule.Stage, schedule.ConstIndex(2), schedule.ConstIndex(2)),
 		}, []int{1, 1}},
 	} {
-		var got []int
-		for _, l := range loops(c.groups, 4) {
-			got = append(got, l.n)
+		e := &kernelEmitter{s: &schedule.Schedule{World: 4}, byValues: map[string]string{}}
+		// A stand-in for the step emitters: the buffers as text, the
+		// indices through e.index.
+		render := func(g []schedule.Step) (stepContext, error) {
+			st := g[0]
+			return stepContext{Lines: []string{fmt.Sprintf("%s[%s][%s] = %s[%s][%s];",
+				st.Dst.Buf, e.index(st.Dst.Rank), e.index(st.Dst.Chunk),
+				st.Srcs[0].Buf, e.index(st.Srcs[0].Rank), e.index(st.Srcs[0].Chunk))}}, nil
 		}
-		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+		if got := checkBlocks(t, e, c.name, c.groups, render); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: loops of %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -11,7 +11,8 @@ typedef long long cg_s64;  // signed element index
 // hold this many blocks. args.seq has CG_MAX_BLOCKS + 3 words: per-block
 // barrier sequences, then the collective counter and the finished-block
 // counter that choose the stage slot (see cg_stage_slot), then the abort
-// word push kernels raise after a timeout (see cg_push_spin).
+// word: raised by Communicator.Abort or by the first wait on this rank
+// that times out, and polled by every wait (cg_barrier, cg_push_spin).
 #define CG_MAX_BLOCKS 24
 
 // Status word codes, written to args.status by the first thread that gives
@@ -490,11 +491,18 @@ __device__ __noinline__ void cg_report_timeout(cg_u64* status, cg_u64 code, int 
           ((cg_u64)blockIdx.x << 32) | ((cg_u64)(kernel_id & 0xffff) << 48);
 }
 
-// cg_barrier returns false (for every thread of the block) if any wait timed out.
+// cg_barrier returns false (for every thread of the block) if any wait
+// timed out or found the abort word raised (args.seq[CG_MAX_BLOCKS + 2]:
+// Communicator.Abort, or a timeout elsewhere on this rank). The kernel
+// then returns at once, so it never signals a later barrier: a barrier
+// signal always means the phases before it ran on data that really
+// arrived, and a live peer of an aborted rank times out instead of
+// reading what the aborted rank never computed. The arrival signal goes
+// first, before the wait: the data before this barrier is complete.
 template <int W>
 __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq, int index) {
-  __shared__ int timed_out;
-  if (threadIdx.x == 0) timed_out = 0;
+  __shared__ int left;
+  if (threadIdx.x == 0) left = 0;
   __syncthreads();
   if (threadIdx.x < W) {
     const int p = threadIdx.x;
@@ -502,11 +510,18 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
       cg_st_release(a.signal[p] + (cg_u64)blockIdx.x * W + a.rank, seq);
       const cg_u64* mine = a.signal[a.rank] + (cg_u64)blockIdx.x * W + p;
       if (cg_ld_acquire(mine) < seq) {
+        volatile cg_u64* abort = a.seq + CG_MAX_BLOCKS + 2;
         const cg_u64 deadline = cg_now_ns() + a.timeout_ns;
-        while (cg_ld_acquire(mine) < seq) {
+        for (unsigned it = 1; cg_ld_acquire(mine) < seq; it++) {
+          if ((it & 15) != 0) continue;
+          if (*abort != 0) {
+            left = 1;
+            break;
+          }
           if (cg_now_ns() > deadline) {
             cg_report_timeout(a.status, CG_STATUS_TIMEOUT, a.rank, p, index, a.kernel_id);
-            timed_out = 1;
+            *abort = 1;  // the other blocks leave too: one timeout, not one per block
+            left = 1;
             break;
           }
         }
@@ -514,7 +529,7 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
     }
   }
   __syncthreads();
-  return !timed_out;
+  return !left;
 }
 
 // Block-wide sequence bookkeeping: the first barrier of a launch uses
@@ -572,8 +587,9 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds) {
 // in schedule.Validate (every rank hears from every peer).
 //
 // Inbox memory is a sequence of 16-byte units. Inbox layout, inside stage
-// slot `slot` of every rank: W lanes of W chunks; chunk c of lane s starts
-// at (s * W + c) * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
+// slot `slot` of every rank: the chunks the schedule's puts write there,
+// each at its place p (schedule.InboxLayout: lane then chunk order),
+// starting at p * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
 // 16. Lane s is written only by rank s. Unit u of a chunk is handled by the
 // same thread on every rank and in every phase (work split above, with
 // shift c * PR::units<E>(chunk)), so a thread that computes a unit's value
@@ -759,9 +775,11 @@ struct cg_ll128 {
   static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
 };
 
-template <int W>
-__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
-  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
+// cg_inbox is where the inbox chunk at place `place` of a rank whose stage
+// buffer is `stage` starts in slot `slot` (schedule.InboxLayout numbers the
+// (lane, chunk) pairs a schedule's puts write into each rank's inbox).
+__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int place, cg_u64 chunk_ll) {
+  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)place * chunk_ll;
 }
 
 __device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
