@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -110,23 +109,7 @@ func (g *Group) run(ctx context.Context, c call) error {
 	if x.lanes == 1 {
 		err = x.lane(0)
 	} else {
-		errs := make([]error, x.lanes)
-		var wg sync.WaitGroup
-		for l := 1; l < x.lanes; l++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[l] = x.runLane(l)
-			}()
-		}
-		errs[0] = x.runLane(0)
-		wg.Wait()
-		err = nil
-		for _, e := range errs {
-			if e != nil && (err == nil || errors.Is(err, errStopped)) {
-				err = e
-			}
-		}
+		err = g.runLanes(x)
 	}
 	if err != nil {
 		g.fail(err)
@@ -137,8 +120,11 @@ func (g *Group) run(ctx context.Context, c call) error {
 // runLane runs lane l of a collective with several lanes; when it fails
 // it tells the other lanes, which may be waiting for peers that will now
 // never come (a failing rank sets its abort word only after all its lanes
-// returned).
+// returned). A lane claimed after another failed does not start.
 func (x *exec) runLane(l int) error {
+	if x.stop.Load() {
+		return errStopped
+	}
 	err := x.lane(l)
 	if err != nil {
 		x.stop.Store(true)

@@ -121,6 +121,10 @@ type Group struct {
 	// allocates nothing (set up with the slots).
 	execs []exec
 	srcs  [][][]byte
+	// claims[slot] hands out the lanes of the collective holding slot's
+	// lock; help runs lanes beside the callers (lanes.go).
+	claims []claims
+	help   helpers
 
 	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
 	ready   atomic.Bool
@@ -160,7 +164,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.Group == "" {
 		return nil, errors.New("host: Config.Group is empty; name the group (unique per store)")
 	}
-	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > 64 {
+	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > maxLanes {
 		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout,
@@ -265,6 +269,7 @@ func (g *Group) Close() error {
 		g.peers[i] = nil
 	}
 	g.self, g.mems = nil, nil
+	g.stopHelpers()
 	return first
 }
 

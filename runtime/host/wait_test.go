@@ -177,7 +177,7 @@ func TestOversubscribedRanks(t *testing.T) {
 //	go test -run '^$' -bench AllReduce -cpuprofile cpu.out ./runtime/host
 func BenchmarkAllReduce(b *testing.B) {
 	for _, w := range []int{1, 2, 4} {
-		for _, size := range []int{4 << 10, 1 << 20} {
+		for _, size := range []int{4 << 10, 256 << 10, 1 << 20, 16 << 20} {
 			b.Run(fmt.Sprintf("w%d/%dKiB", w, size>>10), func(b *testing.B) {
 				st := rendezvous.NewMemStore()
 				defer st.Close()
