@@ -172,10 +172,18 @@ func TestOversubscribedRanks(t *testing.T) {
 }
 
 // BenchmarkAllReduce times f32 sum all-reduces on goroutine ranks (b.N per
-// rank, set-up excluded), for profiling the per-call path:
+// rank, set-up excluded) sharing ordinary memory, for profiling the
+// per-call path:
 //
 //	go test -run '^$' -bench AllReduce -cpuprofile cpu.out ./runtime/host
-func BenchmarkAllReduce(b *testing.B) {
+func BenchmarkAllReduce(b *testing.B) { benchAllReduce(b, false) }
+
+// BenchmarkAllReducePOSIX is BenchmarkAllReduce on POSIX segments
+// (Config.Shared), the memory process ranks use: 4 KiB pages of tmpfs, so
+// the footprint of the slots shows in TLB and cache misses.
+func BenchmarkAllReducePOSIX(b *testing.B) { benchAllReduce(b, true) }
+
+func benchAllReduce(b *testing.B, shared bool) {
 	for _, w := range []int{1, 2, 4} {
 		for _, size := range []int{4 << 10, 256 << 10, 1 << 20, 16 << 20} {
 			b.Run(fmt.Sprintf("w%d/%dKiB", w, size>>10), func(b *testing.B) {
@@ -189,7 +197,7 @@ func BenchmarkAllReduce(b *testing.B) {
 					done.Add(1)
 					go func() {
 						defer done.Done()
-						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary})
+						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary, Shared: shared})
 						if err == nil {
 							defer g.Close()
 							err = g.Setup(context.Background())
