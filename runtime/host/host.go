@@ -83,12 +83,15 @@ type Config struct {
 	// than a slot are processed in pieces. 0 picks clamp(32 MiB / World,
 	// 256 KiB, 8 MiB). Rank 0's value wins when others pass 0.
 	SlotBytes int
-	// Slots is how many collectives may be in flight at once without
-	// waiting for each other; 0 means 4.
+	// Slots is how many collectives with explicit tags may be in flight at
+	// once without waiting for each other (tag t uses slot t mod Slots;
+	// sequence-tag collectives all use slot 0); 0 means 4.
 	Slots int
-	// Lanes is how many worker goroutines per rank split a large message
-	// (each with its own part of the slot and its own barrier flags); 0
-	// means clamp(NumCPU / World, 1, 8).
+	// Lanes is how many threads of a rank split a large message (each lane
+	// with its own part of the slot and its own barrier flags): the
+	// calling goroutine and Lanes-1 helper goroutines, which the group
+	// starts with its shared memory and Close ends; 0 means
+	// clamp(NumCPU / World, 1, 8).
 	Lanes int
 }
 
@@ -101,7 +104,8 @@ type Options struct {
 	// rank must carry the same tag, and collectives in flight at once need
 	// distinct tags. 0 takes the next value of the group's sequence, which
 	// matches across ranks when every rank issues its calls in the same
-	// order. Do not mix explicit and sequence tags in one group.
+	// order; such collectives run one at a time, on slot 0. Do not mix
+	// explicit and sequence tags in one group.
 	Tag uint64
 }
 
