@@ -142,6 +142,8 @@ type Group struct {
 	schedMu sync.Mutex
 	scheds  map[schedKey]*prepared
 
+	waits [3]atomic.Uint64 // slow waits by the phase that ended them (WaitStats)
+
 	broken atomic.Pointer[error] // first fatal error, if any
 	closed atomic.Bool
 	active sync.WaitGroup // collectives in flight, for Close

@@ -113,6 +113,11 @@ func TestBlockedWaiterIsWoken(t *testing.T) {
 						return err
 					}
 				}
+				// Rank 0 blocked on rank 1 in every collective, so its
+				// stats must say so.
+				if st := g.WaitStats(); g.Rank() == 0 && st.Blocked < uint64(len(wakeOps())) {
+					return fmt.Errorf("rank 0's WaitStats %+v: want Blocked >= %d", st, len(wakeOps()))
+				}
 				return nil
 			})
 			if err := firstErr(errs); err != nil {
