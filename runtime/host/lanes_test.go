@@ -89,13 +89,7 @@ func TestLanesMatchOneLane(t *testing.T) {
 			if err := firstErr(errs); err != nil {
 				t.Fatal(err)
 			}
-			for r := 1; r < w; r++ {
-				for i := range outs[0] {
-					if !bytes.Equal(outs[0][i], outs[r][i]) {
-						t.Fatalf("all-reduce %d: rank %d's result differs from rank 0's", i, r)
-					}
-				}
-			}
+			sameOnEveryRank(t, outs)
 		})
 	}
 }
@@ -224,15 +218,5 @@ func TestLanesOversubscribed(t *testing.T) {
 	if testing.Short() {
 		ops = ops[:len(ops)/4]
 	}
-	errs := goroutineGroup(t, w, Config{Lanes: 4, SlotBytes: 4 * 4096}, func(g *Group) error {
-		for _, o := range ops {
-			if _, err := runOp(context.Background(), g, o); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err := firstErr(errs); err != nil {
-		t.Fatal(err)
-	}
+	runOps(t, w, Config{Lanes: 4, SlotBytes: 4 * 4096}, ops)
 }

@@ -149,18 +149,7 @@ func TestOversubscribedRanks(t *testing.T) {
 	t.Run("goroutines", func(t *testing.T) {
 		patientWaits(t)
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-		ops := sweep([]int{1, 7, 1000, 5000}, w)
-		errs := goroutineGroup(t, w, Config{Lanes: 2, SlotBytes: 2 * 8192}, func(g *Group) error {
-			for _, o := range ops {
-				if _, err := runOp(context.Background(), g, o); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err := firstErr(errs); err != nil {
-			t.Fatal(err)
-		}
+		runOps(t, w, Config{Lanes: 2, SlotBytes: 2 * 8192}, sweep([]int{1, 7, 1000, 5000}, w))
 	})
 	t.Run("processes", func(t *testing.T) {
 		group := uniqueGroup(t)
