@@ -28,6 +28,7 @@ type Layout struct {
 //	chunk        unsigned long long   elements per chunk
 //	timeout_ns   unsigned long long   how long one barrier may wait
 //	slot_bytes   unsigned long long   distance between the two stage slots; 0 = one slot
+//	window       unsigned long long   barrier kernels: elements per chunk per round (0: the whole chunk)
 //	rank         int                  this rank
 //	kernel_id    int                  the kernel's index in the library, echoed in timeout reports
 var argFields = []struct {
@@ -46,6 +47,7 @@ var argFields = []struct {
 	{"chunk", 8, false},
 	{"timeout_ns", 8, false},
 	{"slot_bytes", 8, false},
+	{"window", 8, false},
 	{"rank", 4, false},
 	{"kernel_id", 4, false},
 }

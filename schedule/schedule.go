@@ -205,13 +205,82 @@ type Schedule struct {
 	Phases   []Phase
 }
 
-// InboxChunks is how many chunk-sized Inbox areas a rank needs: W lanes of
-// W chunks for an LL schedule, none otherwise.
+// InboxChunks is how many chunk-sized Inbox areas a rank needs: the most
+// inbox chunks the puts of a push schedule write into any one rank (see
+// InboxLayout), none for a barrier schedule.
 func (s *Schedule) InboxChunks() int {
+	_, n := s.InboxLayout()
+	return n
+}
+
+// InboxLayout places the inbox chunks a push schedule's puts write: for
+// every owner rank, the (lane, chunk) pairs written into its inbox, in
+// lane then chunk order, get consecutive places, and at[owner][lane][chunk]
+// is a pair's place (-1: never written); n is the most places any owner
+// needs. Memory then holds n chunk areas per slot instead of W lanes of W
+// chunks: an all-reduce two-shot writes 2(W-1) chunks into each inbox, a
+// reduce-scatter or all-gather one-shot W-1, an all-reduce one-shot
+// W(W-1). Validate's rule that each inbox chunk is written at most once
+// per collective is what makes a place hold one chunk.
+func (s *Schedule) InboxLayout() (at [][][]int, n int) {
 	if !s.Protocol.Push() {
-		return 0
+		return nil, 0
 	}
-	return s.World * s.World
+	w := s.World
+	at = make([][][]int, w)
+	for o := range at {
+		at[o] = make([][]int, w)
+		for l := range at[o] {
+			at[o][l] = make([]int, w)
+			for c := range at[o][l] {
+				at[o][l][c] = -1
+			}
+		}
+	}
+	for _, ph := range s.Phases {
+		for _, st := range ph.Steps {
+			if st.Kind != Put {
+				continue
+			}
+			for e := 0; e < w; e++ {
+				at[st.Dst.Rank.Eval(e, w)][st.Dst.Lane.Eval(e, w)][st.Dst.Chunk.Eval(e, w)] = 0 // written
+			}
+		}
+	}
+	for o := range at {
+		k := 0
+		for l := range at[o] {
+			for c := range at[o][l] {
+				if at[o][l][c] == 0 {
+					at[o][l][c] = k
+					k++
+				}
+			}
+		}
+		n = max(n, k)
+	}
+	return at, n
+}
+
+// InboxPlace is the place (InboxLayout) of an inbox ref's chunk in its
+// owner's inbox, as an index of the executing rank; an error if some rank
+// would address a chunk no put writes.
+func (s *Schedule) InboxPlace(r Ref) (Index, error) {
+	at, _ := s.InboxLayout()
+	w := s.World
+	t := make([]int, w)
+	for e := range t {
+		o, l, c := r.Rank.Eval(e, w), r.Lane.Eval(e, w), r.Chunk.Eval(e, w)
+		if t[e] = at[o][l][c]; t[e] < 0 {
+			return Index{}, fmt.Errorf("%s: rank %d addresses %s (inbox of rank %d, lane %d, chunk %d), which no put writes", s.Name(), e, r, o, l, c)
+		}
+	}
+	for _, v := range t[1:] {
+		if v != t[0] {
+			return TableIndex(t), nil
+		}
+	}
+	return ConstIndex(t[0]), nil
 }
 
 // Name is the schedule's readable name, e.g. "allreduce_twoshot_w4".

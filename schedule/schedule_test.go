@@ -45,8 +45,16 @@ func TestSimulateEveryCombination(t *testing.T) {
 					}
 					for _, n := range counts {
 						for _, vec := range vecs {
-							if err := simulate(s, n, vec, mem); err != nil {
+							if err := simulate(s, n, vec, 0, mem); err != nil {
 								t.Errorf("n=%d vec=%d: %v", n, vec, err)
+							}
+							if s.Protocol.Push() {
+								continue // push kernels run in one round
+							}
+							for _, win := range []int{1, 2, 5} { // rounds over windows (cg_window)
+								if err := simulate(s, n, vec, win, mem); err != nil {
+									t.Errorf("n=%d vec=%d window=%d: %v", n, vec, win, err)
+								}
 							}
 						}
 					}
@@ -299,5 +307,44 @@ func TestLLNeedsGPU(t *testing.T) {
 	want := "allreduce_oneshot_ll_w8 phase 0 step 1: rank 3 writes inbox of rank 4, but hybrid_cube_mesh has no link 3-4"
 	if err := CheckLinks(s, hcm); err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)
+	}
+}
+
+// TestInboxLayout: push schedules' inboxes hold only the chunks their puts
+// write, one place each (Simulate runs them in this layout, so places that
+// overlapped would corrupt results there too).
+func TestInboxLayout(t *testing.T) {
+	for _, w := range []int{2, 3, 4, 8, 16} {
+		for _, c := range []struct {
+			collective coll.Collective
+			algorithm  coll.Algorithm
+			want       int
+		}{
+			{coll.AllReduce, coll.TwoShotLL, 2 * (w - 1)},
+			{coll.AllReduce, coll.TwoShotLL128, 2 * (w - 1)},
+			{coll.ReduceScatter, coll.OneShotLL, w - 1},
+			{coll.AllGather, coll.OneShotLL128, w - 1},
+			{coll.AllReduce, coll.OneShot, 0},
+		} {
+			s, err := Build(c.collective, c.algorithm, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at, n := s.InboxLayout()
+			if n != c.want || s.InboxChunks() != n {
+				t.Errorf("%s: %d inbox places, want %d", s.Name(), n, c.want)
+			}
+			for o := range at {
+				seen := map[int]bool{}
+				for l := range at[o] {
+					for ch, p := range at[o][l] {
+						if p >= 0 && (seen[p] || p >= n) {
+							t.Errorf("%s: owner %d lane %d chunk %d at place %d, taken or out of %d", s.Name(), o, l, ch, p, n)
+						}
+						seen[p] = true
+					}
+				}
+			}
+		}
 	}
 }

@@ -41,7 +41,30 @@ func Simulate(s *Schedule, n, vecElems int) error {
 	if err := CheckRaces(s); err != nil {
 		return err
 	}
-	return simulate(s, n, vecElems, &arena{})
+	return simulate(s, n, vecElems, 0, &arena{})
+}
+
+// SimulateWindows is Simulate for a barrier schedule run in rounds, as the
+// kernels run it when the stage cannot hold whole chunks (cg_window in the
+// CUDA header): round r executes every phase over elements
+// [r*window, (r+1)*window) of every chunk, and Stage and Scratch hold one
+// window of each chunk (chunk c at c*window). Stage and Scratch are wiped
+// before every round, so a round that reads anything an earlier round left
+// there fails. window 0 is the whole chunk.
+func SimulateWindows(s *Schedule, n, vecElems, window int) error {
+	if s.Protocol.Push() && window != 0 {
+		return fmt.Errorf("%s: push schedules run in one round (window 0), not %d", s.Name(), window)
+	}
+	if window < 0 {
+		return fmt.Errorf("%s: negative window %d", s.Name(), window)
+	}
+	if err := Validate(s); err != nil {
+		return err
+	}
+	if err := CheckRaces(s); err != nil {
+		return err
+	}
+	return simulate(s, n, vecElems, window, &arena{})
 }
 
 // arena is memory for simulations that callers reuse across sizes: the
@@ -59,21 +82,31 @@ func (a *arena) zeroed(n int) []cell {
 	return a.cells
 }
 
-// simulate is Simulate without the checks that depend only on the schedule,
-// for callers that ran them once for many sizes; buffers come from mem.
-func simulate(s *Schedule, n, vecElems int, mem *arena) error {
+// simulate is SimulateWindows without the checks that depend only on the
+// schedule, for callers that ran them once for many sizes; buffers come
+// from mem.
+func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 	w := s.World
 	if s.Collective != coll.AllReduce && n%w != 0 {
 		return fmt.Errorf("%s: %d elements do not split into %d equal parts", s.Name(), n, w)
 	}
 	c := ChunkElems(s.Collective, n, w, vecElems)
-	// bufLen is how many elements each buffer holds.
+	win := c // elements per chunk per round
+	if window > 0 && window < c {
+		win = window
+	}
+	// bufLen is how many elements each buffer holds: Stage and Scratch one
+	// window of each chunk.
 	bufLen := func(b Buffer) int {
-		if s.chunks(b) == 1 {
+		switch {
+		case s.chunks(b) == 1:
 			return c
+		case b.Symmetric() && win < c:
+			return w * win
 		}
 		return n
 	}
+	inboxAt, places := s.InboxLayout()
 	var size [NumBuffers]int // of each rank's buffers
 	perRank := 0
 	for b := Input; b < NumBuffers; b++ {
@@ -81,7 +114,7 @@ func simulate(s *Schedule, n, vecElems int, mem *arena) error {
 		if b == Inbox {
 			size[b] = 0 // only push schedules have inboxes
 			if s.Protocol.Push() {
-				size[b] = w * bufLen(Stage) // W lanes, each a full W-chunk buffer
+				size[b] = places * c // InboxLayout's places, one chunk each
 			}
 		}
 		perRank += size[b]
@@ -100,15 +133,26 @@ func simulate(s *Schedule, n, vecElems int, mem *arena) error {
 			bufs[r][Input][i] = leaf(elem, r)
 		}
 	}
-	// span returns the element range of a ref's chunk on rank r.
+	// span returns the element range of a ref's chunk on rank r in the
+	// round starting at element w0 of every chunk.
+	w0 := 0
 	span := func(ref Ref, r int) (int, int) {
 		if s.chunks(ref.Buf) == 1 {
-			return 0, c
+			return w0, min(w0+win, c)
 		}
-		lo, hi := ChunkRange(ref.Chunk.Eval(r, w), c, n)
-		if ref.Buf == Inbox {
-			off := ref.Lane.Eval(r, w) * bufLen(Stage)
-			lo, hi = lo+off, hi+off
+		ci := ref.Chunk.Eval(r, w)
+		lo, hi := ChunkRange(ci, c, n)
+		lo, hi = min(lo+w0, hi), min(lo+w0+win, hi)
+		if ref.Buf.Symmetric() && win < c { // window layout
+			lo, hi = ci*win, ci*win+hi-lo
+		}
+		if ref.Buf == Inbox { // the chunk's place in its owner's inbox
+			k := inboxAt[ref.Rank.Eval(r, w)][ref.Lane.Eval(r, w)][ci]
+			if k < 0 {
+				k = places // nothing writes it: an empty span past the places, read as unwritten below
+				lo, hi = 0, 0
+			}
+			lo, hi = k*c, k*c+hi-lo
 		}
 		return lo, hi
 	}
@@ -156,13 +200,26 @@ func simulate(s *Schedule, n, vecElems int, mem *arena) error {
 		}
 		return checkResult(s, bufs, n, c)
 	}
-	for pi, ph := range s.Phases {
-		for si, st := range ph.Steps {
-			for r := 0; r < w; r++ {
-				// Ranks run a phase concurrently, but CheckRaces proved that no
-				// rank reads what another writes in it, so writing now is safe.
-				if err := exec(pi, si, st, r); err != nil {
-					return err
+	rounds := 1
+	if win > 0 && win < c {
+		rounds = (c + win - 1) / win
+	}
+	for round := range rounds {
+		w0 = round * win
+		if rounds > 1 {
+			for r := range bufs {
+				clear(bufs[r][Stage])
+				clear(bufs[r][Scratch])
+			}
+		}
+		for pi, ph := range s.Phases {
+			for si, st := range ph.Steps {
+				for r := 0; r < w; r++ {
+					// Ranks run a phase concurrently, but CheckRaces proved that no
+					// rank reads what another writes in it, so writing now is safe.
+					if err := exec(pi, si, st, r); err != nil {
+						return err
+					}
 				}
 			}
 		}

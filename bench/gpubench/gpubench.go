@@ -232,19 +232,24 @@ func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) strin
 	return ""
 }
 
-// StagingFor returns the staging size a sweep needs: the largest size a
-// forced generated algorithm is asked for, at least the largest size any
-// GPU selection rule of the library sends to a generated kernel at this
-// world size needs (so the automatic selection is what users get), and at most
-// limit when limit > 0.
-func StagingFor(lib *kernels.Library, world int, sizes []int64, variants []Variant, limit int64) int64 {
+// StagingFor returns the staging size a sweep of a collective needs: the
+// largest size a forced push algorithm is asked for (its inbox holds the
+// message; barrier algorithms run in rounds and count at most
+// kernels.WindowBytes), at least the largest size any GPU selection rule
+// of the library sends to a generated kernel at this world size needs (so
+// the automatic selection is what users get), and at most limit when
+// limit > 0.
+func StagingFor(lib *kernels.Library, collective coll.Collective, world int, sizes []int64, variants []Variant, limit int64) int64 {
 	var s int64
-	forced := false
 	for _, v := range variants {
-		forced = forced || v.Custom()
-	}
-	if forced && len(sizes) > 0 {
-		s = sizes[len(sizes)-1]
+		if !v.Custom() || len(sizes) == 0 {
+			continue
+		}
+		need := sizes[len(sizes)-1]
+		if lib.Windowed(collective, v.Algorithm, world) {
+			need = min(need, kernels.WindowBytes)
+		}
+		s = max(s, need)
 	}
 	for i := range lib.Selections {
 		sel := &lib.Selections[i]

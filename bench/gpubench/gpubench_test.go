@@ -17,6 +17,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 )
 
@@ -191,16 +192,22 @@ func TestStagingFor(t *testing.T) {
 	lib := collectives.Library
 	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	sizes := []int64{1 << 10, 256 << 20}
-	if s := StagingFor(lib, 4, sizes, all, 0); s != 256<<20 {
+	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 0); s != 256<<20 {
 		t.Errorf("forced algorithms up to 256MiB: staging %d", s)
 	}
-	if s := StagingFor(lib, 4, sizes, all, 64<<20); s != 64<<20 {
+	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 64<<20); s != 64<<20 {
 		t.Errorf("limit: staging %d", s)
+	}
+	// Barrier algorithms run in rounds: forcing them to 256 MiB needs no
+	// more than a window (or what the rules need).
+	pull := []Variant{{Algorithm: coll.OneShot}, {Algorithm: coll.TwoShot}, {Algorithm: coll.Auto}}
+	if s := StagingFor(lib, coll.AllReduce, 4, sizes, pull, 0); s >= 256<<20 || s < kernels.WindowBytes {
+		t.Errorf("forced barrier algorithms up to 256MiB: staging %d, want a window's %d up to the rules' need", s, kernels.WindowBytes)
 	}
 	// Without forced algorithms, what the rules send to generated kernels
 	// still fits, so auto is unchanged: every rule's need at its bound.
 	auto := []Variant{{Algorithm: coll.Auto}, {Algorithm: coll.NCCL}}
-	s := StagingFor(lib, 4, []int64{1 << 10}, auto, 0)
+	s := StagingFor(lib, coll.AllReduce, 4, []int64{1 << 10}, auto, 0)
 	sel, _ := lib.Selection("nvlink_full", coll.AllReduce, 4)
 	for _, r := range sel.Rules {
 		if need := lib.SlotBound(coll.AllReduce, r.Use, 4, r.UpTo); r.Use != coll.NCCL && need > s {

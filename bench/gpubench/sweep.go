@@ -175,7 +175,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 	}
 	p.Staging = c.StagingBytes
 	if p.Staging <= 0 {
-		p.Staging = StagingFor(c.Library, c.World, sizes, vs, 0)
+		p.Staging = StagingFor(c.Library, c.Collective, c.World, sizes, vs, 0)
 	}
 	return p, nil
 }
@@ -525,6 +525,9 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 				}
 			}
 			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
+			if cfg.Library.Windowed(cfg.Collective, v.Algorithm, cfg.World) {
+				need = 0 // runs in rounds through any staging area
+			}
 			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
 			if err := st.bufErr[v.Buffers]; err != nil && why == "" {
 				why = fmt.Sprintf("%s buffers could not be registered: %v", v.Name(), err)

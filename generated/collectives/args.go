@@ -4,7 +4,7 @@ package collectives
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (128 bytes), the by-value
 // argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
@@ -18,13 +18,14 @@ type ArgsW2 struct {
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
 	SlotBytes uint64    // C: slot_bytes at offset 104
-	Rank      int32     // C: rank at offset 112
-	KernelId  int32     // C: kernel_id at offset 116
+	Window    uint64    // C: window at offset 112
+	Rank      int32     // C: rank at offset 120
+	KernelId  int32     // C: kernel_id at offset 124
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Size:  120,
+	Size:  128,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -37,12 +38,13 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 88, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 96, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 104, Size: 8, Count: 1},
-		{Name: "rank", Offset: 112, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 116, Size: 4, Count: 1},
+		{Name: "window", Offset: 112, Size: 8, Count: 1},
+		{Name: "rank", Offset: 120, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 124, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW3 mirrors the CUDA struct collgen_args_w3 (144 bytes), the by-value
+// ArgsW3 mirrors the CUDA struct collgen_args_w3 (152 bytes), the by-value
 // argument of every world-size-3 kernel. Pointers are device addresses.
 type ArgsW3 struct {
 	Input     uint64    // C: input at offset 0
@@ -56,13 +58,14 @@ type ArgsW3 struct {
 	Chunk     uint64    // C: chunk at offset 112
 	TimeoutNs uint64    // C: timeout_ns at offset 120
 	SlotBytes uint64    // C: slot_bytes at offset 128
-	Rank      int32     // C: rank at offset 136
-	KernelId  int32     // C: kernel_id at offset 140
+	Window    uint64    // C: window at offset 136
+	Rank      int32     // C: rank at offset 144
+	KernelId  int32     // C: kernel_id at offset 148
 }
 
 var argsLayoutW3 = &kernels.ArgLayout{
 	CType: "collgen_args_w3",
-	Size:  144,
+	Size:  152,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -75,12 +78,13 @@ var argsLayoutW3 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 112, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 120, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 128, Size: 8, Count: 1},
-		{Name: "rank", Offset: 136, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 140, Size: 4, Count: 1},
+		{Name: "window", Offset: 136, Size: 8, Count: 1},
+		{Name: "rank", Offset: 144, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 148, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW4 mirrors the CUDA struct collgen_args_w4 (168 bytes), the by-value
+// ArgsW4 mirrors the CUDA struct collgen_args_w4 (176 bytes), the by-value
 // argument of every world-size-4 kernel. Pointers are device addresses.
 type ArgsW4 struct {
 	Input     uint64    // C: input at offset 0
@@ -94,13 +98,14 @@ type ArgsW4 struct {
 	Chunk     uint64    // C: chunk at offset 136
 	TimeoutNs uint64    // C: timeout_ns at offset 144
 	SlotBytes uint64    // C: slot_bytes at offset 152
-	Rank      int32     // C: rank at offset 160
-	KernelId  int32     // C: kernel_id at offset 164
+	Window    uint64    // C: window at offset 160
+	Rank      int32     // C: rank at offset 168
+	KernelId  int32     // C: kernel_id at offset 172
 }
 
 var argsLayoutW4 = &kernels.ArgLayout{
 	CType: "collgen_args_w4",
-	Size:  168,
+	Size:  176,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -113,12 +118,13 @@ var argsLayoutW4 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 136, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 144, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 152, Size: 8, Count: 1},
-		{Name: "rank", Offset: 160, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 164, Size: 4, Count: 1},
+		{Name: "window", Offset: 160, Size: 8, Count: 1},
+		{Name: "rank", Offset: 168, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 172, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (272 bytes), the by-value
 // argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
@@ -132,13 +138,14 @@ type ArgsW8 struct {
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
 	SlotBytes uint64    // C: slot_bytes at offset 248
-	Rank      int32     // C: rank at offset 256
-	KernelId  int32     // C: kernel_id at offset 260
+	Window    uint64    // C: window at offset 256
+	Rank      int32     // C: rank at offset 264
+	KernelId  int32     // C: kernel_id at offset 268
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Size:  264,
+	Size:  272,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -151,7 +158,8 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 232, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 240, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 248, Size: 8, Count: 1},
-		{Name: "rank", Offset: 256, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 260, Size: 4, Count: 1},
+		{Name: "window", Offset: 256, Size: 8, Count: 1},
+		{Name: "rank", Offset: 264, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 268, Size: 4, Count: 1},
 	},
 }

@@ -252,7 +252,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll128_bf16_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_bf16_w3",
@@ -264,7 +264,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll128_bf16_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_bf16_w4",
@@ -276,7 +276,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll128_bf16_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_bf16_w8",
@@ -288,7 +288,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll128_bf16_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e4m3_w2",
@@ -300,7 +300,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll128_e4m3_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e4m3_w3",
@@ -312,7 +312,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll128_e4m3_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e4m3_w4",
@@ -324,7 +324,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll128_e4m3_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e4m3_w8",
@@ -336,7 +336,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll128_e4m3_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e5m2_w2",
@@ -348,7 +348,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll128_e5m2_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e5m2_w3",
@@ -360,7 +360,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll128_e5m2_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e5m2_w4",
@@ -372,7 +372,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll128_e5m2_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_e5m2_w8",
@@ -384,7 +384,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll128_e5m2_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f16_w2",
@@ -396,7 +396,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll128_f16_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f16_w3",
@@ -408,7 +408,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll128_f16_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f16_w4",
@@ -420,7 +420,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll128_f16_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f16_w8",
@@ -432,7 +432,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll128_f16_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f32_w2",
@@ -444,7 +444,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll128_f32_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f32_w3",
@@ -456,7 +456,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll128_f32_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f32_w4",
@@ -468,7 +468,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll128_f32_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll128_f32_w8",
@@ -480,7 +480,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll128_f32_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll_bf16_w2",
@@ -492,7 +492,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll_bf16_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll_bf16_w3",
@@ -504,7 +504,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll_bf16_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll_bf16_w4",
@@ -516,7 +516,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll_bf16_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll_bf16_w8",
@@ -528,7 +528,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll_bf16_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e4m3_w2",
@@ -540,7 +540,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll_e4m3_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e4m3_w3",
@@ -552,7 +552,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll_e4m3_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e4m3_w4",
@@ -564,7 +564,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll_e4m3_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e4m3_w8",
@@ -576,7 +576,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll_e4m3_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e5m2_w2",
@@ -588,7 +588,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll_e5m2_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e5m2_w3",
@@ -600,7 +600,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll_e5m2_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e5m2_w4",
@@ -612,7 +612,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll_e5m2_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll_e5m2_w8",
@@ -624,7 +624,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll_e5m2_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f16_w2",
@@ -636,7 +636,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll_f16_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f16_w3",
@@ -648,7 +648,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll_f16_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f16_w4",
@@ -660,7 +660,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll_f16_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f16_w8",
@@ -672,7 +672,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll_f16_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f32_w2",
@@ -684,7 +684,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allgather_oneshot_ll_f32_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f32_w3",
@@ -696,7 +696,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allgather_oneshot_ll_f32_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f32_w4",
@@ -708,7 +708,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allgather_oneshot_ll_f32_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "allgather_oneshot_ll_f32_w8",
@@ -720,7 +720,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allgather_oneshot_ll_f32_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "allreduce_hcm_bf16_max_w8",
@@ -2686,7 +2686,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_bf16_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w3",
@@ -2699,7 +2699,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_bf16_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w4",
@@ -2712,7 +2712,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_bf16_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w8",
@@ -2725,7 +2725,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_bf16_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w2",
@@ -2738,7 +2738,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_bf16_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w3",
@@ -2751,7 +2751,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_bf16_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w4",
@@ -2764,7 +2764,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_bf16_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w8",
@@ -2777,7 +2777,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_bf16_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w2",
@@ -2790,7 +2790,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_bf16_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w3",
@@ -2803,7 +2803,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_bf16_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w4",
@@ -2816,7 +2816,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_bf16_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w8",
@@ -2829,7 +2829,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_bf16_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w2",
@@ -2842,7 +2842,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f16_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w3",
@@ -2855,7 +2855,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f16_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w4",
@@ -2868,7 +2868,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f16_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w8",
@@ -2881,7 +2881,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f16_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w2",
@@ -2894,7 +2894,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f16_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w3",
@@ -2907,7 +2907,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f16_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w4",
@@ -2920,7 +2920,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f16_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w8",
@@ -2933,7 +2933,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f16_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w2",
@@ -2946,7 +2946,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f16_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w3",
@@ -2959,7 +2959,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f16_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w4",
@@ -2972,7 +2972,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f16_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w8",
@@ -2985,7 +2985,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f16_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w2",
@@ -2998,7 +2998,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f32_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w3",
@@ -3011,7 +3011,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f32_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w4",
@@ -3024,7 +3024,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f32_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w8",
@@ -3037,7 +3037,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f32_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w2",
@@ -3050,7 +3050,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f32_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w3",
@@ -3063,7 +3063,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f32_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w4",
@@ -3076,7 +3076,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f32_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w8",
@@ -3089,7 +3089,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f32_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w2",
@@ -3102,7 +3102,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll128_f32_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w3",
@@ -3115,7 +3115,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll128_f32_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w4",
@@ -3128,7 +3128,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll128_f32_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w8",
@@ -3141,7 +3141,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll128_f32_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w2",
@@ -3154,7 +3154,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_bf16_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w3",
@@ -3167,7 +3167,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_bf16_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w4",
@@ -3180,7 +3180,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_bf16_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w8",
@@ -3193,7 +3193,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_bf16_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w2",
@@ -3206,7 +3206,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_bf16_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w3",
@@ -3219,7 +3219,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_bf16_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w4",
@@ -3232,7 +3232,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_bf16_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w8",
@@ -3245,7 +3245,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_bf16_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w2",
@@ -3258,7 +3258,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_bf16_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w3",
@@ -3271,7 +3271,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_bf16_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w4",
@@ -3284,7 +3284,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_bf16_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w8",
@@ -3297,7 +3297,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_bf16_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w2",
@@ -3310,7 +3310,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f16_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w3",
@@ -3323,7 +3323,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f16_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w4",
@@ -3336,7 +3336,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f16_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w8",
@@ -3349,7 +3349,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f16_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w2",
@@ -3362,7 +3362,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f16_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w3",
@@ -3375,7 +3375,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f16_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w4",
@@ -3388,7 +3388,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f16_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w8",
@@ -3401,7 +3401,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f16_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w2",
@@ -3414,7 +3414,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f16_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w3",
@@ -3427,7 +3427,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f16_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w4",
@@ -3440,7 +3440,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f16_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w8",
@@ -3453,7 +3453,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f16_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w2",
@@ -3466,7 +3466,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f32_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w3",
@@ -3479,7 +3479,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f32_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w4",
@@ -3492,7 +3492,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f32_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w8",
@@ -3505,7 +3505,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f32_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w2",
@@ -3518,7 +3518,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f32_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w3",
@@ -3531,7 +3531,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f32_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w4",
@@ -3544,7 +3544,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f32_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w8",
@@ -3557,7 +3557,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f32_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w2",
@@ -3570,7 +3570,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "allreduce_twoshot_ll_f32_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w3",
@@ -3583,7 +3583,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "allreduce_twoshot_ll_f32_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 4,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w4",
@@ -3596,7 +3596,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "allreduce_twoshot_ll_f32_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 6,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w8",
@@ -3609,7 +3609,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "allreduce_twoshot_ll_f32_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 14,
 		},
 		{
 			Name:       "reduce_scatter_oneshot_bf16_max_w2",
@@ -4054,7 +4054,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_max_w3",
@@ -4067,7 +4067,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_max_w4",
@@ -4080,7 +4080,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_max_w8",
@@ -4093,7 +4093,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_min_w2",
@@ -4106,7 +4106,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_min_w3",
@@ -4119,7 +4119,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_min_w4",
@@ -4132,7 +4132,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_min_w8",
@@ -4145,7 +4145,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_sum_w2",
@@ -4158,7 +4158,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_sum_w3",
@@ -4171,7 +4171,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_sum_w4",
@@ -4184,7 +4184,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_bf16_sum_w8",
@@ -4197,7 +4197,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_bf16_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_max_w2",
@@ -4210,7 +4210,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f16_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_max_w3",
@@ -4223,7 +4223,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f16_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_max_w4",
@@ -4236,7 +4236,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f16_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_max_w8",
@@ -4249,7 +4249,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f16_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_min_w2",
@@ -4262,7 +4262,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f16_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_min_w3",
@@ -4275,7 +4275,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f16_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_min_w4",
@@ -4288,7 +4288,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f16_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_min_w8",
@@ -4301,7 +4301,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f16_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_sum_w2",
@@ -4314,7 +4314,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f16_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_sum_w3",
@@ -4327,7 +4327,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f16_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_sum_w4",
@@ -4340,7 +4340,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f16_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f16_sum_w8",
@@ -4353,7 +4353,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f16_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_max_w2",
@@ -4366,7 +4366,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f32_max_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_max_w3",
@@ -4379,7 +4379,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f32_max_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_max_w4",
@@ -4392,7 +4392,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f32_max_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_max_w8",
@@ -4405,7 +4405,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f32_max_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_min_w2",
@@ -4418,7 +4418,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f32_min_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_min_w3",
@@ -4431,7 +4431,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f32_min_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_min_w4",
@@ -4444,7 +4444,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f32_min_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_min_w8",
@@ -4457,7 +4457,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f32_min_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_sum_w2",
@@ -4470,7 +4470,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll128_f32_sum_w2.cu",
 			Protocol:    "ll128",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_sum_w3",
@@ -4483,7 +4483,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll128_f32_sum_w3.cu",
 			Protocol:    "ll128",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_sum_w4",
@@ -4496,7 +4496,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll128_f32_sum_w4.cu",
 			Protocol:    "ll128",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll128_f32_sum_w8",
@@ -4509,7 +4509,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll128_f32_sum_w8.cu",
 			Protocol:    "ll128",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_max_w2",
@@ -4522,7 +4522,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_bf16_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_max_w3",
@@ -4535,7 +4535,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_bf16_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_max_w4",
@@ -4548,7 +4548,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_bf16_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_max_w8",
@@ -4561,7 +4561,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_bf16_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_min_w2",
@@ -4574,7 +4574,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_bf16_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_min_w3",
@@ -4587,7 +4587,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_bf16_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_min_w4",
@@ -4600,7 +4600,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_bf16_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_min_w8",
@@ -4613,7 +4613,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_bf16_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_sum_w2",
@@ -4626,7 +4626,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_bf16_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_sum_w3",
@@ -4639,7 +4639,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_bf16_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_sum_w4",
@@ -4652,7 +4652,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_bf16_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_bf16_sum_w8",
@@ -4665,7 +4665,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_bf16_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_max_w2",
@@ -4678,7 +4678,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f16_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_max_w3",
@@ -4691,7 +4691,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f16_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_max_w4",
@@ -4704,7 +4704,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f16_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_max_w8",
@@ -4717,7 +4717,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f16_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_min_w2",
@@ -4730,7 +4730,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f16_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_min_w3",
@@ -4743,7 +4743,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f16_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_min_w4",
@@ -4756,7 +4756,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f16_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_min_w8",
@@ -4769,7 +4769,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f16_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_sum_w2",
@@ -4782,7 +4782,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f16_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_sum_w3",
@@ -4795,7 +4795,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f16_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_sum_w4",
@@ -4808,7 +4808,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f16_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f16_sum_w8",
@@ -4821,7 +4821,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f16_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_max_w2",
@@ -4834,7 +4834,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f32_max_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_max_w3",
@@ -4847,7 +4847,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f32_max_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_max_w4",
@@ -4860,7 +4860,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f32_max_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_max_w8",
@@ -4873,7 +4873,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f32_max_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_min_w2",
@@ -4886,7 +4886,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f32_min_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_min_w3",
@@ -4899,7 +4899,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f32_min_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_min_w4",
@@ -4912,7 +4912,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f32_min_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_min_w8",
@@ -4925,7 +4925,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f32_min_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_sum_w2",
@@ -4938,7 +4938,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW2,
 			Source:      "reduce_scatter_oneshot_ll_f32_sum_w2.cu",
 			Protocol:    "ll",
-			InboxChunks: 4,
+			InboxChunks: 1,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_sum_w3",
@@ -4951,7 +4951,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW3,
 			Source:      "reduce_scatter_oneshot_ll_f32_sum_w3.cu",
 			Protocol:    "ll",
-			InboxChunks: 9,
+			InboxChunks: 2,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_sum_w4",
@@ -4964,7 +4964,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW4,
 			Source:      "reduce_scatter_oneshot_ll_f32_sum_w4.cu",
 			Protocol:    "ll",
-			InboxChunks: 16,
+			InboxChunks: 3,
 		},
 		{
 			Name:        "reduce_scatter_oneshot_ll_f32_sum_w8",
@@ -4977,7 +4977,7 @@ var Library = &kernels.Library{
 			Args:        argsLayoutW8,
 			Source:      "reduce_scatter_oneshot_ll_f32_sum_w8.cu",
 			Protocol:    "ll",
-			InboxChunks: 64,
+			InboxChunks: 7,
 		},
 	},
 	Selections: []kernels.Selection{
@@ -5029,7 +5029,7 @@ var Library = &kernels.Library{
 				{UpTo: 8388608, Use: "twoshot_ll128"},
 				{Use: "oneshot", Symmetric: true},
 				{UpTo: 16777216, Use: "twoshot_ll128"},
-				{Use: "nccl"},
+				{Use: "oneshot"},
 			},
 		},
 		{
@@ -5055,8 +5055,7 @@ var Library = &kernels.Library{
 				{UpTo: 65536, Use: "oneshot_ll"},
 				{UpTo: 8388608, Use: "oneshot_ll128"},
 				{Use: "oneshot", Symmetric: true},
-				{UpTo: 16777216, Use: "oneshot"},
-				{Use: "nccl"},
+				{Use: "oneshot"},
 			},
 		},
 		{
@@ -5080,8 +5079,7 @@ var Library = &kernels.Library{
 				{UpTo: 65536, Use: "oneshot_ll"},
 				{UpTo: 8388608, Use: "oneshot_ll128"},
 				{Use: "oneshot", Symmetric: true},
-				{UpTo: 16777216, Use: "oneshot"},
-				{Use: "nccl"},
+				{Use: "oneshot"},
 			},
 		},
 		{
@@ -5116,7 +5114,7 @@ var Library = &kernels.Library{
 
 // Manifest lists the content hashes of the specs and templates that produced
 // this package.
-const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec ea3f1ec4b8c6725c0bf7b32a6cef3a300c187daf255efd07832786ee1a97b7c3 collgen.yaml\ntemplate 399c01b4f553faea5aa377328b32b627f35210cea8f6226ef07fdfec5442ca02 runtime/symm/kernels/collgen_symm.cuh\ntemplate b401e874a25d3a70bb9124e403ddc10cb1e3740610aff5433915476594e3fbcf templates/cuda/common.cuh.tmpl\ntemplate cc97dd4d490b9b017fd9ccde26309682083b4a62b5a7fa1f00145d4fe8dea2c7 templates/cuda/kernel.cu.tmpl\ntemplate 1bc5b9f81795577d97fb9d0eb65ae8dd907e65d0d7cece9eb63454b4c3eca2e7 templates/go/goglue.go\ntemplate 35291d188948f61a513913f0fdef93f416666d2760b2db90afba433f4fcde9bf templates/go/host.go\n"
+const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec 44f3a0877f239f5c2036e9e7570c9ea71d671a23cfdc382b1ccfd8e2ffd2a036 collgen.yaml\ntemplate 399c01b4f553faea5aa377328b32b627f35210cea8f6226ef07fdfec5442ca02 runtime/symm/kernels/collgen_symm.cuh\ntemplate afe23fbe2ad6490f2b1eb93fd576d8e526b29aeb8600447a4667633c30d48cdc templates/cuda/common.cuh.tmpl\ntemplate 94ff45d5778455e1575546e2a56337189dfd1eea403fa5960fdaf29acacd00b0 templates/cuda/kernel.cu.tmpl\ntemplate 1bc5b9f81795577d97fb9d0eb65ae8dd907e65d0d7cece9eb63454b4c3eca2e7 templates/go/goglue.go\ntemplate 35291d188948f61a513913f0fdef93f416666d2760b2db90afba433f4fcde9bf templates/go/host.go\n"
 
 // MaxBlocks is the largest grid any kernel launches: signal pads and sequence
 // counters must hold this many blocks.

@@ -51,219 +51,228 @@ allreduce_hcm_bf16_min_w8(const collgen_args_w8 a) {
   const int table3[W] = {3, 3, 3, 3, 7, 7, 7, 7};
   const int table4[W] = {0, 1, 2, 3, 0, 1, 2, 3};
   const int table5[W] = {4, 5, 6, 7, 4, 5, 6, 7};
-  const cg_u64 seq = cg_seq_begin(a.seq);
-  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 seq0 = cg_seq_begin(a.seq);
+  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  // Rounds over windows of every chunk (see cg_window in the header).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 per_round = a.slot_bytes ? 2 : 3;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  const cg_u64 seq = seq0 + r * per_round;
+  const int slot = (slot0 + (int)(r & 1)) & 1;  // rounds alternate slots like collectives
 
   // phase 0
   { // stage@rank[rank] <- copy(input@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, rank), (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo, n, shift);
   }
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).lo, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // scratch@rank[rank] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank], stage@[1 1 1 1 5 5 5 5][rank][rank], stage@[2 2 2 2 6 6 6 6][rank][rank], stage@[3 3 3 3 7 7 7 7][rank][rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, rank)
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, rank), src, n, shift);
   }
   { // scratch@rank[rank+1] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+1], stage@[1 1 1 1 5 5 5 5][rank][rank+1], stage@[2 2 2 2 6 6 6 6][rank][rank+1], stage@[3 3 3 3 7 7 7 7][rank][rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 1, W)), src, n, shift);
   }
   { // scratch@rank[rank+2] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+2], stage@[1 1 1 1 5 5 5 5][rank][rank+2], stage@[2 2 2 2 6 6 6 6][rank][rank+2], stage@[3 3 3 3 7 7 7 7][rank][rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 2, W)), src, n, shift);
   }
   { // scratch@rank[rank+3] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+3], stage@[1 1 1 1 5 5 5 5][rank][rank+3], stage@[2 2 2 2 6 6 6 6][rank][rank+3], stage@[3 3 3 3 7 7 7 7][rank][rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 3, W)), src, n, shift);
   }
   { // scratch@rank[rank+4] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+4], stage@[1 1 1 1 5 5 5 5][rank][rank+4], stage@[2 2 2 2 6 6 6 6][rank][rank+4], stage@[3 3 3 3 7 7 7 7][rank][rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 4, W)), src, n, shift);
   }
   { // scratch@rank[rank+5] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+5], stage@[1 1 1 1 5 5 5 5][rank][rank+5], stage@[2 2 2 2 6 6 6 6][rank][rank+5], stage@[3 3 3 3 7 7 7 7][rank][rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 5, W)), src, n, shift);
   }
   { // scratch@rank[rank+6] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+6], stage@[1 1 1 1 5 5 5 5][rank][rank+6], stage@[2 2 2 2 6 6 6 6][rank][rank+6], stage@[3 3 3 3 7 7 7 7][rank][rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 6, W)), src, n, shift);
   }
   { // scratch@rank[rank+7] <- reduce(stage@[0 0 0 0 4 4 4 4][rank][rank+7], stage@[1 1 1 1 5 5 5 5][rank][rank+7], stage@[2 2 2 2 6 6 6 6][rank][rank+7], stage@[3 3 3 3 7 7 7 7][rank][rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
+        (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W)),
+        (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W)),
+        (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W)),
+        (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W))
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, 7, W)), src, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
   { // output@rank[rank] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank], scratch@[4 5 6 7 4 5 6 7][rank][rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, rank),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, rank)
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+1] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+1], scratch@[4 5 6 7 4 5 6 7][rank][rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 1, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 1, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+2] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+2], scratch@[4 5 6 7 4 5 6 7][rank][rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 2, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 2, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+3] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+3], scratch@[4 5 6 7 4 5 6 7][rank][rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 3, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 3, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+4] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+4], scratch@[4 5 6 7 4 5 6 7][rank][rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 4, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 4, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+5] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+5], scratch@[4 5 6 7 4 5 6 7][rank][rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 5, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 5, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+6] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+6], scratch@[4 5 6 7 4 5 6 7][rank][rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 6, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 6, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).lo, src, n, shift);
   }
   { // output@rank[rank+7] <- reduce(scratch@[0 1 2 3 0 1 2 3][rank][rank+7], scratch@[4 5 6 7 4 5 6 7][rank][rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.scratch[table4[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo,
-        (const E*)a.scratch[table5[rank]] + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo
+        (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, 7, W)),
+        (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, 7, W))
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).lo, src, n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;
 
-  cg_seq_end(a.seq, seq + (a.slot_bytes ? 2 : 3));
-  if (a.slot_bytes) cg_collective_end(a.seq);
+  }
+  cg_seq_end(a.seq, seq0 + rounds * per_round);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
 }

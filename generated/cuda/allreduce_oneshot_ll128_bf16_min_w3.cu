@@ -28,6 +28,18 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
   typedef cg_min OP;
   constexpr int W = 3;
   const int rank = a.rank;
+  const int table0[W] = {0, 4, 8};
+  const int table1[W] = {1, 5, 6};
+  const int table2[W] = {2, 3, 7};
+  const int table3[W] = {0, 1, 2};
+  const int table4[W] = {3, 4, 5};
+  const int table5[W] = {6, 7, 8};
+  const int table6[W] = {1, 2, 0};
+  const int table7[W] = {4, 5, 3};
+  const int table8[W] = {7, 8, 6};
+  const int table9[W] = {2, 0, 1};
+  const int table10[W] = {5, 3, 4};
+  const int table11[W] = {8, 6, 7};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -40,9 +52,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -56,9 +68,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -72,9 +84,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -89,9 +101,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, rank, chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, rank, chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -113,9 +125,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -137,9 +149,9 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -159,5 +171,5 @@ allreduce_oneshot_ll128_bf16_min_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -36,6 +36,26 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
   typedef cg_sum OP;
   constexpr int W = 4;
   const int rank = a.rank;
+  const int table0[W] = {0, 5, 10, 15};
+  const int table1[W] = {1, 6, 11, 12};
+  const int table2[W] = {2, 7, 8, 13};
+  const int table3[W] = {3, 4, 9, 14};
+  const int table4[W] = {0, 1, 2, 3};
+  const int table5[W] = {4, 5, 6, 7};
+  const int table6[W] = {8, 9, 10, 11};
+  const int table7[W] = {12, 13, 14, 15};
+  const int table8[W] = {1, 2, 3, 0};
+  const int table9[W] = {5, 6, 7, 4};
+  const int table10[W] = {9, 10, 11, 8};
+  const int table11[W] = {13, 14, 15, 12};
+  const int table12[W] = {2, 3, 0, 1};
+  const int table13[W] = {6, 7, 4, 5};
+  const int table14[W] = {10, 11, 8, 9};
+  const int table15[W] = {14, 15, 12, 13};
+  const int table16[W] = {3, 0, 1, 2};
+  const int table17[W] = {7, 4, 5, 6};
+  const int table18[W] = {11, 8, 9, 10};
+  const int table19[W] = {15, 12, 13, 14};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -48,10 +68,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -66,10 +86,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -84,10 +104,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -102,10 +122,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
-    char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -121,10 +141,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, rank, chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, rank, chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, rank, chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -148,10 +168,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -175,10 +195,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table14[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[rank], chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -202,10 +222,10 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 3, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 3, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 3, W), chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 3, cg_rel(rank, 3, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table16[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table17[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table18[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table19[rank], chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -227,5 +247,5 @@ allreduce_oneshot_ll128_f32_sum_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -28,6 +28,18 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
   typedef cg_sum OP;
   constexpr int W = 3;
   const int rank = a.rank;
+  const int table0[W] = {0, 4, 8};
+  const int table1[W] = {1, 5, 6};
+  const int table2[W] = {2, 3, 7};
+  const int table3[W] = {0, 1, 2};
+  const int table4[W] = {3, 4, 5};
+  const int table5[W] = {6, 7, 8};
+  const int table6[W] = {1, 2, 0};
+  const int table7[W] = {4, 5, 3};
+  const int table8[W] = {7, 8, 6};
+  const int table9[W] = {2, 0, 1};
+  const int table10[W] = {5, 3, 4};
+  const int table11[W] = {8, 6, 7};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -40,9 +52,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -55,9 +67,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -70,9 +82,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -86,9 +98,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, rank, chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, rank, chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];
@@ -109,9 +121,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];
@@ -132,9 +144,9 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 2, W), chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 2, cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];
@@ -153,5 +165,5 @@ allreduce_oneshot_ll_f16_sum_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

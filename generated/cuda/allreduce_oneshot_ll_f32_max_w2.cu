@@ -22,6 +22,12 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
   typedef cg_max OP;
   constexpr int W = 2;
   const int rank = a.rank;
+  const int table0[W] = {0, 3};
+  const int table1[W] = {1, 2};
+  const int table2[W] = {0, 1};
+  const int table3[W] = {2, 3};
+  const int table4[W] = {1, 0};
+  const int table5[W] = {3, 2};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -34,8 +40,8 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -47,8 +53,8 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
-    char* const p2 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -61,8 +67,8 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, rank, chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, rank, chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
     E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[2];
@@ -81,8 +87,8 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 0, cg_rel(rank, 1, W), chunk_ll);
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, 1, cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
     E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[2];
@@ -99,5 +105,5 @@ allreduce_oneshot_ll_f32_max_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -29,65 +29,74 @@ allreduce_twoshot_bf16_sum_w4(const collgen_args_w4 a) {
   constexpr int W = 4;
   constexpr int VB = 16;
   const int rank = a.rank;
-  const cg_u64 seq = cg_seq_begin(a.seq);
-  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 seq0 = cg_seq_begin(a.seq);
+  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  // Rounds over windows of every chunk (see cg_window in the header).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 per_round = a.slot_bytes ? 2 : 3;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  const cg_u64 seq = seq0 + r * per_round;
+  const int slot = (slot0 + (int)(r & 1)) & 1;  // rounds alternate slots like collectives
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // scratch@rank[rank] <- reduce(input@rank[rank], stage@rank+1[rank], stage@rank+2[rank], stage@rank+3[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
     const E* const src[4] = {
-        (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank)
     };
-    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, src, n, shift);
+    cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, rank), src, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
   { // output@rank[rank] <- copy(scratch@rank[rank])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, rank).n;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, rank).lo, (const E*)a.scratch[rank] + cg_chunk(a.count, a.chunk, rank).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo, (const E*)a.scratch[rank] + cg_woff(a.count, win, rank), n, shift);
   }
   { // output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_woff(a.count, win, cg_rel(rank, 1, W)), n, shift);
   }
   { // output@rank[rank+2] <- copy(scratch@rank+2[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.scratch[cg_rel(rank, 2, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, 2, W)] + cg_woff(a.count, win, cg_rel(rank, 2, W)), n, shift);
   }
   { // output@rank[rank+3] <- copy(scratch@rank+3[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.scratch[cg_rel(rank, 3, W)] + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, 3, W)] + cg_woff(a.count, win, cg_rel(rank, 3, W)), n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;
 
-  cg_seq_end(a.seq, seq + (a.slot_bytes ? 2 : 3));
-  if (a.slot_bytes) cg_collective_end(a.seq);
+  }
+  cg_seq_end(a.seq, seq0 + rounds * per_round);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
 }

@@ -27,6 +27,18 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
   typedef cg_sum OP;
   constexpr int W = 4;
   const int rank = a.rank;
+  const int table0[W] = {1, 3, 5, 4};
+  const int table1[W] = {1, 3, 2, 4};
+  const int table2[W] = {1, 0, 2, 4};
+  const int table3[W] = {0, 2, 4, 1};
+  const int table4[W] = {2, 4, 1, 3};
+  const int table5[W] = {4, 1, 3, 5};
+  const int table6[W] = {0, 2, 4, 5};
+  const int table7[W] = {0, 2, 3, 5};
+  const int table8[W] = {0, 1, 3, 5};
+  const int table9[W] = {1, 3, 5, 0};
+  const int table10[W] = {3, 5, 0, 2};
+  const int table11[W] = {5, 0, 2, 4};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -39,7 +51,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -51,7 +63,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -63,7 +75,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -77,13 +89,13 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), rank, chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p5 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p6 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p7 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
+    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
+    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table8[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
@@ -110,7 +122,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -123,7 +135,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -136,7 +148,7 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -147,5 +159,5 @@ allreduce_twoshot_ll128_bf16_sum_w4(const collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

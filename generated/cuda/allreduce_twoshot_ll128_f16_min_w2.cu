@@ -21,6 +21,8 @@ allreduce_twoshot_ll128_f16_min_w2(const collgen_args_w2 a) {
   typedef cg_min OP;
   constexpr int W = 2;
   const int rank = a.rank;
+  const int table0[W] = {1, 0};
+  const int table1[W] = {0, 1};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -33,7 +35,7 @@ allreduce_twoshot_ll128_f16_min_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -47,9 +49,9 @@ allreduce_twoshot_ll128_f16_min_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
     E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p3 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[2];
@@ -70,7 +72,7 @@ allreduce_twoshot_ll128_f16_min_w2(const collgen_args_w2 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -81,5 +83,5 @@ allreduce_twoshot_ll128_f16_min_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

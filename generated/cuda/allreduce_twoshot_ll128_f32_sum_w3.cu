@@ -24,6 +24,14 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
   typedef cg_sum OP;
   constexpr int W = 3;
   const int rank = a.rank;
+  const int table0[W] = {1, 3, 2};
+  const int table1[W] = {1, 0, 2};
+  const int table2[W] = {0, 2, 1};
+  const int table3[W] = {2, 1, 3};
+  const int table4[W] = {0, 2, 3};
+  const int table5[W] = {0, 1, 3};
+  const int table6[W] = {1, 3, 0};
+  const int table7[W] = {3, 0, 2};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -36,7 +44,7 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -48,7 +56,7 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -62,11 +70,11 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p4 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p5 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
+    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
@@ -90,7 +98,7 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -103,7 +111,7 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -114,5 +122,5 @@ allreduce_twoshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

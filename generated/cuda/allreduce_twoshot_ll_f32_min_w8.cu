@@ -39,6 +39,34 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
   typedef cg_min OP;
   constexpr int W = 8;
   const int rank = a.rank;
+  const int table0[W] = {1, 3, 5, 7, 9, 11, 13, 12};
+  const int table1[W] = {1, 3, 5, 7, 9, 11, 10, 12};
+  const int table2[W] = {1, 3, 5, 7, 9, 8, 10, 12};
+  const int table3[W] = {1, 3, 5, 7, 6, 8, 10, 12};
+  const int table4[W] = {1, 3, 5, 4, 6, 8, 10, 12};
+  const int table5[W] = {1, 3, 2, 4, 6, 8, 10, 12};
+  const int table6[W] = {1, 0, 2, 4, 6, 8, 10, 12};
+  const int table7[W] = {0, 2, 4, 6, 8, 10, 12, 1};
+  const int table8[W] = {2, 4, 6, 8, 10, 12, 1, 3};
+  const int table9[W] = {4, 6, 8, 10, 12, 1, 3, 5};
+  const int table10[W] = {6, 8, 10, 12, 1, 3, 5, 7};
+  const int table11[W] = {8, 10, 12, 1, 3, 5, 7, 9};
+  const int table12[W] = {10, 12, 1, 3, 5, 7, 9, 11};
+  const int table13[W] = {12, 1, 3, 5, 7, 9, 11, 13};
+  const int table14[W] = {0, 2, 4, 6, 8, 10, 12, 13};
+  const int table15[W] = {0, 2, 4, 6, 8, 10, 11, 13};
+  const int table16[W] = {0, 2, 4, 6, 8, 9, 11, 13};
+  const int table17[W] = {0, 2, 4, 6, 7, 9, 11, 13};
+  const int table18[W] = {0, 2, 4, 5, 7, 9, 11, 13};
+  const int table19[W] = {0, 2, 3, 5, 7, 9, 11, 13};
+  const int table20[W] = {0, 1, 3, 5, 7, 9, 11, 13};
+  const int table21[W] = {1, 3, 5, 7, 9, 11, 13, 0};
+  const int table22[W] = {3, 5, 7, 9, 11, 13, 0, 2};
+  const int table23[W] = {5, 7, 9, 11, 13, 0, 2, 4};
+  const int table24[W] = {7, 9, 11, 13, 0, 2, 4, 6};
+  const int table25[W] = {9, 11, 13, 0, 2, 4, 6, 8};
+  const int table26[W] = {11, 13, 0, 2, 4, 6, 8, 10};
+  const int table27[W] = {13, 0, 2, 4, 6, 8, 10, 12};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -51,7 +79,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -62,7 +90,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -73,7 +101,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -84,7 +112,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -95,7 +123,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -106,7 +134,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -117,7 +145,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -130,21 +158,21 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), rank, chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), rank, chunk_ll);
-    const char* const p4 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 4, W), rank, chunk_ll);
-    const char* const p5 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 5, W), rank, chunk_ll);
-    const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), rank, chunk_ll);
-    const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p9 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p10 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p11 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p12 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p13 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p14 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
-    char* const p15 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, rank, chunk_ll);
+    char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table14[rank], chunk_ll);
+    char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table15[rank], chunk_ll);
+    char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table16[rank], chunk_ll);
+    char* const p12 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table17[rank], chunk_ll);
+    char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table18[rank], chunk_ll);
+    char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table19[rank], chunk_ll);
+    char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table20[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[8];
       bool ok = true;
@@ -182,7 +210,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), cg_rel(rank, 1, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table21[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -194,7 +222,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), cg_rel(rank, 2, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table22[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -206,7 +234,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), cg_rel(rank, 3, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table23[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -218,7 +246,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 4, W), cg_rel(rank, 4, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table24[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -230,7 +258,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 5, W), cg_rel(rank, 5, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table25[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -242,7 +270,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), cg_rel(rank, 6, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table26[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -254,7 +282,7 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), cg_rel(rank, 7, W), chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table27[rank], chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -264,5 +292,5 @@ allreduce_twoshot_ll_f32_min_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -11,7 +11,8 @@ typedef long long cg_s64;  // signed element index
 // hold this many blocks. args.seq has CG_MAX_BLOCKS + 3 words: per-block
 // barrier sequences, then the collective counter and the finished-block
 // counter that choose the stage slot (see cg_stage_slot), then the abort
-// word push kernels raise after a timeout (see cg_push_spin).
+// word: raised by Communicator.Abort or by the first wait on this rank
+// that times out, and polled by every wait (cg_barrier, cg_push_spin).
 #define CG_MAX_BLOCKS 128
 
 // Status word codes, written to args.status by the first thread that gives
@@ -36,6 +37,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   cg_u64 slot_bytes;            // distance between the two stage slots; 0: one slot
+  cg_u64 window;                // barrier kernels: elements per chunk per round; 0: the whole chunk (see cg_window)
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
 };
@@ -48,7 +50,7 @@ typedef collgen_args<8> collgen_args_w8;
 // Layout checks. NVRTC lacks __builtin_offsetof, so they run under nvcc
 // (`make cuda-check`, CI); NVRTC compiles the very same struct.
 #ifndef __CUDACC_RTC__
-static_assert(sizeof(collgen_args_w2) == 120, "collgen_args_w2 size");
+static_assert(sizeof(collgen_args_w2) == 128, "collgen_args_w2 size");
 static_assert(__builtin_offsetof(collgen_args_w2, input) == 0, "collgen_args_w2.input offset");
 static_assert(__builtin_offsetof(collgen_args_w2, output) == 8, "collgen_args_w2.output offset");
 static_assert(__builtin_offsetof(collgen_args_w2, stage) == 16, "collgen_args_w2.stage offset");
@@ -60,9 +62,10 @@ static_assert(__builtin_offsetof(collgen_args_w2, count) == 80, "collgen_args_w2
 static_assert(__builtin_offsetof(collgen_args_w2, chunk) == 88, "collgen_args_w2.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w2, timeout_ns) == 96, "collgen_args_w2.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w2, slot_bytes) == 104, "collgen_args_w2.slot_bytes offset");
-static_assert(__builtin_offsetof(collgen_args_w2, rank) == 112, "collgen_args_w2.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 116, "collgen_args_w2.kernel_id offset");
-static_assert(sizeof(collgen_args_w3) == 144, "collgen_args_w3 size");
+static_assert(__builtin_offsetof(collgen_args_w2, window) == 112, "collgen_args_w2.window offset");
+static_assert(__builtin_offsetof(collgen_args_w2, rank) == 120, "collgen_args_w2.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 124, "collgen_args_w2.kernel_id offset");
+static_assert(sizeof(collgen_args_w3) == 152, "collgen_args_w3 size");
 static_assert(__builtin_offsetof(collgen_args_w3, input) == 0, "collgen_args_w3.input offset");
 static_assert(__builtin_offsetof(collgen_args_w3, output) == 8, "collgen_args_w3.output offset");
 static_assert(__builtin_offsetof(collgen_args_w3, stage) == 16, "collgen_args_w3.stage offset");
@@ -74,9 +77,10 @@ static_assert(__builtin_offsetof(collgen_args_w3, count) == 104, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w3, chunk) == 112, "collgen_args_w3.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w3, timeout_ns) == 120, "collgen_args_w3.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w3, slot_bytes) == 128, "collgen_args_w3.slot_bytes offset");
-static_assert(__builtin_offsetof(collgen_args_w3, rank) == 136, "collgen_args_w3.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w3, kernel_id) == 140, "collgen_args_w3.kernel_id offset");
-static_assert(sizeof(collgen_args_w4) == 168, "collgen_args_w4 size");
+static_assert(__builtin_offsetof(collgen_args_w3, window) == 136, "collgen_args_w3.window offset");
+static_assert(__builtin_offsetof(collgen_args_w3, rank) == 144, "collgen_args_w3.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w3, kernel_id) == 148, "collgen_args_w3.kernel_id offset");
+static_assert(sizeof(collgen_args_w4) == 176, "collgen_args_w4 size");
 static_assert(__builtin_offsetof(collgen_args_w4, input) == 0, "collgen_args_w4.input offset");
 static_assert(__builtin_offsetof(collgen_args_w4, output) == 8, "collgen_args_w4.output offset");
 static_assert(__builtin_offsetof(collgen_args_w4, stage) == 16, "collgen_args_w4.stage offset");
@@ -88,9 +92,10 @@ static_assert(__builtin_offsetof(collgen_args_w4, count) == 128, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w4, chunk) == 136, "collgen_args_w4.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w4, timeout_ns) == 144, "collgen_args_w4.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w4, slot_bytes) == 152, "collgen_args_w4.slot_bytes offset");
-static_assert(__builtin_offsetof(collgen_args_w4, rank) == 160, "collgen_args_w4.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w4, kernel_id) == 164, "collgen_args_w4.kernel_id offset");
-static_assert(sizeof(collgen_args_w8) == 264, "collgen_args_w8 size");
+static_assert(__builtin_offsetof(collgen_args_w4, window) == 160, "collgen_args_w4.window offset");
+static_assert(__builtin_offsetof(collgen_args_w4, rank) == 168, "collgen_args_w4.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w4, kernel_id) == 172, "collgen_args_w4.kernel_id offset");
+static_assert(sizeof(collgen_args_w8) == 272, "collgen_args_w8 size");
 static_assert(__builtin_offsetof(collgen_args_w8, input) == 0, "collgen_args_w8.input offset");
 static_assert(__builtin_offsetof(collgen_args_w8, output) == 8, "collgen_args_w8.output offset");
 static_assert(__builtin_offsetof(collgen_args_w8, stage) == 16, "collgen_args_w8.stage offset");
@@ -102,8 +107,9 @@ static_assert(__builtin_offsetof(collgen_args_w8, count) == 224, "collgen_args_w
 static_assert(__builtin_offsetof(collgen_args_w8, chunk) == 232, "collgen_args_w8.chunk offset");
 static_assert(__builtin_offsetof(collgen_args_w8, timeout_ns) == 240, "collgen_args_w8.timeout_ns offset");
 static_assert(__builtin_offsetof(collgen_args_w8, slot_bytes) == 248, "collgen_args_w8.slot_bytes offset");
-static_assert(__builtin_offsetof(collgen_args_w8, rank) == 256, "collgen_args_w8.rank offset");
-static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 260, "collgen_args_w8.kernel_id offset");
+static_assert(__builtin_offsetof(collgen_args_w8, window) == 256, "collgen_args_w8.window offset");
+static_assert(__builtin_offsetof(collgen_args_w8, rank) == 264, "collgen_args_w8.rank offset");
+static_assert(__builtin_offsetof(collgen_args_w8, kernel_id) == 268, "collgen_args_w8.kernel_id offset");
 #endif
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
@@ -467,6 +473,56 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
   return s;
 }
 
+// ---- rounds. A barrier kernel whose stage slot cannot hold a whole chunk
+// of every rank runs its schedule in rounds: round r covers elements
+// [r*win, (r+1)*win) of every chunk, where win = a.window, and the stage
+// and scratch buffers hold one window of each chunk, chunk c at c*win (the
+// window layout; with win = chunk it is the input layout). Every step maps
+// element j of its source chunks to element j of its destination chunk, so
+// a round is the whole schedule over a window (schedule.SimulateWindows
+// proves the windowed execution on the CPU). Rounds alternate stage slots
+// exactly as consecutive collectives do, with the same per-block barriers:
+// the work split depends only on the window and the chunk index, so the
+// thread that owns element j of chunk c in one round owns it in every
+// round and phase, on every rank, and block b of round r+2 overwrites only
+// stage elements that block b of every rank read in round r, after passing
+// a barrier of round r+1 with each of them. With one stage slot (zero-copy
+// input: the stage pointers are the peers' inputs, in input layout) there
+// is one round over the whole chunk.
+
+// cg_window is the elements per chunk of one round.
+__device__ __forceinline__ cg_u64 cg_window(cg_u64 chunk, cg_u64 window, cg_u64 slot_bytes) {
+  return (window == 0 || window >= chunk || slot_bytes == 0) ? chunk : window;
+}
+// cg_rounds is how many rounds cover a chunk (at least one).
+__device__ __forceinline__ cg_u64 cg_rounds(cg_u64 chunk, cg_u64 win) {
+  return (chunk <= win || win == 0) ? 1 : (chunk + win - 1) / win;
+}
+// cg_wchunk is the part of chunk c that round w0 (its first element in the
+// chunk) covers in a W-chunk buffer of count elements, in input layout.
+__device__ __forceinline__ cg_span cg_wchunk(cg_u64 count, cg_u64 chunk, int c, cg_u64 w0, cg_u64 win) {
+  const cg_u64 start = (cg_u64)c * chunk;
+  cg_u64 lo = start + w0, hi = lo + win;
+  if (hi > start + chunk) hi = start + chunk;
+  if (lo > count) lo = count;
+  if (hi > count) hi = count;
+  cg_span s = {(cg_s64)lo, (cg_s64)(hi - lo)};
+  return s;
+}
+// cg_wsingle is the part of a 1-chunk buffer (reduce-scatter output,
+// all-gather input) that round w0 covers.
+__device__ __forceinline__ cg_span cg_wsingle(cg_u64 chunk, cg_u64 w0, cg_u64 win) {
+  const cg_u64 hi = w0 + win < chunk ? w0 + win : chunk;
+  cg_span s = {(cg_s64)w0, (cg_s64)(hi - w0)};
+  return s;
+}
+// cg_woff is where chunk c starts in a stage or scratch buffer (window
+// layout), clamped like cg_chunk's lo.
+__device__ __forceinline__ cg_s64 cg_woff(cg_u64 count, cg_u64 win, int c) {
+  const cg_u64 lo = (cg_u64)c * win;
+  return (cg_s64)(lo > count ? count : lo);
+}
+
 // ---- barriers. Each rank's signal pad holds one 64-bit flag per (block,
 // source rank). Barrier i of block b stores the block's next sequence value
 // into every peer's pad at [b][rank] with release semantics at system scope
@@ -499,11 +555,18 @@ __device__ __noinline__ void cg_report_timeout(cg_u64* status, cg_u64 code, int 
           ((cg_u64)blockIdx.x << 32) | ((cg_u64)(kernel_id & 0xffff) << 48);
 }
 
-// cg_barrier returns false (for every thread of the block) if any wait timed out.
+// cg_barrier returns false (for every thread of the block) if any wait
+// timed out or found the abort word raised (args.seq[CG_MAX_BLOCKS + 2]:
+// Communicator.Abort, or a timeout elsewhere on this rank). The kernel
+// then returns at once, so it never signals a later barrier: a barrier
+// signal always means the phases before it ran on data that really
+// arrived, and a live peer of an aborted rank times out instead of
+// reading what the aborted rank never computed. The arrival signal goes
+// first, before the wait: the data before this barrier is complete.
 template <int W>
 __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq, int index) {
-  __shared__ int timed_out;
-  if (threadIdx.x == 0) timed_out = 0;
+  __shared__ int left;
+  if (threadIdx.x == 0) left = 0;
   __syncthreads();
   if (threadIdx.x < W) {
     const int p = threadIdx.x;
@@ -511,11 +574,18 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
       cg_st_release(a.signal[p] + (cg_u64)blockIdx.x * W + a.rank, seq);
       const cg_u64* mine = a.signal[a.rank] + (cg_u64)blockIdx.x * W + p;
       if (cg_ld_acquire(mine) < seq) {
+        volatile cg_u64* abort = a.seq + CG_MAX_BLOCKS + 2;
         const cg_u64 deadline = cg_now_ns() + a.timeout_ns;
-        while (cg_ld_acquire(mine) < seq) {
+        for (unsigned it = 1; cg_ld_acquire(mine) < seq; it++) {
+          if ((it & 15) != 0) continue;
+          if (*abort != 0) {
+            left = 1;
+            break;
+          }
           if (cg_now_ns() > deadline) {
             cg_report_timeout(a.status, CG_STATUS_TIMEOUT, a.rank, p, index, a.kernel_id);
-            timed_out = 1;
+            *abort = 1;  // the other blocks leave too: one timeout, not one per block
+            left = 1;
             break;
           }
         }
@@ -523,7 +593,7 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
     }
   }
   __syncthreads();
-  return !timed_out;
+  return !left;
 }
 
 // Block-wide sequence bookkeeping: the first barrier of a launch uses
@@ -553,16 +623,17 @@ __device__ __forceinline__ int cg_stage_slot(const cg_u64* seq, cg_u64 slot_byte
 __device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
   return (char*)p + (cg_u64)slot * slot_bytes;
 }
-// cg_collective_end: the last block of the grid to get here bumps the
-// collective counter for the next launch (a later kernel on the stream, so
-// it sees the new value) and resets the finished-block count.
-__device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
+// cg_collective_end: the last block of the grid to get here advances the
+// collective counter by the launch's rounds (so the next launch starts on
+// the slot after this one's last; a later kernel on the stream, so it sees
+// the new value) and resets the finished-block count.
+__device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned long long done = atomicAdd(seq + CG_MAX_BLOCKS + 1, 1ull);
     if (done == gridDim.x - 1) {
       seq[CG_MAX_BLOCKS + 1] = 0;
-      seq[CG_MAX_BLOCKS] += 1;
+      seq[CG_MAX_BLOCKS] += rounds;
     }
   }
 }
@@ -580,8 +651,9 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq) {
 // in schedule.Validate (every rank hears from every peer).
 //
 // Inbox memory is a sequence of 16-byte units. Inbox layout, inside stage
-// slot `slot` of every rank: W lanes of W chunks; chunk c of lane s starts
-// at (s * W + c) * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
+// slot `slot` of every rank: the chunks the schedule's puts write there,
+// each at its place p (schedule.InboxLayout: lane then chunk order),
+// starting at p * chunk_ll bytes, where chunk_ll = PR::units<E>(chunk) *
 // 16. Lane s is written only by rank s. Unit u of a chunk is handled by the
 // same thread on every rank and in every phase (work split above, with
 // shift c * PR::units<E>(chunk)), so a thread that computes a unit's value
@@ -767,9 +839,11 @@ struct cg_ll128 {
   static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
 };
 
-template <int W>
-__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int lane, int chunk, cg_u64 chunk_ll) {
-  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)(lane * W + chunk) * chunk_ll;
+// cg_inbox is where the inbox chunk at place `place` of a rank whose stage
+// buffer is `stage` starts in slot `slot` (schedule.InboxLayout numbers the
+// (lane, chunk) pairs a schedule's puts write into each rank's inbox).
+__device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int place, cg_u64 chunk_ll) {
+  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)place * chunk_ll;
 }
 
 __device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {

@@ -21,30 +21,39 @@ reduce_scatter_oneshot_bf16_min_w2(const collgen_args_w2 a) {
   constexpr int W = 2;
   constexpr int VB = 16;
   const int rank = a.rank;
-  const cg_u64 seq = cg_seq_begin(a.seq);
-  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 seq0 = cg_seq_begin(a.seq);
+  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  // Rounds over windows of every chunk (see cg_window in the header).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 per_round = a.slot_bytes ? 1 : 2;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  const cg_u64 seq = seq0 + r * per_round;
+  const int slot = (slot0 + (int)(r & 1)) & 1;  // rounds alternate slots like collectives
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], stage@rank+1[rank])
-    const cg_s64 n = (cg_s64)a.chunk;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wsingle(a.chunk, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
     const E* const src[2] = {
-        (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank)
     };
-    cg_reduce<T, OP, 2, VB>((E*)a.output, src, n, shift);
+    cg_reduce<T, OP, 2, VB>((E*)a.output + w0, src, n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;
 
-  cg_seq_end(a.seq, seq + (a.slot_bytes ? 1 : 2));
-  if (a.slot_bytes) cg_collective_end(a.seq);
+  }
+  cg_seq_end(a.seq, seq0 + rounds * per_round);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
 }

@@ -27,66 +27,75 @@ reduce_scatter_oneshot_f32_min_w8(const collgen_args_w8 a) {
   constexpr int W = 8;
   constexpr int VB = 16;
   const int rank = a.rank;
-  const cg_u64 seq = cg_seq_begin(a.seq);
-  const int slot = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 seq0 = cg_seq_begin(a.seq);
+  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  // Rounds over windows of every chunk (see cg_window in the header).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 per_round = a.slot_bytes ? 1 : 2;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  const cg_u64 seq = seq0 + r * per_round;
+  const int slot = (slot0 + (int)(r & 1)) & 1;  // rounds alternate slots like collectives
 
   // phase 0
   { // stage@rank[rank+1] <- copy(input@rank[rank+1])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+2] <- copy(input@rank[rank+2])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+3] <- copy(input@rank[rank+3])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+4] <- copy(input@rank[rank+4])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 4, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 4, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 4, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+5] <- copy(input@rank[rank+5])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 5, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 5, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 5, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+6] <- copy(input@rank[rank+6])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 6, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 6, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 6, W), w0, win).lo, n, shift);
   }
   { // stage@rank[rank+7] <- copy(input@rank[rank+7])
-    const cg_s64 n = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).n;
-    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), a.chunk, VB / sizeof(E));
-    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo, n, shift);
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 7, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)cg_slot(a.stage[rank], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 7, W)), (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 7, W), w0, win).lo, n, shift);
   }
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], stage@rank+1[rank], stage@rank+2[rank], stage@rank+3[rank], stage@rank+4[rank], stage@rank+5[rank], stage@rank+6[rank], stage@rank+7[rank])
-    const cg_s64 n = (cg_s64)a.chunk;
-    const cg_s64 shift = cg_shift(rank, a.chunk, VB / sizeof(E));
+    const cg_s64 n = cg_wsingle(a.chunk, w0, win).n;
+    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
     const E* const src[8] = {
-        (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo,
-        (const E*)cg_slot(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes) + cg_chunk(a.count, a.chunk, rank).lo
+        (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes) + cg_woff(a.count, win, rank)
     };
-    cg_reduce<T, OP, 8, VB>((E*)a.output, src, n, shift);
+    cg_reduce<T, OP, 8, VB>((E*)a.output + w0, src, n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;
 
-  cg_seq_end(a.seq, seq + (a.slot_bytes ? 1 : 2));
-  if (a.slot_bytes) cg_collective_end(a.seq);
+  }
+  cg_seq_end(a.seq, seq0 + rounds * per_round);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
 }

@@ -30,7 +30,7 @@ reduce_scatter_oneshot_ll128_f16_min_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, 0, chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -44,7 +44,7 @@ reduce_scatter_oneshot_ll128_f16_min_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p2 = (E*)a.output;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -61,5 +61,5 @@ reduce_scatter_oneshot_ll128_f16_min_w2(const collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

@@ -24,6 +24,20 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
   typedef cg_min OP;
   constexpr int W = 8;
   const int rank = a.rank;
+  const int table0[W] = {0, 1, 2, 3, 4, 5, 6, 6};
+  const int table1[W] = {0, 1, 2, 3, 4, 5, 5, 6};
+  const int table2[W] = {0, 1, 2, 3, 4, 4, 5, 6};
+  const int table3[W] = {0, 1, 2, 3, 3, 4, 5, 6};
+  const int table4[W] = {0, 1, 2, 2, 3, 4, 5, 6};
+  const int table5[W] = {0, 1, 1, 2, 3, 4, 5, 6};
+  const int table6[W] = {0, 0, 1, 2, 3, 4, 5, 6};
+  const int table7[W] = {0, 1, 2, 3, 4, 5, 6, 0};
+  const int table8[W] = {1, 2, 3, 4, 5, 6, 0, 1};
+  const int table9[W] = {2, 3, 4, 5, 6, 0, 1, 2};
+  const int table10[W] = {3, 4, 5, 6, 0, 1, 2, 3};
+  const int table11[W] = {4, 5, 6, 0, 1, 2, 3, 4};
+  const int table12[W] = {5, 6, 0, 1, 2, 3, 4, 5};
+  const int table13[W] = {6, 0, 1, 2, 3, 4, 5, 6};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -36,7 +50,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, rank, cg_rel(rank, 1, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -47,7 +61,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, rank, cg_rel(rank, 2, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -58,7 +72,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, rank, cg_rel(rank, 3, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -69,7 +83,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, rank, cg_rel(rank, 4, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -80,7 +94,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, rank, cg_rel(rank, 5, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -91,7 +105,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, rank, cg_rel(rank, 6, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -102,7 +116,7 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox<W>(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, rank, cg_rel(rank, 7, W), chunk_ll);
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::store(p1 + u * 16, x, flag);
@@ -115,13 +129,13 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 1, W), rank, chunk_ll);
-    const char* const p2 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 2, W), rank, chunk_ll);
-    const char* const p3 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 3, W), rank, chunk_ll);
-    const char* const p4 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 4, W), rank, chunk_ll);
-    const char* const p5 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 5, W), rank, chunk_ll);
-    const char* const p6 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 6, W), rank, chunk_ll);
-    const char* const p7 = cg_inbox<W>(a.stage[rank], slot, a.slot_bytes, cg_rel(rank, 7, W), rank, chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
     E* const p8 = (E*)a.output;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[8];
@@ -149,5 +163,5 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq);
+  cg_collective_end(a.seq, 1);
 }

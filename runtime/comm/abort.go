@@ -12,12 +12,13 @@ import (
 // goroutine is inside launch, runNCCL or synchronize.
 type aborter interface {
 	// releaseKernels frees generated kernels waiting for a peer without
-	// touching them: on a stream of its own it raises the abort word LL
-	// and LL128 kernels poll beside their deadline, and fills this rank's
-	// signal pad with all-ones bytes, so every barrier flag holds the
-	// largest sequence value and barrier waits pass at once. From then on
-	// synchronize returns promptly instead of waiting for the stream.
-	releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int64) error
+	// touching them: on a stream of its own it raises the abort word,
+	// which every wait of the kernels polls beside its deadline (barrier
+	// waits and LL/LL128 line waits); a kernel that finds it raised
+	// returns at once, without signalling any later barrier, so its live
+	// peers time out rather than read data it never computed. From then
+	// on synchronize returns promptly instead of waiting for the stream.
+	releaseKernels(abortWord cuda.DevicePtr) error
 	// abortNCCL aborts the NCCL communicator (ncclCommAbort), which stops
 	// NCCL kernels still running; nil without NCCL.
 	abortNCCL() error
@@ -74,11 +75,6 @@ func (c *Communicator) abortedError(op string) error {
 	return errorf(ErrAborted, "comm: rank %d: %s: the communicator was aborted (Communicator.Abort); make a new one", c.cfg.Rank, op)
 }
 
-// signalBytes is the size of one rank's signal pad in the region.
-func (g *gpuComm) signalBytes() int64 {
-	return alignUp(int64(g.lib.MaxBlocks*g.world*8), regionAlign)
-}
-
 // abortWord is the LL abort word: args.seq[CG_MAX_BLOCKS + 2].
 func (g *gpuComm) abortWord() cuda.DevicePtr {
 	return g.seq + cuda.DevicePtr((g.lib.MaxBlocks+2)*8)
@@ -92,7 +88,7 @@ func (g *gpuComm) releaseKernels() error {
 	if !ok || len(g.signal) == 0 {
 		return nil
 	}
-	return a.releaseKernels(g.abortWord(), g.signal[g.cfg.Rank], g.signalBytes())
+	return a.releaseKernels(g.abortWord())
 }
 
 // abortNCCL aborts the device's NCCL communicator, if any.

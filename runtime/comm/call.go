@@ -31,6 +31,7 @@ type call struct {
 	alg    coll.Algorithm  // a generated algorithm or coll.NCCL
 	kernel *kernels.Kernel // GPU, generated algorithm: the kernel to launch
 	chunk  int64           // GPU kernel: chunk elements (schedule.ChunkElems)
+	window int64           // GPU kernel: elements of each chunk per round (cg_window); chunk for one round
 	sym    zeroCopy        // GPU: the input's symmetric buffer, looked up once per call (zero value: none)
 	zc     zeroCopy        // GPU kernel: where the input is read in place (zero value: staged)
 }

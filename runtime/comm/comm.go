@@ -311,6 +311,11 @@ type Plan struct {
 	Kernel string
 	// ZeroCopy: the kernel reads the input in place from symmetric memory.
 	ZeroCopy bool
+	// Rounds is how many rounds the kernel runs: 1, or more for a staged
+	// barrier kernel whose message is larger than its staging area (it
+	// then stages one window of every chunk per round); 0 for NCCL and
+	// host calls.
+	Rounds int64
 }
 
 // Explain resolves a call exactly as AllReduce, ReduceScatter or AllGather
@@ -332,6 +337,10 @@ func (c *Communicator) Explain(collective coll.Collective, in, out Buffer, count
 	p := Plan{Algorithm: cl.alg, ZeroCopy: cl.zc.on()}
 	if cl.kernel != nil {
 		p.Kernel = cl.kernel.Name
+		p.Rounds = 1
+		if cl.window > 0 {
+			p.Rounds = (cl.chunk + cl.window - 1) / cl.window
+		}
 	}
 	return p, nil
 }

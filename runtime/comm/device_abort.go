@@ -99,7 +99,7 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 }
 
 // releaseKernels implements aborter (see there).
-func (d *cudaDevice) releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int64) error {
+func (d *cudaDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	d.aborted.Store(true)
 	d.relMu.Lock()
 	defer d.relMu.Unlock()
@@ -115,9 +115,6 @@ func (d *cudaDevice) releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int6
 	}
 	if err := d.dev.MemsetD32Async(abortWord, 1, 2, d.abortStream); err != nil {
 		return fmt.Errorf("comm: rank %d: abort: raise the abort word: %w", d.cfg.Rank, err)
-	}
-	if err := d.dev.Memset8Async(pad, 0xff, int(padBytes), d.abortStream); err != nil {
-		return fmt.Errorf("comm: rank %d: abort: release barrier waits: %w", d.cfg.Rank, err)
 	}
 	return nil
 }

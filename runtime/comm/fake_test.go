@@ -271,7 +271,8 @@ func TestFakeGPULaunch(t *testing.T) {
 		if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShot}); err != nil {
 			return err
 		}
-		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64<<20, coll.BF16, coll.Sum, Options{})
+		// No f64 kernel: the rules' NCCL fallback.
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64<<20, coll.F64, coll.Sum, Options{})
 	})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
@@ -279,7 +280,7 @@ func TestFakeGPULaunch(t *testing.T) {
 	g := comms[1].gpu
 	for r, d := range devs {
 		if len(d.launches) != 2 || len(d.nccl) != 1 || d.nccl[0] != coll.NCCL {
-			t.Fatalf("rank %d: %d launches, NCCL calls %v; want 2 launches and one NCCL call (128 MiB)", r, len(d.launches), d.nccl)
+			t.Fatalf("rank %d: %d launches, NCCL calls %v; want 2 launches and one NCCL call (f64)", r, len(d.launches), d.nccl)
 		}
 	}
 	for i, want := range []string{"allreduce_oneshot_ll_bf16_sum_w2", "allreduce_twoshot_bf16_sum_w2"} {
@@ -311,7 +312,7 @@ func TestFakeGPULaunch(t *testing.T) {
 			Scratch: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes), uint64(fakeRegion(1)) + 2*uint64(g.slotBytes)},
 			Signal: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier]),
 				uint64(fakeRegion(1)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier])},
-			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk),
+			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk), Window: uint64(chunk),
 			TimeoutNs: uint64(DefaultTimeout), SlotBytes: uint64(g.slotBytes), Rank: 1, KernelId: int32(id)}
 		if a != want {
 			t.Errorf("launch %d: arguments\n%+v\nwant\n%+v", i, a, want)

@@ -339,8 +339,8 @@ func (g *gpuComm) pickTopology() error {
 			continue // a per-world spec has one selection per rule list
 		}
 		g.sels[coll.Collective(s.Collective)] = s
-		if _, unbounded := s.MaxCustomBytes(); unbounded && cfg.StagingBytes == 0 {
-			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to a generated kernel; set Config.StagingBytes", topo, s.Collective)
+		if alg, unbounded := lib.UnboundedPush(s, cfg.WorldSize); unbounded && cfg.StagingBytes == 0 {
+			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to %s, a push kernel whose inbox holds the whole message; bound the rule or set Config.StagingBytes", topo, s.Collective, alg)
 		}
 		for p, m := range lib.RulesSlotBounds(s, cfg.WorldSize) {
 			bounds[coll.Protocol(p)] = max(bounds[coll.Protocol(p)], m)
@@ -364,14 +364,35 @@ func (g *gpuComm) pickTopology() error {
 	return nil
 }
 
+// usesNCCL reports whether automatic selection can send a call to NCCL:
+// a rule names it, or a rule's algorithm (or one-shot, where a push
+// kernel's call does not fit its inbox) lacks a kernel for some dtype and
+// op of its collective, whose calls then fall back to NCCL.
 func (g *gpuComm) usesNCCL() bool {
 	if g.topology == "" {
 		return true // NCCL only
 	}
-	for _, s := range g.sels {
+	for c, s := range g.sels {
+		ops := coll.Ops()
+		if !c.Reduces() {
+			ops = []coll.Op{""}
+		}
 		for _, r := range s.Rules {
-			if coll.Algorithm(r.Use) == coll.NCCL {
-				return true
+			algs := []coll.Algorithm{r.Use}
+			if r.Use != coll.NCCL && !g.lib.Windowed(c, r.Use, g.world) { // push
+				algs = append(algs, coll.OneShot)
+			}
+			for _, a := range algs {
+				if a == coll.NCCL {
+					return true
+				}
+				for _, dt := range coll.DTypes() {
+					for _, op := range ops {
+						if _, ok := g.lib.Kernel(c, a, dt, op, g.world); !ok {
+							return true
+						}
+					}
+				}
 			}
 		}
 	}
@@ -383,13 +404,15 @@ func (g *gpuComm) memory() memKind { return deviceMemory }
 func (g *gpuComm) rules(collective coll.Collective) *kernels.Selection { return g.sels[collective] }
 
 // prepare plans cl.alg for the call: NCCL must be available; a generated
-// algorithm needs a kernel for the call's dtype and op and room for its
-// stage-slot need in its protocol's area (unless the input is read in
-// place). The automatic choice sends a call that fails either check to
-// NCCL (every rank decides alike: only the call's arguments, agreed set-up
-// and whether the input is symmetric enter, and Alloc's contract has every
-// rank pass symmetric inputs in the same calls); an explicit one is
-// refused with the reason.
+// algorithm needs a kernel for the call's dtype and op, and a push kernel
+// room for its inbox in its protocol's area (a staged barrier kernel runs
+// in rounds through any area; one reading its input in place needs none).
+// The automatic choice sends a push kernel's call that does not fit to the
+// one-shot barrier kernel, and a call that fails otherwise to NCCL (every
+// rank decides alike: only the call's arguments, agreed set-up and whether
+// the input is symmetric enter, and Alloc's contract has every rank pass
+// symmetric inputs in the same calls); an explicit one is refused with
+// the reason.
 func (g *gpuComm) prepare(cl *call, auto bool) error {
 	cl.kernel, cl.zc = nil, zeroCopy{}
 	if cl.alg == coll.NCCL {
@@ -424,7 +447,20 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	// Reading the input in place frees a kernel from the stage slot, but
 	// not from scratch (two-shot reduces into it, laid out like the slot).
 	inPlace := zc.on() && !k.UsesScratch
+	window := chunk
+	if !k.Push() && !zc.on() && need > g.area[proto] {
+		// A staged barrier kernel runs in rounds over windows that fit.
+		window = windowElems(g.area[proto], g.world, cl.esize, k.VecElems(int(cl.esize)))
+		if window > 0 {
+			need = int64(g.world) * window * cl.esize
+		}
+	}
 	switch {
+	case auto && need > g.area[proto] && !inPlace && k.Push() && cl.alg != coll.OneShot:
+		// The push kernel's inbox cannot hold the message: one-shot runs
+		// it in rounds through any staging area (NCCL if it has no kernel).
+		cl.alg = coll.OneShot
+		return g.prepare(cl, true)
 	case auto && need > g.area[proto] && !inPlace:
 		cl.alg = coll.NCCL
 		return g.prepare(cl, true)
@@ -440,11 +476,18 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
 			cl.collective, cl.alg, cl.bytes, g.area[proto])
 	case need > g.area[proto] && !zc.on():
-		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte staging buffer; raise Config.StagingBytes or use nccl",
-			cl.collective, cl.alg, cl.bytes, g.area[proto])
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: the %d-byte staging area cannot hold one %d-element vector of each of %d ranks; raise Config.StagingBytes or use nccl",
+			cl.collective, cl.alg, g.area[proto], k.VecElems(int(cl.esize)), g.world)
 	}
-	cl.kernel, cl.chunk, cl.zc = k, chunk, zc
+	cl.kernel, cl.chunk, cl.window, cl.zc = k, chunk, window, zc
 	return nil
+}
+
+// windowElems is the round window of a staged barrier kernel (cg_window):
+// the most elements per chunk, a multiple of vec, whose window of every
+// one of world chunks fits area bytes; 0 when not even one vector does.
+func windowElems(area int64, world int, esize, vec int64) int64 {
+	return area / (int64(world) * esize) / vec * vec
 }
 
 // slotNeed is the stage-slot bytes kernel k needs for a message of bytes
@@ -517,7 +560,7 @@ func (g *gpuComm) run(cl *call) error {
 func gridFor(cl *call, world int) (grid, block uint32) {
 	k := cl.kernel
 	threads := int64(k.Launch.Threads)
-	units := int64(world) * k.ThreadUnits(cl.chunk, int(cl.esize))
+	units := int64(world) * k.ThreadUnits(cl.window, int(cl.esize)) // one round's work
 	blocks := min(max((units+threads-1)/threads, 1), int64(k.Launch.MaxBlocks))
 	return uint32(blocks), uint32(threads)
 }
@@ -536,7 +579,7 @@ func (g *gpuComm) pack(p *packer, cl *call) []byte {
 	}
 	return p.pack(g.argBuf, args{
 		input: cl.in.dev, output: cl.out.dev, stage: stage, scratch: g.scratch, signal: g.signal,
-		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk),
+		seq: g.seq, status: g.statusPtr, count: uint64(cl.n), chunk: uint64(cl.chunk), window: uint64(cl.window),
 		timeoutNs: uint64(g.cfg.Timeout.Nanoseconds()), slotBytes: slotBytes, rank: uint64(g.kernelRank()),
 	})
 }

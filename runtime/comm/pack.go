@@ -12,7 +12,7 @@ type args struct {
 	input, output          cuda.DevicePtr
 	stage, scratch, signal []cuda.DevicePtr // by rank
 	seq, status            cuda.DevicePtr
-	count, chunk           uint64
+	count, chunk, window   uint64
 	timeoutNs, slotBytes   uint64
 	rank                   uint64
 }
@@ -22,12 +22,13 @@ type args struct {
 type field struct{ off, size int }
 
 // packer writes one kernel's argument struct. Its fields are resolved
-// once per kernel (at New), so a launch writes 10+3W words at known
+// once per kernel (at New), so a launch writes 11+3W words at known
 // offsets instead of searching the layout for each.
 type packer struct {
 	size                               int
 	input, output, seq, status         field
 	count, chunk, timeout, slot, rankF field
+	window                             field
 	kernelID                           field
 	stage, scratch, signal             field // arrays of W pointers
 	id                                 uint64
@@ -50,6 +51,7 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 	}{
 		{"input", &p.input, 1}, {"output", &p.output, 1}, {"seq", &p.seq, 1}, {"status", &p.status, 1},
 		{"count", &p.count, 1}, {"chunk", &p.chunk, 1}, {"timeout_ns", &p.timeout, 1}, {"slot_bytes", &p.slot, 1},
+		{"window", &p.window, 1},
 		{"rank", &p.rankF, 1}, {"kernel_id", &p.kernelID, 1},
 		{"stage", &p.stage, world}, {"scratch", &p.scratch, world}, {"signal", &p.signal, world},
 	} {
@@ -102,6 +104,7 @@ func (p *packer) pack(buf []byte, a args) []byte {
 	put(b, p.chunk, 0, a.chunk)
 	put(b, p.timeout, 0, a.timeoutNs)
 	put(b, p.slot, 0, a.slotBytes)
+	put(b, p.window, 0, a.window)
 	put(b, p.rankF, 0, a.rank)
 	put(b, p.kernelID, 0, p.id)
 	return b

@@ -48,10 +48,9 @@ type regDevice struct {
 	mu      sync.Mutex
 	next    uintptr
 	refuse  map[cuda.DevicePtr]string
-	stuck   chan struct{} // non-nil: synchronize waits until releaseKernels closes it
-	waiting chan struct{} // signalled when synchronize starts waiting on stuck
-	abortAt []cuda.DevicePtr
-	padLen  int64
+	stuck   chan struct{}  // non-nil: synchronize waits until releaseKernels closes it
+	waiting chan struct{}  // signalled when synchronize starts waiting on stuck
+	abortAt cuda.DevicePtr // the word releaseKernels raised
 }
 
 func (d *regDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
@@ -106,12 +105,11 @@ func (d *regDevice) synchronize(*cuda.Stream) error {
 	return errorf(ErrAborted, "fake: wait cut short by abort")
 }
 
-func (d *regDevice) releaseKernels(abortWord, pad cuda.DevicePtr, padBytes int64) error {
+func (d *regDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	d.log.add("%s release kernels", d.name)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.abortAt = []cuda.DevicePtr{abortWord, pad}
-	d.padLen = padBytes
+	d.abortAt = abortWord
 	if d.stuck != nil {
 		close(d.stuck)
 		d.stuck = nil
@@ -387,8 +385,8 @@ func TestAbortFake(t *testing.T) {
 		t.Errorf("after Abort: %d registrations left, device released %v", len(regs), d.released)
 	}
 	g := c.gpu
-	if want := []cuda.DevicePtr{g.seq + cuda.DevicePtr((collectives.Library.MaxBlocks+2)*8), g.signal[0]}; !slices.Equal(d.abortAt, want) || d.padLen != g.signalBytes() {
-		t.Errorf("released kernels through %x (%d pad bytes), want the abort word and signal pad %x (%d)", d.abortAt, d.padLen, want, g.signalBytes())
+	if want := g.seq + cuda.DevicePtr((collectives.Library.MaxBlocks+2)*8); d.abortAt != want {
+		t.Errorf("released kernels through %#x, want the abort word %#x", d.abortAt, want)
 	}
 	start = time.Now()
 	for name, err := range map[string]error{

@@ -8,6 +8,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/kernels"
 )
 
 // newTestGPU builds the pure state of a GPU communicator without a GPU.
@@ -38,11 +39,12 @@ func TestPickTopology(t *testing.T) {
 		t.Errorf("auto topology %q, want nvswitch (nvlink_full preferred)", g.topology)
 	}
 	// Each protocol's area holds its rules' largest need: barrier kernels
-	// all-gather's one-shot up to 16 MiB; LL all-reduce's twoshot_ll and
-	// all-gather's oneshot_ll up to 256 KiB (16 inbox chunks of 64 KiB
-	// payload, 128 KiB as LL lines: 2 MiB); LL128 all-reduce's twoshot_ll128
-	// up to 8 MiB (16 chunks of 2 MiB payload in 17477 lines of 128 bytes).
-	want := map[coll.Protocol]int64{coll.Barrier: 16 << 20, coll.LL: 2 << 20, coll.LL128: 16 * 17477 * 128}
+	// all-gather's one-shot up to 16 MiB, capped at kernels.WindowBytes
+	// (larger messages run in rounds); LL all-reduce's twoshot_ll up to
+	// 256 KiB (6 inbox places, 2(W-1), of 64 KiB payload, 128 KiB as LL
+	// lines: 768 KiB); LL128 all-reduce's twoshot_ll128 up to 8 MiB (6
+	// places of 2 MiB payload in 17477 lines of 128 bytes).
+	want := map[coll.Protocol]int64{coll.Barrier: kernels.WindowBytes, coll.LL: 6 * 128 << 10, coll.LL128: 6 * 17477 * 128}
 	if !maps.Equal(g.area, want) || g.slotBytes != want[coll.Barrier]+want[coll.LL]+want[coll.LL128] {
 		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
 	}
@@ -131,9 +133,8 @@ func TestChooseAndRefuse(t *testing.T) {
 	}{
 		{16, coll.HCM, ErrUnsupported, "has no kernel hcm for bf16 sum at world size 4"},
 		{16, coll.NCCL, ErrUnsupported, "algorithm nccl refused: NCCL is unavailable on rank 2"},
-		{16 << 20, coll.TwoShot, ErrInvalidArgument, "exceed the 16777216-byte staging buffer"},
-		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need 33554432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 2097152-byte ll area"},
-		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 71583744 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
+		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need over 786432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 786432-byte ll area"},
+		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 26843904 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 		{16, "threeshot", ErrInvalidArgument, `unknown name: algorithm "threeshot"`},
 	}
 	for _, r := range refuse {
@@ -143,8 +144,14 @@ func TestChooseAndRefuse(t *testing.T) {
 		}
 	}
 	cl := &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 512 << 10, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.TwoShot}}
-	if err := c.resolve(cl); err != nil || cl.kernel == nil || cl.kernel.Name != "allreduce_twoshot_bf16_sum_w4" {
-		t.Errorf("forced twoshot at 1 MiB: %v (kernel %v)", err, cl.kernel)
+	if err := c.resolve(cl); err != nil || cl.kernel == nil || cl.kernel.Name != "allreduce_twoshot_bf16_sum_w4" || cl.window != cl.chunk {
+		t.Errorf("forced twoshot at 1 MiB: %v (kernel %v, window %d of a %d-element chunk)", err, cl.kernel, cl.window, cl.chunk)
+	}
+	// Larger than the staging area: rounds over windows that fit it.
+	cl = &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 100<<20 + 3, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.TwoShot}}
+	area := c.gpu.area[coll.Barrier]
+	if err := c.resolve(cl); err != nil || cl.window <= 0 || cl.window >= cl.chunk || cl.window%8 != 0 || 4*cl.window*2 > area || 4*(cl.window+8)*2 <= area {
+		t.Errorf("forced twoshot at 200 MiB over a %d-byte area: %v (window %d of a %d-element chunk; want the most 8-element vectors of 4 chunks that fit)", area, err, cl.window, cl.chunk)
 	}
 }
 

@@ -105,19 +105,27 @@ func TestFakeZeroCopyAllGather(t *testing.T) {
 	}
 }
 
-// TestFakeZeroCopyLiftsStagingLimit: a forced one-shot all-reduce larger
-// than the staging buffer is refused when staged and runs when its input
-// is symmetric; auto keeps the generated kernel for it instead of NCCL.
-// Two-shot reduces into scratch, which zero-copy does not replace: still
-// refused, naming the scratch area.
-func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
+// TestFakeZeroCopyOneRound: a one-shot all-reduce larger than the staging
+// buffer runs in rounds over windows that fit it when staged, and in one
+// round when its input is symmetric (read in place, nothing staged).
+// Two-shot reduces into scratch, which zero-copy does not replace and
+// whose layout then follows the input's: refused, naming the scratch area.
+func TestFakeZeroCopyOneRound(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
 	const n = 1 << 20 // f32: 4 MiB, over the 1 MiB staging buffer
 	syms := allocOnRanks(t, comms, 4*n)
-	if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot}); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v, want ErrInvalidArgument", err)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+	})...); err != nil {
+		t.Fatalf("staged 4 MiB one-shot over a 1 MiB staging buffer: %v", err)
 	}
+	var a collectives.ArgsW2
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.Chunk != n/2 || a.Window != (1<<20)/(2*4) || a.SlotBytes == 0 {
+		t.Errorf("staged call: chunk %d, window %d, slot bytes %d; want chunk %d in windows of %d (2 chunks of f32 in the 1 MiB area)", a.Chunk, a.Window, a.SlotBytes, n/2, (1<<20)/(2*4))
+	}
+	devs[0].launches = nil
 	if err := comms[0].AllReduce(DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.TwoShot}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "scratch area") {
 		t.Errorf("zero-copy 4 MiB two-shot over a 1 MiB scratch area: %v, want ErrInvalidArgument naming the scratch area", err)
 	}
@@ -127,27 +135,32 @@ func TestFakeZeroCopyLiftsStagingLimit(t *testing.T) {
 		t.Fatalf("zero-copy 4 MiB one-shot: %v", err)
 	}
 	if len(devs[0].launches) != 1 || devs[0].launches[0].kernel.Algorithm != coll.OneShot {
-		t.Errorf("launches %v, want one one-shot kernel", devs[0].launches)
+		t.Fatalf("launches %v, want one one-shot kernel", devs[0].launches)
+	}
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.Window != a.Chunk || a.SlotBytes != 0 {
+		t.Errorf("zero-copy call: window %d of a %d-element chunk, slot bytes %d; want one round (window = chunk) and one slot", a.Window, a.Chunk, a.SlotBytes)
 	}
 }
 
 // TestFakeSymmetricRules: the shipped rules send a 128 MiB all-reduce
-// with a symmetric input to the in-place one-shot (no staging needed) and
-// the same call staged to NCCL; Explain reports both plans. (At world 2
-// the plain rules send up to 64 MiB to twoshot_ll128, symmetric or not:
-// they come first.)
+// with a symmetric input to the in-place one-shot (one round, nothing
+// staged) and the same call staged to the one-shot in rounds through the
+// 8 MiB barrier area; Explain reports both plans. (At world 2 the plain
+// rules send up to 8 MiB to twoshot_ll128, symmetric or not: they come
+// first.)
 func TestFakeSymmetricRules(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
 	const n = 32 << 20 // f32: 128 MiB
 	syms := allocOnRanks(t, comms, 4*n)
 	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(syms[0]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	if err != nil || p.Algorithm != coll.OneShot || !p.ZeroCopy || p.Kernel != "allreduce_oneshot_f32_sum_w2" {
-		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot", p, err)
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", ZeroCopy: true, Rounds: 1}) {
+		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot in one round", p, err)
 	}
 	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	if err != nil || p != (Plan{Algorithm: coll.NCCL}) {
-		t.Errorf("staged 128 MiB: plan %+v, %v; want nccl", p, err)
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", Rounds: 16}) {
+		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged one-shot in 16 rounds of 8 MiB", p, err)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
@@ -171,4 +184,21 @@ func allocOnRanks(t testing.TB, comms []*Communicator, bytes int) []cuda.DeviceP
 		t.Fatal(err)
 	}
 	return syms
+}
+
+// TestFakePushFallsBackToRounds: with a staging area too small for a push
+// kernel's inbox, the automatic choice runs the message on the one-shot
+// barrier kernel in rounds (not NCCL); forcing the push kernel is refused.
+func TestFakePushFallsBackToRounds(t *testing.T) {
+	comms, _ := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
+	defer closeAll(t, comms)
+	const n = 2 << 20 // bf16: 4 MiB, twoshot_ll128 by the rules
+	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_bf16_sum_w2", Rounds: 4}) {
+		t.Errorf("auto 4 MiB over a 1 MiB area: plan %+v, %v; want the one-shot in 4 rounds", p, err)
+	}
+	_, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShotLL128})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "of inbox") {
+		t.Errorf("forced twoshot_ll128 over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
+	}
 }

@@ -146,9 +146,18 @@ func (k *Kernel) ThreadUnits(chunkElems int64, elemSize int) int64 {
 	return ((chunkElems+vec-1)/vec + 31) &^ 31
 }
 
-// SlotBytes returns how many bytes of a stage slot the kernel needs for a
-// collective whose buffer holds fullBytes split in chunks of chunkBytes:
-// the whole buffer for barrier kernels, the inbox for push kernels.
+// WindowBytes is the most stage-slot bytes the rules make a barrier kernel
+// need: a larger message runs in rounds over windows of every chunk that
+// fit the slot (cg_window in the CUDA header; the runtime picks the
+// window), so the staging buffer does not grow with the message and a
+// rule may send unbounded sizes to a barrier kernel. Push kernels' inboxes
+// hold whole chunks and have no rounds.
+const WindowBytes int64 = 8 << 20
+
+// SlotBytes returns how many bytes of a stage slot the kernel needs to run
+// a collective whose buffer holds fullBytes split in chunks of chunkBytes
+// in one round: the whole buffer for barrier kernels, the inbox for push
+// kernels.
 func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
 	if k.Push() {
 		return int64(k.InboxChunks) * InboxChunkBytes(k.Protocol, chunkBytes)
@@ -190,23 +199,6 @@ func (s *Selection) Choose(bytes int64, symmetric bool) coll.Algorithm {
 	return coll.NCCL
 }
 
-// MaxCustomBytes is the largest size any rule sends to a custom algorithm
-// (not nccl); 0 when every rule is nccl or unbounded rules use a custom one.
-func (s *Selection) MaxCustomBytes() (max int64, unbounded bool) {
-	for _, r := range s.Rules {
-		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
-			continue
-		}
-		if r.UpTo == 0 {
-			return 0, true
-		}
-		if r.UpTo > max {
-			max = r.UpTo
-		}
-	}
-	return max, false
-}
-
 // HostReduceFunc combines srcs elementwise into dst, in source order:
 // dst[i] = srcs[0][i] op srcs[1][i] op ... . len(dst) is a multiple of the
 // element size and every source is at least as long. dst may alias any
@@ -246,11 +238,12 @@ type Library struct {
 	MaxBlocks int
 }
 
-// SlotBound is the most stage-slot bytes an algorithm needs at a world
-// size for a collective of up to bytes (the full buffer), over the dtypes
-// it has kernels for: bytes itself for barrier kernels, the inbox for LL
-// kernels. Chunks are schedule.ChunkElems's, counted in bytes (vectors of
-// VectorBytes), an upper bound for every element size.
+// SlotBound is the stage-slot bytes an algorithm needs at a world size for
+// a collective of up to bytes (the full buffer), over the dtypes it has
+// kernels for: for barrier kernels bytes itself, at most WindowBytes (they
+// run larger messages in rounds); for push kernels the inbox. Chunks are
+// schedule.ChunkElems's, counted in bytes (vectors of VectorBytes), an
+// upper bound for every element size.
 func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) int64 {
 	need, _, _ := l.slotBound(collective, algorithm, world, bytes)
 	return need
@@ -271,25 +264,58 @@ func (l *Library) slotBound(collective coll.Collective, algorithm coll.Algorithm
 			need = n
 		}
 	}
+	if ok && !protocol.Push() {
+		need = min(need, WindowBytes)
+	}
 	return need, protocol, ok
 }
 
 // RulesSlotBounds is, per protocol (Kernel.Protocol), the most stage-slot
 // bytes any rule of a selection needs at a world size among the rules that
 // use a generated algorithm of that protocol (NCCL rules and algorithms
-// without kernels at this world count for nothing; unbounded rules count
-// at 0 bytes, see MaxCustomBytes).
+// without kernels at this world count for nothing). An unbounded rule
+// counts WindowBytes for a barrier algorithm and nothing for a push one
+// (UnboundedPush finds those).
 func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int64 {
 	bounds := map[coll.Protocol]int64{}
 	for _, r := range s.Rules {
 		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
 			continue
 		}
-		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, r.UpTo); ok && need > bounds[protocol] {
+		upTo := r.UpTo
+		if upTo == 0 {
+			upTo = WindowBytes // caps barrier kernels; a push kernel's unbounded rule is UnboundedPush's
+		}
+		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, upTo); ok && need > bounds[protocol] && (r.UpTo != 0 || !protocol.Push()) {
 			bounds[protocol] = need
 		}
 	}
 	return bounds
+}
+
+// Windowed reports whether an algorithm's kernels at a world size are
+// barrier kernels, which run a message of any size through a staging area
+// too small for it in rounds (WindowBytes); false for push kernels and
+// for an algorithm without kernels there.
+func (l *Library) Windowed(collective coll.Collective, algorithm coll.Algorithm, world int) bool {
+	_, protocol, ok := l.slotBound(collective, algorithm, world, 0)
+	return ok && !protocol.Push()
+}
+
+// UnboundedPush returns the push algorithm (LL, LL128) that a rule of the
+// selection sends unbounded sizes to at a world size, if any: its inbox
+// would have to hold the largest message, so only an explicit staging size
+// can bound it. Barrier algorithms take any size (WindowBytes).
+func (l *Library) UnboundedPush(s *Selection, world int) (coll.Algorithm, bool) {
+	for _, r := range s.Rules {
+		if r.Use == coll.NCCL || r.Symmetric || r.UpTo != 0 {
+			continue
+		}
+		if _, protocol, ok := l.slotBound(s.Collective, r.Use, world, 0); ok && protocol.Push() {
+			return r.Use, true
+		}
+	}
+	return "", false
 }
 
 // Protocols lists, sorted, the protocols of the library's kernels at a

@@ -157,6 +157,9 @@ type kernelEmitter struct {
 	byValues map[string]string // fmt.Sprint(values) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
+	// err is the first error of an expression (an inbox chunk no put
+	// writes); context returns it.
+	err error
 }
 
 // context emits every phase and returns the template context.
@@ -174,6 +177,9 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 		if err == nil && c.FinalOptional {
 			c.Phases[len(c.Phases)-1].Optional = true
 		}
+	}
+	if err == nil {
+		err = e.err
 	}
 	if err != nil {
 		return nil, err
@@ -225,15 +231,30 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	case schedule.Stage:
 		e.usesStage = true
 		base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, e.index(r.Rank))
-	case schedule.Inbox: // LL: lane and chunk place it inside the stage slot
-		return fmt.Sprintf("cg_inbox<W>(a.stage[%s], slot, a.slot_bytes, %s, %s, chunk_ll)", e.index(r.Rank), e.index(r.Lane), e.index(r.Chunk))
+	case schedule.Inbox: // push: its place in the owner's inbox (schedule.InboxLayout)
+		place, err := e.s.InboxPlace(r)
+		if err != nil {
+			e.err = err
+		}
+		return fmt.Sprintf("cg_inbox(a.stage[%s], slot, a.slot_bytes, %s, chunk_ll)", e.index(r.Rank), e.index(place))
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}
-	if e.single(r.Buf) {
-		return base
+	if e.s.Protocol.Push() {
+		if e.single(r.Buf) {
+			return base
+		}
+		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, e.index(r.Chunk))
 	}
-	return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, e.index(r.Chunk))
+	// Barrier kernels run in rounds (cg_window): the caller's buffers in
+	// input layout, stage and scratch in window layout.
+	switch {
+	case e.single(r.Buf):
+		return base + " + w0"
+	case r.Buf.Symmetric():
+		return fmt.Sprintf("%s + cg_woff(a.count, win, %s)", base, e.index(r.Chunk))
+	}
+	return fmt.Sprintf("%s + cg_wchunk(a.count, a.chunk, %s, w0, win).lo", base, e.index(r.Chunk))
 }
 
 // chunkOf is the ref whose chunk index sets a step's work-split shift
@@ -268,12 +289,12 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 // barrierStep emits one copy or reduce over a chunk.
 func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 	w := &stepWriter{sc: stepContext{Comment: stepComment(st)}}
-	n := "(cg_s64)a.chunk"
+	n := "cg_wsingle(a.chunk, w0, win).n"
 	if !e.single(st.Dst.Buf) {
-		n = fmt.Sprintf("cg_chunk(a.count, a.chunk, %s).n", e.index(st.Dst.Chunk))
+		n = fmt.Sprintf("cg_wchunk(a.count, a.chunk, %s, w0, win).n", e.index(st.Dst.Chunk))
 	}
 	w.P("const cg_s64 n = %s;", n)
-	w.P("const cg_s64 shift = cg_shift(%s, a.chunk, VB / sizeof(E));", e.index(e.chunkOf(st).Chunk))
+	w.P("const cg_s64 shift = cg_shift(%s, win, VB / sizeof(E));", e.index(e.chunkOf(st).Chunk))
 	switch st.Kind {
 	case schedule.Copy:
 		dst := e.ref(st.Dst, false)

@@ -4,7 +4,7 @@ package hcm
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (264 bytes), the by-value
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (272 bytes), the by-value
 // argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
@@ -18,13 +18,14 @@ type ArgsW8 struct {
 	Chunk     uint64    // C: chunk at offset 232
 	TimeoutNs uint64    // C: timeout_ns at offset 240
 	SlotBytes uint64    // C: slot_bytes at offset 248
-	Rank      int32     // C: rank at offset 256
-	KernelId  int32     // C: kernel_id at offset 260
+	Window    uint64    // C: window at offset 256
+	Rank      int32     // C: rank at offset 264
+	KernelId  int32     // C: kernel_id at offset 268
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Size:  264,
+	Size:  272,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -37,7 +38,8 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 232, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 240, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 248, Size: 8, Count: 1},
-		{Name: "rank", Offset: 256, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 260, Size: 4, Count: 1},
+		{Name: "window", Offset: 256, Size: 8, Count: 1},
+		{Name: "rank", Offset: 264, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 268, Size: 4, Count: 1},
 	},
 }

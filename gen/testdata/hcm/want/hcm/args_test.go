@@ -31,6 +31,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"stage":      unsafe.Offsetof(a.Stage),
 			"status":     unsafe.Offsetof(a.Status),
 			"timeout_ns": unsafe.Offsetof(a.TimeoutNs),
+			"window":     unsafe.Offsetof(a.Window),
 		}
 		for _, f := range l.Fields {
 			if offsets[f.Name] != uintptr(f.Offset) {

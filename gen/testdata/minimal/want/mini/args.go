@@ -4,7 +4,7 @@ package mini
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (120 bytes), the by-value
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (128 bytes), the by-value
 // argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
@@ -18,13 +18,14 @@ type ArgsW2 struct {
 	Chunk     uint64    // C: chunk at offset 88
 	TimeoutNs uint64    // C: timeout_ns at offset 96
 	SlotBytes uint64    // C: slot_bytes at offset 104
-	Rank      int32     // C: rank at offset 112
-	KernelId  int32     // C: kernel_id at offset 116
+	Window    uint64    // C: window at offset 112
+	Rank      int32     // C: rank at offset 120
+	KernelId  int32     // C: kernel_id at offset 124
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Size:  120,
+	Size:  128,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -37,7 +38,8 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		{Name: "chunk", Offset: 88, Size: 8, Count: 1},
 		{Name: "timeout_ns", Offset: 96, Size: 8, Count: 1},
 		{Name: "slot_bytes", Offset: 104, Size: 8, Count: 1},
-		{Name: "rank", Offset: 112, Size: 4, Count: 1},
-		{Name: "kernel_id", Offset: 116, Size: 4, Count: 1},
+		{Name: "window", Offset: 112, Size: 8, Count: 1},
+		{Name: "rank", Offset: 120, Size: 4, Count: 1},
+		{Name: "kernel_id", Offset: 124, Size: 4, Count: 1},
 	},
 }
