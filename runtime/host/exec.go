@@ -245,14 +245,23 @@ func (x *exec) plan() {
 	x.pieces = (x.c.count + x.pieceN - 1) / x.pieceN
 	x.lanes = min(lay.Lanes, x.pieces)
 	// Busy-polling pays off only when every polling thread has a CPU of
-	// its own: World ranks times the lanes each one runs (goroutine ranks
-	// also need a P each). Counting ranks alone let 8 lanes x 4 ranks spin
-	// on 32 CPUs beside the runtime's own threads, so the lane with work
-	// to do waited for a CPU.
+	// its own: World ranks times the lanes each one runs. Counting ranks
+	// alone let 8 lanes x 4 ranks spin on 32 CPUs beside the runtime's own
+	// threads, so the lane with work to do waited for a CPU.
 	threads := w * x.lanes
-	x.own = threads <= runtime.NumCPU() && (x.g.cfg.Shared || threads <= runtime.GOMAXPROCS(0))
+	x.own = threads <= usableCPUs()
 	x.spin = x.own && x.g.cfg.Shared
 }
+
+// usableCPUs is how many threads of this process can run at once: the
+// CPUs it may run on (runtime.NumCPU, its affinity mask) or the Ps Go
+// gives it (GOMAXPROCS, which Go also lowers to a container's CPU quota),
+// whichever is fewer. Lane counts and the choice to spin are sized from
+// it, taking the ranks of a group to share the limit (processes of one
+// container, or goroutines of one process): a rank whose lanes outnumber
+// its Ps, or ranks that together outnumber the quota, cannot all run at
+// once, and a spinning lane then holds the CPU its peer needs.
+func usableCPUs() int { return min(runtime.NumCPU(), runtime.GOMAXPROCS(0)) }
 
 // piece is one piece's geometry: all-reduce covers elements [off, off+n)
 // in chunks of c; reduce-scatter and all-gather cover [off, off+c) of every

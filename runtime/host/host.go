@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,7 +90,7 @@ type Config struct {
 	// with its own part of the slot and its own barrier flags): the
 	// calling goroutine and Lanes-1 helper goroutines, which the group
 	// starts with its shared memory and Close ends; 0 means
-	// clamp(NumCPU / World, 1, 8).
+	// clamp(min(NumCPU, GOMAXPROCS) / World, 1, 8).
 	Lanes int
 }
 
@@ -206,7 +205,7 @@ func (g *Group) defaultLayout() layout {
 		l.Slots = 4
 	}
 	if l.Lanes == 0 {
-		l.Lanes = min(max(runtime.NumCPU()/w, 1), 8)
+		l.Lanes = min(max(usableCPUs()/w, 1), 8)
 	}
 	sb := g.cfg.SlotBytes
 	if sb == 0 {

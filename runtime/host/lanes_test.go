@@ -220,3 +220,41 @@ func TestLanesOversubscribed(t *testing.T) {
 	}
 	runOps(t, w, Config{Lanes: 4, SlotBytes: 4 * 4096}, ops)
 }
+
+// TestCPUsFollowGOMAXPROCS: the default lane count and the choice to spin
+// count the CPUs Go may use at once, the fewer of NumCPU and GOMAXPROCS
+// (which Go lowers to a container's CPU quota): with one P, a rank gets
+// one lane, and two process ranks do not spin.
+func TestCPUsFollowGOMAXPROCS(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	one, err := New(context.Background(), Config{Rank: 0, World: 1, Store: nopStore{}, Group: "cpus", Library: testLibrary})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := one.defaultLayout().Lanes; l != 1 {
+		t.Errorf("GOMAXPROCS 1: %d lanes by default, want 1", l)
+	}
+	two, err := New(context.Background(), Config{Rank: 0, World: 2, Store: nopStore{}, Group: "cpus", Library: testLibrary, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := two.schedule(coll.AllReduce, coll.OneShot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two.lay = layout{Slots: 1, Lanes: 1, LaneBytes: 4096}
+	planned := func() *exec {
+		x := &exec{g: two, s: s, esz: 4, c: call{collective: coll.AllReduce, count: 1000, dtype: coll.F32}}
+		x.plan()
+		return x
+	}
+	if x := planned(); x.own || x.spin {
+		t.Errorf("2 process ranks, GOMAXPROCS 1: own %v spin %v, want neither", x.own, x.spin)
+	}
+	if runtime.NumCPU() >= 2 {
+		runtime.GOMAXPROCS(2)
+		if x := planned(); !x.own || !x.spin {
+			t.Errorf("2 process ranks, GOMAXPROCS 2 of %d CPUs: own %v spin %v, want both", runtime.NumCPU(), x.own, x.spin)
+		}
+	}
+}
