@@ -249,15 +249,16 @@ func (x *exec) plan() {
 	// alone let 8 lanes x 4 ranks spin on 32 CPUs beside the runtime's own
 	// threads, so the lane with work to do waited for a CPU.
 	threads := w * x.lanes
-	x.own = threads <= usableCPUs()
+	x.own = threads <= x.g.cpus
 	x.spin = x.own && x.g.cfg.Shared
 }
 
 // usableCPUs is how many threads of this process can run at once: the
 // CPUs it may run on (runtime.NumCPU, its affinity mask) or the Ps Go
 // gives it (GOMAXPROCS, which Go also lowers to a container's CPU quota),
-// whichever is fewer. Lane counts and the choice to spin are sized from
-// it, taking the ranks of a group to share the limit (processes of one
+// whichever is fewer. A group reads it once, in New (GOMAXPROCS takes the
+// scheduler's lock), and sizes its lanes and the choice to spin from it,
+// taking the ranks of a group to share the limit (processes of one
 // container, or goroutines of one process): a rank whose lanes outnumber
 // its Ps, or ranks that together outnumber the quota, cannot all run at
 // once, and a spinning lane then holds the CPU its peer needs.

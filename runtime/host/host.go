@@ -115,6 +115,7 @@ type Group struct {
 	lib      *kernels.Library
 	prov     shm.Provider
 	goPark   bool   // prov is shm.InProcess: blocked waits park in the Go scheduler (ordinary memory), not on a futex
+	cpus     int    // usableCPUs() when the group was made
 	prefix   string // store key prefix
 	timeout  time.Duration
 	seq      atomic.Uint64 // last sequence tag handed out
@@ -172,7 +173,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > maxLanes {
 		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
 	}
-	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout,
+	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
 		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
 	if g.lib == nil {
 		g.lib = PortableLibrary()
@@ -205,7 +206,7 @@ func (g *Group) defaultLayout() layout {
 		l.Slots = 4
 	}
 	if l.Lanes == 0 {
-		l.Lanes = min(max(usableCPUs()/w, 1), 8)
+		l.Lanes = min(max(g.cpus/w, 1), 8)
 	}
 	sb := g.cfg.SlotBytes
 	if sb == 0 {

@@ -222,31 +222,33 @@ func TestLanesOversubscribed(t *testing.T) {
 }
 
 // TestCPUsFollowGOMAXPROCS: the default lane count and the choice to spin
-// count the CPUs Go may use at once, the fewer of NumCPU and GOMAXPROCS
-// (which Go lowers to a container's CPU quota): with one P, a rank gets
-// one lane, and two process ranks do not spin.
+// count the CPUs Go may use at once when the group is made, the fewer of
+// NumCPU and GOMAXPROCS (which Go lowers to a container's CPU quota):
+// with one P, a rank gets one lane, and two process ranks do not spin.
 func TestCPUsFollowGOMAXPROCS(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	// planned returns the plan of a 1000-element one-shot all-reduce on
+	// rank 0 of a world-2 group of processes made now.
+	planned := func() *exec {
+		g, err := New(context.Background(), Config{Rank: 0, World: 2, Store: nopStore{}, Group: "cpus", Library: testLibrary, Shared: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := g.schedule(coll.AllReduce, coll.OneShot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.lay = layout{Slots: 1, Lanes: 1, LaneBytes: 4096}
+		x := &exec{g: g, s: s, esz: 4, c: call{collective: coll.AllReduce, count: 1000, dtype: coll.F32}}
+		x.plan()
+		return x
+	}
 	one, err := New(context.Background(), Config{Rank: 0, World: 1, Store: nopStore{}, Group: "cpus", Library: testLibrary})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if l := one.defaultLayout().Lanes; l != 1 {
 		t.Errorf("GOMAXPROCS 1: %d lanes by default, want 1", l)
-	}
-	two, err := New(context.Background(), Config{Rank: 0, World: 2, Store: nopStore{}, Group: "cpus", Library: testLibrary, Shared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := two.schedule(coll.AllReduce, coll.OneShot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	two.lay = layout{Slots: 1, Lanes: 1, LaneBytes: 4096}
-	planned := func() *exec {
-		x := &exec{g: two, s: s, esz: 4, c: call{collective: coll.AllReduce, count: 1000, dtype: coll.F32}}
-		x.plan()
-		return x
 	}
 	if x := planned(); x.own || x.spin {
 		t.Errorf("2 process ranks, GOMAXPROCS 1: own %v spin %v, want neither", x.own, x.spin)
