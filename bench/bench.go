@@ -33,6 +33,17 @@ type Result struct {
 	BusGBps    float64 `json:"bus_gbps"`           // bus bandwidth, see BusBandwidth
 	Baseline   string  `json:"baseline,omitempty"` // what Ratio compares with, e.g. "gloo"
 	Ratio      float64 `json:"ratio,omitempty"`    // baseline time / this time: >1 means faster than the baseline
+	// LateWaits (host backend only) counts barrier waits that found a
+	// peer late, per timed call, the most of any rank.
+	LateWaits *LateWaits `json:"late_waits,omitempty"`
+}
+
+// LateWaits is host.WaitStats per call: late waits by the phase in which
+// the peer came (busy-polling, yielding, blocked).
+type LateWaits struct {
+	Spun    float64 `json:"spun"`
+	Yielded float64 `json:"yielded"`
+	Blocked float64 `json:"blocked"`
 }
 
 // BusBandwidth returns the bus bandwidth in GB/s (1e9 bytes per second) of

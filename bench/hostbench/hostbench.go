@@ -191,7 +191,8 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 		}
 		iters = int(math.Min(2000, math.Max(5, 0.25/math.Max(per[0], 1e-9))))
 	}
-	us := make([]float64, iters)
+	us := make([]float64, iters, iters+3)
+	w0 := g.WaitStats()
 	for i := range us {
 		t0 := time.Now()
 		if err := do(ctx, g, c, in, out, count); err != nil {
@@ -199,13 +200,19 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 		}
 		us[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
 	}
-	us, err := maxAll(ctx, g, us)
+	w1 := g.WaitStats()
+	// The slowest rank's time per iteration, and the most late waits per
+	// call of any rank, in one reduction.
+	per := func(a, b uint64) float64 { return float64(b-a) / float64(iters) }
+	all, err := maxAll(ctx, g, append(us, per(w0.Spun, w1.Spun), per(w0.Yielded, w1.Yielded), per(w0.Blocked, w1.Blocked)))
 	if err != nil {
 		return bench.Result{}, err
 	}
+	us, waits := all[:iters], all[iters:]
 	med := bench.Median(us)
 	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: string(alg), DType: string(c.DType), Op: string(c.Op), World: w,
-		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med)}, nil
+		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med),
+		LateWaits: &bench.LateWaits{Spun: waits[0], Yielded: waits[1], Blocked: waits[2]}}, nil
 }
 
 // check verifies out against every rank's regenerated input.

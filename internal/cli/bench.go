@@ -145,7 +145,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.StringVar(&o.Baseline, "baseline", "", "JSON results of another backend (e.g. gloo) to report speed-ups against")
 	f.BoolVar(&o.Memcpy, "memcpy", false, "measure and print this host's memcpy bandwidth")
 	f.IntVar(&o.SlotBytes, "slot-bytes", 0, "host: shared memory per slot per rank (default: the backend's)")
-	f.IntVar(&o.Lanes, "lanes", 0, "host: worker goroutines per rank for large messages (default: the backend's)")
+	f.IntVar(&o.Lanes, "lanes", 0, "host: threads per rank for large messages, the caller and lanes-1 helpers (default: the backend's)")
 	f.DurationVar(&o.Timeout, "timeout", 60*time.Second, "host: how long a rank waits for its peers before failing")
 	f.BoolVar(&o.worker, "worker", false, "host: run as one rank whose environment comes from collgen run")
 	f.StringVar(&o.resultFile, "result-file", "", "host worker: rank 0 writes JSON results here")

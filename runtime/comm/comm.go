@@ -77,8 +77,12 @@ type Config struct {
 	// StagingBytes sizes the registered staging buffer (GPU): each stage
 	// slot holds one area per kernel protocol (barrier, ll, ll128), and
 	// StagingBytes sets every area. 0 sizes each area for the largest
-	// message the topology's rules send to a kernel of its protocol (an LL
-	// inbox takes 2W times the message, an LL128 inbox about 1.07W times).
+	// message the topology's rules send to a kernel of its protocol: for
+	// barrier kernels at most kernels.WindowBytes (larger messages run in
+	// rounds through the area), for push kernels their inbox (the chunks
+	// their puts write, as LL or LL128 lines). A smaller value bounds the
+	// memory: barrier kernels then run more rounds, and the automatic
+	// choice moves a push kernel's call that does not fit to the one-shot.
 	StagingBytes int64
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.

@@ -171,6 +171,37 @@ func goroutineGroup(t *testing.T, world int, cfg Config, fn func(g *Group) error
 	return errs
 }
 
+// runOps runs ops in order on world goroutine ranks of a fresh group
+// (goroutineGroup), each checked against the reference by runOp, and fails
+// t with the first error.
+func runOps(t *testing.T, world int, cfg Config, ops []op) {
+	t.Helper()
+	errs := goroutineGroup(t, world, cfg, func(g *Group) error {
+		for _, o := range ops {
+			if _, err := runOp(context.Background(), g, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameOnEveryRank fails t unless every rank's i-th all-reduce result
+// (outs[rank][i]) is bitwise rank 0's.
+func sameOnEveryRank(t *testing.T, outs [][][]byte) {
+	t.Helper()
+	for r := 1; r < len(outs); r++ {
+		for i := range outs[0] {
+			if !bytes.Equal(outs[0][i], outs[r][i]) {
+				t.Fatalf("all-reduce %d: rank %d's result differs from rank 0's", i, r)
+			}
+		}
+	}
+}
+
 func firstErr(errs []error) error {
 	for _, e := range errs {
 		if e != nil {

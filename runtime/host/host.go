@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,12 +82,15 @@ type Config struct {
 	// than a slot are processed in pieces. 0 picks clamp(32 MiB / World,
 	// 256 KiB, 8 MiB). Rank 0's value wins when others pass 0.
 	SlotBytes int
-	// Slots is how many collectives may be in flight at once without
-	// waiting for each other; 0 means 4.
+	// Slots is how many collectives with explicit tags may be in flight at
+	// once without waiting for each other (tag t uses slot t mod Slots;
+	// sequence-tag collectives all use slot 0); 0 means 4.
 	Slots int
-	// Lanes is how many worker goroutines per rank split a large message
-	// (each with its own part of the slot and its own barrier flags); 0
-	// means clamp(NumCPU / World, 1, 8).
+	// Lanes is how many threads of a rank split a large message (each lane
+	// with its own part of the slot and its own barrier flags): the
+	// calling goroutine and Lanes-1 helper goroutines, which the group
+	// starts with its shared memory and Close ends; 0 means
+	// clamp(min(NumCPU, GOMAXPROCS) / World, 1, 8).
 	Lanes int
 }
 
@@ -101,7 +103,8 @@ type Options struct {
 	// rank must carry the same tag, and collectives in flight at once need
 	// distinct tags. 0 takes the next value of the group's sequence, which
 	// matches across ranks when every rank issues its calls in the same
-	// order. Do not mix explicit and sequence tags in one group.
+	// order; such collectives run one at a time, on slot 0. Do not mix
+	// explicit and sequence tags in one group.
 	Tag uint64
 }
 
@@ -112,6 +115,7 @@ type Group struct {
 	lib      *kernels.Library
 	prov     shm.Provider
 	goPark   bool   // prov is shm.InProcess: blocked waits park in the Go scheduler (ordinary memory), not on a futex
+	cpus     int    // usableCPUs() when the group was made
 	prefix   string // store key prefix
 	timeout  time.Duration
 	seq      atomic.Uint64 // last sequence tag handed out
@@ -121,6 +125,10 @@ type Group struct {
 	// allocates nothing (set up with the slots).
 	execs []exec
 	srcs  [][][]byte
+	// claims[slot] hands out the lanes of the collective holding slot's
+	// lock; help runs lanes beside the callers (lanes.go).
+	claims []claims
+	help   helpers
 
 	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
 	ready   atomic.Bool
@@ -133,6 +141,8 @@ type Group struct {
 
 	schedMu sync.Mutex
 	scheds  map[schedKey]*prepared
+
+	waits [3]atomic.Uint64 // slow waits by the phase that ended them (WaitStats)
 
 	broken atomic.Pointer[error] // first fatal error, if any
 	closed atomic.Bool
@@ -160,10 +170,10 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.Group == "" {
 		return nil, errors.New("host: Config.Group is empty; name the group (unique per store)")
 	}
-	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > 64 {
+	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > maxLanes {
 		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
 	}
-	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout,
+	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
 		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
 	if g.lib == nil {
 		g.lib = PortableLibrary()
@@ -196,7 +206,7 @@ func (g *Group) defaultLayout() layout {
 		l.Slots = 4
 	}
 	if l.Lanes == 0 {
-		l.Lanes = min(max(runtime.NumCPU()/w, 1), 8)
+		l.Lanes = min(max(g.cpus/w, 1), 8)
 	}
 	sb := g.cfg.SlotBytes
 	if sb == 0 {
@@ -265,6 +275,7 @@ func (g *Group) Close() error {
 		g.peers[i] = nil
 	}
 	g.self, g.mems = nil, nil
+	g.stopHelpers()
 	return first
 }
 

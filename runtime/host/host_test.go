@@ -52,13 +52,7 @@ func TestCorrectnessGoroutines(t *testing.T) {
 			if err := firstErr(errs); err != nil {
 				t.Fatal(err)
 			}
-			for r := 1; r < w; r++ {
-				for i := range outs[0] {
-					if !bytes.Equal(outs[0][i], outs[r][i]) {
-						t.Fatalf("all-reduce %d: rank %d's result differs from rank 0's", i, r)
-					}
-				}
-			}
+			sameOnEveryRank(t, outs)
 		})
 	}
 }

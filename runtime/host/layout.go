@@ -40,7 +40,7 @@ const (
 // layout is the geometry every rank of a group agrees on at set-up.
 type layout struct {
 	Slots     int // concurrent collectives without waiting
-	Lanes     int // independent pipelines per slot (worker goroutines)
+	Lanes     int // independent pipelines per slot (the caller and the helpers run them)
 	LaneBytes int // bytes of Stage+Scratch per lane
 }
 

@@ -37,6 +37,31 @@ var (
 	liveness   = 20 * time.Millisecond // how often a peer's pid is checked
 )
 
+// WaitStats counts a rank's barrier waits that found a peer late, by the
+// phase in which the peer arrived (see docs/host-backend.md, "Waiting"). A
+// wait whose peers had all arrived already is not counted, nor one that
+// failed. Counters only grow; compare two readings.
+type WaitStats struct {
+	Spun    uint64 // the peer came while we busy-polled (the first 20 us; processes with a CPU per lane thread)
+	Yielded uint64 // the peer came while we yielded the CPU between looks (up to 200 us from the start)
+	Blocked uint64 // the peer came after the yielding: we had announced ourselves and blocked (futex or parked) or were about to
+}
+
+// waitPhase is where a slow wait stands: an index into Group.waits.
+type waitPhase int
+
+const (
+	waitSpin waitPhase = iota
+	waitYield
+	waitBlock
+)
+
+// WaitStats returns this rank's wait counts so far (every lane's, every
+// collective's).
+func (g *Group) WaitStats() WaitStats {
+	return WaitStats{Spun: g.waits[waitSpin].Load(), Yielded: g.waits[waitYield].Load(), Blocked: g.waits[waitBlock].Load()}
+}
+
 // arrive publishes this rank's arrival at a barrier of line and wakes any
 // peer blocked on it.
 //
@@ -124,7 +149,11 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 	c := word(pm, line+lineCounter)
 	start := time.Now()
 	if x.spin {
-		for n := 1; atomic.LoadUint64(c) < target; n++ {
+		for n := 1; ; n++ {
+			if atomic.LoadUint64(c) >= target {
+				g.waits[waitSpin].Add(1)
+				return nil
+			}
 			if n&63 == 0 && time.Since(start) >= spinFor {
 				break
 			}
@@ -145,6 +174,11 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 	for {
 		v := atomic.LoadUint64(c)
 		if v >= target {
+			ended := waitYield
+			if announced {
+				ended = waitBlock
+			}
+			g.waits[ended].Add(1)
 			return nil
 		}
 		now := time.Now()

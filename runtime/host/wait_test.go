@@ -113,6 +113,11 @@ func TestBlockedWaiterIsWoken(t *testing.T) {
 						return err
 					}
 				}
+				// Rank 0 blocked on rank 1 in every collective, so its
+				// stats must say so.
+				if st := g.WaitStats(); g.Rank() == 0 && st.Blocked < uint64(len(wakeOps())) {
+					return fmt.Errorf("rank 0's WaitStats %+v: want Blocked >= %d", st, len(wakeOps()))
+				}
 				return nil
 			})
 			if err := firstErr(errs); err != nil {
@@ -144,18 +149,7 @@ func TestOversubscribedRanks(t *testing.T) {
 	t.Run("goroutines", func(t *testing.T) {
 		patientWaits(t)
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-		ops := sweep([]int{1, 7, 1000, 5000}, w)
-		errs := goroutineGroup(t, w, Config{Lanes: 2, SlotBytes: 2 * 8192}, func(g *Group) error {
-			for _, o := range ops {
-				if _, err := runOp(context.Background(), g, o); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err := firstErr(errs); err != nil {
-			t.Fatal(err)
-		}
+		runOps(t, w, Config{Lanes: 2, SlotBytes: 2 * 8192}, sweep([]int{1, 7, 1000, 5000}, w))
 	})
 	t.Run("processes", func(t *testing.T) {
 		group := uniqueGroup(t)
@@ -172,12 +166,20 @@ func TestOversubscribedRanks(t *testing.T) {
 }
 
 // BenchmarkAllReduce times f32 sum all-reduces on goroutine ranks (b.N per
-// rank, set-up excluded), for profiling the per-call path:
+// rank, set-up excluded) sharing ordinary memory, for profiling the
+// per-call path:
 //
 //	go test -run '^$' -bench AllReduce -cpuprofile cpu.out ./runtime/host
-func BenchmarkAllReduce(b *testing.B) {
+func BenchmarkAllReduce(b *testing.B) { benchAllReduce(b, false) }
+
+// BenchmarkAllReducePOSIX is BenchmarkAllReduce on POSIX segments
+// (Config.Shared), the memory process ranks use: 4 KiB pages of tmpfs, so
+// the footprint of the slots shows in TLB and cache misses.
+func BenchmarkAllReducePOSIX(b *testing.B) { benchAllReduce(b, true) }
+
+func benchAllReduce(b *testing.B, shared bool) {
 	for _, w := range []int{1, 2, 4} {
-		for _, size := range []int{4 << 10, 1 << 20} {
+		for _, size := range []int{4 << 10, 256 << 10, 1 << 20, 16 << 20} {
 			b.Run(fmt.Sprintf("w%d/%dKiB", w, size>>10), func(b *testing.B) {
 				st := rendezvous.NewMemStore()
 				defer st.Close()
@@ -189,7 +191,7 @@ func BenchmarkAllReduce(b *testing.B) {
 					done.Add(1)
 					go func() {
 						defer done.Done()
-						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary})
+						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary, Shared: shared})
 						if err == nil {
 							defer g.Close()
 							err = g.Setup(context.Background())

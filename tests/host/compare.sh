@@ -54,6 +54,9 @@ EOF
 
 echo "== host: $(nproc) CPUs, $(uname -r), torch $("$PY" -c 'import torch; print(torch.__version__)')"
 echo "== /dev/shm: $(df -h --output=size,avail /dev/shm | tail -1)"
+# A CPU quota lowers Go's GOMAXPROCS below nproc, and with it the lanes
+# and the spinning (docs/host-backend.md, "Lanes").
+echo "== cgroup cpu.max: $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none), cpus allowed: $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"
 echo "== worlds $WORLDS, sizes $SIZES, $SWEEPS collgen sweeps per world"
 
 start=$SECONDS

@@ -170,12 +170,17 @@ def cmd_report(a):
         for r in load(path):
             if r["collective"] == "allreduce" and r["dtype"] == "f32":
                 gloo[(r["world"], r["bytes"])] = r["median_us"]
-    runs, algs = {}, {}
+    runs, algs, waits = {}, {}, {}
     for path in a.host:
         for r in load(path):
             if r["collective"] == "allreduce" and r["dtype"] == "f32" and r.get("op", "sum") == "sum":
                 runs.setdefault((r["world"], r["bytes"]), []).append(r["median_us"])
                 algs[(r["world"], r["bytes"])] = r["algorithm"]
+                # Late barrier waits per call by how they ended (spun,
+                # yielded, blocked); older collgen binaries leave them out.
+                lw = r.get("late_waits")
+                waits.setdefault((r["world"], r["bytes"]), []).append(
+                    None if lw is None else (lw["spun"], lw["yielded"], lw["blocked"]))
     max_us = {}
     for t in (a.max_us or "").split(","):
         if t.strip():
@@ -184,8 +189,8 @@ def cmd_report(a):
             max_us[(int(world), parse_size(size))] = float(us)
     memcpy = load(a.memcpy) if a.memcpy and os.path.exists(a.memcpy) else {}
     lines = [a.title, ""] if a.title else []
-    lines += ["| world | size | sweeps | best (us) | median (us) | worst/best | gloo (us) | speed-up | algorithm | notes |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines += ["| world | size | sweeps | best (us) | median (us) | worst/best | gloo (us) | speed-up | algorithm | late waits/call, best / worst sweep (spun-yielded-blocked) | notes |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     problems = []
     for (world, nbytes) in sorted(runs):
         meds = runs[(world, nbytes)]
@@ -204,10 +209,13 @@ def cmd_report(a):
         if len(meds) != a.sweeps:
             notes.append("%d of %d sweeps" % (len(meds), a.sweeps))
         problems += ["w%d %s: %s" % (world, fmt_size(nbytes), n) for n in notes if n.startswith(("CLIFF", "SLOWER"))]
-        lines.append("| %d | %s | %d | %.1f | %.1f | %.2f | %s | %s | %s | %s |" % (
+        ws = waits[(world, nbytes)]
+        fmt_w = lambda w: "-" if w is None else "%.2f-%.2f-%.2f" % w
+        late = "%s / %s" % (fmt_w(ws[meds.index(best)]), fmt_w(ws[meds.index(worst)]))
+        lines.append("| %d | %s | %d | %.1f | %.1f | %.2f | %s | %s | %s | %s | %s |" % (
             world, fmt_size(nbytes), len(meds), best, med, worst / best,
             "%.1f" % g if g is not None else "-", "%.1fx" % (g / med) if g is not None else "-",
-            algs[(world, nbytes)], "; ".join(notes)))
+            algs[(world, nbytes)], late, "; ".join(notes)))
     worlds = {w for (w, _) in runs}
     for (world, nbytes) in sorted(k for k in set(max_us) - set(runs) if k[0] in worlds):
         problems.append("w%d %s: no collgen result for a target size" % (world, fmt_size(nbytes)))
