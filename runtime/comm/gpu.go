@@ -50,6 +50,11 @@ type gpuComm struct {
 	topology  string            // "" : NCCL only (detect.go)
 	kind      coll.TopologyKind // the topology's kind
 	det       *Detected         // what New detected; nil for world size 1
+	// corner is the cube corner (kernel rank) each rank plays when the hcm
+	// kernels need another rank order than the communicator's, and
+	// atCorner its inverse; both nil otherwise (set once by pickTopology,
+	// read on every call).
+	corner, atCorner []int
 	sels      map[coll.Collective]*kernels.Selection
 	protocols []coll.Protocol         // the library's at this world, in region order
 	area      map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
@@ -332,6 +337,7 @@ func (g *gpuComm) pickTopology() error {
 		return err
 	}
 	g.topology, g.kind = topo, kinds[topo]
+	g.corner, g.atCorner = g.cornerOrder()
 	bounds := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
