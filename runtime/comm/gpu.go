@@ -47,18 +47,18 @@ type gpuComm struct {
 	world  int
 	prefix string // store keys
 
-	topology  string            // "" : NCCL only (detect.go)
-	kind      coll.TopologyKind // the topology's kind
-	det       *Detected         // what New detected; nil for world size 1
+	topology string            // "" : NCCL only (detect.go)
+	kind     coll.TopologyKind // the topology's kind
+	det      *Detected         // what New detected; nil for world size 1
 	// corner is the cube corner (kernel rank) each rank plays when the hcm
 	// kernels need another rank order than the communicator's, and
 	// atCorner its inverse; both nil otherwise (set once by pickTopology,
 	// read on every call).
 	corner, atCorner []int
-	sels      map[coll.Collective]*kernels.Selection
-	protocols []coll.Protocol         // the library's at this world, in region order
-	area      map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
-	slotBytes int64                   // one stage slot: the sum of the areas
+	sels             map[coll.Collective]*kernels.Selection
+	protocols        []coll.Protocol         // the library's at this world, in region order
+	area             map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
+	slotBytes        int64                   // one stage slot: the sum of the areas
 
 	areaStage map[coll.Protocol][]cuda.DevicePtr // by rank: the protocol's area in slot 0
 	scratch   []cuda.DevicePtr
