@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -374,11 +373,7 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 		s = d.own
 	}
 	d.noteNCCL(s)
-	count := cl.count
-	if cl.collective == coll.AllReduce {
-		count = cl.n
-	}
-	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, count, cl.dtype, cl.op, s)
+	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, cl.count, cl.dtype, cl.op, s)
 }
 
 func (d *cudaDevice) synchronize(s *cuda.Stream) error {
