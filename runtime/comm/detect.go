@@ -2,7 +2,6 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -116,16 +115,9 @@ func detect(ctx context.Context, cfg Config, prefix string, dev device) (*Detect
 		}
 	}
 	view := localView(cfg.Rank, ids, dev)
-	blob, _ := json.Marshal(view)
-	all, err = rendezvous.AllGather(ctx, cfg.Store, prefix+"detect/view", cfg.Rank, cfg.WorldSize, blob)
+	views, err := gatherJSON(ctx, cfg.Store, prefix+"detect/view", cfg.Rank, cfg.WorldSize, view, "topology detection")
 	if err != nil {
 		return nil, classify(fmt.Errorf("comm: rank %d: exchange topology detection: %w", cfg.Rank, err))
-	}
-	views := make([]detectView, len(all))
-	for r, b := range all {
-		if err := json.Unmarshal(b, &views[r]); err != nil {
-			return nil, errorf(ErrMismatch, "comm: rank %d sent a malformed topology detection: %w", r, err)
-		}
 	}
 	d, err := combineViews(ids, views)
 	if err != nil {

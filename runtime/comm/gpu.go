@@ -2,7 +2,6 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -234,16 +233,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	default:
 		mine.NCCL = dev.ncclUnavailable()
 	}
-	blob, _ := json.Marshal(mine)
-	all, err := rendezvous.AllGather(ctx, cfg.Store, g.prefix+"gpu", cfg.Rank, g.world, blob)
+	all, err := gatherJSON(ctx, cfg.Store, g.prefix+"gpu", cfg.Rank, g.world, mine, "set-up record")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on GPU set-up: %w", cfg.Rank, err))
 	}
-	for r, b := range all {
-		var a gpuAgreement
-		if err := json.Unmarshal(b, &a); err != nil {
-			return errorf(ErrMismatch, "comm: rank %d sent a malformed set-up record: %w", r, err)
-		}
+	for r, a := range all {
 		if a.Topology != mine.Topology || a.Staging != mine.Staging {
 			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
 				r, a.Topology, a.Staging, cfg.Rank, mine.Topology, mine.Staging)
