@@ -338,7 +338,7 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		if m, err = d.dev.LoadSource(context.Background(), req, d.cfg.Cache); err != nil {
+		if m, err = d.dev.LoadSource(context.Background(), req, d.cache()); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
 		d.modules = append(d.modules, m)
