@@ -1045,13 +1045,8 @@ func (l *loader) checkSymmetricRule(ts *topoSrc, c coll.Collective, name string,
 		l.errorf(r.useN, "%s is symmetric but uses %s, a push (%s) algorithm: it sends from its input and never reads it in place; use a barrier algorithm such as oneshot, or nccl", name, r.use, s.Protocol)
 		return
 	}
-	for _, ph := range s.Phases {
-		for _, st := range ph.Steps {
-			if st.Dst.Buf == schedule.Scratch {
-				l.errorf(r.useN, "%s is symmetric but uses %s, which reduces into scratch sized by the staging buffer, so it cannot take sizes beyond it; use oneshot or nccl", name, r.use)
-				return
-			}
-		}
+	if s.UsesScratch { // every schedule that touches scratch declares it (schedule.Validate)
+		l.errorf(r.useN, "%s is symmetric but uses %s, which reduces into scratch sized by the staging buffer, so it cannot take sizes beyond it; use oneshot or nccl", name, r.use)
 	}
 }
 

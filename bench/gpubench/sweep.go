@@ -524,9 +524,9 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 					m.Algorithm = p.Algorithm
 				}
 			}
-			need := cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
-			if cfg.Library.Windowed(cfg.Collective, v.Algorithm, cfg.World) {
-				need = 0 // runs in rounds through any staging area
+			var need int64 // barrier kernels run in rounds through any staging area
+			if !cfg.Library.Windowed(cfg.Collective, v.Algorithm, cfg.World) {
+				need = cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
 			}
 			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
 			if err := st.bufErr[v.Buffers]; err != nil && why == "" {

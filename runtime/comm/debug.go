@@ -2,14 +2,11 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
-
-	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // EnvDebugCheck names the environment switch of the debug check mode:
@@ -97,7 +94,6 @@ func fingerprintOf(cl *call, err error) fingerprint {
 func (k *checker) compare(c *Communicator, cl *call, resolveErr error) error {
 	n := k.calls.Add(1)
 	mine := fingerprintOf(cl, resolveErr)
-	blob, _ := json.Marshal(mine)
 	name := c.prefix + "check"
 	if cl.o.Tag != 0 {
 		// Explicitly tagged host calls may run concurrently: the tag, not
@@ -106,15 +102,9 @@ func (k *checker) compare(c *Communicator, cl *call, resolveErr error) error {
 	}
 	ctx, cancel := context.WithTimeout(cl.o.ctx(), c.cfg.Timeout)
 	defer cancel()
-	all, err := rendezvous.AllGather(ctx, c.cfg.Store, name, c.cfg.Rank, c.cfg.WorldSize, blob)
+	fps, err := gatherJSON(ctx, c.cfg.Store, name, c.cfg.Rank, c.cfg.WorldSize, mine, EnvDebugCheck+" fingerprint")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: %s check of call %d (%s): %w", c.cfg.Rank, EnvDebugCheck, n, mine, err))
-	}
-	fps := make([]fingerprint, len(all))
-	for r, b := range all {
-		if err := json.Unmarshal(b, &fps[r]); err != nil {
-			return errorf(ErrMismatch, "comm: %s: rank %d sent a malformed fingerprint: %w", EnvDebugCheck, r, err)
-		}
 	}
 	var differ []string
 	for r := 1; r < len(fps); r++ {

@@ -2,7 +2,6 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -116,16 +115,9 @@ func detect(ctx context.Context, cfg Config, prefix string, dev device) (*Detect
 		}
 	}
 	view := localView(cfg.Rank, ids, dev)
-	blob, _ := json.Marshal(view)
-	all, err = rendezvous.AllGather(ctx, cfg.Store, prefix+"detect/view", cfg.Rank, cfg.WorldSize, blob)
+	views, err := gatherJSON(ctx, cfg.Store, prefix+"detect/view", cfg.Rank, cfg.WorldSize, view, "topology detection")
 	if err != nil {
 		return nil, classify(fmt.Errorf("comm: rank %d: exchange topology detection: %w", cfg.Rank, err))
-	}
-	views := make([]detectView, len(all))
-	for r, b := range all {
-		if err := json.Unmarshal(b, &views[r]); err != nil {
-			return nil, errorf(ErrMismatch, "comm: rank %d sent a malformed topology detection: %w", r, err)
-		}
 	}
 	d, err := combineViews(ids, views)
 	if err != nil {
@@ -275,25 +267,34 @@ func checkExplicit(d *Detected, name string, kind coll.TopologyKind) error {
 		name, kind, d.Kind, d.Reason)
 }
 
-// corners returns the cube corner each rank plays when the hcm kernels
-// need another rank order than the communicator's, else nil.
-func (g *gpuComm) corners() []int {
-	if g.det == nil || g.kind != coll.HybridCubeMesh {
-		return nil
+// cornerOrder returns the cube corner each rank plays when the hcm
+// kernels need another rank order than the communicator's, and the rank
+// at each corner; nil, nil when the order is the identity.
+func (g *gpuComm) cornerOrder() (corner, atCorner []int) {
+	if g.det == nil || g.kind != coll.HybridCubeMesh || slices.Equal(g.det.Corners, identity(len(g.det.Corners))) {
+		return nil, nil
 	}
+	atCorner = make([]int, len(g.det.Corners))
 	for r, c := range g.det.Corners {
-		if r != c {
-			return g.det.Corners
-		}
+		atCorner[c] = r
 	}
-	return nil
+	return g.det.Corners, atCorner
+}
+
+// identity is 0, 1, ..., n-1.
+func identity(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }
 
 // kernelRank is the rank the kernels of this communicator see: its cube
 // corner on a remapped hybrid cube mesh, else its own.
 func (g *gpuComm) kernelRank() int {
-	if c := g.corners(); c != nil {
-		return c[g.cfg.Rank]
+	if g.corner != nil {
+		return g.corner[g.cfg.Rank]
 	}
 	return g.cfg.Rank
 }
@@ -301,8 +302,8 @@ func (g *gpuComm) kernelRank() int {
 // rankAt is the communicator rank that plays kernel rank k (the inverse of
 // kernelRank; the identity unless remapped).
 func (g *gpuComm) rankAt(k int) int {
-	if c := g.corners(); c != nil {
-		return slices.Index(c, k)
+	if g.atCorner != nil {
+		return g.atCorner[k]
 	}
 	return k
 }
@@ -327,7 +328,7 @@ func (g *gpuComm) kernelRefusal(cl *call) error {
 	if g.topology == "" {
 		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: no generated kernel runs on these GPUs (%s: %s)", cl.collective, cl.alg, g.det.Kind, g.det.Reason)
 	}
-	if c := g.corners(); c != nil && cl.collective != coll.AllReduce {
+	if c := g.corner; c != nil && cl.collective != coll.AllReduce {
 		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the ranks play the hybrid cube mesh's corners %v (by rank), and only all-reduce kernels run in that order; order Config.Device by corner or use nccl",
 			cl.collective, cl.alg, c)
 	}

@@ -99,15 +99,6 @@ func agreed(t *testing.T, comms []*Communicator, errs []error) Detected {
 	return d
 }
 
-// seq returns 0..n-1.
-func seq(n int) []int {
-	v := make([]int, n)
-	for i := range v {
-		v[i] = i
-	}
-	return v
-}
-
 // The communicator picks the spec topology of the kind its GPUs are.
 func TestDetectFakeMachines(t *testing.T) {
 	for _, tc := range []struct {
@@ -117,14 +108,14 @@ func TestDetectFakeMachines(t *testing.T) {
 		kind     string
 		topology string
 	}{
-		{"dgx1", fakeMachine(t, "dgx1"), seq(8), "hybrid_cube_mesh", "hcm8"},
+		{"dgx1", fakeMachine(t, "dgx1"), identity(8), "hybrid_cube_mesh", "hcm8"},
 		{"dgx1 quad", fakeMachine(t, "dgx1"), []int{4, 5, 6, 7}, "nvlink_mesh", "nvswitch"},
 		{"dgx1 across quads", fakeMachine(t, "dgx1"), []int{0, 5}, "none", ""},
-		{"nvswitch8", fakeMachine(t, "nvswitch8"), seq(8), "nvswitch", "nvswitch"},
+		{"nvswitch8", fakeMachine(t, "nvswitch8"), identity(8), "nvswitch", "nvswitch"},
 		{"nvswitch8 subset", fakeMachine(t, "nvswitch8"), []int{6, 1, 3}, "nvswitch", "nvswitch"},
-		{"pcie4", fakeMachine(t, "pcie4"), seq(4), "none", ""},
-		{"bridge2", fakeMachine(t, "bridge2"), seq(2), "nvlink_mesh", "nvswitch"},
-		{"nvidia-h200-x2", savedMachine(t, "nvidia-h200-x2.nvswitch.json"), seq(2), "nvswitch", "nvswitch"},
+		{"pcie4", fakeMachine(t, "pcie4"), identity(4), "none", ""},
+		{"bridge2", fakeMachine(t, "bridge2"), identity(2), "nvlink_mesh", "nvswitch"},
+		{"nvidia-h200-x2", savedMachine(t, "nvidia-h200-x2.nvswitch.json"), identity(2), "nvswitch", "nvswitch"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			comms, errs := newFakeComms(t, Config{}, machineDevs(tc.machine, tc.gpus))
@@ -147,12 +138,12 @@ func TestDetectFakeMachines(t *testing.T) {
 // every rank where they cannot (nvlink_full kernels read every pair, which
 // a DGX-1 cannot).
 func TestDetectExplicitTopology(t *testing.T) {
-	comms, errs := newFakeComms(t, Config{Topology: "pcie"}, machineDevs(fakeMachine(t, "nvswitch8"), seq(4)))
+	comms, errs := newFakeComms(t, Config{Topology: "pcie"}, machineDevs(fakeMachine(t, "nvswitch8"), identity(4)))
 	if d := agreed(t, comms, errs); d.Topology != "pcie" || d.Kind != "nvswitch" {
 		t.Errorf("pcie on nvswitch8: %+v", d)
 	}
 	closeAll(t, comms)
-	devs := machineDevs(fakeMachine(t, "dgx1"), seq(8))
+	devs := machineDevs(fakeMachine(t, "dgx1"), identity(8))
 	_, errs = newFakeComms(t, Config{Topology: "nvswitch"}, devs)
 	for r, err := range errs {
 		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), `Config.Topology "nvswitch" (nvlink_full) cannot run on these GPUs, detected as hybrid_cube_mesh`) {
@@ -174,7 +165,7 @@ func TestDetectCubeCorners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, gpus := range [][]int{seq(8), {0, 4, 1, 5, 2, 6, 3, 7}, {7, 6, 5, 4, 3, 2, 1, 0}} {
+	for _, gpus := range [][]int{identity(8), {0, 4, 1, 5, 2, 6, 3, 7}, {7, 6, 5, 4, 3, 2, 1, 0}} {
 		devs := machineDevs(m, gpus)
 		comms, errs := newFakeComms(t, Config{}, devs)
 		d := agreed(t, comms, errs)
@@ -192,7 +183,7 @@ func TestDetectCubeCorners(t *testing.T) {
 				}
 			}
 		}
-		if slices.Equal(gpus, seq(8)) && !slices.Equal(d.Corners, seq(8)) {
+		if slices.Equal(gpus, identity(8)) && !slices.Equal(d.Corners, identity(8)) {
 			t.Errorf("NVML order: corners %v, want the identity", d.Corners)
 		}
 		errs = onRanks(comms, func(r int, c *Communicator) error {
@@ -254,7 +245,7 @@ func TestDetectCubeCorners(t *testing.T) {
 		// Reduce-scatter places data by rank: its kernels may not run
 		// with ranks playing other corners.
 		err = comms[0].ReduceScatter(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShot})
-		remapped := !slices.Equal(d.Corners, seq(8))
+		remapped := !slices.Equal(d.Corners, identity(8))
 		if remapped != (errors.Is(err, ErrUnsupported) && strings.Contains(err.Error(), "corners")) {
 			t.Errorf("GPUs %v (remapped %v): reduce-scatter oneshot: %v", gpus, remapped, err)
 		}
@@ -268,7 +259,7 @@ func TestDetectCubeCorners(t *testing.T) {
 // every rank at once.
 func TestDetectNoPeerAccess(t *testing.T) {
 	m := fakeMachine(t, "pcie4")
-	devs := machineDevs(m, seq(4))
+	devs := machineDevs(m, identity(4))
 	comms, errs := newFakeComms(t, Config{}, devs)
 	d := agreed(t, comms, errs)
 	if d.Topology != "" || !strings.Contains(d.Reason, "cannot read") || !strings.Contains(d.Reason, "every collective uses NCCL") {
@@ -300,7 +291,7 @@ func TestDetectNoPeerAccess(t *testing.T) {
 		{Config{Topology: "pcie"}, `Config.Topology "pcie" (pcie_p2p) cannot run on these GPUs, detected as none`},
 		{Config{DisableNCCL: true}, "no generated kernel runs on these GPUs"},
 	} {
-		devs := machineDevs(m, seq(4))
+		devs := machineDevs(m, identity(4))
 		start := time.Now()
 		_, errs := newFakeComms(t, tc.cfg, devs)
 		for r, err := range errs {
@@ -323,7 +314,7 @@ func TestDetectVote(t *testing.T) {
 	m := fakeMachine(t, "bridge2")
 
 	// Rank 1 has no NVML and no access to rank 0: NCCL for all.
-	devs := machineDevs(m, seq(2))
+	devs := machineDevs(m, identity(2))
 	noNVML(devs[1])
 	devs[1].peersFn = func(ids []string) ([]int, error) { return []int{peerNo, peerYes}, nil }
 	comms, errs := newFakeComms(t, Config{}, devs)
@@ -336,7 +327,7 @@ func TestDetectVote(t *testing.T) {
 
 	// No rank has NVML, every probe says yes: peer access, the NVLink
 	// topology as before detection.
-	devs = machineDevs(m, seq(2))
+	devs = machineDevs(m, identity(2))
 	noNVML(devs[0])
 	noNVML(devs[1])
 	comms, errs = newFakeComms(t, Config{}, devs)
@@ -347,7 +338,7 @@ func TestDetectVote(t *testing.T) {
 
 	// A probe hidden from the process (CUDA_VISIBLE_DEVICES) is no vote
 	// against.
-	devs = machineDevs(m, seq(2))
+	devs = machineDevs(m, identity(2))
 	for _, dv := range devs {
 		noNVML(dv)
 		dv.peersFn = func(ids []string) ([]int, error) { return []int{peerUnknown, peerUnknown}, nil }
@@ -376,7 +367,7 @@ func TestDetectVote(t *testing.T) {
 		{"no bus id", func(devs []*fakeDevice) { devs[1].busErr = errors.New("cuDeviceGetPCIBusId: unknown error") },
 			ErrDevice, "rank 1 cannot read its GPU's PCI bus id: cuDeviceGetPCIBusId: unknown error"},
 	} {
-		devs := machineDevs(m, seq(2))
+		devs := machineDevs(m, identity(2))
 		tc.spoil(devs)
 		start := time.Now()
 		_, errs := newFakeComms(t, Config{}, devs)

@@ -2,7 +2,6 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -47,13 +46,18 @@ type gpuComm struct {
 	world  int
 	prefix string // store keys
 
-	topology  string            // "" : NCCL only (detect.go)
-	kind      coll.TopologyKind // the topology's kind
-	det       *Detected         // what New detected; nil for world size 1
-	sels      map[coll.Collective]*kernels.Selection
-	protocols []coll.Protocol         // the library's at this world, in region order
-	area      map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
-	slotBytes int64                   // one stage slot: the sum of the areas
+	topology string            // "" : NCCL only (detect.go)
+	kind     coll.TopologyKind // the topology's kind
+	det      *Detected         // what New detected; nil for world size 1
+	// corner is the cube corner (kernel rank) each rank plays when the hcm
+	// kernels need another rank order than the communicator's, and
+	// atCorner its inverse; both nil otherwise (set once by pickTopology,
+	// read on every call).
+	corner, atCorner []int
+	sels             map[coll.Collective]*kernels.Selection
+	protocols        []coll.Protocol         // the library's at this world, in region order
+	area             map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
+	slotBytes        int64                   // one stage slot: the sum of the areas
 
 	areaStage map[coll.Protocol][]cuda.DevicePtr // by rank: the protocol's area in slot 0
 	scratch   []cuda.DevicePtr
@@ -229,16 +233,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	default:
 		mine.NCCL = dev.ncclUnavailable()
 	}
-	blob, _ := json.Marshal(mine)
-	all, err := rendezvous.AllGather(ctx, cfg.Store, g.prefix+"gpu", cfg.Rank, g.world, blob)
+	all, err := gatherJSON(ctx, cfg.Store, g.prefix+"gpu", cfg.Rank, g.world, mine, "set-up record")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on GPU set-up: %w", cfg.Rank, err))
 	}
-	for r, b := range all {
-		var a gpuAgreement
-		if err := json.Unmarshal(b, &a); err != nil {
-			return errorf(ErrMismatch, "comm: rank %d sent a malformed set-up record: %w", r, err)
-		}
+	for r, a := range all {
 		if a.Topology != mine.Topology || a.Staging != mine.Staging {
 			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
 				r, a.Topology, a.Staging, cfg.Rank, mine.Topology, mine.Staging)
@@ -332,6 +331,7 @@ func (g *gpuComm) pickTopology() error {
 		return err
 	}
 	g.topology, g.kind = topo, kinds[topo]
+	g.corner, g.atCorner = g.cornerOrder()
 	bounds := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -347,7 +346,7 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		if m, err = d.dev.LoadSource(context.Background(), req, d.cfg.Cache); err != nil {
+		if m, err = d.dev.LoadSource(context.Background(), req, d.cache()); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
 		d.modules = append(d.modules, m)
@@ -382,11 +381,7 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 		s = d.own
 	}
 	d.noteNCCL(s)
-	count := cl.count
-	if cl.collective == coll.AllReduce {
-		count = cl.n
-	}
-	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, count, cl.dtype, cl.op, s)
+	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, cl.count, cl.dtype, cl.op, s)
 }
 
 func (d *cudaDevice) synchronize(s *cuda.Stream) error {

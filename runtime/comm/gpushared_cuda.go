@@ -12,7 +12,8 @@ import (
 
 // ncclCall enqueues one collective on c: count is NCCL's (all-reduce:
 // elements; reduce-scatter: recvCount; all-gather: sendCount). The GPU and
-// hierarchical backends share it.
+// hierarchical backends share it, passing call.count, which is already in
+// NCCL's convention.
 func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, count int64, dtype coll.DType, op coll.Op, s *cuda.Stream) error {
 	dt, ok := dtype.NCCL()
 	if !ok {

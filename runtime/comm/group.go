@@ -92,6 +92,28 @@ func (c *Communicator) form(ctx context.Context) error {
 	return nil
 }
 
+// gatherJSON exchanges one JSON record per rank under key and returns
+// every rank's, by rank. A failed exchange is returned as the store gave
+// it (the caller says what was exchanged); a record that does not decode
+// is ErrMismatch naming the rank and what (the record's name).
+func gatherJSON[T any](ctx context.Context, st rendezvous.Store, key string, rank, world int, mine T, what string) ([]T, error) {
+	blob, err := json.Marshal(mine)
+	if err != nil {
+		return nil, fmt.Errorf("comm: rank %d: encode %s: %w", rank, what, err)
+	}
+	all, err := rendezvous.AllGather(ctx, st, key, rank, world, blob)
+	if err != nil {
+		return nil, err
+	}
+	recs := make([]T, len(all))
+	for r, b := range all {
+		if err := json.Unmarshal(b, &recs[r]); err != nil {
+			return nil, errorf(ErrMismatch, "comm: rank %d sent a malformed %s: %w", r, what, err)
+		}
+	}
+	return recs, nil
+}
+
 // agree waits for every rank to join and checks their membership records.
 func (c *Communicator) agree(ctx context.Context) error {
 	cfg, st := c.cfg, c.cfg.Store
@@ -105,17 +127,12 @@ func (c *Communicator) agree(ctx context.Context) error {
 			mine.Backend = "host-shared"
 		}
 	}
-	blob, _ := json.Marshal(mine)
-	all, err := rendezvous.AllGather(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, blob)
+	all, err := gatherJSON(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, mine, "membership record")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on membership of group %q: %w", cfg.Rank, cfg.Group, err))
 	}
 	hosts := make([]string, len(all))
-	for r, b := range all {
-		var m membership
-		if err := json.Unmarshal(b, &m); err != nil {
-			return errorf(ErrMismatch, "comm: rank %d sent a malformed membership record: %w", r, err)
-		}
+	for r, m := range all {
 		switch {
 		case m.Backend != mine.Backend:
 			return errorf(ErrMismatch, "comm: rank %d uses the %s backend, rank %d the %s backend; pass the same kind of Config.Device (a GPU ordinal, or comm.Host) and HostShared on every rank",

@@ -189,11 +189,7 @@ func (h *hierComm) run(cl *call) error {
 	}
 	var err error
 	if cl.alg == coll.NCCL {
-		count := cl.count
-		if cl.collective == coll.AllReduce {
-			count = cl.n
-		}
-		err = h.dev.nccl(false, cl.collective, cl.in.dev, cl.out.dev, count, cl.dtype, cl.op, s)
+		err = h.dev.nccl(false, cl.collective, cl.in.dev, cl.out.dev, cl.count, cl.dtype, cl.op, s)
 	} else {
 		err = h.runPlan(cl, s)
 	}

@@ -271,3 +271,15 @@ func TestHierPlanTraffic(t *testing.T) {
 		}
 	}
 }
+
+// intraPeers returns the ranks of rank r's host, by local index.
+func (l hostLayout) intraPeers(r int) []int { return l.hosts[l.host[r]] }
+
+// crossPeers returns the ranks sharing rank r's local index, by host index.
+func (l hostLayout) crossPeers(r int) []int {
+	out := make([]int, len(l.hosts))
+	for h, ranks := range l.hosts {
+		out[h] = ranks[l.local[r]]
+	}
+	return out
+}

@@ -95,18 +95,6 @@ func (l hostLayout) multi() bool { return len(l.hosts) > 1 }
 // perHost is the number of ranks on each host (L).
 func (l hostLayout) perHost() int { return len(l.hosts[0]) }
 
-// intraPeers returns the ranks of rank r's host, by local index.
-func (l hostLayout) intraPeers(r int) []int { return l.hosts[l.host[r]] }
-
-// crossPeers returns the ranks sharing rank r's local index, by host index.
-func (l hostLayout) crossPeers(r int) []int {
-	out := make([]int, len(l.hosts))
-	for h, ranks := range l.hosts {
-		out[h] = ranks[l.local[r]]
-	}
-	return out
-}
-
 // rankList writes ranks as "ranks 0, 2" or "rank 1", eliding long lists.
 func rankList(ranks []int) string {
 	var b strings.Builder

@@ -4,10 +4,8 @@ package comm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
-	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/symm"
 )
 
@@ -63,16 +61,11 @@ func (c *Communicator) UseSymmetric(ctx context.Context, pool *symm.Pool) error 
 	if local != nil {
 		mine.Err = local.Error()
 	}
-	blob, _ := json.Marshal(mine)
-	all, err := rendezvous.AllGather(ctx, c.cfg.Store, c.gpu.prefix+"usesymm", c.cfg.Rank, c.cfg.WorldSize, blob)
+	all, err := gatherJSON(ctx, c.cfg.Store, c.gpu.prefix+"usesymm", c.cfg.Rank, c.cfg.WorldSize, mine, "UseSymmetric record")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: UseSymmetric: %w", c.cfg.Rank, err))
 	}
-	for r, b := range all {
-		var rec useRecord
-		if err := json.Unmarshal(b, &rec); err != nil {
-			return errorf(ErrMismatch, "comm: UseSymmetric: rank %d sent a malformed record: %w", r, err)
-		}
+	for r, rec := range all {
 		switch {
 		case r == c.cfg.Rank && local != nil:
 			return local

@@ -245,29 +245,32 @@ type Library struct {
 // schedule.ChunkElems's, counted in bytes (vectors of VectorBytes), an
 // upper bound for every element size.
 func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) int64 {
-	need, _, _ := l.slotBound(collective, algorithm, world, bytes)
-	return need
-}
-
-// slotBound is SlotBound plus the protocol of the algorithm's kernels; ok
-// is false when it has no kernels at this world size.
-func (l *Library) slotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) (need int64, protocol coll.Protocol, ok bool) {
-	need = bytes
+	need := bytes
 	for i := range l.Kernels {
 		k := &l.Kernels[i]
 		if k.Collective != collective || k.Algorithm != algorithm || k.World != world {
 			continue
 		}
-		protocol, ok = k.Protocol, true
 		chunk := int64(schedule.ChunkElems(collective, int(bytes), world, k.Launch.VectorBytes))
 		if n := k.SlotBytes(bytes, chunk); n > need {
 			need = n
 		}
 	}
-	if ok && !protocol.Push() {
+	if l.Windowed(collective, algorithm, world) {
 		need = min(need, WindowBytes)
 	}
-	return need, protocol, ok
+	return need
+}
+
+// protocol is the protocol of an algorithm's kernels at a world size (all
+// of them share it); ok is false when it has no kernels there.
+func (l *Library) protocol(collective coll.Collective, algorithm coll.Algorithm, world int) (p coll.Protocol, ok bool) {
+	for i := range l.Kernels {
+		if k := &l.Kernels[i]; k.Collective == collective && k.Algorithm == algorithm && k.World == world {
+			return k.Protocol, true
+		}
+	}
+	return "", false
 }
 
 // RulesSlotBounds is, per protocol (Kernel.Protocol), the most stage-slot
@@ -282,12 +285,16 @@ func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int
 		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
 			continue
 		}
+		p, ok := l.protocol(s.Collective, r.Use, world)
+		if !ok || (r.UpTo == 0 && p.Push()) {
+			continue
+		}
 		upTo := r.UpTo
 		if upTo == 0 {
-			upTo = WindowBytes // caps barrier kernels; a push kernel's unbounded rule is UnboundedPush's
+			upTo = WindowBytes // what a barrier kernel needs at most
 		}
-		if need, protocol, ok := l.slotBound(s.Collective, r.Use, world, upTo); ok && need > bounds[protocol] && (r.UpTo != 0 || !protocol.Push()) {
-			bounds[protocol] = need
+		if need := l.SlotBound(s.Collective, r.Use, world, upTo); need > bounds[p] {
+			bounds[p] = need
 		}
 	}
 	return bounds
@@ -298,8 +305,8 @@ func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int
 // too small for it in rounds (WindowBytes); false for push kernels and
 // for an algorithm without kernels there.
 func (l *Library) Windowed(collective coll.Collective, algorithm coll.Algorithm, world int) bool {
-	_, protocol, ok := l.slotBound(collective, algorithm, world, 0)
-	return ok && !protocol.Push()
+	p, ok := l.protocol(collective, algorithm, world)
+	return ok && !p.Push()
 }
 
 // UnboundedPush returns the push algorithm (LL, LL128) that a rule of the
@@ -311,7 +318,7 @@ func (l *Library) UnboundedPush(s *Selection, world int) (coll.Algorithm, bool) 
 		if r.Use == coll.NCCL || r.Symmetric || r.UpTo != 0 {
 			continue
 		}
-		if _, protocol, ok := l.slotBound(s.Collective, r.Use, world, 0); ok && protocol.Push() {
+		if p, ok := l.protocol(s.Collective, r.Use, world); ok && p.Push() {
 			return r.Use, true
 		}
 	}

@@ -90,7 +90,7 @@ func DialTCP(ctx context.Context, addr string, opts ClientOptions) (Store, error
 	var idb [8]byte
 	rand.Read(idb[:])
 	c := &tcpClient{addr: addr, opts: opts, secret: secret, id: binary.BigEndian.Uint64(idb[:])}
-	ctx, cancel := withDefault(ctx, opts.Timeout)
+	ctx, cancel := WithDefaultTimeout(ctx, opts.Timeout)
 	defer cancel()
 	cc, err := c.connect(ctx)
 	if err != nil {
@@ -127,7 +127,7 @@ func (c *tcpClient) sleep(ctx context.Context, d time.Duration, lastErr error) e
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("rendezvous: tcp store at %s unreachable: %v: %w", c.addr, lastErr, ctxErr(ctx))
+		return fmt.Errorf("rendezvous: tcp store at %s unreachable: %v: %w", c.addr, lastErr, CauseErr(ctx))
 	}
 }
 
@@ -213,7 +213,7 @@ func (c *tcpClient) put(cc *clientConn) {
 // retrying on network errors until ctx ends. Mutations get one sequence
 // number for all their attempts so the server can dedupe replays.
 func (c *tcpClient) do(ctx context.Context, req *frame) (*frame, error) {
-	ctx, cancel := withDefault(ctx, c.opts.Timeout)
+	ctx, cancel := WithDefaultTimeout(ctx, c.opts.Timeout)
 	defer cancel()
 	isWait := req.Op == opGet || req.Op == opWait
 	if !isWait {
@@ -240,7 +240,7 @@ func (c *tcpClient) do(ctx context.Context, req *frame) (*frame, error) {
 			return nil, err
 		}
 		if ctx.Err() == context.Canceled {
-			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, ctxErr(ctx))
+			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, CauseErr(ctx))
 		}
 		if err := c.sleep(ctx, delay, err); err != nil {
 			return nil, err

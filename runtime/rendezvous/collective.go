@@ -50,7 +50,7 @@ func Join(ctx context.Context, s Store, group string, rank, world int) error {
 	if err := checkRank(rank, world); err != nil {
 		return err
 	}
-	ctx, cancel := withDefault(ctx, DefaultTimeout)
+	ctx, cancel := WithDefaultTimeout(ctx, DefaultTimeout)
 	defer cancel()
 	after := waitBudget(ctx)
 	prefix := joinPrefix + group + "/"
@@ -135,7 +135,7 @@ func gather(ctx context.Context, s Store, prefix string, rank, world int, blob [
 	if err := checkRank(rank, world); err != nil {
 		return nil, err
 	}
-	ctx, cancel := withDefault(ctx, DefaultTimeout)
+	ctx, cancel := WithDefaultTimeout(ctx, DefaultTimeout)
 	defer cancel()
 	after := waitBudget(ctx)
 	g, err := s.Add(ctx, prefix+"gen/"+strconv.Itoa(rank), 1)

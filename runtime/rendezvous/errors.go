@@ -11,8 +11,9 @@ import (
 // DefaultTimeout bounds every wait whose ctx has no deadline.
 const DefaultTimeout = 5 * time.Minute
 
-// withDefault returns ctx, or ctx bounded by d when ctx has no deadline.
-func withDefault(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+// WithDefaultTimeout returns ctx, or ctx bounded by d (DefaultTimeout when
+// d <= 0) when ctx has no deadline: the bound every store's waits have.
+func WithDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
 	}
@@ -89,12 +90,12 @@ func roundWait(d time.Duration) time.Duration {
 	return (d + g - 1).Truncate(g)
 }
 
-// ctxErr is ctx.Err() with the cancellation's cause appended when there is
+// CauseErr is ctx.Err() with the cancellation's cause appended when there is
 // a different one, so a wait stopped by a signal (signal.NotifyContext's
 // cause, "terminated signal received") or by a caller's
 // context.WithCancelCause says so instead of only "context canceled". It
 // still wraps ctx.Err() for errors.Is.
-func ctxErr(ctx context.Context) error {
+func CauseErr(ctx context.Context) error {
 	err := ctx.Err()
 	if c := context.Cause(ctx); c != nil && c != err {
 		return fmt.Errorf("%w (%v)", err, c)

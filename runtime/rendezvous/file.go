@@ -152,7 +152,7 @@ func (f *fileStore) Wait(ctx context.Context, keys ...string) error {
 // poll calls check, backing off, until it reports nothing missing, fails, or
 // the deadline passes.
 func (f *fileStore) poll(ctx context.Context, keys []string, check func() ([]string, error)) error {
-	ctx, cancel := withDefault(ctx, f.timeout)
+	ctx, cancel := WithDefaultTimeout(ctx, f.timeout)
 	defer cancel()
 	delay := filePollMin
 	for {
@@ -171,7 +171,7 @@ func (f *fileStore) poll(ctx context.Context, keys []string, check func() ([]str
 			if missing, err := check(); err != nil || len(missing) == 0 {
 				return err
 			} else if ctx.Err() == context.Canceled {
-				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctxErr(ctx))
+				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), CauseErr(ctx))
 			} else {
 				return &WaitError{Missing: missing}
 			}

@@ -85,7 +85,7 @@ func (m *memStore) Wait(ctx context.Context, keys ...string) error {
 // waitFor blocks until every key exists, then runs then (if non-nil) with mu
 // held so it sees the same state the check did.
 func (m *memStore) waitFor(ctx context.Context, keys []string, then func()) error {
-	ctx, cancel := withDefault(ctx, m.timeout)
+	ctx, cancel := WithDefaultTimeout(ctx, m.timeout)
 	defer cancel()
 	for {
 		m.mu.Lock()
@@ -113,7 +113,7 @@ func (m *memStore) waitFor(ctx context.Context, keys []string, then func()) erro
 				continue // arrived just in time; take the success path
 			}
 			if ctx.Err() == context.Canceled {
-				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), ctxErr(ctx))
+				return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(missing), CauseErr(ctx))
 			}
 			return &WaitError{Missing: missing}
 		}

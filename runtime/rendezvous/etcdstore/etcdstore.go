@@ -189,7 +189,7 @@ func Open(ctx context.Context, cfg Config) (rendezvous.Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: connect to %s: %w", strings.Join(cfg.Endpoints, ","), err)
 	}
-	gctx, cancel := withDefault(ctx)
+	gctx, cancel := rendezvous.WithDefaultTimeout(ctx, 0)
 	defer cancel()
 	grant, err := cli.Grant(gctx, int64((cfg.TTL+time.Second-1)/time.Second))
 	if err != nil {
@@ -210,15 +210,6 @@ func Open(ctx context.Context, cfg Config) (rendezvous.Store, error) {
 	return &store{cli: cli, prefix: cfg.Prefix, lease: grant.ID, stop: stop, closed: make(chan struct{})}, nil
 }
 
-// withDefault bounds ctx by rendezvous.DefaultTimeout when it has no
-// deadline, as every store's waits are.
-func withDefault(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, rendezvous.DefaultTimeout)
-}
-
 // op runs f with ctx bounded by the default timeout and maps errors:
 // ErrClosed after Close, and a wrapped cause otherwise.
 func (s *store) op(ctx context.Context, what string, f func(ctx context.Context) error) error {
@@ -227,7 +218,7 @@ func (s *store) op(ctx context.Context, what string, f func(ctx context.Context)
 		return rendezvous.ErrClosed
 	default:
 	}
-	ctx, cancel := withDefault(ctx)
+	ctx, cancel := rendezvous.WithDefaultTimeout(ctx, 0)
 	defer cancel()
 	err := f(ctx)
 	if err == nil {
@@ -239,7 +230,7 @@ func (s *store) op(ctx context.Context, what string, f func(ctx context.Context)
 	default:
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("rendezvous: etcd %s: %w", what, ctxErr(ctx))
+		return fmt.Errorf("rendezvous: etcd %s: %w", what, rendezvous.CauseErr(ctx))
 	}
 	return fmt.Errorf("rendezvous: etcd %s: %w", what, err)
 }
@@ -274,7 +265,7 @@ func (s *store) wait(ctx context.Context, keys []string) ([][]byte, error) {
 		return nil, rendezvous.ErrClosed
 	default:
 	}
-	ctx, cancel := withDefault(ctx)
+	ctx, cancel := rendezvous.WithDefaultTimeout(ctx, 0)
 	defer cancel()
 	for {
 		vals, rev, missing, err := s.snapshot(ctx, keys)
@@ -364,7 +355,7 @@ func (s *store) waitErr(ctx context.Context, keys []string, err error) error {
 		}
 		return &rendezvous.WaitError{Missing: missing}
 	case ctx.Err() != nil:
-		return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(keys), ctxErr(ctx))
+		return fmt.Errorf("rendezvous: waiting for %d keys: %w", len(keys), rendezvous.CauseErr(ctx))
 	}
 	return fmt.Errorf("rendezvous: etcd wait: %w", err)
 }
@@ -467,15 +458,5 @@ func (s *store) Close() error {
 		s.stop()
 		err = s.cli.Close()
 	})
-	return err
-}
-
-// ctxErr is ctx.Err() naming the cancellation's cause when there is a
-// different one (as the other stores report it).
-func ctxErr(ctx context.Context) error {
-	err := ctx.Err()
-	if c := context.Cause(ctx); c != nil && c != err {
-		return fmt.Errorf("%w (%v)", err, c)
-	}
 	return err
 }
