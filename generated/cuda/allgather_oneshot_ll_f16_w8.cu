@@ -37,13 +37,7 @@ allgather_oneshot_ll_f16_w8(const collgen_args_w8 a) {
   const int table4[W] = {0, 1, 2, 2, 3, 4, 5, 6};
   const int table5[W] = {0, 1, 1, 2, 3, 4, 5, 6};
   const int table6[W] = {0, 0, 1, 2, 3, 4, 5, 6};
-  const int table7[W] = {0, 1, 2, 3, 4, 5, 6, 0};
-  const int table8[W] = {1, 2, 3, 4, 5, 6, 0, 1};
-  const int table9[W] = {2, 3, 4, 5, 6, 0, 1, 2};
-  const int table10[W] = {3, 4, 5, 6, 0, 1, 2, 3};
-  const int table11[W] = {4, 5, 6, 0, 1, 2, 3, 4};
-  const int table12[W] = {5, 6, 0, 1, 2, 3, 4, 5};
-  const int table13[W] = {6, 0, 1, 2, 3, 4, 5, 6};
+  const int table7[7][W] = {{0, 1, 2, 3, 4, 5, 6, 0}, {1, 2, 3, 4, 5, 6, 0, 1}, {2, 3, 4, 5, 6, 0, 1, 2}, {3, 4, 5, 6, 0, 1, 2, 3}, {4, 5, 6, 0, 1, 2, 3, 4}, {5, 6, 0, 1, 2, 3, 4, 5}, {6, 0, 1, 2, 3, 4, 5, 6}};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -87,88 +81,19 @@ allgather_oneshot_ll_f16_w8(const collgen_args_w8 a) {
       PR::st(p1, u, sp.n, x);
     }
   }
-  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+4] <- copy(inbox@rank[rank+4][rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 4, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+5] <- copy(inbox@rank[rank+5][rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 5, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+6] <- copy(inbox@rank[rank+6][rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 6, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 7, W), 1)) goto done;
-      PR::st(p1, u, sp.n, x);
+  { // k = 0..6, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[k][rank], chunk_ll);
+      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+        PR::P x;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 1)) goto done;
+        PR::st(p1, u, sp.n, x);
+      }
     }
   }
 

@@ -88,78 +88,15 @@ allreduce_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
   typedef cg_sum OP;
   constexpr int W = 8;
   const int rank = a.rank;
-  const int table0[W] = {0, 9, 18, 27, 36, 45, 54, 63};
-  const int table1[W] = {1, 10, 19, 28, 37, 46, 55, 56};
-  const int table2[W] = {2, 11, 20, 29, 38, 47, 48, 57};
-  const int table3[W] = {3, 12, 21, 30, 39, 40, 49, 58};
-  const int table4[W] = {4, 13, 22, 31, 32, 41, 50, 59};
-  const int table5[W] = {5, 14, 23, 24, 33, 42, 51, 60};
-  const int table6[W] = {6, 15, 16, 25, 34, 43, 52, 61};
-  const int table7[W] = {7, 8, 17, 26, 35, 44, 53, 62};
-  const int table8[W] = {0, 1, 2, 3, 4, 5, 6, 7};
-  const int table9[W] = {8, 9, 10, 11, 12, 13, 14, 15};
-  const int table10[W] = {16, 17, 18, 19, 20, 21, 22, 23};
-  const int table11[W] = {24, 25, 26, 27, 28, 29, 30, 31};
-  const int table12[W] = {32, 33, 34, 35, 36, 37, 38, 39};
-  const int table13[W] = {40, 41, 42, 43, 44, 45, 46, 47};
-  const int table14[W] = {48, 49, 50, 51, 52, 53, 54, 55};
-  const int table15[W] = {56, 57, 58, 59, 60, 61, 62, 63};
-  const int table16[W] = {1, 2, 3, 4, 5, 6, 7, 0};
-  const int table17[W] = {9, 10, 11, 12, 13, 14, 15, 8};
-  const int table18[W] = {17, 18, 19, 20, 21, 22, 23, 16};
-  const int table19[W] = {25, 26, 27, 28, 29, 30, 31, 24};
-  const int table20[W] = {33, 34, 35, 36, 37, 38, 39, 32};
-  const int table21[W] = {41, 42, 43, 44, 45, 46, 47, 40};
-  const int table22[W] = {49, 50, 51, 52, 53, 54, 55, 48};
-  const int table23[W] = {57, 58, 59, 60, 61, 62, 63, 56};
-  const int table24[W] = {2, 3, 4, 5, 6, 7, 0, 1};
-  const int table25[W] = {10, 11, 12, 13, 14, 15, 8, 9};
-  const int table26[W] = {18, 19, 20, 21, 22, 23, 16, 17};
-  const int table27[W] = {26, 27, 28, 29, 30, 31, 24, 25};
-  const int table28[W] = {34, 35, 36, 37, 38, 39, 32, 33};
-  const int table29[W] = {42, 43, 44, 45, 46, 47, 40, 41};
-  const int table30[W] = {50, 51, 52, 53, 54, 55, 48, 49};
-  const int table31[W] = {58, 59, 60, 61, 62, 63, 56, 57};
-  const int table32[W] = {3, 4, 5, 6, 7, 0, 1, 2};
-  const int table33[W] = {11, 12, 13, 14, 15, 8, 9, 10};
-  const int table34[W] = {19, 20, 21, 22, 23, 16, 17, 18};
-  const int table35[W] = {27, 28, 29, 30, 31, 24, 25, 26};
-  const int table36[W] = {35, 36, 37, 38, 39, 32, 33, 34};
-  const int table37[W] = {43, 44, 45, 46, 47, 40, 41, 42};
-  const int table38[W] = {51, 52, 53, 54, 55, 48, 49, 50};
-  const int table39[W] = {59, 60, 61, 62, 63, 56, 57, 58};
-  const int table40[W] = {4, 5, 6, 7, 0, 1, 2, 3};
-  const int table41[W] = {12, 13, 14, 15, 8, 9, 10, 11};
-  const int table42[W] = {20, 21, 22, 23, 16, 17, 18, 19};
-  const int table43[W] = {28, 29, 30, 31, 24, 25, 26, 27};
-  const int table44[W] = {36, 37, 38, 39, 32, 33, 34, 35};
-  const int table45[W] = {44, 45, 46, 47, 40, 41, 42, 43};
-  const int table46[W] = {52, 53, 54, 55, 48, 49, 50, 51};
-  const int table47[W] = {60, 61, 62, 63, 56, 57, 58, 59};
-  const int table48[W] = {5, 6, 7, 0, 1, 2, 3, 4};
-  const int table49[W] = {13, 14, 15, 8, 9, 10, 11, 12};
-  const int table50[W] = {21, 22, 23, 16, 17, 18, 19, 20};
-  const int table51[W] = {29, 30, 31, 24, 25, 26, 27, 28};
-  const int table52[W] = {37, 38, 39, 32, 33, 34, 35, 36};
-  const int table53[W] = {45, 46, 47, 40, 41, 42, 43, 44};
-  const int table54[W] = {53, 54, 55, 48, 49, 50, 51, 52};
-  const int table55[W] = {61, 62, 63, 56, 57, 58, 59, 60};
-  const int table56[W] = {6, 7, 0, 1, 2, 3, 4, 5};
-  const int table57[W] = {14, 15, 8, 9, 10, 11, 12, 13};
-  const int table58[W] = {22, 23, 16, 17, 18, 19, 20, 21};
-  const int table59[W] = {30, 31, 24, 25, 26, 27, 28, 29};
-  const int table60[W] = {38, 39, 32, 33, 34, 35, 36, 37};
-  const int table61[W] = {46, 47, 40, 41, 42, 43, 44, 45};
-  const int table62[W] = {54, 55, 48, 49, 50, 51, 52, 53};
-  const int table63[W] = {62, 63, 56, 57, 58, 59, 60, 61};
-  const int table64[W] = {7, 0, 1, 2, 3, 4, 5, 6};
-  const int table65[W] = {15, 8, 9, 10, 11, 12, 13, 14};
-  const int table66[W] = {23, 16, 17, 18, 19, 20, 21, 22};
-  const int table67[W] = {31, 24, 25, 26, 27, 28, 29, 30};
-  const int table68[W] = {39, 32, 33, 34, 35, 36, 37, 38};
-  const int table69[W] = {47, 40, 41, 42, 43, 44, 45, 46};
-  const int table70[W] = {55, 48, 49, 50, 51, 52, 53, 54};
-  const int table71[W] = {63, 56, 57, 58, 59, 60, 61, 62};
+  const int table0[8][W] = {{0, 9, 18, 27, 36, 45, 54, 63}, {1, 10, 19, 28, 37, 46, 55, 56}, {2, 11, 20, 29, 38, 47, 48, 57}, {3, 12, 21, 30, 39, 40, 49, 58}, {4, 13, 22, 31, 32, 41, 50, 59}, {5, 14, 23, 24, 33, 42, 51, 60}, {6, 15, 16, 25, 34, 43, 52, 61}, {7, 8, 17, 26, 35, 44, 53, 62}};
+  const int table1[8][W] = {{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2, 3, 4, 5, 6, 7, 0}, {2, 3, 4, 5, 6, 7, 0, 1}, {3, 4, 5, 6, 7, 0, 1, 2}, {4, 5, 6, 7, 0, 1, 2, 3}, {5, 6, 7, 0, 1, 2, 3, 4}, {6, 7, 0, 1, 2, 3, 4, 5}, {7, 0, 1, 2, 3, 4, 5, 6}};
+  const int table2[8][W] = {{8, 9, 10, 11, 12, 13, 14, 15}, {9, 10, 11, 12, 13, 14, 15, 8}, {10, 11, 12, 13, 14, 15, 8, 9}, {11, 12, 13, 14, 15, 8, 9, 10}, {12, 13, 14, 15, 8, 9, 10, 11}, {13, 14, 15, 8, 9, 10, 11, 12}, {14, 15, 8, 9, 10, 11, 12, 13}, {15, 8, 9, 10, 11, 12, 13, 14}};
+  const int table3[8][W] = {{16, 17, 18, 19, 20, 21, 22, 23}, {17, 18, 19, 20, 21, 22, 23, 16}, {18, 19, 20, 21, 22, 23, 16, 17}, {19, 20, 21, 22, 23, 16, 17, 18}, {20, 21, 22, 23, 16, 17, 18, 19}, {21, 22, 23, 16, 17, 18, 19, 20}, {22, 23, 16, 17, 18, 19, 20, 21}, {23, 16, 17, 18, 19, 20, 21, 22}};
+  const int table4[8][W] = {{24, 25, 26, 27, 28, 29, 30, 31}, {25, 26, 27, 28, 29, 30, 31, 24}, {26, 27, 28, 29, 30, 31, 24, 25}, {27, 28, 29, 30, 31, 24, 25, 26}, {28, 29, 30, 31, 24, 25, 26, 27}, {29, 30, 31, 24, 25, 26, 27, 28}, {30, 31, 24, 25, 26, 27, 28, 29}, {31, 24, 25, 26, 27, 28, 29, 30}};
+  const int table5[8][W] = {{32, 33, 34, 35, 36, 37, 38, 39}, {33, 34, 35, 36, 37, 38, 39, 32}, {34, 35, 36, 37, 38, 39, 32, 33}, {35, 36, 37, 38, 39, 32, 33, 34}, {36, 37, 38, 39, 32, 33, 34, 35}, {37, 38, 39, 32, 33, 34, 35, 36}, {38, 39, 32, 33, 34, 35, 36, 37}, {39, 32, 33, 34, 35, 36, 37, 38}};
+  const int table6[8][W] = {{40, 41, 42, 43, 44, 45, 46, 47}, {41, 42, 43, 44, 45, 46, 47, 40}, {42, 43, 44, 45, 46, 47, 40, 41}, {43, 44, 45, 46, 47, 40, 41, 42}, {44, 45, 46, 47, 40, 41, 42, 43}, {45, 46, 47, 40, 41, 42, 43, 44}, {46, 47, 40, 41, 42, 43, 44, 45}, {47, 40, 41, 42, 43, 44, 45, 46}};
+  const int table7[8][W] = {{48, 49, 50, 51, 52, 53, 54, 55}, {49, 50, 51, 52, 53, 54, 55, 48}, {50, 51, 52, 53, 54, 55, 48, 49}, {51, 52, 53, 54, 55, 48, 49, 50}, {52, 53, 54, 55, 48, 49, 50, 51}, {53, 54, 55, 48, 49, 50, 51, 52}, {54, 55, 48, 49, 50, 51, 52, 53}, {55, 48, 49, 50, 51, 52, 53, 54}};
+  const int table8[8][W] = {{56, 57, 58, 59, 60, 61, 62, 63}, {57, 58, 59, 60, 61, 62, 63, 56}, {58, 59, 60, 61, 62, 63, 56, 57}, {59, 60, 61, 62, 63, 56, 57, 58}, {60, 61, 62, 63, 56, 57, 58, 59}, {61, 62, 63, 56, 57, 58, 59, 60}, {62, 63, 56, 57, 58, 59, 60, 61}, {63, 56, 57, 58, 59, 60, 61, 62}};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -167,526 +104,77 @@ allreduce_oneshot_ll128_f32_sum_w8(const collgen_args_w8 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]); inbox@rank+3[rank][rank] <- put(input@rank[rank]); inbox@rank+4[rank][rank] <- put(input@rank[rank]); inbox@rank+5[rank][rank] <- put(input@rank[rank]); inbox@rank+6[rank][rank] <- put(input@rank[rank]); inbox@rank+7[rank][rank] <- put(input@rank[rank])
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+3[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+4[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+5[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+6[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+7[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+3[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+4[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+5[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+6[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+7[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+1[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+2[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+4[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+5[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+6[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+7[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+1[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+2[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+3[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+5[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+6[rank][rank+4] <- put(input@rank[rank+4]); inbox@rank+7[rank][rank+4] <- put(input@rank[rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+1[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+2[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+3[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+4[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+6[rank][rank+5] <- put(input@rank[rank+5]); inbox@rank+7[rank][rank+5] <- put(input@rank[rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+1[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+2[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+3[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+4[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+5[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6]); inbox@rank+7[rank][rank+6] <- put(input@rank[rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+1[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+2[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+3[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+4[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+5[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+6[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-      PR::store(p2 + u * 16, x, flag, on);
-      PR::store(p3 + u * 16, x, flag, on);
-      PR::store(p4 + u * 16, x, flag, on);
-      PR::store(p5 + u * 16, x, flag, on);
-      PR::store(p6 + u * 16, x, flag, on);
-      PR::store(p7 + u * 16, x, flag, on);
-      PR::store(p8 + u * 16, x, flag, on);
+  { // k = 0..7, one loop: inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]); inbox@rank+3[rank][rank] <- put(input@rank[rank]); inbox@rank+4[rank][rank] <- put(input@rank[rank]); inbox@rank+5[rank][rank] <- put(input@rank[rank]); inbox@rank+6[rank][rank] <- put(input@rank[rank]); inbox@rank+7[rank][rank] <- put(input@rank[rank]) ... inbox@rank[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+1[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+2[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+3[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+4[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+5[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+6[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        const PR::P x = PR::ld(p0, u, sp.n);
+        PR::store(p1 + u * 16, x, flag, on);
+        PR::store(p2 + u * 16, x, flag, on);
+        PR::store(p3 + u * 16, x, flag, on);
+        PR::store(p4 + u * 16, x, flag, on);
+        PR::store(p5 + u * 16, x, flag, on);
+        PR::store(p6 + u * 16, x, flag, on);
+        PR::store(p7 + u * 16, x, flag, on);
+        PR::store(p8 + u * 16, x, flag, on);
+      }
     }
   }
 
   // phase 1
-  { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank], inbox@rank[4][rank], inbox@rank[5][rank], inbox@rank[6][rank], inbox@rank[7][rank])
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table14[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
+  { // k = 0..7, one loop: output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank], inbox@rank[4][rank], inbox@rank[5][rank], inbox@rank[6][rank], inbox@rank[7][rank]) ... output@rank[rank+7] <- reduce(inbox@rank[0][rank+7], inbox@rank[1][rank+7], inbox@rank[2][rank+7], inbox@rank[3][rank+7], inbox@rank[4][rank+7], inbox@rank[5][rank+7], inbox@rank[6][rank+7], inbox@rank[7][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 8; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[k][rank], chunk_ll);
+      const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[k][rank], chunk_ll);
+      const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[k][rank], chunk_ll);
+      const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[k][rank], chunk_ll);
+      const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[k][rank], chunk_ll);
+      const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[k][rank], chunk_ll);
+      const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[k][rank], chunk_ll);
+      const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[k][rank], chunk_ll);
+      E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        PR::P xs[8];
+        bool ok = true;
+        ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+        ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+        ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+        ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+        ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
+        ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
+        ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
+        ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+        if (PR::any(!ok)) {
+          if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
+          if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
+        }
+        const PR::P x = PR::reduce<T, OP, 8>(xs);
+        PR::st(p8, u, sp.n, x);
       }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1], inbox@rank[3][rank+1], inbox@rank[4][rank+1], inbox@rank[5][rank+1], inbox@rank[6][rank+1], inbox@rank[7][rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table16[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table17[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table18[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table19[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table20[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table21[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table22[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table23[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2], inbox@rank[3][rank+2], inbox@rank[4][rank+2], inbox@rank[5][rank+2], inbox@rank[6][rank+2], inbox@rank[7][rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table24[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table25[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table26[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table27[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table28[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table29[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table30[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table31[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+3] <- reduce(inbox@rank[0][rank+3], inbox@rank[1][rank+3], inbox@rank[2][rank+3], inbox@rank[3][rank+3], inbox@rank[4][rank+3], inbox@rank[5][rank+3], inbox@rank[6][rank+3], inbox@rank[7][rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table32[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table33[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table34[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table35[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table36[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table37[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table38[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table39[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+4] <- reduce(inbox@rank[0][rank+4], inbox@rank[1][rank+4], inbox@rank[2][rank+4], inbox@rank[3][rank+4], inbox@rank[4][rank+4], inbox@rank[5][rank+4], inbox@rank[6][rank+4], inbox@rank[7][rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table40[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table41[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table42[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table43[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table44[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table45[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table46[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table47[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+5] <- reduce(inbox@rank[0][rank+5], inbox@rank[1][rank+5], inbox@rank[2][rank+5], inbox@rank[3][rank+5], inbox@rank[4][rank+5], inbox@rank[5][rank+5], inbox@rank[6][rank+5], inbox@rank[7][rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table48[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table49[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table50[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table51[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table52[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table53[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table54[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table55[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+6] <- reduce(inbox@rank[0][rank+6], inbox@rank[1][rank+6], inbox@rank[2][rank+6], inbox@rank[3][rank+6], inbox@rank[4][rank+6], inbox@rank[5][rank+6], inbox@rank[6][rank+6], inbox@rank[7][rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table56[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table57[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table58[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table59[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table60[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table61[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table62[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table63[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+7] <- reduce(inbox@rank[0][rank+7], inbox@rank[1][rank+7], inbox@rank[2][rank+7], inbox@rank[3][rank+7], inbox@rank[4][rank+7], inbox@rank[5][rank+7], inbox@rank[6][rank+7], inbox@rank[7][rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table64[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table65[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table66[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table67[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table68[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table69[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table70[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table71[rank], chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P xs[8];
-      bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-      ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-      ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-      ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-      ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
-      if (PR::any(!ok)) {
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p3 + u * 16, flag, xs[3], 3, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p4 + u * 16, flag, xs[4], 4, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p5 + u * 16, flag, xs[5], 5, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p6 + u * 16, flag, xs[6], 6, 1, on)) goto done;
-        if (!cg_push_wait<PR>(a, p7 + u * 16, flag, xs[7], 7, 1, on)) goto done;
-      }
-      const PR::P x = PR::reduce<T, OP, 8>(xs);
-      PR::st(p8, u, sp.n, x);
     }
   }
 

@@ -39,34 +39,22 @@ allreduce_twoshot_ll128_bf16_max_w8(const collgen_args_w8 a) {
   typedef cg_max OP;
   constexpr int W = 8;
   const int rank = a.rank;
-  const int table0[W] = {1, 3, 5, 7, 9, 11, 13, 12};
-  const int table1[W] = {1, 3, 5, 7, 9, 11, 10, 12};
-  const int table2[W] = {1, 3, 5, 7, 9, 8, 10, 12};
-  const int table3[W] = {1, 3, 5, 7, 6, 8, 10, 12};
-  const int table4[W] = {1, 3, 5, 4, 6, 8, 10, 12};
-  const int table5[W] = {1, 3, 2, 4, 6, 8, 10, 12};
-  const int table6[W] = {1, 0, 2, 4, 6, 8, 10, 12};
-  const int table7[W] = {0, 2, 4, 6, 8, 10, 12, 1};
-  const int table8[W] = {2, 4, 6, 8, 10, 12, 1, 3};
-  const int table9[W] = {4, 6, 8, 10, 12, 1, 3, 5};
-  const int table10[W] = {6, 8, 10, 12, 1, 3, 5, 7};
-  const int table11[W] = {8, 10, 12, 1, 3, 5, 7, 9};
-  const int table12[W] = {10, 12, 1, 3, 5, 7, 9, 11};
-  const int table13[W] = {12, 1, 3, 5, 7, 9, 11, 13};
-  const int table14[W] = {0, 2, 4, 6, 8, 10, 12, 13};
-  const int table15[W] = {0, 2, 4, 6, 8, 10, 11, 13};
-  const int table16[W] = {0, 2, 4, 6, 8, 9, 11, 13};
-  const int table17[W] = {0, 2, 4, 6, 7, 9, 11, 13};
-  const int table18[W] = {0, 2, 4, 5, 7, 9, 11, 13};
-  const int table19[W] = {0, 2, 3, 5, 7, 9, 11, 13};
-  const int table20[W] = {0, 1, 3, 5, 7, 9, 11, 13};
-  const int table21[W] = {1, 3, 5, 7, 9, 11, 13, 0};
-  const int table22[W] = {3, 5, 7, 9, 11, 13, 0, 2};
-  const int table23[W] = {5, 7, 9, 11, 13, 0, 2, 4};
-  const int table24[W] = {7, 9, 11, 13, 0, 2, 4, 6};
-  const int table25[W] = {9, 11, 13, 0, 2, 4, 6, 8};
-  const int table26[W] = {11, 13, 0, 2, 4, 6, 8, 10};
-  const int table27[W] = {13, 0, 2, 4, 6, 8, 10, 12};
+  const int table0[7][W] = {{1, 3, 5, 7, 9, 11, 13, 12}, {1, 3, 5, 7, 9, 11, 10, 12}, {1, 3, 5, 7, 9, 8, 10, 12}, {1, 3, 5, 7, 6, 8, 10, 12}, {1, 3, 5, 4, 6, 8, 10, 12}, {1, 3, 2, 4, 6, 8, 10, 12}, {1, 0, 2, 4, 6, 8, 10, 12}};
+  const int table1[W] = {0, 2, 4, 6, 8, 10, 12, 1};
+  const int table2[W] = {2, 4, 6, 8, 10, 12, 1, 3};
+  const int table3[W] = {4, 6, 8, 10, 12, 1, 3, 5};
+  const int table4[W] = {6, 8, 10, 12, 1, 3, 5, 7};
+  const int table5[W] = {8, 10, 12, 1, 3, 5, 7, 9};
+  const int table6[W] = {10, 12, 1, 3, 5, 7, 9, 11};
+  const int table7[W] = {12, 1, 3, 5, 7, 9, 11, 13};
+  const int table8[W] = {0, 2, 4, 6, 8, 10, 12, 13};
+  const int table9[W] = {0, 2, 4, 6, 8, 10, 11, 13};
+  const int table10[W] = {0, 2, 4, 6, 8, 9, 11, 13};
+  const int table11[W] = {0, 2, 4, 6, 7, 9, 11, 13};
+  const int table12[W] = {0, 2, 4, 5, 7, 9, 11, 13};
+  const int table13[W] = {0, 2, 3, 5, 7, 9, 11, 13};
+  const int table14[W] = {0, 1, 3, 5, 7, 9, 11, 13};
+  const int table15[7][W] = {{1, 3, 5, 7, 9, 11, 13, 0}, {3, 5, 7, 9, 11, 13, 0, 2}, {5, 7, 9, 11, 13, 0, 2, 4}, {7, 9, 11, 13, 0, 2, 4, 6}, {9, 11, 13, 0, 2, 4, 6, 8}, {11, 13, 0, 2, 4, 6, 8, 10}, {13, 0, 2, 4, 6, 8, 10, 12}};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -74,88 +62,19 @@ allreduce_twoshot_ll128_bf16_max_w8(const collgen_args_w8 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
+  { // k = 0..6, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        const PR::P x = PR::ld(p0, u, sp.n);
+        PR::store(p1 + u * 16, x, flag, on);
+      }
     }
   }
 
@@ -165,21 +84,21 @@ allreduce_twoshot_ll128_bf16_max_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table14[rank], chunk_ll);
-    char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table15[rank], chunk_ll);
-    char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table16[rank], chunk_ll);
-    char* const p12 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table17[rank], chunk_ll);
-    char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table18[rank], chunk_ll);
-    char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table19[rank], chunk_ll);
-    char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table20[rank], chunk_ll);
+    char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table8[rank], chunk_ll);
+    char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table9[rank], chunk_ll);
+    char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table10[rank], chunk_ll);
+    char* const p12 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table11[rank], chunk_ll);
+    char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table12[rank], chunk_ll);
+    char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table13[rank], chunk_ll);
+    char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table14[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[8];
@@ -214,95 +133,20 @@ allreduce_twoshot_ll128_bf16_max_w8(const collgen_args_w8 a) {
   }
 
   // phase 2
-  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table21[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table22[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table23[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+4] <- copy(inbox@rank[rank+4][rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table24[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 4, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+5] <- copy(inbox@rank[rank+5][rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table25[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 5, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+6] <- copy(inbox@rank[rank+6][rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table26[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 6, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
-    }
-  }
-  { // output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table27[rank], chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 7, W), 2, on)) goto done;
-      PR::st(p1, u, sp.n, x);
+  { // k = 0..6, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[k][rank], chunk_ll);
+      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        PR::P x;
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 2, on)) goto done;
+        PR::st(p1, u, sp.n, x);
+      }
     }
   }
 

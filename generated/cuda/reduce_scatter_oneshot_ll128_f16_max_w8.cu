@@ -24,20 +24,14 @@ reduce_scatter_oneshot_ll128_f16_max_w8(const collgen_args_w8 a) {
   typedef cg_max OP;
   constexpr int W = 8;
   const int rank = a.rank;
-  const int table0[W] = {0, 1, 2, 3, 4, 5, 6, 6};
-  const int table1[W] = {0, 1, 2, 3, 4, 5, 5, 6};
-  const int table2[W] = {0, 1, 2, 3, 4, 4, 5, 6};
-  const int table3[W] = {0, 1, 2, 3, 3, 4, 5, 6};
-  const int table4[W] = {0, 1, 2, 2, 3, 4, 5, 6};
-  const int table5[W] = {0, 1, 1, 2, 3, 4, 5, 6};
-  const int table6[W] = {0, 0, 1, 2, 3, 4, 5, 6};
-  const int table7[W] = {0, 1, 2, 3, 4, 5, 6, 0};
-  const int table8[W] = {1, 2, 3, 4, 5, 6, 0, 1};
-  const int table9[W] = {2, 3, 4, 5, 6, 0, 1, 2};
-  const int table10[W] = {3, 4, 5, 6, 0, 1, 2, 3};
-  const int table11[W] = {4, 5, 6, 0, 1, 2, 3, 4};
-  const int table12[W] = {5, 6, 0, 1, 2, 3, 4, 5};
-  const int table13[W] = {6, 0, 1, 2, 3, 4, 5, 6};
+  const int table0[7][W] = {{0, 1, 2, 3, 4, 5, 6, 6}, {0, 1, 2, 3, 4, 5, 5, 6}, {0, 1, 2, 3, 4, 4, 5, 6}, {0, 1, 2, 3, 3, 4, 5, 6}, {0, 1, 2, 2, 3, 4, 5, 6}, {0, 1, 1, 2, 3, 4, 5, 6}, {0, 0, 1, 2, 3, 4, 5, 6}};
+  const int table1[W] = {0, 1, 2, 3, 4, 5, 6, 0};
+  const int table2[W] = {1, 2, 3, 4, 5, 6, 0, 1};
+  const int table3[W] = {2, 3, 4, 5, 6, 0, 1, 2};
+  const int table4[W] = {3, 4, 5, 6, 0, 1, 2, 3};
+  const int table5[W] = {4, 5, 6, 0, 1, 2, 3, 4};
+  const int table6[W] = {5, 6, 0, 1, 2, 3, 4, 5};
+  const int table7[W] = {6, 0, 1, 2, 3, 4, 5, 6};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -45,88 +39,19 @@ reduce_scatter_oneshot_ll128_f16_max_w8(const collgen_args_w8 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+4[rank][rank+4] <- put(input@rank[rank+4])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 4, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 4, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+5[rank][rank+5] <- put(input@rank[rank+5])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 5, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 5, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+6[rank][rank+6] <- put(input@rank[rank+6])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 6, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 6, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
-    }
-  }
-  { // inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W));
-    const cg_s64 units = PR::units<E>(sp.n);
-    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 7, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 7, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-      const bool on = u < units;
-      const PR::P x = PR::ld(p0, u, sp.n);
-      PR::store(p1 + u * 16, x, flag, on);
+  { // k = 0..6, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
+    #pragma unroll 1
+    for (int k = 0; k < 7; k++) {
+      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+        const bool on = u < units;
+        const PR::P x = PR::ld(p0, u, sp.n);
+        PR::store(p1 + u * 16, x, flag, on);
+      }
     }
   }
 
@@ -136,13 +61,13 @@ reduce_scatter_oneshot_ll128_f16_max_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
     E* const p8 = (E*)a.output;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;

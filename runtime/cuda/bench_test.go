@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,11 +100,25 @@ func stripOffsetof(b testing.TB, name, src string) string {
 	return strings.Join(lines, "\n")
 }
 
+// compileArch is the architecture the compile benchmarks target:
+// $COLLGEN_BENCH_ARCH (as 90 for sm_90) when set, so they run where NVRTC
+// is installed without a GPU (NVRTC needs no device), else the first
+// device's.
+func compileArch(b testing.TB) int {
+	if s := os.Getenv("COLLGEN_BENCH_ARCH"); s != "" {
+		a, err := strconv.Atoi(strings.TrimPrefix(s, "sm_"))
+		if err != nil || a <= 0 {
+			b.Fatalf("COLLGEN_BENCH_ARCH=%q: want a compute capability such as 90", s)
+		}
+		return a
+	}
+	return cudatest.Devices(b, 1)[0].Arch()
+}
+
 // BenchmarkNVRTCCompile is the cold compile of the whole kernel set, one
 // file after another (ms/set is the figure to quote).
 func BenchmarkNVRTCCompile(b *testing.B) {
-	d := cudatest.Devices(b, 1)[0]
-	reqs := kernelSet(b, d.Arch())
+	reqs := kernelSet(b, compileArch(b))
 	ctx := context.Background()
 	t0 := time.Now()
 	for b.Loop() {
@@ -124,8 +139,7 @@ func BenchmarkNVRTCCompile(b *testing.B) {
 // memory bandwidth), so NVRTC options can be compared in seconds each
 // ($COLLGEN_NVRTC_OPTIONS; tests/gpu/coldstart.sh does).
 func BenchmarkNVRTCCompileParallel(b *testing.B) {
-	d := cudatest.Devices(b, 1)[0]
-	reqs := kernelSet(b, d.Arch())
+	reqs := kernelSet(b, compileArch(b))
 	var mu sync.Mutex
 	var sum, slowest time.Duration
 	slowestName := ""
@@ -212,8 +226,7 @@ func logCompileTimes(b *testing.B, times map[string]time.Duration) {
 // set's headers and holds one empty kernel: the fixed cost every kernel
 // file pays (NVRTC's start-up, parsing the headers) before its own code.
 func BenchmarkNVRTCHeaderOnly(b *testing.B) {
-	d := cudatest.Devices(b, 1)[0]
-	reqs := kernelSet(b, d.Arch())
+	reqs := kernelSet(b, compileArch(b))
 	req := reqs[0]
 	req.Name = "header_only.cu"
 	req.Source = ""

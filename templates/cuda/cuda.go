@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/template"
 
@@ -61,9 +62,9 @@ func execute(t *template.Template, name, file string, data any) ([]byte, error) 
 // sprigAllowed lists the sprig functions templates use: deterministic,
 // side-effect-free string helpers only (sprig's map also has random and
 // crypto functions, which would break byte-for-byte reproducible output).
-// kernel.cu.tmpl comments the schedule out with trimSuffix and replace, and
-// lays out lookup tables with join.
-var sprigAllowed = []string{"join", "replace", "trimSuffix"}
+// kernel.cu.tmpl comments the schedule out with trimSuffix and replace
+// (lookup tables are laid out by table.Decl).
+var sprigAllowed = []string{"replace", "trimSuffix"}
 
 func parse() (*template.Template, error) {
 	all := sprig.TxtFuncMap()
@@ -117,10 +118,33 @@ type kernelContext struct {
 	Proto string
 }
 
-// table is a lookup table of the executing rank: Values[rank].
+// table is a lookup table of the executing rank: Values[rank], or for a
+// loop's index (loopTable) Rows[k][rank], where Indices[k] is the index
+// row k stands for.
 type table struct {
-	Name   string
-	Values []int
+	Name    string
+	Values  []int
+	Rows    [][]int
+	Indices []schedule.Index
+}
+
+// Decl is the table's C declaration, inside the kernel.
+func (t table) Decl() string {
+	row := func(v []int) string {
+		s := make([]string, len(v))
+		for i, x := range v {
+			s[i] = strconv.Itoa(x)
+		}
+		return "{" + strings.Join(s, ", ") + "}"
+	}
+	if t.Rows == nil {
+		return fmt.Sprintf("const int %s[W] = %s;", t.Name, row(t.Values))
+	}
+	rows := make([]string, len(t.Rows))
+	for k, r := range t.Rows {
+		rows[k] = row(r)
+	}
+	return fmt.Sprintf("const int %s[%d][W] = {%s};", t.Name, len(t.Rows), strings.Join(rows, ", "))
 }
 
 // phaseContext is one phase of the kernel: its steps and closing barrier.

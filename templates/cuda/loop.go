@@ -25,8 +25,10 @@ import (
 // place). The run is a loop when the texts are the same and each index is
 // either the same in every group or rank+K0+k in group k; the loop body is
 // the first group's text with each placeholder replaced by the index's C
-// expression. Anything else (an index that would need a lookup table per
-// iteration) stays one block per group, as before.
+// expression. Any other index (push kernels' inbox places, per-rank
+// tables that change from group to group) becomes a lookup table of one
+// row per iteration, name[k][rank] (loopTable). Groups whose texts differ
+// stay one block each, as before.
 
 // placeholder is what index writes for the i-th index of a recording.
 func placeholder(i int) string { return fmt.Sprintf("\x00%d\x00", i) }
@@ -70,23 +72,20 @@ func (e *kernelEmitter) loop(run [][]schedule.Step, render func([]schedule.Step)
 		}
 		body, recs[i] = sc, e.rec
 	}
-	col := make([]schedule.Index, len(run))
-	steps := make([]bool, len(recs[0])) // index j advances with k
-	for j := range recs[0] {
+	var pairs []string
+	for j, x := range recs[0] {
+		col := make([]schedule.Index, len(run))
 		for i := range run {
 			col[i] = recs[i][j]
 		}
-		same, step := loopColumn(col, e.s.World)
-		if !same && !step {
-			return stepContext{}, false
-		}
-		steps[j] = step
-	}
-	var pairs []string
-	for j, x := range recs[0] {
-		expr := loopRel(x.K)
-		if !steps[j] {
+		var expr string
+		switch same, step := loopColumn(col, e.s.World); {
+		case same:
 			expr = e.index(x)
+		case step:
+			expr = loopRel(x.K)
+		default:
+			expr = e.loopTable(col) + "[k][rank]"
 		}
 		pairs = append(pairs, placeholder(j), expr)
 	}
@@ -110,6 +109,29 @@ func loopColumn(col []schedule.Index, w int) (same, step bool) {
 		step = step && x.Kind == schedule.RankPlus && col[0].Kind == schedule.RankPlus && x.K == col[0].K+k && x.K < w
 	}
 	return same, step && !same
+}
+
+// loopTable declares (once per distinct content) the lookup table of a
+// loop index that is neither the same in every group nor rank+K0+k: row k
+// holds group k's index on every rank, so name[k][rank] is what the
+// group's own block computed (a constant, cg_rel or a per-rank table).
+func (e *kernelEmitter) loopTable(col []schedule.Index) string {
+	w := e.s.World
+	rows := make([][]int, len(col))
+	for k, x := range col {
+		rows[k] = make([]int, w)
+		for r := range w {
+			rows[k][r] = x.Eval(r, w)
+		}
+	}
+	key := fmt.Sprint(rows)
+	name, ok := e.byValues[key]
+	if !ok {
+		name = fmt.Sprintf("table%d", len(e.tables))
+		e.byValues[key] = name
+		e.tables = append(e.tables, table{Name: name, Rows: rows, Indices: col})
+	}
+	return name
 }
 
 // loopRel is the C expression of rank + k0 + k mod W.

@@ -15,7 +15,7 @@ import (
 
 var (
 	loopHead = regexp.MustCompile(`^for \(int k = 0; k < (\d+); k\+\+\) \{$`)
-	loopVar  = regexp.MustCompile(`cg_rel\(rank, k( \+ (\d+))?, W\)`)
+	loopVar  = regexp.MustCompile(`cg_rel\(rank, k( \+ (\d+))?, W\)|(table\d+)\[k\]\[rank\]`)
 )
 
 // unroll returns iteration i of a loop block's body, with k's expressions
@@ -24,8 +24,17 @@ func unroll(e *kernelEmitter, body []string, i int) []string {
 	out := make([]string, len(body))
 	for j, line := range body {
 		out[j] = loopVar.ReplaceAllStringFunc(line, func(m string) string {
+			sub := loopVar.FindStringSubmatch(m)
+			if sub[3] != "" { // a loop table: row i stands for an index
+				for _, t := range e.tables {
+					if t.Name == sub[3] {
+						return e.index(t.Indices[i])
+					}
+				}
+				panic("no loop table " + sub[3])
+			}
 			k0 := 0
-			if sub := loopVar.FindStringSubmatch(m); sub[2] != "" {
+			if sub[2] != "" {
 				k0, _ = strconv.Atoi(sub[2])
 			}
 			return e.index(schedule.Rel(k0 + i))
@@ -124,9 +133,9 @@ func TestLoopsRunTheSchedule(t *testing.T) {
 		len(p.Kernels), blocks[false], loops[false], blocks[true], loops[true])
 }
 
-// TestLoopsBreak: a run ends where the rendered text differs (a buffer),
-// or an index neither stays the same nor advances by one (a table that
-// changes, a step of two, past W - 1).
+// TestLoopsBreak: a run ends where the rendered text differs (a buffer);
+// an index that neither stays the same nor advances by one (a table that
+// changes, a step of two, past W - 1, constants) becomes a loop table.
 func TestLoopsBreak(t *testing.T) {
 	copyStep := func(dst, src schedule.Buffer, rank, chunk schedule.Index) []schedule.Step {
 		return []schedule.Step{{Kind: schedule.Copy,
@@ -150,26 +159,26 @@ func TestLoopsBreak(t *testing.T) {
 			copyStep(schedule.Output, schedule.Scratch, schedule.Rel(2), schedule.Rel(2)),
 			copyStep(schedule.Output, schedule.Scratch, schedule.Rel(3), schedule.Rel(3)),
 		}, []int{1, 2}},
-		{"table changes", [][]schedule.Step{
+		{"table changes: a loop table", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, tab, schedule.Rel(0)),
 			copyStep(schedule.Output, schedule.Stage, tab2, schedule.Rel(1)),
-		}, []int{1, 1}},
+		}, []int{2}},
 		{"same table, chunk advances", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, tab, schedule.Rel(0)),
 			copyStep(schedule.Output, schedule.Stage, tab, schedule.Rel(1)),
 		}, []int{2}},
-		{"step of two", [][]schedule.Step{
+		{"step of two: a loop table", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(0), schedule.Rel(0)),
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(2), schedule.Rel(2)),
-		}, []int{1, 1}},
-		{"past W-1", [][]schedule.Step{
+		}, []int{2}},
+		{"past W-1: a loop table", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(3), schedule.Rel(3)),
 			copyStep(schedule.Output, schedule.Stage, schedule.Rel(4), schedule.Rel(4)),
-		}, []int{1, 1}},
-		{"constants step", [][]schedule.Step{
+		}, []int{2}},
+		{"constants step: a loop table", [][]schedule.Step{
 			copyStep(schedule.Output, schedule.Stage, schedule.ConstIndex(1), schedule.ConstIndex(1)),
 			copyStep(schedule.Output, schedule.Stage, schedule.ConstIndex(2), schedule.ConstIndex(2)),
-		}, []int{1, 1}},
+		}, []int{2}},
 	} {
 		e := &kernelEmitter{s: &schedule.Schedule{World: 4}, byValues: map[string]string{}}
 		// A stand-in for the step emitters: the buffers as text, the
