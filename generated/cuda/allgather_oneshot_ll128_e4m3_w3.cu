@@ -22,7 +22,8 @@ allgather_oneshot_ll128_e4m3_w3(const collgen_args_w3 a) {
   const int rank = a.rank;
   const int table0[W] = {0, 1, 1};
   const int table1[W] = {0, 0, 1};
-  const int table2[2][W] = {{0, 1, 0}, {1, 0, 1}};
+  const int table2[W] = {0, 1, 0};
+  const int table3[W] = {1, 0, 1};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -57,20 +58,30 @@ allgather_oneshot_ll128_e4m3_w3(const collgen_args_w3 a) {
       PR::st(p1, u, sp.n, x);
     }
   }
-  { // k = 0..1, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 2; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[k][rank], chunk_ll);
-      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        PR::P x;
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 1, on)) goto done;
-        PR::st(p1, u, sp.n, x);
-      }
+  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;
+      PR::st(p1, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1, on)) goto done;
+      PR::st(p1, u, sp.n, x);
     }
   }
 

@@ -28,10 +28,18 @@ allreduce_oneshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
   typedef cg_sum OP;
   constexpr int W = 3;
   const int rank = a.rank;
-  const int table0[3][W] = {{0, 4, 8}, {1, 5, 6}, {2, 3, 7}};
-  const int table1[3][W] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}};
-  const int table2[3][W] = {{3, 4, 5}, {4, 5, 3}, {5, 3, 4}};
-  const int table3[3][W] = {{6, 7, 8}, {7, 8, 6}, {8, 6, 7}};
+  const int table0[W] = {0, 4, 8};
+  const int table1[W] = {1, 5, 6};
+  const int table2[W] = {2, 3, 7};
+  const int table3[W] = {0, 1, 2};
+  const int table4[W] = {3, 4, 5};
+  const int table5[W] = {6, 7, 8};
+  const int table6[W] = {1, 2, 0};
+  const int table7[W] = {4, 5, 3};
+  const int table8[W] = {7, 8, 6};
+  const int table9[W] = {2, 0, 1};
+  const int table10[W] = {5, 3, 4};
+  const int table11[W] = {8, 6, 7};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -39,52 +47,126 @@ allreduce_oneshot_ll128_f32_sum_w3(const collgen_args_w3 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // k = 0..2, one loop: inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]) ... inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 3; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        const PR::P x = PR::ld(p0, u, sp.n);
-        PR::store(p1 + u * 16, x, flag, on);
-        PR::store(p2 + u * 16, x, flag, on);
-        PR::store(p3 + u * 16, x, flag, on);
-      }
+  { // inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank])
+    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+    }
+  }
+  { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
+    }
+  }
+  { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+      PR::store(p2 + u * 16, x, flag, on);
+      PR::store(p3 + u * 16, x, flag, on);
     }
   }
 
   // phase 1
-  { // k = 0..2, one loop: output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank]) ... output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 3; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[k][rank], chunk_ll);
-      const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[k][rank], chunk_ll);
-      const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[k][rank], chunk_ll);
-      E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        PR::P xs[3];
-        bool ok = true;
-        ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-        ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-        ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-        if (PR::any(!ok)) {
-          if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
-          if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
-          if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
-        }
-        const PR::P x = PR::reduce<T, OP, 3>(xs);
-        PR::st(p3, u, sp.n, x);
+  { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank])
+    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P xs[3];
+      bool ok = true;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
       }
+      const PR::P x = PR::reduce<T, OP, 3>(xs);
+      PR::st(p3, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
+    E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P xs[3];
+      bool ok = true;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+      }
+      const PR::P x = PR::reduce<T, OP, 3>(xs);
+      PR::st(p3, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P xs[3];
+      bool ok = true;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      if (PR::any(!ok)) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
+        if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], 2, 1, on)) goto done;
+      }
+      const PR::P x = PR::reduce<T, OP, 3>(xs);
+      PR::st(p3, u, sp.n, x);
     }
   }
 

@@ -22,9 +22,12 @@ allreduce_oneshot_ll_bf16_max_w2(const collgen_args_w2 a) {
   typedef cg_max OP;
   constexpr int W = 2;
   const int rank = a.rank;
-  const int table0[2][W] = {{0, 3}, {1, 2}};
-  const int table1[2][W] = {{0, 1}, {1, 0}};
-  const int table2[2][W] = {{2, 3}, {3, 2}};
+  const int table0[W] = {0, 3};
+  const int table1[W] = {1, 2};
+  const int table2[W] = {0, 1};
+  const int table3[W] = {2, 3};
+  const int table4[W] = {1, 0};
+  const int table5[W] = {3, 2};
   typedef cg_ll PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -32,45 +35,72 @@ allreduce_oneshot_ll_bf16_max_w2(const collgen_args_w2 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // k = 0..1, one loop: inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]) ... inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    #pragma unroll 1
-    for (int k = 0; k < 2; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-        const PR::P x = PR::ld(p0, u, sp.n);
-        PR::store(p1 + u * 16, x, flag);
-        PR::store(p2 + u * 16, x, flag);
-      }
+  { // inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank])
+    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
+    }
+  }
+  { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
+    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag);
+      PR::store(p2 + u * 16, x, flag);
     }
   }
 
   // phase 1
-  { // k = 0..1, one loop: output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank]) ... output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1])
-    #pragma unroll 1
-    for (int k = 0; k < 2; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[k][rank], chunk_ll);
-      const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[k][rank], chunk_ll);
-      E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
-        PR::P xs[2];
-        bool ok = true;
-        ok &= PR::poll(p0 + u * 16, flag, xs[0]);
-        ok &= PR::poll(p1 + u * 16, flag, xs[1]);
-        if (!ok) {
-          if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
-          if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
-        }
-        const PR::P x = PR::reduce<T, OP, 2>(xs);
-        PR::st(p2, u, sp.n, x);
+  { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank])
+    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[2];
+      bool ok = true;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      if (!ok) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
       }
+      const PR::P x = PR::reduce<T, OP, 2>(xs);
+      PR::st(p2, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      PR::P xs[2];
+      bool ok = true;
+      ok &= PR::poll(p0 + u * 16, flag, xs[0]);
+      ok &= PR::poll(p1 + u * 16, flag, xs[1]);
+      if (!ok) {
+        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1)) goto done;
+        if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1)) goto done;
+      }
+      const PR::P x = PR::reduce<T, OP, 2>(xs);
+      PR::st(p2, u, sp.n, x);
     }
   }
 

@@ -24,12 +24,14 @@ allreduce_twoshot_ll128_f16_max_w3(const collgen_args_w3 a) {
   typedef cg_max OP;
   constexpr int W = 3;
   const int rank = a.rank;
-  const int table0[2][W] = {{1, 3, 2}, {1, 0, 2}};
-  const int table1[W] = {0, 2, 1};
-  const int table2[W] = {2, 1, 3};
-  const int table3[W] = {0, 2, 3};
-  const int table4[W] = {0, 1, 3};
-  const int table5[2][W] = {{1, 3, 0}, {3, 0, 2}};
+  const int table0[W] = {1, 3, 2};
+  const int table1[W] = {1, 0, 2};
+  const int table2[W] = {0, 2, 1};
+  const int table3[W] = {2, 1, 3};
+  const int table4[W] = {0, 2, 3};
+  const int table5[W] = {0, 1, 3};
+  const int table6[W] = {1, 3, 0};
+  const int table7[W] = {3, 0, 2};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -37,19 +39,28 @@ allreduce_twoshot_ll128_f16_max_w3(const collgen_args_w3 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // k = 0..1, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 2; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        const PR::P x = PR::ld(p0, u, sp.n);
-        PR::store(p1 + u * 16, x, flag, on);
-      }
+  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+    }
+  }
+  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -59,11 +70,11 @@ allreduce_twoshot_ll128_f16_max_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
+    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
@@ -83,20 +94,30 @@ allreduce_twoshot_ll128_f16_max_w3(const collgen_args_w3 a) {
   }
 
   // phase 2
-  { // k = 0..1, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 2; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[k][rank], chunk_ll);
-      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        PR::P x;
-        if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 2, on)) goto done;
-        PR::st(p1, u, sp.n, x);
-      }
+  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
+      PR::st(p1, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2, on)) goto done;
+      PR::st(p1, u, sp.n, x);
     }
   }
 

@@ -20,10 +20,12 @@ reduce_scatter_oneshot_ll128_f32_min_w4(const collgen_args_w4 a) {
   typedef cg_min OP;
   constexpr int W = 4;
   const int rank = a.rank;
-  const int table0[3][W] = {{0, 1, 2, 2}, {0, 1, 1, 2}, {0, 0, 1, 2}};
-  const int table1[W] = {0, 1, 2, 0};
-  const int table2[W] = {1, 2, 0, 1};
-  const int table3[W] = {2, 0, 1, 2};
+  const int table0[W] = {0, 1, 2, 2};
+  const int table1[W] = {0, 1, 1, 2};
+  const int table2[W] = {0, 0, 1, 2};
+  const int table3[W] = {0, 1, 2, 0};
+  const int table4[W] = {1, 2, 0, 1};
+  const int table5[W] = {2, 0, 1, 2};
   typedef cg_ll128 PR;
   const cg_u64 epoch = cg_epoch(a.seq);
   const int slot = (int)(epoch & 1);
@@ -31,19 +33,40 @@ reduce_scatter_oneshot_ll128_f32_min_w4(const collgen_args_w4 a) {
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
-  { // k = 0..2, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    #pragma unroll 1
-    for (int k = 0; k < 3; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
-      const cg_s64 units = PR::units<E>(sp.n);
-      const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
-        const bool on = u < units;
-        const PR::P x = PR::ld(p0, u, sp.n);
-        PR::store(p1 + u * 16, x, flag, on);
-      }
+  { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+    }
+  }
+  { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
+    }
+  }
+  { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
+    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
+    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
@@ -53,9 +76,9 @@ reduce_scatter_oneshot_ll128_f32_min_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
     E* const p4 = (E*)a.output;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;

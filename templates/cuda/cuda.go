@@ -302,7 +302,7 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 	seq := 0
 	for _, ph := range e.s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
-		steps, err := e.blocks(singles(ph.Steps), func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) })
+		steps, err := e.blocks(singles(ph.Steps), true, func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) })
 		if err != nil {
 			return nil, err
 		}
@@ -353,7 +353,7 @@ func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 	var phases []phaseContext
 	for pi, ph := range e.s.Phases {
 		pc := phaseContext{}
-		steps, err := e.blocks(llGroups(ph.Steps), func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) })
+		steps, err := e.blocks(llGroups(ph.Steps), e.s.World >= pushLoopMinWorld, func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) })
 		if err != nil {
 			return nil, err
 		}

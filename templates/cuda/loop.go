@@ -33,13 +33,30 @@ import (
 // placeholder is what index writes for the i-th index of a recording.
 func placeholder(i int) string { return fmt.Sprintf("\x00%d\x00", i) }
 
+// pushLoopMinWorld is the smallest world whose push (LL, LL128) kernels
+// loop. A loop costs latency where the unrolled blocks let the compiler
+// overlap the groups' memory operations: on 2 x H200 (bf16 all-reduce,
+// graph replay, one run) looping made the world-2 oneshot_ll 0.2 us slower
+// at 1 KiB (3.82 against 3.61 us) and oneshot_ll128 0.5 us (5.55 against
+// 5.05), while the barrier kernels, which auto uses from megabytes up, ran
+// as fast as unrolled from 1 MiB on (1 KiB one-shot: 8.77 against 8.54).
+// Push kernels are the small-message path, so they stay unrolled where
+// unrolling is cheap to compile; at world 8 a one-shot group is eight
+// puts of eight groups, and there the loop cuts the file's compile time
+// several times over.
+const pushLoopMinWorld = 8
+
 // blocks renders a phase's groups (a barrier step is a group of one; push
-// groups come from llGroups) with render: the longest run from each group
-// on as one loop, a group that starts no run as its own block.
-func (e *kernelEmitter) blocks(groups [][]schedule.Step, render func([]schedule.Step) (stepContext, error)) ([]stepContext, error) {
+// groups come from llGroups) with render: when loops is set, the longest
+// run from each group on as one loop, and a group that starts no run (or
+// every group, without loops) as its own block.
+func (e *kernelEmitter) blocks(groups [][]schedule.Step, loops bool, render func([]schedule.Step) (stepContext, error)) ([]stepContext, error) {
 	var out []stepContext
 	for i := 0; i < len(groups); {
 		n, sc, ok := len(groups)-i, stepContext{}, false
+		if !loops {
+			n = 1
+		}
 		for ; n > 1; n-- {
 			if sc, ok = e.loop(groups[i:i+n], render); ok {
 				break

@@ -47,9 +47,9 @@ func unroll(e *kernelEmitter, body []string, i int) []string {
 // iteration i is, line for line, the block render writes for its group i
 // alone, and that other blocks are render's; it returns the loops' lengths
 // (1 for a block).
-func checkBlocks(t *testing.T, e *kernelEmitter, name string, groups [][]schedule.Step, render func([]schedule.Step) (stepContext, error)) []int {
+func checkBlocks(t *testing.T, e *kernelEmitter, name string, groups [][]schedule.Step, loops bool, render func([]schedule.Step) (stepContext, error)) []int {
 	t.Helper()
-	blocks, err := e.blocks(groups, render)
+	blocks, err := e.blocks(groups, loops, render)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -111,12 +111,22 @@ func TestLoopsRunTheSchedule(t *testing.T) {
 				groups = llGroups(ph.Steps)
 				render = func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) }
 			}
-			lens := checkBlocks(t, e, name, groups, render)
+			// Loops are checked wherever they could be made (push
+			// kernels of every world too), then as the kernel renders.
+			checkBlocks(t, e, name, groups, true, render)
+			withLoops := !sch.Protocol.Push() || sch.World >= pushLoopMinWorld
+			lens := checkBlocks(t, e, name, groups, withLoops, render)
 			for _, n := range lens {
 				blocks[sch.Protocol.Push()]++
 				if n > 1 {
 					loops[sch.Protocol.Push()]++
+					if !withLoops {
+						t.Errorf("%s: a loop of %d in a world-%d push kernel", name, n, sch.World)
+					}
 				}
+			}
+			if strings.HasPrefix(k.Name, "allreduce_oneshot_ll128_f32_sum_w8") && fmt.Sprint(lens) != "[8]" {
+				t.Errorf("%s: blocks %v, want one loop of 8", name, lens)
 			}
 			if strings.HasPrefix(k.Name, "allreduce_oneshot_f32_sum_w8") && fmt.Sprint(lens) != "[8]" {
 				t.Errorf("%s: blocks %v, want one loop of 8", name, lens)
@@ -126,8 +136,8 @@ func TestLoopsRunTheSchedule(t *testing.T) {
 			t.Fatalf("%s: %v", k.Name, e.err)
 		}
 	}
-	if loops[false] == 0 {
-		t.Fatal("no loops in the shipped barrier kernels")
+	if loops[false] == 0 || loops[true] == 0 {
+		t.Fatalf("loops in the shipped kernels: barrier %d, push %d; want some of each", loops[false], loops[true])
 	}
 	t.Logf("%d kernels: barrier kernels %d blocks, %d of them loops; push kernels %d blocks, %d loops",
 		len(p.Kernels), blocks[false], loops[false], blocks[true], loops[true])
@@ -189,7 +199,7 @@ func TestLoopsBreak(t *testing.T) {
 				st.Dst.Buf, e.index(st.Dst.Rank), e.index(st.Dst.Chunk),
 				st.Srcs[0].Buf, e.index(st.Srcs[0].Rank), e.index(st.Srcs[0].Chunk))}}, nil
 		}
-		if got := checkBlocks(t, e, c.name, c.groups, render); fmt.Sprint(got) != fmt.Sprint(c.want) {
+		if got := checkBlocks(t, e, c.name, c.groups, true, render); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: loops of %v, want %v", c.name, got, c.want)
 		}
 	}
