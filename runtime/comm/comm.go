@@ -83,6 +83,9 @@ type Config struct {
 	// their puts write, as LL or LL128 lines). A smaller value bounds the
 	// memory: barrier kernels then run more rounds, and the automatic
 	// choice moves a push kernel's call that does not fit to the one-shot.
+	// A larger value lets push kernels take larger messages; barrier
+	// kernels still run messages over kernels.WindowBytes in windows of
+	// that size (faster than one round, see gpuComm.prepare).
 	StagingBytes int64
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.

@@ -186,6 +186,27 @@ func allocOnRanks(t testing.TB, comms []*Communicator, bytes int) []cuda.DeviceP
 	return syms
 }
 
+// TestFakeLargeStagingStillRounds: a staging buffer larger than the
+// message (Config.StagingBytes) does not make a large staged barrier call
+// run in one round: it runs in windows of kernels.WindowBytes, as with the
+// default staging; a message that fits one window stays one round.
+func TestFakeLargeStagingStillRounds(t *testing.T) {
+	comms, _ := fakeComms(t, 2, Config{StagingBytes: 512 << 20})
+	defer closeAll(t, comms)
+	for _, c := range []struct {
+		n      int // f32 elements
+		rounds int64
+	}{
+		{64 << 20, 32}, // 256 MiB in 8 MiB windows
+		{1 << 20, 1},   // 4 MiB: one round
+	} {
+		p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), c.n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+		if err != nil || p.Rounds != c.rounds {
+			t.Errorf("one-shot %d bytes through a 512 MiB area: plan %+v, %v; want %d rounds", 4*c.n, p, err, c.rounds)
+		}
+	}
+}
+
 // TestFakePushFallsBackToRounds: with a staging area too small for a push
 // kernel's inbox, the automatic choice runs the message on the one-shot
 // barrier kernel in rounds (not NCCL); forcing the push kernel is refused.
