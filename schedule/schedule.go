@@ -262,11 +262,11 @@ func (s *Schedule) InboxLayout() (at [][][]int, n int) {
 	return at, n
 }
 
-// InboxPlace is the place (InboxLayout) of an inbox ref's chunk in its
-// owner's inbox, as an index of the executing rank; an error if some rank
-// would address a chunk no put writes.
-func (s *Schedule) InboxPlace(r Ref) (Index, error) {
-	at, _ := s.InboxLayout()
+// InboxPlace is the place of an inbox ref's chunk in its owner's inbox,
+// read from at, the layout InboxLayout returned (made once by callers
+// that place many refs), as an index of the executing rank; an error if
+// some rank would address a chunk no put writes.
+func (s *Schedule) InboxPlace(at [][][]int, r Ref) (Index, error) {
 	w := s.World
 	t := make([]int, w)
 	for e := range t {

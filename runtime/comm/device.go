@@ -47,10 +47,10 @@ type device interface {
 	// given to UseSymmetric), with every rank's copy. It takes no lock
 	// shared with other calls and allocates nothing: it runs on every call.
 	lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool)
-	// preload compiles or loads kernels ks (New, unless
-	// Config.LazyKernels), so launch finds them ready; a kernel that fails
-	// is a *KernelError naming it.
-	preload(ctx context.Context, ks []*kernels.Kernel) error
+	// preload compiles or loads kernels ks, ids[i] the index of ks[i] in
+	// Config.Library.Kernels (New, unless Config.LazyKernels), so launch
+	// finds them ready; a kernel that fails is a *KernelError naming it.
+	preload(ctx context.Context, ks []*kernels.Kernel, ids []int) error
 	// launch runs kernel k, the id-th of Config.Library.Kernels, on s
 	// (nil: the device's own stream) with grid blocks of block threads and
 	// args as its by-value argument struct, loading the kernel on first

@@ -110,7 +110,7 @@ func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
 	return nil
 }
 
-func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel) error {
+func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel, _ []int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.preloaded = append(d.preloaded, ks...)

@@ -247,7 +247,8 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		}
 	}
 	if !cfg.LazyKernels && g.topology != "" { // "": NCCL only, no kernel runs
-		if err := dev.preload(ctx, g.kernels()); err != nil {
+		ks, ids := g.kernels()
+		if err := dev.preload(ctx, ks, ids); err != nil {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
 	}
@@ -294,15 +295,16 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 }
 
 // kernels lists the library's kernels of this world size, in library
-// order.
-func (g *gpuComm) kernels() []*kernels.Kernel {
+// order, and each one's index in the library's Kernels.
+func (g *gpuComm) kernels() ([]*kernels.Kernel, []int) {
 	var ks []*kernels.Kernel
+	var ids []int
 	for i := range g.lib.Kernels {
 		if k := &g.lib.Kernels[i]; k.World == g.world {
-			ks = append(ks, k)
+			ks, ids = append(ks, k), append(ids, i)
 		}
 	}
-	return ks
+	return ks, ids
 }
 
 // pickTopology resolves Config.Topology and the staging size.

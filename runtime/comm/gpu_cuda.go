@@ -228,11 +228,7 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 // up in the fatbin, or builds their sources with NVRTC in parallel through
 // the cache (cuda.Builder: ranks of one host compile each kernel once
 // between them) and loads them.
-func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
-	ids, err := d.kernelIDs(ks)
-	if err != nil {
-		return err
-	}
+func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []int) error {
 	if d.fatbin != nil {
 		for i, k := range ks {
 			if _, err := d.function(k, ids[i]); err != nil {
@@ -243,9 +239,10 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
 	}
 	reqs := make([]cuda.CompileRequest, len(ks))
 	headers, err := d.cfg.Library.Headers()
+	opts := nvrtcOptions()
 	for i, k := range ks {
 		if err == nil {
-			reqs[i], err = d.request(k, headers)
+			reqs[i], err = d.request(k, headers, opts)
 		}
 		if err != nil {
 			return &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
@@ -276,24 +273,6 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel) error {
 	return nil
 }
 
-// kernelIDs returns the index of each of ks in Config.Library.Kernels (the
-// slot of fns it fills).
-func (d *cudaDevice) kernelIDs(ks []*kernels.Kernel) ([]int, error) {
-	index := map[*kernels.Kernel]int{}
-	for i := range d.cfg.Library.Kernels {
-		index[&d.cfg.Library.Kernels[i]] = i
-	}
-	ids := make([]int, len(ks))
-	for i, k := range ks {
-		id, ok := index[k]
-		if !ok {
-			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "comm: kernel %s is not one of Config.Library's", k.Name)}
-		}
-		ids[i] = id
-	}
-	return ids, nil
-}
-
 // cache is Config.Cache, else the default cache (nil when there is no
 // cache directory: everything is compiled).
 func (d *cudaDevice) cache() *cuda.Cache {
@@ -305,13 +284,13 @@ func (d *cudaDevice) cache() *cuda.Cache {
 }
 
 // request is kernel k's NVRTC compile request, with the library's
-// headers.
-func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string) (cuda.CompileRequest, error) {
+// headers and the options nvrtcOptions gives.
+func (d *cudaDevice) request(k *kernels.Kernel, headers map[string]string, opts []string) (cuda.CompileRequest, error) {
 	src, err := d.cfg.Library.Source(k.Source)
 	if err != nil {
 		return cuda.CompileRequest{}, err
 	}
-	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: nvrtcOptions()}, nil
+	return cuda.CompileRequest{Name: k.Source, Source: src, Headers: headers, Options: opts}, nil
 }
 
 // nvrtcOptions are the NVRTC options of every generated kernel:
@@ -368,7 +347,7 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		headers, err := d.cfg.Library.Headers()
 		var req cuda.CompileRequest
 		if err == nil {
-			req, err = d.request(k, headers)
+			req, err = d.request(k, headers, nvrtcOptions())
 		}
 		if err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}

@@ -178,12 +178,15 @@ type kernelEmitter struct {
 	// tables are the lookup tables declared so far, in order of first use,
 	// and byValues maps a table's values to its name.
 	tables   []table
-	byValues map[string]string // fmt.Sprint(values) -> name
+	byValues map[string]string // fmt.Sprint(values, rows) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
 	// err is the first error of an expression (an inbox chunk no put
 	// writes); context returns it.
 	err error
+	// inbox is the schedule's inbox layout (schedule.InboxLayout), made
+	// on the first inbox ref: loops render a group several times.
+	inbox [][][]int
 	// recording: index appends each index to rec and writes a placeholder
 	// instead of its C (loop.go renders a run of groups so).
 	recording bool
@@ -232,14 +235,20 @@ func (e *kernelEmitter) index(x schedule.Index) string {
 		}
 		return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
 	}
-	key := fmt.Sprint(x.Table)
-	name, ok := e.byValues[key]
-	if !ok {
-		name = fmt.Sprintf("table%d", len(e.tables))
-		e.byValues[key] = name
-		e.tables = append(e.tables, table{Name: name, Values: x.Table})
+	return e.declare(table{Values: x.Table}) + "[rank]"
+}
+
+// declare names t (tableN, in order of first use) and declares it once
+// per distinct content, returning its name.
+func (e *kernelEmitter) declare(t table) string {
+	key := fmt.Sprint(t.Values, t.Rows)
+	if name, ok := e.byValues[key]; ok {
+		return name
 	}
-	return name + "[rank]"
+	t.Name = fmt.Sprintf("table%d", len(e.tables))
+	e.byValues[key] = t.Name
+	e.tables = append(e.tables, t)
+	return t.Name
 }
 
 // single reports whether a buffer holds one chunk (reduce-scatter's output,
@@ -264,7 +273,10 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 		e.usesStage = true
 		base = fmt.Sprintf("(%s)cg_slot(a.stage[%s], slot, a.slot_bytes)", q, e.index(r.Rank))
 	case schedule.Inbox: // push: its place in the owner's inbox (schedule.InboxLayout)
-		place, err := e.s.InboxPlace(r)
+		if e.inbox == nil {
+			e.inbox, _ = e.s.InboxLayout()
+		}
+		place, err := e.s.InboxPlace(e.inbox, r)
 		if err != nil {
 			e.err = err
 		}

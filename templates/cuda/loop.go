@@ -141,14 +141,7 @@ func (e *kernelEmitter) loopTable(col []schedule.Index) string {
 			rows[k][r] = x.Eval(r, w)
 		}
 	}
-	key := fmt.Sprint(rows)
-	name, ok := e.byValues[key]
-	if !ok {
-		name = fmt.Sprintf("table%d", len(e.tables))
-		e.byValues[key] = name
-		e.tables = append(e.tables, table{Name: name, Rows: rows, Indices: col})
-	}
-	return name
+	return e.declare(table{Rows: rows, Indices: col})
 }
 
 // loopRel is the C expression of rank + k0 + k mod W.
