@@ -70,6 +70,9 @@ type Config struct {
 	Timeout time.Duration
 	// FatbinPath loads kernels from a prebuilt fatbin (comm.Config.FatbinPath).
 	FatbinPath string
+	// NoEarlyLaunch launches kernels without programmatic dependent launch
+	// (comm.Config.NoEarlyLaunch).
+	NoEarlyLaunch bool
 	// Progress, when set, is called on rank 0 after each measurement with
 	// the number done, the total, and the measurement.
 	Progress func(done, total int, m *Measurement)
@@ -284,7 +287,7 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	}
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
-		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath})
+		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch})
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-allgather_oneshot_bf16_w2(const collgen_args_w2 a) {
+allgather_oneshot_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
+  cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
   constexpr int W = 2;

@@ -21,7 +21,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-allgather_oneshot_e5m2_w8(const collgen_args_w8 a) {
+allgather_oneshot_e5m2_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_wait();
   typedef cg_e5m2 T;
   typedef T::E E;
   constexpr int W = 8;

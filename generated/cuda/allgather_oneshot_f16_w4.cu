@@ -17,7 +17,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-allgather_oneshot_f16_w4(const collgen_args_w4 a) {
+allgather_oneshot_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_wait();
   typedef cg_f16 T;
   typedef T::E E;
   constexpr int W = 4;

@@ -25,23 +25,24 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allgather_oneshot_ll128_f32_w8(const collgen_args_w8 a) {
+allgather_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_begin();
   typedef cg_f32 T;
   typedef T::E E;
   constexpr int W = 8;
   const int rank = a.rank;
-  const int table0[W] = {0, 1, 2, 3, 4, 5, 6, 6};
-  const int table1[W] = {0, 1, 2, 3, 4, 5, 5, 6};
-  const int table2[W] = {0, 1, 2, 3, 4, 4, 5, 6};
-  const int table3[W] = {0, 1, 2, 3, 3, 4, 5, 6};
-  const int table4[W] = {0, 1, 2, 2, 3, 4, 5, 6};
-  const int table5[W] = {0, 1, 1, 2, 3, 4, 5, 6};
-  const int table6[W] = {0, 0, 1, 2, 3, 4, 5, 6};
+  constexpr cg_u64 table0 = 0x606050403020100ull;  // {0, 1, 2, 3, 4, 5, 6, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x605050403020100ull;  // {0, 1, 2, 3, 4, 5, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x605040403020100ull;  // {0, 1, 2, 3, 4, 4, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x605040303020100ull;  // {0, 1, 2, 3, 3, 4, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x605040302020100ull;  // {0, 1, 2, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x605040302010100ull;  // {0, 1, 1, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0x605040302010000ull;  // {0, 0, 1, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
   const int table7[7][W] = {{0, 1, 2, 3, 4, 5, 6, 0}, {1, 2, 3, 4, 5, 6, 0, 1}, {2, 3, 4, 5, 6, 0, 1, 2}, {3, 4, 5, 6, 0, 1, 2, 3}, {4, 5, 6, 0, 1, 2, 3, 4}, {5, 6, 0, 1, 2, 3, 4, 5}, {6, 0, 1, 2, 3, 4, 5, 6}};
   typedef cg_ll128 PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -50,22 +51,25 @@ allgather_oneshot_ll128_f32_w8(const collgen_args_w8 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag, on);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag, on);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag, on);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
       PR::store(p4 + u * 16, x, flag, on);
+      char* const p5 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
       PR::store(p5 + u * 16, x, flag, on);
+      char* const p6 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
       PR::store(p6 + u * 16, x, flag, on);
+      char* const p7 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
       PR::store(p7 + u * 16, x, flag, on);
     }
   }
@@ -85,6 +89,8 @@ allgather_oneshot_ll128_f32_w8(const collgen_args_w8 a) {
   { // k = 0..6, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
     #pragma unroll 1
     for (int k = 0; k < 7; k++) {
+      const int slot = cg_ep_slot(epoch);
+      const unsigned flag = cg_ep_flag(epoch);
       const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;

@@ -13,15 +13,16 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allgather_oneshot_ll_f16_w2(const collgen_args_w2 a) {
+allgather_oneshot_ll_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
+  cg_grid_begin();
   typedef cg_f16 T;
   typedef T::E E;
   constexpr int W = 2;
   const int rank = a.rank;
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -30,9 +31,12 @@ allgather_oneshot_ll_f16_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, 0, chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, 0, chunk_ll);
       PR::store(p1 + u * 16, x, flag);
     }
   }
@@ -50,6 +54,8 @@ allgather_oneshot_ll_f16_w2(const collgen_args_w2 a) {
     }
   }
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;

@@ -17,21 +17,22 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allgather_oneshot_ll_f32_w4(const collgen_args_w4 a) {
+allgather_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_begin();
   typedef cg_f32 T;
   typedef T::E E;
   constexpr int W = 4;
   const int rank = a.rank;
-  const int table0[W] = {0, 1, 2, 2};
-  const int table1[W] = {0, 1, 1, 2};
-  const int table2[W] = {0, 0, 1, 2};
-  const int table3[W] = {0, 1, 2, 0};
-  const int table4[W] = {1, 2, 0, 1};
-  const int table5[W] = {2, 0, 1, 2};
+  constexpr cg_u64 table0 = 0x2020100ull;  // {0, 1, 2, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x2010100ull;  // {0, 1, 1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x2010000ull;  // {0, 0, 1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x20100ull;  // {0, 1, 2, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x1000201ull;  // {1, 2, 0, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x2010002ull;  // {2, 0, 1, 2} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -40,13 +41,16 @@ allgather_oneshot_ll_f32_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
     }
   }
@@ -64,10 +68,12 @@ allgather_oneshot_ll_f32_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -76,10 +82,12 @@ allgather_oneshot_ll_f32_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -88,10 +96,12 @@ allgather_oneshot_ll_f32_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;

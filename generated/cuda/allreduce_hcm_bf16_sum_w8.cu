@@ -38,19 +38,20 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_hcm_bf16_sum_w8(const collgen_args_w8 a) {
+allreduce_hcm_bf16_sum_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_sum OP;
   constexpr int W = 8;
   constexpr int VB = 16;
   const int rank = a.rank;
-  const int table0[W] = {0, 0, 0, 0, 4, 4, 4, 4};
-  const int table1[W] = {1, 1, 1, 1, 5, 5, 5, 5};
-  const int table2[W] = {2, 2, 2, 2, 6, 6, 6, 6};
-  const int table3[W] = {3, 3, 3, 3, 7, 7, 7, 7};
-  const int table4[W] = {0, 1, 2, 3, 0, 1, 2, 3};
-  const int table5[W] = {4, 5, 6, 7, 4, 5, 6, 7};
+  constexpr cg_u64 table0 = 0x404040400000000ull;  // {0, 0, 0, 0, 4, 4, 4, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x505050501010101ull;  // {1, 1, 1, 1, 5, 5, 5, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x606060602020202ull;  // {2, 2, 2, 2, 6, 6, 6, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x707070703030303ull;  // {3, 3, 3, 3, 7, 7, 7, 7} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x302010003020100ull;  // {0, 1, 2, 3, 0, 1, 2, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x706050407060504ull;  // {4, 5, 6, 7, 4, 5, 6, 7} by rank, a byte each (cg_pick)
   const cg_u64 seq0 = cg_seq_begin(a.seq);
   const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
   // Rounds over windows of every chunk (see cg_window in the header).
@@ -80,10 +81,10 @@ allreduce_hcm_bf16_sum_w8(const collgen_args_w8 a) {
       const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
       const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
       const E* const src[4] = {
-          (const E*)cg_slot(a.stage[table0[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
-          (const E*)cg_slot(a.stage[table1[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
-          (const E*)cg_slot(a.stage[table2[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
-          (const E*)cg_slot(a.stage[table3[rank]], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W))
+          (const E*)cg_slot(a.stage[cg_pick(table0, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[cg_pick(table1, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[cg_pick(table2, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)cg_slot(a.stage[cg_pick(table3, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
       cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, k, W)), src, n, shift);
     }
@@ -97,8 +98,8 @@ allreduce_hcm_bf16_sum_w8(const collgen_args_w8 a) {
       const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
       const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
       const E* const src[2] = {
-          (const E*)a.scratch[table4[rank]] + cg_woff(a.count, win, cg_rel(rank, k, W)),
-          (const E*)a.scratch[table5[rank]] + cg_woff(a.count, win, cg_rel(rank, k, W))
+          (const E*)a.scratch[cg_pick(table4, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const E*)a.scratch[cg_pick(table5, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
       cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, src, n, shift);
     }

@@ -28,7 +28,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-allreduce_oneshot_f32_max_w8(const collgen_args_w8 a) {
+allreduce_oneshot_f32_max_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_wait();
   typedef cg_f32 T;
   typedef T::E E;
   typedef cg_max OP;

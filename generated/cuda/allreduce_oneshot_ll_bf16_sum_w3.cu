@@ -22,28 +22,29 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
+allreduce_oneshot_ll_bf16_sum_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
+  cg_grid_begin();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_sum OP;
   constexpr int W = 3;
   const int rank = a.rank;
-  const int table0[W] = {0, 4, 8};
-  const int table1[W] = {1, 5, 6};
-  const int table2[W] = {2, 3, 7};
-  const int table3[W] = {0, 1, 2};
-  const int table4[W] = {3, 4, 5};
-  const int table5[W] = {6, 7, 8};
-  const int table6[W] = {1, 2, 0};
-  const int table7[W] = {4, 5, 3};
-  const int table8[W] = {7, 8, 6};
-  const int table9[W] = {2, 0, 1};
-  const int table10[W] = {5, 3, 4};
-  const int table11[W] = {8, 6, 7};
+  constexpr cg_u64 table0 = 0x80400ull;  // {0, 4, 8} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x60501ull;  // {1, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x70302ull;  // {2, 3, 7} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x20100ull;  // {0, 1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x50403ull;  // {3, 4, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x80706ull;  // {6, 7, 8} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0x201ull;  // {1, 2, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0x30504ull;  // {4, 5, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table8 = 0x60807ull;  // {7, 8, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table9 = 0x10002ull;  // {2, 0, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table10 = 0x40305ull;  // {5, 3, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table11 = 0x70608ull;  // {8, 6, 7} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -52,13 +53,16 @@ allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
     }
   }
@@ -67,13 +71,16 @@ allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
     }
   }
@@ -82,25 +89,30 @@ allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];
@@ -118,12 +130,14 @@ allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     }
   }
   { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];
@@ -141,12 +155,14 @@ allreduce_oneshot_ll_bf16_sum_w3(const collgen_args_w3 a) {
     }
   }
   { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[3];

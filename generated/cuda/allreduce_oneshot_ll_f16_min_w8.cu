@@ -82,7 +82,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allreduce_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
+allreduce_oneshot_ll_f16_min_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_begin();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_min OP;
@@ -98,9 +99,9 @@ allreduce_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
   const int table7[8][W] = {{48, 49, 50, 51, 52, 53, 54, 55}, {49, 50, 51, 52, 53, 54, 55, 48}, {50, 51, 52, 53, 54, 55, 48, 49}, {51, 52, 53, 54, 55, 48, 49, 50}, {52, 53, 54, 55, 48, 49, 50, 51}, {53, 54, 55, 48, 49, 50, 51, 52}, {54, 55, 48, 49, 50, 51, 52, 53}, {55, 48, 49, 50, 51, 52, 53, 54}};
   const int table8[8][W] = {{56, 57, 58, 59, 60, 61, 62, 63}, {57, 58, 59, 60, 61, 62, 63, 56}, {58, 59, 60, 61, 62, 63, 56, 57}, {59, 60, 61, 62, 63, 56, 57, 58}, {60, 61, 62, 63, 56, 57, 58, 59}, {61, 62, 63, 56, 57, 58, 59, 60}, {62, 63, 56, 57, 58, 59, 60, 61}, {63, 56, 57, 58, 59, 60, 61, 62}};
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -111,23 +112,26 @@ allreduce_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
-      char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
         const PR::P x = PR::ld(p0, u, sp.n);
+        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+        const int slot = cg_ep_slot(ep);
+        const unsigned flag = cg_ep_flag(ep);
+        char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p1 + u * 16, x, flag);
+        char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p2 + u * 16, x, flag);
+        char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p3 + u * 16, x, flag);
+        char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p4 + u * 16, x, flag);
+        char* const p5 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p5 + u * 16, x, flag);
+        char* const p6 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p6 + u * 16, x, flag);
+        char* const p7 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p7 + u * 16, x, flag);
+        char* const p8 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p8 + u * 16, x, flag);
       }
     }
@@ -137,6 +141,8 @@ allreduce_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
   { // k = 0..7, one loop: output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank], inbox@rank[4][rank], inbox@rank[5][rank], inbox@rank[6][rank], inbox@rank[7][rank]) ... output@rank[rank+7] <- reduce(inbox@rank[0][rank+7], inbox@rank[1][rank+7], inbox@rank[2][rank+7], inbox@rank[3][rank+7], inbox@rank[4][rank+7], inbox@rank[5][rank+7], inbox@rank[6][rank+7], inbox@rank[7][rank+7])
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
+      const int slot = cg_ep_slot(epoch);
+      const unsigned flag = cg_ep_flag(epoch);
       const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;

@@ -16,22 +16,23 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allreduce_oneshot_ll_f16_sum_w2(const collgen_args_w2 a) {
+allreduce_oneshot_ll_f16_sum_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
+  cg_grid_begin();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_sum OP;
   constexpr int W = 2;
   const int rank = a.rank;
-  const int table0[W] = {0, 3};
-  const int table1[W] = {1, 2};
-  const int table2[W] = {0, 1};
-  const int table3[W] = {2, 3};
-  const int table4[W] = {1, 0};
-  const int table5[W] = {3, 2};
+  constexpr cg_u64 table0 = 0x300ull;  // {0, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x201ull;  // {1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x100ull;  // {0, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x302ull;  // {2, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x1ull;  // {1, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x203ull;  // {3, 2} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -40,11 +41,14 @@ allreduce_oneshot_ll_f16_sum_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
     }
   }
@@ -53,22 +57,27 @@ allreduce_oneshot_ll_f16_sum_w2(const collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[2];
@@ -84,11 +93,13 @@ allreduce_oneshot_ll_f16_sum_w2(const collgen_args_w2 a) {
     }
   }
   { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[2];

@@ -30,36 +30,37 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
+allreduce_oneshot_ll_f16_sum_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_begin();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_sum OP;
   constexpr int W = 4;
   const int rank = a.rank;
-  const int table0[W] = {0, 5, 10, 15};
-  const int table1[W] = {1, 6, 11, 12};
-  const int table2[W] = {2, 7, 8, 13};
-  const int table3[W] = {3, 4, 9, 14};
-  const int table4[W] = {0, 1, 2, 3};
-  const int table5[W] = {4, 5, 6, 7};
-  const int table6[W] = {8, 9, 10, 11};
-  const int table7[W] = {12, 13, 14, 15};
-  const int table8[W] = {1, 2, 3, 0};
-  const int table9[W] = {5, 6, 7, 4};
-  const int table10[W] = {9, 10, 11, 8};
-  const int table11[W] = {13, 14, 15, 12};
-  const int table12[W] = {2, 3, 0, 1};
-  const int table13[W] = {6, 7, 4, 5};
-  const int table14[W] = {10, 11, 8, 9};
-  const int table15[W] = {14, 15, 12, 13};
-  const int table16[W] = {3, 0, 1, 2};
-  const int table17[W] = {7, 4, 5, 6};
-  const int table18[W] = {11, 8, 9, 10};
-  const int table19[W] = {15, 12, 13, 14};
+  constexpr cg_u64 table0 = 0xf0a0500ull;  // {0, 5, 10, 15} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0xc0b0601ull;  // {1, 6, 11, 12} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0xd080702ull;  // {2, 7, 8, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0xe090403ull;  // {3, 4, 9, 14} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x3020100ull;  // {0, 1, 2, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x7060504ull;  // {4, 5, 6, 7} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0xb0a0908ull;  // {8, 9, 10, 11} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0xf0e0d0cull;  // {12, 13, 14, 15} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table8 = 0x30201ull;  // {1, 2, 3, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table9 = 0x4070605ull;  // {5, 6, 7, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table10 = 0x80b0a09ull;  // {9, 10, 11, 8} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table11 = 0xc0f0e0dull;  // {13, 14, 15, 12} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table12 = 0x1000302ull;  // {2, 3, 0, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table13 = 0x5040706ull;  // {6, 7, 4, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table14 = 0x9080b0aull;  // {10, 11, 8, 9} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table15 = 0xd0c0f0eull;  // {14, 15, 12, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table16 = 0x2010003ull;  // {3, 0, 1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table17 = 0x6050407ull;  // {7, 4, 5, 6} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table18 = 0xa09080bull;  // {11, 8, 9, 10} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table19 = 0xe0d0c0full;  // {15, 12, 13, 14} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -68,15 +69,18 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p4 + u * 16, x, flag);
     }
   }
@@ -85,15 +89,18 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p4 + u * 16, x, flag);
     }
   }
@@ -102,15 +109,18 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p4 + u * 16, x, flag);
     }
   }
@@ -119,28 +129,33 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table3[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
       PR::store(p2 + u * 16, x, flag);
+      char* const p3 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
       PR::store(p3 + u * 16, x, flag);
+      char* const p4 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
       PR::store(p4 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[4];
@@ -160,13 +175,15 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1], inbox@rank[3][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[4];
@@ -186,13 +203,15 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2], inbox@rank[3][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table12[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table13[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table14[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table12, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table13, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table15, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[4];
@@ -212,13 +231,15 @@ allreduce_oneshot_ll_f16_sum_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+3] <- reduce(inbox@rank[0][rank+3], inbox@rank[1][rank+3], inbox@rank[2][rank+3], inbox@rank[3][rank+3])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table16[rank], chunk_ll);
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table17[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table18[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table19[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table16, rank), chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table17, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table18, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table19, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[4];

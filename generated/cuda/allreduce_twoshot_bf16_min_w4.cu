@@ -22,7 +22,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_bf16_min_w4(const collgen_args_w4 a) {
+allreduce_twoshot_bf16_min_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_min OP;

@@ -20,7 +20,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_f16_min_w3(const collgen_args_w3 a) {
+allreduce_twoshot_f16_min_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
+  cg_grid_wait();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_min OP;

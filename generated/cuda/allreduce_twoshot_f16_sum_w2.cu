@@ -18,7 +18,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_f16_sum_w2(const collgen_args_w2 a) {
+allreduce_twoshot_f16_sum_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
+  cg_grid_wait();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_sum OP;

@@ -30,7 +30,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_f32_min_w8(const collgen_args_w8 a) {
+allreduce_twoshot_f32_min_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_wait();
   typedef cg_f32 T;
   typedef T::E E;
   typedef cg_min OP;

@@ -33,32 +33,33 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_ll128_bf16_min_w8(const collgen_args_w8 a) {
+allreduce_twoshot_ll128_bf16_min_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_begin();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_min OP;
   constexpr int W = 8;
   const int rank = a.rank;
   const int table0[7][W] = {{1, 3, 5, 7, 9, 11, 13, 12}, {1, 3, 5, 7, 9, 11, 10, 12}, {1, 3, 5, 7, 9, 8, 10, 12}, {1, 3, 5, 7, 6, 8, 10, 12}, {1, 3, 5, 4, 6, 8, 10, 12}, {1, 3, 2, 4, 6, 8, 10, 12}, {1, 0, 2, 4, 6, 8, 10, 12}};
-  const int table1[W] = {0, 2, 4, 6, 8, 10, 12, 1};
-  const int table2[W] = {2, 4, 6, 8, 10, 12, 1, 3};
-  const int table3[W] = {4, 6, 8, 10, 12, 1, 3, 5};
-  const int table4[W] = {6, 8, 10, 12, 1, 3, 5, 7};
-  const int table5[W] = {8, 10, 12, 1, 3, 5, 7, 9};
-  const int table6[W] = {10, 12, 1, 3, 5, 7, 9, 11};
-  const int table7[W] = {12, 1, 3, 5, 7, 9, 11, 13};
-  const int table8[W] = {0, 2, 4, 6, 8, 10, 12, 13};
-  const int table9[W] = {0, 2, 4, 6, 8, 10, 11, 13};
-  const int table10[W] = {0, 2, 4, 6, 8, 9, 11, 13};
-  const int table11[W] = {0, 2, 4, 6, 7, 9, 11, 13};
-  const int table12[W] = {0, 2, 4, 5, 7, 9, 11, 13};
-  const int table13[W] = {0, 2, 3, 5, 7, 9, 11, 13};
-  const int table14[W] = {0, 1, 3, 5, 7, 9, 11, 13};
+  constexpr cg_u64 table1 = 0x10c0a0806040200ull;  // {0, 2, 4, 6, 8, 10, 12, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x3010c0a08060402ull;  // {2, 4, 6, 8, 10, 12, 1, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x503010c0a080604ull;  // {4, 6, 8, 10, 12, 1, 3, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x70503010c0a0806ull;  // {6, 8, 10, 12, 1, 3, 5, 7} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x9070503010c0a08ull;  // {8, 10, 12, 1, 3, 5, 7, 9} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0xb09070503010c0aull;  // {10, 12, 1, 3, 5, 7, 9, 11} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0xd0b09070503010cull;  // {12, 1, 3, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table8 = 0xd0c0a0806040200ull;  // {0, 2, 4, 6, 8, 10, 12, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table9 = 0xd0b0a0806040200ull;  // {0, 2, 4, 6, 8, 10, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table10 = 0xd0b090806040200ull;  // {0, 2, 4, 6, 8, 9, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table11 = 0xd0b090706040200ull;  // {0, 2, 4, 6, 7, 9, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table12 = 0xd0b090705040200ull;  // {0, 2, 4, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table13 = 0xd0b090705030200ull;  // {0, 2, 3, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table14 = 0xd0b090705030100ull;  // {0, 1, 3, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
   const int table15[7][W] = {{1, 3, 5, 7, 9, 11, 13, 0}, {3, 5, 7, 9, 11, 13, 0, 2}, {5, 7, 9, 11, 13, 0, 2, 4}, {7, 9, 11, 13, 0, 2, 4, 6}, {9, 11, 13, 0, 2, 4, 6, 8}, {11, 13, 0, 2, 4, 6, 8, 10}, {13, 0, 2, 4, 6, 8, 10, 12}};
   typedef cg_ll128 PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -69,10 +70,13 @@ allreduce_twoshot_ll128_bf16_min_w8(const collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
         const bool on = u < units;
         const PR::P x = PR::ld(p0, u, sp.n);
+        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+        const int slot = cg_ep_slot(ep);
+        const unsigned flag = cg_ep_flag(ep);
+        char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p1 + u * 16, x, flag, on);
       }
     }
@@ -80,25 +84,27 @@ allreduce_twoshot_ll128_bf16_min_w8(const collgen_args_w8 a) {
 
   // phase 1
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank], inbox@rank[rank+3][rank], inbox@rank[rank+4][rank], inbox@rank[rank+5][rank], inbox@rank[rank+6][rank], inbox@rank[rank+7][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank]); inbox@rank+2[rank][rank] <- put(output@rank[rank]); inbox@rank+3[rank][rank] <- put(output@rank[rank]); inbox@rank+4[rank][rank] <- put(output@rank[rank]); inbox@rank+5[rank][rank] <- put(output@rank[rank]); inbox@rank+6[rank][rank] <- put(output@rank[rank]); inbox@rank+7[rank][rank] <- put(output@rank[rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table8[rank], chunk_ll);
-    char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table9[rank], chunk_ll);
-    char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table10[rank], chunk_ll);
-    char* const p12 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, table11[rank], chunk_ll);
-    char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, table12[rank], chunk_ll);
-    char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, table13[rank], chunk_ll);
-    char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, table14[rank], chunk_ll);
+    char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
+    char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
+    char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
+    char* const p12 = cg_inbox(a.stage[cg_rel(rank, 4, W)], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
+    char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, cg_pick(table12, rank), chunk_ll);
+    char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, cg_pick(table13, rank), chunk_ll);
+    char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[8];
@@ -136,6 +142,8 @@ allreduce_twoshot_ll128_bf16_min_w8(const collgen_args_w8 a) {
   { // k = 0..6, one loop: output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1]) ... output@rank[rank+7] <- copy(inbox@rank[rank+7][rank+7])
     #pragma unroll 1
     for (int k = 0; k < 7; k++) {
+      const int slot = cg_ep_slot(epoch);
+      const unsigned flag = cg_ep_flag(epoch);
       const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;

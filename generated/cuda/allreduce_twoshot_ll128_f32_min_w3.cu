@@ -18,24 +18,25 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_ll128_f32_min_w3(const collgen_args_w3 a) {
+allreduce_twoshot_ll128_f32_min_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
+  cg_grid_begin();
   typedef cg_f32 T;
   typedef T::E E;
   typedef cg_min OP;
   constexpr int W = 3;
   const int rank = a.rank;
-  const int table0[W] = {1, 3, 2};
-  const int table1[W] = {1, 0, 2};
-  const int table2[W] = {0, 2, 1};
-  const int table3[W] = {2, 1, 3};
-  const int table4[W] = {0, 2, 3};
-  const int table5[W] = {0, 1, 3};
-  const int table6[W] = {1, 3, 0};
-  const int table7[W] = {3, 0, 2};
+  constexpr cg_u64 table0 = 0x20301ull;  // {1, 3, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x20001ull;  // {1, 0, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x10200ull;  // {0, 2, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x30102ull;  // {2, 1, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x30200ull;  // {0, 2, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x30100ull;  // {0, 1, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0x301ull;  // {1, 3, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0x20003ull;  // {3, 0, 2} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -44,10 +45,13 @@ allreduce_twoshot_ll128_f32_min_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag, on);
     }
   }
@@ -56,25 +60,30 @@ allreduce_twoshot_ll128_f32_min_w3(const collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag, on);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank]); inbox@rank+2[rank][rank] <- put(output@rank[rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table4[rank], chunk_ll);
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table5[rank], chunk_ll);
+    char* const p4 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
@@ -95,10 +104,12 @@ allreduce_twoshot_ll128_f32_min_w3(const collgen_args_w3 a) {
 
   // phase 2
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
@@ -108,10 +119,12 @@ allreduce_twoshot_ll128_f32_min_w3(const collgen_args_w3 a) {
     }
   }
   { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;

@@ -21,28 +21,29 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
+allreduce_twoshot_ll_f32_max_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_begin();
   typedef cg_f32 T;
   typedef T::E E;
   typedef cg_max OP;
   constexpr int W = 4;
   const int rank = a.rank;
-  const int table0[W] = {1, 3, 5, 4};
-  const int table1[W] = {1, 3, 2, 4};
-  const int table2[W] = {1, 0, 2, 4};
-  const int table3[W] = {0, 2, 4, 1};
-  const int table4[W] = {2, 4, 1, 3};
-  const int table5[W] = {4, 1, 3, 5};
-  const int table6[W] = {0, 2, 4, 5};
-  const int table7[W] = {0, 2, 3, 5};
-  const int table8[W] = {0, 1, 3, 5};
-  const int table9[W] = {1, 3, 5, 0};
-  const int table10[W] = {3, 5, 0, 2};
-  const int table11[W] = {5, 0, 2, 4};
+  constexpr cg_u64 table0 = 0x4050301ull;  // {1, 3, 5, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table1 = 0x4020301ull;  // {1, 3, 2, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x4020001ull;  // {1, 0, 2, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x1040200ull;  // {0, 2, 4, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x3010402ull;  // {2, 4, 1, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x5030104ull;  // {4, 1, 3, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0x5040200ull;  // {0, 2, 4, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0x5030200ull;  // {0, 2, 3, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table8 = 0x5030100ull;  // {0, 1, 3, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table9 = 0x50301ull;  // {1, 3, 5, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table10 = 0x2000503ull;  // {3, 5, 0, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table11 = 0x4020005ull;  // {5, 0, 2, 4} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -51,9 +52,12 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table0[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
     }
   }
@@ -62,9 +66,12 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table1[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
     }
   }
@@ -73,26 +80,31 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table2[rank], chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
       PR::store(p1 + u * 16, x, flag);
     }
   }
 
   // phase 1
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank], inbox@rank[rank+3][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank]); inbox@rank+2[rank][rank] <- put(output@rank[rank]); inbox@rank+3[rank][rank] <- put(output@rank[rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, table6[rank], chunk_ll);
-    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, table7[rank], chunk_ll);
-    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, table8[rank], chunk_ll);
+    char* const p5 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
+    char* const p6 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
+    char* const p7 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
@@ -115,10 +127,12 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
 
   // phase 2
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table9[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -127,10 +141,12 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table10[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;
@@ -139,10 +155,12 @@ allreduce_twoshot_ll_f32_max_w4(const collgen_args_w4 a) {
     }
   }
   { // output@rank[rank+3] <- copy(inbox@rank[rank+3][rank+3])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table11[rank], chunk_ll);
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P x;

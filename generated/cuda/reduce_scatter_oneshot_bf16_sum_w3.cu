@@ -15,7 +15,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-reduce_scatter_oneshot_bf16_sum_w3(const collgen_args_w3 a) {
+reduce_scatter_oneshot_bf16_sum_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
+  cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_sum OP;

@@ -16,7 +16,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-reduce_scatter_oneshot_bf16_sum_w4(const collgen_args_w4 a) {
+reduce_scatter_oneshot_bf16_sum_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
+  cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
   typedef cg_sum OP;

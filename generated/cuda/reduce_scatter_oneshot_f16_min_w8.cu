@@ -20,7 +20,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(1024)
-reduce_scatter_oneshot_f16_min_w8(const collgen_args_w8 a) {
+reduce_scatter_oneshot_f16_min_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_wait();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_min OP;

@@ -18,24 +18,25 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
-reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
+reduce_scatter_oneshot_ll_f16_min_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
+  cg_grid_begin();
   typedef cg_f16 T;
   typedef T::E E;
   typedef cg_min OP;
   constexpr int W = 8;
   const int rank = a.rank;
   const int table0[7][W] = {{0, 1, 2, 3, 4, 5, 6, 6}, {0, 1, 2, 3, 4, 5, 5, 6}, {0, 1, 2, 3, 4, 4, 5, 6}, {0, 1, 2, 3, 3, 4, 5, 6}, {0, 1, 2, 2, 3, 4, 5, 6}, {0, 1, 1, 2, 3, 4, 5, 6}, {0, 0, 1, 2, 3, 4, 5, 6}};
-  const int table1[W] = {0, 1, 2, 3, 4, 5, 6, 0};
-  const int table2[W] = {1, 2, 3, 4, 5, 6, 0, 1};
-  const int table3[W] = {2, 3, 4, 5, 6, 0, 1, 2};
-  const int table4[W] = {3, 4, 5, 6, 0, 1, 2, 3};
-  const int table5[W] = {4, 5, 6, 0, 1, 2, 3, 4};
-  const int table6[W] = {5, 6, 0, 1, 2, 3, 4, 5};
-  const int table7[W] = {6, 0, 1, 2, 3, 4, 5, 6};
+  constexpr cg_u64 table1 = 0x6050403020100ull;  // {0, 1, 2, 3, 4, 5, 6, 0} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table2 = 0x100060504030201ull;  // {1, 2, 3, 4, 5, 6, 0, 1} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table3 = 0x201000605040302ull;  // {2, 3, 4, 5, 6, 0, 1, 2} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table4 = 0x302010006050403ull;  // {3, 4, 5, 6, 0, 1, 2, 3} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table5 = 0x403020100060504ull;  // {4, 5, 6, 0, 1, 2, 3, 4} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table6 = 0x504030201000605ull;  // {5, 6, 0, 1, 2, 3, 4, 5} by rank, a byte each (cg_pick)
+  constexpr cg_u64 table7 = 0x605040302010006ull;  // {6, 0, 1, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
+  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
+  // cg_ep_flag); the first phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
-  const int slot = (int)(epoch & 1);
-  const unsigned flag = (unsigned)(epoch >> 1) + 1u;
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 
   // phase 0
@@ -46,9 +47,12 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
         const PR::P x = PR::ld(p0, u, sp.n);
+        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+        const int slot = cg_ep_slot(ep);
+        const unsigned flag = cg_ep_flag(ep);
+        char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
         PR::store(p1 + u * 16, x, flag);
       }
     }
@@ -56,17 +60,19 @@ reduce_scatter_oneshot_ll_f16_min_w8(const collgen_args_w8 a) {
 
   // phase 1
   { // output@rank[0] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank], inbox@rank[rank+3][rank], inbox@rank[rank+4][rank], inbox@rank[rank+5][rank], inbox@rank[rank+6][rank], inbox@rank[rank+7][rank])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[rank], chunk_ll);
-    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[rank], chunk_ll);
-    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table3[rank], chunk_ll);
-    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table4[rank], chunk_ll);
-    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table5[rank], chunk_ll);
-    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[rank], chunk_ll);
-    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[rank], chunk_ll);
+    const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
+    const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
+    const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
+    const char* const p4 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
+    const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
+    const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
+    const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p8 = (E*)a.output;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
       PR::P xs[8];

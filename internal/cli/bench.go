@@ -71,14 +71,16 @@ type BenchOptions struct {
 
 // gpuBenchFlags are the GPU-only flags (see bench_gpu.go).
 type gpuBenchFlags struct {
-	eager      bool
-	zeroCopy   bool
-	awkward    bool
-	processes  bool
-	staging    string
-	devices    string
-	sizesSet   bool // --sizes given: otherwise the GPU default 1KiB..256MiB
-	timeoutSet bool // --timeout given: otherwise comm's default in-kernel timeout
+	eager    bool
+	zeroCopy bool
+	// noEarlyLaunch: comm.Config.NoEarlyLaunch.
+	noEarlyLaunch bool
+	awkward       bool
+	processes     bool
+	staging       string
+	devices       string
+	sizesSet      bool // --sizes given: otherwise the GPU default 1KiB..256MiB
+	timeoutSet    bool // --timeout given: otherwise comm's default in-kernel timeout
 }
 
 // benchHelp holds functions that extend the bench command's help text
@@ -152,6 +154,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.MarkHidden("result-file")
 	f.BoolVar(&o.gpu.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
 	f.BoolVar(&o.gpu.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
+	f.BoolVar(&o.gpu.noEarlyLaunch, "no-early-launch", false, "gpu: launch kernels plainly, without programmatic dependent launch (comm.Config.NoEarlyLaunch)")
 	f.BoolVar(&o.gpu.awkward, "awkward", false, "gpu: after every size also its awkward twin: one element less (per rank), input and output pointers one element off alignment (rows marked *)")
 	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")

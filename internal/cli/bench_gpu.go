@@ -106,7 +106,8 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 				seen[key] = true
 				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
-					ZeroCopy: g.zeroCopy, Awkward: g.awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout}
+					ZeroCopy: g.zeroCopy, Awkward: g.awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
+					NoEarlyLaunch: g.noEarlyLaunch}
 				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
 					return nil, usageError(fmt.Errorf("bench: %w", err))
@@ -473,6 +474,9 @@ func workerFlags(g *gpuBenchFlags, o *BenchOptions) []string {
 	}
 	if g.awkward {
 		extra = append(extra, "--awkward")
+	}
+	if g.noEarlyLaunch {
+		extra = append(extra, "--no-early-launch")
 	}
 	if g.staging != "" {
 		extra = append(extra, "--staging", g.staging)

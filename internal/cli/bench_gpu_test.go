@@ -84,9 +84,9 @@ func TestGPUReport(t *testing.T) {
 // (--awkward was once dropped there, so process sweeps had no awkward rows).
 func TestWorkerFlags(t *testing.T) {
 	o := &BenchOptions{Timeout: 90 * time.Second}
-	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
+	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: true, noEarlyLaunch: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
 	got := strings.Join(workerFlags(g, o), " ")
-	if want := "--eager --zero-copy --awkward --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
+	if want := "--eager --zero-copy --awkward --no-early-launch --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
 		t.Errorf("worker flags %q, want %q", got, want)
 	}
 	if got := workerFlags(&gpuBenchFlags{}, o); len(got) != 0 {

@@ -54,10 +54,15 @@ type device interface {
 	// launch runs kernel k, the id-th of Config.Library.Kernels, on s
 	// (nil: the device's own stream) with grid blocks of block threads and
 	// args as its by-value argument struct, loading the kernel on first
-	// use (Config.LazyKernels). It keeps nothing of args once it returns:
-	// the caller reuses the buffer for its next call. It runs on every
-	// call: with the kernel loaded it takes no lock and allocates nothing.
-	launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream) error
+	// use (Config.LazyKernels); early launches it with programmatic
+	// dependent launch (only where earlyLaunch said so). It keeps nothing
+	// of args once it returns: the caller reuses the buffer for its next
+	// call. It runs on every call: with the kernel loaded it takes no lock
+	// and allocates nothing.
+	launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream, early bool) error
+	// earlyLaunch reports whether launch can start kernels early
+	// (cuda.Device.EarlyLaunch: sm_90 and a CUDA 12 driver).
+	earlyLaunch() bool
 	// runNCCL hands a resolved call to NCCL on s.
 	runNCCL(cl *call, s *cuda.Stream) error
 	// synchronize waits for s (nil: the device's own stream).

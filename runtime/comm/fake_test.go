@@ -52,6 +52,8 @@ type fakeDevice struct {
 	// recording them, so benchmarks measure the communicator alone.
 	countOnly bool
 	counted   int
+	// early is what earlyLaunch answers (the device's support).
+	early bool
 }
 
 // fakeSym is one symmetric buffer of a fake device: at offset off of every
@@ -72,6 +74,7 @@ type fakeLaunch struct {
 	kernel      *kernels.Kernel
 	grid, block uint32
 	args        []byte
+	early       bool
 }
 
 // fakeRegion is rank r's made-up region base.
@@ -117,7 +120,9 @@ func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel, _ []int) e
 	return d.preloadErr
 }
 
-func (d *fakeDevice) launch(k *kernels.Kernel, _ int, grid, block uint32, args []byte, _ *cuda.Stream) error {
+func (d *fakeDevice) earlyLaunch() bool { return d.early }
+
+func (d *fakeDevice) launch(k *kernels.Kernel, _ int, grid, block uint32, args []byte, _ *cuda.Stream, early bool) error {
 	if d.hold != nil {
 		d.entered <- struct{}{}
 		<-d.hold
@@ -129,7 +134,7 @@ func (d *fakeDevice) launch(k *kernels.Kernel, _ int, grid, block uint32, args [
 		return nil
 	}
 	// Copy args, as cuLaunchKernel does: the caller reuses the buffer.
-	d.launches = append(d.launches, fakeLaunch{k, grid, block, bytes.Clone(args)})
+	d.launches = append(d.launches, fakeLaunch{k, grid, block, bytes.Clone(args), early})
 	return nil
 }
 
@@ -424,5 +429,44 @@ func TestFakeGPUTimeoutStatus(t *testing.T) {
 	}
 	if len(devs[0].launches) != 0 {
 		t.Errorf("launched on a broken communicator")
+	}
+}
+
+// TestFakeEarlyLaunch: kernels are launched early (programmatic dependent
+// launch) exactly where the device supports it and Config.NoEarlyLaunch
+// is unset; a rank decides alone, so ranks that differ still run.
+func TestFakeEarlyLaunch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		support []bool // per rank: what the device says
+		off     bool   // Config.NoEarlyLaunch
+	}{
+		{"supported", []bool{true, true}, false},
+		{"turned off", []bool{true, true}, true},
+		{"unsupported", []bool{false, false}, false},
+		{"one rank without", []bool{true, false}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devs := []*fakeDevice{{rank: 0, early: tc.support[0]}, {rank: 1, early: tc.support[1]}}
+			comms, errs := newFakeComms(t, Config{NoEarlyLaunch: tc.off}, devs)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			errs = onRanks(comms, func(r int, c *Communicator) error {
+				return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 512, coll.BF16, coll.Sum, Options{})
+			})
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			for r, d := range devs {
+				if len(d.launches) != 1 {
+					t.Fatalf("rank %d: %d launches, want 1", r, len(d.launches))
+				}
+				if want := tc.support[r] && !tc.off; d.launches[0].early != want {
+					t.Errorf("rank %d: early launch %v, want %v (device support %v, NoEarlyLaunch %v)", r, d.launches[0].early, want, tc.support[r], tc.off)
+				}
+			}
+		})
 	}
 }

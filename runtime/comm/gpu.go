@@ -69,6 +69,12 @@ type gpuComm struct {
 	ncclOK  bool
 	ncclErr error // why NCCL cannot be used, agreed by all ranks
 
+	// early: kernels are launched with programmatic dependent launch
+	// (Config.NoEarlyLaunch unset and the device supports it). A rank's
+	// choice is its own: the kernels wait for the kernel ahead of them on
+	// their own stream only (cg_grid_begin), so ranks need not agree.
+	early bool
+
 	// inPlace says, per kernel, where a symmetric input stands in for the
 	// kernel's stage slot (see stageMapping); absent: it never does.
 	inPlace map[*kernels.Kernel]stageMap
@@ -223,6 +229,7 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	g.dev = dev
 	cfg := g.cfg
+	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes}
 	switch {
@@ -550,7 +557,7 @@ func (g *gpuComm) run(cl *call) error {
 	} else {
 		grid, block := gridFor(cl, g.world)
 		p := g.packers[cl.kernel]
-		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s)
+		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s, g.early)
 	}
 	if err != nil {
 		return err

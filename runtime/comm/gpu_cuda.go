@@ -365,7 +365,9 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 	return f, nil
 }
 
-func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream) error {
+func (d *cudaDevice) earlyLaunch() bool { return d.dev.EarlyLaunch() }
+
+func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream, early bool) error {
 	var f *cuda.Function
 	if id >= 0 && id < len(d.fns) {
 		f = d.fns[id].Load()
@@ -378,6 +380,9 @@ func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args 
 	}
 	if s == nil {
 		s = d.own
+	}
+	if early {
+		return f.LaunchEarly([3]uint32{grid, 1, 1}, [3]uint32{block, 1, 1}, 0, s, args)
 	}
 	return f.Launch([3]uint32{grid, 1, 1}, [3]uint32{block, 1, 1}, 0, s, args)
 }

@@ -5,6 +5,7 @@
 #include "cuda_shim.h"
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,29 +194,42 @@ CUresult cg_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
 
 CUresult cg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                    unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                   CUstream s, const void *args, size_t argBytes) {
+                   CUstream s, const void *args, size_t argBytes, int early) {
   void *fn = cg_cu[CG_cuLaunchKernel];
   if (!fn) return CG_MISSING_BASE + CG_cuLaunchKernel;
+  void *fnEx = cg_cu[CG_cuLaunchKernelEx];
+  if (early && !fnEx) return CG_MISSING_BASE + CG_cuLaunchKernelEx;
   typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned,
                                unsigned, unsigned, unsigned, unsigned,
                                CUstream, void **, void **);
-  if (argBytes == 0) {
-    return ((launch_t)fn)(f, gx, gy, gz, bx, by, bz, shared, s, NULL, NULL);
-  }
-  // The driver copies parameter values during cuLaunchKernel (and during
+  typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
+  CUlaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = CG_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attr.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig cfg = {gx, gy, gz, bx, by, bz, shared, s, &attr, 1};
+  // The driver copies parameter values during the launch (and during
   // stream capture, into the graph node), so a temporary copy suffices.
   _Alignas(16) unsigned char small[1024];
   void *copy = small;
-  if (argBytes > sizeof small) {
-    copy = aligned_alloc(16, (argBytes + 15) & ~(size_t)15);
-    if (!copy) return 2; // CUDA_ERROR_OUT_OF_MEMORY
+  void **params = NULL;
+  void *param[1];
+  if (argBytes > 0) {
+    if (argBytes > sizeof small) {
+      copy = aligned_alloc(16, (argBytes + 15) & ~(size_t)15);
+      if (!copy) return 2; // CUDA_ERROR_OUT_OF_MEMORY
+    }
+    memcpy(copy, args, argBytes);
+    param[0] = copy;
+    params = param;
   }
-  memcpy(copy, args, argBytes);
-  void *params[1] = {copy};
-  CUresult r = ((launch_t)fn)(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL);
+  CUresult r = early ? ((launch_ex_t)fnEx)(&cfg, f, params, NULL)
+                     : ((launch_t)fn)(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL);
   if (copy != small) free(copy);
   return r;
 }
+
+int cg_has_launch_ex(void) { return cg_cu[CG_cuLaunchKernelEx] != NULL; }
 
 nvrtcResult cg_nvrtcVersion(int *major, int *minor) {
   NV_CALL(nvrtcVersion, (int *, int *), major, minor);
@@ -358,3 +372,10 @@ _Static_assert(__builtin_offsetof(cg_CUmemAllocationProp, location) == 8 &&
                "cg_CUmemAllocationProp offsets");
 _Static_assert(sizeof(cg_CUmemAccessDesc) == 12 && __builtin_offsetof(cg_CUmemAccessDesc, flags) == 8,
                "cg_CUmemAccessDesc");
+
+// The launch configuration must match cuda.h's (tests/gpu/abi_check.c checks
+// the real header on the GPU machine).
+_Static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8, "CUlaunchAttribute layout");
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32 && offsetof(CUlaunchConfig, attrs) == 40 &&
+                   offsetof(CUlaunchConfig, numAttrs) == 48 && sizeof(CUlaunchConfig) == 56,
+               "CUlaunchConfig layout");

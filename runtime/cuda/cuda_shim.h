@@ -22,6 +22,29 @@ typedef struct CUgraphExec_st *CUgraphExec;
 // CUipcMemHandle is 64 opaque bytes (CU_IPC_HANDLE_SIZE), passed by value.
 typedef struct { char reserved[64]; } CUipcMemHandle;
 
+// cuLaunchKernelEx's launch configuration (CUDA 12.0+), as cuda.h lays it
+// out: an attribute is its id, padding to 8 bytes, and a 64-byte union of
+// values, of which collgen sets only the int of
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+#define CG_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
+typedef struct {
+  int id;
+  char pad[4];
+  union {
+    char pad[64];
+    int programmaticStreamSerializationAllowed;
+    unsigned long long align_; // the union holds pointers and size_t members
+  } value;
+} CUlaunchAttribute;
+typedef struct {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute *attrs;
+  unsigned numAttrs;
+} CUlaunchConfig;
+
 typedef int nvrtcResult;
 typedef struct _nvrtcProgram *nvrtcProgram;
 
@@ -88,6 +111,7 @@ typedef struct _nvrtcProgram *nvrtcProgram;
   X(cuModuleGetFunction, "cuModuleGetFunction")                                \
   X(cuFuncSetAttribute, "cuFuncSetAttribute")                                  \
   X(cuLaunchKernel, "cuLaunchKernel")                                          \
+  X(cuLaunchKernelEx, "cuLaunchKernelEx")                                      \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                                    \
   X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2")                               \
   X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")                               \
@@ -184,10 +208,14 @@ CUresult cg_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
 
 // cg_launch launches f with one by-value kernel parameter whose bytes are
 // args[0:argBytes] (argBytes 0 = no parameters). The bytes are copied into C
-// memory first, so no Go pointer is kept in C memory.
+// memory first, so no Go pointer is kept in C memory. early != 0 launches
+// through cuLaunchKernelEx with programmatic stream serialization allowed
+// (see Function.LaunchEarly); the caller checks cg_has_launch_ex first.
 CUresult cg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                    unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                   CUstream s, const void *args, size_t argBytes);
+                   CUstream s, const void *args, size_t argBytes, int early);
+// cg_has_launch_ex reports whether the driver exports cuLaunchKernelEx.
+int cg_has_launch_ex(void);
 
 // NVRTC wrappers. Missing symbols return CG_MISSING_BASE + index.
 nvrtcResult cg_nvrtcVersion(int *major, int *minor);

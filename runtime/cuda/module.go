@@ -152,6 +152,32 @@ const (
 // collgen_args_* types); empty args means a kernel with no parameters.
 // Dynamic shared memory over 48 KiB raises the function's limit first.
 func (f *Function) Launch(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte) error {
+	return f.launch(grid, block, sharedBytes, s, args, false)
+}
+
+// LaunchEarly is Launch with programmatic dependent launch: the kernel may
+// be scheduled before the kernel ahead of it on s has finished, so its
+// launch overlaps that kernel's tail (graph capture records the
+// programmatic edge). The kernel must start with griddepcontrol.wait
+// before it touches global memory (collgen's kernels do: cg_grid_begin).
+// It fails on a device or driver without the feature; check
+// Device.EarlyLaunch first.
+func (f *Function) LaunchEarly(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte) error {
+	if !f.mod.dev.EarlyLaunch() {
+		return fmt.Errorf("cuda: early launch of %s on device %d: needs compute capability 9.0 (device has %d.%d) and a driver with cuLaunchKernelEx (CUDA 12.0)",
+			f.Name, f.mod.dev.Ordinal, f.mod.dev.Major, f.mod.dev.Minor)
+	}
+	return f.launch(grid, block, sharedBytes, s, args, true)
+}
+
+// EarlyLaunch reports whether Function.LaunchEarly works on d: compute
+// capability 9.0 or later (griddepcontrol) and a driver that exports
+// cuLaunchKernelEx.
+func (d *Device) EarlyLaunch() bool {
+	return d.Arch() >= 90 && C.cg_has_launch_ex() != 0
+}
+
+func (f *Function) launch(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte, early bool) error {
 	d := f.mod.dev
 	if s != nil && s.dev != d {
 		return fmt.Errorf("cuda: launch %s on device %d: stream belongs to device %d", f.Name, d.Ordinal, s.dev.Ordinal)
@@ -185,10 +211,14 @@ func (f *Function) Launch(grid, block [3]uint32, sharedBytes int, s *Stream, arg
 	}
 	r := C.cg_launch(f.f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
 		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes),
-		s.handle(), argp, C.size_t(len(args)))
+		s.handle(), argp, C.size_t(len(args)), C.int(boolInt(early)))
 	if r != 0 {
-		return d.err(r, fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, shared %d, %d arg bytes)",
-			f.Name, grid, block, sharedBytes, len(args)))
+		call := "cuLaunchKernel"
+		if early {
+			call = "cuLaunchKernelEx(programmatic stream serialization)"
+		}
+		return d.err(r, fmt.Sprintf("%s(%s, grid %v, block %v, shared %d, %d arg bytes)",
+			call, f.Name, grid, block, sharedBytes, len(args)))
 	}
 	return nil
 }
@@ -200,4 +230,11 @@ func Dim3(v ...int) [3]uint32 {
 		d[i] = uint32(v[i])
 	}
 	return d
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -137,6 +139,13 @@ func (t table) Decl() string {
 		}
 		return "{" + strings.Join(s, ", ") + "}"
 	}
+	if t.packed() {
+		var v uint64
+		for r, x := range t.Values {
+			v |= uint64(x) << (8 * r)
+		}
+		return fmt.Sprintf("constexpr cg_u64 %s = 0x%xull;  // %s by rank, a byte each (cg_pick)", t.Name, v, row(t.Values))
+	}
 	if t.Rows == nil {
 		return fmt.Sprintf("const int %s[W] = %s;", t.Name, row(t.Values))
 	}
@@ -145,6 +154,21 @@ func (t table) Decl() string {
 		rows[k] = row(r)
 	}
 	return fmt.Sprintf("const int %s[%d][W] = {%s};", t.Name, len(t.Rows), strings.Join(rows, ", "))
+}
+
+// packed reports whether a per-rank table fits one 64-bit constant, a
+// byte per rank (cg_pick): a per-thread array indexed by the run-time rank
+// would live in local memory, one more load on the kernel's first path.
+func (t table) packed() bool {
+	if t.Rows != nil || len(t.Values) > 8 {
+		return false
+	}
+	for _, x := range t.Values {
+		if x < 0 || x > 255 {
+			return false
+		}
+	}
+	return true
 }
 
 // phaseContext is one phase of the kernel: its steps and closing barrier.
@@ -235,7 +259,11 @@ func (e *kernelEmitter) index(x schedule.Index) string {
 		}
 		return fmt.Sprintf("cg_rel(rank, %d, W)", x.K)
 	}
-	return e.declare(table{Values: x.Table}) + "[rank]"
+	t := table{Values: x.Table}
+	if t.packed() {
+		return "cg_pick(" + e.declare(t) + ", rank)"
+	}
+	return e.declare(t) + "[rank]"
 }
 
 // declare names t (tableN, in order of first use) and declares it once
@@ -413,6 +441,23 @@ func (e *kernelEmitter) ptr(w *stepWriter, r schedule.Ref, constant bool) string
 	return name
 }
 
+// bodyPtr is ptr for a pointer declared in the loop body (after the
+// lines that define what it depends on); its name does not clash with the
+// preamble's.
+func (e *kernelEmitter) bodyPtr(w *stepWriter, r schedule.Ref) string {
+	name := fmt.Sprintf("p%d", w.ptrs)
+	w.ptrs++
+	w.B("char* const %s = %s;", name, e.ref(r, false))
+	return name
+}
+
+// slotWord and flagWord find a push group's uses of the epoch's slot and
+// flag.
+var (
+	slotWord = regexp.MustCompile(`\bslot\b`)
+	flagWord = regexp.MustCompile(`\bflag\b`)
+)
+
 // stepComment renders a step for the generated code's comments.
 func stepComment(st schedule.Step) string {
 	srcs := make([]string, len(st.Srcs))
@@ -473,11 +518,24 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	}
 	w.P("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	puts := g[1:]
+	// early: a put of the input (the first phase's work) loads the epoch
+	// again in its loop body, after the value: the epoch's load and the
+	// value's are then in flight together, where the kernel's own epoch
+	// (loaded first) would hold up the value's load until it arrived,
+	// since the compiler computes the slot-dependent inbox pointers first.
+	// The puts' inbox pointers are then computed in the body too.
+	early := false
 	switch lead.Kind {
 	case schedule.Put:
 		src := e.ptr(w, lead.Srcs[0], true)
 		w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		puts = g
+		if lead.Srcs[0].Buf != schedule.Inbox {
+			early = true
+			w.B("const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap")
+			w.B("const int slot = cg_ep_slot(ep);")
+			w.B("const unsigned flag = cg_ep_flag(ep);")
+		}
 	case schedule.Copy:
 		src := e.ptr(w, lead.Srcs[0], true)
 		dst := e.ptr(w, lead.Dst, false)
@@ -523,7 +581,25 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	}
 	for _, p := range puts {
 		w.usesOn = true
-		w.B("PR::store(%s + u * 16, x, flag%s);", e.ptr(w, p.Dst, false), on)
+		dst := ""
+		if early {
+			dst = e.bodyPtr(w, p.Dst)
+		} else {
+			dst = e.ptr(w, p.Dst, false)
+		}
+		w.B("PR::store(%s + u * 16, x, flag%s);", dst, on)
+	}
+	if !early {
+		// The epoch's slot and flag, where this group uses them.
+		text := strings.Join(append(slices.Clone(w.sc.Lines), w.body...), "\n")
+		var decl []string
+		if slotWord.MatchString(text) {
+			decl = append(decl, "const int slot = cg_ep_slot(epoch);")
+		}
+		if flagWord.MatchString(text) {
+			decl = append(decl, "const unsigned flag = cg_ep_flag(epoch);")
+		}
+		w.sc.Lines = append(decl, w.sc.Lines...)
 	}
 	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", e.index(chunkRef.Chunk), cond)
 	if warp && w.usesOn {

@@ -79,6 +79,7 @@ CHECK_TYPE(cuModuleLoadData, CUresult (*)(CUmodule *, const void *));
 CHECK_TYPE(cuModuleUnload, CUresult (*)(CUmodule));
 CHECK_TYPE(cuModuleGetFunction, CUresult (*)(CUfunction *, CUmodule, const char *));
 CHECK_TYPE(cuFuncSetAttribute, CUresult (*)(CUfunction, CUfunction_attribute, int));
+CHECK_TYPE(cuLaunchKernelEx, CUresult (*)(const CUlaunchConfig *, CUfunction, void **, void **));
 CHECK_TYPE(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, CUstream, void **, void **));
 CHECK_TYPE(cuIpcGetMemHandle, CUresult (*)(CUipcMemHandle *, CUdeviceptr));
@@ -163,6 +164,12 @@ _Static_assert(CU_POINTER_ATTRIBUTE_MEMORY_TYPE == 2 && CU_POINTER_ATTRIBUTE_IS_
 
 // Sizes and enum values the Go code hard-codes.
 _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle");
+// cuLaunchKernelEx's config and attribute, as cuda_shim.h declares them.
+_Static_assert(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6, "PDL attribute id");
+_Static_assert(sizeof(CUlaunchAttribute) == 72 && __builtin_offsetof(CUlaunchAttribute, value) == 8, "CUlaunchAttribute");
+_Static_assert(__builtin_offsetof(CUlaunchConfig, hStream) == 32 && __builtin_offsetof(CUlaunchConfig, attrs) == 40 &&
+                   __builtin_offsetof(CUlaunchConfig, numAttrs) == 48 && sizeof(CUlaunchConfig) == 56,
+               "CUlaunchConfig");
 _Static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId");
 _Static_assert(sizeof(CUdeviceptr) == 8, "CUdeviceptr");
 _Static_assert(sizeof(CUresult) == 4 && sizeof(nvrtcResult) == 4 && sizeof(ncclResult_t) == 4, "enum sizes");
@@ -247,6 +254,7 @@ int main(void) {
   SYM(cuModuleLoadData, "cuModuleLoadData");
   SYM(cuModuleGetFunction, "cuModuleGetFunction");
   SYM(cuLaunchKernel, "cuLaunchKernel");
+  SYM(cuLaunchKernelEx, "cuLaunchKernelEx");
   SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle");
   SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
   SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");

@@ -16,7 +16,8 @@
 #include "collgen_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(512)
-allreduce_oneshot_f32_sum_w2(const collgen_args_w2 a) {
+allreduce_oneshot_f32_sum_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
+  cg_grid_wait();
   typedef cg_f32 T;
   typedef T::E E;
   typedef cg_sum OP;
