@@ -71,5 +71,5 @@ allgather_oneshot_ll128_e5m2_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -106,5 +106,5 @@ allgather_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

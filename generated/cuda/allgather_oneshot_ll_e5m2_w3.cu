@@ -91,5 +91,5 @@ allgather_oneshot_ll_e5m2_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

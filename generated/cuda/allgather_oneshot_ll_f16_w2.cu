@@ -69,5 +69,5 @@ allgather_oneshot_ll_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -185,5 +185,5 @@ allreduce_oneshot_ll128_f32_max_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

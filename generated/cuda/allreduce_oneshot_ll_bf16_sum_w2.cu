@@ -116,5 +116,5 @@ allreduce_oneshot_ll_bf16_sum_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

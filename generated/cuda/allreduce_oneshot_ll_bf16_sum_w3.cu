@@ -181,5 +181,5 @@ allreduce_oneshot_ll_bf16_sum_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

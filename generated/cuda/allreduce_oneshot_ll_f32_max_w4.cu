@@ -260,5 +260,5 @@ allreduce_oneshot_ll_f32_max_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

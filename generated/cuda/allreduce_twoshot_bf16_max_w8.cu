@@ -92,5 +92,5 @@ allreduce_twoshot_bf16_max_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
 
   }
   cg_seq_end(a.seq, seq0 + rounds * per_round);
-  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds, cg_epoch(a.seq));
 }

@@ -80,5 +80,5 @@ allreduce_twoshot_f32_max_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
 
   }
   cg_seq_end(a.seq, seq0 + rounds * per_round);
-  if (a.slot_bytes) cg_collective_end(a.seq, rounds);
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds, cg_epoch(a.seq));
 }

@@ -135,5 +135,5 @@ allreduce_twoshot_ll128_bf16_max_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -159,5 +159,5 @@ allreduce_twoshot_ll128_f16_sum_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -91,5 +91,5 @@ allreduce_twoshot_ll128_f32_min_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -177,5 +177,5 @@ allreduce_twoshot_ll128_f32_sum_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

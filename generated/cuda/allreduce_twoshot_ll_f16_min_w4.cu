@@ -170,5 +170,5 @@ allreduce_twoshot_ll_f16_min_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

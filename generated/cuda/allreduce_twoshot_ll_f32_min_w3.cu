@@ -130,5 +130,5 @@ allreduce_twoshot_ll_f32_min_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

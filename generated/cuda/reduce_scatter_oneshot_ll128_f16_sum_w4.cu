@@ -111,5 +111,5 @@ reduce_scatter_oneshot_ll128_f16_sum_w4(const CG_GRID_CONSTANT collgen_args_w4 a
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -100,5 +100,5 @@ reduce_scatter_oneshot_ll_f16_sum_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   }
 
 done:
-  cg_collective_end(a.seq, 1);
+  cg_collective_end(a.seq, 1, epoch);
 }

@@ -218,14 +218,18 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 // of elements does not change with alignment: a lane writes only elements
 // that it or another lane of its warp owns.
 
+// cg_mod is a % b for a, b >= 0. Below 2^32 (every chunk of up to 4G
+// vectors) it takes a 32-bit remainder: the 64-bit one is a called
+// subroutine of some hundred cycles on the path of every small message.
+__device__ __forceinline__ cg_s64 cg_mod(cg_s64 a, cg_s64 b) {
+  return ((cg_u64)a | (cg_u64)b) >> 32 == 0 ? (cg_s64)((unsigned)a % (unsigned)b) : a % b;
+}
+
 // cg_first returns this thread's first vector index for a chunk with the
 // given shift, and the stride between its vectors.
-// A shift below 2^32 (every chunk of up to 4G vectors) takes a 32-bit
-// remainder: the 64-bit one is a called subroutine of some hundred cycles
-// on the path of every small message.
 __device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
   const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
-  const cg_s64 s = ((cg_u64)shift | (cg_u64)stride) >> 32 == 0 ? (cg_s64)((unsigned)shift % (unsigned)stride) : shift % stride;
+  const cg_s64 s = cg_mod(shift, stride);
   return gid >= s ? gid - s : gid - s + stride;
 }
 
@@ -330,13 +334,11 @@ __device__ __forceinline__ void cg_st_vec(E* p, const cg_vec<E, VB>& x, int m, b
   if (edge) cg_st_elems<E, VB>(p, x, k, V);
 }
 
-// cg_warp_split reports whether the warp-wide split holds for this launch
-// and shift: always for collgen's launches (threads per block and shifts
-// are multiples of 32); checked so that another caller gets the scalar path
-// rather than wrong shuffles.
-__device__ __forceinline__ bool cg_warp_split(cg_s64 shift) {
-  return (blockDim.x & 31) == 0 && (shift & 31) == 0;
-}
+// cg_copy and cg_reduce take the warp-wide split for granted: threads per
+// block are a multiple of 32 (the spec's validator requires it) and every
+// shift comes from cg_shift (a whole number of warps). Another caller that
+// broke it would get wrong shuffles, so the element-by-element loop that
+// used to guard it is gone: it was dead code every kernel paid to compile.
 
 template <class T, int VB>
 __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_s64 n, cg_s64 shift) {
@@ -353,7 +355,7 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
       cg_ld(x, src + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = x;
     }
-  } else if (cg_warp_split(shift)) {
+  } else {
     const int lane = threadIdx.x & 31;
     const int m[1] = {ms};
     for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
@@ -363,13 +365,8 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
       cg_ld_vecs<E, VB, 1>(x, p, m, on, edge);
       cg_st_vec<E, VB>(dst + v * V, x[0], md, on, lane == 0, edge);
     }
-  } else {
-    for (cg_s64 v = gid; v < nvec; v += stride) {
-#pragma unroll
-      for (int e = 0; e < V; e++) dst[v * V + e] = cg_ld_elem(src + v * V + e);
-    }
   }
-  if (nvec * V < n && gid == nvec % stride) {
+  if (nvec * V < n && gid == cg_mod(nvec, stride)) {
     for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
   }
 }
@@ -413,7 +410,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x).raw;
     }
-  } else if (NS <= 4 && cg_warp_split(shift)) {
+  } else if (NS <= 4) {
     // Up to four sources: with more (world 8), two vectors per source at a
     // warp's edge do not fit the register budget of 1024-thread blocks,
     // and the kernel takes the element loop below.
@@ -439,7 +436,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       }
     }
   }
-  if (nvec * V < n && gid == nvec % stride) {
+  if (nvec * V < n && gid == cg_mod(nvec, stride)) {
     for (cg_s64 i = nvec * V; i < n; i++) {
       A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
@@ -616,14 +613,25 @@ __device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
 // cg_collective_end: the last block of the grid to get here advances the
 // collective counter by the launch's rounds (so the next launch starts on
 // the slot after this one's last; a later kernel on the stream, so it sees
-// the new value) and resets the finished-block count.
-__device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds) {
+// the new value) and resets the finished-block count. epoch is the
+// counter as this launch found it: nothing changes it before the last
+// block's store, so a block may read it any time before its own arrival,
+// and the last block stores epoch + rounds without loading the counter
+// again. A one-block grid counts no arrivals: once the block's threads
+// have all passed the __syncthreads (every read of the counter is before
+// it), thread 0 stores at once, sparing the atomic's round trip at the end
+// of the smallest collectives.
+__device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds, cg_u64 epoch) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    if (gridDim.x == 1) {
+      seq[CG_MAX_BLOCKS] = epoch + rounds;
+      return;
+    }
     const unsigned long long done = atomicAdd(seq + CG_MAX_BLOCKS + 1, 1ull);
     if (done == gridDim.x - 1) {
       seq[CG_MAX_BLOCKS + 1] = 0;
-      seq[CG_MAX_BLOCKS] += rounds;
+      seq[CG_MAX_BLOCKS] = epoch + rounds;
     }
   }
 }
