@@ -126,7 +126,7 @@ type Config struct {
 	// (griddepcontrol.wait) until that kernel has finished and its writes
 	// are visible, before touching memory; in a CUDA graph the capture
 	// records a programmatic edge. That hides most of the launch gap
-	// between back-to-back kernels (about 0.3 us of a 1 KiB all-reduce on
+	// between back-to-back kernels (about 0.4 us of a 1 KiB all-reduce on
 	// H200; docs/performance.md).
 	NoEarlyLaunch bool
 	// NCCLWindows registers Alloc's buffers as NCCL windows (see Alloc),
