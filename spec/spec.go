@@ -74,6 +74,13 @@ type Launch struct {
 	MaxBlocks int
 	// VectorBytes is the width of one load or store: 4, 8 or 16. Default 16.
 	VectorBytes int
+	// MinThreads, when set (a multiple of 32 from 64 to Threads), lets a
+	// launch use blocks smaller than Threads: a grid that would have fewer
+	// than MaxBlocks blocks of Threads spreads its threads over more,
+	// smaller blocks instead (at least MinThreads each), so a mid-sized
+	// message reaches more SMs while a large one still gets blocks of
+	// Threads. 0 (default): every block has Threads threads.
+	MinThreads int
 }
 
 // DefaultLaunch returns the launch parameters used for omitted fields.

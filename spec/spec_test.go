@@ -249,11 +249,11 @@ topologies:
 	if !reflect.DeepEqual(a.DTypes, DTypes{Reduce: s.DTypes.Reduce, Copy: []coll.DType{coll.E4M3}}) {
 		t.Errorf("dtypes %v", a.DTypes)
 	}
-	if got := s.Launch(coll.AllReduce, "oneshot"); got != (Launch{256, 24, 16}) {
+	if got := s.Launch(coll.AllReduce, "oneshot"); got != (Launch{Threads: 256, MaxBlocks: 24, VectorBytes: 16}) {
 		t.Errorf("launch %+v", got)
 	}
 	want := []AlgorithmSpec{
-		{coll.AllReduce, "oneshot", Launch{256, 24, 16}},
+		{coll.AllReduce, "oneshot", Launch{Threads: 256, MaxBlocks: 24, VectorBytes: 16}},
 		{coll.AllReduce, "twoshot", DefaultLaunch()},
 		{coll.AllGather, "oneshot", DefaultLaunch()},
 	}

@@ -20,7 +20,7 @@ var (
 	topFields       = []string{"version", "package", "dtypes", "ops", "algorithms", "topologies", "multi_host"}
 	multiHostFields = []string{"select"}
 	dtypeFields     = []string{"reduce", "copy"}
-	launchFields    = []string{"threads", "max_blocks", "vector_bytes"}
+	launchFields    = []string{"threads", "max_blocks", "vector_bytes", "min_threads"}
 	topologyFields  = []string{"kind", "world_sizes", "link", "dtypes", "generate", "select"}
 	linkFields      = []string{"bandwidth_gbps", "latency_us"}
 	ruleFields      = []string{"upto", "use", "symmetric"}
@@ -345,6 +345,16 @@ func (l *loader) launch(n *yaml.Node, what string) Launch {
 				l.errorf(fl.val, "vector_bytes %d must be 4, 8 or 16; write vector_bytes: %d", v, fix)
 			} else {
 				lp.VectorBytes = int(v)
+			}
+		}
+	}
+	if fl, ok := f["min_threads"]; ok && !isNull(fl.val) {
+		if v, ok := l.integer(fl.val, "min_threads", "min_threads: 256"); ok {
+			if v < 64 || v > int64(lp.Threads) || v%32 != 0 {
+				fix := min(max(v/32*32, 64), int64(lp.Threads))
+				l.errorf(fl.val, "min_threads %d must be a multiple of 32 from 64 to threads (%d); write min_threads: %d", v, lp.Threads, fix)
+			} else if v < int64(lp.Threads) {
+				lp.MinThreads = int(v)
 			}
 		}
 	}

@@ -210,7 +210,11 @@ func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 			fmt.Fprintf(&b, "  %s:\n", c)
 			for _, a := range algs {
 				l := o.Base.Launch(c, a)
-				fmt.Fprintf(&b, "    %s: {threads: %d, max_blocks: %d, vector_bytes: %d}\n", a, l.Threads, l.MaxBlocks, l.VectorBytes)
+				extra := ""
+				if l.MinThreads != 0 {
+					extra = fmt.Sprintf(", min_threads: %d", l.MinThreads)
+				}
+				fmt.Fprintf(&b, "    %s: {threads: %d, max_blocks: %d, vector_bytes: %d%s}\n", a, l.Threads, l.MaxBlocks, l.VectorBytes, extra)
 			}
 		}
 	}

@@ -323,9 +323,9 @@ func TestFakeGPULaunch(t *testing.T) {
 			t.Errorf("launch %d: arguments\n%+v\nwant\n%+v", i, a, want)
 		}
 		units := 2 * l.kernel.ThreadUnits(chunk, 2)
-		blocks := min(max((units+int64(l.kernel.Launch.Threads)-1)/int64(l.kernel.Launch.Threads), 1), int64(l.kernel.Launch.MaxBlocks))
-		if l.grid != uint32(blocks) || l.block != uint32(l.kernel.Launch.Threads) {
-			t.Errorf("launch %d: grid %d x %d, want %d x %d", i, l.grid, l.block, blocks, l.kernel.Launch.Threads)
+		blocks, threads := l.kernel.Launch.Block(units)
+		if l.grid != uint32(blocks) || l.block != uint32(threads) {
+			t.Errorf("launch %d: grid %d x %d, want %d x %d", i, l.grid, l.block, blocks, threads)
 		}
 	}
 	closeAll(t, comms)

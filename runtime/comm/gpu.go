@@ -570,12 +570,14 @@ func (g *gpuComm) run(cl *call) error {
 
 // gridFor sizes a kernel launch: enough threads for one unit (vector or
 // inbox unit) of every chunk each (the kernels spread a phase's chunks over
-// distinct threads), at least one block, at most the spec's MaxBlocks.
+// distinct threads), at least one block, at most the spec's MaxBlocks,
+// blocks of the spec's threads or, with min_threads, smaller ones while
+// the grid stays within MaxBlocks (kernels.Launch.Block). The kernels take
+// any block of a multiple of 32 threads up to their __launch_bounds__.
 func gridFor(cl *call, world int) (grid, block uint32) {
 	k := cl.kernel
-	threads := int64(k.Launch.Threads)
 	units := int64(world) * k.ThreadUnits(cl.window, int(cl.esize)) // one round's work
-	blocks := min(max((units+threads-1)/threads, 1), int64(k.Launch.MaxBlocks))
+	blocks, threads := k.Launch.Block(units)
 	return uint32(blocks), uint32(threads)
 }
 

@@ -48,6 +48,25 @@ type Launch struct {
 	Threads     int // threads per block
 	MaxBlocks   int // the most blocks one launch uses
 	VectorBytes int // width of one vector load; 16 means 128-bit loads
+	// MinThreads, if not 0, is the smallest block a launch may use (see
+	// Block): below MaxBlocks blocks of Threads, blocks shrink towards it.
+	MinThreads int
+}
+
+// Block sizes a launch of units threads' worth of work (one unit per
+// thread): blocks of Threads threads, unless MinThreads allows smaller
+// ones, which the launch uses while that keeps the grid within MaxBlocks
+// (multiples of 32, at least MinThreads), so the work spreads over more
+// SMs. It returns the grid and block sizes; at least one block.
+func (l Launch) Block(units int64) (blocks, threads int64) {
+	threads = int64(l.Threads)
+	if l.MinThreads > 0 && l.MinThreads < l.Threads {
+		per := (units + int64(l.MaxBlocks) - 1) / int64(l.MaxBlocks) // threads per block to fill MaxBlocks
+		per = (per + 31) / 32 * 32
+		threads = min(max(per, int64(l.MinThreads)), threads)
+	}
+	blocks = min(max((units+threads-1)/threads, 1), int64(l.MaxBlocks))
+	return blocks, threads
 }
 
 // Field is one member of a kernel's by-value argument struct.

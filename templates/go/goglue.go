@@ -148,6 +148,17 @@ func keyed(fields ...field) *jen.Statement {
 }
 
 // nonZero returns jen.Lit(v), or nil (left out) for v's zero value.
+// launchValues is a kernels.Launch literal's fields (MinThreads only when
+// set, so specs without it generate what they did).
+func launchValues(l spec.Launch) []jen.Code {
+	v := []jen.Code{jen.Id("Threads").Op(":").Lit(l.Threads),
+		jen.Id("MaxBlocks").Op(":").Lit(l.MaxBlocks), jen.Id("VectorBytes").Op(":").Lit(l.VectorBytes)}
+	if l.MinThreads != 0 {
+		v = append(v, jen.Id("MinThreads").Op(":").Lit(l.MinThreads))
+	}
+	return v
+}
+
 func nonZero[T comparable](v T) jen.Code {
 	var zero T
 	if v == zero {
@@ -196,8 +207,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"DType", jen.Lit(string(k.DType))},
 			field{"Op", nonZero(string(k.Op))},
 			field{"World", jen.Lit(k.World)},
-			field{"Launch", jen.Qual(kernelsPkg, "Launch").Values(jen.Id("Threads").Op(":").Lit(k.Launch.Threads),
-				jen.Id("MaxBlocks").Op(":").Lit(k.Launch.MaxBlocks), jen.Id("VectorBytes").Op(":").Lit(k.Launch.VectorBytes))},
+			field{"Launch", jen.Qual(kernelsPkg, "Launch").Values(launchValues(k.Launch)...)},
 			field{"Args", jen.Id(layoutVar(k.Layout))},
 			field{"Source", jen.Lit(k.File())},
 			field{"Barriers", nonZero(s.Barriers())},
