@@ -195,25 +195,14 @@ CUresult cg_cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
 CUresult cg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                    unsigned bx, unsigned by, unsigned bz, unsigned shared,
                    CUstream s, const void *args, size_t argBytes, int early) {
-  void *fn = cg_cu[CG_cuLaunchKernel];
-  if (!fn) return CG_MISSING_BASE + CG_cuLaunchKernel;
-  void *fnEx = cg_cu[CG_cuLaunchKernelEx];
-  if (early && !fnEx) return CG_MISSING_BASE + CG_cuLaunchKernelEx;
-  typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned,
-                               unsigned, unsigned, unsigned, unsigned,
-                               CUstream, void **, void **);
-  typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
-  CUlaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
-  attr.id = CG_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig cfg = {gx, gy, gz, bx, by, bz, shared, s, &attr, 1};
+  void *fn = cg_cu[early ? CG_cuLaunchKernelEx : CG_cuLaunchKernel];
+  if (!fn) return CG_MISSING_BASE + (early ? CG_cuLaunchKernelEx : CG_cuLaunchKernel);
   // The driver copies parameter values during the launch (and during
   // stream capture, into the graph node), so a temporary copy suffices.
   _Alignas(16) unsigned char small[1024];
   void *copy = small;
-  void **params = NULL;
   void *param[1];
+  void **params = NULL;
   if (argBytes > 0) {
     if (argBytes > sizeof small) {
       copy = aligned_alloc(16, (argBytes + 15) & ~(size_t)15);
@@ -223,8 +212,21 @@ CUresult cg_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     param[0] = copy;
     params = param;
   }
-  CUresult r = early ? ((launch_ex_t)fnEx)(&cfg, f, params, NULL)
-                     : ((launch_t)fn)(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL);
+  CUresult r;
+  if (early) {
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CG_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg = {gx, gy, gz, bx, by, bz, shared, s, &attr, 1};
+    typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
+    r = ((launch_ex_t)fn)(&cfg, f, params, NULL);
+  } else {
+    typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, unsigned, unsigned,
+                                 CUstream, void **, void **);
+    r = ((launch_t)fn)(f, gx, gy, gz, bx, by, bz, shared, s, params, NULL);
+  }
   if (copy != small) free(copy);
   return r;
 }

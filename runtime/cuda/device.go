@@ -45,9 +45,10 @@ type Device struct {
 	TotalMem uint64 // bytes of device memory
 	PCIBusID string // "0000:18:00.0", stable across processes
 
-	dev  C.CUdevice
-	ctx  C.CUcontext
-	refs int // guarded by devicesMu
+	dev   C.CUdevice
+	ctx   C.CUcontext
+	refs  int  // guarded by devicesMu
+	early bool // EarlyLaunch's answer, fixed at Open (launches ask it every call)
 }
 
 var (
@@ -113,6 +114,7 @@ func Open(ordinal int) (*Device, error) {
 	if d.SMCount, err = attr(attrMultiprocessorCount); err != nil {
 		return nil, err
 	}
+	d.early = d.Arch() >= 90 && C.cg_has_launch_ex() != 0
 	var total C.size_t
 	if r := C.cg_cuDeviceTotalMem(&total, d.dev); r == 0 {
 		d.TotalMem = uint64(total)

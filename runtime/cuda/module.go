@@ -173,9 +173,7 @@ func (f *Function) LaunchEarly(grid, block [3]uint32, sharedBytes int, s *Stream
 // EarlyLaunch reports whether Function.LaunchEarly works on d: compute
 // capability 9.0 or later (griddepcontrol) and a driver that exports
 // cuLaunchKernelEx.
-func (d *Device) EarlyLaunch() bool {
-	return d.Arch() >= 90 && C.cg_has_launch_ex() != 0
-}
+func (d *Device) EarlyLaunch() bool { return d.early }
 
 func (f *Function) launch(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte, early bool) error {
 	d := f.mod.dev

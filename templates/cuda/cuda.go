@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"embed"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -428,6 +427,12 @@ func (w *stepWriter) B(format string, args ...any) {
 // ptr declares, in w before the loop, a pointer to a ref's chunk and
 // returns its name (p0, p1, ...); inbox pointers are bytes (16-byte units).
 func (e *kernelEmitter) ptr(w *stepWriter, r schedule.Ref, constant bool) string {
+	return e.declPtr(w, w.P, r, constant)
+}
+
+// declPtr is ptr with the line written by emit (w.P before the loop, w.B
+// in its body, after what the pointer depends on).
+func (e *kernelEmitter) declPtr(w *stepWriter, emit func(string, ...any), r schedule.Ref, constant bool) string {
 	name := fmt.Sprintf("p%d", w.ptrs)
 	w.ptrs++
 	typ := "E*"
@@ -437,26 +442,20 @@ func (e *kernelEmitter) ptr(w *stepWriter, r schedule.Ref, constant bool) string
 	if constant {
 		typ = "const " + typ
 	}
-	w.P("%s const %s = %s;", typ, name, e.ref(r, constant))
+	emit("%s const %s = %s;", typ, name, e.ref(r, constant))
 	return name
 }
 
-// bodyPtr is ptr for a pointer declared in the loop body (after the
-// lines that define what it depends on); its name does not clash with the
-// preamble's.
-func (e *kernelEmitter) bodyPtr(w *stepWriter, r schedule.Ref) string {
-	name := fmt.Sprintf("p%d", w.ptrs)
-	w.ptrs++
-	w.B("char* const %s = %s;", name, e.ref(r, false))
-	return name
+// touchesInbox reports whether a push group reads or writes an inbox: then
+// it needs the epoch's slot (inbox addresses) and flag (polls, stores).
+func touchesInbox(g []schedule.Step) bool {
+	for _, st := range g {
+		if st.Dst.Buf == schedule.Inbox || slices.ContainsFunc(st.Srcs, func(r schedule.Ref) bool { return r.Buf == schedule.Inbox }) {
+			return true
+		}
+	}
+	return false
 }
-
-// slotWord and flagWord find a push group's uses of the epoch's slot and
-// flag.
-var (
-	slotWord = regexp.MustCompile(`\bslot\b`)
-	flagWord = regexp.MustCompile(`\bflag\b`)
-)
 
 // stepComment renders a step for the generated code's comments.
 func stepComment(st schedule.Step) string {
@@ -579,27 +578,16 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		w.B("const PR::P x = PR::reduce<T, OP, %d>(xs);", len(srcs))
 		w.B("PR::st(%s, u, sp.n, x);", dst)
 	}
+	emitPut := w.P
+	if early {
+		emitPut = w.B
+	}
 	for _, p := range puts {
 		w.usesOn = true
-		dst := ""
-		if early {
-			dst = e.bodyPtr(w, p.Dst)
-		} else {
-			dst = e.ptr(w, p.Dst, false)
-		}
-		w.B("PR::store(%s + u * 16, x, flag%s);", dst, on)
+		w.B("PR::store(%s + u * 16, x, flag%s);", e.declPtr(w, emitPut, p.Dst, false), on)
 	}
-	if !early {
-		// The epoch's slot and flag, where this group uses them.
-		text := strings.Join(append(slices.Clone(w.sc.Lines), w.body...), "\n")
-		var decl []string
-		if slotWord.MatchString(text) {
-			decl = append(decl, "const int slot = cg_ep_slot(epoch);")
-		}
-		if flagWord.MatchString(text) {
-			decl = append(decl, "const unsigned flag = cg_ep_flag(epoch);")
-		}
-		w.sc.Lines = append(decl, w.sc.Lines...)
+	if !early && touchesInbox(g) {
+		w.sc.Lines = append([]string{"const int slot = cg_ep_slot(epoch);", "const unsigned flag = cg_ep_flag(epoch);"}, w.sc.Lines...)
 	}
 	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", e.index(chunkRef.Chunk), cond)
 	if warp && w.usesOn {

@@ -47,53 +47,63 @@ func placeholder(i int) string { return fmt.Sprintf("\x00%d\x00", i) }
 const pushLoopMinWorld = 8
 
 // blocks renders a phase's groups (a barrier step is a group of one; push
-// groups come from llGroups) with render: when loops is set, the longest
-// run from each group on as one loop, and a group that starts no run (or
-// every group, without loops) as its own block.
+// groups come from llGroups) with render: when loops is set, each longest
+// run of groups whose recorded texts are the same as one loop, and a group
+// that starts no run (or every group, without loops) as its own block.
+// Each group is recorded once; a run's loop is built from the recordings.
 func (e *kernelEmitter) blocks(groups [][]schedule.Step, loops bool, render func([]schedule.Step) (stepContext, error)) ([]stepContext, error) {
+	var recs []recording
+	if loops {
+		recs = make([]recording, len(groups))
+		for i, g := range groups {
+			recs[i] = e.record(g, render)
+		}
+	}
 	var out []stepContext
 	for i := 0; i < len(groups); {
-		n, sc, ok := len(groups)-i, stepContext{}, false
-		if !loops {
-			n = 1
+		n := 1
+		for loops && recs[i].ok && i+n < len(groups) && recs[i+n].ok && slices.Equal(recs[i+n].sc.Lines, recs[i].sc.Lines) {
+			n++
 		}
-		for ; n > 1; n-- {
-			if sc, ok = e.loop(groups[i:i+n], render); ok {
-				break
-			}
-		}
-		if !ok {
-			var err error
-			if sc, err = render(groups[i]); err != nil {
+		if n > 1 {
+			out = append(out, e.loop(groups[i:i+n], recs[i:i+n]))
+		} else {
+			sc, err := render(groups[i])
+			if err != nil {
 				return nil, err
 			}
-			n = 1
+			out = append(out, sc)
 		}
-		out = append(out, sc)
 		i += n
 	}
 	return out, nil
 }
 
-// loop renders run as one loop over k, or reports false when it cannot be
-// one (see above). It declares no table unless it succeeds.
-func (e *kernelEmitter) loop(run [][]schedule.Step, render func([]schedule.Step) (stepContext, error)) (stepContext, bool) {
-	recs := make([][]schedule.Index, len(run))
-	var body stepContext
-	for i, g := range run {
-		e.recording, e.rec = true, nil
-		sc, err := render(g)
-		e.recording = false
-		if err != nil || i > 0 && !slices.Equal(sc.Lines, body.Lines) {
-			return stepContext{}, false // an error is reported when the group is rendered alone
-		}
-		body, recs[i] = sc, e.rec
-	}
+// recording is a group rendered with placeholders for its indices, and
+// the indices (ok false when rendering failed: the group is then rendered
+// alone, which reports the error).
+type recording struct {
+	sc  stepContext
+	rec []schedule.Index
+	ok  bool
+}
+
+// record renders g while index records every index it is asked for.
+func (e *kernelEmitter) record(g []schedule.Step, render func([]schedule.Step) (stepContext, error)) recording {
+	e.recording, e.rec = true, nil
+	sc, err := render(g)
+	e.recording = false
+	return recording{sc: sc, rec: e.rec, ok: err == nil}
+}
+
+// loop renders run, whose recordings recs have the same text, as one loop
+// over k (see above), declaring the loop tables it needs.
+func (e *kernelEmitter) loop(run [][]schedule.Step, recs []recording) stepContext {
 	var pairs []string
-	for j, x := range recs[0] {
+	for j, x := range recs[0].rec {
 		col := make([]schedule.Index, len(run))
 		for i := range run {
-			col[i] = recs[i][j]
+			col[i] = recs[i].rec[j]
 		}
 		var expr string
 		switch same, step := loopColumn(col, e.s.World); {
@@ -109,11 +119,11 @@ func (e *kernelEmitter) loop(run [][]schedule.Step, render func([]schedule.Step)
 	r := strings.NewReplacer(pairs...)
 	out := stepContext{Comment: fmt.Sprintf("k = 0..%d, one loop: %s ... %s", len(run)-1, groupComment(run[0]), groupComment(run[len(run)-1]))}
 	out.Lines = append(out.Lines, "#pragma unroll 1", fmt.Sprintf("for (int k = 0; k < %d; k++) {", len(run)))
-	for _, line := range body.Lines {
+	for _, line := range recs[0].sc.Lines {
 		out.Lines = append(out.Lines, "  "+r.Replace(line))
 	}
 	out.Lines = append(out.Lines, "}")
-	return out, true
+	return out
 }
 
 // loopColumn says how one index varies over a run's groups: the same in
