@@ -53,7 +53,8 @@ allreduce_hcm_bf16_max_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr cg_u64 table4 = 0x302010003020100ull;  // {0, 1, 2, 3, 0, 1, 2, 3} by rank, a byte each (cg_pick)
   constexpr cg_u64 table5 = 0x706050407060504ull;  // {4, 5, 6, 7, 4, 5, 6, 7} by rank, a byte each (cg_pick)
   const cg_u64 seq0 = cg_seq_begin(a.seq);
-  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 epoch = cg_stage_epoch(a.seq, a.slot_bytes);
+  const int slot0 = cg_ep_slot(epoch);
   // Rounds over windows of every chunk (see cg_window in the header).
   const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 rounds = cg_rounds(a.chunk, win);
@@ -109,5 +110,5 @@ allreduce_hcm_bf16_max_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
 
   }
   cg_seq_end(a.seq, seq0 + rounds * per_round);
-  if (a.slot_bytes) cg_collective_end(a.seq, rounds, cg_epoch(a.seq));
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds, epoch);
 }

@@ -23,7 +23,8 @@ reduce_scatter_oneshot_bf16_min_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   constexpr int VB = 16;
   const int rank = a.rank;
   const cg_u64 seq0 = cg_seq_begin(a.seq);
-  const int slot0 = cg_stage_slot(a.seq, a.slot_bytes);
+  const cg_u64 epoch = cg_stage_epoch(a.seq, a.slot_bytes);
+  const int slot0 = cg_ep_slot(epoch);
   // Rounds over windows of every chunk (see cg_window in the header).
   const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 rounds = cg_rounds(a.chunk, win);
@@ -56,5 +57,5 @@ reduce_scatter_oneshot_bf16_min_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
 
   }
   cg_seq_end(a.seq, seq0 + rounds * per_round);
-  if (a.slot_bytes) cg_collective_end(a.seq, rounds, cg_epoch(a.seq));
+  if (a.slot_bytes) cg_collective_end(a.seq, rounds, epoch);
 }

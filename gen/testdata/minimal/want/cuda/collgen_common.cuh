@@ -45,7 +45,7 @@ __device__ __forceinline__ void cg_grid_begin() {
 // The largest grid any kernel launches; signal pads and sequence counters
 // hold this many blocks. args.seq has CG_MAX_BLOCKS + 3 words: per-block
 // barrier sequences, then the collective counter and the finished-block
-// counter that choose the stage slot (see cg_stage_slot), then the abort
+// counter that choose the stage slot (see cg_epoch), then the abort
 // word: raised by Communicator.Abort or by the first wait on this rank
 // that times out, and polled by every wait (cg_barrier, cg_push_spin).
 #define CG_MAX_BLOCKS 24
@@ -604,8 +604,19 @@ __device__ __forceinline__ void cg_seq_end(cg_u64* seq, cg_u64 value) {
 // final barrier (schedule.FinalBarrierRemovable has the argument).
 // slot_bytes == 0 (zero-copy input) means one slot and the final barrier.
 
-__device__ __forceinline__ int cg_stage_slot(const cg_u64* seq, cg_u64 slot_bytes) {
-  return slot_bytes ? (int)(*(volatile const cg_u64*)(seq + CG_MAX_BLOCKS) & 1) : 0;
+// cg_epoch is the collective counter (the epoch), as this launch finds it;
+// cg_ep_slot its stage slot. Push kernels take their flag from it too
+// (cg_ep_flag, below).
+__device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
+  return *(volatile const cg_u64*)(seq + CG_MAX_BLOCKS);
+}
+__device__ __forceinline__ int cg_ep_slot(cg_u64 epoch) { return (int)(epoch & 1); }
+// cg_stage_epoch is a barrier kernel's epoch: the counter with two stage
+// slots, 0 with one (the counter is neither read nor advanced then). The
+// kernel reads it once: its slot at the start, the counter's advance at
+// the end (cg_collective_end).
+__device__ __forceinline__ cg_u64 cg_stage_epoch(const cg_u64* seq, cg_u64 slot_bytes) {
+  return slot_bytes ? cg_epoch(seq) : 0;
 }
 __device__ __forceinline__ void* cg_slot(void* p, int slot, cg_u64 slot_bytes) {
   return (char*)p + (cg_u64)slot * slot_bytes;
@@ -844,11 +855,7 @@ __device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_byt
   return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)place * chunk_ll;
 }
 
-__device__ __forceinline__ cg_u64 cg_epoch(const cg_u64* seq) {
-  return *(volatile const cg_u64*)(seq + CG_MAX_BLOCKS);
-}
-// The epoch's stage slot and flag (see above).
-__device__ __forceinline__ int cg_ep_slot(cg_u64 epoch) { return (int)(epoch & 1); }
+// The epoch's flag (its slot is cg_ep_slot's, see stage slots above).
 __device__ __forceinline__ unsigned cg_ep_flag(cg_u64 epoch) { return (unsigned)(epoch >> 1) + 1u; }
 
 
