@@ -24,18 +24,24 @@
 #     naming it (TestFatbinWithoutDeviceArch)
 #  then the parallel compile with the other option sets, and (SERIAL=1)
 #  the serial compile of the whole set
+# NVRTC 12.9 and later keep their own cache of front-end and ptxas
+# output in the driver's compute cache (CUDA_CACHE_PATH, default
+# ~/.nv/ComputeCache): a program compiled once on a machine compiles again
+# in a fraction of the time. Every compiling step here therefore gets a
+# fresh, empty CUDA_CACHE_PATH of its own, so its figure is cold however
+# many compiles ran on the machine before (docs/cold-start.md).
 # Files: coldstart.log (everything), summary.txt (the figures).
 # Knobs: OUT, BUDGET (seconds for the whole script, 280), WORLD (2), OPTION_SETS (';'-separated NVRTC option lists;
-# default: none, -default-device, -pch, -minimal, -Ofast-compile=min:
+# default: none, -default-device, -pch, -minimal, --Ofast-compile=min:
 # the last changes code, so it needs tests/gpu/bench.sh too), SERIAL (1: also the
-# serial compile of the whole set), FATBIN (0: skip step 4), SAME_CODE (NVRTC options, e.g.
+# serial compile of the whole set, with SERIAL_OPTIONS, default -minimal), FATBIN (0: skip step 4), SAME_CODE (NVRTC options, e.g.
 # -minimal: compile every kernel with and without them and fail on an image that differs).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/coldstart}
 WORLD=${WORLD:-2}
-OPTION_SETS=${OPTION_SETS:-";-default-device;-pch;-minimal;-Ofast-compile=min"}
+OPTION_SETS=${OPTION_SETS:-";-default-device;-pch;-minimal;--Ofast-compile=min"}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT"
 LOG="$OUT/coldstart.log"
@@ -61,6 +67,9 @@ try() { # try TIMEOUT CMD...: log the output; say and return a failure
   return $rc
 }
 run() { try "$@" || status=1; } # as try, and the script fails
+fresh() { # fresh NAME: an empty NVRTC (driver compute) cache for the next step
+  export CUDA_CACHE_PATH="$TMP/nvrtc-cache-$1"
+}
 {
   echo "== date"; date -u
   nvidia-smi -L; nproc
@@ -69,10 +78,12 @@ run() { try "$@" || status=1; } # as try, and the script fails
 
 export COLDSTART=1 COLDSTART_WORLD=$WORLD
 step "1. goroutine ranks, world $WORLD: New to ready, cold then warm cache"
+fresh goroutine
 run 120 .gpu/proof.test -test.v -test.count=1 -test.run '^TestColdStart$'
 
 step "2. process ranks, world $WORLD: New to ready, cold then warm cache"
 export COLLGEN_CACHE_DIR="$TMP/proc-cache"
+fresh process
 for phase in cold warm; do
   run 120 env COLDSTART_PHASE=$phase .gpu/collgen run -n "$WORLD" -- .gpu/proof.test -test.count=1 -test.run '^TestColdStartProcess$'
 done
@@ -81,10 +92,12 @@ step "3. NVRTC cost of the kernel set (generated/cuda)"
 export COLLGEN_CUDA_DIR=generated/cuda COLLGEN_CACHE_DIR="$TMP/bench-cache"
 run 60 .gpu/cuda.test -test.run '^$' -test.bench 'NVRTCHeaderOnly' -test.benchtime 5x
 IFS=';' read -ra sets <<<"$OPTION_SETS"
+sets_run=0
 options() { # options SET...: the parallel cold compile with each option set
   local opts
   for opts in "$@"; do
     step "3. parallel cold compile, options: '${opts}'"
+    sets_run=$((sets_run + 1)); fresh "parallel-$sets_run"
     # an option this NVRTC lacks fails its set only
     try 90 env COLLGEN_NVRTC_OPTIONS="$opts" .gpu/cuda.test -test.run '^$' -test.bench 'NVRTCCompileParallel' -test.benchtime 1x -test.v
   done
@@ -111,7 +124,9 @@ if [ -n "${SAME_CODE:-}" ]; then
 fi
 if [ "${SERIAL:-0}" = 1 ]; then
   step "3. serial cold compile of the set"
-  run 300 .gpu/cuda.test -test.run '^$' -test.bench 'NVRTCCompile$' -test.benchtime 1x
+  fresh serial
+  # with comm's options (-minimal where NVRTC has it; COLLGEN_NVRTC_OPTIONS to try others)
+  run 300 env COLLGEN_NVRTC_OPTIONS="${SERIAL_OPTIONS--minimal}" .gpu/cuda.test -test.run '^$' -test.bench 'NVRTCCompile$' -test.benchtime 1x
 fi
 
 summary
