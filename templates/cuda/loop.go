@@ -50,7 +50,8 @@ const pushLoopMinWorld = 8
 // groups come from llGroups) with render: when loops is set, each longest
 // run of groups whose recorded texts are the same as one loop, and a group
 // that starts no run (or every group, without loops) as its own block.
-// Each group is recorded once; a run's loop is built from the recordings.
+// Each group is rendered once: with loops, its recording is what both a
+// loop and a block of its own are made from.
 func (e *kernelEmitter) blocks(groups [][]schedule.Step, loops bool, render func([]schedule.Step) (stepContext, error)) ([]stepContext, error) {
 	var recs []recording
 	if loops {
@@ -65,9 +66,14 @@ func (e *kernelEmitter) blocks(groups [][]schedule.Step, loops bool, render func
 		for loops && recs[i].ok && i+n < len(groups) && recs[i+n].ok && slices.Equal(recs[i+n].sc.Lines, recs[i].sc.Lines) {
 			n++
 		}
-		if n > 1 {
+		switch {
+		case n > 1:
 			out = append(out, e.loop(groups[i:i+n], recs[i:i+n]))
-		} else {
+		case loops && recs[i].ok: // its recording, with the indices written in
+			sc, rec := recs[i].sc, recs[i].rec
+			sc.Lines = fill(recs[i], func(j int) string { return e.index(rec[j]) })
+			out = append(out, sc)
+		default:
 			sc, err := render(groups[i])
 			if err != nil {
 				return nil, err
@@ -99,31 +105,45 @@ func (e *kernelEmitter) record(g []schedule.Step, render func([]schedule.Step) (
 // loop renders run, whose recordings recs have the same text, as one loop
 // over k (see above), declaring the loop tables it needs.
 func (e *kernelEmitter) loop(run [][]schedule.Step, recs []recording) stepContext {
-	var pairs []string
-	for j, x := range recs[0].rec {
+	body := fill(recs[0], func(j int) string {
+		x := recs[0].rec[j]
 		col := make([]schedule.Index, len(run))
 		for i := range run {
 			col[i] = recs[i].rec[j]
 		}
-		var expr string
 		switch same, step := loopColumn(col, e.s.World); {
 		case same:
-			expr = e.index(x)
+			return e.index(x)
 		case step:
-			expr = loopRel(x.K)
+			return loopRel(x.K)
 		default:
-			expr = e.loopTable(col) + "[k][rank]"
+			return e.loopTable(col) + "[k][rank]"
 		}
-		pairs = append(pairs, placeholder(j), expr)
-	}
-	r := strings.NewReplacer(pairs...)
+	})
 	out := stepContext{Comment: fmt.Sprintf("k = 0..%d, one loop: %s ... %s", len(run)-1, groupComment(run[0]), groupComment(run[len(run)-1]))}
 	out.Lines = append(out.Lines, "#pragma unroll 1", fmt.Sprintf("for (int k = 0; k < %d; k++) {", len(run)))
-	for _, line := range recs[0].sc.Lines {
-		out.Lines = append(out.Lines, "  "+r.Replace(line))
+	for _, line := range body {
+		out.Lines = append(out.Lines, "  "+line)
 	}
 	out.Lines = append(out.Lines, "}")
 	return out
+}
+
+// fill is rec's lines with the j-th placeholder replaced by expr(j),
+// which is called once per index, in recording order: the order in which
+// rendering the group would have asked for them (so tables are declared
+// in the same order).
+func fill(rec recording, expr func(j int) string) []string {
+	pairs := make([]string, 0, 2*len(rec.rec))
+	for j := range rec.rec {
+		pairs = append(pairs, placeholder(j), expr(j))
+	}
+	r := strings.NewReplacer(pairs...)
+	lines := make([]string, len(rec.sc.Lines))
+	for i, line := range rec.sc.Lines {
+		lines[i] = r.Replace(line)
+	}
+	return lines
 }
 
 // loopColumn says how one index varies over a run's groups: the same in

@@ -138,27 +138,29 @@ type field struct {
 // keyed emits Name: value pairs in the given order (the struct's declaration
 // order), one per line, leaving out nil values (zero values).
 func keyed(fields ...field) *jen.Statement {
+	return jen.Custom(multi, keyedItems(fields...)...)
+}
+
+// keyedItems is the Name: value pairs of fields, leaving out nil values,
+// for a literal laid out on one line (Values) or one per line (keyed).
+func keyedItems(fields ...field) []jen.Code {
 	var items []jen.Code
 	for _, f := range fields {
 		if f.value != nil {
 			items = append(items, jen.Id(f.name).Op(":").Add(f.value))
 		}
 	}
-	return jen.Custom(multi, items...)
+	return items
+}
+
+// launchValues is a kernels.Launch literal's fields, on one line
+// (MinThreads only when set, so specs without it generate what they did).
+func launchValues(l spec.Launch) []jen.Code {
+	return keyedItems(field{"Threads", jen.Lit(l.Threads)}, field{"MaxBlocks", jen.Lit(l.MaxBlocks)},
+		field{"VectorBytes", jen.Lit(l.VectorBytes)}, field{"MinThreads", nonZero(l.MinThreads)})
 }
 
 // nonZero returns jen.Lit(v), or nil (left out) for v's zero value.
-// launchValues is a kernels.Launch literal's fields (MinThreads only when
-// set, so specs without it generate what they did).
-func launchValues(l spec.Launch) []jen.Code {
-	v := []jen.Code{jen.Id("Threads").Op(":").Lit(l.Threads),
-		jen.Id("MaxBlocks").Op(":").Lit(l.MaxBlocks), jen.Id("VectorBytes").Op(":").Lit(l.VectorBytes)}
-	if l.MinThreads != 0 {
-		v = append(v, jen.Id("MinThreads").Op(":").Lit(l.MinThreads))
-	}
-	return v
-}
-
 func nonZero[T comparable](v T) jen.Code {
 	var zero T
 	if v == zero {
