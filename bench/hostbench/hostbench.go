@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 	"unsafe"
 
@@ -103,9 +104,17 @@ func Run(ctx context.Context, g *host.Group, o Options, progress func(done int, 
 		maxIn, maxOut = max(maxIn, in), max(maxOut, out)
 	}
 	inBuf, outBuf := alignedBytes(maxIn), alignedBytes(maxOut)
+	// Collect now rather than under the first timed case (the buffers
+	// above can start a collection whose workers would compete with the
+	// ranks for CPUs).
+	runtime.GC()
 	var results []bench.Result
 	for i, c := range cases {
-		r, err := runCase(ctx, g, o, c, inBuf, outBuf)
+		warm := warmFor
+		if i == 0 {
+			warm = firstWarmFor
+		}
+		r, err := runCase(ctx, g, o, c, inBuf, outBuf, warm)
 		if err != nil {
 			return nil, fmt.Errorf("bench %s: %w", c.Label(), err)
 		}
@@ -153,7 +162,17 @@ func maxAll(ctx context.Context, g *host.Group, xs []float64) ([]float64, error)
 	return out, nil
 }
 
-func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBuf []byte) (bench.Result, error) {
+// Warm-up before a case's timed iterations: at least this long. The first case of a run gets longer: right after the ranks
+// start, the kernel has not yet spread their threads over the CPUs, and a
+// rank spinning beside the peer it waits for on one CPU made a whole
+// first case 10x slower (world 8 at 4 KiB on the 32-core GPU host, 2 of 5
+// sweeps; docs/host-backend.md).
+const (
+	warmFor      = 20 * time.Millisecond
+	firstWarmFor = 300 * time.Millisecond
+)
+
+func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBuf []byte, warmup time.Duration) (bench.Result, error) {
 	w, rank := g.World(), g.Rank()
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
@@ -174,22 +193,31 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 			return bench.Result{}, fmt.Errorf("wrong result: %w", err)
 		}
 	}
-	// Warm up, and size the iteration count from the slowest rank's
-	// warm-up time so every rank runs the same number.
-	const warm = 3
+	// Warm up in rounds of 3, 6, 12, ... iterations until the slowest
+	// rank has spent the warm-up time; the last round's slowest time per
+	// iteration sizes the timed run. Every rank decides from the same
+	// maxima, so all run the same numbers.
 	start := time.Now()
-	for i := 0; i < warm; i++ {
-		if err := do(ctx, g, c, in, out, count); err != nil {
+	var perS float64
+	for n := 3; ; n = min(2*n, 1<<16) {
+		t0 := time.Now()
+		for i := 0; i < n; i++ {
+			if err := do(ctx, g, c, in, out, count); err != nil {
+				return bench.Result{}, err
+			}
+		}
+		m, err := maxAll(ctx, g, []float64{time.Since(t0).Seconds() / float64(n), time.Since(start).Seconds()})
+		if err != nil {
 			return bench.Result{}, err
+		}
+		perS = math.Max(m[0], 1e-9)
+		if m[1] >= warmup.Seconds() {
+			break
 		}
 	}
 	iters := o.Iters
 	if iters <= 0 {
-		per, err := maxAll(ctx, g, []float64{time.Since(start).Seconds() / warm})
-		if err != nil {
-			return bench.Result{}, err
-		}
-		iters = int(math.Min(2000, math.Max(5, 0.25/math.Max(per[0], 1e-9))))
+		iters = int(math.Min(2000, math.Max(5, 0.25/perS)))
 	}
 	us := make([]float64, iters, iters+3)
 	w0 := g.WaitStats()

@@ -21,6 +21,15 @@ import (
 // two lanes against 102 us on one.)
 const minPieceBytes = 128 << 10
 
+// ntMinBytes is the output size from which copies into the output use
+// non-temporal stores (copyNT): an output that large is not read from the
+// cache soon, so reading its lines in before overwriting them, which an
+// ordinary store does, only adds memory traffic. (On the 32-core GPU host,
+// world 4: 64 MiB all-reduce 6.0-6.7 ms against 7.2-7.6, 16 MiB 1.50-1.73
+// against 1.59-1.82; at 1-2 MiB, outputs that stay in the caches, no gain
+// and at times a loss; docs/host-backend.md.)
+const ntMinBytes = 4 << 20
+
 // call is one collective invocation.
 type call struct {
 	collective coll.Collective
@@ -46,9 +55,11 @@ type exec struct {
 	lanes   int // lanes used
 	pieces  int
 	pieceN  int         // all-reduce: elements per piece; others: per-rank elements per piece
-	scratch int         // offset of Scratch inside a lane area
-	own     bool        // every lane thread of every rank has a CPU (and a P) of its own
-	spin    bool        // barrier waits may busy-poll: processes with own CPUs
+	halves  bool        // pieces use the halves of the lane's area in turn (see lane)
+	area    int         // bytes a piece may use: the lane's area, or half of it
+	scratch int         // offset of Scratch inside the bytes a piece uses
+	spin    bool        // barrier waits may busy-poll: processes whose lane threads have a CPU each
+	nt      bool        // copies into the output use non-temporal stores (ntMinBytes)
 	stop    atomic.Bool // a lane failed: the others stop waiting
 	ctx     context.Context
 }
@@ -119,6 +130,7 @@ func (g *Group) run(ctx context.Context, c call) error {
 		<-g.slotLock[slot]
 	}()
 	x.plan()
+	x.nt = outBytes >= int64(ntMinBytes)
 
 	if x.lanes == 1 {
 		err = x.lane(0)
@@ -220,14 +232,36 @@ func signature(tag uint64, c call, alg coll.Algorithm) uint64 {
 }
 
 // plan splits the message into pieces that fit a lane's Stage (and
-// Scratch) and spreads them round-robin over lanes. Every rank computes the
-// same plan from the same arguments and layout.
+// Scratch) and spreads them round-robin over lanes. When pieces of half
+// the lane's area cut the message into no more pieces than pieces of the
+// whole area, the collective uses the halves in turn (see lane). Every
+// rank computes the same plan from the same arguments and layout.
 func (x *exec) plan() {
-	lay, w, esz := x.g.lay, x.g.cfg.World, x.esz
-	stageBytes := lay.LaneBytes
+	lay, w := x.g.lay, x.g.cfg.World
+	pieces := func(n int) int { return (x.c.count + n - 1) / n }
+	x.pieceN, x.scratch = x.pieceFor(lay.LaneBytes)
+	x.area = lay.LaneBytes
+	half := lay.LaneBytes / 2 / 64 * 64
+	if n, scratch := x.pieceFor(half); n > 0 && pieces(n) == pieces(x.pieceN) {
+		x.pieceN, x.halves, x.area, x.scratch = n, true, half, scratch
+	}
+	x.pieces = pieces(x.pieceN)
+	x.lanes = min(lay.Lanes, x.pieces)
+	// Busy-polling pays off only when every polling thread has a CPU of
+	// its own: World ranks times the lanes each one runs. Counting ranks
+	// alone let 8 lanes x 4 ranks spin on 32 CPUs beside the runtime's own
+	// threads, so the lane with work to do waited for a CPU.
+	x.spin = w*x.lanes <= x.g.cpus && x.g.cfg.Shared
+}
+
+// pieceFor returns the elements per piece, and the offset of Scratch, for
+// a Stage/Scratch area of areaBytes.
+func (x *exec) pieceFor(areaBytes int) (pieceN, scratch int) {
+	w, esz, lanes := x.g.cfg.World, x.esz, x.g.lay.Lanes
+	stageBytes := areaBytes
 	if x.s.UsesScratch {
-		stageBytes = lay.LaneBytes / 2 / 64 * 64
-		x.scratch = stageBytes
+		stageBytes = areaBytes / 2 / 64 * 64
+		scratch = stageBytes
 	}
 	vec := 64 / esz // chunks start on 64-byte boundaries
 	stageE := stageBytes / esz
@@ -235,22 +269,12 @@ func (x *exec) plan() {
 	if x.c.collective == coll.AllReduce {
 		unit := w * vec
 		maxP := stageE / unit * unit
-		p := roundUp((x.c.count+lay.Lanes-1)/lay.Lanes, unit)
-		x.pieceN = min(maxP, max(roundUp(minE, unit), p))
-	} else {
-		maxP := stageE / w / vec * vec
-		p := roundUp((x.c.count+lay.Lanes-1)/lay.Lanes, vec)
-		x.pieceN = min(maxP, max(roundUp(minE/w, vec), p))
+		p := roundUp((x.c.count+lanes-1)/lanes, unit)
+		return min(maxP, max(roundUp(minE, unit), p)), scratch
 	}
-	x.pieces = (x.c.count + x.pieceN - 1) / x.pieceN
-	x.lanes = min(lay.Lanes, x.pieces)
-	// Busy-polling pays off only when every polling thread has a CPU of
-	// its own: World ranks times the lanes each one runs. Counting ranks
-	// alone let 8 lanes x 4 ranks spin on 32 CPUs beside the runtime's own
-	// threads, so the lane with work to do waited for a CPU.
-	threads := w * x.lanes
-	x.own = threads <= x.g.cpus
-	x.spin = x.own && x.g.cfg.Shared
+	maxP := stageE / w / vec * vec
+	p := roundUp((x.c.count+lanes-1)/lanes, vec)
+	return min(maxP, max(roundUp(minE/w, vec), p)), scratch
 }
 
 // usableCPUs is how many threads of this process can run at once: the
@@ -357,53 +381,86 @@ func (x *exec) span(ref prepRef, pc piece, area int) []byte {
 // lane runs pieces l, l+lanes, ... through every phase of the schedule,
 // with its own barrier flags.
 //
-// What the collective's last barrier guards is this rank's area and
-// signature, which peers may still be reading, and the only writer of
-// those is the next collective on the same (slot, lane). So that
-// collective waits for the last arrivals before its first write (the
-// start wait below), and the last barrier itself is waited for only when
-// every lane thread has a CPU of its own (x.own): then the wait costs a
-// cache-line hand-off and keeps the ranks in step, which measured faster
-// for small messages; on shared CPUs every waited barrier risks a
-// sleep and a wake-up, and skipping it measured faster. Ranks may differ
-// in this (their CPU counts may): either way is safe.
+// Reuse of our area. Peers read our Stage and Scratch until their arrival
+// at a piece's last barrier, and nobody waits for that barrier: a piece
+// ends with its last phase. So before a piece writes memory of our area,
+// it waits until every peer's counter passed the last barrier of the
+// latest piece that used that memory (laneMem.freed), unless an earlier
+// wait already saw them there (laneMem.seen). Pieces that fit half the
+// area (halves) use the halves in turn; the piece before this one, on
+// the other half, had a barrier before its last (schedules have at least
+// two, checked in Group.schedule), and our wait there saw every peer past
+// the piece before that, the last user of this half. So small collectives
+// wait once per barrier but the last, and never at the start; pieces that
+// need the whole area wait at the start for the last barrier of the piece
+// before.
+//
+// The signature has two words on the line, used by the lane's collectives
+// in turn: a peer may still check our signature at its last waited
+// barrier when we start the next collective, but not when we start the one
+// after that (we waited for it at a barrier of the one between).
 func (x *exec) lane(l int) error {
 	g, lay := x.g, x.g.lay
 	line := lay.lineOff(x.slot, l)
 	area := lay.areaOff(x.slot, l)
 	mine := g.self.Bytes()
-	counter, sigw := word(mine, line+lineCounter), word(mine, line+lineSig)
+	lm := &g.laneMem[x.slot*lay.Lanes+l] // ours while we run the lane
+	sigOff := lineSig + 8*int(lm.uses%2)
+	lm.uses++
+	counter := word(mine, line+lineCounter)
 	// We are the only writer of our counter, so a plain atomic load gives
-	// its current value: the last arrival of the previous collective on
-	// this (slot, lane), which every rank makes, so it is everyone's value
-	// once they have all finished that collective.
+	// its current value: our last arrival of the previous piece.
 	cnt := atomic.LoadUint64(counter)
-	if err := x.wait(l, line, cnt, false, phaseStart); err != nil {
-		return err
-	}
-	// The signature is stored before our first arrival of this collective;
-	// a peer reads it only after its acquire load of our counter sees that
-	// arrival, so it sees this signature. It cannot see a later one at a
-	// barrier that checks it: we store the next only after this start wait
-	// of the next collective, i.e. after that peer finished this one.
-	atomic.StoreUint64(sigw, x.sig)
 	srcs := g.srcs[x.slot*lay.Lanes+l] // ours while we hold the slot
-	last := l + (x.pieces-1-l)/x.lanes*x.lanes
 	for p := l; p < x.pieces; p += x.lanes {
 		pc := x.piece(p)
+		base, halves := area, [2]bool{true, true}
+		if x.halves {
+			h := lm.next
+			lm.next ^= 1
+			base += h * x.area
+			halves = [2]bool{h == 0, h == 1}
+		}
+		var need uint64
+		for h, used := range halves {
+			if used {
+				need = max(need, lm.freed[h])
+			}
+		}
+		if need > lm.seen {
+			phase := phaseStart
+			if p != l {
+				phase = len(x.s.phases) - 1
+			}
+			if err := x.wait(l, line, need, noSig, phase); err != nil {
+				return err
+			}
+			lm.seen = need
+		}
+		if p == l {
+			// Stored before our first arrival of this collective; a peer
+			// reads it only after its acquire load of our counter sees an
+			// arrival of this collective (see above for why it is not
+			// overwritten too early).
+			atomic.StoreUint64(word(mine, line+sigOff), x.sig)
+		}
 		for pi, ph := range x.s.phases {
 			if testHook != nil && p == 0 {
 				g.hook("phase:" + strconv.Itoa(pi))
 			}
 			for _, st := range ph.steps {
-				dst := x.span(st.dst, pc, area)
+				dst := x.span(st.dst, pc, base)
 				if st.kind == schedule.Copy {
-					copy(dst, x.span(st.srcs[0], pc, area))
+					if x.nt && st.dst.buf == schedule.Output {
+						copyNT(dst, x.span(st.srcs[0], pc, base))
+					} else {
+						copy(dst, x.span(st.srcs[0], pc, base))
+					}
 					continue
 				}
 				srcs = srcs[:0]
 				for _, r := range st.srcs {
-					srcs = append(srcs, x.span(r, pc, area))
+					srcs = append(srcs, x.span(r, pc, base))
 				}
 				x.red(dst, srcs)
 			}
@@ -415,23 +472,24 @@ func (x *exec) lane(l int) error {
 			// made to its Stage/Scratch in this phase (and earlier) to any
 			// peer whose acquire load of this counter sees cnt.
 			x.arrive(counter, line, cnt)
-			if p == last && pi == len(x.s.phases)-1 {
-				// The last barrier (see above): a peer at cnt may already
-				// have stored the next collective's signature.
-				if x.own {
-					if err := x.wait(l, line, cnt, false, pi); err != nil {
-						return err
+			if pi == len(x.s.phases)-1 {
+				// The last barrier: peers are done with this piece's
+				// memory once they pass it.
+				for h, used := range halves {
+					if used {
+						lm.freed[h] = cnt
 					}
 				}
 				break
 			}
 			// A peer whose counter reaches cnt here is in this very
 			// collective: it cannot pass a barrier we have not reached,
-			// nor start the slot's next collective before our last
-			// arrival of this one. So its signature must be ours.
-			if err := x.wait(l, line, cnt, true, pi); err != nil {
+			// nor start the lane's next collective but one before we
+			// pass this one. So its signature must be ours.
+			if err := x.wait(l, line, cnt, sigOff, pi); err != nil {
 				return err
 			}
+			lm.seen = cnt
 		}
 	}
 	return nil

@@ -103,9 +103,8 @@ func TestAlgorithmSelection(t *testing.T) {
 		bytes int64
 		want  coll.Algorithm
 	}{
-		{coll.AllReduce, 4 << 10, coll.OneShot},
-		{coll.AllReduce, 32 << 10, coll.OneShot},
-		{coll.AllReduce, 32<<10 + 1, coll.TwoShot},
+		{coll.AllReduce, 2 << 10, coll.OneShot},
+		{coll.AllReduce, 2<<10 + 1, coll.TwoShot},
 		{coll.AllReduce, 16 << 20, coll.TwoShot},
 		{coll.ReduceScatter, 16 << 20, coll.OneShot},
 		{coll.AllGather, 1, coll.OneShot},
@@ -113,6 +112,14 @@ func TestAlgorithmSelection(t *testing.T) {
 		if got, err := g.Algorithm(c.coll, c.bytes); got != c.want || err != nil {
 			t.Errorf("%s %d bytes: %s %v, want %s", c.coll, c.bytes, got, err, c.want)
 		}
+	}
+	// Above world 4 the shipped rules use two-shot at every size.
+	g8, err := New(context.Background(), Config{Rank: 0, World: 8, Store: nopStore{}, Group: "sel", Library: testLibrary})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := g8.Algorithm(coll.AllReduce, 1<<10); got != coll.TwoShot || err != nil {
+		t.Errorf("world 8, allreduce 1 KiB: %s %v, want twoshot", got, err)
 	}
 	// A library without host_shm rules is an error, never a hard-coded
 	// guess beside the rules.

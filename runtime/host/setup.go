@@ -212,6 +212,7 @@ func (g *Group) setup(ctx context.Context) error {
 	}
 	g.execs = make([]exec, lay.Slots)
 	g.srcs = make([][][]byte, lay.Slots*lay.Lanes)
+	g.laneMem = make([]laneMem, lay.Slots*lay.Lanes)
 	for i := range g.srcs {
 		g.srcs[i] = make([][]byte, 0, w)
 	}

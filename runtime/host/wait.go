@@ -13,9 +13,23 @@ import (
 // is written only by the rank that owns the segment; peers only load them.
 const (
 	lineCounter = 0  // barrier arrivals on this (slot, lane); only grows
-	lineSig     = 8  // signature of the collective the owner runs here
-	lineSleeper = 16 // 1 + the rank whose counter the owner is blocked on in the kernel; 0 when none
+	lineSig     = 8  // two words: signatures of the lane's collectives, used in turn (see lane)
+	lineSleeper = 24 // 1 + the rank whose counter the owner is blocked on in the kernel; 0 when none
 )
+
+// noSig tells wait not to check signatures.
+const noSig = -1
+
+// laneMem is what a rank knows about one (slot, lane) of its segment
+// between collectives, for lane's reuse rule. Only the runner of the lane
+// in the collective holding the slot's lock touches it; the slot's lock and
+// the lane claims order successive runners.
+type laneMem struct {
+	seen  uint64    // every peer's counter on the line is known to be at least this
+	freed [2]uint64 // peers are done reading half h of the area once their counters reach freed[h]
+	next  int       // the half the next piece of half size uses
+	uses  uint64    // collectives that ran on the lane, for the signature word in turn
+}
 
 // Budgets of a barrier wait. A waiter first busy-polls the peer's counter
 // (only processes with a CPU each: spinning on a shared CPU delays the
@@ -112,9 +126,10 @@ func at(phase int) string {
 }
 
 // wait returns once every peer's counter for (slot, lane) reaches target,
-// then, with checkSig, checks that every peer's signature is ours (lane
-// says when a peer at target must be running this collective).
-func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) error {
+// then, unless sigOff is noSig, checks that every peer's signature word at
+// sigOff on the line is ours (lane says when a peer at target must be
+// running this collective).
+func (x *exec) wait(lane, line int, target uint64, sigOff, phase int) error {
 	g, w, rank := x.g, x.g.cfg.World, x.g.cfg.Rank
 	for i := 1; i < w; i++ {
 		p := (rank + i) % w
@@ -127,8 +142,8 @@ func (x *exec) wait(lane, line int, target uint64, checkSig bool, phase int) err
 				return err
 			}
 		}
-		if checkSig {
-			if s := atomic.LoadUint64(word(pm, line+lineSig)); s != x.sig {
+		if sigOff != noSig {
+			if s := atomic.LoadUint64(word(pm, line+sigOff)); s != x.sig {
 				return fmt.Errorf("%s %s: rank %d is running a different collective on this slot (tag, kind, dtype, op or count differ, or calls were issued in a different order): %w",
 					x.name(), at(phase), p, ErrMismatch)
 			}
@@ -154,7 +169,8 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 				g.waits[waitSpin].Add(1)
 				return nil
 			}
-			if n&63 == 0 && time.Since(start) >= spinFor {
+			spinPause()
+			if n&15 == 0 && time.Since(start) >= spinFor {
 				break
 			}
 		}

@@ -52,10 +52,25 @@ func awaitSleeper(g *Group, waiter, on int, limit time.Duration) bool {
 // each collective's phase 0 until rank 0 is blocked in the kernel on rank
 // 1's counter, so that rank 0 can only finish if rank 1's arrival wakes
 // it. unseen counts the times rank 0 never blocked (the test would then
-// prove nothing). group returns rank 1's group.
+// prove nothing). group returns rank 1's group. The collectives run on
+// slot 0, lane 0.
 func holdBack(group func() *Group, unseen *atomic.Int32) func(rank int, point string) {
 	return func(rank int, point string) {
-		if rank == 1 && point == "phase:0" && !awaitSleeper(group(), 0, 1, 10*time.Second) {
+		if rank != 1 || point != "phase:0" {
+			return
+		}
+		// Nobody waits at a collective's last barrier, so rank 0 may still
+		// be leaving its wait of the previous collective (its sleeper word
+		// still set). Once rank 0 has arrived at this collective's first
+		// barrier, a sleeper word it sets is for this one.
+		g := group()
+		line := g.lay.lineOff(0, 0)
+		first := atomic.LoadUint64(word(g.mems[1], line+lineCounter)) + 1
+		arrived := func() bool { return atomic.LoadUint64(word(g.mems[0], line+lineCounter)) >= first }
+		for end := time.Now().Add(10 * time.Second); !arrived() && time.Now().Before(end); {
+			time.Sleep(20 * time.Microsecond)
+		}
+		if !arrived() || !awaitSleeper(g, 0, 1, 10*time.Second) {
 			unseen.Add(1)
 		}
 	}
@@ -218,27 +233,51 @@ func benchAllReduce(b *testing.B, shared bool) {
 	}
 }
 
-// TestStartWaitGuardsSlot runs collectives back to back on one slot where
-// the last barrier is not waited for (2 goroutine ranks on 1 P: lane
-// threads outnumber Ps), while rank 1 dawdles at the start of every last
-// phase, when it reads rank 0's Stage. Rank 0 returns first and starts the
-// next collective on the same slot at once; only its start wait keeps it
-// from overwriting its Stage under rank 1's reads, which would make rank
-// 1's result wrong.
-func TestStartWaitGuardsSlot(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+// TestAreaReuseWaitsForReaders runs collectives back to back on one slot
+// and lane, where nobody waits at a collective's last barrier, while rank 1
+// dawdles at the start of every phase that reads its peers' Stage or
+// Scratch. Ranks 0 and 2 return first and start the next collective at
+// once; only the reuse rule (lane: small collectives on the halves of the
+// area in turn, others waiting at the start for the readers of the piece
+// before) keeps them from overwriting memory under rank 1's reads, which
+// would make rank 1's result wrong. The sequence mixes collectives that use
+// half the area (one piece) with ones that need all of it (several pieces),
+// in every order.
+func TestAreaReuseWaitsForReaders(t *testing.T) {
 	testHook = func(rank int, point string) {
-		if rank == 1 && point == "phase:1" {
-			time.Sleep(20 * time.Millisecond)
+		if rank == 1 && (point == "phase:1" || point == "phase:2") {
+			time.Sleep(3 * time.Millisecond)
 		}
 	}
 	defer func() { testHook = nil }()
-	errs := goroutineGroup(t, 2, Config{Slots: 1, Group: uniqueGroup(t)}, func(g *Group) error {
-		for i := 0; i < 5; i++ {
-			o := op{coll: coll.AllReduce, alg: coll.OneShot, dtype: "f32", red: "sum", count: 1000, seed: i}
+	small := func(c coll.Collective, alg coll.Algorithm, seed int) op {
+		return op{coll: c, alg: alg, dtype: "f32", red: "sum", count: 100, seed: seed}
+	}
+	large := func(c coll.Collective, alg coll.Algorithm, seed int) op {
+		return op{coll: c, alg: alg, dtype: "f32", red: "sum", count: 3000, seed: seed}
+	}
+	ops := []op{
+		small(coll.AllReduce, coll.OneShot, 1), small(coll.AllReduce, coll.TwoShot, 2), small(coll.AllReduce, coll.OneShot, 3),
+		large(coll.AllReduce, coll.TwoShot, 4), small(coll.AllReduce, coll.OneShot, 5), large(coll.AllReduce, coll.OneShot, 6),
+		large(coll.AllReduce, coll.TwoShot, 7), small(coll.ReduceScatter, coll.OneShot, 8), small(coll.AllGather, coll.OneShot, 9),
+		large(coll.AllGather, coll.OneShot, 10), large(coll.ReduceScatter, coll.OneShot, 11), small(coll.AllReduce, coll.TwoShot, 12),
+	}
+	errs := goroutineGroup(t, 3, Config{Slots: 1, Lanes: 1, SlotBytes: 4096, Group: uniqueGroup(t)}, func(g *Group) error {
+		halves := map[bool]int{}
+		for _, o := range ops {
 			if _, err := runOp(context.Background(), g, o); err != nil {
 				return err
 			}
+			s, err := g.schedule(o.coll, o.alg)
+			if err != nil {
+				return err
+			}
+			x := &exec{g: g, s: s, esz: 4, c: call{collective: o.coll, count: o.count, dtype: o.dtype}}
+			x.plan()
+			halves[x.halves]++
+		}
+		if halves[true] == 0 || halves[false] == 0 {
+			return fmt.Errorf("collectives on half the area: %d, on all of it: %d; the test needs both", halves[true], halves[false])
 		}
 		return nil
 	})
