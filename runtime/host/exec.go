@@ -56,7 +56,7 @@ type exec struct {
 	pieces  int
 	pieceN  int         // all-reduce: elements per piece; others: per-rank elements per piece
 	halves  bool        // pieces use the halves of the lane's area in turn (see lane)
-	area    int         // bytes a piece may use: the lane's area, or half of it
+	areaB   int         // bytes a piece may use: the lane's area, or half of it
 	scratch int         // offset of Scratch inside the bytes a piece uses
 	spin    bool        // barrier waits may busy-poll: processes whose lane threads have a CPU each
 	nt      bool        // copies into the output use non-temporal stores (ntMinBytes)
@@ -240,10 +240,10 @@ func (x *exec) plan() {
 	lay, w := x.g.lay, x.g.cfg.World
 	pieces := func(n int) int { return (x.c.count + n - 1) / n }
 	x.pieceN, x.scratch = x.pieceFor(lay.LaneBytes)
-	x.area = lay.LaneBytes
+	x.areaB = lay.LaneBytes
 	half := lay.LaneBytes / 2 / 64 * 64
 	if n, scratch := x.pieceFor(half); n > 0 && pieces(n) == pieces(x.pieceN) {
-		x.pieceN, x.halves, x.area, x.scratch = n, true, half, scratch
+		x.pieceN, x.halves, x.areaB, x.scratch = n, true, half, scratch
 	}
 	x.pieces = pieces(x.pieceN)
 	x.lanes = min(lay.Lanes, x.pieces)
@@ -418,7 +418,7 @@ func (x *exec) lane(l int) error {
 		if x.halves {
 			h := lm.next
 			lm.next ^= 1
-			base += h * x.area
+			base += h * x.areaB
 			halves = [2]bool{h == 0, h == 1}
 		}
 		var need uint64
