@@ -50,6 +50,10 @@ __device__ __forceinline__ void cg_grid_begin() {
 // that times out, and polled by every wait (cg_barrier, cg_push_spin).
 #define CG_MAX_BLOCKS 16
 
+// cg_abort_word is the abort word of args.seq (see above); it lives in
+// device memory, so spinning threads may poll it.
+__device__ __forceinline__ volatile cg_u64* cg_abort_word(cg_u64* seq) { return seq + CG_MAX_BLOCKS + 2; }
+
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
 // [24,32) barrier index, [32,48) block, [48,64) kernel id.
@@ -543,7 +547,7 @@ __device__ __noinline__ void cg_report_timeout(cg_u64* status, cg_u64 code, int 
 }
 
 // cg_barrier returns false (for every thread of the block) if any wait
-// timed out or found the abort word raised (args.seq[CG_MAX_BLOCKS + 2]:
+// timed out or found the abort word raised (cg_abort_word:
 // Communicator.Abort, or a timeout elsewhere on this rank). The kernel
 // then returns at once, so it never signals a later barrier: a barrier
 // signal always means the phases before it ran on data that really
@@ -561,7 +565,7 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
       cg_st_release(a.signal[p] + (cg_u64)blockIdx.x * W + a.rank, seq);
       const cg_u64* mine = a.signal[a.rank] + (cg_u64)blockIdx.x * W + p;
       if (cg_ld_acquire(mine) < seq) {
-        volatile cg_u64* abort = a.seq + CG_MAX_BLOCKS + 2;
+        volatile cg_u64* abort = cg_abort_word(a.seq);
         const cg_u64 deadline = cg_now_ns() + a.timeout_ns;
         for (unsigned it = 1; cg_ld_acquire(mine) < seq; it++) {
           if ((it & 15) != 0) continue;
@@ -852,7 +856,7 @@ struct cg_ll128 {
 // buffer is `stage` starts in slot `slot` (schedule.InboxLayout numbers the
 // (lane, chunk) pairs a schedule's puts write into each rank's inbox).
 __device__ __forceinline__ char* cg_inbox(void* stage, int slot, cg_u64 slot_bytes, int place, cg_u64 chunk_ll) {
-  return (char*)stage + (cg_u64)slot * slot_bytes + (cg_u64)place * chunk_ll;
+  return (char*)cg_slot(stage, slot, slot_bytes) + (cg_u64)place * chunk_ll;
 }
 
 // The epoch's flag (its slot is cg_ep_slot's, see stage slots above).
@@ -861,7 +865,7 @@ __device__ __forceinline__ unsigned cg_ep_flag(cg_u64 epoch) { return (unsigned)
 
 // cg_push_spin spins until the unit carries flag. It gives up (ok false)
 // after timeout_ns, reporting the peer and phase in the status word and
-// raising the abort word (args.seq[CG_MAX_BLOCKS + 2], device memory),
+// raising the abort word (cg_abort_word, device memory),
 // or as soon as another thread has raised it, so a dead peer costs one
 // timeout, not one per line. Threads that decide together (PR::all,
 // PR::any) return together. The spin never reads the host-mapped status
@@ -876,7 +880,7 @@ __device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned 
                                                         int rank, int peer, int phase, int kernel_id, bool on) {
   cg_push_result<PR> r;
   r.ok = false;
-  volatile cg_u64* abort = seq + CG_MAX_BLOCKS + 2;
+  volatile cg_u64* abort = cg_abort_word(seq);
   const cg_u64 deadline = cg_now_ns() + timeout_ns;
   for (unsigned it = 1;; it++) {
     if (PR::all(PR::poll(p, flag, r.d, on))) {
