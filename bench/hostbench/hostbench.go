@@ -162,11 +162,12 @@ func maxAll(ctx context.Context, g *host.Group, xs []float64) ([]float64, error)
 	return out, nil
 }
 
-// Warm-up before a case's timed iterations: at least this long. The first case of a run gets longer: right after the ranks
-// start, the kernel has not yet spread their threads over the CPUs, and a
-// rank spinning beside the peer it waits for on one CPU made a whole
-// first case 10x slower (world 8 at 4 KiB on the 32-core GPU host, 2 of 5
-// sweeps; docs/host-backend.md).
+// Warm-up before a case's timed iterations: at least this long. The first
+// case of a run gets longer: right after the ranks start, the kernel has
+// not yet spread their threads over the CPUs, and a rank spinning beside
+// the peer it waits for on one CPU made a whole first case 10x slower
+// (world 8 at 4 KiB on the 32-core GPU host, 2 of 5 sweeps;
+// docs/host-backend.md).
 const (
 	warmFor      = 20 * time.Millisecond
 	firstWarmFor = 300 * time.Millisecond

@@ -414,19 +414,14 @@ func (x *exec) lane(l int) error {
 	srcs := g.srcs[x.slot*lay.Lanes+l] // ours while we hold the slot
 	for p := l; p < x.pieces; p += x.lanes {
 		pc := x.piece(p)
-		base, halves := area, [2]bool{true, true}
+		// The piece uses halves [h0, h1) of the area: both, or one in turn.
+		base, h0, h1 := area, 0, 2
 		if x.halves {
-			h := lm.next
+			h0, h1 = lm.next, lm.next+1
 			lm.next ^= 1
-			base += h * x.areaB
-			halves = [2]bool{h == 0, h == 1}
+			base += h0 * x.areaB
 		}
-		var need uint64
-		for h, used := range halves {
-			if used {
-				need = max(need, lm.freed[h])
-			}
-		}
+		need := max(lm.freed[h0], lm.freed[h1-1])
 		if need > lm.seen {
 			phase := phaseStart
 			if p != l {
@@ -475,10 +470,8 @@ func (x *exec) lane(l int) error {
 			if pi == len(x.s.phases)-1 {
 				// The last barrier: peers are done with this piece's
 				// memory once they pass it.
-				for h, used := range halves {
-					if used {
-						lm.freed[h] = cnt
-					}
+				for h := h0; h < h1; h++ {
+					lm.freed[h] = cnt
 				}
 				break
 			}

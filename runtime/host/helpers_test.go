@@ -299,3 +299,15 @@ func releaseInputs(dtype coll.DType, n, seed, w int) {
 }
 
 func numGoroutines() int { return runtime.NumGoroutine() }
+
+// planOf returns the plan g makes for a collective of count elements
+// (per-rank counts for reduce-scatter and all-gather), as run would.
+func planOf(g *Group, c coll.Collective, alg coll.Algorithm, count int, dtype coll.DType) (*exec, error) {
+	s, err := g.schedule(c, alg)
+	if err != nil {
+		return nil, err
+	}
+	x := &exec{g: g, s: s, esz: dtype.Size(), c: call{collective: c, count: count, dtype: dtype}}
+	x.plan()
+	return x, nil
+}

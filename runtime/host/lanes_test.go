@@ -234,13 +234,11 @@ func TestCPUsFollowGOMAXPROCS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := g.schedule(coll.AllReduce, coll.OneShot)
+		g.lay = layout{Slots: 1, Lanes: 1, LaneBytes: 4096}
+		x, err := planOf(g, coll.AllReduce, coll.OneShot, 1000, coll.F32)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.lay = layout{Slots: 1, Lanes: 1, LaneBytes: 4096}
-		x := &exec{g: g, s: s, esz: 4, c: call{collective: coll.AllReduce, count: 1000, dtype: coll.F32}}
-		x.plan()
 		return x
 	}
 	one, err := New(context.Background(), Config{Rank: 0, World: 1, Store: nopStore{}, Group: "cpus", Library: testLibrary})

@@ -268,12 +268,10 @@ func TestAreaReuseWaitsForReaders(t *testing.T) {
 			if _, err := runOp(context.Background(), g, o); err != nil {
 				return err
 			}
-			s, err := g.schedule(o.coll, o.alg)
+			x, err := planOf(g, o.coll, o.alg, o.count, o.dtype)
 			if err != nil {
 				return err
 			}
-			x := &exec{g: g, s: s, esz: 4, c: call{collective: o.coll, count: o.count, dtype: o.dtype}}
-			x.plan()
 			halves[x.halves]++
 		}
 		if halves[true] == 0 || halves[false] == 0 {
