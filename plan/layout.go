@@ -15,7 +15,7 @@ type Layout struct {
 }
 
 // Argument struct members, in order. Pointers and 64-bit values are 8
-// bytes; rank and kernel_id are 4. W is the world size.
+// bytes; rank, kernel_id and op are 4. W is the world size.
 //
 //	input        const void*          the caller's input
 //	output       void*                the caller's output
@@ -31,6 +31,7 @@ type Layout struct {
 //	window       unsigned long long   barrier kernels: elements per chunk per round (0: the whole chunk)
 //	rank         int                  this rank
 //	kernel_id    int                  the kernel's index in the library, echoed in timeout reports
+//	op           int                  the reduce op (kernels.OpCode), read by a program serving several
 var argFields = []struct {
 	name  string
 	size  int
@@ -50,6 +51,7 @@ var argFields = []struct {
 	{"window", 8, false},
 	{"rank", 4, false},
 	{"kernel_id", 4, false},
+	{"op", 4, false},
 }
 
 // NewLayout computes the argument layout for world size w.

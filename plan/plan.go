@@ -23,6 +23,10 @@ type Plan struct {
 	Package string
 	// Kernels are the GPU kernels, sorted by name.
 	Kernels []*Kernel
+	// Programs are the CUDA programs that run them, sorted by name: one
+	// source file and extern "C" function each, shared by the kernels
+	// whose code is the same (see Program).
+	Programs []*Program
 	// Layouts are the argument layouts, one per world size used by a
 	// kernel, sorted by world size.
 	Layouts []*Layout
@@ -40,7 +44,7 @@ type Plan struct {
 
 // Kernel is one fully specialised GPU kernel.
 type Kernel struct {
-	Name       string // allreduce_oneshot_bf16_sum_w4: the file stem and the extern "C" symbol
+	Name       string // allreduce_oneshot_bf16_sum_w4: its name in the library (Program names the file and symbol)
 	Collective coll.Collective
 	Algorithm  coll.Algorithm
 	DType      coll.DType
@@ -49,10 +53,70 @@ type Kernel struct {
 	Launch     spec.Launch
 	Schedule   *schedule.Schedule
 	Layout     *Layout
+	// Program is the compiled program that runs the kernel; several
+	// kernels may share it.
+	Program *Program
 }
 
-// File is the kernel's CUDA file name.
-func (k *Kernel) File() string { return k.Name + ".cu" }
+// Program is one CUDA source file holding one extern "C" function, which
+// runs every kernel in Kernels. Kernels share a program where their code
+// would be the same but for a type or a constant:
+//
+//   - the reduce ops of one reducing kernel (sum, max and min of
+//     allreduce_oneshot_bf16_*_w4 are allreduce_oneshot_bf16_w4), unless
+//     the spec says op_programs: separate: with more than one op the
+//     program takes the op from its arguments (the `op` member,
+//     kernels.OpCode) and computes it without a branch (cg_op), so each
+//     loop is compiled once instead of once per op;
+//   - the dtypes of one element size of a copying kernel (bf16 and f16 of
+//     allgather_oneshot_*_w4 are allgather_oneshot_u16_w4): a copy moves
+//     bits, never looks at them.
+//
+// Sharing is what keeps the number of NVRTC compiles, the cold start's
+// cost, at a third of the kernel count for the shipped spec.
+type Program struct {
+	Name    string    // allreduce_oneshot_bf16_w4: the file stem and the extern "C" symbol
+	Kernels []*Kernel // the kernels it runs, sorted by name; they differ only in Op or in DType
+}
+
+// File is the program's CUDA file name.
+func (p *Program) File() string { return p.Name + ".cu" }
+
+// Ops are the reduce ops the program serves, in coll.Ops order (none for
+// a copying program). More than one means the op is chosen at run time.
+func (p *Program) Ops() []coll.Op {
+	var ops []coll.Op
+	for _, op := range coll.Ops() {
+		if slices.ContainsFunc(p.Kernels, func(k *Kernel) bool { return k.Op == op }) {
+			ops = append(ops, op)
+		}
+	}
+	return ops
+}
+
+// DTypes are the dtypes of the kernels the program serves, sorted.
+func (p *Program) DTypes() []coll.DType {
+	var dts []coll.DType
+	for _, k := range p.Kernels {
+		if !slices.Contains(dts, k.DType) {
+			dts = append(dts, k.DType)
+		}
+	}
+	slices.Sort(dts)
+	return dts
+}
+
+// ProgramName is the name of the program that runs a combination's
+// kernel: for a reducing collective the kernel name, without the op when
+// op is empty (the ops share the program: spec.SharedOps); for a copying
+// one the kernel name with the dtype replaced by its element size (u8,
+// u16, u32, u64).
+func ProgramName(collective coll.Collective, algorithm coll.Algorithm, dt coll.DType, op coll.Op, world int) string {
+	if collective.Reduces() {
+		return KernelName(collective, algorithm, dt, op, world)
+	}
+	return fmt.Sprintf("%s_%s_u%d_w%d", collective, algorithm, 8*dt.Size(), world)
+}
 
 // VecElems is how many elements one vector load carries.
 func (k *Kernel) VecElems() int { return k.Launch.VectorBytes / k.DType.Size() }
@@ -74,7 +138,8 @@ type Options struct {
 
 // New expands a spec into a plan in named passes, each reading the spec and
 // what earlier passes built (as ent's gen.NewGraph builds its graph):
-// selections, host reducers, kernels, layouts, then the grid bound.
+// selections, host reducers, kernels, programs, layouts, then the grid
+// bound.
 func New(s *spec.Spec, opts Options) (*Plan, error) {
 	if opts.Only != "" {
 		if _, err := path.Match(opts.Only, ""); err != nil {
@@ -87,6 +152,7 @@ func New(s *spec.Spec, opts Options) (*Plan, error) {
 	if err := b.kernels(); err != nil {
 		return nil, err
 	}
+	b.programs()
 	b.layouts()
 	b.maxBlocks()
 	return b.p, nil
@@ -210,6 +276,28 @@ func (b *builder) kernels() error {
 	}
 	sort.Slice(b.p.Kernels, func(i, j int) bool { return b.p.Kernels[i].Name < b.p.Kernels[j].Name })
 	return nil
+}
+
+// programs groups the kernels into the programs that run them (see
+// Program), sorted by name, and points every kernel at its own.
+func (b *builder) programs() {
+	byName := map[string]*Program{}
+	for _, k := range b.p.Kernels { // sorted by name, so each program's kernels are too
+		op := k.Op
+		if b.s.OpPrograms != spec.SeparateOps {
+			op = "" // the ops share the program
+		}
+		name := ProgramName(k.Collective, k.Algorithm, k.DType, op, k.World)
+		pr := byName[name]
+		if pr == nil {
+			pr = &Program{Name: name}
+			byName[name] = pr
+			b.p.Programs = append(b.p.Programs, pr)
+		}
+		pr.Kernels = append(pr.Kernels, k)
+		k.Program = pr
+	}
+	sort.Slice(b.p.Programs, func(i, j int) bool { return b.p.Programs[i].Name < b.p.Programs[j].Name })
 }
 
 // layouts adds one argument layout per world size of a kernel, sorted, and

@@ -17,7 +17,7 @@ import (
 
 // Field names, in documentation order.
 var (
-	topFields       = []string{"version", "package", "dtypes", "ops", "algorithms", "topologies", "multi_host"}
+	topFields       = []string{"version", "package", "dtypes", "ops", "op_programs", "algorithms", "topologies", "multi_host"}
 	multiHostFields = []string{"select"}
 	dtypeFields     = []string{"reduce", "copy"}
 	launchFields    = []string{"threads", "max_blocks", "vector_bytes", "min_threads"}
@@ -102,6 +102,17 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 	s.Ops = coll.Ops()
 	if o, ok := f["ops"]; ok && !isNull(o.val) {
 		s.Ops = l.ops(o.val)
+	}
+
+	s.OpPrograms = SharedOps
+	if o, ok := f["op_programs"]; ok && !isNull(o.val) {
+		var v string
+		if r := resolve(o.val); r.Kind != yaml.ScalarNode || r.Decode(&v) != nil || v != SharedOps && v != SeparateOps {
+			l.errorf(o.val, "op_programs must be %s or %s, not %s; write op_programs: %s (one program per reducing kernel, the op an argument) or %s (one per op)",
+				SharedOps, SeparateOps, describe(o.val), SharedOps, SeparateOps)
+		} else {
+			s.OpPrograms = v
+		}
 	}
 
 	declared := map[coll.Collective]map[coll.Algorithm]Launch{}

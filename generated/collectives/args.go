@@ -4,7 +4,7 @@ package collectives
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (128 bytes), the by-value
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (136 bytes), the by-value
 // argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
@@ -21,11 +21,12 @@ type ArgsW2 struct {
 	Window    uint64    // C: window at offset 112
 	Rank      int32     // C: rank at offset 120
 	KernelId  int32     // C: kernel_id at offset 124
+	Op        int32     // C: op at offset 128
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Size:  128,
+	Size:  136,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -41,10 +42,11 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		{Name: "window", Offset: 112, Size: 8, Count: 1},
 		{Name: "rank", Offset: 120, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 124, Size: 4, Count: 1},
+		{Name: "op", Offset: 128, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW3 mirrors the CUDA struct collgen_args_w3 (152 bytes), the by-value
+// ArgsW3 mirrors the CUDA struct collgen_args_w3 (160 bytes), the by-value
 // argument of every world-size-3 kernel. Pointers are device addresses.
 type ArgsW3 struct {
 	Input     uint64    // C: input at offset 0
@@ -61,11 +63,12 @@ type ArgsW3 struct {
 	Window    uint64    // C: window at offset 136
 	Rank      int32     // C: rank at offset 144
 	KernelId  int32     // C: kernel_id at offset 148
+	Op        int32     // C: op at offset 152
 }
 
 var argsLayoutW3 = &kernels.ArgLayout{
 	CType: "collgen_args_w3",
-	Size:  152,
+	Size:  160,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -81,10 +84,11 @@ var argsLayoutW3 = &kernels.ArgLayout{
 		{Name: "window", Offset: 136, Size: 8, Count: 1},
 		{Name: "rank", Offset: 144, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 148, Size: 4, Count: 1},
+		{Name: "op", Offset: 152, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW4 mirrors the CUDA struct collgen_args_w4 (176 bytes), the by-value
+// ArgsW4 mirrors the CUDA struct collgen_args_w4 (184 bytes), the by-value
 // argument of every world-size-4 kernel. Pointers are device addresses.
 type ArgsW4 struct {
 	Input     uint64    // C: input at offset 0
@@ -101,11 +105,12 @@ type ArgsW4 struct {
 	Window    uint64    // C: window at offset 160
 	Rank      int32     // C: rank at offset 168
 	KernelId  int32     // C: kernel_id at offset 172
+	Op        int32     // C: op at offset 176
 }
 
 var argsLayoutW4 = &kernels.ArgLayout{
 	CType: "collgen_args_w4",
-	Size:  176,
+	Size:  184,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -121,10 +126,11 @@ var argsLayoutW4 = &kernels.ArgLayout{
 		{Name: "window", Offset: 160, Size: 8, Count: 1},
 		{Name: "rank", Offset: 168, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 172, Size: 4, Count: 1},
+		{Name: "op", Offset: 176, Size: 4, Count: 1},
 	},
 }
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (272 bytes), the by-value
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (280 bytes), the by-value
 // argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
@@ -141,11 +147,12 @@ type ArgsW8 struct {
 	Window    uint64    // C: window at offset 256
 	Rank      int32     // C: rank at offset 264
 	KernelId  int32     // C: kernel_id at offset 268
+	Op        int32     // C: op at offset 272
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Size:  272,
+	Size:  280,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -161,5 +168,6 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		{Name: "window", Offset: 256, Size: 8, Count: 1},
 		{Name: "rank", Offset: 264, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 268, Size: 4, Count: 1},
+		{Name: "op", Offset: 272, Size: 4, Count: 1},
 	},
 }

@@ -22,6 +22,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"count":      unsafe.Offsetof(a.Count),
 			"input":      unsafe.Offsetof(a.Input),
 			"kernel_id":  unsafe.Offsetof(a.KernelId),
+			"op":         unsafe.Offsetof(a.Op),
 			"output":     unsafe.Offsetof(a.Output),
 			"rank":       unsafe.Offsetof(a.Rank),
 			"scratch":    unsafe.Offsetof(a.Scratch),
@@ -50,6 +51,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"count":      unsafe.Offsetof(a.Count),
 			"input":      unsafe.Offsetof(a.Input),
 			"kernel_id":  unsafe.Offsetof(a.KernelId),
+			"op":         unsafe.Offsetof(a.Op),
 			"output":     unsafe.Offsetof(a.Output),
 			"rank":       unsafe.Offsetof(a.Rank),
 			"scratch":    unsafe.Offsetof(a.Scratch),
@@ -78,6 +80,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"count":      unsafe.Offsetof(a.Count),
 			"input":      unsafe.Offsetof(a.Input),
 			"kernel_id":  unsafe.Offsetof(a.KernelId),
+			"op":         unsafe.Offsetof(a.Op),
 			"output":     unsafe.Offsetof(a.Output),
 			"rank":       unsafe.Offsetof(a.Rank),
 			"scratch":    unsafe.Offsetof(a.Scratch),
@@ -106,6 +109,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 			"count":      unsafe.Offsetof(a.Count),
 			"input":      unsafe.Offsetof(a.Input),
 			"kernel_id":  unsafe.Offsetof(a.KernelId),
+			"op":         unsafe.Offsetof(a.Op),
 			"output":     unsafe.Offsetof(a.Output),
 			"rank":       unsafe.Offsetof(a.Rank),
 			"scratch":    unsafe.Offsetof(a.Scratch),
@@ -130,7 +134,7 @@ func TestArgsMatchCLayout(t *testing.T) {
 func TestLibraryConsistent(t *testing.T) {
 	for _, k := range Library.Kernels {
 		src, err := Library.Source(k.Source)
-		if err != nil || !strings.Contains(src, k.Name+"(") {
+		if err != nil || !strings.Contains(src, k.Symbol+"(") {
 			t.Errorf("kernel %s: source %s missing (%v) or lacks the kernel", k.Name, k.Source, err)
 		}
 	}

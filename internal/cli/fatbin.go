@@ -46,7 +46,7 @@ the kernels with NVRTC (see docs/cold-start.md).`,
 			}
 			kernels, err := filepath.Glob(filepath.Join(dir, only+".cu"))
 			if err != nil || len(kernels) == 0 {
-				return fmt.Errorf("fatbin: no kernels match %s (--dir is the cuda/ directory collgen generate wrote)", filepath.Join(dir, only+".cu"))
+				return fmt.Errorf("fatbin: no kernel programs match %s (--dir is the cuda/ directory collgen generate wrote)", filepath.Join(dir, only+".cu"))
 			}
 			if nvcc == "" {
 				nvcc = os.Getenv(EnvNVCC)
@@ -88,7 +88,7 @@ the kernels with NVRTC (see docs/cold-start.md).`,
 			if err := run.Run(); err != nil {
 				return fmt.Errorf("fatbin: %s %s: %w", nvcc, strings.Join(nargs, " "), err)
 			}
-			fmt.Fprintf(io.Out, "wrote %s: %d kernels for %s in %v\n", out, len(kernels), archs, time.Since(t0).Round(time.Second))
+			fmt.Fprintf(io.Out, "wrote %s: %d programs for %s in %v\n", out, len(kernels), archs, time.Since(t0).Round(time.Second))
 			return nil
 		},
 	}
@@ -96,7 +96,7 @@ the kernels with NVRTC (see docs/cold-start.md).`,
 	f.StringVar(&dir, "dir", "generated/cuda", "the generated cuda/ directory (collgen generate's --out plus /cuda)")
 	f.StringVar(&out, "out", "collgen.fatbin", "the fatbin to write")
 	f.StringVar(&archs, "arch", "sm_90", "architectures to compile for, comma or space separated (sm_80,sm_90,sm_100,...)")
-	f.StringVar(&only, "only", "*", "a glob over kernel names: build only those (then use comm.Config.LazyKernels)")
+	f.StringVar(&only, "only", "*", "a glob over program names (the .cu files' stems, e.g. '*_w2'): build only those (then use comm.Config.LazyKernels)")
 	f.StringVar(&nvcc, "nvcc", "", "the nvcc to run (default $NVCC, else nvcc on PATH)")
 	return cmd
 }

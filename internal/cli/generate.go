@@ -189,7 +189,7 @@ matches no kernel is an error.`,
 			if err := gen.Write(o.Out, out); err != nil {
 				return err
 			}
-			fmt.Fprintf(io.Out, "wrote %d files (%d kernels) to %s\n", len(out.Files), len(out.Plan.Kernels), o.Out)
+			fmt.Fprintf(io.Out, "wrote %d files (%d kernels in %d programs) to %s\n", len(out.Files), len(out.Plan.Kernels), len(out.Plan.Programs), o.Out)
 			return nil
 		},
 	}
@@ -238,18 +238,18 @@ func newCmdList(io *IO) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(io.Out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "COLLECTIVE\tALGORITHM\tDTYPE\tOP\tWORLD\tKERNEL")
+			fmt.Fprintln(tw, "COLLECTIVE\tALGORITHM\tDTYPE\tOP\tWORLD\tKERNEL\tPROGRAM")
 			for _, k := range out.Plan.Kernels {
 				op := string(k.Op)
 				if op == "" {
 					op = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", k.Collective, k.Algorithm, k.DType, op, k.World, k.Name)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.Collective, k.Algorithm, k.DType, op, k.World, k.Name, k.Program.Name)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(io.Out, "%d kernels", len(out.Plan.Kernels))
+			fmt.Fprintf(io.Out, "%d kernels in %d programs", len(out.Plan.Kernels), len(out.Plan.Programs))
 			if len(out.Plan.HostReducers) > 0 {
 				fmt.Fprintf(io.Out, ", %d host reduce loops", len(out.Plan.HostReducers))
 			}

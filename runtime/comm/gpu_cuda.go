@@ -47,8 +47,10 @@ type cudaDevice struct {
 	// takes the slow path (function), which looks again under mu.
 	fns []atomic.Pointer[cuda.Function]
 
-	mu      sync.Mutex // guards modules, pool, symmBE and writes to fns
-	modules []*cuda.Module
+	mu sync.Mutex // guards modules, pool, symmBE and writes to fns
+	// modules are the NVRTC-built modules by Kernel.Source: kernels that
+	// share a program (Kernel.Symbol) share its module.
+	modules map[string]*cuda.Module
 	pool    *symm.Pool // Alloc's, made on first use
 	symmBE  *symm.CUDABackend
 
@@ -226,8 +228,8 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 
 // preload readies every kernel of ks (see device.preload): it looks them
 // up in the fatbin, or builds their sources with NVRTC in parallel through
-// the cache (cuda.Builder: ranks of one host compile each kernel once
-// between them) and loads them.
+// the cache (cuda.Builder: ranks of one host compile each program once
+// between them; kernels sharing a program compile it once) and loads them.
 func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []int) error {
 	if d.fatbin != nil {
 		for i, k := range ks {
@@ -237,40 +239,62 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 		}
 		return nil
 	}
-	reqs := make([]cuda.CompileRequest, len(ks))
+	var reqs []cuda.CompileRequest
+	var first []*kernels.Kernel // the first kernel of each request's source, for errors
+	seen := map[string]bool{}
 	headers, err := d.cfg.Library.Headers()
 	opts := nvrtcOptions()
-	for i, k := range ks {
+	d.mu.Lock()
+	for _, k := range ks {
+		if seen[k.Source] || d.modules[k.Source] != nil {
+			continue
+		}
+		seen[k.Source] = true
+		var req cuda.CompileRequest
 		if err == nil {
-			reqs[i], err = d.request(k, headers, opts)
+			req, err = d.request(k, headers, opts)
 		}
 		if err != nil {
+			d.mu.Unlock()
 			return &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
+		reqs, first = append(reqs, req), append(first, k)
 	}
-	if len(reqs) == 0 {
-		return nil
-	}
-	b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
-	mods, err := d.dev.LoadSources(ctx, reqs, b)
-	if err != nil {
-		var be *cuda.BuildError
-		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(ks) {
-			return &KernelError{Kernel: ks[be.Index].Name, Err: be.Err}
+	d.mu.Unlock()
+	if len(reqs) > 0 {
+		b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
+		mods, err := d.dev.LoadSources(ctx, reqs, b)
+		if err != nil {
+			var be *cuda.BuildError
+			if errors.As(err, &be) && be.Index >= 0 && be.Index < len(first) {
+				return &KernelError{Kernel: first[be.Index].Name, Err: be.Err}
+			}
+			return err // the context ended
 		}
-		return err // the context ended
+		d.mu.Lock()
+		for i, m := range mods {
+			d.addModule(first[i].Source, m)
+		}
+		d.mu.Unlock()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.modules = append(d.modules, mods...)
 	for i, k := range ks {
-		f, err := mods[i].Function(k.Name)
+		f, err := d.modules[k.Source].Function(k.Func())
 		if err != nil {
 			return &KernelError{Kernel: k.Name, Err: err}
 		}
 		d.fns[ids[i]].Store(f)
 	}
 	return nil
+}
+
+// addModule keeps m, built from source, loaded until release; d.mu held.
+func (d *cudaDevice) addModule(source string, m *cuda.Module) {
+	if d.modules == nil {
+		d.modules = map[string]*cuda.Module{}
+	}
+	d.modules[source] = m
 }
 
 // cache is Config.Cache, else the default cache (nil when there is no
@@ -344,6 +368,9 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 	}
 	m := d.fatbin
 	if m == nil {
+		m = d.modules[k.Source]
+	}
+	if m == nil {
 		headers, err := d.cfg.Library.Headers()
 		var req cuda.CompileRequest
 		if err == nil {
@@ -355,9 +382,9 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if m, err = d.dev.LoadSource(context.Background(), req, d.cache()); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
-		d.modules = append(d.modules, m)
+		d.addModule(k.Source, m)
 	}
-	f, err := m.Function(k.Name)
+	f, err := m.Function(k.Func())
 	if err != nil {
 		return nil, &KernelError{Kernel: k.Name, Err: err}
 	}

@@ -33,6 +33,12 @@ type packer struct {
 	stage, scratch, signal             field // arrays of W pointers
 	id                                 uint64
 	world                              int
+	// op is the `op` member and its value (kernels.OpCode of the kernel's
+	// op): a program that serves several ops reads it. Packages generated
+	// before GenVersion 2 have no such member (and no such programs):
+	// then op.size is 0 and nothing is written.
+	op     field
+	opCode uint64
 }
 
 // newPacker resolves kernel k's layout; id is k's index in the library's
@@ -44,6 +50,22 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 		return nil, errorf(ErrInvalidArgument, "comm: kernel %s has no argument layout; regenerate the library", k.Name)
 	}
 	p := &packer{size: k.Args.Size, id: uint64(id), world: world}
+	if k.Op != "" {
+		c := kernels.OpCode(k.Op)
+		if c < 0 {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s has reduce op %q, which this runtime does not know; regenerate the library", k.Name, k.Op)
+		}
+		p.opCode = uint64(c)
+		if f, ok := argField(k.Args, "op"); ok {
+			if f.Size != 4 || f.Offset < 0 || f.Offset+4 > k.Args.Size {
+				return nil, errorf(ErrInvalidArgument, "comm: kernel %s: member op of %s (offset %d, %d bytes) is not a 4-byte member inside the %d-byte struct; regenerate the library",
+					k.Name, k.Args.CType, f.Offset, f.Size, k.Args.Size)
+			}
+			p.op = field{off: f.Offset, size: 4}
+		} else if k.Symbol != "" && k.Symbol != k.Name {
+			return nil, errorf(ErrInvalidArgument, "comm: kernel %s runs in the shared program %s, but argument struct %s has no member \"op\"; regenerate the library", k.Name, k.Symbol, k.Args.CType)
+		}
+	}
 	for _, m := range []struct {
 		name  string
 		dst   *field
@@ -55,17 +77,10 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 		{"rank", &p.rankF, 1}, {"kernel_id", &p.kernelID, 1},
 		{"stage", &p.stage, world}, {"scratch", &p.scratch, world}, {"signal", &p.signal, world},
 	} {
-		i := -1
-		for j, f := range k.Args.Fields {
-			if f.Name == m.name {
-				i = j
-				break
-			}
-		}
-		if i < 0 {
+		f, ok := argField(k.Args, m.name)
+		if !ok {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: argument struct %s has no member %q; regenerate the library", k.Name, k.Args.CType, m.name)
 		}
-		f := k.Args.Fields[i]
 		if (f.Size != 4 && f.Size != 8) || f.Count < m.count || f.Offset < 0 || f.Offset+f.Size*m.count > k.Args.Size {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: member %s of %s (offset %d, %d x %d bytes) does not fit %d values in a %d-byte struct; regenerate the library",
 				k.Name, m.name, k.Args.CType, f.Offset, f.Count, f.Size, m.count, k.Args.Size)
@@ -73,6 +88,16 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 		*m.dst = field{off: f.Offset, size: f.Size}
 	}
 	return p, nil
+}
+
+// argField is the member of l named name.
+func argField(l *kernels.ArgLayout, name string) (kernels.Field, bool) {
+	for _, f := range l.Fields {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return kernels.Field{}, false
 }
 
 // put writes v as element i of f.
@@ -107,5 +132,8 @@ func (p *packer) pack(buf []byte, a args) []byte {
 	put(b, p.window, 0, a.window)
 	put(b, p.rankF, 0, a.rank)
 	put(b, p.kernelID, 0, p.id)
+	if p.op.size != 0 {
+		put(b, p.op, 0, p.opCode)
+	}
 	return b
 }

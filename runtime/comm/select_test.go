@@ -1,13 +1,16 @@
 package comm
 
 import (
+	"encoding/binary"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 )
 
@@ -195,5 +198,65 @@ func TestPackerRefusesBadLayouts(t *testing.T) {
 	bad.Args = nil
 	if _, err := newPacker(&bad, 0, 4); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("no layout: %v", err)
+	}
+	// A kernel in a program shared by several ops needs the op member; one
+	// from a package generated before programs (no Symbol) does without.
+	bad = *k
+	args = *k.Args
+	args.Fields = slices.DeleteFunc(slices.Clone(args.Fields), func(f kernels.Field) bool { return f.Name == "op" })
+	bad.Args = &args
+	if _, err := newPacker(&bad, 0, 4); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), `shared program allreduce_oneshot_f32_w4`) {
+		t.Errorf("shared program without an op member: %v", err)
+	}
+	bad.Symbol = ""
+	if _, err := newPacker(&bad, 0, 4); err != nil {
+		t.Errorf("a kernel of an older package (no Symbol, no op member): %v", err)
+	}
+	bad = *k
+	bad.Op = "prod"
+	if _, err := newPacker(&bad, 0, 4); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), `reduce op "prod"`) {
+		t.Errorf("unknown op: %v", err)
+	}
+}
+
+// TestPackerWritesTheOp checks that each reduce op's kernel tells the
+// program it shares with the other ops which op to compute: the op member
+// holds kernels.OpCode (the header's CG_OP_* value), and an all-gather's
+// leaves it zero.
+func TestPackerWritesTheOp(t *testing.T) {
+	w := 2
+	a := args{stage: make([]cuda.DevicePtr, w), scratch: make([]cuda.DevicePtr, w), signal: make([]cuda.DevicePtr, w)}
+	symbol := ""
+	for _, op := range coll.Ops() {
+		k, ok := collectives.Library.Kernel(coll.AllReduce, coll.OneShotLL, coll.BF16, op, w)
+		if !ok {
+			t.Fatalf("no allreduce oneshot_ll bf16 %s w2", op)
+		}
+		if symbol != "" && k.Symbol != symbol {
+			t.Errorf("%s runs %s, the other ops %s", k.Name, k.Symbol, symbol)
+		}
+		symbol = k.Symbol
+		p, err := newPacker(k, 7, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := p.pack(make([]byte, 512), a)
+		f, _ := argField(k.Args, "op")
+		if got := binary.LittleEndian.Uint32(b[f.Offset:]); got != uint32(kernels.OpCode(op)) || kernels.OpCode(op) < 0 {
+			t.Errorf("%s: op member %d, want %d", k.Name, got, kernels.OpCode(op))
+		}
+	}
+	if symbol != "allreduce_oneshot_ll_bf16_w2" {
+		t.Errorf("the ops share %q, want allreduce_oneshot_ll_bf16_w2", symbol)
+	}
+	k, _ := collectives.Library.Kernel(coll.AllGather, coll.OneShot, coll.F16, "", w)
+	p, err := newPacker(k, 7, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := p.pack(make([]byte, 512), a)
+	f, _ := argField(k.Args, "op")
+	if got := binary.LittleEndian.Uint32(b[f.Offset:]); got != 0 || k.Symbol != "allgather_oneshot_u16_w2" {
+		t.Errorf("%s: op member %d, symbol %s", k.Name, got, k.Symbol)
 	}
 }

@@ -180,12 +180,13 @@ func worldOf(name string) string {
 }
 
 // familyOf is a kernel file's collective and algorithm, the part of its
-// name before the dtype: "allreduce_oneshot_ll128" of
-// allreduce_oneshot_ll128_f32_min_w8.cu.
+// name before the dtype or element size: "allreduce_oneshot_ll128" of
+// allreduce_oneshot_ll128_f32_w8.cu, "allgather_oneshot" of
+// allgather_oneshot_u16_w2.cu.
 func familyOf(name string) string {
 	f := strings.Split(name, "_")
 	for i, w := range f {
-		if coll.DType(w).Valid() {
+		if coll.DType(w).Valid() || slices.Contains([]string{"u8", "u16", "u32", "u64"}, w) {
 			return strings.Join(f[:i], "_")
 		}
 	}

@@ -32,7 +32,7 @@ const (
 	// MaxVersion, whenever generated code needs something new of this
 	// package; raise MinVersion when this package stops reading what older
 	// generated code provides.
-	GenVersion = 1
+	GenVersion = 2
 	// MinVersion is the oldest generated code this package reads.
 	MinVersion = 1
 	// MaxVersion is the newest generated code this package reads.
@@ -99,17 +99,24 @@ func (l *ArgLayout) Field(name string) Field {
 
 // Kernel describes one generated, fully specialised CUDA kernel.
 type Kernel struct {
-	Name        string // readable and stable: allreduce_oneshot_bf16_sum_w4; also the extern "C" symbol
-	Collective  coll.Collective
-	Algorithm   coll.Algorithm // a generated one
-	DType       coll.DType
-	Op          coll.Op // empty for all-gather
-	World       int
-	Launch      Launch
-	Args        *ArgLayout
-	Source      string // file name of its .cu in Library.Sources
-	Barriers    int    // barriers per launch (each bumps the per-block sequence)
-	UsesScratch bool   // needs the symmetric scratch buffer
+	Name       string // readable and stable: allreduce_oneshot_bf16_sum_w4; Symbol names the function that runs it
+	Collective coll.Collective
+	Algorithm  coll.Algorithm // a generated one
+	DType      coll.DType
+	Op         coll.Op // empty for all-gather
+	World      int
+	Launch     Launch
+	Args       *ArgLayout
+	Source     string // file name of its .cu in Library.Sources
+	// Symbol is the extern "C" function in Source that runs the kernel.
+	// Kernels whose code is the same share a Source and Symbol (the ops
+	// of one reducing kernel, the dtypes of one element size of a copying
+	// one: plan.Program); such a function takes the op from the argument
+	// struct's `op` member (OpCode). Empty in packages generated before
+	// GenVersion 2, where it is Name.
+	Symbol      string
+	Barriers    int  // barriers per launch (each bumps the per-block sequence)
+	UsesScratch bool // needs the symmetric scratch buffer
 	// Protocol is coll.Barrier for pull kernels, coll.LL or coll.LL128 for
 	// push kernels that write into peers' inboxes with a flag in every line.
 	Protocol coll.Protocol
@@ -117,6 +124,21 @@ type Kernel struct {
 	// one stage slot holds (W lanes of W chunks); see InboxChunkBytes.
 	InboxChunks int
 }
+
+// Func is the name of the function that runs k: Symbol, or Name for a
+// package generated before kernels had symbols of their own.
+func (k *Kernel) Func() string {
+	if k.Symbol != "" {
+		return k.Symbol
+	}
+	return k.Name
+}
+
+// OpCode is the value of a reduce op in a kernel's `op` argument and in
+// the device header's CG_OP_* constants (its index in coll.Ops), or -1 for
+// an op coll does not know. The header is generated from the same list,
+// so the two cannot disagree.
+func OpCode(op coll.Op) int { return slices.Index(coll.Ops(), op) }
 
 // VecElems is how many elements of elemSize bytes one of the kernel's
 // vectors holds (at least 1): the unit chunks are rounded to.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/plan"
+	"github.com/collgen/collgen/runtime/kernels"
 	symmkernels "github.com/collgen/collgen/runtime/symm/kernels"
 	"github.com/collgen/collgen/schedule"
 )
@@ -76,34 +77,63 @@ func parse() (*template.Template, error) {
 	return template.New("cuda").Funcs(funcs).Option("missingkey=error").ParseFS(files, "*.tmpl")
 }
 
-// Render returns the header and one .cu file per kernel, keyed by file name.
+// Render returns the header and one .cu file per program, keyed by file
+// name.
 func Render(p *plan.Plan) (map[string][]byte, error) {
 	t, err := parse()
 	if err != nil {
 		return nil, fmt.Errorf("parse CUDA templates: %w", err)
 	}
 	out := map[string][]byte{}
-	if out[HeaderName], err = execute(t, "common.cuh", HeaderName, struct{ Plan *plan.Plan }{p}); err != nil {
+	if out[HeaderName], err = execute(t, "common.cuh", HeaderName, headerContext{Plan: p, Ops: opDefs()}); err != nil {
 		return nil, err
 	}
 	out[SymmHeaderName] = symmHeader()
-	for _, k := range p.Kernels {
-		ctx, err := newKernelContext(k)
+	for _, pr := range p.Programs {
+		ctx, err := newKernelContext(pr)
 		if err != nil {
 			return nil, err
 		}
-		if out[k.File()], err = execute(t, "kernel.cu", k.File(), ctx); err != nil {
+		if out[pr.File()], err = execute(t, "kernel.cu", pr.File(), ctx); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-// kernelContext is what kernel.cu.tmpl sees.
+// headerContext is what common.cuh.tmpl sees.
+type headerContext struct {
+	Plan *plan.Plan
+	Ops  []opDef // every reduce op coll knows, in coll.Ops order
+}
+
+// opDef is a reduce op as the device header names it.
+type opDef struct {
+	Macro  string // CG_OP_SUM: its value in args.op
+	Code   int    // kernels.OpCode
+	Struct string // cg_sum: the struct whose f computes it
+}
+
+func opDefs() []opDef {
+	var out []opDef
+	for _, op := range coll.Ops() {
+		out = append(out, opDef{Macro: "CG_OP_" + strings.ToUpper(string(op)), Code: kernels.OpCode(op), Struct: opStruct(op)})
+	}
+	return out
+}
+
+// opStruct is the device header's struct of a reduce op.
+func opStruct(op coll.Op) string { return "cg_" + string(op) }
+
+// kernelContext is what kernel.cu.tmpl sees: a program, rendered from the
+// schedule of its first kernel (its kernels differ only in op or dtype).
 type kernelContext struct {
-	K        *plan.Kernel
-	Traits   string // cg_bf16
-	OpStruct string // cg_sum
+	P        *plan.Program
+	K        *plan.Kernel // the program's first kernel
+	Serves   string       // what the program serves: "bf16, sum, max or min (args.op)"
+	Traits   string       // cg_bf16, or cg_bits<2> for a copying program
+	OpStruct string       // cg_sum, or cg_op for a program serving several ops; empty for none
+	OpInit   string       // the op value's initialiser: a.op for cg_op
 	Tables   []table
 	Phases   []phaseContext
 	Barriers int
@@ -184,11 +214,36 @@ type stepContext struct {
 	Lines   []string
 }
 
-// newKernelContext renders a kernel's schedule into the context
+// newKernelContext renders a program's schedule into the context
 // kernel.cu.tmpl lays out.
-func newKernelContext(k *plan.Kernel) (*kernelContext, error) {
+func newKernelContext(p *plan.Program) (*kernelContext, error) {
+	k := p.Kernels[0]
 	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
-	return e.context()
+	c, err := e.context()
+	if err != nil {
+		return nil, fmt.Errorf("program %s: %w", p.Name, err)
+	}
+	c.P = p
+	dts := make([]string, 0, len(p.DTypes()))
+	for _, dt := range p.DTypes() {
+		dts = append(dts, string(dt))
+	}
+	switch ops := p.Ops(); {
+	case len(ops) == 0:
+		c.Traits = fmt.Sprintf("cg_bits<%d>", k.DType.Size())
+		c.Serves = fmt.Sprintf("%d-bit elements (%s)", 8*k.DType.Size(), strings.Join(dts, ", "))
+	case len(ops) == 1:
+		c.OpStruct = opStruct(ops[0])
+		c.Serves = fmt.Sprintf("%s, %s", k.DType, ops[0])
+	default:
+		c.OpStruct, c.OpInit = "cg_op", "a.op"
+		names := make([]string, len(ops))
+		for i, op := range ops {
+			names[i] = string(op)
+		}
+		c.Serves = fmt.Sprintf("%s, %s or %s (args.op)", k.DType, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+	}
+	return c, nil
 }
 
 // kernelEmitter turns one kernel's schedule into C: it names indices,
@@ -219,7 +274,7 @@ type kernelEmitter struct {
 // context emits every phase and returns the template context.
 func (e *kernelEmitter) context() (*kernelContext, error) {
 	k, s := e.k, e.s
-	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), OpStruct: "cg_" + string(k.Op), Barriers: s.Barriers(),
+	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), Barriers: s.Barriers(),
 		FinalOptional: schedule.FinalBarrierRemovable(s)}
 	c.BarriersWithoutFinal = c.Barriers - 1
 	var err error
@@ -381,7 +436,7 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 			w.P("    %s%s", e.ref(r, true), comma)
 		}
 		w.P("};")
-		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift);", len(st.Srcs), e.ref(st.Dst, false))
+		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
 	}
 	return w.sc, nil
 }
@@ -575,7 +630,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 			}
 			w.B("}")
 		}
-		w.B("const PR::P x = PR::reduce<T, OP, %d>(xs);", len(srcs))
+		w.B("const PR::P x = PR::reduce<T>(xs, op);")
 		w.B("PR::st(%s, u, sp.n, x);", dst)
 	}
 	emitPut := w.P

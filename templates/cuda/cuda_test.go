@@ -1,11 +1,14 @@
 package cuda
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/plan"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -22,14 +25,7 @@ func TestKernelsWaitForThePreviousKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := plan.New(s, plan.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := Render(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, files := mustRender(t, s)
 	n := 0
 	for name, src := range files {
 		if !strings.HasSuffix(name, ".cu") {
@@ -49,7 +45,69 @@ func TestKernelsWaitForThePreviousKernel(t *testing.T) {
 			t.Errorf("%s: kernel %s opens with %q, want %s", name, m[1], m[2], want)
 		}
 	}
-	if n != len(p.Kernels) {
-		t.Errorf("%d kernel files for %d kernels", n, len(p.Kernels))
+	if n != len(p.Programs) {
+		t.Errorf("%d kernel files for %d programs", n, len(p.Programs))
 	}
+}
+
+// TestProgramsServeTheirKernels checks how a program reads what its
+// kernels differ in: one serving several ops takes the op from args.op
+// (cg_op), one serving a single op uses that op's struct, and a copying
+// one moves the bits of its element size (cg_bits).
+func TestProgramsServeTheirKernels(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		only, file string
+		want       []string
+	}{
+		{"allreduce_twoshot_ll_f16_*_w4", "allreduce_twoshot_ll_f16_w4.cu",
+			[]string{"typedef cg_op OP;", "const OP op{a.op};", "PR::reduce<T>(xs, op)", "f16, sum, max or min (args.op)"}},
+		{"allreduce_twoshot_f16_max_w4", "allreduce_twoshot_f16_w4.cu",
+			[]string{"typedef cg_max OP;", "const OP op{};", ", src, n, shift, op);", "f16, max,"}},
+		{"allgather_oneshot_*_w4", "allgather_oneshot_u8_w4.cu",
+			[]string{"typedef cg_bits<1> T;", "8-bit elements (e4m3, e5m2)"}},
+	} {
+		p, err := plan.New(s, plan.Options{Only: c.only})
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, err := Render(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := string(files[c.file])
+		for _, w := range c.want {
+			if !strings.Contains(src, w) {
+				t.Errorf("--only %s: %s lacks %q", c.only, c.file, w)
+			}
+		}
+		if strings.Contains(src, "OP::f") || strings.Contains(c.file, "allgather") && strings.Contains(src, " OP;") {
+			t.Errorf("--only %s: %s calls an op statically or a copy has one", c.only, c.file)
+		}
+	}
+	_, files := mustRender(t, s)
+	header := string(files[HeaderName])
+	for _, op := range coll.Ops() {
+		def := fmt.Sprintf("#define CG_OP_%s %d\n", strings.ToUpper(string(op)), kernels.OpCode(op))
+		if !strings.Contains(header, def) {
+			t.Errorf("header lacks %q", def)
+		}
+	}
+}
+
+// mustRender plans and renders s whole.
+func mustRender(t *testing.T, s *spec.Spec) (*plan.Plan, map[string][]byte) {
+	t.Helper()
+	p, err := plan.New(s, plan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := Render(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, files
 }

@@ -211,7 +211,8 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"World", jen.Lit(k.World)},
 			field{"Launch", jen.Qual(kernelsPkg, "Launch").Values(launchValues(k.Launch)...)},
 			field{"Args", jen.Id(layoutVar(k.Layout))},
-			field{"Source", jen.Lit(k.File())},
+			field{"Source", jen.Lit(k.Program.File())},
+			field{"Symbol", jen.Lit(k.Program.Name)},
 			field{"Barriers", nonZero(s.Barriers())},
 			field{"UsesScratch", nonZero(s.UsesScratch)},
 			field{"Protocol", nonZero(string(s.Protocol))},
@@ -328,12 +329,12 @@ func argsTestFile(p *plan.Plan) *jen.File {
 	f.Comment(commentText("TestArgsMatchCLayout checks each Go argument struct against the C layout asserted in collgen_common.cuh."))
 	f.Func().Id("TestArgsMatchCLayout").Params(jen.Id("t").Op("*").Qual("testing", "T")).Block(body...)
 	f.Line()
-	// for _, k := range Library.Kernels { src, err := Library.Source(k.Source); if err != nil || !strings.Contains(src, k.Name+"(") { t.Errorf(...) } }
+	// for _, k := range Library.Kernels { src, err := Library.Source(k.Source); if err != nil || !strings.Contains(src, k.Symbol+"(") { t.Errorf(...) } }
 	f.Comment(commentText("TestLibraryConsistent checks that every kernel's source is embedded and names its symbol."))
 	f.Func().Id("TestLibraryConsistent").Params(jen.Id("t").Op("*").Qual("testing", "T")).Block(
 		jen.For(jen.List(jen.Id("_"), jen.Id("k")).Op(":=").Range().Id("Library").Dot("Kernels")).Block(
 			jen.List(jen.Id("src"), jen.Id("err")).Op(":=").Id("Library").Dot("Source").Call(jen.Id("k").Dot("Source")),
-			jen.If(jen.Id("err").Op("!=").Nil().Op("||").Op("!").Qual("strings", "Contains").Call(jen.Id("src"), jen.Id("k").Dot("Name").Op("+").Lit("("))).Block(
+			jen.If(jen.Id("err").Op("!=").Nil().Op("||").Op("!").Qual("strings", "Contains").Call(jen.Id("src"), jen.Id("k").Dot("Symbol").Op("+").Lit("("))).Block(
 				jen.Id("t").Dot("Errorf").Call(jen.Lit("kernel %s: source %s missing (%v) or lacks the kernel"), jen.Id("k").Dot("Name"), jen.Id("k").Dot("Source"), jen.Id("err")),
 			),
 		),

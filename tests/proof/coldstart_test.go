@@ -28,15 +28,17 @@ func coldWorld(t *testing.T) int {
 	return w
 }
 
-// kernelsOfWorld counts the library's kernels of world size w.
-func kernelsOfWorld(w int) int {
-	n := 0
+// kernelsOfWorld counts the library's kernels of world size w and the
+// programs (sources) that run them: what New compiles.
+func kernelsOfWorld(w int) (kernels, programs int) {
+	sources := map[string]bool{}
 	for _, k := range collectives.Library.Kernels {
 		if k.World == w {
-			n++
+			kernels++
+			sources[k.Source] = true
 		}
 	}
-	return n
+	return kernels, len(sources)
 }
 
 // TestColdStart times New to ready (every kernel of the world compiled or
@@ -51,7 +53,7 @@ func TestColdStart(t *testing.T) {
 	}
 	w := coldWorld(t)
 	cache := &cuda.Cache{Dir: t.TempDir()}
-	nk := kernelsOfWorld(w)
+	nk, np := kernelsOfWorld(w)
 	for _, phase := range []string{"cold", "warm"} {
 		before := cache.Stats()
 		t0 := time.Now()
@@ -62,10 +64,10 @@ func TestColdStart(t *testing.T) {
 		}
 		st := cache.Stats()
 		hits, misses := st.Hits-before.Hits, st.Misses-before.Misses
-		t.Logf("coldstart: goroutine ranks, world %d, %d kernels per rank, %s cache: New to ready %v (cache hits %d, misses %d)",
-			w, nk, phase, el.Round(time.Millisecond), hits, misses)
-		if phase == "warm" && (misses != 0 || hits != int64(w*nk)) {
-			t.Errorf("warm New: %d cache misses and %d hits, want 0 and %d (nothing compiled again)", misses, hits, w*nk)
+		t.Logf("coldstart: goroutine ranks, world %d, %d kernels in %d programs per rank, %s cache: New to ready %v (cache hits %d, misses %d)",
+			w, nk, np, phase, el.Round(time.Millisecond), hits, misses)
+		if phase == "warm" && (misses != 0 || hits != int64(w*np)) {
+			t.Errorf("warm New: %d cache misses and %d hits, want 0 and %d (nothing compiled again)", misses, hits, w*np)
 		}
 	}
 }
@@ -98,8 +100,9 @@ func TestColdStartProcess(t *testing.T) {
 	el := time.Since(t0)
 	defer cm.Close()
 	st := cache.Stats()
-	fmt.Printf("coldstart: process rank %d of %d, %d kernels, %s: New to ready %v (cache hits %d, misses %d)\n",
-		env.Rank, env.WorldSize, kernelsOfWorld(env.WorldSize), os.Getenv("COLDSTART_PHASE"), el.Round(time.Millisecond), st.Hits, st.Misses)
+	nk, np := kernelsOfWorld(env.WorldSize)
+	fmt.Printf("coldstart: process rank %d of %d, %d kernels in %d programs, %s: New to ready %v (cache hits %d, misses %d)\n",
+		env.Rank, env.WorldSize, nk, np, os.Getenv("COLDSTART_PHASE"), el.Round(time.Millisecond), st.Hits, st.Misses)
 }
 
 // TestFatbinWithoutDeviceArch: New with a fatbin that has no code for the

@@ -4,7 +4,7 @@ package hcm
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW8 mirrors the CUDA struct collgen_args_w8 (272 bytes), the by-value
+// ArgsW8 mirrors the CUDA struct collgen_args_w8 (280 bytes), the by-value
 // argument of every world-size-8 kernel. Pointers are device addresses.
 type ArgsW8 struct {
 	Input     uint64    // C: input at offset 0
@@ -21,11 +21,12 @@ type ArgsW8 struct {
 	Window    uint64    // C: window at offset 256
 	Rank      int32     // C: rank at offset 264
 	KernelId  int32     // C: kernel_id at offset 268
+	Op        int32     // C: op at offset 272
 }
 
 var argsLayoutW8 = &kernels.ArgLayout{
 	CType: "collgen_args_w8",
-	Size:  272,
+	Size:  280,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -41,5 +42,6 @@ var argsLayoutW8 = &kernels.ArgLayout{
 		{Name: "window", Offset: 256, Size: 8, Count: 1},
 		{Name: "rank", Offset: 264, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 268, Size: 4, Count: 1},
+		{Name: "op", Offset: 272, Size: 4, Count: 1},
 	},
 }

@@ -16,7 +16,7 @@ func TestArgsMatchCLayout(t *testing.T) {}
 func TestLibraryConsistent(t *testing.T) {
 	for _, k := range Library.Kernels {
 		src, err := Library.Source(k.Source)
-		if err != nil || !strings.Contains(src, k.Name+"(") {
+		if err != nil || !strings.Contains(src, k.Symbol+"(") {
 			t.Errorf("kernel %s: source %s missing (%v) or lacks the kernel", k.Name, k.Source, err)
 		}
 	}

@@ -79,6 +79,7 @@ struct collgen_args {
   cg_u64 window;                // barrier kernels: elements per chunk per round; 0: the whole chunk (see cg_window)
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
+  int op;                       // the reduce op, CG_OP_*: read by a program serving several (cg_op)
 };
 
 typedef collgen_args<2> collgen_args_w2;
@@ -86,7 +87,7 @@ typedef collgen_args<2> collgen_args_w2;
 // Layout checks. NVRTC lacks __builtin_offsetof, so they run under nvcc
 // (`make cuda-check`, CI); NVRTC compiles the very same struct.
 #ifndef __CUDACC_RTC__
-static_assert(sizeof(collgen_args_w2) == 128, "collgen_args_w2 size");
+static_assert(sizeof(collgen_args_w2) == 136, "collgen_args_w2 size");
 static_assert(__builtin_offsetof(collgen_args_w2, input) == 0, "collgen_args_w2.input offset");
 static_assert(__builtin_offsetof(collgen_args_w2, output) == 8, "collgen_args_w2.output offset");
 static_assert(__builtin_offsetof(collgen_args_w2, stage) == 16, "collgen_args_w2.stage offset");
@@ -101,6 +102,7 @@ static_assert(__builtin_offsetof(collgen_args_w2, slot_bytes) == 104, "collgen_a
 static_assert(__builtin_offsetof(collgen_args_w2, window) == 112, "collgen_args_w2.window offset");
 static_assert(__builtin_offsetof(collgen_args_w2, rank) == 120, "collgen_args_w2.rank offset");
 static_assert(__builtin_offsetof(collgen_args_w2, kernel_id) == 124, "collgen_args_w2.kernel_id offset");
+static_assert(__builtin_offsetof(collgen_args_w2, op) == 128, "collgen_args_w2.op offset");
 #endif
 
 // ---- element types: storage type E, accumulator type A, up/down conversions.
@@ -144,6 +146,13 @@ struct cg_i64 { typedef long long E; typedef long long A;
 // fp8 types are only ever copied.
 struct cg_e4m3 { typedef unsigned char E; };
 struct cg_e5m2 { typedef unsigned char E; };
+// cg_bits<B>: the element of a copying program (plan.Program), which serves
+// every dtype of B bytes: a copy moves bits and never looks at them.
+template <int B> struct cg_bits;
+template <> struct cg_bits<1> { typedef unsigned char E; };
+template <> struct cg_bits<2> { typedef unsigned short E; };
+template <> struct cg_bits<4> { typedef unsigned int E; };
+template <> struct cg_bits<8> { typedef unsigned long long E; };
 
 // ---- reduce ops.
 struct cg_sum { template <class A> static __device__ __forceinline__ A f(A x, A y) { return x + y; } };
@@ -161,6 +170,27 @@ struct cg_min {
   static __device__ __forceinline__ float f(float x, float y) { return fminf(x, y); }
   static __device__ __forceinline__ double f(double x, double y) { return fmin(x, y); }
   template <class A> static __device__ __forceinline__ A f(A x, A y) { return x < y ? x : y; } };
+
+// The ops by their value in args.op (kernels.OpCode).
+#define CG_OP_SUM 0
+#define CG_OP_MAX 1
+#define CG_OP_MIN 2
+
+// cg_op is the op of a program that serves several (plan.Program): v is
+// args.op. f computes every op and selects one, with no branch, so each
+// loop that reduces is compiled once for all ops instead of once per op,
+// for a few ALU instructions per element beside the loads. A program that
+// serves one op uses that op's struct instead. Reduce loops call the op
+// through a value (op.f), which the static structs accept as well.
+struct cg_op {
+  int v;
+  template <class A> __device__ __forceinline__ A f(A x, A y) const {
+    A r = cg_sum::f(x, y);
+    r = v == CG_OP_MAX ? cg_max::f(x, y) : r;
+    r = v == CG_OP_MIN ? cg_min::f(x, y) : r;
+    return r;
+  }
+};
 
 // ---- memory access. Loads of data other ranks wrote use ld.global.cg (cache
 // in L2 only), so no stale L1 line from an earlier collective is ever read.
@@ -378,14 +408,14 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
 // cg_reduce_vec combines NS vectors elementwise in source order,
 // accumulating in T::A.
 template <class T, class OP, int NS, int VB>
-__device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<typename T::E, VB> (&x)[NS]) {
+__device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<typename T::E, VB> (&x)[NS], const OP op) {
   typedef typename T::A A;
   cg_vec<typename T::E, VB> out;
 #pragma unroll
   for (int e = 0; e < VB / (int)sizeof(typename T::E); e++) {
     A acc = T::up(x[0].e[e]);
 #pragma unroll
-    for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(x[j].e[e]));
+    for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(x[j].e[e]));
     out.e[e] = T::down(acc);
   }
   return out;
@@ -395,7 +425,7 @@ __device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<
 // accumulating in T::A. All NS loads of a vector are issued before the first
 // use, so peers' latencies overlap.
 template <class T, class OP, int NS, int VB>
-__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_s64 n, cg_s64 shift) {
+__device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::E* const (&src)[NS], cg_s64 n, cg_s64 shift, const OP op) {
   typedef typename T::E E;
   typedef typename T::A A;
   constexpr int V = VB / sizeof(E);
@@ -412,7 +442,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       cg_vec<E, VB> x[NS];
 #pragma unroll
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
-      *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x).raw;
+      *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x, op).raw;
     }
   } else if (NS <= 4) {
     // Up to four sources: with more (world 8), two vectors per source at a
@@ -426,7 +456,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       for (int j = 0; j < NS; j++) p[j] = src[j] + v * V;
       cg_vec<E, VB> x[NS];
       cg_ld_vecs<E, VB, NS>(x, p, m, on, edge);
-      cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x), md, on, lane == 0, edge);
+      cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x, op), md, on, lane == 0, edge);
     }
   } else {
     for (cg_s64 v = gid; v < nvec; v += stride) {
@@ -435,7 +465,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
         const cg_s64 i = v * V + e;
         A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
-        for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(cg_ld_elem(src[j] + i)));
+        for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(cg_ld_elem(src[j] + i)));
         dst[i] = T::down(acc);
       }
     }
@@ -444,7 +474,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
     for (cg_s64 i = nvec * V; i < n; i++) {
       A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
-      for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(cg_ld_elem(src[j] + i)));
+      for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(cg_ld_elem(src[j] + i)));
       dst[i] = T::down(acc);
     }
   }
@@ -680,7 +710,7 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds, cg
 //   st<E>(p, u, n, x)      unit u's payload into a span (only elements < n)
 //   store(p, x, flag, on)  send a unit: p is its inbox address
 //   poll(p, flag, x, on)   load a unit once; true when its line carries flag
-//   reduce<T, OP, NS>(xs)  elementwise reduction of NS payloads
+//   reduce<T>(xs, op)      elementwise reduction of NS payloads
 //   all(b), any(b)         b over the threads that decide together
 // `on` is false for a thread whose unit lies past the span: it takes part
 // in the collective calls but touches no memory (its poll is true). For
@@ -742,8 +772,8 @@ __device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line 
 
 // cg_words_reduce combines NS payloads of VB bytes elementwise in source
 // order, accumulating in T::A (as cg_reduce does).
-template <class T, class OP, int NS, int VB, class R>
-__device__ __forceinline__ R cg_words_reduce(const R (&x)[NS]) {
+template <class T, int VB, class OP, int NS, class R>
+__device__ __forceinline__ R cg_words_reduce(const R (&x)[NS], const OP op) {
   typedef typename T::E E;
   typedef typename T::A A;
   constexpr int V = VB / sizeof(E);
@@ -754,7 +784,7 @@ __device__ __forceinline__ R cg_words_reduce(const R (&x)[NS]) {
   for (int e = 0; e < V; e++) {
     A acc = T::up(in[0].e[e]);
 #pragma unroll
-    for (int j = 1; j < NS; j++) acc = OP::f(acc, T::up(in[j].e[e]));
+    for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(in[j].e[e]));
     out.e[e] = T::down(acc);
   }
   return out.raw;
@@ -783,7 +813,7 @@ struct cg_ll {
     return f0 == flag && f1 == flag;
   }
   template <class T, class OP, int NS>
-  static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 8>(x); }
+  static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 8>(x, op); }
   static __device__ __forceinline__ bool all(bool b) { return b; }
   static __device__ __forceinline__ bool any(bool b) { return b; }
 };
@@ -847,7 +877,7 @@ struct cg_ll128 {
     return __shfl_sync(0xffffffffu, (int)mine, (int)(threadIdx.x & 31) | 7) != 0;
   }
   template <class T, class OP, int NS>
-  static __device__ __forceinline__ P reduce(const P (&x)[NS]) { return cg_words_reduce<T, OP, NS, 16>(x); }
+  static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 16>(x, op); }
   static __device__ __forceinline__ bool all(bool b) { return __all_sync(0xffffffffu, b) != 0; }
   static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
 };

@@ -4,7 +4,7 @@ package mini
 
 import "github.com/collgen/collgen/runtime/kernels"
 
-// ArgsW2 mirrors the CUDA struct collgen_args_w2 (128 bytes), the by-value
+// ArgsW2 mirrors the CUDA struct collgen_args_w2 (136 bytes), the by-value
 // argument of every world-size-2 kernel. Pointers are device addresses.
 type ArgsW2 struct {
 	Input     uint64    // C: input at offset 0
@@ -21,11 +21,12 @@ type ArgsW2 struct {
 	Window    uint64    // C: window at offset 112
 	Rank      int32     // C: rank at offset 120
 	KernelId  int32     // C: kernel_id at offset 124
+	Op        int32     // C: op at offset 128
 }
 
 var argsLayoutW2 = &kernels.ArgLayout{
 	CType: "collgen_args_w2",
-	Size:  128,
+	Size:  136,
 	Fields: []kernels.Field{
 		{Name: "input", Offset: 0, Size: 8, Count: 1},
 		{Name: "output", Offset: 8, Size: 8, Count: 1},
@@ -41,5 +42,6 @@ var argsLayoutW2 = &kernels.ArgLayout{
 		{Name: "window", Offset: 112, Size: 8, Count: 1},
 		{Name: "rank", Offset: 120, Size: 4, Count: 1},
 		{Name: "kernel_id", Offset: 124, Size: 4, Count: 1},
+		{Name: "op", Offset: 128, Size: 4, Count: 1},
 	},
 }
