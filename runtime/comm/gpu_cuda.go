@@ -272,10 +272,14 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 			return err // the context ended
 		}
 		d.mu.Lock()
+		var errs []error
 		for i, m := range mods {
-			d.addModule(first[i].Source, m)
+			errs = append(errs, d.addModule(first[i].Source, m))
 		}
 		d.mu.Unlock()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -290,11 +294,17 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 }
 
 // addModule keeps m, built from source, loaded until release; d.mu held.
-func (d *cudaDevice) addModule(source string, m *cuda.Module) {
+// A source already loaded (by a lazy load that ran while preload compiled)
+// keeps its module, and m is unloaded, so no module is left unreleased.
+func (d *cudaDevice) addModule(source string, m *cuda.Module) error {
+	if d.modules[source] != nil {
+		return m.Unload()
+	}
 	if d.modules == nil {
 		d.modules = map[string]*cuda.Module{}
 	}
 	d.modules[source] = m
+	return nil
 }
 
 // cache is Config.Cache, else the default cache (nil when there is no
@@ -382,7 +392,9 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if m, err = d.dev.LoadSource(context.Background(), req, d.cache()); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
-		d.addModule(k.Source, m)
+		if err := d.addModule(k.Source, m); err != nil {
+			return nil, &KernelError{Kernel: k.Name, Err: err}
+		}
 	}
 	f, err := m.Function(k.Func())
 	if err != nil {
