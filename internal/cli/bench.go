@@ -71,10 +71,9 @@ type BenchOptions struct {
 
 // gpuBenchFlags are the GPU-only flags (see bench_gpu.go).
 type gpuBenchFlags struct {
-	eager    bool
-	zeroCopy bool
-	// noEarlyLaunch: comm.Config.NoEarlyLaunch.
-	noEarlyLaunch bool
+	eager         bool
+	zeroCopy      bool
+	noEarlyLaunch bool // comm.Config.NoEarlyLaunch
 	awkward       bool
 	processes     bool
 	staging       string

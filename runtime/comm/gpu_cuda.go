@@ -226,19 +226,29 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 	return zeroCopy{offset: int64(off), peers: h}, true
 }
 
-// preload readies every kernel of ks (see device.preload): it looks them
-// up in the fatbin, or builds their sources with NVRTC in parallel through
-// the cache (cuda.Builder: ranks of one host compile each program once
-// between them; kernels sharing a program compile it once) and loads them.
+// preload readies every kernel of ks (see device.preload): without a
+// fatbin it first builds the sources they need with NVRTC in parallel
+// through the cache (cuda.Builder: ranks of one host compile each program
+// once between them; kernels sharing a program compile it once) and loads
+// them; then function looks every kernel up, in the fatbin or in those
+// modules.
 func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []int) error {
-	if d.fatbin != nil {
-		for i, k := range ks {
-			if _, err := d.function(k, ids[i]); err != nil {
-				return err
-			}
+	if d.fatbin == nil {
+		if err := d.build(ctx, ks); err != nil {
+			return err
 		}
-		return nil
 	}
+	for i, k := range ks {
+		if _, err := d.function(k, ids[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// build compiles (or reads from the cache) and loads the sources of ks
+// that no module holds yet, in parallel.
+func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
 	var reqs []cuda.CompileRequest
 	var first []*kernels.Kernel // the first kernel of each request's source, for errors
 	seen := map[string]bool{}
@@ -261,36 +271,25 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 		reqs, first = append(reqs, req), append(first, k)
 	}
 	d.mu.Unlock()
-	if len(reqs) > 0 {
-		b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
-		mods, err := d.dev.LoadSources(ctx, reqs, b)
-		if err != nil {
-			var be *cuda.BuildError
-			if errors.As(err, &be) && be.Index >= 0 && be.Index < len(first) {
-				return &KernelError{Kernel: first[be.Index].Name, Err: be.Err}
-			}
-			return err // the context ended
+	if len(reqs) == 0 {
+		return nil
+	}
+	b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
+	mods, err := d.dev.LoadSources(ctx, reqs, b)
+	if err != nil {
+		var be *cuda.BuildError
+		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(first) {
+			return &KernelError{Kernel: first[be.Index].Name, Err: be.Err}
 		}
-		d.mu.Lock()
-		var errs []error
-		for i, m := range mods {
-			errs = append(errs, d.addModule(first[i].Source, m))
-		}
-		d.mu.Unlock()
-		if err := errors.Join(errs...); err != nil {
-			return err
-		}
+		return err // the context ended
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for i, k := range ks {
-		f, err := d.modules[k.Source].Function(k.Func())
-		if err != nil {
-			return &KernelError{Kernel: k.Name, Err: err}
-		}
-		d.fns[ids[i]].Store(f)
+	var errs []error
+	for i, m := range mods {
+		errs = append(errs, d.addModule(first[i].Source, m))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // addModule keeps m, built from source, loaded until release; d.mu held.

@@ -56,7 +56,7 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s has reduce op %q, which this runtime does not know; regenerate the library", k.Name, k.Op)
 		}
 		p.opCode = uint64(c)
-		if f, ok := argField(k.Args, "op"); ok {
+		if f, ok := k.Args.Lookup("op"); ok {
 			if f.Size != 4 || f.Offset < 0 || f.Offset+4 > k.Args.Size {
 				return nil, errorf(ErrInvalidArgument, "comm: kernel %s: member op of %s (offset %d, %d bytes) is not a 4-byte member inside the %d-byte struct; regenerate the library",
 					k.Name, k.Args.CType, f.Offset, f.Size, k.Args.Size)
@@ -77,7 +77,7 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 		{"rank", &p.rankF, 1}, {"kernel_id", &p.kernelID, 1},
 		{"stage", &p.stage, world}, {"scratch", &p.scratch, world}, {"signal", &p.signal, world},
 	} {
-		f, ok := argField(k.Args, m.name)
+		f, ok := k.Args.Lookup(m.name)
 		if !ok {
 			return nil, errorf(ErrInvalidArgument, "comm: kernel %s: argument struct %s has no member %q; regenerate the library", k.Name, k.Args.CType, m.name)
 		}
@@ -88,16 +88,6 @@ func newPacker(k *kernels.Kernel, id, world int) (*packer, error) {
 		*m.dst = field{off: f.Offset, size: f.Size}
 	}
 	return p, nil
-}
-
-// argField is the member of l named name.
-func argField(l *kernels.ArgLayout, name string) (kernels.Field, bool) {
-	for _, f := range l.Fields {
-		if f.Name == name {
-			return f, true
-		}
-	}
-	return kernels.Field{}, false
 }
 
 // put writes v as element i of f.

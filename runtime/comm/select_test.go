@@ -241,7 +241,7 @@ func TestPackerWritesTheOp(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := p.pack(make([]byte, 512), a)
-		f, _ := argField(k.Args, "op")
+		f, _ := k.Args.Lookup("op")
 		if got := binary.LittleEndian.Uint32(b[f.Offset:]); got != uint32(kernels.OpCode(op)) || kernels.OpCode(op) < 0 {
 			t.Errorf("%s: op member %d, want %d", k.Name, got, kernels.OpCode(op))
 		}
@@ -255,7 +255,7 @@ func TestPackerWritesTheOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := p.pack(make([]byte, 512), a)
-	f, _ := argField(k.Args, "op")
+	f, _ := k.Args.Lookup("op")
 	if got := binary.LittleEndian.Uint32(b[f.Offset:]); got != 0 || k.Symbol != "allgather_oneshot_u16_w2" {
 		t.Errorf("%s: op member %d, symbol %s", k.Name, got, k.Symbol)
 	}

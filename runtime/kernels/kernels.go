@@ -89,12 +89,22 @@ type ArgLayout struct {
 // Field returns the named field or panics: layouts are generated, so a
 // missing name is a programming error.
 func (l *ArgLayout) Field(name string) Field {
+	f, ok := l.Lookup(name)
+	if !ok {
+		panic(fmt.Sprintf("kernels: %s has no field %q", l.CType, name))
+	}
+	return f
+}
+
+// Lookup returns the named field, and false when l has none (a layout
+// generated before the field existed).
+func (l *ArgLayout) Lookup(name string) (Field, bool) {
 	for _, f := range l.Fields {
 		if f.Name == name {
-			return f
+			return f, true
 		}
 	}
-	panic(fmt.Sprintf("kernels: %s has no field %q", l.CType, name))
+	return Field{}, false
 }
 
 // Kernel describes one generated, fully specialised CUDA kernel.

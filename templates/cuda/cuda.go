@@ -223,7 +223,7 @@ func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
 	}
-	c.P = p
+	c.P, c.Traits = p, "cg_"+string(k.DType)
 	dts := make([]string, 0, len(p.DTypes()))
 	for _, dt := range p.DTypes() {
 		dts = append(dts, string(dt))
@@ -274,7 +274,7 @@ type kernelEmitter struct {
 // context emits every phase and returns the template context.
 func (e *kernelEmitter) context() (*kernelContext, error) {
 	k, s := e.k, e.s
-	c := &kernelContext{K: k, Traits: "cg_" + string(k.DType), Barriers: s.Barriers(),
+	c := &kernelContext{K: k, Barriers: s.Barriers(),
 		FinalOptional: schedule.FinalBarrierRemovable(s)}
 	c.BarriersWithoutFinal = c.Barriers - 1
 	var err error
