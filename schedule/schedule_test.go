@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -43,16 +44,30 @@ func TestSimulateEveryCombination(t *testing.T) {
 					if c == coll.AllReduce {
 						counts, vecs = []int{0, 1, 2, 3, w - 1, w, w + 1, 7*w + 3, 1000, 8*w*8 + 5}, []int{1, 8}
 					}
+					pushRoundsDone := false // at worlds above 16, for one count
 					for _, n := range counts {
 						for _, vec := range vecs {
 							if err := simulate(s, n, vec, 0, mem); err != nil {
 								t.Errorf("n=%d vec=%d: %v", n, vec, err)
 							}
+							wins := []int{1, 2, 5}
 							if s.Protocol.Push() {
-								continue // push kernels run in one round
+								// Three rounds reuse a slot (round 2 overwrites round
+								// 0's places), which is what rounds add to a push
+								// schedule; the order of its waits does not depend on
+								// the count, so large worlds check it for one count.
+								chunk := ChunkElems(c, n, w, vec)
+								if chunk < 3 || (w > 16 && pushRoundsDone) {
+									continue
+								}
+								pushRoundsDone = true
+								wins = []int{(chunk + 2) / 3}
 							}
-							for _, win := range []int{1, 2, 5} { // rounds over windows (cg_window)
-								if err := simulate(s, n, vec, win, mem); err != nil {
+							for _, win := range wins { // rounds over windows (cg_window)
+								var ow *OverwriteError
+								if err := simulate(s, n, vec, win, mem); !RoundsSafe(s) && errors.As(err, &ow) {
+									continue // runs in one round: the next test
+								} else if err != nil {
 									t.Errorf("n=%d vec=%d window=%d: %v", n, vec, win, err)
 								}
 							}
@@ -343,6 +358,65 @@ func TestInboxLayout(t *testing.T) {
 						}
 						seen[p] = true
 					}
+				}
+			}
+		}
+	}
+}
+
+// TestSimulatePushRoundsCatchOverwrites runs a push schedule whose rank
+// sends to its successor but waits only for its predecessor (three ranks in
+// a ring): in one round it is fine, in rounds a put of round 2 can land
+// before the round-0 data it overwrites was read, since no wait orders the
+// reader's read before the writer's put. The simulator must say so, and
+// accept the same ring when every rank also waits for its successor.
+func TestSimulatePushRoundsCatchOverwrites(t *testing.T) {
+	self := Self
+	put := Step{Kind: Put, Dst: Ref{Buf: Inbox, Rank: Rel(1), Lane: self, Chunk: self}, Srcs: []Ref{{Buf: Input, Rank: self, Chunk: self}}}
+	take := Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: self, Chunk: Rel(-1)}, Srcs: []Ref{{Buf: Inbox, Rank: self, Lane: Rel(-1), Chunk: Rel(-1)}}}
+	ring := &Schedule{Collective: coll.AllGather, Algorithm: coll.OneShotLL, World: 3, InChunks: 3, OutChunks: 3, Protocol: coll.LL,
+		Phases: []Phase{{Steps: []Step{put}}, {Steps: []Step{take}}}}
+	mem := &arena{}
+	// One round: the data arrives; the output misses chunks the ring never
+	// sends, so only the result check can fail.
+	if err := simulate(ring, 3*8, 1, 0, mem); err != nil && strings.Contains(err.Error(), "overwrite") {
+		t.Fatalf("one round: %v", err)
+	}
+	var ow *OverwriteError
+	if err := simulate(ring, 3*8, 1, 2, mem); !errors.As(err, &ow) {
+		t.Fatalf("rounds over a ring without back-pressure: got %v, want an *OverwriteError", err)
+	}
+	if RoundsSafe(ring) {
+		t.Error("RoundsSafe accepts the ring without back-pressure")
+	}
+	// Sending chunk c back and waiting for it there (the threads of chunk
+	// c, on both ranks) orders every read before the put two rounds later.
+	back := Step{Kind: Put, Dst: Ref{Buf: Inbox, Rank: Rel(-1), Lane: self, Chunk: Rel(-1)}, Srcs: []Ref{{Buf: Output, Rank: self, Chunk: Rel(-1)}}}
+	wait := Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: self, Chunk: self}, Srcs: []Ref{{Buf: Inbox, Rank: self, Lane: Rel(1), Chunk: self}}}
+	ring.Phases = []Phase{{Steps: []Step{put}}, {Steps: []Step{take, back}}, {Steps: []Step{wait}}}
+	if err := simulate(ring, 3*8, 1, 2, mem); errors.As(err, &ow) {
+		t.Fatalf("ring with a wait for the successor: %v", err)
+	}
+	if !RoundsSafe(ring) {
+		t.Error("RoundsSafe refuses the ring that waits for its successor")
+	}
+}
+
+// TestRoundsSafe pins which shipped push schedules may run in rounds: the
+// all-reduce ones, whose every thread waits for the peers it sends to, and
+// not a reduce-scatter's or all-gather's one-shot, whose sending threads
+// wait for nothing (at world 1 nothing is sent).
+func TestRoundsSafe(t *testing.T) {
+	for _, c := range coll.Collectives() {
+		for _, alg := range Algorithms(c) {
+			for _, w := range []int{1, 2, 3, 4, 8} {
+				s, err := Build(c, alg, w)
+				if err != nil {
+					continue
+				}
+				want := !s.Protocol.Push() || c == coll.AllReduce || w == 1
+				if got := RoundsSafe(s); got != want {
+					t.Errorf("RoundsSafe(%s) = %v, want %v", s.Name(), got, want)
 				}
 			}
 		}

@@ -1,7 +1,9 @@
 package schedule
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/collgen/collgen/coll"
 )
@@ -38,17 +40,24 @@ func Simulate(s *Schedule, n, vecElems int) error {
 	return SimulateWindows(s, n, vecElems, 0)
 }
 
-// SimulateWindows is Simulate for a barrier schedule run in rounds, as the
-// kernels run it when the stage cannot hold whole chunks (cg_window in the
+// SimulateWindows is Simulate for a schedule run in rounds, as the kernels
+// run it when their stage slot cannot hold whole chunks (cg_window in the
 // CUDA header): round r executes every phase over elements
-// [r*window, (r+1)*window) of every chunk, and Stage and Scratch hold one
-// window of each chunk (chunk c at c*window). Stage and Scratch are wiped
-// before every round, so a round that reads anything an earlier round left
-// there fails. window 0 is the whole chunk.
+// [r*window, (r+1)*window) of every chunk. window 0 is the whole chunk.
+//
+// A barrier schedule's Stage and Scratch hold one window of each chunk
+// (chunk c at c*window) and are wiped before every round, so a round that
+// reads anything an earlier round left there fails.
+//
+// A push schedule's inbox holds one window of each place, in two slots that
+// rounds alternate as consecutive collectives do (round r's puts and reads
+// use slot r%2, with round r's flag), and ranks run their rounds without
+// waiting for one another beyond the inbox reads. The simulation tracks
+// which events happen before which (vector clocks over the reads' waits)
+// and fails if a put can overwrite a place before every read of what the
+// round two earlier left there: the kernels have no credits, only this
+// order, so every interleaving must keep it.
 func SimulateWindows(s *Schedule, n, vecElems, window int) error {
-	if s.Protocol.Push() && window != 0 {
-		return fmt.Errorf("%s: push schedules run in one round (window 0), not %d", s.Name(), window)
-	}
 	if window < 0 {
 		return fmt.Errorf("%s: negative window %d", s.Name(), window)
 	}
@@ -108,7 +117,7 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		if b == Inbox {
 			size[b] = 0 // only push schedules have inboxes
 			if s.Protocol.Push() {
-				size[b] = places * c // InboxLayout's places, one chunk each
+				size[b] = 2 * places * win // two slots of InboxLayout's places, one window each
 			}
 		}
 		perRank += size[b]
@@ -128,24 +137,27 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		}
 	}
 	// span returns the element range of a ref's chunk on rank r in the
-	// round starting at element w0 of every chunk.
-	w0 := 0
-	span := func(ref Ref, r int) (int, int) {
-		if s.chunks(ref.Buf) == 1 {
-			return w0, min(w0+win, c)
-		}
+	// given round, which starts at element round*win of every chunk.
+	span := func(ref Ref, r, round int) (int, int) {
+		w0 := round * win
 		ci := ref.Chunk.Eval(r, w)
-		lo, hi := ChunkRange(ci, c, n)
-		lo, hi = min(lo+w0, hi), min(lo+w0+win, hi)
-		if ref.Buf.Symmetric() && win < c { // window layout
-			lo, hi = ci*win, ci*win+hi-lo
+		var lo, hi int
+		if s.chunks(ref.Buf) == 1 {
+			lo, hi = w0, min(w0+win, c)
+		} else {
+			lo, hi = ChunkRange(ci, c, n)
+			lo, hi = min(lo+w0, hi), min(lo+w0+win, hi)
+			if ref.Buf.Symmetric() && win < c { // window layout
+				lo, hi = ci*win, ci*win+hi-lo
+			}
 		}
 		if ref.Buf == Inbox { // the chunk's place in its owner's inbox
 			k := inboxAt[ref.Rank.Eval(r, w)][ref.Lane.Eval(r, w)][ci]
 			if k < 0 {
 				return 0, 0 // no put writes it: an empty span, which exec reports
 			}
-			lo, hi = k*c, k*c+hi-lo
+			at := ((round%2)*places + k) * win // its slot, then its place
+			lo, hi = at, at+hi-lo
 		}
 		return lo, hi
 	}
@@ -153,12 +165,12 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 	// writes the destination as it goes: a destination is either a source
 	// itself (the same chunk, read at an index before it is written there)
 	// or disjoint from every source (another chunk, lane or buffer).
-	exec := func(pi, si int, st Step, r int) error {
-		dlo, dhi := span(st.Dst, r)
+	exec := func(pi, si int, st Step, r, round int) error {
+		dlo, dhi := span(st.Dst, r, round)
 		dst := bufs[st.Dst.Rank.Eval(r, w)][st.Dst.Buf][dlo:dhi]
 		srcs := make([][]cell, len(st.Srcs))
 		for j, ref := range st.Srcs {
-			lo, hi := span(ref, r)
+			lo, hi := span(ref, r, round)
 			if hi-lo != dhi-dlo {
 				return fmt.Errorf("%s phase %d step %d rank %d: source %s has %d elements, destination %s has %d",
 					s.Name(), pi, si, r, ref, hi-lo, st.Dst, dhi-dlo)
@@ -187,18 +199,17 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		}
 		return nil
 	}
-	if s.Protocol.Push() {
-		if err := simulateLL(s, exec); err != nil {
-			return err
-		}
-		return checkResult(s, bufs, n, c)
-	}
 	rounds := 1
 	if win > 0 && win < c {
 		rounds = (c + win - 1) / win
 	}
+	if s.Protocol.Push() {
+		if err := simulatePush(s, rounds, exec); err != nil {
+			return err
+		}
+		return checkResult(s, bufs, n, c)
+	}
 	for round := range rounds {
-		w0 = round * win
 		if rounds > 1 {
 			for r := range bufs {
 				clear(bufs[r][Stage])
@@ -210,7 +221,7 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 				for r := 0; r < w; r++ {
 					// Ranks run a phase concurrently, but CheckRaces proved that no
 					// rank reads what another writes in it, so writing now is safe.
-					if err := exec(pi, si, st, r); err != nil {
+					if err := exec(pi, si, st, r, round); err != nil {
 						return err
 					}
 				}
@@ -220,12 +231,24 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 	return checkResult(s, bufs, n, c)
 }
 
-// simulateLL runs an LL schedule as dataflow: each rank runs its steps in
-// program order (phases are only grouping), and a step that reads an Inbox
-// chunk waits until the put that writes it has run, as the kernels wait for
-// each line's flag. Ranks advance round-robin, as far as they can; if no
-// rank can advance before all are done, the schedule deadlocks.
-func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error {
+// simulatePush runs a push schedule's rounds as dataflow: each rank runs
+// its steps in program order, round after round (phases are only
+// grouping), and a step that reads an Inbox chunk waits until the put of
+// that chunk in the same round has run, as the kernels wait for each
+// line's flag. Ranks advance round-robin, as far as they can; if no rank
+// can advance before all are done, the schedule deadlocks.
+//
+// Rounds alternate two inbox slots, so a put of round r overwrites what
+// round r-2 put in the same place. Whether every read of that older
+// content happens before the put in every execution, not just in this one,
+// is decided per thread, as the kernels run: the thread that owns unit u of
+// chunk c (SplitChunk) owns it in every step on every rank, but its other
+// units, in other chunks, depend on the size, so the only order to count
+// on is that of the steps of one chunk index on one rank. Vector clocks
+// over those (rank, chunk) classes, merged along each wait, decide it; a
+// put that no chain of waits orders after a read it overwrites is an
+// *OverwriteError.
+func simulatePush(s *Schedule, rounds int, exec func(pi, si int, st Step, r, round int) error) error {
 	w := s.World
 	type pos struct{ pi, si int }
 	var order []pos
@@ -234,46 +257,107 @@ func simulateLL(s *Schedule, exec func(pi, si int, st Step, r int) error) error 
 			order = append(order, pos{pi, si})
 		}
 	}
-	// written[(owner*w + lane)*w + chunk]: the put of that inbox chunk ran.
-	written := make([]bool, w*w*w)
+	// An inbox chunk is (owner*w + lane)*w + chunk; a place in a slot is
+	// slot*w*w*w + chunk.
 	inboxChunk := func(ref Ref, r int) int {
 		return (ref.Rank.Eval(r, w)*w+ref.Lane.Eval(r, w))*w + ref.Chunk.Eval(r, w)
 	}
-	next := make([]int, w)
+	perSlot := w * w * w
+	// readers[chunk]: how many reads of an inbox chunk one round makes.
+	readers := make([]int, perSlot)
+	for r := 0; r < w; r++ {
+		for _, p := range order {
+			for _, ref := range s.Phases[p.pi].Steps[p.si].Srcs {
+				if ref.Buf == Inbox {
+					readers[inboxChunk(ref, r)]++
+				}
+			}
+		}
+	}
+	// A place's state: the round whose put it holds (-1: none), that put's
+	// clock, and the reads of it so far (reader's class and its own count).
+	type read struct{ class, rank, at int }
+	type place struct {
+		round, class int
+		clock        []int
+		reads        []read
+	}
+	places := make([]place, 2*perSlot)
+	for i := range places {
+		places[i].round = -1
+	}
+	// clock[c*w+r][q]: the events of class (rank q, chunk c) that happen
+	// before the next of class (r, c); waits connect only equal chunks.
+	clock := make([][]int, w*w)
+	for i := range clock {
+		clock[i] = make([]int, w)
+	}
+	merge := func(dst, src []int) {
+		for q := range dst {
+			dst[q] = max(dst[q], src[q])
+		}
+	}
+	next := make([]int, w) // each rank's next event: round*len(order) + step
+	total := rounds * len(order)
 	for done := 0; done < w; {
 		progress := false
 		done = 0
 		for r := 0; r < w; r++ {
-			for next[r] < len(order) {
-				p := order[next[r]]
+			for next[r] < total {
+				round, p := next[r]/len(order), order[next[r]%len(order)]
 				st := s.Phases[p.pi].Steps[p.si]
+				slot := (round % 2) * perSlot
 				ready := true
 				for _, ref := range st.Srcs {
-					if ref.Buf == Inbox && !written[inboxChunk(ref, r)] {
+					if ref.Buf == Inbox && places[slot+inboxChunk(ref, r)].round != round {
 						ready = false
 					}
 				}
 				if !ready {
 					break
 				}
-				if err := exec(p.pi, p.si, st, r); err != nil {
+				if err := exec(p.pi, p.si, st, r, round); err != nil {
 					return err
 				}
+				class := s.SplitChunk(st).Chunk.Eval(r, w)
+				clk := clock[class*w+r]
+				clk[r]++
+				for _, ref := range st.Srcs {
+					if ref.Buf == Inbox {
+						pl := &places[slot+inboxChunk(ref, r)]
+						if pl.class == class {
+							merge(clk, pl.clock)
+						}
+						pl.reads = append(pl.reads, read{class, r, clk[r]})
+					}
+				}
 				if st.Dst.Buf == Inbox {
-					written[inboxChunk(st.Dst, r)] = true
+					k := inboxChunk(st.Dst, r)
+					pl := &places[slot+k]
+					if pl.round >= 0 {
+						if len(pl.reads) < readers[k] {
+							return &OverwriteError{Schedule: s.Name(), Rank: r, Phase: p.pi, Step: p.si, Round: round, Dst: st.Dst, Reader: -1, ReadRound: pl.round}
+						}
+						for _, rd := range pl.reads {
+							if rd.class != class || clk[rd.rank] < rd.at {
+								return &OverwriteError{Schedule: s.Name(), Rank: r, Phase: p.pi, Step: p.si, Round: round, Dst: st.Dst, Reader: rd.rank, ReadRound: pl.round}
+							}
+						}
+					}
+					pl.round, pl.class, pl.clock, pl.reads = round, class, slices.Clone(clk), pl.reads[:0]
 				}
 				next[r]++
 				progress = true
 			}
-			if next[r] == len(order) {
+			if next[r] == total {
 				done++
 			}
 		}
 		if done < w && !progress {
 			for r := 0; r < w; r++ {
-				if next[r] < len(order) {
-					p := order[next[r]]
-					return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d for inbox data nobody sends", s.Name(), r, p.pi, p.si)
+				if next[r] < total {
+					p := order[next[r]%len(order)]
+					return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d of round %d for inbox data nobody sends", s.Name(), r, p.pi, p.si, next[r]/len(order))
 				}
 			}
 		}
@@ -313,4 +397,44 @@ func checkResult(s *Schedule, bufs [][NumBuffers][]cell, n, c int) error {
 		}
 	}
 	return nil
+}
+
+// OverwriteError is a push schedule's put that, run in rounds, can
+// overwrite an inbox chunk before the read of what the round two earlier
+// left there: no chain of waits orders the read before it (see
+// SimulateWindows). Such a schedule runs in one round only (RoundsSafe).
+type OverwriteError struct {
+	Schedule          string
+	Rank, Phase, Step int // the put
+	Round             int
+	Dst               Ref
+	Reader            int // the rank whose read is not ordered before the put; -1: a read had not run yet
+	ReadRound         int
+}
+
+func (e *OverwriteError) Error() string {
+	who := "a reader"
+	if e.Reader >= 0 {
+		who = fmt.Sprintf("rank %d", e.Reader)
+	}
+	return fmt.Sprintf("%s: in rounds, rank %d's put at phase %d step %d of round %d can overwrite %s before %s reads what round %d left there: no wait orders the two",
+		e.Schedule, e.Rank, e.Phase, e.Step, e.Round, e.Dst, who, e.ReadRound)
+}
+
+// RoundsSafe reports whether a schedule may run in rounds (cg_window):
+// always for barrier schedules; for a push schedule, when every put of a
+// round is ordered by waits after the reads of the round two earlier in
+// the same place (SimulateWindows over three rounds finds no
+// *OverwriteError). An all-reduce's one-shot and two-shot are: each
+// thread waits for the peers it sends to. A reduce-scatter's or
+// all-gather's one-shot is not: the threads that send a peer its chunk
+// wait for nothing, and would lap a slow reader. It judges only this
+// order; whether the schedule is correct at all is Simulate's to say.
+func RoundsSafe(s *Schedule) bool {
+	if !s.Protocol.Push() {
+		return true
+	}
+	n := 3 * s.World // chunks of 3 elements: rounds 0..2 of one element
+	var ow *OverwriteError
+	return !errors.As(simulate(s, n, 1, 1, &arena{}), &ow)
 }

@@ -222,7 +222,7 @@ func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) strin
 	switch {
 	case v.Algorithm == coll.NCCL && ncclErr != nil:
 		return v.Name() + " unavailable: " + ncclErr.Error()
-	case v.Custom() && need > stagingBytes:
+	case v.Custom() && stagingBytes > 0 && need > stagingBytes:
 		what := FormatSize(bytes)
 		if need != bytes {
 			what += fmt.Sprintf(" (needing %s of inbox)", FormatSize(need))
@@ -232,41 +232,42 @@ func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) strin
 	return ""
 }
 
-// StagingFor returns the staging size a sweep of a collective needs: the
-// largest size a forced push algorithm is asked for (its inbox holds the
-// message; barrier algorithms run in rounds and count at most
-// kernels.WindowBytes), at least the largest size any GPU selection rule
-// of the library sends to a generated kernel at this world size needs (so
-// the automatic selection is what users get), and at most limit when
-// limit > 0.
+// StagingFor returns the staging size (comm.Config.StagingBytes) a sweep
+// of a collective needs, or 0 for comm's default sizing, which holds what
+// the rules send to generated kernels within the staging budget (kernels
+// with rounds running more of them): a sweep of the automatic choice or of
+// algorithms with rounds then measures what users get. A forced push
+// algorithm without rounds needs its inbox for the sweep's largest size;
+// when that is more than the default gives its protocol (the rules'
+// floor), the result is that need, at least what the rules need, and at
+// most limit when limit > 0.
 func StagingFor(lib *kernels.Library, collective coll.Collective, world int, sizes []int64, variants []Variant, limit int64) int64 {
-	var s int64
-	for _, v := range variants {
-		if !v.Custom() || len(sizes) == 0 {
-			continue
-		}
-		need := sizes[len(sizes)-1]
-		if lib.Windowed(collective, v.Algorithm, world) {
-			need = min(need, kernels.WindowBytes)
-		}
-		s = max(s, need)
-	}
+	var rules int64
+	floor := map[coll.Protocol]int64{}
 	for i := range lib.Selections {
 		sel := &lib.Selections[i]
 		if sel.Kind == coll.HostSHM || !slices.Contains(sel.Worlds, world) {
 			continue
 		}
-		for _, m := range lib.RulesSlotBounds(sel, world) {
-			if m > s {
-				s = m
-			}
+		for p, m := range lib.RulesSlotBounds(sel, world) {
+			rules, floor[p] = max(rules, m.Need), max(floor[p], m.Floor)
+		}
+	}
+	var s int64
+	for _, v := range variants {
+		if !v.Custom() || len(sizes) == 0 {
+			continue
+		}
+		k, ok := lib.AlgorithmKernel(collective, v.Algorithm, world)
+		if !ok || k.Rounds() {
+			continue
+		}
+		if need := lib.SlotBound(collective, v.Algorithm, world, sizes[len(sizes)-1]); need > floor[k.Protocol] {
+			s = max(s, need, rules)
 		}
 	}
 	if limit > 0 && s > limit {
 		s = limit
-	}
-	if s <= 0 {
-		s = 1 << 20
 	}
 	return s
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
-	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/numeric"
 )
 
@@ -190,29 +189,37 @@ func TestSkipReason(t *testing.T) {
 
 func TestStagingFor(t *testing.T) {
 	lib := collectives.Library
-	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	sizes := []int64{1 << 10, 256 << 20}
-	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 0); s != 256<<20 {
-		t.Errorf("forced algorithms up to 256MiB: staging %d", s)
+	// Every all-reduce kernel runs in rounds (barrier kernels, and the push
+	// ones with PushRounds): forcing any of them to 256 MiB keeps comm's
+	// default sizing, which is what users get.
+	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
+	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 0); s != 0 {
+		t.Errorf("all-reduce, every algorithm forced up to 256MiB: staging %d, want 0 (the default)", s)
 	}
-	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 64<<20); s != 64<<20 {
+	// A reduce-scatter's push one-shots run in one round: their inboxes
+	// must hold 256 MiB's chunks, more than the rules' floor (LL's, two
+	// bytes per payload byte, is the larger).
+	rs, _ := Variants(lib, coll.ReduceScatter, "bf16", "sum", 4, nil)
+	want := max(lib.SlotBound(coll.ReduceScatter, coll.OneShotLL128, 4, 256<<20), lib.SlotBound(coll.ReduceScatter, coll.OneShotLL, 4, 256<<20))
+	if s := StagingFor(lib, coll.ReduceScatter, 4, sizes, rs, 0); s != want || want < 256<<20 {
+		t.Errorf("reduce-scatter, every algorithm forced up to 256MiB: staging %d, want the LL inbox %d", s, want)
+	}
+	if s := StagingFor(lib, coll.ReduceScatter, 4, sizes, rs, 64<<20); s != 64<<20 {
 		t.Errorf("limit: staging %d", s)
 	}
-	// Barrier algorithms run in rounds: forcing them to 256 MiB needs no
-	// more than a window (or what the rules need).
-	pull := []Variant{{Algorithm: coll.OneShot}, {Algorithm: coll.TwoShot}, {Algorithm: coll.Auto}}
-	if s := StagingFor(lib, coll.AllReduce, 4, sizes, pull, 0); s >= 256<<20 || s < kernels.WindowBytes {
-		t.Errorf("forced barrier algorithms up to 256MiB: staging %d, want a window's %d up to the rules' need", s, kernels.WindowBytes)
+	// Up to the rules' own bounds (one-shot LL to 128 KiB) the default
+	// holds it; above, the largest need (at least the rules').
+	if s := StagingFor(lib, coll.ReduceScatter, 4, []int64{1 << 10, 128 << 10}, rs, 0); s != 0 {
+		t.Errorf("reduce-scatter forced up to 128KiB: staging %d, want 0", s)
 	}
-	// Without forced algorithms, what the rules send to generated kernels
-	// still fits, so auto is unchanged: every rule's need at its bound.
+	if s := StagingFor(lib, coll.ReduceScatter, 4, []int64{1 << 10, 1 << 20}, rs, 0); s < 1<<20 {
+		t.Errorf("reduce-scatter forced up to 1MiB: staging %d, want the LL inbox or the rules' need", s)
+	}
+	// Without forced algorithms the default sizing serves the rules.
 	auto := []Variant{{Algorithm: coll.Auto}, {Algorithm: coll.NCCL}}
-	s := StagingFor(lib, coll.AllReduce, 4, []int64{1 << 10}, auto, 0)
-	sel, _ := lib.Selection("nvlink_full", coll.AllReduce, 4)
-	for _, r := range sel.Rules {
-		if need := lib.SlotBound(coll.AllReduce, r.Use, 4, r.UpTo); r.Use != coll.NCCL && need > s {
-			t.Errorf("auto only: staging %d, but %s up to %d needs %d", s, r.Use, r.UpTo, need)
-		}
+	if s := StagingFor(lib, coll.ReduceScatter, 4, sizes, auto, 0); s != 0 {
+		t.Errorf("auto only: staging %d, want 0", s)
 	}
 }
 

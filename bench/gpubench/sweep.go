@@ -283,7 +283,11 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 		dev = cfg.Devices[rank]
 	}
 	if rank == 0 {
-		fmt.Fprintf(cfg.Log, "staging buffer: %s per rank (forced generated algorithms above it are skipped)\n", FormatSize(plan.Staging))
+		if plan.Staging > 0 {
+			fmt.Fprintf(cfg.Log, "staging buffer: %s per area (forced generated algorithms above it are skipped)\n", FormatSize(plan.Staging))
+		} else {
+			fmt.Fprintf(cfg.Log, "staging buffer: comm's default (within %s per rank)\n", FormatSize(comm.DefaultStagingBudget))
+		}
 	}
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,

@@ -13,9 +13,9 @@ import (
 
 const (
 	// Verify that this package is recent enough for runtime/kernels.
-	_ = kernels.EnforceVersion(2 - kernels.MinVersion)
+	_ = kernels.EnforceVersion(3 - kernels.MinVersion)
 	// Verify that runtime/kernels is recent enough for this package.
-	_ = kernels.EnforceVersion(kernels.MaxVersion - 2)
+	_ = kernels.EnforceVersion(kernels.MaxVersion - 3)
 )
 
 // Library is everything this package provides to the collgen runtime.
@@ -1389,6 +1389,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_max_w3",
@@ -1403,6 +1404,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_max_w4",
@@ -1417,6 +1419,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_max_w8",
@@ -1431,6 +1434,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_min_w2",
@@ -1445,6 +1449,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_min_w3",
@@ -1459,6 +1464,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_min_w4",
@@ -1473,6 +1479,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_min_w8",
@@ -1487,6 +1494,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_sum_w2",
@@ -1501,6 +1509,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_sum_w3",
@@ -1515,6 +1524,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_sum_w4",
@@ -1529,6 +1539,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_bf16_sum_w8",
@@ -1543,6 +1554,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_max_w2",
@@ -1557,6 +1569,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_max_w3",
@@ -1571,6 +1584,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_max_w4",
@@ -1585,6 +1599,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_max_w8",
@@ -1599,6 +1614,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_min_w2",
@@ -1613,6 +1629,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_min_w3",
@@ -1627,6 +1644,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_min_w4",
@@ -1641,6 +1659,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_min_w8",
@@ -1655,6 +1674,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_sum_w2",
@@ -1669,6 +1689,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_sum_w3",
@@ -1683,6 +1704,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_sum_w4",
@@ -1697,6 +1719,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f16_sum_w8",
@@ -1711,6 +1734,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_max_w2",
@@ -1725,6 +1749,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_max_w3",
@@ -1739,6 +1764,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_max_w4",
@@ -1753,6 +1779,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_max_w8",
@@ -1767,6 +1794,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_min_w2",
@@ -1781,6 +1809,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_min_w3",
@@ -1795,6 +1824,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_min_w4",
@@ -1809,6 +1839,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_min_w8",
@@ -1823,6 +1854,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_sum_w2",
@@ -1837,6 +1869,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_sum_w3",
@@ -1851,6 +1884,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_sum_w4",
@@ -1865,6 +1899,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll128_f32_sum_w8",
@@ -1879,6 +1914,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_max_w2",
@@ -1893,6 +1929,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_max_w3",
@@ -1907,6 +1944,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_max_w4",
@@ -1921,6 +1959,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_max_w8",
@@ -1935,6 +1974,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_min_w2",
@@ -1949,6 +1989,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_min_w3",
@@ -1963,6 +2004,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_min_w4",
@@ -1977,6 +2019,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_min_w8",
@@ -1991,6 +2034,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_sum_w2",
@@ -2005,6 +2049,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_sum_w3",
@@ -2019,6 +2064,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_sum_w4",
@@ -2033,6 +2079,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_bf16_sum_w8",
@@ -2047,6 +2094,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_max_w2",
@@ -2061,6 +2109,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_max_w3",
@@ -2075,6 +2124,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_max_w4",
@@ -2089,6 +2139,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_max_w8",
@@ -2103,6 +2154,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_min_w2",
@@ -2117,6 +2169,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_min_w3",
@@ -2131,6 +2184,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_min_w4",
@@ -2145,6 +2199,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_min_w8",
@@ -2159,6 +2214,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_sum_w2",
@@ -2173,6 +2229,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_sum_w3",
@@ -2187,6 +2244,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_sum_w4",
@@ -2201,6 +2259,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f16_sum_w8",
@@ -2215,6 +2274,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_max_w2",
@@ -2229,6 +2289,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_max_w3",
@@ -2243,6 +2304,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_max_w4",
@@ -2257,6 +2319,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_max_w8",
@@ -2271,6 +2334,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_min_w2",
@@ -2285,6 +2349,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_min_w3",
@@ -2299,6 +2364,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_min_w4",
@@ -2313,6 +2379,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_min_w8",
@@ -2327,6 +2394,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_sum_w2",
@@ -2341,6 +2409,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_sum_w3",
@@ -2355,6 +2424,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 9,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_sum_w4",
@@ -2369,6 +2439,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 16,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_oneshot_ll_f32_sum_w8",
@@ -2383,6 +2454,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_oneshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 64,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_bf16_max_w2",
@@ -2901,6 +2973,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w3",
@@ -2915,6 +2988,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w4",
@@ -2929,6 +3003,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_max_w8",
@@ -2943,6 +3018,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w2",
@@ -2957,6 +3033,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w3",
@@ -2971,6 +3048,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w4",
@@ -2985,6 +3063,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_min_w8",
@@ -2999,6 +3078,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w2",
@@ -3013,6 +3093,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w3",
@@ -3027,6 +3108,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w4",
@@ -3041,6 +3123,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_bf16_sum_w8",
@@ -3055,6 +3138,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_bf16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w2",
@@ -3069,6 +3153,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w3",
@@ -3083,6 +3168,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w4",
@@ -3097,6 +3183,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_max_w8",
@@ -3111,6 +3198,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w2",
@@ -3125,6 +3213,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w3",
@@ -3139,6 +3228,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w4",
@@ -3153,6 +3243,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_min_w8",
@@ -3167,6 +3258,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w2",
@@ -3181,6 +3273,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w3",
@@ -3195,6 +3288,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w4",
@@ -3209,6 +3303,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f16_sum_w8",
@@ -3223,6 +3318,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f16_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w2",
@@ -3237,6 +3333,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w3",
@@ -3251,6 +3348,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w4",
@@ -3265,6 +3363,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_max_w8",
@@ -3279,6 +3378,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w2",
@@ -3293,6 +3393,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w3",
@@ -3307,6 +3408,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w4",
@@ -3321,6 +3423,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_min_w8",
@@ -3335,6 +3438,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w2",
@@ -3349,6 +3453,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w2",
 			Protocol:    "ll128",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w3",
@@ -3363,6 +3468,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w3",
 			Protocol:    "ll128",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w4",
@@ -3377,6 +3483,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w4",
 			Protocol:    "ll128",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll128_f32_sum_w8",
@@ -3391,6 +3498,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll128_f32_w8",
 			Protocol:    "ll128",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w2",
@@ -3405,6 +3513,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w3",
@@ -3419,6 +3528,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w4",
@@ -3433,6 +3543,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_max_w8",
@@ -3447,6 +3558,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w2",
@@ -3461,6 +3573,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w3",
@@ -3475,6 +3588,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w4",
@@ -3489,6 +3603,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_min_w8",
@@ -3503,6 +3618,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w2",
@@ -3517,6 +3633,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w3",
@@ -3531,6 +3648,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w4",
@@ -3545,6 +3663,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_bf16_sum_w8",
@@ -3559,6 +3678,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_bf16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w2",
@@ -3573,6 +3693,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w3",
@@ -3587,6 +3708,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w4",
@@ -3601,6 +3723,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_max_w8",
@@ -3615,6 +3738,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w2",
@@ -3629,6 +3753,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w3",
@@ -3643,6 +3768,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w4",
@@ -3657,6 +3783,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_min_w8",
@@ -3671,6 +3798,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w2",
@@ -3685,6 +3813,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w3",
@@ -3699,6 +3828,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w4",
@@ -3713,6 +3843,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f16_sum_w8",
@@ -3727,6 +3858,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f16_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w2",
@@ -3741,6 +3873,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w3",
@@ -3755,6 +3888,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w4",
@@ -3769,6 +3903,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_max_w8",
@@ -3783,6 +3918,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w2",
@@ -3797,6 +3933,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w3",
@@ -3811,6 +3948,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w4",
@@ -3825,6 +3963,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_min_w8",
@@ -3839,6 +3978,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w2",
@@ -3853,6 +3993,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w2",
 			Protocol:    "ll",
 			InboxChunks: 2,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w3",
@@ -3867,6 +4008,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w3",
 			Protocol:    "ll",
 			InboxChunks: 4,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w4",
@@ -3881,6 +4023,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w4",
 			Protocol:    "ll",
 			InboxChunks: 6,
+			PushRounds:  true,
 		},
 		{
 			Name:        "allreduce_twoshot_ll_f32_sum_w8",
@@ -3895,6 +4038,7 @@ var Library = &kernels.Library{
 			Symbol:      "allreduce_twoshot_ll_f32_w8",
 			Protocol:    "ll",
 			InboxChunks: 14,
+			PushRounds:  true,
 		},
 		{
 			Name:       "reduce_scatter_oneshot_bf16_max_w2",
@@ -5515,7 +5659,7 @@ var Library = &kernels.Library{
 
 // Manifest lists the content hashes of the specs and templates that produced
 // this package.
-const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec 69ba52b4ba7241718b1beea5d842c2f64b3a09381a64eee68801d681de4db82c collgen.yaml\ntemplate 399c01b4f553faea5aa377328b32b627f35210cea8f6226ef07fdfec5442ca02 runtime/symm/kernels/collgen_symm.cuh\ntemplate 41b56bbc45b3b9d0b2168b32bdd0afdb56b46b37e03709b975c5d2c74981ade0 templates/cuda/common.cuh.tmpl\ntemplate b88f786d7d11ef9c55cf11359bb67bfadf72d88ff5cd79fe41d02015251d489b templates/cuda/kernel.cu.tmpl\ntemplate a88b8b10dc442282cbb5edaf12a4b284be47e117da4b113fee7e1255dd35d59f templates/go/goglue.go\ntemplate 35291d188948f61a513913f0fdef93f416666d2760b2db90afba433f4fcde9bf templates/go/host.go\n"
+const Manifest = "# Code generated by collgen. DO NOT EDIT.\n# Inputs: sha256 of each spec and template that produced this tree.\nspec 69ba52b4ba7241718b1beea5d842c2f64b3a09381a64eee68801d681de4db82c collgen.yaml\ntemplate 399c01b4f553faea5aa377328b32b627f35210cea8f6226ef07fdfec5442ca02 runtime/symm/kernels/collgen_symm.cuh\ntemplate 0f5622fbda7b3fe37ddff9c280deb8a50ccf0e49ae7b8f58e44f447b8f0f7e9c templates/cuda/common.cuh.tmpl\ntemplate 94e38ae4d0b60dd2aacff2b55ea77d99139f94005321aed57f7c3819561daab0 templates/cuda/kernel.cu.tmpl\ntemplate 31fc0c72893e87e362b027db6cf9da5670433e7fee8f27198cf11e66ea2b4675 templates/go/goglue.go\ntemplate 35291d188948f61a513913f0fdef93f416666d2760b2db90afba433f4fcde9bf templates/go/host.go\n"
 
 // MaxBlocks is the largest grid any kernel launches: signal pads and sequence
 // counters must hold this many blocks.

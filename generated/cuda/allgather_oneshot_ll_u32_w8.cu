@@ -40,8 +40,10 @@ allgather_oneshot_ll_u32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr cg_u64 table6 = 0x605040302010000ull;  // {0, 0, 1, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
   const int table7[7][W] = {{0, 1, 2, 3, 4, 5, 6, 0}, {1, 2, 3, 4, 5, 6, 0, 1}, {2, 3, 4, 5, 6, 0, 1, 2}, {3, 4, 5, 6, 0, 1, 2, 3}, {4, 5, 6, 0, 1, 2, 3, 4}, {5, 6, 0, 1, 2, 3, 4, 5}, {6, 0, 1, 2, 3, 4, 5, 6}};
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
+  // One round (schedule.RoundsSafe: the threads that send wait for
+  // nothing, so rounds could lap a reader). Each group takes its stage
+  // slot and flag from the epoch (cg_ep_slot, cg_ep_flag); the first
+  // phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 

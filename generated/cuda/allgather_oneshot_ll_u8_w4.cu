@@ -30,8 +30,10 @@ allgather_oneshot_ll_u8_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   constexpr cg_u64 table4 = 0x1000201ull;  // {1, 2, 0, 1} by rank, a byte each (cg_pick)
   constexpr cg_u64 table5 = 0x2010002ull;  // {2, 0, 1, 2} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
+  // One round (schedule.RoundsSafe: the threads that send wait for
+  // nothing, so rounds could lap a reader). Each group takes its stage
+  // slot and flag from the epoch (cg_ep_slot, cg_ep_flag); the first
+  // phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 

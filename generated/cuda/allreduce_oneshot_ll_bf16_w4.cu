@@ -59,20 +59,28 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   constexpr cg_u64 table18 = 0xa09080bull;  // {11, 8, 9, 10} by rank, a byte each (cg_pick)
   constexpr cg_u64 table19 = 0xe0d0c0full;  // {15, 12, 13, 14} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
-  const cg_u64 epoch = cg_epoch(a.seq);
-  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  const cg_u64 epoch0 = cg_epoch(a.seq);
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  // Each group takes its stage slot and flag from the round's epoch
+  // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
+  // their input.
+  const cg_u64 epoch = epoch0 + r;
 
   // phase 0
   { // inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]); inbox@rank+3[rank][rank] <- put(input@rank[rank])
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
@@ -86,13 +94,13 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     }
   }
   { // inbox@rank[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+2[rank][rank+1] <- put(input@rank[rank+1]); inbox@rank+3[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
@@ -106,13 +114,13 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     }
   }
   { // inbox@rank[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+1[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2]); inbox@rank+3[rank][rank+2] <- put(input@rank[rank+2])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
@@ -126,13 +134,13 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     }
   }
   { // inbox@rank[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+1[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+2[rank][rank+3] <- put(input@rank[rank+3]); inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
@@ -150,15 +158,15 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   { // output@rank[rank] <- reduce(inbox@rank[0][rank], inbox@rank[1][rank], inbox@rank[2][rank], inbox@rank[3][rank])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
-    E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -178,15 +186,15 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   { // output@rank[rank+1] <- reduce(inbox@rank[0][rank+1], inbox@rank[1][rank+1], inbox@rank[2][rank+1], inbox@rank[3][rank+1])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
-    E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -206,15 +214,15 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   { // output@rank[rank+2] <- reduce(inbox@rank[0][rank+2], inbox@rank[1][rank+2], inbox@rank[2][rank+2], inbox@rank[3][rank+2])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table12, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table13, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table15, rank), chunk_ll);
-    E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -234,15 +242,15 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   { // output@rank[rank+3] <- reduce(inbox@rank[0][rank+3], inbox@rank[1][rank+3], inbox@rank[2][rank+3], inbox@rank[3][rank+3])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table16, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table17, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table18, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table19, rank), chunk_ll);
-    E* const p4 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -260,6 +268,7 @@ allreduce_oneshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     }
   }
 
+  }
 done:
-  cg_collective_end(a.seq, 1, epoch);
+  cg_collective_end(a.seq, rounds, epoch0);
 }

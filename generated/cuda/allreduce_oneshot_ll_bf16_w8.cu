@@ -100,22 +100,30 @@ allreduce_oneshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   const int table7[8][W] = {{48, 49, 50, 51, 52, 53, 54, 55}, {49, 50, 51, 52, 53, 54, 55, 48}, {50, 51, 52, 53, 54, 55, 48, 49}, {51, 52, 53, 54, 55, 48, 49, 50}, {52, 53, 54, 55, 48, 49, 50, 51}, {53, 54, 55, 48, 49, 50, 51, 52}, {54, 55, 48, 49, 50, 51, 52, 53}, {55, 48, 49, 50, 51, 52, 53, 54}};
   const int table8[8][W] = {{56, 57, 58, 59, 60, 61, 62, 63}, {57, 58, 59, 60, 61, 62, 63, 56}, {58, 59, 60, 61, 62, 63, 56, 57}, {59, 60, 61, 62, 63, 56, 57, 58}, {60, 61, 62, 63, 56, 57, 58, 59}, {61, 62, 63, 56, 57, 58, 59, 60}, {62, 63, 56, 57, 58, 59, 60, 61}, {63, 56, 57, 58, 59, 60, 61, 62}};
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
-  const cg_u64 epoch = cg_epoch(a.seq);
-  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  const cg_u64 epoch0 = cg_epoch(a.seq);
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  // Each group takes its stage slot and flag from the round's epoch
+  // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
+  // their input.
+  const cg_u64 epoch = epoch0 + r;
 
   // phase 0
   { // k = 0..7, one loop: inbox@rank[rank][rank] <- put(input@rank[rank]); inbox@rank+1[rank][rank] <- put(input@rank[rank]); inbox@rank+2[rank][rank] <- put(input@rank[rank]); inbox@rank+3[rank][rank] <- put(input@rank[rank]); inbox@rank+4[rank][rank] <- put(input@rank[rank]); inbox@rank+5[rank][rank] <- put(input@rank[rank]); inbox@rank+6[rank][rank] <- put(input@rank[rank]); inbox@rank+7[rank][rank] <- put(input@rank[rank]) ... inbox@rank[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+1[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+2[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+3[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+4[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+5[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+6[rank][rank+7] <- put(input@rank[rank+7]); inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
+      const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win);
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); u < units; u += stride) {
         const PR::P x = PR::ld(p0, u, sp.n);
-        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+        const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
         const int slot = cg_ep_slot(ep);
         const unsigned flag = cg_ep_flag(ep);
         char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table0[k][rank], chunk_ll);
@@ -144,7 +152,7 @@ allreduce_oneshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     for (int k = 0; k < 8; k++) {
       const int slot = cg_ep_slot(epoch);
       const unsigned flag = cg_ep_flag(epoch);
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k, W));
+      const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win);
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[k][rank], chunk_ll);
@@ -155,8 +163,8 @@ allreduce_oneshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table6[k][rank], chunk_ll);
       const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[k][rank], chunk_ll);
       const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[k][rank], chunk_ll);
-      E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      E* const p8 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); u < units; u += stride) {
         PR::P xs[8];
         bool ok = true;
         ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -183,6 +191,7 @@ allreduce_oneshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     }
   }
 
+  }
 done:
-  cg_collective_end(a.seq, 1, epoch);
+  cg_collective_end(a.seq, rounds, epoch0);
 }

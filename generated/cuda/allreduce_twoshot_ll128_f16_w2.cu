@@ -26,21 +26,29 @@ allreduce_twoshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   constexpr cg_u64 table0 = 0x1ull;  // {1, 0} by rank, a byte each (cg_pick)
   constexpr cg_u64 table1 = 0x100ull;  // {0, 1} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
-  const cg_u64 epoch = cg_epoch(a.seq);
-  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  const cg_u64 epoch0 = cg_epoch(a.seq);
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  // Each group takes its stage slot and flag from the round's epoch
+  // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
+  // their input.
+  const cg_u64 epoch = epoch0 + r;
 
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
@@ -52,14 +60,14 @@ allreduce_twoshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
-    E* const p2 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
+    E* const p2 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     char* const p3 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
@@ -78,12 +86,12 @@ allreduce_twoshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W));
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
-    E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;
@@ -91,6 +99,7 @@ allreduce_twoshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     }
   }
 
+  }
 done:
-  cg_collective_end(a.seq, 1, epoch);
+  cg_collective_end(a.seq, rounds, epoch0);
 }

@@ -58,22 +58,30 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr cg_u64 table14 = 0xd0b090705030100ull;  // {0, 1, 3, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
   const int table15[7][W] = {{1, 3, 5, 7, 9, 11, 13, 0}, {3, 5, 7, 9, 11, 13, 0, 2}, {5, 7, 9, 11, 13, 0, 2, 4}, {7, 9, 11, 13, 0, 2, 4, 6}, {9, 11, 13, 0, 2, 4, 6, 8}, {11, 13, 0, 2, 4, 6, 8, 10}, {13, 0, 2, 4, 6, 8, 10, 12}};
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
-  const cg_u64 epoch = cg_epoch(a.seq);
-  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  const cg_u64 epoch0 = cg_epoch(a.seq);
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 rounds = cg_rounds(a.chunk, win);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
+  for (cg_u64 r = 0; r < rounds; r++) {
+  const cg_u64 w0 = r * win;
+  // Each group takes its stage slot and flag from the round's epoch
+  // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
+  // their input.
+  const cg_u64 epoch = epoch0 + r;
 
   // phase 0
   { // k = 0..6, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
     #pragma unroll 1
     for (int k = 0; k < 7; k++) {
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win);
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-      const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
         const PR::P x = PR::ld(p0, u, sp.n);
-        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
+        const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
         const int slot = cg_ep_slot(ep);
         const unsigned flag = cg_ep_flag(ep);
         char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);
@@ -86,10 +94,10 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   { // output@rank[rank] <- reduce(input@rank[rank], inbox@rank[rank+1][rank], inbox@rank[rank+2][rank], inbox@rank[rank+3][rank], inbox@rank[rank+4][rank], inbox@rank[rank+5][rank], inbox@rank[rank+6][rank], inbox@rank[rank+7][rank]); inbox@rank+1[rank][rank] <- put(output@rank[rank]); inbox@rank+2[rank][rank] <- put(output@rank[rank]); inbox@rank+3[rank][rank] <- put(output@rank[rank]); inbox@rank+4[rank][rank] <- put(output@rank[rank]); inbox@rank+5[rank][rank] <- put(output@rank[rank]); inbox@rank+6[rank][rank] <- put(output@rank[rank]); inbox@rank+7[rank][rank] <- put(output@rank[rank])
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
-    const cg_span sp = cg_chunk(a.count, a.chunk, rank);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
-    const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
+    const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
@@ -97,7 +105,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     const char* const p5 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
-    E* const p8 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
+    E* const p8 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     char* const p9 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
     char* const p10 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
     char* const p11 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
@@ -105,7 +113,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, cg_pick(table12, rank), chunk_ll);
     char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, cg_pick(table13, rank), chunk_ll);
     char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
       PR::P xs[8];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
@@ -143,12 +151,12 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     for (int k = 0; k < 7; k++) {
       const int slot = cg_ep_slot(epoch);
       const unsigned flag = cg_ep_flag(epoch);
-      const cg_span sp = cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W));
+      const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win);
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[k][rank], chunk_ll);
-      E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
+      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
         PR::P x;
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 2)) goto done;
         PR::st(p1, u, sp.n, x);
@@ -156,6 +164,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     }
   }
 
+  }
 done:
-  cg_collective_end(a.seq, 1, epoch);
+  cg_collective_end(a.seq, rounds, epoch0);
 }

@@ -26,8 +26,10 @@ reduce_scatter_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   constexpr cg_u64 table2 = 0x100ull;  // {0, 1, 0} by rank, a byte each (cg_pick)
   constexpr cg_u64 table3 = 0x10001ull;  // {1, 0, 1} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
+  // One round (schedule.RoundsSafe: the threads that send wait for
+  // nothing, so rounds could lap a reader). Each group takes its stage
+  // slot and flag from the epoch (cg_ep_slot, cg_ep_flag); the first
+  // phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 

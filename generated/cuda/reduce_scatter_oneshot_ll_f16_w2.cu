@@ -21,8 +21,10 @@ reduce_scatter_oneshot_ll_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
   constexpr int W = 2;
   const int rank = a.rank;
   typedef cg_ll PR;
-  // Each group takes its stage slot and flag from the epoch (cg_ep_slot,
-  // cg_ep_flag); the first phase's puts load it again after their input.
+  // One round (schedule.RoundsSafe: the threads that send wait for
+  // nothing, so rounds could lap a reader). Each group takes its stage
+  // slot and flag from the epoch (cg_ep_slot, cg_ep_flag); the first
+  // phase's puts load it again after their input.
   const cg_u64 epoch = cg_epoch(a.seq);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
 

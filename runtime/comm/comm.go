@@ -77,16 +77,25 @@ type Config struct {
 	// StagingBytes sizes the registered staging buffer (GPU): each stage
 	// slot holds one area per kernel protocol (barrier, ll, ll128), and
 	// StagingBytes sets every area. 0 sizes each area for the largest
-	// message the topology's rules send to a kernel of its protocol: for
-	// barrier kernels at most kernels.WindowBytes (larger messages run in
-	// rounds through the area), for push kernels their inbox (the chunks
-	// their puts write, as LL or LL128 lines). A smaller value bounds the
-	// memory: barrier kernels then run more rounds, and the automatic
-	// choice moves a push kernel's call that does not fit to the one-shot.
-	// A larger value lets push kernels take larger messages; barrier
-	// kernels still run messages over kernels.WindowBytes in windows of
-	// that size (faster than one round, see gpuComm.prepare).
+	// message the topology's rules send to a kernel of its protocol in one
+	// round, at most kernels.WindowBytes for kernels that run larger
+	// messages in rounds (barrier kernels, and the push kernels whose
+	// schedule allows it, kernels.Kernel.PushRounds), the whole inbox for
+	// other push kernels, and then cuts the areas to fit StagingBudget. A
+	// smaller value bounds the memory: kernels with rounds then run more,
+	// and the automatic choice moves a call of a push kernel without rounds
+	// that does not fit to the one-shot. A larger value lets push kernels
+	// without rounds take larger messages, and others run fewer rounds;
+	// barrier kernels still run messages over kernels.WindowBytes in windows
+	// of that size (faster than one round, see gpuComm.prepare).
 	StagingBytes int64
+	// StagingBudget bounds the staging buffer when StagingBytes is 0: a
+	// rank's two stage slots, scratch buffer and signal pad together, in
+	// bytes (default DefaultStagingBudget, 32 MiB). The areas the rules
+	// would need beyond it shrink to one common cap, and their kernels run
+	// more rounds; only the inboxes of push kernels without rounds are never
+	// cut. Every rank must pass the same value.
+	StagingBudget int64
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.
 	DisableNCCL bool

@@ -274,7 +274,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		return classify(rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world))
 	}
 
-	sigBytes := alignUp(int64(g.lib.MaxBlocks*g.world*8), regionAlign)
+	sigBytes := g.signalBytes()
 	scratchBytes := g.area[coll.Barrier] // only barrier kernels use scratch
 	total := 2*g.slotBytes + scratchBytes + sigBytes
 	seqBytes := int64(g.lib.MaxBlocks+3) * 8
@@ -341,7 +341,7 @@ func (g *gpuComm) pickTopology() error {
 	}
 	g.topology, g.kind = topo, kinds[topo]
 	g.corner, g.atCorner = g.cornerOrder()
-	bounds := map[coll.Protocol]int64{}
+	needs := map[coll.Protocol]kernels.AreaNeed{}
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
 		if s.Topology != topo || !slices.Contains(s.Worlds, cfg.WorldSize) {
@@ -349,28 +349,94 @@ func (g *gpuComm) pickTopology() error {
 		}
 		g.sels[coll.Collective(s.Collective)] = s
 		if alg, unbounded := lib.UnboundedPush(s, cfg.WorldSize); unbounded && cfg.StagingBytes == 0 {
-			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to %s, a push kernel whose inbox holds the whole message; bound the rule or set Config.StagingBytes", topo, s.Collective, alg)
+			return errorf(ErrInvalidArgument, "comm: topology %s sends unbounded %s sizes to %s, a push kernel without rounds whose inbox holds the whole message; bound the rule or set Config.StagingBytes", topo, s.Collective, alg)
 		}
 		for p, m := range lib.RulesSlotBounds(s, cfg.WorldSize) {
-			bounds[coll.Protocol(p)] = max(bounds[coll.Protocol(p)], m)
+			n := needs[p]
+			n.Need, n.Floor = max(n.Need, m.Need), max(n.Floor, m.Floor)
+			needs[p] = n
 		}
 	}
-	// Each protocol's area holds what its rules need, or StagingBytes.
-	g.area, g.slotBytes, g.protocols = map[coll.Protocol]int64{}, 0, nil
-	for _, ps := range lib.Protocols(cfg.WorldSize) {
-		p := coll.Protocol(ps)
-		n := bounds[p]
-		if cfg.StagingBytes > 0 {
-			n = cfg.StagingBytes
+	// Each protocol's area holds what its rules need within the staging
+	// budget, or StagingBytes.
+	g.protocols = lib.Protocols(cfg.WorldSize)
+	if cfg.StagingBytes > 0 {
+		g.area = map[coll.Protocol]int64{}
+		for _, p := range g.protocols {
+			g.area[p] = alignUp(cfg.StagingBytes, regionAlign)
 		}
-		if n == 0 {
-			n = 1 << 20 // room for explicitly requested small collectives
+	} else {
+		budget := cfg.StagingBudget
+		if budget <= 0 {
+			budget = DefaultStagingBudget
 		}
-		g.protocols = append(g.protocols, p)
-		g.area[p] = alignUp(n, regionAlign)
+		g.area = fitAreas(g.protocols, needs, budget-g.signalBytes())
+	}
+	g.slotBytes = 0
+	for _, p := range g.protocols {
 		g.slotBytes += g.area[p]
 	}
 	return nil
+}
+
+// DefaultStagingBudget bounds the staging region of a GPU rank (two stage
+// slots, the scratch buffer and the signal pad) when Config.StagingBudget
+// is 0: areas that would need more shrink (fitAreas) and their kernels run
+// larger messages in more rounds.
+const DefaultStagingBudget int64 = 32 << 20
+
+// minArea is the least a protocol's area gets when the budget is cut: a
+// window small enough to make rounds cost more than they save is no use.
+const minArea int64 = 1 << 20
+
+// fitAreas sizes each protocol's area of a stage slot: what the rules need
+// (kernels.AreaNeed; minArea for a protocol no rule uses, room for
+// explicitly requested calls), all cut to one cap, the largest that keeps
+// the region's two slots and the scratch buffer (the barrier area's size)
+// within budget bytes. Kernels that run in rounds take any area; an area is
+// never cut below its Floor (push kernels without rounds hold whole
+// messages) nor below minArea, so floors that exceed the budget keep it
+// exceeded, and the rules that set them are what to bound.
+func fitAreas(protos []coll.Protocol, needs map[coll.Protocol]kernels.AreaNeed, budget int64) map[coll.Protocol]int64 {
+	size := func(limit int64) (map[coll.Protocol]int64, int64) {
+		areas, total := map[coll.Protocol]int64{}, int64(0)
+		for _, p := range protos {
+			n := needs[p]
+			want := n.Need
+			if want == 0 {
+				want = minArea
+			}
+			a := alignUp(max(n.Floor, min(want, max(limit, minArea))), regionAlign)
+			areas[p], total = a, total+2*a
+			if p == coll.Barrier {
+				total += a // scratch
+			}
+		}
+		return areas, total
+	}
+	lo, hi := int64(0), int64(0)
+	for _, p := range protos {
+		hi = max(hi, needs[p].Need, minArea)
+	}
+	if areas, total := size(hi); total <= budget {
+		return areas
+	}
+	for hi-lo > regionAlign { // the largest cap that fits, to regionAlign
+		mid := (lo + hi) / 2
+		if _, total := size(mid); total <= budget {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	areas, _ := size(lo)
+	return areas
+}
+
+// signalBytes is the size of a rank's signal pad: one 64-bit flag per
+// block and rank.
+func (g *gpuComm) signalBytes() int64 {
+	return alignUp(int64(g.lib.MaxBlocks*g.world*8), regionAlign)
 }
 
 // usesNCCL reports whether automatic selection can send a call to NCCL:
@@ -468,6 +534,13 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		if window > 0 {
 			need = int64(g.world) * window * cl.esize
 		}
+	} else if k.Push() && k.PushRounds && need > g.area[proto] {
+		// A push kernel with rounds whose inbox cannot hold the message
+		// runs it in rounds of equal windows that fit the area.
+		window = pushWindow(g.area[proto], k, chunk, cl.esize)
+		if window > 0 {
+			need = k.SlotBytes(0, window*cl.esize)
+		}
 	}
 	switch {
 	case auto && need > g.area[proto] && !inPlace && k.Push() && cl.alg != coll.OneShot:
@@ -502,6 +575,25 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 // one of world chunks fits area bytes; 0 when not even one vector does.
 func windowElems(area int64, world int, esize, vec int64) int64 {
 	return area / (int64(world) * esize) / vec * vec
+}
+
+// pushWindow is the round window of a push kernel with rounds: chunk
+// split into the fewest rounds whose inbox (every place holding one window
+// as the protocol's lines) fits area bytes, in windows of equal size, a
+// multiple of the kernel's vector; 0 when not even one vector per place
+// fits.
+func pushWindow(area int64, k *kernels.Kernel, chunk, esize int64) int64 {
+	line, payload := int64(16), int64(8) // LL
+	if coll.Protocol(k.Protocol) == coll.LL128 {
+		line, payload = 128, 120
+	}
+	vec := k.VecElems(int(esize))
+	most := area / int64(max(k.InboxChunks, 1)) / line * payload / esize / vec * vec
+	if most == 0 {
+		return 0
+	}
+	rounds := (chunk + most - 1) / most
+	return ((chunk+rounds-1)/rounds + vec - 1) / vec * vec
 }
 
 // slotNeed is the stage-slot bytes kernel k needs for a message of bytes

@@ -3,7 +3,6 @@ package comm
 import (
 	"encoding/binary"
 	"errors"
-	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -41,15 +40,24 @@ func TestPickTopology(t *testing.T) {
 	if g.topology != "nvswitch" {
 		t.Errorf("auto topology %q, want nvswitch (nvlink_full preferred)", g.topology)
 	}
-	// Each protocol's area holds its rules' largest need: barrier kernels
-	// all-gather's one-shot up to 16 MiB, capped at kernels.WindowBytes
-	// (larger messages run in rounds); LL all-reduce's twoshot_ll up to
-	// 256 KiB (6 inbox places, 2(W-1), of 64 KiB payload, 128 KiB as LL
-	// lines: 768 KiB); LL128 all-reduce's twoshot_ll128 up to 8 MiB (6
-	// places of 2 MiB payload in 17477 lines of 128 bytes).
-	want := map[coll.Protocol]int64{coll.Barrier: kernels.WindowBytes, coll.LL: 6 * 128 << 10, coll.LL128: 6 * 17477 * 128}
-	if !maps.Equal(g.area, want) || g.slotBytes != want[coll.Barrier]+want[coll.LL]+want[coll.LL128] {
-		t.Errorf("areas %v (slot %d bytes), want %v", g.area, g.slotBytes, want)
+	// Each protocol's area holds its rules' largest need within the 32 MiB
+	// budget (DefaultStagingBudget, fitAreas): barrier kernels all-gather's
+	// one-shot up to 16 MiB, capped at kernels.WindowBytes; LL all-reduce's
+	// twoshot_ll up to 256 KiB (6 inbox places, 2(W-1), of 64 KiB payload,
+	// 128 KiB as LL lines: 768 KiB); LL128 all-reduce's twoshot_ll128 up to
+	// 8 MiB (capped at WindowBytes: it runs in rounds) and reduce-scatter's
+	// one-shot LL128 up to 8 MiB, which has no rounds: 3 places of 2 MiB
+	// payload in 17477 lines of 128 bytes, the area's floor. Two slots of
+	// that plus the scratch buffer exceed 32 MiB, so the barrier and LL128
+	// areas share the cut: LL128 keeps its floor, barrier gets the rest.
+	floor := alignUp(3*17477*128, regionAlign)
+	sig := g.signalBytes()
+	if g.area[coll.LL] != 6*128<<10 || g.area[coll.LL128] != floor || g.area[coll.Barrier] >= floor ||
+		g.slotBytes != g.area[coll.Barrier]+g.area[coll.LL]+g.area[coll.LL128] {
+		t.Errorf("areas %v (slot %d bytes), want ll 786432, ll128 %d (its floor), barrier below it", g.area, g.slotBytes, floor)
+	}
+	if total := 2*g.slotBytes + g.area[coll.Barrier] + sig; total > DefaultStagingBudget || total < DefaultStagingBudget-3*regionAlign {
+		t.Errorf("region %d bytes, want just within the %d-byte budget", total, DefaultStagingBudget)
 	}
 	g, err = newTestGPU(t, Config{WorldSize: 4, Topology: "pcie", StagingBytes: 3000})
 	if err != nil || g.topology != "pcie" || g.area[coll.Barrier] != 3072 || g.area[coll.LL128] != 3072 {
@@ -136,8 +144,6 @@ func TestChooseAndRefuse(t *testing.T) {
 	}{
 		{16, coll.HCM, ErrUnsupported, "has no kernel hcm for bf16 sum at world size 4"},
 		{16, coll.NCCL, ErrUnsupported, "algorithm nccl refused: NCCL is unavailable on rank 2"},
-		{2 << 20, coll.OneShotLL, ErrInvalidArgument, "4194304 bytes need over 786432 bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 786432-byte ll area"},
-		{8 << 20, coll.TwoShotLL128, ErrInvalidArgument, "16777216 bytes need 26843904 bytes of inbox (LL128 lines carry 120 payload bytes in 128)"},
 		{16, "threeshot", ErrInvalidArgument, `unknown name: algorithm "threeshot"`},
 	}
 	for _, r := range refuse {
@@ -149,6 +155,28 @@ func TestChooseAndRefuse(t *testing.T) {
 	cl := &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 512 << 10, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.TwoShot}}
 	if err := c.resolve(cl); err != nil || cl.kernel == nil || cl.kernel.Name != "allreduce_twoshot_bf16_sum_w4" || cl.window != cl.chunk {
 		t.Errorf("forced twoshot at 1 MiB: %v (kernel %v, window %d of a %d-element chunk)", err, cl.kernel, cl.window, cl.chunk)
+	}
+	// An all-reduce's push kernels run a message their inbox cannot hold
+	// in rounds of equal windows that fit it.
+	for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.TwoShotLL128} {
+		cl := &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 8<<20 + 5, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: alg}}
+		if err := c.resolve(cl); err != nil || cl.window <= 0 || cl.window >= cl.chunk {
+			t.Errorf("forced %s at 16 MiB: %v (window %d of a %d-element chunk), want rounds", alg, err, cl.window, cl.chunk)
+			continue
+		}
+		proto := coll.Protocol(cl.kernel.Protocol)
+		rounds := (cl.chunk + cl.window - 1) / cl.window
+		need := cl.kernel.SlotBytes(0, cl.window*2)
+		if cl.window%4 != 0 || need > c.gpu.area[proto] || pushWindow(c.gpu.area[proto], cl.kernel, cl.chunk, 2) != cl.window ||
+			(cl.chunk+rounds-2)/(rounds-1) <= pushWindow(c.gpu.area[proto], cl.kernel, (cl.chunk+rounds-2)/(rounds-1), 2) {
+			t.Errorf("forced %s at 16 MiB: window %d (%d rounds, inbox %d bytes) over a %d-byte area; want the fewest rounds of equal vectors that fit", alg, cl.window, rounds, need, c.gpu.area[proto])
+		}
+	}
+	// A reduce-scatter's push one-shot has no rounds: refused above its
+	// inbox, with the bytes it needs.
+	rs := &call{collective: coll.ReduceScatter, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 2 << 20, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.OneShotLL}}
+	if err := c.resolve(rs); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 786432-byte ll area") {
+		t.Errorf("forced reduce-scatter oneshot_ll at 8 MiB: %v, want a refusal naming the inbox", err)
 	}
 	// Larger than the staging area: rounds over windows that fit it.
 	cl = &call{collective: coll.AllReduce, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 100<<20 + 3, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.TwoShot}}

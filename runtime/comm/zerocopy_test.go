@@ -146,7 +146,8 @@ func TestFakeZeroCopyOneRound(t *testing.T) {
 // TestFakeSymmetricRules: the shipped rules send a 128 MiB all-reduce
 // with a symmetric input to the in-place one-shot (one round, nothing
 // staged) and the same call staged to the one-shot in rounds through the
-// 8 MiB barrier area; Explain reports both plans. (At world 2 the plain
+// barrier area (as large as the staging budget
+// allows); Explain reports both plans. (At world 2 the plain
 // rules send up to 8 MiB to twoshot_ll128, symmetric or not: they come
 // first.)
 func TestFakeSymmetricRules(t *testing.T) {
@@ -159,8 +160,9 @@ func TestFakeSymmetricRules(t *testing.T) {
 		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot in one round", p, err)
 	}
 	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", Rounds: 16}) {
-		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged one-shot in 16 rounds of 8 MiB", p, err)
+	window := windowElems(comms[0].gpu.area[coll.Barrier], 2, 4, 4)
+	if rounds := (int64(n/2) + window - 1) / window; err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", Rounds: rounds}) || rounds < 11 {
+		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged one-shot in %d rounds", p, err, rounds)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
@@ -208,18 +210,41 @@ func TestFakeLargeStagingStillRounds(t *testing.T) {
 }
 
 // TestFakePushFallsBackToRounds: with a staging area too small for a push
-// kernel's inbox, the automatic choice runs the message on the one-shot
-// barrier kernel in rounds (not NCCL); forcing the push kernel is refused.
+// kernel's inbox, an all-reduce's push kernel runs in rounds, automatic or
+// forced; a reduce-scatter's push one-shot has none, so the automatic
+// choice runs the message on the one-shot barrier kernel in rounds (not
+// NCCL), and forcing the push kernel is refused.
 func TestFakePushFallsBackToRounds(t *testing.T) {
-	comms, _ := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
+	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
-	const n = 2 << 20 // bf16: 4 MiB, twoshot_ll128 by the rules
-	p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
-	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_bf16_sum_w2", Rounds: 4}) {
-		t.Errorf("auto 4 MiB over a 1 MiB area: plan %+v, %v; want the one-shot in 4 rounds", p, err)
+	const n = 2 << 20 // bf16: a 4 MiB all-reduce (twoshot_ll128 by the rules)
+	// Two chunks of 1M elements; 2 inbox places of 512 KiB hold 4096 LL128
+	// lines, 245760 elements each, so 5 rounds of equal windows of 209716
+	// (a multiple of the 4-element vector).
+	want := Plan{Algorithm: coll.TwoShotLL128, Kernel: "allreduce_twoshot_ll128_bf16_sum_w2", Rounds: 5}
+	for _, alg := range []coll.Algorithm{coll.Auto, coll.TwoShotLL128} {
+		p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: alg})
+		if err != nil || p != want {
+			t.Errorf("%s all-reduce 4 MiB over a 1 MiB area: plan %+v, %v; want %+v", alg, p, err, want)
+		}
 	}
-	_, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.TwoShotLL128})
+	// The launch carries the window (the kernel derives the rounds).
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.BF16, coll.Sum, Options{})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	var a collectives.ArgsW2
+	binary.Read(bytes.NewReader(devs[0].launches[0].args), binary.LittleEndian, &a)
+	if a.Chunk != n/2 || a.Window != 209716 || a.SlotBytes == 0 {
+		t.Errorf("launch: chunk %d, window %d, slot bytes %d; want chunk %d in windows of 209716", a.Chunk, a.Window, a.SlotBytes, n/2)
+	}
+	p, err := comms[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "reduce_scatter_oneshot_bf16_sum_w2", Rounds: 8}) {
+		t.Errorf("auto reduce-scatter of 8 MiB (oneshot_ll128 by the rules) over a 1 MiB area: plan %+v, %v; want the one-shot in 8 rounds", p, err)
+	}
+	_, err = comms[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShotLL128})
 	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "of inbox") {
-		t.Errorf("forced twoshot_ll128 over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
+		t.Errorf("forced reduce-scatter oneshot_ll128 of 8 MiB over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
 	}
 }

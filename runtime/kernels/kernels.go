@@ -32,7 +32,7 @@ const (
 	// MaxVersion, whenever generated code needs something new of this
 	// package; raise MinVersion when this package stops reading what older
 	// generated code provides.
-	GenVersion = 2
+	GenVersion = 3
 	// MinVersion is the oldest generated code this package reads.
 	MinVersion = 1
 	// MaxVersion is the newest generated code this package reads.
@@ -133,7 +133,19 @@ type Kernel struct {
 	// InboxChunks is, for push kernels, how many chunk-sized inbox areas
 	// one stage slot holds (W lanes of W chunks); see InboxChunkBytes.
 	InboxChunks int
+	// PushRounds: a push kernel that runs a message its inbox cannot hold
+	// in rounds, its inbox holding one window of each place
+	// (schedule.RoundsSafe: every put is ordered after the reads it
+	// overwrites). False for push kernels that run in one round only, and
+	// in packages generated before GenVersion 3. Barrier kernels always
+	// run in rounds.
+	PushRounds bool
 }
+
+// Rounds reports whether the kernel runs a message its stage slot cannot
+// hold in rounds (cg_window): barrier kernels, and push kernels with
+// PushRounds.
+func (k *Kernel) Rounds() bool { return !k.Push() || k.PushRounds }
 
 // Func is the name of the function that runs k: Symbol, or Name for a
 // package generated before kernels had symbols of their own.
@@ -197,12 +209,12 @@ func (k *Kernel) ThreadUnits(chunkElems int64, elemSize int) int64 {
 	return ((chunkElems+vec-1)/vec + 31) &^ 31
 }
 
-// WindowBytes is the most stage-slot bytes the rules make a barrier kernel
-// need: a larger message runs in rounds over windows of every chunk that
-// fit the slot (cg_window in the CUDA header; the runtime picks the
-// window), so the staging buffer does not grow with the message and a
-// rule may send unbounded sizes to a barrier kernel. Push kernels' inboxes
-// hold whole chunks and have no rounds.
+// WindowBytes is the most stage-slot bytes the rules make a kernel that
+// runs in rounds (Kernel.Rounds) need: a larger message runs in rounds over
+// windows of every chunk that fit the slot (cg_window in the CUDA header;
+// the runtime picks the window), so the staging buffer does not grow with
+// the message and a rule may send unbounded sizes to such a kernel. The
+// inbox of a push kernel without rounds holds whole chunks.
 const WindowBytes int64 = 8 << 20
 
 // SlotBytes returns how many bytes of a stage slot the kernel needs to run
@@ -290,22 +302,20 @@ type Library struct {
 }
 
 // SlotBound is the stage-slot bytes an algorithm needs at a world size for
-// a collective of up to bytes (the full buffer), over the dtypes it has
-// kernels for: for barrier kernels bytes itself, at most WindowBytes (they
-// run larger messages in rounds); for push kernels the inbox. Chunks are
-// schedule.ChunkElems's, counted in bytes (vectors of VectorBytes), an
-// upper bound for every element size.
+// a collective of up to bytes (the full buffer) in one round, over the
+// dtypes it has kernels for: for barrier kernels bytes itself, for push
+// kernels the inbox, and at most WindowBytes for kernels that run larger
+// messages in rounds (Windowed). Chunks are schedule.ChunkElems's, counted
+// in bytes (vectors of VectorBytes), an upper bound for every element size.
 func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) int64 {
-	need := bytes
+	var need int64
 	for i := range l.Kernels {
 		k := &l.Kernels[i]
 		if k.Collective != collective || k.Algorithm != algorithm || k.World != world {
 			continue
 		}
 		chunk := int64(schedule.ChunkElems(collective, int(bytes), world, k.Launch.VectorBytes))
-		if n := k.SlotBytes(bytes, chunk); n > need {
-			need = n
-		}
+		need = max(need, k.SlotBytes(bytes, chunk))
 	}
 	if l.Windowed(collective, algorithm, world) {
 		need = min(need, WindowBytes)
@@ -313,63 +323,74 @@ func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm
 	return need
 }
 
-// protocol is the protocol of an algorithm's kernels at a world size (all
-// of them share it); ok is false when it has no kernels there.
-func (l *Library) protocol(collective coll.Collective, algorithm coll.Algorithm, world int) (p coll.Protocol, ok bool) {
+// AlgorithmKernel is an algorithm's first kernel at a world size (all of them share
+// a schedule, so its protocol and rounds); ok is false when it has none.
+func (l *Library) AlgorithmKernel(collective coll.Collective, algorithm coll.Algorithm, world int) (k *Kernel, ok bool) {
 	for i := range l.Kernels {
 		if k := &l.Kernels[i]; k.Collective == collective && k.Algorithm == algorithm && k.World == world {
-			return k.Protocol, true
+			return k, true
 		}
 	}
-	return "", false
+	return nil, false
 }
 
-// RulesSlotBounds is, per protocol (Kernel.Protocol), the most stage-slot
-// bytes any rule of a selection needs at a world size among the rules that
-// use a generated algorithm of that protocol (NCCL rules and algorithms
-// without kernels at this world count for nothing). An unbounded rule
-// counts WindowBytes for a barrier algorithm and nothing for a push one
+// AreaNeed is what one protocol's area of a stage slot must hold for the
+// rules at a world size: Need runs the largest message the rules send to
+// kernels of that protocol in one round (at most WindowBytes for kernels
+// that run in rounds); Floor is the part rounds cannot shrink, the inbox
+// of the largest message a rule sends to a push kernel without rounds.
+type AreaNeed struct{ Need, Floor int64 }
+
+// RulesSlotBounds is, per protocol (Kernel.Protocol), what the rules of a
+// selection need of a stage slot at a world size (NCCL rules, symmetric
+// rules, whose inputs are read in place, and algorithms without kernels at
+// this world count for nothing). An unbounded rule counts WindowBytes for
+// an algorithm that runs in rounds and nothing for a push one without
 // (UnboundedPush finds those).
-func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]int64 {
-	bounds := map[coll.Protocol]int64{}
+func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]AreaNeed {
+	bounds := map[coll.Protocol]AreaNeed{}
 	for _, r := range s.Rules {
 		if r.Use == coll.NCCL || r.Symmetric { // symmetric inputs need no staging
 			continue
 		}
-		p, ok := l.protocol(s.Collective, r.Use, world)
-		if !ok || (r.UpTo == 0 && p.Push()) {
+		k, ok := l.AlgorithmKernel(s.Collective, r.Use, world)
+		if !ok || (r.UpTo == 0 && !k.Rounds()) {
 			continue
 		}
 		upTo := r.UpTo
 		if upTo == 0 {
-			upTo = WindowBytes // what a barrier kernel needs at most
+			upTo = WindowBytes // what a kernel that runs in rounds needs at most
 		}
-		if need := l.SlotBound(s.Collective, r.Use, world, upTo); need > bounds[p] {
-			bounds[p] = need
+		need := l.SlotBound(s.Collective, r.Use, world, upTo)
+		b := bounds[k.Protocol]
+		b.Need = max(b.Need, need)
+		if !k.Rounds() {
+			b.Floor = max(b.Floor, need)
 		}
+		bounds[k.Protocol] = b
 	}
 	return bounds
 }
 
-// Windowed reports whether an algorithm's kernels at a world size are
-// barrier kernels, which run a message of any size through a staging area
-// too small for it in rounds (WindowBytes); false for push kernels and
-// for an algorithm without kernels there.
+// Windowed reports whether an algorithm's kernels at a world size run a
+// message of any size through a staging area too small for it in rounds
+// (Kernel.Rounds: barrier kernels, and push kernels with PushRounds);
+// false for other push kernels and for an algorithm without kernels there.
 func (l *Library) Windowed(collective coll.Collective, algorithm coll.Algorithm, world int) bool {
-	p, ok := l.protocol(collective, algorithm, world)
-	return ok && !p.Push()
+	k, ok := l.AlgorithmKernel(collective, algorithm, world)
+	return ok && k.Rounds()
 }
 
-// UnboundedPush returns the push algorithm (LL, LL128) that a rule of the
-// selection sends unbounded sizes to at a world size, if any: its inbox
+// UnboundedPush returns the push algorithm without rounds that a rule of
+// the selection sends unbounded sizes to at a world size, if any: its inbox
 // would have to hold the largest message, so only an explicit staging size
-// can bound it. Barrier algorithms take any size (WindowBytes).
+// can bound it. Kernels with rounds take any size (WindowBytes).
 func (l *Library) UnboundedPush(s *Selection, world int) (coll.Algorithm, bool) {
 	for _, r := range s.Rules {
 		if r.Use == coll.NCCL || r.Symmetric || r.UpTo != 0 {
 			continue
 		}
-		if p, ok := l.protocol(s.Collective, r.Use, world); ok && p.Push() {
+		if k, ok := l.AlgorithmKernel(s.Collective, r.Use, world); ok && !k.Rounds() {
 			return r.Use, true
 		}
 	}

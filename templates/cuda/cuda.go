@@ -147,6 +147,9 @@ type kernelContext struct {
 	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
 	LL    bool
 	Proto string
+	// PushRounds: a push schedule that runs in rounds (schedule.RoundsSafe,
+	// kernels.Kernel.PushRounds); other push kernels run one round.
+	PushRounds bool
 }
 
 // table is a lookup table of the executing rank: Values[rank], or for a
@@ -218,7 +221,8 @@ type stepContext struct {
 // kernel.cu.tmpl lays out.
 func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	k := p.Kernels[0]
-	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
+	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{},
+		pushRounds: k.Schedule.Protocol.Push() && schedule.RoundsSafe(k.Schedule)}
 	c, err := e.context()
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
@@ -259,6 +263,9 @@ type kernelEmitter struct {
 	byValues map[string]string // fmt.Sprint(values, rows) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
+	// pushRounds: a push schedule rendered in rounds (schedule.RoundsSafe);
+	// other push schedules keep whole chunks.
+	pushRounds bool
 	// err is the first error of an expression (an inbox chunk no put
 	// writes); context returns it.
 	err error
@@ -279,7 +286,7 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	c.BarriersWithoutFinal = c.Barriers - 1
 	var err error
 	if s.Protocol.Push() {
-		c.LL, c.Proto = true, "cg_"+string(s.Protocol)
+		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), e.pushRounds
 		c.Phases, err = e.pushPhases()
 	} else {
 		c.Phases, err = e.barrierPhases()
@@ -366,14 +373,15 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}
-	if e.s.Protocol.Push() {
+	if e.s.Protocol.Push() && !e.pushRounds {
 		if e.single(r.Buf) {
 			return base
 		}
 		return fmt.Sprintf("%s + cg_chunk(a.count, a.chunk, %s).lo", base, e.index(r.Chunk))
 	}
-	// Barrier kernels run in rounds (cg_window): the caller's buffers in
-	// input layout, stage and scratch in window layout.
+	// Kernels with rounds (cg_window): the caller's buffers in input
+	// layout, stage and scratch in window layout (a push kernel's inbox
+	// places are windows too: chunk_ll).
 	switch {
 	case e.single(r.Buf):
 		return base + " + w0"
@@ -556,10 +564,20 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	lead := g[0]
 	w := &stepWriter{sc: stepContext{Comment: groupComment(g)}}
 	chunkRef := e.chunkOf(lead)
-	if e.single(chunkRef.Buf) {
+	// With rounds, the group covers the round's window of its chunk.
+	win, ep := "a.chunk", "cg_epoch(a.seq)"
+	switch {
+	case e.pushRounds && e.single(chunkRef.Buf):
+		w.P("const cg_span sp = cg_wsingle(a.chunk, w0, win);")
+	case e.pushRounds:
+		w.P("const cg_span sp = cg_wchunk(a.count, a.chunk, %s, w0, win);", e.index(chunkRef.Chunk))
+	case e.single(chunkRef.Buf):
 		w.P("const cg_span sp = {0, (cg_s64)a.chunk};")
-	} else {
+	default:
 		w.P("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", e.index(chunkRef.Chunk))
+	}
+	if e.pushRounds {
+		win, ep = "win", "cg_epoch(a.seq) + r"
 	}
 	w.P("const cg_s64 units = PR::units<E>(sp.n);")
 	// LL128 loops are warp uniform: they run while any lane of the warp
@@ -586,7 +604,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		puts = g
 		if lead.Srcs[0].Buf != schedule.Inbox {
 			early = true
-			w.B("const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap")
+			w.B("const cg_u64 ep = %s;  // loaded after x: the two loads overlap", ep)
 			w.B("const int slot = cg_ep_slot(ep);")
 			w.B("const unsigned flag = cg_ep_flag(ep);")
 		}
@@ -644,7 +662,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	if !early && touchesInbox(g) {
 		w.sc.Lines = append([]string{"const int slot = cg_ep_slot(epoch);", "const unsigned flag = cg_ep_flag(epoch);"}, w.sc.Lines...)
 	}
-	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(a.chunk), stride); %s; u += stride) {", e.index(chunkRef.Chunk), cond)
+	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(%s), stride); %s; u += stride) {", e.index(chunkRef.Chunk), win, cond)
 	if warp && w.usesOn {
 		w.P("  const bool on = u < units;")
 	}

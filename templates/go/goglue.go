@@ -20,6 +20,7 @@ import (
 
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -217,6 +218,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"UsesScratch", nonZero(s.UsesScratch)},
 			field{"Protocol", nonZero(string(s.Protocol))},
 			field{"InboxChunks", nonZero(s.InboxChunks())},
+			field{"PushRounds", nonZero(s.Protocol.Push() && schedule.RoundsSafe(s))},
 		))
 	}
 	var sels []jen.Code

@@ -76,7 +76,7 @@ struct collgen_args {
   cg_u64 chunk;                 // elements per chunk
   cg_u64 timeout_ns;            // how long one barrier may wait
   cg_u64 slot_bytes;            // distance between the two stage slots; 0: one slot
-  cg_u64 window;                // barrier kernels: elements per chunk per round; 0: the whole chunk (see cg_window)
+  cg_u64 window;                // elements per chunk per round; 0: the whole chunk (see cg_window)
   int rank;                     // this rank
   int kernel_id;                // index in the library, echoed in timeout reports
   int op;                       // the reduce op, CG_OP_*: read by a program serving several (cg_op)
@@ -493,6 +493,19 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
 // a barrier of round r+1 with each of them. With one stage slot (zero-copy
 // input: the stage pointers are the peers' inputs, in input layout) there
 // is one round over the whole chunk.
+//
+// A push (LL, LL128) kernel whose inbox cannot hold a whole chunk at every
+// place runs in rounds the same way, its inbox holding one window per place
+// (chunk_ll = the window's lines). Round r is a collective of its own to
+// the flags: it takes the slot and flag of epoch + r, and the launch
+// advances the counter by its rounds. There are no credits: a put of round
+// r+2 reuses round r's slot, and what keeps it from overwriting a line its
+// reader has not taken is the waits alone. The thread that owns unit u of
+// a window owns it in every round and phase on every rank (the shift is
+// the window's units times the chunk index), and that thread reached round
+// r+2 only after waiting for lines its peers wrote in round r+1, after
+// their own reads of round r; schedule.SimulateWindows checks this order
+// (happens-before, every interleaving) for every push schedule.
 
 // cg_window is the elements per chunk of one round.
 __device__ __forceinline__ cg_u64 cg_window(cg_u64 chunk, cg_u64 window, cg_u64 slot_bytes) {
