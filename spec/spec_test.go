@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/schedule"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/bad/*.err with the errors found")
@@ -144,14 +145,20 @@ func TestShipped(t *testing.T) {
 					t.Errorf("nvswitch %s world %d symmetric rule %+v: want the in-place one-shot", c, w, r)
 				}
 			}
-			// The last rule takes every size: NCCL, or a barrier
-			// algorithm (it runs large messages in rounds).
+			// The last rule takes every size: NCCL, or an algorithm that
+			// runs large messages in rounds (a barrier one, or a push one
+			// whose schedule allows rounds).
 			if len(rules) == 0 {
 				t.Errorf("nvswitch %s world %d has no rules for staged inputs", c, w)
 				continue
 			}
-			if last := rules[len(rules)-1]; last.UpTo != 0 || (last.Use != coll.NCCL && last.Use != coll.OneShot && last.Use != coll.TwoShot) {
-				t.Errorf("nvswitch %s rules at world %d %v do not end in an unbounded nccl or barrier rule", c, w, rules)
+			last := rules[len(rules)-1]
+			rounds := last.Use == coll.NCCL
+			if sc, err := schedule.Build(c, last.Use, w); err == nil {
+				rounds = schedule.RoundsSafe(sc)
+			}
+			if last.UpTo != 0 || !rounds {
+				t.Errorf("nvswitch %s rules at world %d %v do not end in an unbounded rule for nccl or an algorithm with rounds", c, w, rules)
 				continue
 			}
 			for i, r := range rules[:len(rules)-1] {

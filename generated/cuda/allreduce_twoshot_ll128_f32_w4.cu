@@ -45,11 +45,11 @@ allreduce_twoshot_ll128_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   const cg_u64 epoch0 = cg_epoch(a.seq);
   // Rounds over windows of every chunk (see cg_window in the header); the
   // inbox holds one window of each place.
+  // The loop runs until the window passes the chunk (at least once), so
+  // the round count, a division, is left for the end (cg_collective_end).
   const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
-  const cg_u64 rounds = cg_rounds(a.chunk, win);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
-  for (cg_u64 r = 0; r < rounds; r++) {
-  const cg_u64 w0 = r * win;
+  for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
   // Each group takes its stage slot and flag from the round's epoch
   // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
   // their input.
@@ -187,5 +187,5 @@ allreduce_twoshot_ll128_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
 
   }
 done:
-  cg_collective_end(a.seq, rounds, epoch0);
+  cg_collective_end(a.seq, cg_rounds(a.chunk, win), epoch0);
 }

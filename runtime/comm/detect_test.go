@@ -205,7 +205,7 @@ func TestDetectCubeCorners(t *testing.T) {
 			}
 			g := comms[r].gpu
 			for p := range 8 {
-				want := uint64(fakeRegion(p) + cuda.DevicePtr(2*g.slotBytes+g.area[coll.Barrier]))
+				want := uint64(fakeRegion(p) + cuda.DevicePtr(2*g.slotBytes+g.scratchBytes))
 				if a.Signal[d.Corners[p]] != want {
 					t.Errorf("GPUs %v: rank %d's signal table at corner %d is %#x, want rank %d's %#x", gpus, r, d.Corners[p], a.Signal[d.Corners[p]], p, want)
 				}

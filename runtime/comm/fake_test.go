@@ -315,8 +315,8 @@ func TestFakeGPULaunch(t *testing.T) {
 		want := collectives.ArgsW2{Input: 0x1000, Output: 0x9000,
 			Stage:   [2]uint64{uint64(fakeRegion(0)) + off, uint64(fakeRegion(1)) + off},
 			Scratch: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes), uint64(fakeRegion(1)) + 2*uint64(g.slotBytes)},
-			Signal: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier]),
-				uint64(fakeRegion(1)) + 2*uint64(g.slotBytes) + uint64(g.area[coll.Barrier])},
+			Signal: [2]uint64{uint64(fakeRegion(0)) + 2*uint64(g.slotBytes) + uint64(g.scratchBytes),
+				uint64(fakeRegion(1)) + 2*uint64(g.slotBytes) + uint64(g.scratchBytes)},
 			Seq: uint64(fakeRegion(1)) + 1<<30, Status: uint64(fakeRegion(1)) + 2<<30, Count: n, Chunk: uint64(chunk), Window: uint64(chunk),
 			TimeoutNs: uint64(DefaultTimeout), SlotBytes: uint64(g.slotBytes), Rank: 1, KernelId: int32(id)}
 		if a != want {

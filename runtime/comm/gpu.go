@@ -58,6 +58,7 @@ type gpuComm struct {
 	protocols        []coll.Protocol         // the library's at this world, in region order
 	area             map[coll.Protocol]int64 // bytes of each protocol's area in a stage slot
 	slotBytes        int64                   // one stage slot: the sum of the areas
+	scratchBytes     int64                   // the scratch buffer (fitAreas)
 
 	areaStage map[coll.Protocol][]cuda.DevicePtr // by rank: the protocol's area in slot 0
 	scratch   []cuda.DevicePtr
@@ -275,7 +276,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	}
 
 	sigBytes := g.signalBytes()
-	scratchBytes := g.area[coll.Barrier] // only barrier kernels use scratch
+	scratchBytes := g.scratchBytes
 	total := 2*g.slotBytes + scratchBytes + sigBytes
 	seqBytes := int64(g.lib.MaxBlocks+3) * 8
 	regions, seq, status, err := dev.setup(ctx, g.prefix+"region", total, seqBytes)
@@ -342,6 +343,7 @@ func (g *gpuComm) pickTopology() error {
 	g.topology, g.kind = topo, kinds[topo]
 	g.corner, g.atCorner = g.cornerOrder()
 	needs := map[coll.Protocol]kernels.AreaNeed{}
+	scratch := false // some rule uses a kernel that reduces into scratch
 	for i := range lib.Selections {
 		s := &lib.Selections[i]
 		if s.Topology != topo || !slices.Contains(s.Worlds, cfg.WorldSize) {
@@ -356,6 +358,11 @@ func (g *gpuComm) pickTopology() error {
 			n.Need, n.Floor = max(n.Need, m.Need), max(n.Floor, m.Floor)
 			needs[p] = n
 		}
+		for _, r := range s.Rules {
+			if k, ok := lib.AlgorithmKernel(s.Collective, r.Use, cfg.WorldSize); ok && k.UsesScratch {
+				scratch = true
+			}
+		}
 	}
 	// Each protocol's area holds what its rules need within the staging
 	// budget, or StagingBytes.
@@ -365,12 +372,13 @@ func (g *gpuComm) pickTopology() error {
 		for _, p := range g.protocols {
 			g.area[p] = alignUp(cfg.StagingBytes, regionAlign)
 		}
+		g.scratchBytes = g.area[coll.Barrier] // only barrier kernels use scratch
 	} else {
 		budget := cfg.StagingBudget
 		if budget <= 0 {
 			budget = DefaultStagingBudget
 		}
-		g.area = fitAreas(g.protocols, needs, budget-g.signalBytes())
+		g.area, g.scratchBytes = fitAreas(g.protocols, needs, scratch, budget-g.signalBytes())
 	}
 	g.slotBytes = 0
 	for _, p := range g.protocols {
@@ -389,19 +397,28 @@ const DefaultStagingBudget int64 = 32 << 20
 // window small enough to make rounds cost more than they save is no use.
 const minArea int64 = 1 << 20
 
-// fitAreas sizes each protocol's area of a stage slot: what the rules need
-// (kernels.AreaNeed; minArea for a protocol no rule uses, room for
-// explicitly requested calls), all cut to one cap, the largest that keeps
-// the region's two slots and the scratch buffer (the barrier area's size)
-// within budget bytes. Kernels that run in rounds take any area; an area is
-// never cut below its Floor (push kernels without rounds hold whole
-// messages) nor below minArea, so floors that exceed the budget keep it
-// exceeded, and the rules that set them are what to bound.
-func fitAreas(protos []coll.Protocol, needs map[coll.Protocol]kernels.AreaNeed, budget int64) map[coll.Protocol]int64 {
-	size := func(limit int64) (map[coll.Protocol]int64, int64) {
-		areas, total := map[coll.Protocol]int64{}, int64(0)
+// fitAreas sizes each protocol's area of a stage slot and the scratch
+// buffer: each area what the rules need (kernels.AreaNeed; minArea for a
+// protocol no rule uses, room for explicitly requested calls), the scratch
+// buffer the barrier area's size when a rule uses a kernel that reduces
+// into it (scratch), else minArea. When the region (two slots, the scratch
+// buffer) would exceed budget bytes, the areas of push kernels with rounds
+// are cut first, to the largest common cap that fits, then, if that is
+// not enough, the barrier area (and scratch) too: on 2 x H200 a staged
+// one-shot through a 6 MiB barrier area instead of 8 MiB was 4-10% slower
+// at 64-256 MiB, while a two-shot LL128 all-reduce ran 16 MiB in three
+// rounds as fast as in one (docs/performance.md). No area is cut below its
+// Floor (push kernels without rounds hold whole messages) or minArea, so
+// floors that exceed the budget keep it exceeded; the rules that set them
+// are what to bound.
+func fitAreas(protos []coll.Protocol, needs map[coll.Protocol]kernels.AreaNeed, scratch bool, budget int64) (map[coll.Protocol]int64, int64) {
+	size := func(pushCap, barrierCap int64) (map[coll.Protocol]int64, int64, int64) {
+		areas, total, scr := map[coll.Protocol]int64{}, int64(0), int64(0)
 		for _, p := range protos {
-			n := needs[p]
+			n, limit := needs[p], barrierCap
+			if p.Push() {
+				limit = pushCap
+			}
 			want := n.Need
 			if want == 0 {
 				want = minArea
@@ -409,28 +426,42 @@ func fitAreas(protos []coll.Protocol, needs map[coll.Protocol]kernels.AreaNeed, 
 			a := alignUp(max(n.Floor, min(want, max(limit, minArea))), regionAlign)
 			areas[p], total = a, total+2*a
 			if p == coll.Barrier {
-				total += a // scratch
+				scr = a
+				if !scratch {
+					scr = min(a, minArea)
+				}
 			}
 		}
-		return areas, total
+		return areas, total + scr, scr
 	}
-	lo, hi := int64(0), int64(0)
+	var most int64
 	for _, p := range protos {
-		hi = max(hi, needs[p].Need, minArea)
+		most = max(most, needs[p].Need, minArea)
 	}
-	if areas, total := size(hi); total <= budget {
-		return areas
+	// largest finds the largest cap in [0, most] for which fits holds, to
+	// regionAlign (fits(0) holds).
+	largest := func(fits func(int64) bool) int64 {
+		lo, hi := int64(0), most
+		for hi-lo > regionAlign {
+			if mid := (lo + hi) / 2; fits(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		return lo
 	}
-	for hi-lo > regionAlign { // the largest cap that fits, to regionAlign
-		mid := (lo + hi) / 2
-		if _, total := size(mid); total <= budget {
-			lo = mid
+	pushCap, barrierCap := most, most
+	if _, total, _ := size(most, most); total > budget {
+		if _, total, _ := size(0, most); total <= budget {
+			pushCap = largest(func(c int64) bool { _, t, _ := size(c, most); return t <= budget })
 		} else {
-			hi = mid
+			pushCap = 0
+			barrierCap = largest(func(c int64) bool { _, t, _ := size(0, c); return t <= budget })
 		}
 	}
-	areas, _ := size(lo)
-	return areas
+	areas, _, scr := size(pushCap, barrierCap)
+	return areas, scr
 }
 
 // signalBytes is the size of a rank's signal pad: one 64-bit flag per
@@ -523,7 +554,11 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	// not from scratch (two-shot reduces into it, laid out like the slot).
 	inPlace := zc.on() && !k.UsesScratch
 	window := chunk
-	if limit := min(g.area[proto], kernels.WindowBytes); !k.Push() && !zc.on() && need > limit {
+	limit := min(g.area[proto], kernels.WindowBytes)
+	if k.UsesScratch {
+		limit = min(limit, g.scratchBytes) // scratch holds a window of each chunk too
+	}
+	if !k.Push() && !zc.on() && need > limit {
 		// A staged barrier kernel runs in rounds over windows that fit the
 		// area, and over windows of at most kernels.WindowBytes however
 		// large the area (Config.StagingBytes): in one round the stage
@@ -559,9 +594,9 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes need %s of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
 			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
-	case need > g.area[proto] && zc.on() && k.UsesScratch:
+	case need > g.scratchBytes && zc.on() && k.UsesScratch:
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
-			cl.collective, cl.alg, cl.bytes, g.area[proto])
+			cl.collective, cl.alg, cl.bytes, g.scratchBytes)
 	case need > g.area[proto] && !zc.on():
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: the %d-byte staging area cannot hold one %d-element vector of each of %d ranks; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, g.area[proto], k.VecElems(int(cl.esize)), g.world)

@@ -288,3 +288,44 @@ func TestPackerWritesTheOp(t *testing.T) {
 		t.Errorf("%s: op member %d, symbol %s", k.Name, got, k.Symbol)
 	}
 }
+
+// TestStagingBudget: with the shipped rules every world size's region (two
+// stage slots, scratch, signal pad) fits DefaultStagingBudget; push areas
+// with rounds are cut before the barrier area, so world 2 (no rule uses
+// scratch) keeps its 8 MiB barrier window; a larger Config.StagingBudget
+// gives the cut areas back; no area is below its rules' floor.
+func TestStagingBudget(t *testing.T) {
+	for _, w := range []int{2, 3, 4, 8} {
+		g, err := newTestGPU(t, Config{WorldSize: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 2*g.slotBytes + g.scratchBytes + g.signalBytes()
+		if total > DefaultStagingBudget {
+			t.Errorf("world %d: region %d bytes (areas %v, scratch %d), over the %d-byte budget", w, total, g.area, g.scratchBytes, DefaultStagingBudget)
+		}
+		for i := range g.lib.Selections {
+			s := &g.lib.Selections[i]
+			if s.Topology != g.topology || !slices.Contains(s.Worlds, w) {
+				continue
+			}
+			for p, n := range g.lib.RulesSlotBounds(s, w) {
+				if g.area[p] < n.Floor {
+					t.Errorf("world %d: %s area %d below its floor %d", w, p, g.area[p], n.Floor)
+				}
+			}
+		}
+		if w == 2 && (g.area[coll.Barrier] != kernels.WindowBytes || g.scratchBytes != minArea || g.area[coll.LL128] >= kernels.WindowBytes) {
+			t.Errorf("world 2: areas %v, scratch %d; want the 8 MiB barrier window, 1 MiB scratch, LL128 cut", g.area, g.scratchBytes)
+		}
+		big, err := newTestGPU(t, Config{WorldSize: w, StagingBudget: 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, a := range big.area {
+			if a < g.area[p] || a > kernels.WindowBytes+regionAlign && a > g.area[p] {
+				t.Errorf("world %d, 1 GiB budget: %s area %d (default %d); want the rules' need, at most a window", w, p, a, g.area[p])
+			}
+		}
+	}
+}

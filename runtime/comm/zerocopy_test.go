@@ -145,9 +145,8 @@ func TestFakeZeroCopyOneRound(t *testing.T) {
 
 // TestFakeSymmetricRules: the shipped rules send a 128 MiB all-reduce
 // with a symmetric input to the in-place one-shot (one round, nothing
-// staged) and the same call staged to the one-shot in rounds through the
-// barrier area (as large as the staging budget
-// allows); Explain reports both plans. (At world 2 the plain
+// staged) and the same call staged to the two-shot LL128 in rounds through
+// its inbox; Explain reports both plans. (At world 2 the plain
 // rules send up to 8 MiB to twoshot_ll128, symmetric or not: they come
 // first.)
 func TestFakeSymmetricRules(t *testing.T) {
@@ -160,9 +159,10 @@ func TestFakeSymmetricRules(t *testing.T) {
 		t.Errorf("symmetric 128 MiB: plan %+v, %v; want the zero-copy one-shot in one round", p, err)
 	}
 	p, err = comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
-	window := windowElems(comms[0].gpu.area[coll.Barrier], 2, 4, 4)
-	if rounds := (int64(n/2) + window - 1) / window; err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "allreduce_oneshot_f32_sum_w2", Rounds: rounds}) || rounds < 11 {
-		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged one-shot in %d rounds", p, err, rounds)
+	k, _ := collectives.Library.Kernel(coll.AllReduce, coll.TwoShotLL128, coll.F32, coll.Sum, 2)
+	window := pushWindow(comms[0].gpu.area[coll.LL128], k, n/2, 4)
+	if rounds := (int64(n/2) + window - 1) / window; err != nil || p != (Plan{Algorithm: coll.TwoShotLL128, Kernel: "allreduce_twoshot_ll128_f32_sum_w2", Rounds: rounds}) || rounds < 10 {
+		t.Errorf("staged 128 MiB: plan %+v, %v; want the staged two-shot LL128 in %d rounds", p, err, rounds)
 	}
 	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 		return c.AllReduce(DeviceBuffer(syms[r]), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})

@@ -624,8 +624,8 @@ func TestTimeoutReported(t *testing.T) {
 }
 
 // TestForcedAlgorithmRefused checks that an algorithm the library lacks, a
-// push kernel whose inbox would exceed the staging buffer, or disabled NCCL
-// is refused with the reason.
+// push kernel without rounds whose inbox would exceed the staging buffer,
+// or disabled NCCL is refused with the reason.
 func TestForcedAlgorithmRefused(t *testing.T) {
 	gpus(t)
 	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 1 << 20, Group: "refuse"})
@@ -643,7 +643,6 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 		want string
 	}{
 		{"hcm", 16, "has no kernel hcm"},
-		{"oneshot_ll", 1 << 20, "of inbox"}, // barrier kernels run in rounds instead (TestProofWindows)
 		{"nccl", 16, "disabled by Config.DisableNCCL"},
 	}
 	for _, c := range cases {
@@ -651,6 +650,13 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s with %d elements: got %v, want %q", c.alg, c.n, err, c.want)
 		}
+	}
+	// A reduce-scatter's push one-shot runs in one round (barrier kernels
+	// and the all-reduce's push kernels run in rounds instead:
+	// TestProofWindows): 2 MiB of inbox over the 1 MiB area is refused.
+	err = comms[0].ReduceScatter(b, b, 256<<10, "f32", "sum", comm.Options{Algorithm: coll.OneShotLL})
+	if err == nil || !strings.Contains(err.Error(), "of inbox") {
+		t.Errorf("reduce-scatter oneshot_ll of 2 MiB: got %v, want a refusal naming the inbox", err)
 	}
 }
 
