@@ -52,6 +52,11 @@ type Kernel struct {
 	World      int
 	Launch     spec.Launch
 	Schedule   *schedule.Schedule
+	// PushRounds: a push schedule that may run in rounds
+	// (schedule.RoundsSafe, decided once per schedule); the kernel is
+	// rendered with the rounds loop and registered with
+	// kernels.Kernel.PushRounds.
+	PushRounds bool
 	Layout     *Layout
 	// Program is the compiled program that runs the kernel; several
 	// kernels may share it.
@@ -256,6 +261,7 @@ func (b *builder) kernels() error {
 					if err != nil {
 						return fmt.Errorf("topology %s: %w", t.Name, err)
 					}
+					pushRounds := sched.Protocol.Push() && schedule.RoundsSafe(sched)
 					for _, dt := range dtypesFor(&t, c) {
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)
@@ -264,7 +270,7 @@ func (b *builder) kernels() error {
 							}
 							byName[name] = true
 							k := &Kernel{Name: name, Collective: c, Algorithm: alg, DType: dt, Op: op,
-								World: w, Launch: b.s.Launch(c, alg), Schedule: sched}
+								World: w, Launch: b.s.Launch(c, alg), Schedule: sched, PushRounds: pushRounds}
 							// A vector holds at least one element.
 							k.Launch.VectorBytes = max(k.Launch.VectorBytes, dt.Size())
 							b.p.Kernels = append(b.p.Kernels, k)

@@ -65,7 +65,7 @@ func TestSimulateEveryCombination(t *testing.T) {
 							}
 							for _, win := range wins { // rounds over windows (cg_window)
 								var ow *OverwriteError
-								if err := simulate(s, n, vec, win, mem); !RoundsSafe(s) && errors.As(err, &ow) {
+								if err := simulate(s, n, vec, win, mem); errors.As(err, &ow) && !RoundsSafe(s) {
 									continue // runs in one round: the next test
 								} else if err != nil {
 									t.Errorf("n=%d vec=%d window=%d: %v", n, vec, win, err)

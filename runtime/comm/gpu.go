@@ -618,10 +618,7 @@ func windowElems(area int64, world int, esize, vec int64) int64 {
 // multiple of the kernel's vector; 0 when not even one vector per place
 // fits.
 func pushWindow(area int64, k *kernels.Kernel, chunk, esize int64) int64 {
-	line, payload := int64(16), int64(8) // LL
-	if coll.Protocol(k.Protocol) == coll.LL128 {
-		line, payload = 128, 120
-	}
+	line, payload := kernels.LineBytes(k.Protocol)
 	vec := k.VecElems(int(esize))
 	most := area / int64(max(k.InboxChunks, 1)) / line * payload / esize / vec * vec
 	if most == 0 {

@@ -181,10 +181,17 @@ func (k *Kernel) Push() bool { return k.Protocol.Push() }
 // one 128-byte LL128 line per 120 payload bytes (always a multiple of 128,
 // so every LL128 line stays 128-byte aligned).
 func InboxChunkBytes(protocol coll.Protocol, chunkBytes int64) int64 {
+	line, payload := LineBytes(protocol)
+	return (chunkBytes + payload - 1) / payload * line
+}
+
+// LineBytes is a push protocol's line: its bytes in the inbox and the
+// payload bytes it carries (LL 16 and 8, LL128 128 and 120).
+func LineBytes(protocol coll.Protocol) (line, payload int64) {
 	if protocol == coll.LL128 {
-		return (chunkBytes + 119) / 120 * 128
+		return 128, 120
 	}
-	return (chunkBytes + 7) / 8 * 16
+	return 16, 8
 }
 
 // PayloadPerLine describes a push protocol's line for error messages.
@@ -323,8 +330,9 @@ func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm
 	return need
 }
 
-// AlgorithmKernel is an algorithm's first kernel at a world size (all of them share
-// a schedule, so its protocol and rounds); ok is false when it has none.
+// AlgorithmKernel is an algorithm's first kernel at a world size (all of
+// them share a schedule, so its protocol and rounds); ok is false when it
+// has none.
 func (l *Library) AlgorithmKernel(collective coll.Collective, algorithm coll.Algorithm, world int) (k *Kernel, ok bool) {
 	for i := range l.Kernels {
 		if k := &l.Kernels[i]; k.Collective == collective && k.Algorithm == algorithm && k.World == world {

@@ -147,8 +147,8 @@ type kernelContext struct {
 	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
 	LL    bool
 	Proto string
-	// PushRounds: a push schedule that runs in rounds (schedule.RoundsSafe,
-	// kernels.Kernel.PushRounds); other push kernels run one round.
+	// PushRounds: a push schedule that runs in rounds (plan.Kernel's);
+	// other push kernels keep whole chunks, in one round.
 	PushRounds bool
 }
 
@@ -221,8 +221,7 @@ type stepContext struct {
 // kernel.cu.tmpl lays out.
 func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	k := p.Kernels[0]
-	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{},
-		pushRounds: k.Schedule.Protocol.Push() && schedule.RoundsSafe(k.Schedule)}
+	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
 	c, err := e.context()
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
@@ -263,9 +262,6 @@ type kernelEmitter struct {
 	byValues map[string]string // fmt.Sprint(values, rows) -> name
 	// usesStage: some emitted expression addresses the stage buffer.
 	usesStage bool
-	// pushRounds: a push schedule rendered in rounds (schedule.RoundsSafe);
-	// other push schedules keep whole chunks.
-	pushRounds bool
 	// err is the first error of an expression (an inbox chunk no put
 	// writes); context returns it.
 	err error
@@ -286,7 +282,7 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	c.BarriersWithoutFinal = c.Barriers - 1
 	var err error
 	if s.Protocol.Push() {
-		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), e.pushRounds
+		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), k.PushRounds
 		c.Phases, err = e.pushPhases()
 	} else {
 		c.Phases, err = e.barrierPhases()
@@ -373,7 +369,7 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}
-	if e.s.Protocol.Push() && !e.pushRounds {
+	if e.s.Protocol.Push() && !e.k.PushRounds {
 		if e.single(r.Buf) {
 			return base
 		}
@@ -567,16 +563,16 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	// With rounds, the group covers the round's window of its chunk.
 	win, ep := "a.chunk", "cg_epoch(a.seq)"
 	switch {
-	case e.pushRounds && e.single(chunkRef.Buf):
+	case e.k.PushRounds && e.single(chunkRef.Buf):
 		w.P("const cg_span sp = cg_wsingle(a.chunk, w0, win);")
-	case e.pushRounds:
+	case e.k.PushRounds:
 		w.P("const cg_span sp = cg_wchunk(a.count, a.chunk, %s, w0, win);", e.index(chunkRef.Chunk))
 	case e.single(chunkRef.Buf):
 		w.P("const cg_span sp = {0, (cg_s64)a.chunk};")
 	default:
 		w.P("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", e.index(chunkRef.Chunk))
 	}
-	if e.pushRounds {
+	if e.k.PushRounds {
 		win, ep = "win", "cg_epoch(a.seq) + r"
 	}
 	w.P("const cg_s64 units = PR::units<E>(sp.n);")

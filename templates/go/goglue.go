@@ -20,7 +20,6 @@ import (
 
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -218,7 +217,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"UsesScratch", nonZero(s.UsesScratch)},
 			field{"Protocol", nonZero(string(s.Protocol))},
 			field{"InboxChunks", nonZero(s.InboxChunks())},
-			field{"PushRounds", nonZero(s.Protocol.Push() && schedule.RoundsSafe(s))},
+			field{"PushRounds", nonZero(k.PushRounds)},
 		))
 	}
 	var sels []jen.Code
