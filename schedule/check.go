@@ -232,6 +232,18 @@ func regionOf(ref Ref, r, w int) region {
 	return g
 }
 
+// Overlap reports whether refs a and b name the same chunk of the same
+// buffer on some rank of a w-rank world (as the simulation keeps buffers:
+// apart by kind, whatever a run aliases).
+func Overlap(a, b Ref, w int) bool {
+	for r := range w {
+		if regionOf(a, r, w) == regionOf(b, r, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // CheckRaces proves that no rank reads a peer's chunk in the same phase in
 // which that peer writes it: such a read would race with the write, since
 // ranks meet only at barriers. LL schedules have no such reads (Validate:

@@ -45,18 +45,43 @@ allgather_oneshot_u8_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
-  { // output@rank[rank] <- copy(input@rank[0])
-    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
-    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo, (const E*)a.input + w0, n, shift);
+  { // output@rank[rank] <- copy(input@rank[0]); output@rank[rank+1] <- copy(stage@rank+1[rank+1])
+    E* const dst[2] = {
+        (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo
+    };
+    const E* const src[2] = {
+        (const E*)a.input + w0,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W))
+    };
+    const cg_s64 n[2] = {
+        cg_wchunk(a.count, a.chunk, rank, w0, win).n,
+        cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n
+    };
+    const cg_s64 shift[2] = {
+        cg_shift(rank, win, VB / sizeof(E)),
+        cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E))
+    };
+    cg_copies<T, VB, 2>(dst, src, n, shift);
   }
-  { // k = 0..2, one loop: output@rank[rank+1] <- copy(stage@rank+1[rank+1]) ... output@rank[rank+3] <- copy(stage@rank+3[rank+3])
-    #pragma unroll 1
-    for (int k = 0; k < 3; k++) {
-      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k + 1, W), win, VB / sizeof(E));
-      cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo, (const E*)cg_slot(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k + 1, W)), n, shift);
-    }
+  { // output@rank[rank+2] <- copy(stage@rank+2[rank+2]); output@rank[rank+3] <- copy(stage@rank+3[rank+3])
+    E* const dst[2] = {
+        (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo,
+        (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo
+    };
+    const E* const src[2] = {
+        (const E*)cg_slot(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 2, W)),
+        (const E*)cg_slot(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 3, W))
+    };
+    const cg_s64 n[2] = {
+        cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n,
+        cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).n
+    };
+    const cg_s64 shift[2] = {
+        cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E)),
+        cg_shift(cg_rel(rank, 3, W), win, VB / sizeof(E))
+    };
+    cg_copies<T, VB, 2>(dst, src, n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 2, 1)) return;

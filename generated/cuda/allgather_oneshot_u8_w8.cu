@@ -28,6 +28,8 @@ allgather_oneshot_u8_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr int W = 8;
   constexpr int VB = 16;
   const int rank = a.rank;
+  const int table0[3][W] = {{2, 3, 4, 5, 6, 7, 0, 1}, {4, 5, 6, 7, 0, 1, 2, 3}, {6, 7, 0, 1, 2, 3, 4, 5}};
+  const int table1[3][W] = {{3, 4, 5, 6, 7, 0, 1, 2}, {5, 6, 7, 0, 1, 2, 3, 4}, {7, 0, 1, 2, 3, 4, 5, 6}};
   const cg_u64 seq0 = cg_seq_begin(a.seq);
   const cg_u64 epoch = cg_stage_epoch(a.seq, a.slot_bytes);
   const int slot0 = cg_ep_slot(epoch);
@@ -49,17 +51,45 @@ allgather_oneshot_u8_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   if (!cg_barrier<W>(a, seq + 1, 0)) return;
 
   // phase 1
-  { // output@rank[rank] <- copy(input@rank[0])
-    const cg_s64 n = cg_wchunk(a.count, a.chunk, rank, w0, win).n;
-    const cg_s64 shift = cg_shift(rank, win, VB / sizeof(E));
-    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo, (const E*)a.input + w0, n, shift);
+  { // output@rank[rank] <- copy(input@rank[0]); output@rank[rank+1] <- copy(stage@rank+1[rank+1])
+    E* const dst[2] = {
+        (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo
+    };
+    const E* const src[2] = {
+        (const E*)a.input + w0,
+        (const E*)cg_slot(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, 1, W))
+    };
+    const cg_s64 n[2] = {
+        cg_wchunk(a.count, a.chunk, rank, w0, win).n,
+        cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n
+    };
+    const cg_s64 shift[2] = {
+        cg_shift(rank, win, VB / sizeof(E)),
+        cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E))
+    };
+    cg_copies<T, VB, 2>(dst, src, n, shift);
   }
-  { // k = 0..6, one loop: output@rank[rank+1] <- copy(stage@rank+1[rank+1]) ... output@rank[rank+7] <- copy(stage@rank+7[rank+7])
+  { // k = 0..2, one loop: output@rank[rank+2] <- copy(stage@rank+2[rank+2]); output@rank[rank+3] <- copy(stage@rank+3[rank+3]) ... output@rank[rank+6] <- copy(stage@rank+6[rank+6]); output@rank[rank+7] <- copy(stage@rank+7[rank+7])
     #pragma unroll 1
-    for (int k = 0; k < 7; k++) {
-      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k + 1, W), win, VB / sizeof(E));
-      cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo, (const E*)cg_slot(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k + 1, W)), n, shift);
+    for (int k = 0; k < 3; k++) {
+      E* const dst[2] = {
+          (E*)a.output + cg_wchunk(a.count, a.chunk, table0[k][rank], w0, win).lo,
+          (E*)a.output + cg_wchunk(a.count, a.chunk, table1[k][rank], w0, win).lo
+      };
+      const E* const src[2] = {
+          (const E*)cg_slot(a.stage[table0[k][rank]], slot, a.slot_bytes) + cg_woff(a.count, win, table0[k][rank]),
+          (const E*)cg_slot(a.stage[table1[k][rank]], slot, a.slot_bytes) + cg_woff(a.count, win, table1[k][rank])
+      };
+      const cg_s64 n[2] = {
+          cg_wchunk(a.count, a.chunk, table0[k][rank], w0, win).n,
+          cg_wchunk(a.count, a.chunk, table1[k][rank], w0, win).n
+      };
+      const cg_s64 shift[2] = {
+          cg_shift(table0[k][rank], win, VB / sizeof(E)),
+          cg_shift(table1[k][rank], win, VB / sizeof(E))
+      };
+      cg_copies<T, VB, 2>(dst, src, n, shift);
     }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).

@@ -66,13 +66,29 @@ allreduce_twoshot_bf16_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
-  { // k = 0..2, one loop: output@rank[rank] <- copy(scratch@rank[rank]) ... output@rank[rank+2] <- copy(scratch@rank+2[rank+2])
-    #pragma unroll 1
-    for (int k = 0; k < 3; k++) {
-      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
-      cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, k, W)] + cg_woff(a.count, win, cg_rel(rank, k, W)), n, shift);
-    }
+  { // output@rank[rank] <- copy(scratch@rank[rank]); output@rank[rank+1] <- copy(scratch@rank+1[rank+1])
+    E* const dst[2] = {
+        (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo,
+        (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo
+    };
+    const E* const src[2] = {
+        (const E*)a.scratch[rank] + cg_woff(a.count, win, rank),
+        (const E*)a.scratch[cg_rel(rank, 1, W)] + cg_woff(a.count, win, cg_rel(rank, 1, W))
+    };
+    const cg_s64 n[2] = {
+        cg_wchunk(a.count, a.chunk, rank, w0, win).n,
+        cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).n
+    };
+    const cg_s64 shift[2] = {
+        cg_shift(rank, win, VB / sizeof(E)),
+        cg_shift(cg_rel(rank, 1, W), win, VB / sizeof(E))
+    };
+    cg_copies<T, VB, 2>(dst, src, n, shift);
+  }
+  { // output@rank[rank+2] <- copy(scratch@rank+2[rank+2])
+    const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).n;
+    const cg_s64 shift = cg_shift(cg_rel(rank, 2, W), win, VB / sizeof(E));
+    cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, 2, W)] + cg_woff(a.count, win, cg_rel(rank, 2, W)), n, shift);
   }
   // Final barrier: needed only with one stage slot (zero-copy input).
   if (a.slot_bytes == 0 && !cg_barrier<W>(a, seq + 3, 2)) return;

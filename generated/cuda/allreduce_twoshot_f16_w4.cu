@@ -31,6 +31,8 @@ allreduce_twoshot_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   constexpr int W = 4;
   constexpr int VB = 16;
   const int rank = a.rank;
+  const int table0[2][W] = {{0, 1, 2, 3}, {2, 3, 0, 1}};
+  const int table1[2][W] = {{1, 2, 3, 0}, {3, 0, 1, 2}};
   const cg_u64 seq0 = cg_seq_begin(a.seq);
   const cg_u64 epoch = cg_stage_epoch(a.seq, a.slot_bytes);
   const int slot0 = cg_ep_slot(epoch);
@@ -69,12 +71,26 @@ allreduce_twoshot_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
 
   // phase 2
-  { // k = 0..3, one loop: output@rank[rank] <- copy(scratch@rank[rank]) ... output@rank[rank+3] <- copy(scratch@rank+3[rank+3])
+  { // k = 0..1, one loop: output@rank[rank] <- copy(scratch@rank[rank]); output@rank[rank+1] <- copy(scratch@rank+1[rank+1]) ... output@rank[rank+2] <- copy(scratch@rank+2[rank+2]); output@rank[rank+3] <- copy(scratch@rank+3[rank+3])
     #pragma unroll 1
-    for (int k = 0; k < 4; k++) {
-      const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
-      const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
-      cg_copy<T, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, (const E*)a.scratch[cg_rel(rank, k, W)] + cg_woff(a.count, win, cg_rel(rank, k, W)), n, shift);
+    for (int k = 0; k < 2; k++) {
+      E* const dst[2] = {
+          (E*)a.output + cg_wchunk(a.count, a.chunk, table0[k][rank], w0, win).lo,
+          (E*)a.output + cg_wchunk(a.count, a.chunk, table1[k][rank], w0, win).lo
+      };
+      const E* const src[2] = {
+          (const E*)a.scratch[table0[k][rank]] + cg_woff(a.count, win, table0[k][rank]),
+          (const E*)a.scratch[table1[k][rank]] + cg_woff(a.count, win, table1[k][rank])
+      };
+      const cg_s64 n[2] = {
+          cg_wchunk(a.count, a.chunk, table0[k][rank], w0, win).n,
+          cg_wchunk(a.count, a.chunk, table1[k][rank], w0, win).n
+      };
+      const cg_s64 shift[2] = {
+          cg_shift(table0[k][rank], win, VB / sizeof(E)),
+          cg_shift(table1[k][rank], win, VB / sizeof(E))
+      };
+      cg_copies<T, VB, 2>(dst, src, n, shift);
     }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).

@@ -400,7 +400,7 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 	seq := 0
 	for _, ph := range e.s.Phases {
 		pc := phaseContext{Sync: ph.Sync}
-		steps, err := e.blocks(singles(ph.Steps), true, func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) })
+		steps, err := e.blocks(copyGroups(ph.Steps, e.s.World), true, e.barrierGroup)
 		if err != nil {
 			return nil, err
 		}
@@ -414,15 +414,21 @@ func (e *kernelEmitter) barrierPhases() ([]phaseContext, error) {
 	return phases, nil
 }
 
+// barrierGroup emits a barrier phase's group (copyGroups): fused copies,
+// or one step.
+func (e *kernelEmitter) barrierGroup(g []schedule.Step) (stepContext, error) {
+	if len(g) > 1 {
+		return e.copiesStep(g)
+	}
+	return e.barrierStep(g[0])
+}
+
 // barrierStep emits one copy or reduce over a chunk.
 func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 	w := &stepWriter{sc: stepContext{Comment: stepComment(st)}}
-	n := "cg_wsingle(a.chunk, w0, win).n"
-	if !e.single(st.Dst.Buf) {
-		n = fmt.Sprintf("cg_wchunk(a.count, a.chunk, %s, w0, win).n", e.index(st.Dst.Chunk))
-	}
+	n, shift := e.stepLength(st)
 	w.P("const cg_s64 n = %s;", n)
-	w.P("const cg_s64 shift = cg_shift(%s, win, VB / sizeof(E));", e.index(e.chunkOf(st).Chunk))
+	w.P("const cg_s64 shift = %s;", shift)
 	switch st.Kind {
 	case schedule.Copy:
 		dst := e.ref(st.Dst, false)
@@ -442,6 +448,44 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 		w.P("};")
 		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
 	}
+	return w.sc, nil
+}
+
+// stepLength is the C expression of a barrier step's element count (its
+// destination's chunk in the round's window) and of its work-split shift.
+func (e *kernelEmitter) stepLength(st schedule.Step) (n, shift string) {
+	n = "cg_wsingle(a.chunk, w0, win).n"
+	if !e.single(st.Dst.Buf) {
+		n = fmt.Sprintf("cg_wchunk(a.count, a.chunk, %s, w0, win).n", e.index(st.Dst.Chunk))
+	}
+	return n, fmt.Sprintf("cg_shift(%s, win, VB / sizeof(E))", e.index(e.chunkOf(st).Chunk))
+}
+
+// copiesStep emits a group of a phase's copies (copyGroups) as one
+// cg_copies call, which overlaps their loads.
+func (e *kernelEmitter) copiesStep(g []schedule.Step) (stepContext, error) {
+	w := &stepWriter{sc: stepContext{Comment: groupComment(g)}}
+	dst, src, n, shift := make([]string, len(g)), make([]string, len(g)), make([]string, len(g)), make([]string, len(g))
+	for i, st := range g {
+		n[i], shift[i] = e.stepLength(st)
+		dst[i], src[i] = e.ref(st.Dst, false), e.ref(st.Srcs[0], true)
+	}
+	list := func(typ, name string, xs []string) {
+		w.P("%s %s[%d] = {", typ, name, len(xs))
+		for i, x := range xs {
+			comma := ","
+			if i == len(xs)-1 {
+				comma = ""
+			}
+			w.P("    %s%s", x, comma)
+		}
+		w.P("};")
+	}
+	list("E* const", "dst", dst)
+	list("const E* const", "src", src)
+	list("const cg_s64", "n", n)
+	list("const cg_s64", "shift", shift)
+	w.P("cg_copies<T, VB, %d>(dst, src, n, shift);", len(g))
 	return w.sc, nil
 }
 

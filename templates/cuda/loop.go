@@ -182,13 +182,46 @@ func loopRel(k0 int) string {
 	return fmt.Sprintf("cg_rel(rank, k + %d, W)", k0)
 }
 
-// singles makes each step a group of its own (barrier schedules).
-func singles(steps []schedule.Step) [][]schedule.Step {
-	groups := make([][]schedule.Step, len(steps))
-	for i := range steps {
-		groups[i] = steps[i : i+1]
+// maxFusedCopies bounds a copy group (copyGroups): the barrier kernels run
+// up to 1024 threads per block, 64 registers a thread, and with three or
+// four copies (each a vector, two pointers and a count in the loop, and
+// cg_copy's shuffling path inlined for misaligned buffers) the world-4 and
+// world-8 kernels spilled (nvcc 11.8, sm_90).
+const maxFusedCopies = 2
+
+// copyGroups splits a barrier phase's steps (world w) into groups: runs
+// of up to maxFusedCopies copies that share no chunk on any rank (no copy
+// writes a chunk another one reads or writes) and of which one reads a
+// peer, rendered as one cg_copies call, and every other step alone. The
+// schedule simulation runs a phase's steps one after the other on each
+// rank; sharing no chunk is what makes cg_copies' interleaving of them
+// within a thread give the same result. Copies that all read the rank's
+// own memory gain nothing from it and stay apart.
+func copyGroups(steps []schedule.Step, w int) [][]schedule.Step {
+	var groups [][]schedule.Step
+	for i := 0; i < len(steps); {
+		j := i + 1
+		for steps[i].Kind == schedule.Copy && j < len(steps) && j-i < maxFusedCopies && steps[j].Kind == schedule.Copy && disjoint(steps[i:j], steps[j], w) {
+			j++
+		}
+		if !slices.ContainsFunc(steps[i:j], func(st schedule.Step) bool { return !st.Srcs[0].Rank.IsSelf() }) {
+			j = i + 1
+		}
+		groups = append(groups, steps[i:j])
+		i = j
 	}
 	return groups
+}
+
+// disjoint reports whether copy st touches no chunk that a copy of g writes
+// and writes none that one of them reads, on any rank of a w-rank world.
+func disjoint(g []schedule.Step, st schedule.Step, w int) bool {
+	for _, o := range g {
+		if schedule.Overlap(o.Dst, st.Dst, w) || schedule.Overlap(o.Dst, st.Srcs[0], w) || schedule.Overlap(st.Dst, o.Srcs[0], w) {
+			return false
+		}
+	}
+	return true
 }
 
 // groupComment renders a group's steps for the generated code's comments.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
@@ -105,8 +106,8 @@ func TestLoopsRunTheSchedule(t *testing.T) {
 		e := &kernelEmitter{k: k, s: sch, byValues: map[string]string{}}
 		for pi, ph := range sch.Phases {
 			name := fmt.Sprintf("%s phase %d", k.Name, pi)
-			groups := singles(ph.Steps)
-			render := func(g []schedule.Step) (stepContext, error) { return e.barrierStep(g[0]) }
+			groups := copyGroups(ph.Steps, sch.World)
+			render := e.barrierGroup
 			if sch.Protocol.Push() {
 				groups = llGroups(ph.Steps)
 				render = func(g []schedule.Step) (stepContext, error) { return e.pushGroup(g, pi) }
@@ -201,6 +202,53 @@ func TestLoopsBreak(t *testing.T) {
 		}
 		if got := checkBlocks(t, e, c.name, c.groups, true, render); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: loops of %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestCopyGroups: a phase's copies are fused in pairs when one reads a
+// peer and they share no chunk on any rank; anything else stays apart.
+func TestCopyGroups(t *testing.T) {
+	ag, err := schedule.Build(coll.AllGather, coll.OneShot, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lens := func(groups [][]schedule.Step) []int {
+		var out []int
+		for _, g := range groups {
+			out = append(out, len(g))
+		}
+		return out
+	}
+	// Phase 1 gathers: the own block and three peers' blocks.
+	if got := lens(copyGroups(ag.Phases[1].Steps, 4)); fmt.Sprint(got) != "[2 2]" {
+		t.Errorf("all-gather world 4 gather phase: groups %v, want [2 2]", got)
+	}
+	// Phase 0 copies into the own stage only: nothing to overlap.
+	if got := lens(copyGroups(ag.Phases[0].Steps, 4)); fmt.Sprint(got) != "[1]" {
+		t.Errorf("all-gather stage phase: groups %v, want [1]", got)
+	}
+	ref := func(b schedule.Buffer, rank, chunk int) schedule.Ref {
+		return schedule.Ref{Buf: b, Rank: schedule.Rel(rank), Chunk: schedule.Rel(chunk)}
+	}
+	cp := func(dst, src schedule.Ref) schedule.Step {
+		return schedule.Step{Kind: schedule.Copy, Dst: dst, Srcs: []schedule.Ref{src}}
+	}
+	for _, c := range []struct {
+		name  string
+		steps []schedule.Step
+		want  string
+	}{
+		{"peer and own", []schedule.Step{cp(ref(schedule.Output, 0, 0), ref(schedule.Input, 0, 0)), cp(ref(schedule.Output, 0, 1), ref(schedule.Stage, 1, 1))}, "[2]"},
+		{"own only", []schedule.Step{cp(ref(schedule.Output, 0, 0), ref(schedule.Input, 0, 0)), cp(ref(schedule.Output, 0, 1), ref(schedule.Input, 0, 1))}, "[1 1]"},
+		// The second reads what the first writes: order matters.
+		{"read after write", []schedule.Step{cp(ref(schedule.Scratch, 0, 1), ref(schedule.Stage, 1, 1)), cp(ref(schedule.Output, 0, 1), ref(schedule.Scratch, 0, 1))}, "[1 1]"},
+		// Chunk rank+2 is chunk rank at world 2: both write it.
+		{"write after write", []schedule.Step{cp(ref(schedule.Output, 0, 0), ref(schedule.Stage, 1, 0)), cp(ref(schedule.Output, 0, 2), ref(schedule.Stage, 1, 1))}, "[1 1]"},
+		{"reduce apart", []schedule.Step{{Kind: schedule.Reduce, Dst: ref(schedule.Output, 0, 0), Srcs: []schedule.Ref{ref(schedule.Stage, 1, 0)}}, cp(ref(schedule.Output, 0, 1), ref(schedule.Stage, 1, 1))}, "[1 1]"},
+	} {
+		if got := lens(copyGroups(c.steps, 2)); fmt.Sprint(got) != c.want {
+			t.Errorf("%s: groups %v, want %s", c.name, got, c.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-// NVLink bandwidth probe (tests/gpu/nvlink_probe.cu): remote reads vs remote writes vs the copy engine,
+// NVLink bandwidth probe (tests/gpu/nvlink_probe.cu): remote reads vs remote writes vs the copy engine (push and pull),
 // both GPUs at once. On a 2-GPU machine: nvcc -O3 -arch=sm_90 -o probe tests/gpu/nvlink_probe.cu && ./probe
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -30,9 +30,9 @@ int main() {
   for (int d = 0; d < 2; d++) { CK(cudaSetDevice(d)); CK(cudaDeviceSynchronize()); }
   int blocksList[] = {132, 264, 528, 1056};
   int threadsList[] = {512, 1024};
-  for (int mode = 0; mode < 5; mode++) {
+  for (int mode = 0; mode < 6; mode++) {
     for (int bi = 0; bi < 4; bi++) for (int ti = 0; ti < 2; ti++) {
-      if (mode == 4 && (bi > 0 || ti > 0)) continue;
+      if (mode >= 4 && (bi > 0 || ti > 0)) continue;
       float best = 1e30f;
       for (int it = 0; it < 5; it++) {
         for (int d = 0; d < 2; d++) {
@@ -40,7 +40,8 @@ int main() {
           const uint4* src; uint4* dst;
           if (mode == 0 || mode == 2) { src = (const uint4*)rem[1 - d]; dst = (uint4*)loc[d]; }   // read remote
           else { src = (const uint4*)loc[d]; dst = (uint4*)rem[1 - d]; }                            // write remote
-          if (mode == 4) CK(cudaMemcpyPeerAsync(rem[1 - d], 1 - d, loc[d], d, bytes, s[d]));
+          if (mode == 4) CK(cudaMemcpyPeerAsync(rem[1 - d], 1 - d, loc[d], d, bytes, s[d]));       // push: this GPU's engine writes the peer
+          else if (mode == 5) CK(cudaMemcpyPeerAsync(loc[d], d, rem[1 - d], 1 - d, bytes, s[d]));  // pull: it reads the peer
           else if (mode < 2) copyk<<<blocksList[bi], threadsList[ti], 0, s[d]>>>(dst, src, n);
           else copyk4<<<blocksList[bi], threadsList[ti], 0, s[d]>>>(dst, src, n);
           CK(cudaEventRecord(e1[d], s[d]));
@@ -49,7 +50,7 @@ int main() {
         for (int d = 0; d < 2; d++) { CK(cudaSetDevice(d)); CK(cudaEventSynchronize(e1[d])); float ms; CK(cudaEventElapsedTime(&ms, e0[d], e1[d])); if (ms > worst) worst = ms; }
         if (worst < best) best = worst;
       }
-      const char* names[] = {"read 1x", "write 1x", "read 4x", "write 4x", "copy engine"};
+      const char* names[] = {"read 1x", "write 1x", "read 4x", "write 4x", "CE push", "CE pull"};
       printf("%-12s blocks %4d threads %4d: %.1f us, %.1f GB/s per direction\n", names[mode], blocksList[bi], threadsList[ti], best * 1e3, bytes / (best * 1e-3) / 1e9);
     }
   }

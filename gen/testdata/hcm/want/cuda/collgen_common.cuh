@@ -405,6 +405,60 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
   }
 }
 
+// cg_copies runs K copies of one phase (cg_copy each) in one loop: every
+// iteration issues one vector load of each copy before the first store, so
+// a copy from a peer (a load over NVLink, microseconds) overlaps the others
+// (a local block: all-gather's own block, two-shot's own reduced chunk)
+// instead of following them; run one after the other, the local copies'
+// time adds to the peer's. Each copy keeps its own length and work-split
+// shift, so a thread copies exactly the elements it would copy in cg_copy
+// and the per-block barriers still suffice. The emitter fuses only copies
+// that share no chunk (templates/cuda: copyGroups), so their order within
+// a thread does not matter. A misaligned copy (any pointer off its VB
+// boundary) takes cg_copy's shuffling path, one copy after another.
+template <class T, int VB, int K>
+__device__ __forceinline__ void cg_copies(typename T::E* const (&dst)[K], const typename T::E* const (&src)[K], const cg_s64 (&n)[K], const cg_s64 (&shift)[K]) {
+  typedef typename T::E E;
+  constexpr int V = VB / sizeof(E);
+  int mis = 0;
+#pragma unroll
+  for (int j = 0; j < K; j++) mis |= cg_misalign<VB>(src[j]) | cg_misalign<VB>(dst[j]);
+  if (mis != 0) {
+    // One copy after another, through one inlined cg_copy: K of them
+    // would take the registers the loop below needs.
+#pragma unroll 1
+    for (int j = 0; j < K; j++) cg_copy<T, VB>(dst[j], src[j], n[j], shift[j]);
+    return;
+  }
+  const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+  // Per copy: this thread's first source and destination vector and how
+  // many vectors of the copy lie at or after it (stride apart).
+  const typename cg_raw<VB>::T* s[K];
+  typename cg_raw<VB>::T* d[K];
+  cg_s64 left[K], most = 0;
+#pragma unroll
+  for (int j = 0; j < K; j++) {
+    const cg_s64 nvec = (dst[j] == (E*)src[j] || n[j] <= 0) ? 0 : n[j] / V;  // zero-copy input already in place
+    const cg_s64 v = cg_first(shift[j], stride);
+    s[j] = (const typename cg_raw<VB>::T*)(src[j] + v * V);
+    d[j] = (typename cg_raw<VB>::T*)(dst[j] + v * V);
+    left[j] = nvec - v;
+    most = left[j] > most ? left[j] : most;
+    if (nvec * V < n[j] && v == cg_mod(nvec, stride)) {  // the partial vector at the end
+      for (cg_s64 i = nvec * V; i < n[j]; i++) dst[j][i] = cg_ld_elem(src[j] + i);
+    }
+  }
+  for (cg_s64 o = 0; o < most; o += stride) {
+    typename cg_raw<VB>::T x[K];
+#pragma unroll
+    for (int j = 0; j < K; j++)
+      if (o < left[j]) cg_ld(x[j], s[j] + o);
+#pragma unroll
+    for (int j = 0; j < K; j++)
+      if (o < left[j]) d[j][o] = x[j];
+  }
+}
+
 // cg_reduce_vec combines NS vectors elementwise in source order,
 // accumulating in T::A.
 template <class T, class OP, int NS, int VB>
