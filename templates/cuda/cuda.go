@@ -437,15 +437,11 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 		if e.k.Op == "" {
 			return w.sc, fmt.Errorf("kernel %s: reduce step without an op", e.k.Name)
 		}
-		w.P("const E* const src[%d] = {", len(st.Srcs))
+		srcs := make([]string, len(st.Srcs))
 		for i, r := range st.Srcs {
-			comma := ","
-			if i == len(st.Srcs)-1 {
-				comma = ""
-			}
-			w.P("    %s%s", e.ref(r, true), comma)
+			srcs[i] = e.ref(r, true)
 		}
-		w.P("};")
+		w.array("const E* const", "src", srcs)
 		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
 	}
 	return w.sc, nil
@@ -470,21 +466,10 @@ func (e *kernelEmitter) copiesStep(g []schedule.Step) (stepContext, error) {
 		n[i], shift[i] = e.stepLength(st)
 		dst[i], src[i] = e.ref(st.Dst, false), e.ref(st.Srcs[0], true)
 	}
-	list := func(typ, name string, xs []string) {
-		w.P("%s %s[%d] = {", typ, name, len(xs))
-		for i, x := range xs {
-			comma := ","
-			if i == len(xs)-1 {
-				comma = ""
-			}
-			w.P("    %s%s", x, comma)
-		}
-		w.P("};")
-	}
-	list("E* const", "dst", dst)
-	list("const E* const", "src", src)
-	list("const cg_s64", "n", n)
-	list("const cg_s64", "shift", shift)
+	w.array("E* const", "dst", dst)
+	w.array("const E* const", "src", src)
+	w.array("const cg_s64", "n", n)
+	w.array("const cg_s64", "shift", shift)
 	w.P("cg_copies<T, VB, %d>(dst, src, n, shift);", len(g))
 	return w.sc, nil
 }
@@ -520,6 +505,20 @@ type stepWriter struct {
 // P appends a formatted line to the step.
 func (w *stepWriter) P(format string, args ...any) {
 	w.sc.Lines = append(w.sc.Lines, fmt.Sprintf(format, args...))
+}
+
+// array appends the declaration of a C array of typ named name, holding
+// xs, one element a line.
+func (w *stepWriter) array(typ, name string, xs []string) {
+	w.P("%s %s[%d] = {", typ, name, len(xs))
+	for i, x := range xs {
+		comma := ","
+		if i == len(xs)-1 {
+			comma = ""
+		}
+		w.P("    %s%s", x, comma)
+	}
+	w.P("};")
 }
 
 // B appends a formatted line to the loop body.

@@ -357,6 +357,18 @@ __device__ __forceinline__ void cg_st_vec(E* p, const cg_vec<E, VB>& x, int m, b
 // broke it would get wrong shuffles, so the element-by-element loop that
 // used to guard it is gone: it was dead code every kernel paid to compile.
 
+// cg_copy_tail copies a copy's elements past its last whole vector, in
+// the thread that would own the next vector (first, this thread's first
+// vector index of the copy, is that index mod stride).
+template <class T, int VB>
+__device__ __forceinline__ void cg_copy_tail(typename T::E* dst, const typename T::E* src, cg_s64 n, cg_s64 first, cg_s64 stride) {
+  constexpr int V = VB / sizeof(typename T::E);
+  const cg_s64 nvec = n / V;
+  if (nvec * V < n && first == cg_mod(nvec, stride)) {
+    for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
+  }
+}
+
 template <class T, int VB>
 __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E* src, cg_s64 n, cg_s64 shift) {
   typedef typename T::E E;
@@ -383,9 +395,7 @@ __device__ __forceinline__ void cg_copy(typename T::E* dst, const typename T::E*
       cg_st_vec<E, VB>(dst + v * V, x[0], md, on, lane == 0, edge);
     }
   }
-  if (nvec * V < n && gid == cg_mod(nvec, stride)) {
-    for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
-  }
+  cg_copy_tail<T, VB>(dst, src, n, gid, stride);
 }
 
 // cg_copies runs K copies of one phase (cg_copy each) in one loop: every
@@ -421,15 +431,13 @@ __device__ __forceinline__ void cg_copies(typename T::E* const (&dst)[K], const 
   cg_s64 left[K], most = 0;
 #pragma unroll
   for (int j = 0; j < K; j++) {
-    const cg_s64 nvec = (dst[j] == (E*)src[j] || n[j] <= 0) ? 0 : n[j] / V;  // zero-copy input already in place
+    const cg_s64 nj = (dst[j] == (E*)src[j] || n[j] <= 0) ? 0 : n[j];  // in place (zero-copy, in-place all-gather): nothing to copy
     const cg_s64 v = cg_first(shift[j], stride);
     s[j] = (const typename cg_raw<VB>::T*)(src[j] + v * V);
     d[j] = (typename cg_raw<VB>::T*)(dst[j] + v * V);
-    left[j] = nvec - v;
+    left[j] = nj / V - v;
     most = left[j] > most ? left[j] : most;
-    if (nvec * V < n[j] && v == cg_mod(nvec, stride)) {  // the partial vector at the end
-      for (cg_s64 i = nvec * V; i < n[j]; i++) dst[j][i] = cg_ld_elem(src[j] + i);
-    }
+    cg_copy_tail<T, VB>(dst[j], src[j], nj, v, stride);
   }
   for (cg_s64 o = 0; o < most; o += stride) {
     typename cg_raw<VB>::T x[K];
