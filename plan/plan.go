@@ -53,11 +53,14 @@ type Kernel struct {
 	Launch     spec.Launch
 	Schedule   *schedule.Schedule
 	// PushRounds: a push schedule that may run in rounds
-	// (schedule.RoundsSafe, decided once per schedule); the kernel is
+	// (schedule.RoundsSplit, decided once per schedule); the kernel is
 	// rendered with the rounds loop and registered with
-	// kernels.Kernel.PushRounds.
-	PushRounds bool
-	Layout     *Layout
+	// kernels.Kernel.PushRounds. RoundsSplit is the work split its rounds
+	// need (schedule.Aligned for a reduce-scatter's or all-gather's
+	// one-shot); a kernel that runs in one round keeps the Spread split.
+	PushRounds  bool
+	RoundsSplit schedule.Split
+	Layout      *Layout
 	// Program is the compiled program that runs the kernel; several
 	// kernels may share it.
 	Program *Program
@@ -261,7 +264,13 @@ func (b *builder) kernels() error {
 					if err != nil {
 						return fmt.Errorf("topology %s: %w", t.Name, err)
 					}
-					pushRounds := sched.Protocol.Push() && schedule.RoundsSafe(sched)
+					split, rounds := schedule.RoundsSplit(sched)
+					// The reduce-scatter's and all-gather's LL one-shots keep
+					// one round: their rules end where the LL inbox still
+					// holds the message (64-128 KiB), and with the one-round
+					// branch of an aligned kernel their 8 KiB rows were 11%
+					// slower on 2 x H200 (docs/performance.md).
+					pushRounds := sched.Protocol.Push() && rounds && !(split == schedule.Aligned && sched.Protocol == coll.LL)
 					for _, dt := range dtypesFor(&t, c) {
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)
@@ -270,7 +279,7 @@ func (b *builder) kernels() error {
 							}
 							byName[name] = true
 							k := &Kernel{Name: name, Collective: c, Algorithm: alg, DType: dt, Op: op,
-								World: w, Launch: b.s.Launch(c, alg), Schedule: sched, PushRounds: pushRounds}
+								World: w, Launch: b.s.Launch(c, alg), Schedule: sched, PushRounds: pushRounds, RoundsSplit: split}
 							// A vector holds at least one element.
 							k.Launch.VectorBytes = max(k.Launch.VectorBytes, dt.Size())
 							b.p.Kernels = append(b.p.Kernels, k)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/schedule"
 	"github.com/collgen/collgen/spec"
 )
 
@@ -29,6 +30,15 @@ func TestNewPasses(t *testing.T) {
 		}
 		if k.Launch.MaxBlocks > p.MaxBlocks || k.Launch.VectorBytes < k.DType.Size() {
 			t.Errorf("%s launch %+v, plan max blocks %d", k.Name, k.Launch, p.MaxBlocks)
+		}
+		// The runtime derives the aligned split from what it registers
+		// (kernels.Kernel.AlignedRounds); it must agree with the plan's.
+		rk := kernels.Kernel{Collective: k.Collective, Protocol: k.Schedule.Protocol, PushRounds: k.PushRounds}
+		if aligned := k.PushRounds && k.RoundsSplit == schedule.Aligned; rk.AlignedRounds() != aligned {
+			t.Errorf("%s: plan's aligned rounds %v, runtime's %v", k.Name, aligned, rk.AlignedRounds())
+		}
+		if want := k.Schedule.Protocol.Push() && k.World > 1 && (k.Collective == coll.AllReduce || k.Schedule.Protocol == coll.LL128); want && !k.PushRounds {
+			t.Errorf("%s: a push kernel without rounds", k.Name)
 		}
 		worlds[k.World] = true
 	}

@@ -47,7 +47,7 @@ func TestSimulateEveryCombination(t *testing.T) {
 					pushRoundsDone := false // at worlds above 16, for one count
 					for _, n := range counts {
 						for _, vec := range vecs {
-							if err := simulate(s, n, vec, 0, mem); err != nil {
+							if err := simulate(s, n, vec, 0, Spread, mem); err != nil {
 								t.Errorf("n=%d vec=%d: %v", n, vec, err)
 							}
 							wins := []int{1, 2, 5}
@@ -63,9 +63,10 @@ func TestSimulateEveryCombination(t *testing.T) {
 								pushRoundsDone = true
 								wins = []int{(chunk + 2) / 3}
 							}
+							split, rounds := RoundsSplit(s)
 							for _, win := range wins { // rounds over windows (cg_window)
 								var ow *OverwriteError
-								if err := simulate(s, n, vec, win, mem); errors.As(err, &ow) && !RoundsSafe(s) {
+								if err := simulate(s, n, vec, win, split, mem); errors.As(err, &ow) && !rounds {
 									continue // runs in one round: the next test
 								} else if err != nil {
 									t.Errorf("n=%d vec=%d window=%d: %v", n, vec, win, err)
@@ -379,12 +380,14 @@ func TestSimulatePushRoundsCatchOverwrites(t *testing.T) {
 	mem := &arena{}
 	// One round: the data arrives; the output misses chunks the ring never
 	// sends, so only the result check can fail.
-	if err := simulate(ring, 3*8, 1, 0, mem); err != nil && strings.Contains(err.Error(), "overwrite") {
+	if err := simulate(ring, 3*8, 1, 0, Spread, mem); err != nil && strings.Contains(err.Error(), "overwrite") {
 		t.Fatalf("one round: %v", err)
 	}
 	var ow *OverwriteError
-	if err := simulate(ring, 3*8, 1, 2, mem); !errors.As(err, &ow) {
-		t.Fatalf("rounds over a ring without back-pressure: got %v, want an *OverwriteError", err)
+	for _, split := range []Split{Spread, Aligned} {
+		if err := simulate(ring, 3*8, 1, 2, split, mem); !errors.As(err, &ow) {
+			t.Fatalf("rounds over a ring without back-pressure, split %d: got %v, want an *OverwriteError", split, err)
+		}
 	}
 	if RoundsSafe(ring) {
 		t.Error("RoundsSafe accepts the ring without back-pressure")
@@ -394,19 +397,20 @@ func TestSimulatePushRoundsCatchOverwrites(t *testing.T) {
 	back := Step{Kind: Put, Dst: Ref{Buf: Inbox, Rank: Rel(-1), Lane: self, Chunk: Rel(-1)}, Srcs: []Ref{{Buf: Output, Rank: self, Chunk: Rel(-1)}}}
 	wait := Step{Kind: Copy, Dst: Ref{Buf: Output, Rank: self, Chunk: self}, Srcs: []Ref{{Buf: Inbox, Rank: self, Lane: Rel(1), Chunk: self}}}
 	ring.Phases = []Phase{{Steps: []Step{put}}, {Steps: []Step{take, back}}, {Steps: []Step{wait}}}
-	if err := simulate(ring, 3*8, 1, 2, mem); errors.As(err, &ow) {
+	if err := simulate(ring, 3*8, 1, 2, Spread, mem); errors.As(err, &ow) {
 		t.Fatalf("ring with a wait for the successor: %v", err)
 	}
-	if !RoundsSafe(ring) {
-		t.Error("RoundsSafe refuses the ring that waits for its successor")
+	if split, ok := RoundsSplit(ring); !ok || split != Spread {
+		t.Errorf("RoundsSplit(ring that waits for its successor) = %d, %v; want Spread, true", split, ok)
 	}
 }
 
-// TestRoundsSafe pins which shipped push schedules may run in rounds: the
-// all-reduce ones, whose every thread waits for the peers it sends to, and
-// not a reduce-scatter's or all-gather's one-shot, whose sending threads
-// wait for nothing (at world 1 nothing is sent).
-func TestRoundsSafe(t *testing.T) {
+// TestRoundsSplit pins how shipped schedules run in rounds: every one may;
+// the all-reduce's push schedules with the Spread split (every thread waits
+// for the peers it sends to), a reduce-scatter's or all-gather's one-shot
+// only Aligned, since under Spread its sending threads wait for nothing (at
+// world 1 nothing is sent, so Spread serves).
+func TestRoundsSplit(t *testing.T) {
 	for _, c := range coll.Collectives() {
 		for _, alg := range Algorithms(c) {
 			for _, w := range []int{1, 2, 3, 4, 8} {
@@ -414,9 +418,15 @@ func TestRoundsSafe(t *testing.T) {
 				if err != nil {
 					continue
 				}
-				want := !s.Protocol.Push() || c == coll.AllReduce || w == 1
-				if got := RoundsSafe(s); got != want {
-					t.Errorf("RoundsSafe(%s) = %v, want %v", s.Name(), got, want)
+				want := Spread
+				if s.Protocol.Push() && c != coll.AllReduce && w > 1 {
+					want = Aligned
+				}
+				if got, ok := RoundsSplit(s); got != want || !ok {
+					t.Errorf("RoundsSplit(%s) = %d, %v; want %d, true", s.Name(), got, ok, want)
+				}
+				if spread, aligned := simulate(s, 3*w, 1, 1, Spread, &arena{}), simulate(s, 3*w, 1, 1, Aligned, &arena{}); want == Aligned && (spread == nil || aligned != nil) {
+					t.Errorf("%s in rounds: spread %v, aligned %v; want an overwrite spread and none aligned", s.Name(), spread, aligned)
 				}
 			}
 		}

@@ -56,7 +56,8 @@ func Simulate(s *Schedule, n, vecElems int) error {
 // which events happen before which (vector clocks over the reads' waits)
 // and fails if a put can overwrite a place before every read of what the
 // round two earlier left there: the kernels have no credits, only this
-// order, so every interleaving must keep it.
+// order, so every interleaving must keep it. It models the work split the
+// kernel uses in rounds (RoundsSplit).
 func SimulateWindows(s *Schedule, n, vecElems, window int) error {
 	if window < 0 {
 		return fmt.Errorf("%s: negative window %d", s.Name(), window)
@@ -67,7 +68,11 @@ func SimulateWindows(s *Schedule, n, vecElems, window int) error {
 	if err := CheckRaces(s); err != nil {
 		return err
 	}
-	return simulate(s, n, vecElems, window, &arena{})
+	split := Spread
+	if window > 0 && s.Protocol.Push() {
+		split, _ = RoundsSplit(s)
+	}
+	return simulate(s, n, vecElems, window, split, &arena{})
 }
 
 // arena is memory for simulations that callers reuse across sizes: the
@@ -86,9 +91,9 @@ func (a *arena) zeroed(n int) []cell {
 }
 
 // simulate is SimulateWindows without the checks that depend only on the
-// schedule, for callers that ran them once for many sizes; buffers come
-// from mem.
-func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
+// schedule, for callers that ran them once for many sizes, with the work
+// split of a push schedule's rounds given; buffers come from mem.
+func simulate(s *Schedule, n, vecElems, window int, split Split, mem *arena) error {
 	w := s.World
 	if s.Collective != coll.AllReduce && n%w != 0 {
 		return fmt.Errorf("%s: %d elements do not split into %d equal parts", s.Name(), n, w)
@@ -204,7 +209,7 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 		rounds = (c + win - 1) / win
 	}
 	if s.Protocol.Push() {
-		if err := simulatePush(s, rounds, exec); err != nil {
+		if err := simulatePush(s, rounds, split, exec); err != nil {
 			return err
 		}
 		return checkResult(s, bufs, n, c)
@@ -241,14 +246,16 @@ func simulate(s *Schedule, n, vecElems, window int, mem *arena) error {
 // Rounds alternate two inbox slots, so a put of round r overwrites what
 // round r-2 put in the same place. Whether every read of that older
 // content happens before the put in every execution, not just in this one,
-// is decided per thread, as the kernels run: the thread that owns unit u of
-// chunk c (SplitChunk) owns it in every step on every rank, but its other
-// units, in other chunks, depend on the size, so the only order to count
-// on is that of the steps of one chunk index on one rank. Vector clocks
-// over those (rank, chunk) classes, merged along each wait, decide it; a
+// is decided per thread, as the kernels run. With the Spread split the
+// thread that owns unit u of chunk c (SplitChunk) owns it in every step on
+// every rank, but its other units, in other chunks, depend on the size, so
+// the only order to count on is that of the steps of one chunk index on
+// one rank; with the Aligned split one thread owns unit u of every chunk,
+// so all steps of a rank are ordered. Vector clocks over those classes
+// ((rank, chunk), or one per rank), merged along each wait, decide it; a
 // put that no chain of waits orders after a read it overwrites is an
 // *OverwriteError.
-func simulatePush(s *Schedule, rounds int, exec func(pi, si int, st Step, r, round int) error) error {
+func simulatePush(s *Schedule, rounds int, split Split, exec func(pi, si int, st Step, r, round int) error) error {
 	w := s.World
 	type pos struct{ pi, si int }
 	var order []pos
@@ -319,7 +326,10 @@ func simulatePush(s *Schedule, rounds int, exec func(pi, si int, st Step, r, rou
 				if err := exec(p.pi, p.si, st, r, round); err != nil {
 					return err
 				}
-				class := s.SplitChunk(st).Chunk.Eval(r, w)
+				class := 0
+				if split == Spread {
+					class = s.SplitChunk(st).Chunk.Eval(r, w)
+				}
 				clk := clock[class*w+r]
 				clk[r]++
 				for _, ref := range st.Srcs {
@@ -421,20 +431,50 @@ func (e *OverwriteError) Error() string {
 		e.Schedule, e.Rank, e.Phase, e.Step, e.Round, e.Dst, who, e.ReadRound)
 }
 
-// RoundsSafe reports whether a schedule may run in rounds (cg_window):
-// always for barrier schedules; for a push schedule, when every put of a
-// round is ordered by waits after the reads of the round two earlier in
-// the same place (SimulateWindows over three rounds finds no
-// *OverwriteError). An all-reduce's one-shot and two-shot are: each
-// thread waits for the peers it sends to. A reduce-scatter's or
-// all-gather's one-shot is not: the threads that send a peer its chunk
-// wait for nothing, and would lap a slow reader. It judges only this
-// order; whether the schedule is correct at all is Simulate's to say.
-func RoundsSafe(s *Schedule) bool {
+// Split is how a push kernel's loops spread units over threads.
+type Split int
+
+const (
+	// Spread gives unit u of chunk c to the thread c*units+u (modulo the
+	// grid; cg_first's shift), so a phase's chunks run on distinct threads.
+	Spread Split = iota
+	// Aligned gives unit u of every chunk to the same thread (no shift): a
+	// thread that sends unit u of one chunk also waits for unit u of
+	// another, which orders its sends in rounds. It needs chunks of equal
+	// length, as a reduce-scatter's and an all-gather's are (the per-rank
+	// count); an all-reduce's last chunk may be shorter.
+	Aligned
+)
+
+// RoundsSplit reports whether a schedule may run in rounds (cg_window),
+// and with which work split: always for barrier schedules; for a push
+// schedule, when every put of a round is ordered by waits after the reads
+// of the round two earlier in the same place (the simulation over three
+// rounds finds no *OverwriteError) under the Spread split, or else under
+// the Aligned split where chunks are equal. An all-reduce's one-shot and
+// two-shot are safe spread: each thread waits for the peers it sends to. A
+// reduce-scatter's or all-gather's one-shot is not (the threads that send
+// a peer its chunk wait for nothing, and would lap a slow reader), but is
+// aligned: the thread that sends unit u waits for unit u of its own chunk,
+// which the peer sent after reading. It judges only this order; whether
+// the schedule is correct at all is Simulate's to say.
+func RoundsSplit(s *Schedule) (Split, bool) {
 	if !s.Protocol.Push() {
-		return true
+		return Spread, true
 	}
 	n := 3 * s.World // chunks of 3 elements: rounds 0..2 of one element
 	var ow *OverwriteError
-	return !errors.As(simulate(s, n, 1, 1, &arena{}), &ow)
+	if !errors.As(simulate(s, n, 1, 1, Spread, &arena{}), &ow) {
+		return Spread, true
+	}
+	if s.Collective != coll.AllReduce && !errors.As(simulate(s, n, 1, 1, Aligned, &arena{}), &ow) {
+		return Aligned, true
+	}
+	return Spread, false
+}
+
+// RoundsSafe reports whether a schedule may run in rounds (RoundsSplit).
+func RoundsSafe(s *Schedule) bool {
+	_, ok := RoundsSplit(s)
+	return ok
 }

@@ -197,9 +197,9 @@ func TestStagingFor(t *testing.T) {
 	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 0); s != 0 {
 		t.Errorf("all-reduce, every algorithm forced up to 256MiB: staging %d, want 0 (the default)", s)
 	}
-	// A reduce-scatter's push one-shots run in one round: their inboxes
-	// must hold 256 MiB's chunks, more than the rules' floor (LL's, two
-	// bytes per payload byte, is the larger).
+	// A reduce-scatter's LL push one-shot runs in one round (the LL128 one
+	// in rounds): its inbox must hold 256 MiB's chunks, more than the
+	// rules' floor.
 	rs, _ := Variants(lib, coll.ReduceScatter, "bf16", "sum", 4, nil)
 	want := max(lib.SlotBound(coll.ReduceScatter, coll.OneShotLL128, 4, 256<<20), lib.SlotBound(coll.ReduceScatter, coll.OneShotLL, 4, 256<<20))
 	if s := StagingFor(lib, coll.ReduceScatter, 4, sizes, rs, 0); s != want || want < 256<<20 {

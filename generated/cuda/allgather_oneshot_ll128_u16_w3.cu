@@ -26,13 +26,11 @@ allgather_oneshot_ll128_u16_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   constexpr cg_u64 table2 = 0x100ull;  // {0, 1, 0} by rank, a byte each (cg_pick)
   constexpr cg_u64 table3 = 0x10001ull;  // {1, 0, 1} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
-  // One round (schedule.RoundsSafe: the threads that send wait for
-  // nothing, so rounds could lap a reader). Each group takes its stage
-  // slot and flag from the epoch (cg_ep_slot, cg_ep_flag); the first
-  // phase's puts load it again after their input.
-  const cg_u64 epoch = cg_epoch(a.seq);
-  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
-
+  if (cg_window(a.chunk, a.window, a.slot_bytes) >= a.chunk) {
+    // One round: the phases as without rounds (the chunks spread over
+    // distinct threads, and none of the rounds loop's cost).
+    const cg_u64 epoch = cg_epoch(a.seq);
+    const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
   // phase 0
   { // inbox@rank+1[rank][rank] <- put(input@rank[0]); inbox@rank+2[rank][rank] <- put(input@rank[0])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
@@ -75,7 +73,7 @@ allgather_oneshot_ll128_u16_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
-      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done1;
       PR::st(p1, u, sp.n, x);
     }
   }
@@ -90,11 +88,94 @@ allgather_oneshot_ll128_u16_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1, on)) goto done1;
+      PR::st(p1, u, sp.n, x);
+    }
+  }
+
+  done1:
+    cg_collective_end(a.seq, 1, epoch);
+    return;
+  }
+  const cg_u64 epoch0 = cg_epoch(a.seq);
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  // The loop runs until the window passes the chunk (at least once), so
+  // the round count, a division, is left for the end (cg_collective_end).
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
+  // More than one round: every loop gives unit u of every chunk to the same
+  // thread (schedule.Aligned), so the thread that sends unit u has waited
+  // for unit u of its own chunk, which the peer sent after its reads.
+  for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
+  // Each group takes its stage slot and flag from the round's epoch
+  // (cg_ep_slot, cg_ep_flag); the first phase's puts load it again after
+  // their input.
+  const cg_u64 epoch = epoch0 + r;
+
+  // phase 0
+  { // inbox@rank+1[rank][rank] <- put(input@rank[0]); inbox@rank+2[rank][rank] <- put(input@rank[0])
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + w0;
+    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      const PR::P x = PR::ld(p0, u, sp.n);
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
+      const int slot = cg_ep_slot(ep);
+      const unsigned flag = cg_ep_flag(ep);
+      char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
+      PR::store(p1 + u * 16, x, flag, on);
+      char* const p2 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
+      PR::store(p2 + u * 16, x, flag, on);
+    }
+  }
+
+  // phase 1
+  { // output@rank[rank] <- copy(input@rank[0])
+    const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const E* const p0 = (const E*)a.input + w0;
+    E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      const PR::P x = PR::ld(p0, u, sp.n);
+      PR::st(p1, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+1] <- copy(inbox@rank[rank+1][rank+1])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
+    E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
+      if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;
+      PR::st(p1, u, sp.n, x);
+    }
+  }
+  { // output@rank[rank+2] <- copy(inbox@rank[rank+2][rank+2])
+    const int slot = cg_ep_slot(epoch);
+    const unsigned flag = cg_ep_flag(epoch);
+    const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
+    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+    const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
+    E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
+    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      const bool on = u < units;
+      PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1, on)) goto done;
       PR::st(p1, u, sp.n, x);
     }
   }
 
+  }
 done:
-  cg_collective_end(a.seq, 1, epoch);
+  cg_collective_end(a.seq, cg_rounds(a.chunk, win), epoch0);
 }

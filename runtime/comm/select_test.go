@@ -172,8 +172,8 @@ func TestChooseAndRefuse(t *testing.T) {
 			t.Errorf("forced %s at 16 MiB: window %d (%d rounds, inbox %d bytes) over a %d-byte area; want the fewest rounds of equal vectors that fit", alg, cl.window, rounds, need, c.gpu.area[proto])
 		}
 	}
-	// A reduce-scatter's push one-shot has no rounds: refused above its
-	// inbox, with the bytes it needs.
+	// A reduce-scatter's LL push one-shot has no rounds (the LL128 one
+	// has): refused above its inbox, with the bytes it needs.
 	rs := &call{collective: coll.ReduceScatter, in: DeviceBuffer(0x1000), out: DeviceBuffer(0x2000), count: 2 << 20, dtype: coll.BF16, op: coll.Sum, o: Options{Algorithm: coll.OneShotLL}}
 	if err := c.resolve(rs); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "bytes of inbox (LL lines carry 8 payload bytes in 16), more than the staging buffer's 786432-byte ll area") {
 		t.Errorf("forced reduce-scatter oneshot_ll at 8 MiB: %v, want a refusal naming the inbox", err)
@@ -315,8 +315,12 @@ func TestStagingBudget(t *testing.T) {
 				}
 			}
 		}
-		if w == 2 && (g.area[coll.Barrier] != kernels.WindowBytes || g.scratchBytes != minArea || g.area[coll.LL128] >= kernels.WindowBytes) {
-			t.Errorf("world 2: areas %v, scratch %d; want the 8 MiB barrier window, 1 MiB scratch, LL128 cut", g.area, g.scratchBytes)
+		// World 2's staged rules send every size to push kernels (LL up
+		// to 64-256 KiB, then LL128, in rounds from 8 MiB): barrier kernels
+		// keep the least area (forced ones run in 1 MiB windows) and LL128
+		// gets the 8 MiB window.
+		if w == 2 && (g.area[coll.Barrier] != minArea || g.scratchBytes != minArea || g.area[coll.LL128] != kernels.WindowBytes) {
+			t.Errorf("world 2: areas %v, scratch %d; want a 1 MiB barrier area and scratch, the 8 MiB window for LL128", g.area, g.scratchBytes)
 		}
 		big, err := newTestGPU(t, Config{WorldSize: w, StagingBudget: 1 << 30})
 		if err != nil {

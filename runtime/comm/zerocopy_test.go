@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/schedule"
 )
 
@@ -211,9 +213,10 @@ func TestFakeLargeStagingStillRounds(t *testing.T) {
 
 // TestFakePushFallsBackToRounds: with a staging area too small for a push
 // kernel's inbox, an all-reduce's push kernel runs in rounds, automatic or
-// forced; a reduce-scatter's push one-shot has none, so the automatic
-// choice runs the message on the one-shot barrier kernel in rounds (not
-// NCCL), and forcing the push kernel is refused.
+// forced, and so does a reduce-scatter's push one-shot; in a package where
+// that one has no rounds, the automatic choice runs the message on the
+// one-shot barrier kernel in rounds (not NCCL), and forcing the push
+// kernel is refused.
 func TestFakePushFallsBackToRounds(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{StagingBytes: 1 << 20})
 	defer closeAll(t, comms)
@@ -239,12 +242,40 @@ func TestFakePushFallsBackToRounds(t *testing.T) {
 	if a.Chunk != n/2 || a.Window != 209716 || a.SlotBytes == 0 {
 		t.Errorf("launch: chunk %d, window %d, slot bytes %d; want chunk %d in windows of 209716", a.Chunk, a.Window, a.SlotBytes, n/2)
 	}
+	// The reduce-scatter's push one-shot runs in rounds too (the aligned
+	// split): chunks of 2M elements through one 1 MiB place, 8192 LL128
+	// lines of 60 elements (491520 at most), in 5 rounds.
 	p, err := comms[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
+	if err != nil || p != (Plan{Algorithm: coll.OneShotLL128, Kernel: "reduce_scatter_oneshot_ll128_bf16_sum_w2", Rounds: 5}) {
+		t.Errorf("auto reduce-scatter of 8 MiB (oneshot_ll128 by the rules) over a 1 MiB area: plan %+v, %v; want the push one-shot in 5 rounds", p, err)
+	}
+	// A package whose push one-shots have no rounds: the automatic choice
+	// moves the call to the barrier one-shot, in rounds; forcing the push
+	// kernel is refused.
+	old, _ := fakeComms(t, 2, Config{StagingBytes: 1 << 20, Library: withoutPushRounds(coll.ReduceScatter)})
+	defer closeAll(t, old)
+	p, err = old[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{})
 	if err != nil || p != (Plan{Algorithm: coll.OneShot, Kernel: "reduce_scatter_oneshot_bf16_sum_w2", Rounds: 8}) {
-		t.Errorf("auto reduce-scatter of 8 MiB (oneshot_ll128 by the rules) over a 1 MiB area: plan %+v, %v; want the one-shot in 8 rounds", p, err)
+		t.Errorf("auto reduce-scatter of 8 MiB without push rounds over a 1 MiB area: plan %+v, %v; want the one-shot in 8 rounds", p, err)
 	}
-	_, err = comms[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShotLL128})
+	_, err = old[0].Explain(coll.ReduceScatter, DeviceBuffer(0x1000), DeviceBuffer(1<<40), n, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShotLL128})
 	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "of inbox") {
-		t.Errorf("forced reduce-scatter oneshot_ll128 of 8 MiB over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
+		t.Errorf("forced reduce-scatter oneshot_ll128 of 8 MiB without push rounds over a 1 MiB area: %v; want ErrInvalidArgument naming the inbox", err)
 	}
+}
+
+// withoutPushRounds is the shipped library with the push kernels of one
+// collective running in one round only, as in packages generated before
+// the reduce-scatter's and all-gather's one-shots had rounds: the paths
+// that refuse or move what such a kernel's inbox cannot hold serve them.
+func withoutPushRounds(c coll.Collective) *kernels.Library {
+	src := collectives.Library
+	lib := kernels.Library{Package: src.Package, Kernels: slices.Clone(src.Kernels), Selections: src.Selections, MultiHost: src.MultiHost,
+		Sources: src.Sources, HostReducers: src.HostReducers, Manifest: src.Manifest, MaxBlocks: src.MaxBlocks}
+	for i := range lib.Kernels {
+		if k := &lib.Kernels[i]; k.Collective == c && k.Push() {
+			k.PushRounds = false
+		}
+	}
+	return &lib
 }

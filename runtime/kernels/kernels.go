@@ -147,6 +147,17 @@ type Kernel struct {
 // PushRounds.
 func (k *Kernel) Rounds() bool { return !k.Push() || k.PushRounds }
 
+// AlignedRounds reports whether a push kernel's rounds change its work
+// split (schedule.Aligned): the reduce-scatter's and all-gather's
+// one-shots, which schedule.RoundsSplit lets run in rounds only when one
+// thread handles unit u of every chunk, where in one round the chunks run
+// on distinct threads. Such a kernel keeps the sizes its bounded rules give
+// it in one round (RulesSlotBounds). Derived, as RoundsSplit decides it:
+// every push kernel with rounds but the all-reduce's.
+func (k *Kernel) AlignedRounds() bool {
+	return k.Push() && k.PushRounds && k.Collective != coll.AllReduce
+}
+
 // Func is the name of the function that runs k: Symbol, or Name for a
 // package generated before kernels had symbols of their own.
 func (k *Kernel) Func() string {
@@ -346,7 +357,8 @@ func (l *Library) AlgorithmKernel(collective coll.Collective, algorithm coll.Alg
 // rules at a world size: Need runs the largest message the rules send to
 // kernels of that protocol in one round (at most WindowBytes for kernels
 // that run in rounds); Floor is the part rounds cannot shrink, the inbox
-// of the largest message a rule sends to a push kernel without rounds.
+// of the largest message a rule sends to a push kernel without rounds, or
+// a bounded rule to one whose rounds change its split (AlignedRounds).
 type AreaNeed struct{ Need, Floor int64 }
 
 // RulesSlotBounds is, per protocol (Kernel.Protocol), what the rules of a
@@ -372,7 +384,7 @@ func (l *Library) RulesSlotBounds(s *Selection, world int) map[coll.Protocol]Are
 		need := l.SlotBound(s.Collective, r.Use, world, upTo)
 		b := bounds[k.Protocol]
 		b.Need = max(b.Need, need)
-		if !k.Rounds() {
+		if !k.Rounds() || r.UpTo != 0 && k.AlignedRounds() {
 			b.Floor = max(b.Floor, need)
 		}
 		bounds[k.Protocol] = b

@@ -148,8 +148,13 @@ type kernelContext struct {
 	LL    bool
 	Proto string
 	// PushRounds: a push schedule that runs in rounds (plan.Kernel's);
-	// other push kernels keep whole chunks, in one round.
-	PushRounds bool
+	// other push kernels keep whole chunks, in one round. Aligned: its
+	// rounds use schedule.Aligned (no work-split shift), and a message that
+	// fits in one round takes OneRound instead, the phases as a kernel
+	// without rounds writes them (the chunks spread over distinct threads,
+	// without the rounds loop's cost).
+	PushRounds, Aligned bool
+	OneRound            []phaseContext
 }
 
 // table is a lookup table of the executing rank: Values[rank], or for a
@@ -272,6 +277,10 @@ type kernelEmitter struct {
 	// instead of its C (loop.go renders a run of groups so).
 	recording bool
 	rec       []schedule.Index
+	// oneRound: the phases being emitted are an aligned kernel's one-round
+	// path (kernelContext.OneRound), written as a kernel without rounds
+	// writes them, ending at the label done1.
+	oneRound bool
 }
 
 // context emits every phase and returns the template context.
@@ -283,7 +292,15 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	var err error
 	if s.Protocol.Push() {
 		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), k.PushRounds
-		c.Phases, err = e.pushPhases()
+		c.Aligned = e.aligned()
+		if c.Aligned {
+			e.oneRound = true
+			c.OneRound, err = e.pushPhases()
+			e.oneRound = false
+		}
+		if err == nil {
+			c.Phases, err = e.pushPhases()
+		}
 	} else {
 		c.Phases, err = e.barrierPhases()
 		if err == nil && c.FinalOptional {
@@ -369,7 +386,7 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	default:
 		base = fmt.Sprintf("(%s)a.%s[%s]", q, r.Buf, e.index(r.Rank))
 	}
-	if e.s.Protocol.Push() && !e.k.PushRounds {
+	if e.s.Protocol.Push() && !e.rounds() {
 		if e.single(r.Buf) {
 			return base
 		}
@@ -385,6 +402,24 @@ func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 		return fmt.Sprintf("%s + cg_woff(a.count, win, %s)", base, e.index(r.Chunk))
 	}
 	return fmt.Sprintf("%s + cg_wchunk(a.count, a.chunk, %s, w0, win).lo", base, e.index(r.Chunk))
+}
+
+// aligned reports whether the kernel's rounds use the Aligned split
+// (plan.Kernel.RoundsSplit).
+func (e *kernelEmitter) aligned() bool {
+	return e.k.PushRounds && e.k.RoundsSplit == schedule.Aligned
+}
+
+// rounds reports whether the push phases being emitted run in rounds: a
+// kernel with PushRounds, but not its one-round path.
+func (e *kernelEmitter) rounds() bool { return e.k.PushRounds && !e.oneRound }
+
+// done is the label a push loop jumps to when a wait times out.
+func (e *kernelEmitter) done() string {
+	if e.oneRound {
+		return "done1"
+	}
+	return "done"
 }
 
 // chunkOf is the ref whose chunk index sets a step's work-split shift
@@ -596,7 +631,8 @@ func llGroups(steps []schedule.Step) [][]schedule.Step {
 // of its chunk, through the protocol struct PR (common.cuh.tmpl). Every
 // step of a kernel that touches chunk c uses the same work-split shift (c
 // times the units per chunk), so one thread handles unit u of chunk c in
-// every phase. LL128 loops are warp uniform (every lane of a warp runs
+// every phase; in rounds that need the Aligned split (aligned) there is no
+// shift, so one thread handles unit u of every chunk. LL128 loops are warp uniform (every lane of a warp runs
 // every iteration; see common.cuh.tmpl), so the 8 threads of a line, and
 // the whole warp, reach every poll and store together.
 func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, error) {
@@ -606,16 +642,16 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	// With rounds, the group covers the round's window of its chunk.
 	win, ep := "a.chunk", "cg_epoch(a.seq)"
 	switch {
-	case e.k.PushRounds && e.single(chunkRef.Buf):
+	case e.rounds() && e.single(chunkRef.Buf):
 		w.P("const cg_span sp = cg_wsingle(a.chunk, w0, win);")
-	case e.k.PushRounds:
+	case e.rounds():
 		w.P("const cg_span sp = cg_wchunk(a.count, a.chunk, %s, w0, win);", e.index(chunkRef.Chunk))
 	case e.single(chunkRef.Buf):
 		w.P("const cg_span sp = {0, (cg_s64)a.chunk};")
 	default:
 		w.P("const cg_span sp = cg_chunk(a.count, a.chunk, %s);", e.index(chunkRef.Chunk))
 	}
-	if e.k.PushRounds {
+	if e.rounds() {
 		win, ep = "win", "cg_epoch(a.seq) + r"
 	}
 	w.P("const cg_s64 units = PR::units<E>(sp.n);")
@@ -653,7 +689,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		if lead.Srcs[0].Buf == schedule.Inbox {
 			w.usesOn = true
 			w.B("PR::P x;")
-			w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, x, %s, %d%s)) goto done;", src, e.index(lead.Srcs[0].Lane), phase, on)
+			w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, x, %s, %d%s)) goto %s;", src, e.index(lead.Srcs[0].Lane), phase, on, e.done())
 		} else {
 			w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		}
@@ -682,7 +718,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 			w.B("if (%s) {", notOK)
 			for i, r := range lead.Srcs {
 				if r.Buf == schedule.Inbox {
-					w.B("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d%s)) goto done;", srcs[i], i, e.index(r.Lane), phase, on)
+					w.B("  if (!cg_push_wait<PR>(a, %s + u * 16, flag, xs[%d], %s, %d%s)) goto %s;", srcs[i], i, e.index(r.Lane), phase, on, e.done())
 				}
 			}
 			w.B("}")
@@ -701,7 +737,11 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	if !early && touchesInbox(g) {
 		w.sc.Lines = append([]string{"const int slot = cg_ep_slot(epoch);", "const unsigned flag = cg_ep_flag(epoch);"}, w.sc.Lines...)
 	}
-	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(%s), stride); %s; u += stride) {", e.index(chunkRef.Chunk), win, cond)
+	shift := e.index(chunkRef.Chunk)
+	if e.aligned() && e.rounds() {
+		shift = "0" // schedule.Aligned: unit u of every chunk on one thread
+	}
+	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(%s), stride); %s; u += stride) {", shift, win, cond)
 	if warp && w.usesOn {
 		w.P("  const bool on = u < units;")
 	}

@@ -651,8 +651,8 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 			t.Errorf("%s with %d elements: got %v, want %q", c.alg, c.n, err, c.want)
 		}
 	}
-	// A reduce-scatter's push one-shot runs in one round (barrier kernels
-	// and the all-reduce's push kernels run in rounds instead:
+	// A reduce-scatter's LL push one-shot runs in one round (barrier
+	// kernels and the other push kernels run in rounds instead:
 	// TestProofWindows): 2 MiB of inbox over the 1 MiB area is refused.
 	err = comms[0].ReduceScatter(b, b, 256<<10, "f32", "sum", comm.Options{Algorithm: coll.OneShotLL})
 	if err == nil || !strings.Contains(err.Error(), "of inbox") {

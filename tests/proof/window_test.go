@@ -66,15 +66,27 @@ func proveWindows(comms []*comm.Communicator, c collectives.Combination, area in
 	if c.Collective != coll.AllReduce {
 		bytes *= int64(len(comms))
 	}
-	if rounds, err := roundsOf(comms[0], c, n); err != nil || (bytes > area && rounds < 2) {
-		return 0, fmt.Errorf("count %d (%d bytes over a %d-byte area) runs in %d rounds (%v); want several", n, bytes, area, rounds, err)
+	// What the call needs of the area in one round: the message, or a
+	// reduce-scatter's or all-gather's push inbox (W-1 places of one
+	// rank's block, as lines).
+	need := bytes
+	k, ok := collectives.Library.Kernel(c.Collective, c.Algorithm, c.DType, c.Op, len(comms))
+	pushBlocks := ok && k.Push() && c.Collective != coll.AllReduce
+	if pushBlocks {
+		need = k.SlotBytes(bytes, bytes/int64(len(comms)))
+	}
+	if rounds, err := roundsOf(comms[0], c, n); err != nil || (need > area && rounds < 2) {
+		return 0, fmt.Errorf("count %d (%d bytes needing %d of a %d-byte area) runs in %d rounds (%v); want several", n, bytes, need, area, rounds, err)
 	}
 	cases, err := proveCombination(comms, c, true)
 	if err != nil || !graph {
 		return cases, err
 	}
 	n = 40000 // all-reduce: 5 rounds of 2-byte elements in 16 KiB, more for wider ones
-	if c.Collective != coll.AllReduce {
+	switch {
+	case pushBlocks:
+		n = 20011 // per rank: one inbox place of 1-byte elements over 16 KiB as LL128 lines
+	case c.Collective != coll.AllReduce:
 		n = 10007 // per rank: at least two rounds for 1-byte elements at world 2
 	}
 	if rounds, err := roundsOf(comms[0], c, n); err != nil || rounds < 2 {
