@@ -44,7 +44,8 @@ func TestSimulateEveryCombination(t *testing.T) {
 					if c == coll.AllReduce {
 						counts, vecs = []int{0, 1, 2, 3, w - 1, w, w + 1, 7*w + 3, 1000, 8*w*8 + 5}, []int{1, 8}
 					}
-					pushRoundsDone := false // at worlds above 16, for one count
+					pushRoundsDone := false         // at worlds above 16, for one count
+					split, rounds := RoundsSplit(s) // the kernel's split in rounds, once per schedule
 					for _, n := range counts {
 						for _, vec := range vecs {
 							if err := simulate(s, n, vec, 0, Spread, mem); err != nil {
@@ -63,7 +64,6 @@ func TestSimulateEveryCombination(t *testing.T) {
 								pushRoundsDone = true
 								wins = []int{(chunk + 2) / 3}
 							}
-							split, rounds := RoundsSplit(s)
 							for _, win := range wins { // rounds over windows (cg_window)
 								var ow *OverwriteError
 								if err := simulate(s, n, vec, win, split, mem); errors.As(err, &ow) && !rounds {

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/collgen/collgen/coll"
-	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/plan"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
@@ -37,9 +36,7 @@ topologies:
 	if len(p.Selections) != 2 {
 		t.Fatalf("%d selections, want one per world size's rule list: %+v", len(p.Selections), p.Selections)
 	}
-	g := collectives.Library
-	return &kernels.Library{Package: g.Package, Kernels: g.Kernels, Selections: p.Selections,
-		Sources: g.Sources, HostReducers: g.HostReducers, Manifest: g.Manifest, MaxBlocks: g.MaxBlocks}
+	return shippedWith(nil, p.Selections)
 }
 
 // The communicator takes the rules of its own world size from a per-world

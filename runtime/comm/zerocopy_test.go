@@ -269,13 +269,26 @@ func TestFakePushFallsBackToRounds(t *testing.T) {
 // the reduce-scatter's and all-gather's one-shots had rounds: the paths
 // that refuse or move what such a kernel's inbox cannot hold serve them.
 func withoutPushRounds(c coll.Collective) *kernels.Library {
-	src := collectives.Library
-	lib := kernels.Library{Package: src.Package, Kernels: slices.Clone(src.Kernels), Selections: src.Selections, MultiHost: src.MultiHost,
-		Sources: src.Sources, HostReducers: src.HostReducers, Manifest: src.Manifest, MaxBlocks: src.MaxBlocks}
-	for i := range lib.Kernels {
-		if k := &lib.Kernels[i]; k.Collective == c && k.Push() {
+	ks := slices.Clone(collectives.Library.Kernels)
+	for i := range ks {
+		if k := &ks[i]; k.Collective == c && k.Push() {
 			k.PushRounds = false
 		}
 	}
-	return &lib
+	return shippedWith(ks, nil)
+}
+
+// shippedWith is the shipped library with its kernels or its selections
+// replaced (nil keeps the shipped ones): a new Library, since one holds
+// its lookup index (it must not be copied).
+func shippedWith(ks []kernels.Kernel, sels []kernels.Selection) *kernels.Library {
+	g := collectives.Library
+	if ks == nil {
+		ks = g.Kernels
+	}
+	if sels == nil {
+		sels = g.Selections
+	}
+	return &kernels.Library{Package: g.Package, Kernels: ks, Selections: sels, MultiHost: g.MultiHost,
+		Sources: g.Sources, HostReducers: g.HostReducers, Manifest: g.Manifest, MaxBlocks: g.MaxBlocks}
 }

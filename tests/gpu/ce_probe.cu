@@ -125,13 +125,6 @@ void ceAndSM(int d, int param) {
   CK(cudaMemcpyAsync(out[d], in[1 - d], ce, cudaMemcpyDeviceToDevice, s[d]));
   joinSide(d, 0);
 }
-// Two CE pulls of half a block each, on two streams.
-void twoPulls(int d, int) {
-  forkSide(d, 0);
-  CK(cudaMemcpyAsync(out[d] + BLOCK / 2, in[1 - d] + BLOCK / 2, BLOCK / 2, cudaMemcpyDeviceToDevice, side[d]));
-  CK(cudaMemcpyAsync(out[d], in[1 - d], BLOCK / 2, cudaMemcpyDeviceToDevice, s[d]));
-  joinSide(d, 0);
-}
 // Reduce-scatter of 2 blocks: rank d pulls the peer's block d in param chunks into two tmp slots (CE, on s), and the side
 // stream adds each chunk to its own block d into out. Slot reuse waits for the add two chunks back.
 void reduceScatter(int d, int param) {
@@ -170,8 +163,6 @@ void smCopy(int d, int param) {
 }
 // Ten all-gathers in one graph (the per-replay host skew amortised).
 void allgather10(int d, int param) { for (int i = 0; i < 10; i++) allgather(d, param); }
-void allgather2(int d, int param) { for (int i = 0; i < 2; i++) allgather(d, param); }
-void barrierPull10(int d, int) { for (int i = 0; i < 10; i++) { barrier(d); cePull(d, 1); } barrier(d); }
 void cePull10(int d, int param) { for (int i = 0; i < 10; i++) cePull(d, param); }
 void tma10(int d, int param) { for (int i = 0; i < 10; i++) tma(d, param); }
 void smCopy10(int d, int param) { for (int i = 0; i < 10; i++) smCopy(d, param); }
@@ -201,28 +192,6 @@ void allgatherMemop(int d, int param) {
 }
 void allgatherMemop10(int d, int param) { for (int i = 0; i < 10; i++) allgatherMemop(d, param); }
 void memopSyncs(int d, int param) { for (int i = 0; i < param; i++) memopSync(d, i & 1); }
-void allgatherMemopSizes(int d, int param) {  // param MiB per block, ten times, memop syncs, SM local copy
-  size_t b = (size_t)param * MiB;
-  for (int i = 0; i < 10; i++) {
-    memopSync(d, 0);
-    forkSide(d, 0);
-    copyk<<<132, 1024, 0, side[d]>>>((uint4*)(out[d] + b), (const uint4*)in[d], b / 16);
-    CK(cudaMemcpyAsync(out[d], in[1 - d], b, cudaMemcpyDeviceToDevice, s[d]));
-    memopSync(d, 1);
-    joinSide(d, 0);
-  }
-}
-void allgatherKernelSizes(int d, int param) {  // the same with kernel barriers
-  size_t b = (size_t)param * MiB;
-  for (int i = 0; i < 10; i++) {
-    barrier(d);
-    forkSide(d, 0);
-    copyk<<<132, 1024, 0, side[d]>>>((uint4*)(out[d] + b), (const uint4*)in[d], b / 16);
-    CK(cudaMemcpyAsync(out[d], in[1 - d], b, cudaMemcpyDeviceToDevice, s[d]));
-    joinSide(d, 0);
-    barrier(d);
-  }
-}
 
 // Barriers alone, param of them.
 void barriers(int d, int param) { for (int i = 0; i < param; i++) barrier(d); }
