@@ -57,7 +57,10 @@ func Simulate(s *Schedule, n, vecElems int) error {
 // and fails if a put can overwrite a place before every read of what the
 // round two earlier left there: the kernels have no credits, only this
 // order, so every interleaving must keep it. It models the work split the
-// kernel uses in rounds (RoundsSplit).
+// kernel uses in rounds (RoundsSplit), and threads that work in every
+// round: a kernel's loops that put or poll cover the whole window in every
+// round, however short its data there (cg_round_n), so a short last round
+// leaves no reader without a later send.
 func SimulateWindows(s *Schedule, n, vecElems, window int) error {
 	if window < 0 {
 		return fmt.Errorf("%s: negative window %d", s.Name(), window)

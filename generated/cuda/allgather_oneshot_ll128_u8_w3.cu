@@ -26,11 +26,14 @@ allgather_oneshot_ll128_u8_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   constexpr cg_u64 table2 = 0x100ull;  // {0, 1, 0} by rank, a byte each (cg_pick)
   constexpr cg_u64 table3 = 0x10001ull;  // {1, 0, 1} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
-  if (cg_window(a.chunk, a.window, a.slot_bytes) >= a.chunk) {
-    // One round: the phases as without rounds (the chunks spread over
-    // distinct threads, and none of the rounds loop's cost).
-    const cg_u64 epoch = cg_epoch(a.seq);
-    const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  if (win >= a.chunk) {
+  // One round: the phases as without rounds (the chunks spread over
+  // distinct threads, and none of the rounds loop's cost).
+  const cg_u64 epoch = cg_epoch(a.seq);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
   // phase 0
   { // inbox@rank+1[rank][rank] <- put(input@rank[0]); inbox@rank+2[rank][rank] <- put(input@rank[0])
     const cg_span sp = cg_chunk(a.count, a.chunk, rank);
@@ -98,11 +101,8 @@ allgather_oneshot_ll128_u8_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     return;
   }
   const cg_u64 epoch0 = cg_epoch(a.seq);
-  // Rounds over windows of every chunk (see cg_window in the header); the
-  // inbox holds one window of each place.
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   // More than one round: every loop gives unit u of every chunk to the same
   // thread (schedule.Aligned), so the thread that sends unit u has waited
@@ -116,7 +116,7 @@ allgather_oneshot_ll128_u8_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   // phase 0
   { // inbox@rank+1[rank][rank] <- put(input@rank[0]); inbox@rank+2[rank][rank] <- put(input@rank[0])
     const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + w0;
     for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
@@ -148,7 +148,7 @@ allgather_oneshot_ll128_u8_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
@@ -163,7 +163,7 @@ allgather_oneshot_ll128_u8_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;

@@ -100,12 +100,12 @@ allreduce_oneshot_ll128_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   const int table7[8][W] = {{48, 49, 50, 51, 52, 53, 54, 55}, {49, 50, 51, 52, 53, 54, 55, 48}, {50, 51, 52, 53, 54, 55, 48, 49}, {51, 52, 53, 54, 55, 48, 49, 50}, {52, 53, 54, 55, 48, 49, 50, 51}, {53, 54, 55, 48, 49, 50, 51, 52}, {54, 55, 48, 49, 50, 51, 52, 53}, {55, 48, 49, 50, 51, 52, 53, 54}};
   const int table8[8][W] = {{56, 57, 58, 59, 60, 61, 62, 63}, {57, 58, 59, 60, 61, 62, 63, 56}, {58, 59, 60, 61, 62, 63, 56, 57}, {59, 60, 61, 62, 63, 56, 57, 58}, {60, 61, 62, 63, 56, 57, 58, 59}, {61, 62, 63, 56, 57, 58, 59, 60}, {62, 63, 56, 57, 58, 59, 60, 61}, {63, 56, 57, 58, 59, 60, 61, 62}};
   typedef cg_ll128 PR;
-  const cg_u64 epoch0 = cg_epoch(a.seq);
   // Rounds over windows of every chunk (see cg_window in the header); the
   // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 epoch0 = cg_epoch(a.seq);
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
   // Each group takes its stage slot and flag from the round's epoch
@@ -118,7 +118,7 @@ allreduce_oneshot_ll128_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     #pragma unroll 1
     for (int k = 0; k < 8; k++) {
       const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win);
-      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
@@ -154,7 +154,7 @@ allreduce_oneshot_ll128_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const int slot = cg_ep_slot(epoch);
       const unsigned flag = cg_ep_flag(epoch);
       const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win);
-      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table1[k][rank], chunk_ll);
       const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table2[k][rank], chunk_ll);

@@ -58,12 +58,12 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr cg_u64 table14 = 0xd0b090705030100ull;  // {0, 1, 3, 5, 7, 9, 11, 13} by rank, a byte each (cg_pick)
   const int table15[7][W] = {{1, 3, 5, 7, 9, 11, 13, 0}, {3, 5, 7, 9, 11, 13, 0, 2}, {5, 7, 9, 11, 13, 0, 2, 4}, {7, 9, 11, 13, 0, 2, 4, 6}, {9, 11, 13, 0, 2, 4, 6, 8}, {11, 13, 0, 2, 4, 6, 8, 10}, {13, 0, 2, 4, 6, 8, 10, 12}};
   typedef cg_ll PR;
-  const cg_u64 epoch0 = cg_epoch(a.seq);
   // Rounds over windows of every chunk (see cg_window in the header); the
   // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 epoch0 = cg_epoch(a.seq);
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
   // Each group takes its stage slot and flag from the round's epoch
@@ -76,7 +76,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     #pragma unroll 1
     for (int k = 0; k < 7; k++) {
       const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win);
-      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -95,7 +95,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
@@ -152,7 +152,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const int slot = cg_ep_slot(epoch);
       const unsigned flag = cg_ep_flag(epoch);
       const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win);
-      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[k][rank], chunk_ll);
       E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;

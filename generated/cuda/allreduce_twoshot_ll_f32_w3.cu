@@ -35,12 +35,12 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   constexpr cg_u64 table6 = 0x301ull;  // {1, 3, 0} by rank, a byte each (cg_pick)
   constexpr cg_u64 table7 = 0x20003ull;  // {3, 0, 2} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
-  const cg_u64 epoch0 = cg_epoch(a.seq);
   // Rounds over windows of every chunk (see cg_window in the header); the
   // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 epoch0 = cg_epoch(a.seq);
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
   // Each group takes its stage slot and flag from the round's epoch
@@ -51,7 +51,7 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -65,7 +65,7 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -83,7 +83,7 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
@@ -113,7 +113,7 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
@@ -127,7 +127,7 @@ allreduce_twoshot_ll_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;

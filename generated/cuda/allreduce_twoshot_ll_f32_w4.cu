@@ -42,12 +42,12 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   constexpr cg_u64 table10 = 0x2000503ull;  // {3, 5, 0, 2} by rank, a byte each (cg_pick)
   constexpr cg_u64 table11 = 0x4020005ull;  // {5, 0, 2, 4} by rank, a byte each (cg_pick)
   typedef cg_ll PR;
-  const cg_u64 epoch0 = cg_epoch(a.seq);
   // Rounds over windows of every chunk (see cg_window in the header); the
   // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  const cg_u64 epoch0 = cg_epoch(a.seq);
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   for (cg_u64 r = 0, w0 = 0; r == 0 || w0 < a.chunk; r++, w0 += win) {
   // Each group takes its stage slot and flag from the round's epoch
@@ -58,7 +58,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   // phase 0
   { // inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1])
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -72,7 +72,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   }
   { // inbox@rank+2[rank][rank+2] <- put(input@rank[rank+2])
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -86,7 +86,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
   }
   { // inbox@rank+3[rank][rank+3] <- put(input@rank[rank+3])
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
@@ -104,7 +104,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
@@ -139,7 +139,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
@@ -153,7 +153,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
@@ -167,7 +167,7 @@ allreduce_twoshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;

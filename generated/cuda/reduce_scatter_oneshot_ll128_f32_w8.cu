@@ -35,11 +35,14 @@ reduce_scatter_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   constexpr cg_u64 table6 = 0x504030201000605ull;  // {5, 6, 0, 1, 2, 3, 4, 5} by rank, a byte each (cg_pick)
   constexpr cg_u64 table7 = 0x605040302010006ull;  // {6, 0, 1, 2, 3, 4, 5, 6} by rank, a byte each (cg_pick)
   typedef cg_ll128 PR;
-  if (cg_window(a.chunk, a.window, a.slot_bytes) >= a.chunk) {
-    // One round: the phases as without rounds (the chunks spread over
-    // distinct threads, and none of the rounds loop's cost).
-    const cg_u64 epoch = cg_epoch(a.seq);
-    const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
+  // Rounds over windows of every chunk (see cg_window in the header); the
+  // inbox holds one window of each place.
+  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
+  if (win >= a.chunk) {
+  // One round: the phases as without rounds (the chunks spread over
+  // distinct threads, and none of the rounds loop's cost).
+  const cg_u64 epoch = cg_epoch(a.seq);
+  const cg_u64 chunk_ll = (cg_u64)PR::units<E>(a.chunk) * 16;
   // phase 0
   { // k = 0..6, one loop: inbox@rank+1[rank][rank+1] <- put(input@rank[rank+1]) ... inbox@rank+7[rank][rank+7] <- put(input@rank[rank+7])
     #pragma unroll 1
@@ -107,11 +110,8 @@ reduce_scatter_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     return;
   }
   const cg_u64 epoch0 = cg_epoch(a.seq);
-  // Rounds over windows of every chunk (see cg_window in the header); the
-  // inbox holds one window of each place.
   // The loop runs until the window passes the chunk (at least once), so
   // the round count, a division, is left for the end (cg_collective_end).
-  const cg_u64 win = cg_window(a.chunk, a.window, a.slot_bytes);
   const cg_u64 chunk_ll = (cg_u64)PR::units<E>(win) * 16;
   // More than one round: every loop gives unit u of every chunk to the same
   // thread (schedule.Aligned), so the thread that sends unit u has waited
@@ -127,7 +127,7 @@ reduce_scatter_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     #pragma unroll 1
     for (int k = 0; k < 7; k++) {
       const cg_span sp = cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win);
-      const cg_s64 units = PR::units<E>(sp.n);
+      const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
       for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
@@ -147,7 +147,7 @@ reduce_scatter_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     const int slot = cg_ep_slot(epoch);
     const unsigned flag = cg_ep_flag(epoch);
     const cg_span sp = cg_wchunk(a.count, a.chunk, rank, w0, win);
-    const cg_s64 units = PR::units<E>(sp.n);
+    const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);

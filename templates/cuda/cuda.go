@@ -654,7 +654,14 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	if e.rounds() {
 		win, ep = "win", "cg_epoch(a.seq) + r"
 	}
-	w.P("const cg_s64 units = PR::units<E>(sp.n);")
+	if e.rounds() && touchesInbox(g) {
+		// In rounds a loop that puts or polls covers the whole window
+		// (cg_round_n), so a thread past a short round's data still sends
+		// and waits for its lines' flags.
+		w.P("const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));")
+	} else {
+		w.P("const cg_s64 units = PR::units<E>(sp.n);")
+	}
 	// LL128 loops are warp uniform: they run while any lane of the warp
 	// has a unit, and a lane past the span passes on = false to the
 	// protocol calls (common.cuh.tmpl). LL loops are per thread.

@@ -50,6 +50,45 @@ func TestKernelsWaitForThePreviousKernel(t *testing.T) {
 	}
 }
 
+// TestPushRoundsCoverWholeWindows: in the rounds loop of a push kernel,
+// every loop that puts or polls an inbox covers the whole window
+// (cg_round_n), not just the span's data. The order that keeps a round's
+// puts off lines a peer has not yet read runs through each thread's next
+// round (schedule.SimulateWindows proves it for rounds in which every
+// thread works); a thread idle in a short last round would leave its last
+// read unordered against the next collective's first puts.
+func TestPushRoundsCoverWholeWindows(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	kernelsWithRounds := 0
+	for name, src := range files {
+		_, body, ok := strings.Cut(string(src), "for (cg_u64 r = 0, w0 = 0;")
+		if !ok {
+			continue
+		}
+		kernelsWithRounds++
+		loops := 0
+		for _, block := range strings.Split(body, "\n  { // ")[1:] {
+			if !strings.Contains(block, "PR::store(") && !strings.Contains(block, "PR::poll(") && !strings.Contains(block, "cg_push_wait<PR>(") {
+				continue
+			}
+			loops++
+			if !strings.Contains(block, "const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));") {
+				t.Errorf("%s: a rounds loop that touches an inbox covers only the span's data:\n%s", name, block)
+			}
+		}
+		if loops == 0 {
+			t.Errorf("%s: rounds loop without a put or a poll", name)
+		}
+	}
+	if kernelsWithRounds == 0 {
+		t.Fatal("no push kernel with rounds in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying

@@ -577,6 +577,21 @@ __device__ __forceinline__ cg_u64 cg_window(cg_u64 chunk, cg_u64 window, cg_u64 
 __device__ __forceinline__ cg_u64 cg_rounds(cg_u64 chunk, cg_u64 win) {
   return (chunk <= win || win == 0) ? 1 : (chunk + win - 1) / win;
 }
+// cg_round_n is how many elements a push kernel's loop that puts or polls
+// covers in one round of span n: the whole window when the message takes
+// more than one round (chunk > win), however short the span (the last
+// round; an all-reduce's shorter last chunk). Threads past n put and poll
+// lines that carry only the flag (loads past n read zero, stores stop at
+// n), so every thread that reads an inbox line in round r also sends in
+// round r + 1 -- the order that keeps round r + 2's puts (or the next
+// collective's first round, in the same slot) off the line until it was
+// read (schedule.SimulateWindows proves it for rounds in which every
+// thread works). A thread idle in a short last round would leave its read
+// of the round before unordered against the next collective's put.
+// Windows are equal (pushWindow), so the padding is a few lines.
+__device__ __forceinline__ cg_s64 cg_round_n(cg_s64 n, cg_u64 chunk, cg_u64 win) {
+  return chunk > win ? (cg_s64)win : n;
+}
 // cg_wchunk is the part of chunk c that round w0 (its first element in the
 // chunk) covers in a W-chunk buffer of count elements, in input layout.
 __device__ __forceinline__ cg_span cg_wchunk(cg_u64 count, cg_u64 chunk, int c, cg_u64 w0, cg_u64 win) {
