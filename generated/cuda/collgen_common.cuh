@@ -985,21 +985,111 @@ struct cg_ll128 {
   static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 119) / 120 * 8; }
   static __device__ __forceinline__ bool flag_unit(cg_s64 u) { return (u & 7) == 7; }
   static __device__ __forceinline__ cg_s64 word(cg_s64 u) { return (u >> 3) * 15 + (u & 7) * 2; }
+  // ld: a span misaligned by m bytes (warp uniform, as for st) is read as
+  // the aligned words that hold the lane's bytes: the first two are the
+  // lane's own loads; the third, which ends a two-word unit, is the next
+  // lane's first (a shuffle) where that lane holds the next unit, else one
+  // more load, issued with the others. A lane whose words are not all
+  // inside the span reads them as cg_line_ld does (zero past n).
   template <class E>
   static __device__ __forceinline__ P ld(const E* p, cg_s64 u, cg_s64 n) {
     const cg_s64 w = word(u);
-    const cg_line lo = cg_line_ld(p, w, n);
-    cg_line hi = {0u, 0u};
-    if (!flag_unit(u)) hi = cg_line_ld(p, w + 1, n);
-    P x = {lo.x, lo.y, hi.x, hi.y};
+    const bool two = !flag_unit(u);
+    const int m = cg_misalign<8>(p);
+    if (m == 0) {
+      const cg_line lo = cg_line_ld(p, w, n);
+      cg_line hi = {0u, 0u};
+      if (two) hi = cg_line_ld(p, w + 1, n);
+      P x = {lo.x, lo.y, hi.x, hi.y};
+      return x;
+    }
+    constexpr int V = 8 / sizeof(E);
+    const bool full = ((two ? w + 2 : w + 1)) * V <= n;
+    const int lane = threadIdx.x & 31;
+    const unsigned ui = (unsigned)u;
+    const unsigned dn = __shfl_down_sync(0xffffffffu, ui, 1);
+    const bool dnfull = __shfl_down_sync(0xffffffffu, (int)full, 1) != 0;
+    const bool from_next = two && full && lane < 31 && dn == ui + 1u && dnfull;
+    const char* const b = (const char*)(p + w * V) - m;
+    cg_vec<E, 8> c0, c1, c2, x0, x1;
+    c0.raw = c1.raw = c2.raw = x1.raw = make_uint2(0u, 0u);
+    if (full) {
+      cg_ld(c0.raw, b);
+      cg_ld(c1.raw, b + 8);
+      if (two && !from_next) cg_ld(c2.raw, b + 16);
+    }
+    const unsigned n0 = __shfl_down_sync(0xffffffffu, c0.w[0], 1);
+    const unsigned n1 = __shfl_down_sync(0xffffffffu, c0.w[1], 1);
+    if (!full) {
+      const cg_line lo = cg_line_ld(p, w, n);
+      cg_line hi = {0u, 0u};
+      if (two) hi = cg_line_ld(p, w + 1, n);
+      P x = {lo.x, lo.y, hi.x, hi.y};
+      return x;
+    }
+    if (from_next) {
+      c2.w[0] = n0;
+      c2.w[1] = n1;
+    }
+    cg_funnel<2>(x0.w, c0.w, c1.w, m);
+    if (two) cg_funnel<2>(x1.w, c1.w, c2.w, m);
+    P x = {x0.w[0], x0.w[1], x1.w[0], x1.w[1]};
     return x;
   }
+  // st: a span misaligned by m bytes (an odd-sized chunk, a pointer offset
+  // into a larger allocation; m is the same for every word of the span, so
+  // warp uniform) is written in aligned 8-byte words, as cg_st_vec writes
+  // vectors, not element by element: consecutive units hold consecutive
+  // words (unit 7's one word, then the next line's unit 0), so where the
+  // previous lane holds the previous unit, the aligned word that starts in
+  // it takes its last m bytes (a shuffle) and this lane's first 8 - m. A
+  // lane without such a neighbour writes its head element by element, and
+  // one whose next lane will not join (the warp's last lane, a break in the
+  // units, the span's end) its tail; a lane whose words are not all inside
+  // the span writes them as cg_line_st does.
   template <class E>
   static __device__ __forceinline__ void st(E* p, cg_s64 u, cg_s64 n, P x) {
     const cg_s64 w = word(u);
+    const bool two = !flag_unit(u);
     const cg_line lo = {x.x, x.y}, hi = {x.z, x.w};
-    cg_line_st(p, w, n, lo);
-    if (!flag_unit(u)) cg_line_st(p, w + 1, n, hi);
+    const int m = cg_misalign<8>(p);
+    if (m == 0) {
+      cg_line_st(p, w, n, lo);
+      if (two) cg_line_st(p, w + 1, n, hi);
+      return;
+    }
+    constexpr int V = 8 / sizeof(E);
+    const cg_s64 last = two ? w + 1 : w;
+    const bool full = (last + 1) * V <= n;
+    const int lane = threadIdx.x & 31;
+    const unsigned ui = (unsigned)u;
+    cg_vec<E, 8> a, b, prev;
+    a.raw = lo;
+    b.raw = two ? hi : lo;  // the lane's last word
+    prev.w[0] = __shfl_up_sync(0xffffffffu, b.w[0], 1);
+    prev.w[1] = __shfl_up_sync(0xffffffffu, b.w[1], 1);
+    const unsigned up = __shfl_up_sync(0xffffffffu, ui, 1);  // every lane shuffles: not in a condition
+    const bool joins = full && lane > 0 && up + 1u == ui;
+    const bool next_joins = __shfl_down_sync(0xffffffffu, (int)joins, 1) != 0 && lane < 31;
+    if (!full) {
+      cg_line_st(p, w, n, lo);
+      if (two) cg_line_st(p, w + 1, n, hi);
+      return;
+    }
+    E* const q = p + w * V;  // m bytes past an 8-byte boundary
+    const int k = V - m / (int)sizeof(E);  // elements of a word before the next boundary
+    cg_vec<E, 8> out;
+    if (joins) {
+      cg_funnel<2>(out.w, prev.w, a.w, 8 - m);
+      *(cg_line*)((char*)q - m) = out.raw;
+    } else {
+      cg_st_elems<E, 8>(q, a, 0, k);
+    }
+    if (two) {
+      cg_funnel<2>(out.w, a.w, b.w, 8 - m);
+      *(cg_line*)((char*)q + 8 - m) = out.raw;
+    }
+    if (!next_joins) cg_st_elems<E, 8>(p + last * V, b, k, V);
   }
   // store: p is unit u's inbox address; lines are 128-byte aligned, so the
   // flag unit is the one at offset 112 of its line.

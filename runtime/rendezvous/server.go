@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -402,6 +403,9 @@ func (s *Server) serve(cs *connState) error {
 		s.mu.Lock()
 		s.removePendingLocked(cs)
 		s.mu.Unlock()
+		if errors.Is(err, errHungUp) {
+			return nil
+		}
 		return err
 	}
 	if !s.authenticated(cs) {
@@ -554,6 +558,10 @@ func (s *Server) writeResponse(ctx context.Context, w *bufio.Writer, resp *frame
 	return w.Flush()
 }
 
+// errHungUp is a client that closed its connection before it answered the
+// handshake: an ordinary hang-up, not logged.
+var errHungUp = errors.New("rendezvous: client hung up during the handshake")
+
 // handshake sends a nonce and checks the client's HMAC of it, returning the
 // client's id.
 func (s *Server) handshake(c net.Conn) (uint64, error) {
@@ -568,8 +576,15 @@ func (s *Server) handshake(c net.Conn) (uint64, error) {
 	// The reply is tiny; refuse anything large before authentication.
 	f, err := readFrame(c, 1024)
 	if err != nil {
-		if errors.Is(err, errFrame) {
+		switch {
+		case errors.Is(err, errFrame):
 			return 0, err
+		case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
+			// Gone before a byte of its reply: a rank that exited while a
+			// connection it no longer needed was opening, not a
+			// misbehaving client (a silent one times out; a torn frame is
+			// io.ErrUnexpectedEOF).
+			return 0, errHungUp
 		}
 		return 0, fmt.Errorf("handshake: %w", err)
 	}

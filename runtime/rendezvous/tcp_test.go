@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -160,6 +162,65 @@ func TestTCPHandshakeTimeout(t *testing.T) {
 	var ne net.Error
 	if err == nil || errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("silent client not dropped: %v", err)
+	}
+}
+
+// TestTCPHangUpDuringHandshakeIsQuiet: a client that connects and goes
+// away before answering the challenge (a rank exiting while a connection
+// opens; closed plainly or reset) is an ordinary hang-up the server does
+// not log, while a torn reply still is.
+func TestTCPHangUpDuringHandshakeIsQuiet(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}, Logf: func(format string, args ...any) {
+		mu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}})
+	hangUp := func(reset, torn bool) {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reset {
+			c.(*net.TCPConn).SetLinger(0) // close with a reset, the challenge unread
+		} else {
+			readFrame(bufio.NewReader(c), 1024)
+		}
+		if torn {
+			c.Write([]byte{0, 0, 0, 9, 1}) // a 9-byte frame cut after one byte
+		}
+		c.Close()
+	}
+	hangUp(false, false)
+	hangUp(true, false)
+	// Every connection has been served once a client's request succeeds
+	// after them (the server handles each on its own goroutine; wait a
+	// little for the log).
+	good := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	if err := good.Set(short(t, 5*time.Second), "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	quiet := slices.Clone(logged)
+	mu.Unlock()
+	if len(quiet) != 0 {
+		t.Errorf("hang-ups during the handshake logged: %q", quiet)
+	}
+	hangUp(false, true)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(logged)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a torn handshake reply was not logged")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
