@@ -917,6 +917,22 @@ struct cg_ll128 {
   static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 119) / 120 * 8; }
   static __device__ __forceinline__ bool flag_unit(cg_s64 u) { return (u & 7) == 7; }
   static __device__ __forceinline__ cg_s64 word(cg_s64 u) { return (u >> 3) * 15 + (u & 7) * 2; }
+  // ld_words and st_words move a unit's word or two one at a time
+  // (cg_line_ld, cg_line_st): an aligned span, or a lane whose words are
+  // not all inside the span.
+  template <class E>
+  static __device__ __forceinline__ P ld_words(const E* p, cg_s64 w, bool two, cg_s64 n) {
+    const cg_line lo = cg_line_ld(p, w, n);
+    cg_line hi = {0u, 0u};
+    if (two) hi = cg_line_ld(p, w + 1, n);
+    P x = {lo.x, lo.y, hi.x, hi.y};
+    return x;
+  }
+  template <class E>
+  static __device__ __forceinline__ void st_words(E* p, cg_s64 w, bool two, cg_s64 n, cg_line lo, cg_line hi) {
+    cg_line_st(p, w, n, lo);
+    if (two) cg_line_st(p, w + 1, n, hi);
+  }
   // ld: a span misaligned by m bytes (warp uniform, as for st) is read as
   // the aligned words that hold the lane's bytes: the first two are the
   // lane's own loads; the third, which ends a two-word unit, is the next
@@ -928,15 +944,9 @@ struct cg_ll128 {
     const cg_s64 w = word(u);
     const bool two = !flag_unit(u);
     const int m = cg_misalign<8>(p);
-    if (m == 0) {
-      const cg_line lo = cg_line_ld(p, w, n);
-      cg_line hi = {0u, 0u};
-      if (two) hi = cg_line_ld(p, w + 1, n);
-      P x = {lo.x, lo.y, hi.x, hi.y};
-      return x;
-    }
+    if (m == 0) return ld_words(p, w, two, n);
     constexpr int V = 8 / sizeof(E);
-    const bool full = ((two ? w + 2 : w + 1)) * V <= n;
+    const bool full = (two ? w + 2 : w + 1) * V <= n;  // every word of the lane inside the span
     const int lane = threadIdx.x & 31;
     const unsigned ui = (unsigned)u;
     const unsigned dn = __shfl_down_sync(0xffffffffu, ui, 1);
@@ -952,13 +962,7 @@ struct cg_ll128 {
     }
     const unsigned n0 = __shfl_down_sync(0xffffffffu, c0.w[0], 1);
     const unsigned n1 = __shfl_down_sync(0xffffffffu, c0.w[1], 1);
-    if (!full) {
-      const cg_line lo = cg_line_ld(p, w, n);
-      cg_line hi = {0u, 0u};
-      if (two) hi = cg_line_ld(p, w + 1, n);
-      P x = {lo.x, lo.y, hi.x, hi.y};
-      return x;
-    }
+    if (!full) return ld_words(p, w, two, n);
     if (from_next) {
       c2.w[0] = n0;
       c2.w[1] = n1;
@@ -985,11 +989,7 @@ struct cg_ll128 {
     const bool two = !flag_unit(u);
     const cg_line lo = {x.x, x.y}, hi = {x.z, x.w};
     const int m = cg_misalign<8>(p);
-    if (m == 0) {
-      cg_line_st(p, w, n, lo);
-      if (two) cg_line_st(p, w + 1, n, hi);
-      return;
-    }
+    if (m == 0) return st_words(p, w, two, n, lo, hi);
     constexpr int V = 8 / sizeof(E);
     const cg_s64 last = two ? w + 1 : w;
     const bool full = (last + 1) * V <= n;
@@ -1003,11 +1003,7 @@ struct cg_ll128 {
     const unsigned up = __shfl_up_sync(0xffffffffu, ui, 1);  // every lane shuffles: not in a condition
     const bool joins = full && lane > 0 && up + 1u == ui;
     const bool next_joins = __shfl_down_sync(0xffffffffu, (int)joins, 1) != 0 && lane < 31;
-    if (!full) {
-      cg_line_st(p, w, n, lo);
-      if (two) cg_line_st(p, w + 1, n, hi);
-      return;
-    }
+    if (!full) return st_words(p, w, two, n, lo, hi);
     E* const q = p + w * V;  // m bytes past an 8-byte boundary
     const int k = V - m / (int)sizeof(E);  // elements of a word before the next boundary
     cg_vec<E, 8> out;
