@@ -392,6 +392,9 @@ func TestSimulatePushRoundsCatchOverwrites(t *testing.T) {
 	if RoundsSafe(ring) {
 		t.Error("RoundsSafe accepts the ring without back-pressure")
 	}
+	if err := CheckRoundsUnits(ring, Spread, 3*8, 2, true); !errors.As(err, &ow) {
+		t.Errorf("unit by unit, rounds over a ring without back-pressure: got %v, want an *OverwriteError", err)
+	}
 	// Sending chunk c back and waiting for it there (the threads of chunk
 	// c, on both ranks) orders every read before the put two rounds later.
 	back := Step{Kind: Put, Dst: Ref{Buf: Inbox, Rank: Rel(-1), Lane: self, Chunk: Rel(-1)}, Srcs: []Ref{{Buf: Output, Rank: self, Chunk: Rel(-1)}}}
@@ -399,6 +402,9 @@ func TestSimulatePushRoundsCatchOverwrites(t *testing.T) {
 	ring.Phases = []Phase{{Steps: []Step{put}}, {Steps: []Step{take, back}}, {Steps: []Step{wait}}}
 	if err := simulate(ring, 3*8, 1, 2, Spread, mem); errors.As(err, &ow) {
 		t.Fatalf("ring with a wait for the successor: %v", err)
+	}
+	if err := CheckRoundsUnits(ring, Spread, 3*8, 2, true); err != nil {
+		t.Errorf("unit by unit, ring with a wait for the successor: %v", err)
 	}
 	if split, ok := RoundsSplit(ring); !ok || split != Spread {
 		t.Errorf("RoundsSplit(ring that waits for its successor) = %d, %v; want Spread, true", split, ok)

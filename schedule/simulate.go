@@ -60,7 +60,8 @@ func Simulate(s *Schedule, n, vecElems int) error {
 // kernel uses in rounds (RoundsSplit), and threads that work in every
 // round: a kernel's loops that put or poll cover the whole window in every
 // round, however short its data there (cg_round_n), so a short last round
-// leaves no reader without a later send.
+// leaves no reader without a later send (CheckRoundsUnits checks the order
+// thread by thread, without that assumption).
 func SimulateWindows(s *Schedule, n, vecElems, window int) error {
 	if window < 0 {
 		return fmt.Errorf("%s: negative window %d", s.Name(), window)
