@@ -38,6 +38,7 @@
 package gpubench
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -45,6 +46,7 @@ import (
 
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
 )
@@ -230,6 +232,19 @@ func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) strin
 		return fmt.Sprintf("%s above its %s staging buffer (raise --staging or the sweep's largest forced size)", what, FormatSize(stagingBytes))
 	}
 	return ""
+}
+
+// RefusalReason is why a forced variant is skipped when the communicator
+// refuses it for this call (err from Communicator.Explain: an algorithm
+// without a kernel for the dtype, an inbox or scratch area too small for
+// the size), or "" to measure it: a refusal is the configuration's answer,
+// not a failure of the run. Auto is never skipped; its errors are
+// failures.
+func RefusalReason(v Variant, err error) string {
+	if err == nil || v.Algorithm == coll.Auto || !errors.Is(err, comm.ErrInvalidArgument) && !errors.Is(err, comm.ErrUnsupported) {
+		return ""
+	}
+	return err.Error()
 }
 
 // StagingFor returns the staging size (comm.Config.StagingBytes) a sweep

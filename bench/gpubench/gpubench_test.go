@@ -16,6 +16,7 @@ import (
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/numeric"
 )
@@ -184,6 +185,31 @@ func TestSkipReason(t *testing.T) {
 	}
 	if r := SkipReason(nc, 1, 1, 1<<20, errors.New("no libnccl")); !strings.Contains(r, "no libnccl") {
 		t.Errorf("nccl unavailable: %q", r)
+	}
+}
+
+// TestRefusalReason: a forced algorithm the communicator refuses for a
+// call (typed ErrInvalidArgument or ErrUnsupported, as Explain returns
+// them) is skipped with the communicator's reason; auto's refusals and
+// other errors are failures, and a call Explain accepts is measured.
+func TestRefusalReason(t *testing.T) {
+	two := Variant{Algorithm: coll.TwoShot}
+	refused := fmt.Errorf("%w: comm: allreduce with algorithm twoshot refused: 268435456 bytes exceed the 8388608-byte scratch area", comm.ErrInvalidArgument)
+	if r := RefusalReason(two, refused); !strings.Contains(r, "scratch area") {
+		t.Errorf("refused forced twoshot: %q", r)
+	}
+	noKernel := fmt.Errorf("%w: comm: allreduce with algorithm hcm refused: the library has no kernel", comm.ErrUnsupported)
+	if r := RefusalReason(Variant{Algorithm: coll.HCM}, noKernel); r == "" {
+		t.Error("a forced algorithm without a kernel is not skipped")
+	}
+	if r := RefusalReason(Variant{Algorithm: coll.Auto}, refused); r != "" {
+		t.Errorf("auto skipped: %q", r)
+	}
+	if r := RefusalReason(two, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout)); r != "" {
+		t.Errorf("a timeout skipped: %q", r)
+	}
+	if r := RefusalReason(two, nil); r != "" {
+		t.Errorf("an accepted call skipped: %q", r)
 	}
 }
 

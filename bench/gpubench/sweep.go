@@ -525,7 +525,8 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
 				Bytes: sh.Bytes, Offset: sh.Offset, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
-			if p, err := st.explain(sh, v); err == nil {
+			p, xerr := st.explain(sh, v)
+			if xerr == nil {
 				m.ZeroCopy = p.ZeroCopy
 				if v.Algorithm == coll.Auto {
 					m.Algorithm = p.Algorithm
@@ -538,6 +539,9 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
 			if err := st.bufErr[v.Buffers]; err != nil && why == "" {
 				why = fmt.Sprintf("%s buffers could not be registered: %v", v.Name(), err)
+			}
+			if why == "" {
+				why = RefusalReason(v, xerr)
 			}
 			if why != "" {
 				m.Skipped = why
