@@ -28,6 +28,7 @@ type Result struct {
 	Op         string  `json:"op,omitempty"` // empty for all-gather
 	World      int     `json:"world"`
 	Bytes      int64   `json:"bytes"`              // message size: the larger of input and output, NCCL-tests style
+	Awkward    bool    `json:"awkward,omitempty"`  // an awkward twin (collgen bench --awkward), which may have a regular size's bytes
 	Iters      int     `json:"iters"`              // timed iterations
 	MedianUS   float64 `json:"median_us"`          // median over iterations of the slowest rank's time
 	BusGBps    float64 `json:"bus_gbps"`           // bus bandwidth, see BusBandwidth
@@ -110,8 +111,12 @@ func WriteTable(w io.Writer, results []Result) error {
 		if op == "" {
 			op = "-"
 		}
+		size := FormatBytes(r.Bytes)
+		if r.Awkward {
+			size += "*"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%.2f\t%.2f\t%s\t\n", r.Backend, r.Collective, r.Algorithm, r.DType, op,
-			r.World, FormatBytes(r.Bytes), r.Iters, r.MedianUS, r.BusGBps, formatRatio(r))
+			r.World, size, r.Iters, r.MedianUS, r.BusGBps, formatRatio(r))
 	}
 	return tw.Flush()
 }
@@ -136,7 +141,16 @@ func ReadJSON(r io.Reader) ([]Result, error) {
 }
 
 // csvHeader is WriteCSV's first row.
-var csvHeader = []string{"backend", "collective", "algorithm", "dtype", "op", "world", "bytes", "iters", "median_us", "bus_gbps", "baseline", "ratio"}
+var csvHeader = []string{"backend", "collective", "algorithm", "dtype", "op", "world", "bytes", "iters", "median_us", "bus_gbps", "baseline", "ratio", "awkward"}
+
+// awkwardCell is the CSV awkward column: "1" for an awkward twin, else
+// empty.
+func awkwardCell(awkward bool) string {
+	if awkward {
+		return "1"
+	}
+	return ""
+}
 
 // WriteCSV writes results as CSV with a header row.
 func WriteCSV(w io.Writer, results []Result) error {
@@ -145,7 +159,7 @@ func WriteCSV(w io.Writer, results []Result) error {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 	for _, r := range results {
 		cw.Write([]string{r.Backend, r.Collective, r.Algorithm, r.DType, r.Op, strconv.Itoa(r.World),
-			strconv.FormatInt(r.Bytes, 10), strconv.Itoa(r.Iters), f(r.MedianUS), f(r.BusGBps), r.Baseline, f(r.Ratio)})
+			strconv.FormatInt(r.Bytes, 10), strconv.Itoa(r.Iters), f(r.MedianUS), f(r.BusGBps), r.Baseline, f(r.Ratio), awkwardCell(r.Awkward)})
 	}
 	cw.Flush()
 	return cw.Error()

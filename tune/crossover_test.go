@@ -268,6 +268,19 @@ func TestReadCSV(t *testing.T) {
 	if err != nil || len(s) != 1 || s[0].MedianUS != 4.5 || s[0].Bytes != 1024 || s[0].Pos != "a.csv:2" {
 		t.Fatalf("%+v %v", s, err)
 	}
+	// Awkward twins (collgen bench --awkward) are not sizes the rules
+	// choose by: skipped, from a CSV as from JSON results.
+	s, err = tune.ReadCSV(strings.NewReader("collective,algorithm,world,bytes,median_us,awkward\nallreduce,oneshot,4,1024,4.5,\nallreduce,oneshot,4,1024,9,1\n"), "a.csv")
+	if err != nil || len(s) != 1 || s[0].MedianUS != 4.5 {
+		t.Errorf("a CSV with an awkward twin: %+v %v", s, err)
+	}
+	s, err = tune.FromResults([]bench.Result{
+		{Collective: "allreduce", Algorithm: "oneshot", World: 4, Bytes: 1024, MedianUS: 4.5},
+		{Collective: "allreduce", Algorithm: "oneshot", World: 4, Bytes: 1024, MedianUS: 9, Awkward: true},
+	}, "a.json")
+	if err != nil || len(s) != 1 || s[0].MedianUS != 4.5 {
+		t.Errorf("results with an awkward twin: %+v %v", s, err)
+	}
 	bad := map[string]string{
 		"":                                   "a.csv:1: empty file",
 		"collective,algorithm,world,bytes\n": `a.csv:1: no "median_us" column`,

@@ -92,6 +92,9 @@ func ReadCSV(r io.Reader, name string) ([]Sample, error) {
 		bad := func(format string, args ...any) error {
 			return &CSVError{File: name, Line: line, Msg: fmt.Sprintf(format, args...)}
 		}
+		if a := get(rec, "awkward"); a == "1" || a == "true" {
+			continue // an awkward twin (collgen bench --awkward): not a size the rules choose by
+		}
 		s := Sample{Backend: get(rec, "backend"), Collective: get(rec, "collective"), Algorithm: get(rec, "algorithm"),
 			DType: get(rec, "dtype"), Op: get(rec, "op"), Pos: fmt.Sprintf("%s:%d", name, line)}
 		if s.Collective == "" || s.Algorithm == "" {
@@ -111,13 +114,16 @@ func ReadCSV(r io.Reader, name string) ([]Sample, error) {
 }
 
 // FromResults converts bench results (as `collgen bench --json` writes
-// them, read back with bench.ReadJSON) into samples; name is the file name
-// for messages. Results without a positive latency, size or world are an
+// them, read back with bench.ReadJSON) into samples, leaving out awkward
+// twins (ReadCSV too); name is the file name for messages. Results without a positive latency, size or world are an
 // error.
 func FromResults(rs []bench.Result, name string) ([]Sample, error) {
 	out := make([]Sample, 0, len(rs))
 	for i, r := range rs {
 		pos := fmt.Sprintf("%s: result %d", name, i)
+		if r.Awkward {
+			continue // an awkward twin: not a size the rules choose by
+		}
 		if r.Collective == "" || r.Algorithm == "" || r.World < 1 || r.Bytes < 1 || !(r.MedianUS > 0) || math.IsInf(r.MedianUS, 0) {
 			return nil, fmt.Errorf("%s: want collective, algorithm, world, bytes and median_us, got %+v", pos, r)
 		}

@@ -296,8 +296,12 @@ type Measurement struct {
 	// Bytes is the full buffer size (see Shape.Bytes).
 	Bytes int64 `json:"bytes"`
 	// Offset is the bytes the input and output pointers lay past an aligned
-	// allocation: one element for an awkward size (Config.Awkward), else 0.
+	// allocation: one element for an awkward twin that moves them
+	// (Config.Awkward), else 0.
 	Offset int64 `json:"offset,omitempty"`
+	// Awkward marks an awkward twin (bench.Shape.Awkward), which may have
+	// the bytes of the regular size it follows.
+	Awkward bool `json:"awkward,omitempty"`
 	// Variant is the column: an algorithm, "auto" or "nccl".
 	Variant string `json:"variant"`
 	// Algorithm is what ran: the forced algorithm, or for "auto" the one
@@ -338,7 +342,11 @@ func (m *Measurement) CheckFailed() bool { return strings.HasPrefix(m.Check, "FA
 
 // fillDerived sets bandwidths and, per size, the ratio to NCCL.
 func fillDerived(ms []Measurement) {
-	ncclAt := map[int64]float64{}
+	type size struct {
+		bytes   int64
+		awkward bool // an awkward twin may have the regular size's bytes
+	}
+	ncclAt := map[size]float64{}
 	for i := range ms {
 		m := &ms[i]
 		if !m.Measured() {
@@ -348,12 +356,12 @@ func fillDerived(ms []Measurement) {
 		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUs)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
 		if m.Variant == coll.NCCL.String() {
-			ncclAt[m.Bytes] = m.LatencyUs
+			ncclAt[size{m.Bytes, m.Awkward}] = m.LatencyUs
 		}
 	}
 	for i := range ms {
 		m := &ms[i]
-		if n, ok := ncclAt[m.Bytes]; ok && m.Measured() {
+		if n, ok := ncclAt[size{m.Bytes, m.Awkward}]; ok && m.Measured() {
 			m.VsNCCL = n / m.LatencyUs
 		}
 	}

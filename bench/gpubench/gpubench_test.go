@@ -79,14 +79,36 @@ func TestAwkward(t *testing.T) {
 		{coll.AllGather, "bf16", 4 << 20, 3, 699049, 4194294, 1398098, 4194294},
 	} {
 		sh, _ := ShapeFor(c.coll, c.dt, c.bytes, c.world)
-		aw, ok := bench.Awkward(c.coll, c.dt, sh, c.world)
-		if !ok || aw.Count != c.count || aw.Bytes != c.full || aw.InBytes != c.in || aw.OutBytes != c.out || aw.Offset != int64(c.dt.Size()) {
+		aw, ok := bench.Awkward(c.coll, c.dt, sh, c.world, bench.AwkwardBoth)
+		if !ok || aw.Count != c.count || aw.Bytes != c.full || aw.InBytes != c.in || aw.OutBytes != c.out || aw.Offset != int64(c.dt.Size()) || !aw.Awkward {
 			t.Errorf("%s %s %d at world %d: %+v %v, want count %d, bytes %d/%d/%d, offset %d", c.coll, c.dt, c.bytes, c.world, aw, ok, c.count, c.full, c.in, c.out, c.dt.Size())
+		}
+		// One departure alone: the count (aligned pointers), or the
+		// pointers (the regular count).
+		if cnt, ok := bench.Awkward(c.coll, c.dt, sh, c.world, bench.AwkwardCount); !ok || cnt.Count != c.count || cnt.Bytes != c.full || cnt.Offset != 0 || !cnt.Awkward {
+			t.Errorf("%s %s %d at world %d, count only: %+v %v", c.coll, c.dt, c.bytes, c.world, cnt, ok)
+		}
+		if off, ok := bench.Awkward(c.coll, c.dt, sh, c.world, bench.AwkwardOffset); !ok || off.Count != sh.Count || off.Bytes != sh.Bytes || off.Offset != int64(c.dt.Size()) || !off.Awkward {
+			t.Errorf("%s %s %d at world %d, offset only: %+v %v", c.coll, c.dt, c.bytes, c.world, off, ok)
+		}
+		if _, ok := bench.Awkward(c.coll, c.dt, sh, c.world, bench.AwkwardNone); ok {
+			t.Errorf("AwkwardNone made a twin")
 		}
 	}
 	sh, _ := ShapeFor(coll.AllGather, "f32", 16, 4)
-	if aw, ok := bench.Awkward(coll.AllGather, "f32", sh, 4); ok {
+	if aw, ok := bench.Awkward(coll.AllGather, "f32", sh, 4, bench.AwkwardBoth); ok {
 		t.Errorf("one element per rank has no awkward twin, got %+v", aw)
+	}
+	if aw, ok := bench.Awkward(coll.AllGather, "f32", sh, 4, bench.AwkwardOffset); !ok || aw.Count != 1 || aw.Offset != 4 {
+		t.Errorf("one element per rank has a twin with its pointers off: %+v %v", aw, ok)
+	}
+	for _, name := range []string{"both", "count", "offset"} {
+		if k, err := bench.ParseAwkward(name); err != nil || k.String() != name {
+			t.Errorf("ParseAwkward(%q) = %v, %v", name, k, err)
+		}
+	}
+	if _, err := bench.ParseAwkward("sideways"); err == nil {
+		t.Error(`ParseAwkward("sideways") accepted`)
 	}
 }
 
@@ -267,16 +289,29 @@ func TestPlan(t *testing.T) {
 	}
 	// Awkward: every size followed by its twin, except the one that has
 	// only one element per rank.
-	cfg.Awkward = true
-	if p, err = NewPlan(cfg); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, sh := range p.Shapes {
-		got = append(got, fmt.Sprintf("%d+%d", sh.Bytes, sh.Offset))
-	}
-	if want := "16+0 1024+0 1008+4"; strings.Join(got, " ") != want {
-		t.Errorf("awkward shapes %s, want %s", strings.Join(got, " "), want)
+	for _, c := range []struct {
+		kind bench.AwkwardKind
+		want string
+	}{
+		{bench.AwkwardBoth, "16+0 1024+0 1008+4*"},
+		{bench.AwkwardCount, "16+0 1024+0 1008+0*"},
+		{bench.AwkwardOffset, "16+0 16+4* 1024+0 1024+4*"},
+	} {
+		cfg.Awkward = c.kind
+		if p, err = NewPlan(cfg); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, sh := range p.Shapes {
+			s := fmt.Sprintf("%d+%d", sh.Bytes, sh.Offset)
+			if sh.Awkward {
+				s += "*"
+			}
+			got = append(got, s)
+		}
+		if strings.Join(got, " ") != c.want {
+			t.Errorf("awkward shapes (%s) %s, want %s", c.kind, strings.Join(got, " "), c.want)
+		}
 	}
 	for _, bad := range []Config{
 		{World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
@@ -442,7 +477,7 @@ func errString(err error) string {
 func TestRunGPU(t *testing.T) {
 	n, err := cuda.DeviceCount()
 	cfg := Config{Library: collectives.Library, World: 2, Collective: coll.AllReduce, DType: "bf16", Op: "sum",
-		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Awkward: true, Replays: 5}
+		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Awkward: bench.AwkwardBoth, Replays: 5}
 	if err != nil || n < 2 {
 		if _, rerr := Run(context.Background(), cfg); rerr == nil {
 			t.Fatal("Run without two GPUs succeeded")

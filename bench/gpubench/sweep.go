@@ -48,9 +48,10 @@ type Config struct {
 	Eager bool
 	// Check verifies every variant's result once per size before timing it.
 	Check bool
-	// Awkward adds after every size its awkward twin (bench.Awkward: one
-	// element less, input and output pointers one element off alignment).
-	Awkward bool
+	// Awkward adds after every size its awkward twin of this kind
+	// (bench.Awkward; bench.AwkwardBoth: one element less, input and output
+	// pointers one element off alignment); AwkwardNone, none.
+	Awkward bench.AwkwardKind
 	// ZeroCopy puts the inputs in symmetric buffers (Communicator.Alloc), so
 	// generated kernels read them in place instead of copying them into the
 	// staging buffer first.
@@ -165,7 +166,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		last = sh.Bytes
 		p.Shapes = append(p.Shapes, sh)
-		if aw, ok := bench.Awkward(c.Collective, c.DType, sh, c.World); ok && c.Awkward {
+		if aw, ok := bench.Awkward(c.Collective, c.DType, sh, c.World, c.Awkward); ok {
 			p.Shapes = append(p.Shapes, aw)
 		}
 	}
@@ -524,7 +525,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 		var group []Measurement
 		for _, v := range st.plan.Variants {
 			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
-				Bytes: sh.Bytes, Offset: sh.Offset, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
+				Bytes: sh.Bytes, Offset: sh.Offset, Awkward: sh.Awkward, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
 			p, xerr := st.explain(sh, v)
 			if xerr == nil {
 				m.ZeroCopy = p.ZeroCopy

@@ -74,7 +74,7 @@ type gpuBenchFlags struct {
 	eager         bool
 	zeroCopy      bool
 	noEarlyLaunch bool // comm.Config.NoEarlyLaunch
-	awkward       bool
+	awkward       string
 	processes     bool
 	staging       string
 	devices       string
@@ -154,7 +154,8 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.BoolVar(&o.gpu.eager, "eager", false, "gpu: time collectives launched one by one instead of CUDA-graph replays")
 	f.BoolVar(&o.gpu.zeroCopy, "zero-copy", false, "gpu: put inputs in symmetric buffers, so generated kernels read them in place")
 	f.BoolVar(&o.gpu.noEarlyLaunch, "no-early-launch", false, "gpu: launch kernels plainly, without programmatic dependent launch (comm.Config.NoEarlyLaunch)")
-	f.BoolVar(&o.gpu.awkward, "awkward", false, "gpu: after every size also its awkward twin: one element less (per rank), input and output pointers one element off alignment (rows marked *)")
+	f.StringVar(&o.gpu.awkward, "awkward", "", "gpu: after every size also its awkward twin (rows marked *): one element less (per rank) and input and output pointers one element off alignment; --awkward=count: only the element less, --awkward=offset: only the pointers")
+	f.Lookup("awkward").NoOptDefVal = "both"
 	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
 	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")

@@ -74,6 +74,13 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 			return nil, usageError(fmt.Errorf("bench: --staging %q: want a positive size such as 256MiB", g.staging))
 		}
 	}
+	awkward := bench.AwkwardNone
+	if g.awkward != "" {
+		var err error
+		if awkward, err = bench.ParseAwkward(g.awkward); err != nil {
+			return nil, usageError(fmt.Errorf("bench: --%w", err))
+		}
+	}
 	var devices []int
 	if g.devices != "" {
 		for _, s := range splitList(g.devices) {
@@ -106,7 +113,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 				seen[key] = true
 				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
-					ZeroCopy: g.zeroCopy, Awkward: g.awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
+					ZeroCopy: g.zeroCopy, Awkward: awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
 					NoEarlyLaunch: g.noEarlyLaunch}
 				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
@@ -203,7 +210,7 @@ func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, runErr error)
 		}
 		if o.JSON != "-" {
 			fmt.Fprintln(io.Out)
-			writeGPUSummary(io.Out, ms)
+			writeGPUSummary(io.Out, ms, awkwardNote(o.gpu.awkward))
 		}
 	}
 	var bad []string
@@ -239,7 +246,7 @@ func gpuResults(ms []gpubench.Measurement) []bench.Result {
 			backend = "gpu-eager"
 		}
 		r := bench.Result{Backend: backend, Collective: string(m.Collective), Algorithm: m.Variant, DType: string(m.DType), Op: string(m.Op),
-			World: m.World, Bytes: m.Bytes, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUs, BusGBps: m.BusGBps}
+			World: m.World, Bytes: m.Bytes, Awkward: m.Awkward, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUs, BusGBps: m.BusGBps}
 		if m.VsNCCL > 0 && m.Variant != coll.NCCL.String() {
 			r.Baseline, r.Ratio = coll.NCCL.String(), m.VsNCCL
 		}
@@ -248,10 +255,20 @@ func gpuResults(ms []gpubench.Measurement) []bench.Result {
 	return out
 }
 
+// awkwardNote is the footnote under a table with awkward rows for the
+// --awkward flag's value.
+func awkwardNote(flag string) string {
+	k, err := bench.ParseAwkward(flag)
+	if err != nil {
+		k = bench.AwkwardBoth
+	}
+	return k.Describe()
+}
+
 // writeGPUSummary prints one block per (collective, dtype, op, world,
 // mode): a row per size, a column per variant (latency in us), the
 // algorithm auto picked, and auto's speed-up over NCCL.
-func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Measurement) {
+func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Measurement, awkwardText string) {
 	type key struct {
 		coll, dt, op, mode string
 		world              int
@@ -268,23 +285,32 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 	for _, k := range keys {
 		g := groups[k]
 		var variants []string
-		var sizes []int64
+		// A row is a size and whether it is an awkward twin, which may have
+		// the regular size's bytes (--awkward=offset).
+		type size struct {
+			bytes   int64
+			awkward bool
+		}
+		var sizes []size
 		cell := map[string]*gpubench.Measurement{}
-		awkward := map[int64]bool{} // sizes of awkward rows (Measurement.Offset)
+		awkward := false
 		for i := range g {
 			m := &g[i]
 			if !slices.Contains(variants, m.Variant) {
 				variants = append(variants, m.Variant)
 			}
-			if len(sizes) == 0 || sizes[len(sizes)-1] != m.Bytes {
-				sizes = append(sizes, m.Bytes)
+			if sz := (size{m.Bytes, m.Awkward}); !slices.Contains(sizes, sz) {
+				sizes = append(sizes, sz)
 			}
-			cell[fmt.Sprint(m.Bytes, "/", m.Variant)] = m
-			if m.Offset > 0 {
-				awkward[m.Bytes] = true
-			}
+			cell[fmt.Sprint(m.Bytes, "/", m.Awkward, "/", m.Variant)] = m
+			awkward = awkward || m.Awkward
 		}
-		sort.Slice(sizes, func(i, j int) bool { return sizes[i] < sizes[j] })
+		sort.SliceStable(sizes, func(i, j int) bool {
+			if sizes[i].bytes != sizes[j].bytes {
+				return sizes[i].bytes < sizes[j].bytes
+			}
+			return !sizes[i].awkward && sizes[j].awkward
+		})
 		op := k.op
 		if op == "" {
 			op = "copy"
@@ -295,13 +321,13 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		head = append(head, variants...)
 		head = append(head, "auto picks", "auto busbw", "nccl busbw", "auto vs nccl")
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
-		for _, b := range sizes {
-			row := []string{gpubench.FormatSize(b)}
-			if awkward[b] {
+		for _, sz := range sizes {
+			row := []string{gpubench.FormatSize(sz.bytes)}
+			if sz.awkward {
 				row[0] += "*"
 			}
 			for _, v := range variants {
-				m := cell[fmt.Sprint(b, "/", v)]
+				m := cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", v)]
 				switch {
 				case m == nil:
 					row = append(row, "")
@@ -317,7 +343,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 					row = append(row, "FAIL")
 				}
 			}
-			a, n := cell[fmt.Sprint(b, "/", coll.Auto)], cell[fmt.Sprint(b, "/", coll.NCCL)]
+			a, n := cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", coll.Auto)], cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", coll.NCCL)]
 			pick, abw, nbw, ratio := "", "", "", ""
 			if a != nil {
 				pick = string(a.Algorithm)
@@ -338,8 +364,8 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 		}
 		tw.Flush()
-		if len(awkward) > 0 {
-			fmt.Fprintln(w, "* awkward size: one element less (per rank), input and output pointers one element off alignment")
+		if awkward {
+			fmt.Fprintln(w, "* awkward size: "+awkwardText)
 		}
 		fmt.Fprintln(w)
 	}
@@ -472,8 +498,8 @@ func workerFlags(g *gpuBenchFlags, o *BenchOptions) []string {
 	if g.zeroCopy {
 		extra = append(extra, "--zero-copy")
 	}
-	if g.awkward {
-		extra = append(extra, "--awkward")
+	if g.awkward != "" {
+		extra = append(extra, "--awkward="+g.awkward)
 	}
 	if g.noEarlyLaunch {
 		extra = append(extra, "--no-early-launch")

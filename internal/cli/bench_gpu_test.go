@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +47,7 @@ func TestGPUSweeps(t *testing.T) {
 	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 {
 		t.Errorf("--sizes/--staging not used: %v", err)
 	}
-	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}} {
+	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}, {awkward: "sideways"}} {
 		if _, err := gpuSweeps(o, g); err == nil {
 			t.Errorf("%+v: want a usage error", g)
 		}
@@ -65,12 +66,36 @@ func TestGPUReport(t *testing.T) {
 		t.Errorf("results %+v", rs)
 	}
 	var b bytes.Buffer
-	writeGPUSummary(&b, ms)
+	writeGPUSummary(&b, ms, awkwardNote(""))
 	out := b.String()
 	for _, want := range []string{"CUDA-graph replay", "oneshot", "skip", "3.00x", "1KiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "awkward") {
+		t.Errorf("a sweep without awkward rows has an awkward footnote:\n%s", out)
+	}
+	// An awkward twin with the regular size's bytes (--awkward=offset) is a
+	// row of its own, marked, with its own ratio.
+	twin := slices.Clone(ms)
+	for _, m := range ms {
+		m.Awkward, m.Offset, m.LatencyUs = true, 2, m.LatencyUs*2
+		if m.Variant == "auto" {
+			m.VsNCCL = 1.5
+		}
+		twin = append(twin, m)
+	}
+	b.Reset()
+	writeGPUSummary(&b, twin, awkwardNote("offset"))
+	out = b.String()
+	for _, want := range []string{"1KiB*", "10.00", "3.00x", "1.50x", "* awkward size: the same size, input and output pointers one element off alignment"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary with an offset twin lacks %q:\n%s", want, out)
+		}
+	}
+	if rs := gpuResults(twin); len(rs) != 6 || rs[0].Awkward || !rs[3].Awkward {
+		t.Errorf("results of a sweep with twins: %+v", rs)
 	}
 	var eo, ee bytes.Buffer
 	ms[0].Check = "FAIL: rank 1: wrong"
@@ -84,9 +109,9 @@ func TestGPUReport(t *testing.T) {
 // (--awkward was once dropped there, so process sweeps had no awkward rows).
 func TestWorkerFlags(t *testing.T) {
 	o := &BenchOptions{Timeout: 90 * time.Second}
-	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: true, noEarlyLaunch: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
+	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: "count", noEarlyLaunch: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
 	got := strings.Join(workerFlags(g, o), " ")
-	if want := "--eager --zero-copy --awkward --no-early-launch --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
+	if want := "--eager --zero-copy --awkward=count --no-early-launch --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
 		t.Errorf("worker flags %q, want %q", got, want)
 	}
 	if got := workerFlags(&gpuBenchFlags{}, o); len(got) != 0 {
