@@ -261,18 +261,8 @@ func simulate(s *Schedule, n, vecElems, window int, split Split, mem *arena) err
 // *OverwriteError.
 func simulatePush(s *Schedule, rounds int, split Split, exec func(pi, si int, st Step, r, round int) error) error {
 	w := s.World
-	type pos struct{ pi, si int }
-	var order []pos
-	for pi, ph := range s.Phases {
-		for si := range ph.Steps {
-			order = append(order, pos{pi, si})
-		}
-	}
-	// An inbox chunk is (owner*w + lane)*w + chunk; a place in a slot is
-	// slot*w*w*w + chunk.
-	inboxChunk := func(ref Ref, r int) int {
-		return (ref.Rank.Eval(r, w)*w+ref.Lane.Eval(r, w))*w + ref.Chunk.Eval(r, w)
-	}
+	order := stepOrder(s)
+	inboxChunk := s.inboxChunk // a place in a slot is slot*w*w*w + inbox chunk
 	perSlot := w * w * w
 	// readers[chunk]: how many reads of an inbox chunk one round makes.
 	readers := make([]int, perSlot)
@@ -302,11 +292,6 @@ func simulatePush(s *Schedule, rounds int, split Split, exec func(pi, si int, st
 	clock := make([][]int, w*w)
 	for i := range clock {
 		clock[i] = make([]int, w)
-	}
-	merge := func(dst, src []int) {
-		for q := range dst {
-			dst[q] = max(dst[q], src[q])
-		}
 	}
 	next := make([]int, w) // each rank's next event: round*len(order) + step
 	total := rounds * len(order)
@@ -340,7 +325,7 @@ func simulatePush(s *Schedule, rounds int, split Split, exec func(pi, si int, st
 					if ref.Buf == Inbox {
 						pl := &places[slot+inboxChunk(ref, r)]
 						if pl.class == class {
-							merge(clk, pl.clock)
+							mergeClock(clk, pl.clock)
 						}
 						pl.reads = append(pl.reads, read{class, r, clk[r]})
 					}
@@ -370,8 +355,7 @@ func simulatePush(s *Schedule, rounds int, split Split, exec func(pi, si int, st
 		if done < w && !progress {
 			for r := 0; r < w; r++ {
 				if next[r] < total {
-					p := order[next[r]%len(order)]
-					return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d of round %d for inbox data nobody sends", s.Name(), r, p.pi, p.si, next[r]/len(order))
+					return deadlock(s, r, order[next[r]%len(order)], next[r]/len(order))
 				}
 			}
 		}
@@ -481,4 +465,44 @@ func RoundsSplit(s *Schedule) (Split, bool) {
 func RoundsSafe(s *Schedule) bool {
 	_, ok := RoundsSplit(s)
 	return ok
+}
+
+// stepPos is a step of a schedule: its phase and its index there.
+type stepPos struct{ pi, si int }
+
+// stepOrder lists a schedule's steps in program order (phases are only
+// grouping), as each rank of a push schedule runs them.
+func stepOrder(s *Schedule) []stepPos {
+	var order []stepPos
+	for pi, ph := range s.Phases {
+		for si := range ph.Steps {
+			order = append(order, stepPos{pi, si})
+		}
+	}
+	return order
+}
+
+// inboxChunk numbers the inbox chunk a ref names on rank r: (owner*W +
+// lane)*W + chunk, W*W*W of them.
+func (s *Schedule) inboxChunk(ref Ref, r int) int {
+	w := s.World
+	return (ref.Rank.Eval(r, w)*w+ref.Lane.Eval(r, w))*w + ref.Chunk.Eval(r, w)
+}
+
+// deadlock is the error of a push simulation in which no rank can advance:
+// rank r waits at step p of a round for a put nobody makes.
+func deadlock(s *Schedule, r int, p stepPos, round int) error {
+	return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d of round %d for inbox data nobody sends", s.Name(), r, p.pi, p.si, round)
+}
+
+// mergeClock raises dst to src component by component (dst nil: a copy of
+// src) and returns it.
+func mergeClock(dst, src []int) []int {
+	if dst == nil {
+		return slices.Clone(src)
+	}
+	for i := range dst {
+		dst[i] = max(dst[i], src[i])
+	}
+	return dst
 }

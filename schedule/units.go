@@ -45,13 +45,7 @@ func CheckRoundsUnits(s *Schedule, split Split, n, win int, pad bool) error {
 		start := lo + (rd%rounds)*win
 		return max(0, min(hi, start+win)-start)
 	}
-	type pos struct{ pi, si int }
-	var order []pos
-	for pi, ph := range s.Phases {
-		for si := range ph.Steps {
-			order = append(order, pos{pi, si})
-		}
-	}
+	order := stepOrder(s)
 	// class is the thread of unit o of a step on rank r; active says
 	// whether the step's loop reaches unit o in round rd.
 	chunkOf := func(st Step, r int) int { return s.SplitChunk(st).Chunk.Eval(r, w) }
@@ -77,11 +71,8 @@ func CheckRoundsUnits(s *Schedule, split Split, n, win int, pad bool) error {
 		}
 		return o < span(chunkOf(st, r), rd)
 	}
-	inboxChunk := func(ref Ref, r int) int {
-		return (ref.Rank.Eval(r, w)*w+ref.Lane.Eval(r, w))*w + ref.Chunk.Eval(r, w)
-	}
 	perSlot := w * w * w
-	place := func(ref Ref, r, rd, o int) int { return (((rd%2)*perSlot)+inboxChunk(ref, r))*win + o }
+	place := func(ref Ref, r, rd, o int) int { return (((rd%2)*perSlot)+s.inboxChunk(ref, r))*win + o }
 	// readers[rd][place]: the reads round rd makes of a place.
 	total := rounds + extra
 	readers := make([]map[int]int, total)
@@ -196,22 +187,9 @@ func CheckRoundsUnits(s *Schedule, split Split, n, win int, pad bool) error {
 		if !progress {
 			for r := range w {
 				if next[r] < total*events {
-					p := order[next[r]%events/win]
-					return fmt.Errorf("%s: deadlock: rank %d waits at phase %d step %d of round %d for inbox data nobody sends", s.Name(), r, p.pi, p.si, next[r]/events)
+					return deadlock(s, r, order[next[r]%events/win], next[r]/events)
 				}
 			}
 		}
 	}
-}
-
-// mergeClock raises dst to src component by component (dst nil: a copy of
-// src) and returns it.
-func mergeClock(dst, src []int) []int {
-	if dst == nil {
-		return slices.Clone(src)
-	}
-	for i := range dst {
-		dst[i] = max(dst[i], src[i])
-	}
-	return dst
 }

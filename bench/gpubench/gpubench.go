@@ -340,13 +340,19 @@ func (m *Measurement) Measured() bool { return m.Skipped == "" && m.Error == "" 
 // CheckFailed reports whether --check found a wrong result.
 func (m *Measurement) CheckFailed() bool { return strings.HasPrefix(m.Check, "FAIL") }
 
+// Row is a sweep's table row: a size, and whether it is an awkward twin,
+// which may have the regular size's bytes (bench.AwkwardOffset).
+type Row struct {
+	Bytes   int64
+	Awkward bool
+}
+
+// Row is the row m belongs to.
+func (m *Measurement) Row() Row { return Row{m.Bytes, m.Awkward} }
+
 // fillDerived sets bandwidths and, per size, the ratio to NCCL.
 func fillDerived(ms []Measurement) {
-	type size struct {
-		bytes   int64
-		awkward bool // an awkward twin may have the regular size's bytes
-	}
-	ncclAt := map[size]float64{}
+	ncclAt := map[Row]float64{}
 	for i := range ms {
 		m := &ms[i]
 		if !m.Measured() {
@@ -356,12 +362,12 @@ func fillDerived(ms []Measurement) {
 		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUs)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
 		if m.Variant == coll.NCCL.String() {
-			ncclAt[size{m.Bytes, m.Awkward}] = m.LatencyUs
+			ncclAt[m.Row()] = m.LatencyUs
 		}
 	}
 	for i := range ms {
 		m := &ms[i]
-		if n, ok := ncclAt[size{m.Bytes, m.Awkward}]; ok && m.Measured() {
+		if n, ok := ncclAt[m.Row()]; ok && m.Measured() {
 			m.VsNCCL = n / m.LatencyUs
 		}
 	}

@@ -285,31 +285,29 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 	for _, k := range keys {
 		g := groups[k]
 		var variants []string
-		// A row is a size and whether it is an awkward twin, which may have
-		// the regular size's bytes (--awkward=offset).
-		type size struct {
-			bytes   int64
-			awkward bool
+		type at struct {
+			row     gpubench.Row
+			variant string
 		}
-		var sizes []size
-		cell := map[string]*gpubench.Measurement{}
+		var rows []gpubench.Row
+		cell := map[at]*gpubench.Measurement{}
 		awkward := false
 		for i := range g {
 			m := &g[i]
 			if !slices.Contains(variants, m.Variant) {
 				variants = append(variants, m.Variant)
 			}
-			if sz := (size{m.Bytes, m.Awkward}); !slices.Contains(sizes, sz) {
-				sizes = append(sizes, sz)
+			if !slices.Contains(rows, m.Row()) {
+				rows = append(rows, m.Row())
 			}
-			cell[fmt.Sprint(m.Bytes, "/", m.Awkward, "/", m.Variant)] = m
+			cell[at{m.Row(), m.Variant}] = m
 			awkward = awkward || m.Awkward
 		}
-		sort.SliceStable(sizes, func(i, j int) bool {
-			if sizes[i].bytes != sizes[j].bytes {
-				return sizes[i].bytes < sizes[j].bytes
+		sort.SliceStable(rows, func(i, j int) bool {
+			if rows[i].Bytes != rows[j].Bytes {
+				return rows[i].Bytes < rows[j].Bytes
 			}
-			return !sizes[i].awkward && sizes[j].awkward
+			return !rows[i].Awkward && rows[j].Awkward
 		})
 		op := k.op
 		if op == "" {
@@ -321,13 +319,13 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		head = append(head, variants...)
 		head = append(head, "auto picks", "auto busbw", "nccl busbw", "auto vs nccl")
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
-		for _, sz := range sizes {
-			row := []string{gpubench.FormatSize(sz.bytes)}
-			if sz.awkward {
+		for _, r := range rows {
+			row := []string{gpubench.FormatSize(r.Bytes)}
+			if r.Awkward {
 				row[0] += "*"
 			}
 			for _, v := range variants {
-				m := cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", v)]
+				m := cell[at{r, v}]
 				switch {
 				case m == nil:
 					row = append(row, "")
@@ -343,7 +341,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 					row = append(row, "FAIL")
 				}
 			}
-			a, n := cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", coll.Auto)], cell[fmt.Sprint(sz.bytes, "/", sz.awkward, "/", coll.NCCL)]
+			a, n := cell[at{r, coll.Auto.String()}], cell[at{r, coll.NCCL.String()}]
 			pick, abw, nbw, ratio := "", "", "", ""
 			if a != nil {
 				pick = string(a.Algorithm)
