@@ -36,8 +36,8 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const E* const p0 = (const E*)a.input;
     for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
+      const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, 0, chunk_ll);
@@ -98,8 +98,8 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const E* const p0 = (const E*)a.input + w0;
     for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, 0, chunk_ll);

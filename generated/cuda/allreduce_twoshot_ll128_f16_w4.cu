@@ -63,8 +63,8 @@ allreduce_twoshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
@@ -78,8 +78,8 @@ allreduce_twoshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
@@ -93,8 +93,8 @@ allreduce_twoshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
     for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
+      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
-      const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded after x: the two loads overlap
       const int slot = cg_ep_slot(ep);
       const unsigned flag = cg_ep_flag(ep);
       char* const p1 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);

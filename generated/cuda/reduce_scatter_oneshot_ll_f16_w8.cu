@@ -51,8 +51,8 @@ reduce_scatter_oneshot_ll_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
       for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+        const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
         const PR::P x = PR::ld(p0, u, sp.n);
-        const cg_u64 ep = cg_epoch(a.seq);  // loaded after x: the two loads overlap
         const int slot = cg_ep_slot(ep);
         const unsigned flag = cg_ep_flag(ep);
         char* const p1 = cg_inbox(a.stage[cg_rel(rank, k + 1, W)], slot, a.slot_bytes, table0[k][rank], chunk_ll);

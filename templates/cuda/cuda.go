@@ -673,20 +673,27 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	w.P("const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;")
 	puts := g[1:]
 	// early: a put of the input (the first phase's work) loads the epoch
-	// again in its loop body, after the value: the epoch's load and the
-	// value's are then in flight together, where the kernel's own epoch
-	// (loaded first) would hold up the value's load until it arrived,
-	// since the compiler computes the slot-dependent inbox pointers first.
-	// The puts' inbox pointers are then computed in the body too.
+	// again in its loop body, just before the value: the two loads are
+	// then in flight together, where the kernel's own epoch (loaded at
+	// the top) would hold up the value's load until it arrived, since the
+	// compiler computes the slot-dependent inbox pointers first. Before
+	// the value, not after: an unaligned value (PR::ld's shuffles and
+	// funnel shifts) waits for its load before the next instruction, so
+	// an epoch load placed after it would start only then (one memory
+	// latency more per put, about a microsecond of an LL128 one-shot with
+	// pointers off by one element). The puts' inbox pointers are computed
+	// in the body too.
 	early := false
 	switch lead.Kind {
 	case schedule.Put:
 		src := e.ptr(w, lead.Srcs[0], true)
-		w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		puts = g
 		if lead.Srcs[0].Buf != schedule.Inbox {
 			early = true
-			w.B("const cg_u64 ep = %s;  // loaded after x: the two loads overlap", ep)
+			w.B("const cg_u64 ep = %s;  // loaded before x: the two loads overlap", ep)
+		}
+		w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
+		if early {
 			w.B("const int slot = cg_ep_slot(ep);")
 			w.B("const unsigned flag = cg_ep_flag(ep);")
 		}

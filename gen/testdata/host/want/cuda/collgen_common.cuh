@@ -357,16 +357,32 @@ __device__ __forceinline__ void cg_st_vec(E* p, const cg_vec<E, VB>& x, int m, b
 // broke it would get wrong shuffles, so the element-by-element loop that
 // used to guard it is gone: it was dead code every kernel paid to compile.
 
-// cg_copy_tail copies a copy's elements past its last whole vector, in
-// the thread that would own the next vector (first, this thread's first
-// vector index of the copy, is that index mod stride).
+// cg_tail_index is which element past a copy's or reduce's last whole
+// vector (nvec of them) this thread handles, or 32 for none: the tail
+// (shorter than a vector) goes to the lanes of the warp that owns vector
+// nvec, element e to the lane e past that vector's owner (wrapping in the
+// warp). first is the thread's first vector index of the step; shifts and
+// strides are whole warps, so its low 5 bits are the lane. The element
+// thus stays in the warp that owns its vector in every round, whatever
+// the window's length: per-block barriers order it as they order whole
+// vectors (a tail spread over other warps broke the windowed two-shot).
+__device__ __forceinline__ cg_s64 cg_tail_index(cg_s64 first, cg_s64 nvec, cg_s64 stride) {
+  const cg_s64 owner = cg_mod(nvec, stride);
+  return (first >> 5) == (owner >> 5) ? ((first - owner) & 31) : 32;
+}
+
+// cg_copy_tail copies a copy's elements past its last whole vector, one
+// per lane of the warp that owns vector nvec (cg_tail_index; first, this
+// thread's first vector index of the copy). One element per lane keeps
+// the loads from peers in parallel: a loop in one thread paid a round
+// trip over NVLink per element (a 7-element tail cost an all-gather
+// about 7 us on 2 x H200).
 template <class T, int VB>
 __device__ __forceinline__ void cg_copy_tail(typename T::E* dst, const typename T::E* src, cg_s64 n, cg_s64 first, cg_s64 stride) {
   constexpr int V = VB / sizeof(typename T::E);
   const cg_s64 nvec = n / V;
-  if (nvec * V < n && first == cg_mod(nvec, stride)) {
-    for (cg_s64 i = nvec * V; i < n; i++) dst[i] = cg_ld_elem(src + i);
-  }
+  const cg_s64 i = nvec * V + cg_tail_index(first, nvec, stride);
+  if (i < n) dst[i] = cg_ld_elem(src + i);
 }
 
 template <class T, int VB>
@@ -515,13 +531,13 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       }
     }
   }
-  if (nvec * V < n && gid == cg_mod(nvec, stride)) {
-    for (cg_s64 i = nvec * V; i < n; i++) {
-      A acc = T::up(cg_ld_elem(src[0] + i));
+  // The tail, one element per thread (cg_copy_tail).
+  const cg_s64 i = nvec * V + cg_tail_index(gid, nvec, stride);
+  if (i < n) {
+    A acc = T::up(cg_ld_elem(src[0] + i));
 #pragma unroll
-      for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(cg_ld_elem(src[j] + i)));
-      dst[i] = T::down(acc);
-    }
+    for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(cg_ld_elem(src[j] + i)));
+    dst[i] = T::down(acc);
   }
 }
 
