@@ -143,8 +143,8 @@ func rank(lib *nccl.Lib, store rendezvous.Store, r, world int, d *cuda.Device) e
 	return comm.AsyncError()
 }
 
-func TestCollectives2GPU(t *testing.T) {
-	devs := cudatest.Devices(t, 2)
+func TestCollectivesMultiGPU(t *testing.T) {
+	devs := cudatest.World(t, 2)
 	lib := loadOrSkip(t)
 	store := rendezvous.NewMemStore()
 	var wg sync.WaitGroup

@@ -96,7 +96,7 @@ func newComm(store rendezvous.Store, key string, r, world int, d *cuda.Device, n
 	return nccl.NewComm(ctx, store, key, r, world, d)
 }
 
-// TestRegisterAndWindows2GPU runs the collectives on plain, registered
+// TestRegisterAndWindowsMultiGPU runs the collectives on plain, registered
 // (ncclCommRegister) and window (ncclCommWindowRegister on ncclMemAlloc
 // memory, NCCL 2.27+) buffers, on blocking and on non-blocking
 // communicators. Two window registrations back to back prove that a
@@ -105,8 +105,8 @@ func newComm(store rendezvous.Store, key string, r, world int, d *cuda.Device, n
 // (NCCL 2.28 does so for windows; the next call then failed with "Attempt
 // to use communicator before the previous operation returned
 // ncclSuccess"), and the windows' handles arrive through C memory.
-func TestRegisterAndWindows2GPU(t *testing.T) {
-	devs := cudatest.Devices(t, 2)
+func TestRegisterAndWindowsMultiGPU(t *testing.T) {
+	devs := cudatest.World(t, 2)
 	lib := loadOrSkip(t)
 	if !lib.AtLeast(2, 19) {
 		t.Skipf("NCCL %v has no buffer registration (2.19+)", lib.Version())
@@ -129,7 +129,7 @@ func TestRegisterAndWindows2GPU(t *testing.T) {
 	}
 }
 
-// registerAndWindows is one rank of TestRegisterAndWindows2GPU.
+// registerAndWindows is one rank of TestRegisterAndWindowsMultiGPU.
 func registerAndWindows(t *testing.T, lib *nccl.Lib, comm *nccl.Comm, d *cuda.Device) error {
 	const n = 1 << 20
 	s, err := d.NewStream()
@@ -218,14 +218,14 @@ func TestInitBounded(t *testing.T) {
 	t.Logf("%v after %v", err, el)
 }
 
-// TestAbortReleasesKernel2GPU: both ranks run an all-reduce (NCCL sets up
-// its connections in the first one), then rank 0 issues the same
-// all-reduce alone, so the call returns and NCCL's kernel waits for rank
-// 1; Abort from another goroutine stops the kernel (the stream drains)
-// and later calls fail with ErrAborted. For blocking and non-blocking
-// communicators.
-func TestAbortReleasesKernel2GPU(t *testing.T) {
-	devs := cudatest.Devices(t, 2)
+// TestAbortReleasesKernelMultiGPU: every rank runs an all-reduce (NCCL
+// sets up its connections in the first one), then rank 0 issues the same
+// all-reduce alone, so the call returns and NCCL's kernel waits for the
+// others; Abort from another goroutine stops the kernel (the stream
+// drains) and later calls fail with ErrAborted. For blocking and
+// non-blocking communicators.
+func TestAbortReleasesKernelMultiGPU(t *testing.T) {
+	devs := cudatest.World(t, 2)
 	loadOrSkip(t)
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) { abortReleasesKernel(t, devs, m.nonBlocking) })
@@ -235,9 +235,9 @@ func TestAbortReleasesKernel2GPU(t *testing.T) {
 func abortReleasesKernel(t *testing.T, devs []*cuda.Device, nonBlocking bool) {
 	const n = 1 << 20
 	store := rendezvous.NewMemStore()
-	comms := make([]*nccl.Comm, 2)
-	streams := make([]*cuda.Stream, 2)
-	bufs := make([]cuda.DevicePtr, 2)
+	comms := make([]*nccl.Comm, len(devs))
+	streams := make([]*cuda.Stream, len(devs))
+	bufs := make([]cuda.DevicePtr, len(devs))
 	t.Cleanup(func() {
 		for r := range comms {
 			if comms[r] != nil {
@@ -252,7 +252,7 @@ func abortReleasesKernel(t *testing.T, devs []*cuda.Device, nonBlocking bool) {
 		}
 	})
 	if err := onRanks(devs, func(r int, d *cuda.Device) (err error) {
-		if comms[r], err = newComm(store, "abortkernel", r, 2, d, nonBlocking, 20*time.Second); err != nil {
+		if comms[r], err = newComm(store, "abortkernel", r, len(devs), d, nonBlocking, 20*time.Second); err != nil {
 			return err
 		}
 		if streams[r], err = d.NewStream(); err != nil {

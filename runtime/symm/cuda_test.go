@@ -23,7 +23,10 @@ import (
 
 // The GPU tests need two GPUs with peer access and VMM; they skip
 // otherwise. Each rank is a goroutine with its own GPU and backend, except
-// in TestCUDAProcessRanks.
+// in TestCUDAProcessRanks and TestCUDAKilledRank. The group tests (peer
+// access, graph signals, the worked example, release, process ranks) run
+// on every visible GPU, or $COLLGEN_TEST_WORLD of them (cudatest.World);
+// the others need two or one.
 
 //go:embed testdata/symm_test_kernels.cu
 var testKernelsSrc string
@@ -31,12 +34,19 @@ var testKernelsSrc string
 //go:embed testdata/allreduce_scale.cu
 var allReduceScaleSrc string
 
-// gpuRanks opens world devices and makes a CUDA backend for each, skipping
-// the test when the machine cannot run it. Backends close after the pools
+// gpuRanks opens world devices (0: the multi-GPU test world,
+// cudatest.World) and makes a CUDA backend for each, skipping the test
+// when the machine cannot run it. Backends close after the pools
 // (cleanups run last-registered first).
 func gpuRanks(t *testing.T, world int) ([]*cuda.Device, []*CUDABackend) {
 	t.Helper()
-	devs := cudatest.Devices(t, world)
+	var devs []*cuda.Device
+	if world == 0 {
+		devs = cudatest.World(t, 2)
+	} else {
+		devs = cudatest.Devices(t, world)
+	}
+	world = len(devs)
 	for _, d := range devs {
 		if ok, err := d.VMMSupported(); err != nil || !ok {
 			t.Skipf("%v: no VMM with POSIX descriptors (%v)", d, err)
@@ -63,10 +73,11 @@ func gpuRanks(t *testing.T, world int) ([]*cuda.Device, []*CUDABackend) {
 	return devs, bes
 }
 
-// gpuPools forms a group of goroutine ranks, one GPU each.
+// gpuPools forms a group of goroutine ranks, one GPU each (world as for
+// gpuRanks).
 func gpuPools(t *testing.T, world int) ([]*cuda.Device, []*CUDABackend, []*Pool) {
 	devs, bes := gpuRanks(t, world)
-	pools := newPools(t, world, func(r int, c *Config) { c.Backend, c.Device = bes[r], r })
+	pools := newPools(t, len(devs), func(r int, c *Config) { c.Backend, c.Device = bes[r], r })
 	return devs, bes, pools
 }
 
@@ -122,10 +133,12 @@ func u32s(b []byte) []uint32 {
 // stores by a kernel into peers' buffers (the peers wrote, the owner
 // reads, after a device barrier), and copy-engine copies into a peer's
 // buffer ordered by stream signals. The device pointer arrays hold the
-// addresses BufferPtrs and SignalPadPtrs report.
+// addresses BufferPtrs and SignalPadPtrs report. Copies and signals go
+// around the ring (to rank r+1, from rank r-1).
 func TestCUDAPeerAccess(t *testing.T) {
-	const world, n = 2, 1 << 20
-	devs, bes, pools := gpuPools(t, world)
+	const n = 1 << 20
+	devs, bes, pools := gpuPools(t, 0)
+	world := len(devs)
 	bufs, hs := allocAll(t, pools, n)
 	for r := range world {
 		for _, a := range []struct {
@@ -142,7 +155,7 @@ func TestCUDAPeerAccess(t *testing.T) {
 				}
 			}
 		}
-		if bufs[r].Bytes() != nil || hs[r].PeerBytes(1-r) != nil {
+		if bufs[r].Bytes() != nil || hs[r].PeerBytes(next(r, world)) != nil {
 			t.Errorf("rank %d: host slices of device memory", r)
 		}
 	}
@@ -156,12 +169,16 @@ func TestCUDAPeerAccess(t *testing.T) {
 			return err
 		}
 		got := make([]byte, n)
-		q := 1 - r
-		if err := devs[r].CopyDtoH(got, cuda.DevicePtr(hs[r].Peer(q))); err != nil {
-			return err
-		}
-		if !bytes.Equal(got, bytes.Repeat([]byte{byte(q + 1)}, n)) {
-			return fmt.Errorf("rank %d reads rank %d's buffer wrong: %v...", r, q, got[:8])
+		for q := range world {
+			if q == r {
+				continue
+			}
+			if err := devs[r].CopyDtoH(got, cuda.DevicePtr(hs[r].Peer(q))); err != nil {
+				return err
+			}
+			if !bytes.Equal(got, bytes.Repeat([]byte{byte(q + 1)}, n)) {
+				return fmt.Errorf("rank %d reads rank %d's buffer wrong: %v...", r, q, got[:8])
+			}
 		}
 		return hs[r].Barrier(Now, 0, 0)
 	}))
@@ -208,10 +225,10 @@ func TestCUDAPeerAccess(t *testing.T) {
 		return hs[r].Barrier(Now, 0, 0)
 	}))
 
-	// 3. Copy-engine copies into the peer's buffer, then put; the peer
-	// waits in its stream and copies its buffer out.
+	// 3. Copy-engine copies into the next rank's buffer, then put; that
+	// rank waits in its stream and copies its buffer out.
 	checkErrs(t, onRanks(world, func(r int) error {
-		q := 1 - r
+		q, p := next(r, world), prev(r, world)
 		src, err := devs[r].Alloc(n)
 		if err != nil {
 			return err
@@ -230,7 +247,7 @@ func TestCUDAPeerAccess(t *testing.T) {
 		if err := hs[r].PutSignal(ords[r], q, 1, 10*time.Second); err != nil {
 			return err
 		}
-		if err := hs[r].WaitSignal(ords[r], q, 1, 10*time.Second); err != nil {
+		if err := hs[r].WaitSignal(ords[r], p, 1, 10*time.Second); err != nil {
 			return err
 		}
 		if err := ords[r].Synchronize(); err != nil {
@@ -240,8 +257,8 @@ func TestCUDAPeerAccess(t *testing.T) {
 		if err := devs[r].CopyDtoH(got, cuda.DevicePtr(bufs[r].Addr())); err != nil {
 			return err
 		}
-		if !bytes.Equal(got, bytes.Repeat([]byte{byte(0x40 + q)}, n)) {
-			return fmt.Errorf("rank %d: rank %d's copy into this buffer reads %#x...", r, q, got[:4])
+		if !bytes.Equal(got, bytes.Repeat([]byte{byte(0x40 + p)}, n)) {
+			return fmt.Errorf("rank %d: rank %d's copy into this buffer reads %#x...", r, p, got[:4])
 		}
 		return nil
 	}))
@@ -249,18 +266,20 @@ func TestCUDAPeerAccess(t *testing.T) {
 
 // TestCUDAGraphSignals captures a step on every rank: a kernel bumps the
 // rank's counter, a barrier, a kernel compares every peer's counter with
-// its own (counting differences), then a put to and a wait for the peer
-// (a second barrier, built from put/wait). 100 replays must leave every
-// counter at 100 and no difference seen: without the signals a rank would
-// run ahead and read a counter of another round.
+// its own (counting differences), then a put to the next rank and a wait
+// for the previous one (around the ring, a second barrier built from
+// put/wait). 100 replays must leave every counter at 100 and no
+// difference seen: without the signals a rank would run ahead and read a
+// counter of another round.
 func TestCUDAGraphSignals(t *testing.T) {
-	const world, replays = 2, 100
-	devs, bes, pools := gpuPools(t, world)
+	const replays = 100
+	devs, bes, pools := gpuPools(t, 0)
+	world := len(devs)
 	bufs, hs := allocAll(t, pools, 4096)
 	mods := testModules(t, devs)
 	ords := orderings(t, bes)
 	checkErrs(t, onRanks(world, func(r int) error {
-		o, s, q := ords[r], ords[r].Stream(), 1-r
+		o, s := ords[r], ords[r].Stream()
 		g, err := hs[r].KernelGroup(o, 10*time.Second)
 		if err != nil {
 			return err
@@ -272,8 +291,8 @@ func TestCUDAGraphSignals(t *testing.T) {
 			func() error { return mods[r].Launch("inc", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
 			func() error { return hs[r].Barrier(o, 0, 10*time.Second) },
 			func() error { return mods[r].Launch("check", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
-			func() error { return hs[r].PutSignal(o, q, 1, 10*time.Second) },
-			func() error { return hs[r].WaitSignal(o, q, 1, 10*time.Second) },
+			func() error { return hs[r].PutSignal(o, next(r, world), 1, 10*time.Second) },
+			func() error { return hs[r].WaitSignal(o, prev(r, world), 1, 10*time.Second) },
 		}
 		var serr error
 		for _, st := range steps {
@@ -363,11 +382,12 @@ func TestCUDASignalTimeouts(t *testing.T) {
 }
 
 // TestCUDAAllReduceScale runs the worked example, testdata/allreduce_scale.cu
-// (docs/symmetric-memory.md), at world size 2 on goroutine ranks.
+// (docs/symmetric-memory.md), on goroutine ranks.
 func TestCUDAAllReduceScale(t *testing.T) {
-	const world, n, blocks = 2, 1<<20 + 3, 8
+	const n, blocks = 1<<20 + 3, 8
 	const scale = float32(0.5)
-	devs, bes, pools := gpuPools(t, world)
+	devs, bes, pools := gpuPools(t, 0)
+	world := len(devs)
 	bufs, hs := allocAll(t, pools, 4*n)
 	ords := orderings(t, bes)
 	in := func(r, i int) float32 { return float32(r+1) * float32(i%1000) }
@@ -501,8 +521,8 @@ func TestCUDAPersistent(t *testing.T) {
 // the pools are closed (within one granule), after a warm-up that loads
 // what stays for the life of the process (context, modules).
 func TestCUDAFreeAndCloseRelease(t *testing.T) {
-	const world = 2
-	devs, bes := gpuRanks(t, world)
+	devs, bes := gpuRanks(t, 0)
+	world := len(devs)
 	cycle := func() {
 		st := rendezvous.NewMemStore()
 		group := uniqueGroup(t)
@@ -550,8 +570,8 @@ func TestCUDAFreeAndCloseRelease(t *testing.T) {
 	}
 }
 
-// Child mode of the process-rank GPU test (see proc_test.go): rank 1 on
-// GPU 1 in its own process.
+// Child mode of the process-rank GPU test (see proc_test.go): rank r on
+// GPU r in its own process.
 func init() {
 	childModes["gpu-peers"] = func(rank, world int, st rendezvous.Store, group string) error {
 		d, err := cuda.Open(rank)
@@ -645,15 +665,18 @@ func gpuProcRank(d *cuda.Device, be *CUDABackend, st rendezvous.Store, group str
 	return b.Free()
 }
 
-// TestCUDAProcessRanks runs world 2 with rank 1 in a child process: the
-// chunks travel as VMM descriptors over fdpass (the path goroutine ranks
-// skip, mapping each other directly).
+// TestCUDAProcessRanks runs rank 0 here and every other rank in a child
+// process: the chunks travel as VMM descriptors over fdpass (the path
+// goroutine ranks skip, mapping each other directly).
 func TestCUDAProcessRanks(t *testing.T) {
-	const world = 2
-	devs, bes := gpuRanks(t, world)
+	devs, bes := gpuRanks(t, 0)
+	world := len(devs)
 	dir := filepath.Join(t.TempDir(), "store")
 	group := uniqueGroup(t)
-	kid := startChild(t, "gpu-peers", dir, group, 1, world)
+	kids := make([]*child, world)
+	for r := 1; r < world; r++ {
+		kids[r] = startChild(t, "gpu-peers", dir, group, r, world)
+	}
 	st, err := rendezvous.NewFileStore(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -662,10 +685,17 @@ func TestCUDAProcessRanks(t *testing.T) {
 	if err := gpuProcRank(devs[0], bes[0], st, group, 0, world); err != nil {
 		t.Error(err)
 	}
-	if err, out := kid.wait(t); err != nil || out != "ok" {
-		t.Errorf("rank 1: %v: %s", err, out)
+	for r := 1; r < world; r++ {
+		if err, out := kids[r].wait(t); err != nil || out != "ok" {
+			t.Errorf("rank %d: %v: %s", r, err, out)
+		}
 	}
 }
+
+// next and prev are rank r's neighbours around the ring of world ranks
+// (at world 2 both are the other rank).
+func next(r, world int) int { return (r + 1) % world }
+func prev(r, world int) int { return (r + world - 1) % world }
 
 // BenchmarkCUDASignalGraph measures signals replayed from a CUDA graph on
 // two GPUs. barrier and putwait: a graph of 100 stream-ordered barriers,

@@ -17,25 +17,28 @@ import (
 	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/cuda/cudatest"
 	"github.com/collgen/collgen/runtime/nccl"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// commsWith forms a world-2 group of goroutine ranks, rank r's Config
-// from cfg(r). When a rank fails, the communicators made are aborted, so
-// the next test starts clean.
+// commsWith forms a group of goroutine ranks, one per GPU of the test
+// world (cudatest.WorldSize: every GPU, or $COLLGEN_TEST_WORLD of them),
+// rank r's Config from cfg(r). When a rank fails, the communicators made
+// are aborted, so the next test starts clean.
 func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
 	t.Helper()
-	comms := make([]*comm.Communicator, 2)
-	errs := make([]error, 2)
+	world := cudatest.WorldSize(t, 2)
+	comms := make([]*comm.Communicator, world)
+	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range comms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			c := cfg(r)
-			c.Rank, c.WorldSize, c.Device, c.Store = r, 2, r, store
+			c.Rank, c.WorldSize, c.Device, c.Store = r, world, r, store
 			if c.Library == nil {
 				c.Library = collectives.Library
 			}
@@ -63,7 +66,7 @@ var ncclModes = []struct {
 	nonBlocking bool
 }{{"blocking", false}, {"nonblocking", true}}
 
-// ranks runs fn on both ranks concurrently.
+// ranks runs fn on every rank concurrently.
 func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) error {
 	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
@@ -76,12 +79,14 @@ func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) erro
 }
 
 // ncclCollectives runs the three collectives through NCCL (forced) on
-// ins/outs (by rank, n bf16 per rank, outs holding 2n) and checks them.
+// ins/outs (by rank, n bf16 per rank; each buffer holds world*n, the
+// all-reduce's count and the all-gather's output) and checks them.
 func ncclCollectives(comms []*comm.Communicator, ins, outs []cuda.DevicePtr, n int, what string) error {
 	const dt = coll.BF16
-	srcs := make([][]byte, len(comms))
+	w := len(comms)
+	srcs := make([][]byte, w)
 	for r := range srcs {
-		srcs[r] = input(dt, 2*n, 31, r)
+		srcs[r] = input(dt, w*n, 31, r)
 	}
 	return ranks(comms, func(r int, c *comm.Communicator) error {
 		d := c.Device()
@@ -90,9 +95,9 @@ func ncclCollectives(comms []*comm.Communicator, ins, outs []cuda.DevicePtr, n i
 		}
 		o := comm.Options{Algorithm: coll.NCCL}
 		in, out := comm.DeviceBuffer(ins[r]), comm.DeviceBuffer(outs[r])
-		got := make([]byte, 2*2*n)
-		// All-reduce of 2n elements.
-		if err := c.AllReduce(in, out, 2*n, dt, coll.Sum, o); err != nil {
+		got := make([]byte, 2*w*n)
+		// All-reduce of w*n elements.
+		if err := c.AllReduce(in, out, w*n, dt, coll.Sum, o); err != nil {
 			return fmt.Errorf("%s allreduce: %w", what, err)
 		}
 		d.CopyDtoH(got, outs[r])
@@ -148,8 +153,9 @@ func TestNCCLRegistrationGPU(t *testing.T) {
 
 func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	var err error
-	devs := make([]*cuda.Device, 2)
-	allocs := make([]*alloc.Allocator, 2)
+	w := cudatest.WorldSize(t, 2)
+	devs := make([]*cuda.Device, w)
+	allocs := make([]*alloc.Allocator, w)
 	for r := range devs {
 		if devs[r], err = cuda.Open(r); err != nil {
 			t.Fatal(err)
@@ -169,11 +175,11 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	})
 	defer closeComms(comms)
 	for _, n := range []int{512, 16 << 20} { // 1 KiB and 32 MiB of bf16 per rank
-		ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+		ins, outs := make([]cuda.DevicePtr, w), make([]cuda.DevicePtr, w)
 		var blocks []*alloc.Block
 		for r := range comms {
-			bi, err1 := allocs[r].Alloc(int64(4*n), comms[r].Stream())
-			bo, err2 := allocs[r].Alloc(int64(4*n), comms[r].Stream())
+			bi, err1 := allocs[r].Alloc(int64(2*w*n), comms[r].Stream())
+			bo, err2 := allocs[r].Alloc(int64(2*w*n), comms[r].Stream())
 			if err := errors.Join(err1, err2); err != nil {
 				t.Fatal(err)
 			}
@@ -184,7 +190,7 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 			t.Error(err)
 		}
 		for i, b := range blocks {
-			allocs[i/2].Free(b)
+			allocs[i/2].Free(b) // two blocks per rank, in rank order
 		}
 	}
 	allocs[0].Free(early)
@@ -215,20 +221,21 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 		return
 	}
 	const n = 4 << 20
-	ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+	bytes := 2 * w * n
+	ins, outs := make([]cuda.DevicePtr, w), make([]cuda.DevicePtr, w)
 	for r := range comms {
-		if ins[r], err = lib.MemAlloc(devs[r], 4*n); err != nil {
+		if ins[r], err = lib.MemAlloc(devs[r], bytes); err != nil {
 			t.Fatal(err)
 		}
 		defer lib.MemFree(devs[r], ins[r])
-		if outs[r], err = lib.MemAlloc(devs[r], 4*n); err != nil {
+		if outs[r], err = lib.MemAlloc(devs[r], bytes); err != nil {
 			t.Fatal(err)
 		}
 		defer lib.MemFree(devs[r], outs[r])
 	}
 	ctx := context.Background()
 	if err := ranks(comms, func(r int, c *comm.Communicator) error {
-		return errors.Join(c.RegisterWindow(ctx, ins[r], 4*n), c.RegisterWindow(ctx, outs[r], 4*n))
+		return errors.Join(c.RegisterWindow(ctx, ins[r], int64(bytes)), c.RegisterWindow(ctx, outs[r], int64(bytes)))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +251,8 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	}
 }
 
-// TestAbortGPU: rank 0 runs a generated kernel that waits for rank 1,
-// which never calls; Abort from another goroutine returns ErrAborted from
+// TestAbortGPU: rank 0 runs a generated kernel that waits for the other
+// ranks, which never call; Abort from another goroutine returns ErrAborted from
 // the call long before the kernel's deadline (the barrier kernel through
 // its signal pad, the LL kernel through the abort word). Then a new group
 // on a fresh store works.
@@ -286,10 +293,15 @@ func TestAbortGPU(t *testing.T) {
 			if err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 16, coll.F32, coll.Sum, comm.Options{}); !errors.Is(err, comm.ErrAborted) {
 				t.Errorf("after Abort: %v", err)
 			}
-			comms[1].Abort()
+			for _, c := range comms[1:] {
+				c.Abort()
+			}
 			fresh := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config { return comm.Config{Group: "abort"} })
 			defer closeComms(fresh)
-			ins := [][]byte{input(coll.F32, 1024, 5, 0), input(coll.F32, 1024, 5, 1)}
+			ins := make([][]byte, len(fresh))
+			for r := range ins {
+				ins[r] = input(coll.F32, 1024, 5, r)
+			}
 			if err := ranks(fresh, func(r int, c *comm.Communicator) error {
 				d := c.Device()
 				p, err := d.Alloc(4096)
@@ -436,12 +448,13 @@ func ncclAllocWindows(t *testing.T, nonBlocking bool) {
 	})
 	defer closeComms(comms)
 	const n = 8 << 20
-	ins, outs := make([]cuda.DevicePtr, 2), make([]cuda.DevicePtr, 2)
+	w := len(comms)
+	ins, outs := make([]cuda.DevicePtr, w), make([]cuda.DevicePtr, w)
 	if err := ranks(comms, func(r int, c *comm.Communicator) (err error) {
-		if ins[r], err = c.Alloc(context.Background(), 4*n); err != nil {
+		if ins[r], err = c.Alloc(context.Background(), 2*w*n); err != nil {
 			return err
 		}
-		outs[r], err = c.Alloc(context.Background(), 4*n)
+		outs[r], err = c.Alloc(context.Background(), 2*w*n)
 		return err
 	}); err != nil {
 		t.Fatal(err)

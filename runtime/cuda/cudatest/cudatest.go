@@ -8,6 +8,9 @@ package cudatest
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/collgen/collgen/runtime/cuda"
@@ -36,6 +39,52 @@ func Devices(t testing.TB, n int) []*cuda.Device {
 		devs[i] = d
 	}
 	return devs
+}
+
+// WorldEnv names the environment variable that sets how many GPUs the
+// multi-GPU tests use (World); unset, they use every visible GPU.
+const WorldEnv = "COLLGEN_TEST_WORLD"
+
+// World opens the devices of a multi-GPU test: ordinals 0..w-1, where w
+// is WorldSize's.
+func World(t testing.TB, min int) []*cuda.Device {
+	t.Helper()
+	return Devices(t, WorldSize(t, min))
+}
+
+// WorldSize is how many GPUs a multi-GPU test uses: $COLLGEN_TEST_WORLD
+// if set, else every visible device. It skips the test when fewer than
+// min devices exist (or $COLLGEN_TEST_WORLD asks for more than exist) and
+// fails it when $COLLGEN_TEST_WORLD is not a number of at least min, so a
+// 4-GPU machine runs the tests at world 4 and a 2-GPU one at world 2 with
+// no change to the command.
+func WorldSize(t testing.TB, min int) int {
+	t.Helper()
+	count, err := cuda.DeviceCount()
+	if err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	w, err := worldSize(os.Getenv(WorldEnv), count, min)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count < w {
+		t.Skipf("test needs %d CUDA device(s), found %d", w, count)
+	}
+	return w
+}
+
+// worldSize is World's choice: env (the variable's value, "" when unset)
+// or count devices, never below min.
+func worldSize(env string, count, min int) (int, error) {
+	if env == "" {
+		return max(count, min), nil
+	}
+	w, err := strconv.Atoi(env)
+	if err != nil || w < min {
+		return 0, fmt.Errorf("%s=%q: want a number of GPUs, at least %d", WorldEnv, env, min)
+	}
+	return w, nil
 }
 
 // Barrier blocks until world ranks have reached the barrier called name.
