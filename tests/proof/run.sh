@@ -25,7 +25,7 @@ echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)" >>"$PROOF_SUMMARY"
 start=$(date +%s)
 timeout ${GOROUTINE_TIMEOUT:-420} .gpu/proof.test -test.v -test.timeout 0 \
-  -test.run 'TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues' >"$OUT/proof-goroutines.log" 2>&1 || status=1
+  -test.run 'TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology' >"$OUT/proof-goroutines.log" 2>&1 || status=1
 echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
 
