@@ -221,7 +221,9 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 // suffice. The shift puts the chunks of one phase on different threads, so
 // for small messages the loads of all chunks are in flight at once instead
 // of one chunk after another. A trailing partial vector belongs to the
-// thread that would own the next full vector.
+// warp of the thread that would own the next full vector, one element per
+// lane (cg_tail_index): the element's block is its vector's, which is what
+// the per-block barriers need.
 //
 // Since the shift and the threads per block are multiples of 32, the 32
 // lanes of a warp own 32 consecutive vectors (lane l the warp's first plus
@@ -565,8 +567,10 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
 // proves the windowed execution on the CPU). Rounds alternate stage slots
 // exactly as consecutive collectives do, with the same per-block barriers:
 // the work split depends only on the window and the chunk index, so the
-// thread that owns element j of chunk c in one round owns it in every
-// round and phase, on every rank, and block b of round r+2 overwrites only
+// block that owns element j of chunk c in one round owns it in every
+// round and phase, on every rank (the thread too, except in a round where
+// j falls in the tail past the last whole vector: another lane of the same
+// warp takes it then, cg_tail_index), and block b of round r+2 overwrites only
 // stage elements that block b of every rank read in round r, after passing
 // a barrier of round r+1 with each of them. With one stage slot (zero-copy
 // input: the stage pointers are the peers' inputs, in input layout) there
