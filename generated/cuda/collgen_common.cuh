@@ -17,6 +17,12 @@ typedef long long cg_s64;  // signed element index
 #define CG_GRID_CONSTANT
 #endif
 
+// CG_HD marks the work split's index arithmetic (cg_mod, cg_shift,
+// cg_first_of, cg_tail_index): callable from host code too, so a host
+// program compiled with nvcc checks the split's invariants with these very
+// functions (tests/cuda/worksplit.cu). Device code is the same.
+#define CG_HD __host__ __device__ __forceinline__
+
 // cg_grid_wait opens every kernel (programmatic dependent launch, sm_90+).
 // The runtime launches collgen kernels allowed to start before the kernel
 // ahead of them on the stream has finished (Config.NoEarlyLaunch turns it
@@ -308,21 +314,24 @@ __device__ __forceinline__ E cg_ld_elem(const E* p) {
 // cg_mod is a % b for a, b >= 0. Below 2^32 (every chunk of up to 4G
 // vectors) it takes a 32-bit remainder: the 64-bit one is a called
 // subroutine of some hundred cycles on the path of every small message.
-__device__ __forceinline__ cg_s64 cg_mod(cg_s64 a, cg_s64 b) {
+CG_HD cg_s64 cg_mod(cg_s64 a, cg_s64 b) {
   return ((cg_u64)a | (cg_u64)b) >> 32 == 0 ? (cg_s64)((unsigned)a % (unsigned)b) : a % b;
 }
 
-// cg_first returns this thread's first vector index for a chunk with the
-// given shift, and the stride between its vectors.
-__device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
-  const cg_s64 gid = (cg_s64)blockIdx.x * blockDim.x + threadIdx.x;
+// cg_first_of is global thread gid's first vector index for a chunk with
+// the given shift, out of stride threads (its later vectors follow every
+// stride); cg_first is this thread's.
+CG_HD cg_s64 cg_first_of(cg_s64 gid, cg_s64 shift, cg_s64 stride) {
   const cg_s64 s = cg_mod(shift, stride);
   return gid >= s ? gid - s : gid - s + stride;
+}
+__device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
+  return cg_first_of((cg_s64)blockIdx.x * blockDim.x + threadIdx.x, shift, stride);
 }
 
 // cg_shift is the work-split shift of chunk c: c times the vectors per
 // chunk rounded up to a multiple of 32 (a whole number of warps).
-__device__ __forceinline__ cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
+CG_HD cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
   return (cg_s64)c * (cg_s64)(((chunk + vec - 1) / vec + 31) & ~(cg_u64)31);
 }
 
@@ -436,7 +445,7 @@ __device__ __forceinline__ void cg_st_vec(E* p, const cg_vec<E, VB>& x, int m, b
 // thus stays in the warp that owns its vector in every round, whatever
 // the window's length: per-block barriers order it as they order whole
 // vectors (a tail spread over other warps broke the windowed two-shot).
-__device__ __forceinline__ cg_s64 cg_tail_index(cg_s64 first, cg_s64 nvec, cg_s64 stride) {
+CG_HD cg_s64 cg_tail_index(cg_s64 first, cg_s64 nvec, cg_s64 stride) {
   const cg_s64 owner = cg_mod(nvec, stride);
   return (first >> 5) == (owner >> 5) ? ((first - owner) & 31) : 32;
 }
