@@ -266,11 +266,12 @@ func TestCUDAPeerAccess(t *testing.T) {
 
 // TestCUDAGraphSignals captures a step on every rank: a kernel bumps the
 // rank's counter, a barrier, a kernel compares every peer's counter with
-// its own (counting differences), then a put to the next rank and a wait
-// for the previous one (around the ring, a second barrier built from
-// put/wait). 100 replays must leave every counter at 100 and no
-// difference seen: without the signals a rank would run ahead and read a
-// counter of another round.
+// its own (counting differences), then a put to every peer and a wait for
+// every peer (a second barrier, built from put/wait: with fewer waits a
+// rank could start the next round while a peer still checks this one).
+// 100 replays must leave every counter at 100 and no difference seen:
+// without the signals a rank would run ahead and read a counter of
+// another round.
 func TestCUDAGraphSignals(t *testing.T) {
 	const replays = 100
 	devs, bes, pools := gpuPools(t, 0)
@@ -291,8 +292,16 @@ func TestCUDAGraphSignals(t *testing.T) {
 			func() error { return mods[r].Launch("inc", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
 			func() error { return hs[r].Barrier(o, 0, 10*time.Second) },
 			func() error { return mods[r].Launch("check", cuda.Dim3(1), cuda.Dim3(32), 0, s, g) },
-			func() error { return hs[r].PutSignal(o, next(r, world), 1, 10*time.Second) },
-			func() error { return hs[r].WaitSignal(o, prev(r, world), 1, 10*time.Second) },
+		}
+		for q := range world {
+			if q != r {
+				steps = append(steps, func() error { return hs[r].PutSignal(o, q, 1, 10*time.Second) })
+			}
+		}
+		for q := range world {
+			if q != r {
+				steps = append(steps, func() error { return hs[r].WaitSignal(o, q, 1, 10*time.Second) })
+			}
 		}
 		var serr error
 		for _, st := range steps {
