@@ -128,16 +128,18 @@ func rank(lib *nccl.Lib, store rendezvous.Store, r, world int, d *cuda.Device) e
 			return err
 		}
 	}
-	// FP8 e4m3 all-reduce (NCCL >= 2.24): 1.0 (0x38) summed over 2 ranks is 2.0 (0x40).
-	if lib.AtLeast(2, 24) && world == 2 {
+	// FP8 e4m3 all-reduce (NCCL >= 2.24): 1.0 (0x38) summed over world
+	// ranks is world, exact in e4m3 up to 8 (2.0 is 0x40, 4.0 0x48, 8.0 0x50).
+	e4m3 := map[int]byte{2: 0x40, 3: 0x44, 4: 0x48, 5: 0x4a, 6: 0x4c, 7: 0x4e, 8: 0x50}
+	if want, ok := e4m3[world]; lib.AtLeast(2, 24) && ok {
 		d.Memset8(send, 0x38, 4096)
 		if err := comm.AllReduce(send, recv, 4096, nccl.F8E4M3, nccl.Sum, s); err != nil {
 			return err
 		}
 		s.Synchronize()
 		d.CopyDtoH(host[:4096], recv)
-		if !bytes.Equal(host[:4096], bytes.Repeat([]byte{0x40}, 4096)) {
-			return fmt.Errorf("e4m3 allreduce: got %#x..., want 0x40", host[:4])
+		if !bytes.Equal(host[:4096], bytes.Repeat([]byte{want}, 4096)) {
+			return fmt.Errorf("e4m3 allreduce: got %#x..., want %#x", host[:4], want)
 		}
 	}
 	return comm.AsyncError()
