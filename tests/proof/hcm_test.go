@@ -38,16 +38,7 @@ func TestProofHCMTopology(t *testing.T) {
 		if c.World != w || c.Algorithm != coll.HCM || !selected(c.Kernel) {
 			continue
 		}
-		cases, err := proveCombination(comms, c, true)
-		if err == nil {
-			var g int
-			g, err = proveGraph(comms, c)
-			cases += g
-		}
-		record(mode, c.Kernel, cases, err)
-		if err != nil {
-			t.Errorf("%s: %v", c.Kernel, err)
-		}
+		proveAndRecord(t, mode, comms, c)
 	}
 	if bytes == 0 {
 		return

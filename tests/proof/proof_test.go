@@ -379,20 +379,28 @@ func TestProofGoroutines(t *testing.T) {
 			if c.World != w || !selected(c.Kernel) {
 				continue
 			}
-			cases, err := proveCombination(comms, c, true)
-			if err == nil {
-				var g int
-				g, err = proveGraph(comms, c)
-				cases += g
-			}
-			record("goroutines", c.Kernel, cases, err)
-			if err != nil {
-				t.Errorf("%s: %v", c.Kernel, err)
-			}
+			proveAndRecord(t, "goroutines", comms, c)
 		}
 		if err := closeComms(comms); err != nil {
 			t.Errorf("close at world %d: %v", w, err)
 		}
+	}
+}
+
+// proveAndRecord proves a combination on goroutine ranks (every count and
+// layout, then graph replay), records the summary line under mode, and
+// fails the test on an error.
+func proveAndRecord(t *testing.T, mode string, comms []*comm.Communicator, c collectives.Combination) {
+	t.Helper()
+	cases, err := proveCombination(comms, c, true)
+	if err == nil {
+		var g int
+		g, err = proveGraph(comms, c)
+		cases += g
+	}
+	record(mode, c.Kernel, cases, err)
+	if err != nil {
+		t.Errorf("%s: %v", c.Kernel, err)
 	}
 }
 
