@@ -333,3 +333,23 @@ func TestStagingBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeHCMTopologyOnAllPairs: on GPUs where every pair has peer access
+// (the fake machine, like an NVSwitch one), Config.Topology "hcm8" at world
+// 8 makes the hybrid-cube-mesh rules and kernels the communicator's, with
+// NCCL disabled: auto plans hcm up to the rules' 256 KiB and the hcm
+// kernel can be forced, as tests/proof's TestProofHCMTopology expects on
+// an 8-GPU machine.
+func TestFakeHCMTopologyOnAllPairs(t *testing.T) {
+	comms, _ := fakeComms(t, 8, Config{Topology: "hcm8", DisableNCCL: true})
+	defer closeAll(t, comms)
+	for _, c := range []struct {
+		bytes int
+		alg   coll.Algorithm
+	}{{256 << 10, ""}, {1 << 10, ""}, {64 << 10, coll.HCM}} {
+		p, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(1<<40), c.bytes/2, coll.BF16, coll.Sum, Options{Algorithm: c.alg})
+		if err != nil || p.Algorithm != coll.HCM {
+			t.Errorf("%d bytes, algorithm %q: plan %+v, %v; want hcm", c.bytes, c.alg, p, err)
+		}
+	}
+}
