@@ -164,9 +164,13 @@ func Algorithms(lib *kernels.Library, collective coll.Collective, dtype coll.DTy
 // Variants builds the variant list: requested names in the given order, or
 // (for none, or the single name "all") every generated algorithm of the
 // collective, then Auto, then NCCL. The NCCL variants on registered
-// buffers, nccl_reg and nccl_win, run when named. An unknown name is an
-// error listing what exists.
-func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType, op coll.Op, world int, requested []string) ([]Variant, error) {
+// buffers, nccl_reg and nccl_win, run when named. A name that is no
+// algorithm at all is an error listing what exists; an algorithm this
+// collective has no kernel for here (twoshot for an all-gather, anything
+// at a world size without kernels) is left out and returned in missing,
+// so one sweep over several collectives can name each one's algorithms,
+// unless nothing requested is left, which is an error.
+func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType, op coll.Op, world int, requested []string) (vs []Variant, missing []string, err error) {
 	algs := Algorithms(lib, collective, dtype, op, world)
 	var names []string
 	for _, r := range requested {
@@ -183,7 +187,13 @@ func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType
 			names = append(names, a.String())
 		}
 	}
-	var out []Variant
+	have := func() string {
+		hs := make([]string, len(all))
+		for i, a := range all {
+			hs[i] = a.String()
+		}
+		return strings.Join(hs, ", ") + ", nccl_reg, nccl_win"
+	}
 	seen := map[Variant]bool{}
 	for _, n := range names {
 		v := Variant{Algorithm: coll.NCCL}
@@ -191,21 +201,26 @@ func Variants(lib *kernels.Library, collective coll.Collective, dtype coll.DType
 			v.Buffers = b
 		} else {
 			a, err := coll.ParseAlgorithm(n)
-			if err != nil || !slices.Contains(all, a) {
-				have := make([]string, len(all))
-				for i, a := range all {
-					have[i] = a.String()
+			if err != nil {
+				return nil, nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s", n, collective, dtype, opOrDash(collective, op), world, have())
+			}
+			if !slices.Contains(all, a) {
+				if !slices.Contains(missing, n) {
+					missing = append(missing, n)
 				}
-				return nil, fmt.Errorf("unknown algorithm %q for %s %s %s at world %d; have: %s, nccl_reg, nccl_win", n, collective, dtype, opOrDash(collective, op), world, strings.Join(have, ", "))
+				continue
 			}
 			v.Algorithm = a
 		}
 		if !seen[v] {
 			seen[v] = true
-			out = append(out, v)
+			vs = append(vs, v)
 		}
 	}
-	return out, nil
+	if len(vs) == 0 {
+		return nil, missing, fmt.Errorf("no kernel for %s of %s %s %s at world %d; have: %s", strings.Join(missing, ", "), collective, dtype, opOrDash(collective, op), world, have())
+	}
+	return vs, missing, nil
 }
 
 func opOrDash(collective coll.Collective, op coll.Op) string {

@@ -122,7 +122,7 @@ func names(vs []Variant) []string {
 
 func TestVariants(t *testing.T) {
 	lib := collectives.Library
-	vs, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
+	vs, _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,23 +138,33 @@ func TestVariants(t *testing.T) {
 			t.Errorf("variant %+v: Custom() = %v", v, v.Custom())
 		}
 	}
-	if all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"all"}); !reflect.DeepEqual(names(all), got) {
+	if all, _, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"all"}); !reflect.DeepEqual(names(all), got) {
 		t.Errorf("\"all\" = %v, want %v", names(all), got)
 	}
-	vs, err = Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"nccl,auto", "oneshot", "auto"})
+	vs, _, err = Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"nccl,auto", "oneshot", "auto"})
 	if err != nil || !reflect.DeepEqual(names(vs), []string{"nccl", "auto", "oneshot"}) {
 		t.Errorf("requested order: %v, %v", names(vs), err)
 	}
-	if _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"ring"}); err == nil || !strings.Contains(err.Error(), "oneshot") {
+	if _, _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 4, []string{"ring"}); err == nil || !strings.Contains(err.Error(), "oneshot") {
 		t.Errorf("unknown algorithm: %v, want an error listing what exists", err)
 	}
+	// An algorithm the collective has no kernel for is left out and named,
+	// so one sweep can name several collectives' algorithms; if nothing
+	// requested is left, that is an error naming what exists.
+	vs, missing, err := Variants(lib, coll.AllGather, "bf16", "", 2, []string{"twoshot,oneshot,auto"})
+	if err != nil || !reflect.DeepEqual(names(vs), []string{"oneshot", "auto"}) || !reflect.DeepEqual(missing, []string{"twoshot"}) {
+		t.Errorf("allgather with twoshot requested: %v, missing %v, %v; want oneshot, auto and twoshot missing", names(vs), missing, err)
+	}
+	if _, missing, err := Variants(lib, coll.AllGather, "bf16", "", 2, []string{"twoshot,hcm"}); err == nil || !strings.Contains(err.Error(), "oneshot_ll") || len(missing) != 2 {
+		t.Errorf("allgather with only twoshot and hcm: missing %v, %v; want an error listing what exists", missing, err)
+	}
 	// All-gather ignores the op; fp8 has copy kernels.
-	vs, err = Variants(lib, coll.AllGather, "e4m3", "sum", 2, nil)
+	vs, _, err = Variants(lib, coll.AllGather, "e4m3", "sum", 2, nil)
 	if err != nil || !slices.Contains(names(vs), "oneshot") {
 		t.Errorf("allgather e4m3: %v, %v", names(vs), err)
 	}
 	// No kernels for this world: only auto and nccl.
-	vs, _ = Variants(lib, coll.AllReduce, "bf16", "sum", 5, nil)
+	vs, _, _ = Variants(lib, coll.AllReduce, "bf16", "sum", 5, nil)
 	if !reflect.DeepEqual(names(vs), []string{"auto", "nccl"}) {
 		t.Errorf("world 5: %v", names(vs))
 	}
@@ -164,7 +174,7 @@ func TestVariants(t *testing.T) {
 // own kind, run only when named.
 func TestNCCLVariants(t *testing.T) {
 	lib := collectives.Library
-	vs, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"auto,nccl,nccl_reg,nccl_win,nccl_reg"})
+	vs, _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"auto,nccl,nccl_reg,nccl_win,nccl_reg"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,13 +182,13 @@ func TestNCCLVariants(t *testing.T) {
 	if !reflect.DeepEqual(vs, want) || !reflect.DeepEqual(names(vs), []string{"auto", "nccl", "nccl_reg", "nccl_win"}) {
 		t.Errorf("variants %+v (%v), want %+v", vs, names(vs), want)
 	}
-	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 2, nil)
+	all, _, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 2, nil)
 	for _, v := range all {
 		if v.Buffers != PlainBuffers {
 			t.Errorf("the default list has %s", v.Name())
 		}
 	}
-	if _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"nccl_bogus"}); err == nil || !strings.Contains(err.Error(), "nccl_reg, nccl_win") {
+	if _, _, err := Variants(lib, coll.AllReduce, "bf16", "sum", 2, []string{"nccl_bogus"}); err == nil || !strings.Contains(err.Error(), "nccl_reg, nccl_win") {
 		t.Errorf("unknown name: %v, want the list to name nccl_reg and nccl_win", err)
 	}
 	if r := SkipReason(want[3], 1, 1, 1, errors.New("no libnccl")); !strings.Contains(r, "nccl_win unavailable") {
@@ -241,14 +251,14 @@ func TestStagingFor(t *testing.T) {
 	// Every all-reduce kernel runs in rounds (barrier kernels, and the push
 	// ones with PushRounds): forcing any of them to 256 MiB keeps comm's
 	// default sizing, which is what users get.
-	all, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
+	all, _, _ := Variants(lib, coll.AllReduce, "bf16", "sum", 4, nil)
 	if s := StagingFor(lib, coll.AllReduce, 4, sizes, all, 0); s != 0 {
 		t.Errorf("all-reduce, every algorithm forced up to 256MiB: staging %d, want 0 (the default)", s)
 	}
 	// A reduce-scatter's LL push one-shot runs in one round (the LL128 one
 	// in rounds): its inbox must hold 256 MiB's chunks, more than the
 	// rules' floor.
-	rs, _ := Variants(lib, coll.ReduceScatter, "bf16", "sum", 4, nil)
+	rs, _, _ := Variants(lib, coll.ReduceScatter, "bf16", "sum", 4, nil)
 	want := max(lib.SlotBound(coll.ReduceScatter, coll.OneShotLL128, 4, 256<<20), lib.SlotBound(coll.ReduceScatter, coll.OneShotLL, 4, 256<<20))
 	if s := StagingFor(lib, coll.ReduceScatter, 4, sizes, rs, 0); s != want || want < 256<<20 {
 		t.Errorf("reduce-scatter, every algorithm forced up to 256MiB: staging %d, want the LL inbox %d", s, want)

@@ -136,7 +136,14 @@ func (c *Config) validate() ([]Variant, error) {
 	default:
 		return nil, fmt.Errorf("gpubench: unknown collective %q (want %s, %s or %s)", c.Collective, coll.AllReduce, coll.ReduceScatter, coll.AllGather)
 	}
-	return Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
+	vs, missing, err := Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
+	if err != nil {
+		return nil, err
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(c.Log, "note: %s %s %s at world %d has no %s kernel; left out of its sweep\n", c.Collective, c.DType, opOrDash(c.Collective, c.Op), c.World, strings.Join(missing, " or "))
+	}
+	return vs, nil
 }
 
 // Plan is the sweep's agreed set-up, the same on every rank.

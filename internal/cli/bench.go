@@ -135,7 +135,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.StringVar(&dtypes, "dtype", "f32", "element types, comma separated (host: f32 f64 f16 bf16 i32 i64)")
 	f.StringVar(&ops, "op", "sum", "reduce ops, comma separated: sum, max, min")
 	f.StringVar(&colls, "collective", "allreduce", "collectives, comma separated: allreduce, reduce_scatter, allgather")
-	f.StringVar(&algs, "algorithms", "", "algorithms, comma separated (default: chosen per size by the spec's rules)")
+	f.StringVar(&algs, "algorithms", "", "algorithms, comma separated (default: chosen per size by the spec's rules); one a collective has no kernel for is left out of its sweep with a note")
 	f.IntVar(&o.Iters, "iters", 0, "timed iterations per case (default: about 0.25s per case)")
 	f.BoolVar(&o.Check, "check", false, "verify each case's result against a float64 reference before timing it")
 	f.BoolVar(&o.Goroutines, "goroutines", false, "host: run the ranks as goroutines of this process instead of processes")
