@@ -20,7 +20,8 @@ typedef long long cg_s64;  // signed element index
 // CG_HD marks the work split's index arithmetic (cg_mod, cg_shift,
 // cg_first_of, cg_tail_index): callable from host code too, so a host
 // program compiled with nvcc checks the split's invariants with these very
-// functions (tests/cuda/worksplit.cu). Device code is the same.
+// functions (templates/cuda/testdata/worksplit.cu, TestWorkSplitOnHost).
+// Device code is the same.
 #define CG_HD __host__ __device__ __forceinline__
 
 // cg_grid_wait opens every kernel (programmatic dependent launch, sm_90+).
@@ -559,7 +560,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       }
     }
   }
-  // The tail, one element per thread (cg_copy_tail).
+  // The tail, one element per lane (cg_copy_tail).
   const cg_s64 i = nvec * V + cg_tail_index(gid, nvec, stride);
   if (i < n) {
     A acc = T::up(cg_ld_elem(src[0] + i));
