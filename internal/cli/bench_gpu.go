@@ -267,7 +267,10 @@ func awkwardNote(flag string) string {
 
 // writeGPUSummary prints one block per (collective, dtype, op, world,
 // mode): a row per size, a column per variant (latency in us), the
-// algorithm auto picked, and auto's speed-up over NCCL.
+// algorithm auto picked, and auto's speed-up over NCCL; when forced
+// generated algorithms were measured too, auto's latency over the fastest
+// of them ("auto vs best", 1.03 = 3% slower), the check of "auto is
+// within x% of its best algorithm" in every sweep.
 func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Measurement, awkwardText string) {
 	type key struct {
 		coll, dt, op, mode string
@@ -291,11 +294,12 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		}
 		var rows []gpubench.Row
 		cell := map[at]*gpubench.Measurement{}
-		awkward := false
+		awkward, forced := false, false
 		for i := range g {
 			m := &g[i]
 			if !slices.Contains(variants, m.Variant) {
 				variants = append(variants, m.Variant)
+				forced = forced || forcedVariant(m.Variant)
 			}
 			if !slices.Contains(rows, m.Row()) {
 				rows = append(rows, m.Row())
@@ -318,6 +322,9 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		head := []string{"size"}
 		head = append(head, variants...)
 		head = append(head, "auto picks", "auto busbw", "nccl busbw", "auto vs nccl")
+		if forced {
+			head = append(head, "auto vs best")
+		}
 		fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
 		for _, r := range rows {
 			row := []string{gpubench.FormatSize(r.Bytes)}
@@ -359,6 +366,19 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 				nbw = fmt.Sprintf("%.1f", n.BusGBps)
 			}
 			row = append(row, pick, abw, nbw, ratio)
+			if forced {
+				vsBest := ""
+				var best *gpubench.Measurement
+				for _, v := range variants {
+					if m := cell[at{r, v}]; forcedVariant(v) && m != nil && m.Measured() && (best == nil || m.LatencyUs < best.LatencyUs) {
+						best = m
+					}
+				}
+				if a != nil && a.Measured() && best != nil && best.LatencyUs > 0 {
+					vsBest = fmt.Sprintf("%.2f (%s)", a.LatencyUs/best.LatencyUs, best.Variant)
+				}
+				row = append(row, vsBest)
+			}
 			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 		}
 		tw.Flush()
@@ -367,6 +387,13 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// forcedVariant reports whether a summary column is a forced generated
+// algorithm: not auto, and not NCCL on any buffers (nccl, nccl_reg,
+// nccl_win).
+func forcedVariant(v string) bool {
+	return v != coll.Auto.String() && !strings.HasPrefix(v, coll.NCCL.String())
 }
 
 func modeText(mode string) string {

@@ -68,7 +68,7 @@ func TestGPUReport(t *testing.T) {
 	var b bytes.Buffer
 	writeGPUSummary(&b, ms, awkwardNote(""))
 	out := b.String()
-	for _, want := range []string{"CUDA-graph replay", "oneshot", "skip", "3.00x", "1KiB"} {
+	for _, want := range []string{"CUDA-graph replay", "oneshot", "skip", "3.00x", "1KiB", "auto vs best", "1.00 (oneshot)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
@@ -93,6 +93,20 @@ func TestGPUReport(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary with an offset twin lacks %q:\n%s", want, out)
 		}
+	}
+	// Auto's ratio to the fastest forced algorithm; without forced
+	// algorithms, no such column.
+	slow := slices.Clone(ms)
+	slow[2].LatencyUs = 5.5
+	b.Reset()
+	writeGPUSummary(&b, slow, awkwardNote(""))
+	if out := b.String(); !strings.Contains(out, "1.10 (oneshot)") {
+		t.Errorf("auto 10%% slower than oneshot:\n%s", out)
+	}
+	b.Reset()
+	writeGPUSummary(&b, ms[2:], awkwardNote(""))
+	if out := b.String(); strings.Contains(out, "auto vs best") {
+		t.Errorf("a sweep of auto and nccl alone has an auto-vs-best column:\n%s", out)
 	}
 	if rs := gpuResults(twin); len(rs) != 6 || rs[0].Awkward || !rs[3].Awkward {
 		t.Errorf("results of a sweep with twins: %+v", rs)
