@@ -299,7 +299,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 			m := &g[i]
 			if !slices.Contains(variants, m.Variant) {
 				variants = append(variants, m.Variant)
-				forced = forced || forcedVariant(m.Variant)
+				forced = forced || coll.Algorithm(m.Variant).Generated()
 			}
 			if !slices.Contains(rows, m.Row()) {
 				rows = append(rows, m.Row())
@@ -370,7 +370,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 				vsBest := ""
 				var best *gpubench.Measurement
 				for _, v := range variants {
-					if m := cell[at{r, v}]; forcedVariant(v) && m != nil && m.Measured() && (best == nil || m.LatencyUs < best.LatencyUs) {
+					if m := cell[at{r, v}]; coll.Algorithm(v).Generated() && m != nil && m.Measured() && (best == nil || m.LatencyUs < best.LatencyUs) {
 						best = m
 					}
 				}
@@ -387,13 +387,6 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		}
 		fmt.Fprintln(w)
 	}
-}
-
-// forcedVariant reports whether a summary column is a forced generated
-// algorithm: not auto, and not NCCL on any buffers (nccl, nccl_reg,
-// nccl_win).
-func forcedVariant(v string) bool {
-	return v != coll.Auto.String() && !strings.HasPrefix(v, coll.NCCL.String())
 }
 
 func modeText(mode string) string {

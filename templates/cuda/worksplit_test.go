@@ -10,23 +10,19 @@ import (
 	"github.com/collgen/collgen/spec"
 )
 
-// nvccOrSkip is $NVCC, else nvcc on PATH; it skips the test without one.
-func nvccOrSkip(t *testing.T) string {
+// buildOnHost compiles src (relative to this package) with nvcc ($NVCC,
+// else nvcc on PATH; the test skips without one) against the header
+// rendered from the shipped spec, with the extra flags, and returns the
+// binary's path.
+func buildOnHost(t *testing.T, src string, flags ...string) string {
 	t.Helper()
-	if nvcc := os.Getenv("NVCC"); nvcc != "" {
-		return nvcc
+	nvcc := os.Getenv("NVCC")
+	if nvcc == "" {
+		var err error
+		if nvcc, err = exec.LookPath("nvcc"); err != nil {
+			t.Skip("no nvcc on PATH (.ci/install-cuda.sh installs one)")
+		}
 	}
-	nvcc, err := exec.LookPath("nvcc")
-	if err != nil {
-		t.Skip("no nvcc on PATH (.ci/install-cuda.sh installs one)")
-	}
-	return nvcc
-}
-
-// renderedHeader writes the header rendered from the shipped spec into a
-// temporary directory and returns the directory.
-func renderedHeader(t *testing.T) string {
-	t.Helper()
 	s, err := spec.Load("../../spec/collgen.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +32,16 @@ func renderedHeader(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(dir, HeaderName), files[HeaderName], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return dir
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, strings.TrimSuffix(filepath.Base(src), ".cu"))
+	args := append(append([]string{}, flags...), "-I", dir, "-o", bin, abs)
+	if out, err := exec.Command(nvcc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("nvcc %s: %v\n%s", src, err, out)
+	}
+	return bin
 }
 
 // TestWorkSplitOnHost compiles testdata/worksplit.cu against the header
@@ -49,16 +54,7 @@ func renderedHeader(t *testing.T) string {
 // thread of vector nvec + e and failed the GPU proof, fails here. Needs
 // nvcc ($NVCC or on PATH; CI installs it before the tests); skips without.
 func TestWorkSplitOnHost(t *testing.T) {
-	nvcc := nvccOrSkip(t)
-	dir := renderedHeader(t)
-	src, err := filepath.Abs("testdata/worksplit.cu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "worksplit")
-	if out, err := exec.Command(nvcc, "-I", dir, "-o", bin, src).CombinedOutput(); err != nil {
-		t.Fatalf("nvcc: %v\n%s", err, out)
-	}
+	bin := buildOnHost(t, "testdata/worksplit.cu")
 	out, err := exec.Command(bin).CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "ok ") {
 		t.Fatalf("work split: %v\n%s", err, out)
@@ -71,14 +67,5 @@ func TestWorkSplitOnHost(t *testing.T) {
 // rendered header for sm_90, so a header change that breaks it shows here
 // and not on the next lent GPU.
 func TestGPUProbesCompile(t *testing.T) {
-	nvcc := nvccOrSkip(t)
-	dir := renderedHeader(t)
-	src, err := filepath.Abs("../../tests/gpu/ll128_offset_probe.cu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(nvcc, "-arch=sm_90", "-std=c++17", "-I", dir, "-o", filepath.Join(dir, "probe"), src).CombinedOutput()
-	if err != nil {
-		t.Fatalf("nvcc %s: %v\n%s", src, err, out)
-	}
+	buildOnHost(t, "../../tests/gpu/ll128_offset_probe.cu", "-arch=sm_90", "-std=c++17")
 }

@@ -50,8 +50,7 @@ int main() {
             for (long long j = 0; j < n; j++) {
               const long long want = (j / V + s) % stride;  // owner of element j's vector
               const long long got = part[j];
-              if (got < 0 || got / 32 != want / 32 || got / threads != want / threads ||
-                  (j < win && full[j] / threads != got / threads)) {
+              if (got < 0 || got / 32 != want / 32 || got / threads != want / threads || full[j] / threads != got / threads) {
                 printf("V %d, %lld blocks of %lld, chunk %d, window %lld, round of %lld: element %lld handled by %s %lld (block %lld), its vector's owner is %lld (block %lld), the full window's %lld\n",
                        V, g[0], g[1], c, win, n, j, got == -2 ? "several threads, the last" : "thread", got,
                        got < 0 ? -1 : got / threads, want, want / threads, full[j]);
