@@ -1,8 +1,8 @@
 package cuda
 
 import (
+	_ "embed"
 	"errors"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,15 +12,25 @@ import (
 //
 //	nvcc -fatbin -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=compute_90 -o tiny_sm80_ptx90.fatbin tiny.cu
 //	nvcc -fatbin -gencode arch=compute_80,code=sm_80 -o tiny_sm80.fatbin tiny.cu
+//
+// They are embedded, so the test binary runs from any directory (the GPU
+// bundle's tests/gpu/run.sh runs it from the repository root).
+//
+//go:embed testdata/tiny_sm80_ptx90.fatbin
+var tinySM80PTX90 []byte
+
+//go:embed testdata/tiny_sm80.fatbin
+var tinySM80Only []byte
+
 func TestFatbinCodes(t *testing.T) {
-	for file, want := range map[string][]FatbinCode{
-		"testdata/tiny_sm80_ptx90.fatbin": {{Arch: 80}, {Arch: 90, PTX: true}},
-		"testdata/tiny_sm80.fatbin":       {{Arch: 80}},
+	for file, tc := range map[string]struct {
+		img  []byte
+		want []FatbinCode
+	}{
+		"tiny_sm80_ptx90.fatbin": {tinySM80PTX90, []FatbinCode{{Arch: 80}, {Arch: 90, PTX: true}}},
+		"tiny_sm80.fatbin":       {tinySM80Only, []FatbinCode{{Arch: 80}}},
 	} {
-		img, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
+		img, want := tc.img, tc.want
 		got, err := FatbinCodes(img)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: %v, %v; want %v", file, got, err, want)
@@ -58,10 +68,7 @@ func TestFatbinCodeRuns(t *testing.T) {
 // command that builds one that fits, over the driver's error; a fatbin
 // that does hold usable code (refused for another reason) is not.
 func TestFatbinMismatchError(t *testing.T) {
-	img, err := os.ReadFile("testdata/tiny_sm80.fatbin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := tinySM80Only
 	cause := errors.New("CUDA_ERROR_NO_BINARY_FOR_GPU")
 	fe := fatbinMismatch("k.fatbin", img, 1, 90, cause)
 	if fe == nil {
