@@ -502,6 +502,9 @@ func (g *Group) acquireSlot(ctx context.Context, slot int) error {
 	case g.slotLock[slot] <- struct{}{}:
 		return nil
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("slot still busy with another collective at the context's deadline: %w: %w", ErrTimeout, ctx.Err())
+		}
 		return fmt.Errorf("waiting for the slot: %w", ctx.Err())
 	case <-t.C:
 		return fmt.Errorf("slot still busy with another collective after %v: %w", g.timeout, ErrTimeout)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
@@ -30,6 +31,7 @@ type op struct {
 	red     coll.Op
 	count   int // allreduce: elements; RS: per-rank output; AG: per-rank input
 	inPlace bool
+	offset  int // buffers start this many elements past a 64-byte boundary
 	tag     uint64
 	seed    int
 }
@@ -39,7 +41,43 @@ func (o op) String() string {
 	if o.inPlace {
 		ip = " in-place"
 	}
-	return fmt.Sprintf("%s %s %s %s n=%d%s", o.coll, o.alg, o.dtype, o.red, o.count, ip)
+	return fmt.Sprintf("%s %s %s %s n=%d offset=%d%s", o.coll, o.alg, o.dtype, o.red, o.count, o.offset, ip)
+}
+
+// Every buffer runOp hands a collective has guardBytes of guardByte on
+// both sides (nccl-tests' guard check): a write past either end of a
+// buffer is an error, as is a change to an out-of-place input.
+const (
+	guardBytes = 64
+	guardByte  = 0xa5
+)
+
+// guarded is a buffer b inside whole, starting lo bytes in, with guard
+// bytes before and after it. b's capacity ends with it.
+type guarded struct {
+	whole, b []byte
+	lo       int
+}
+
+// newGuarded returns a guarded buffer of n bytes that starts off bytes
+// past a 64-byte boundary (the backend's vector loops peel a head up to
+// one).
+func newGuarded(n, off int) guarded {
+	raw := bytes.Repeat([]byte{guardByte}, 64+guardBytes+off+n+guardBytes)
+	skip := int(-uintptr(unsafe.Pointer(unsafe.SliceData(raw))) & 63)
+	whole := raw[skip : skip+guardBytes+off+n+guardBytes]
+	lo := guardBytes + off
+	return guarded{whole: whole, b: whole[lo : lo+n : lo+n], lo: lo}
+}
+
+// intact returns an error naming the first guard byte overwritten.
+func (g guarded) intact(what string) error {
+	for i, c := range g.whole {
+		if (i < g.lo || i >= g.lo+len(g.b)) && c != guardByte {
+			return fmt.Errorf("%s of %d bytes: the guard byte at offset %d overwritten (%#x)", what, len(g.b), i-g.lo, c)
+		}
+	}
+	return nil
 }
 
 // runOp runs o on g with deterministic inputs and checks the result
@@ -56,17 +94,19 @@ func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
 	}
 	inputs := inputsFor(o.dtype, inE, o.seed, w)
 	defer releaseInputs(o.dtype, inE, o.seed, w)
-	in := append([]byte(nil), inputs[rank]...)
-	out := make([]byte, outE*esz)
+	off := o.offset * esz
+	inG, outG := newGuarded(inE*esz, off), newGuarded(outE*esz, off)
+	in, out := inG.b, outG.b
+	copy(in, inputs[rank])
 	if o.inPlace {
 		switch o.coll {
 		case coll.AllReduce:
-			out = in
+			out, outG = in, inG
 		case coll.ReduceScatter:
-			out = in[rank*o.count*esz : (rank+1)*o.count*esz]
+			out, outG = in[rank*o.count*esz:(rank+1)*o.count*esz], inG
 		case coll.AllGather:
 			copy(out[rank*o.count*esz:], in)
-			in = out[rank*o.count*esz : (rank+1)*o.count*esz]
+			in, inG = out[rank*o.count*esz:(rank+1)*o.count*esz], outG
 		}
 	}
 	opts := Options{Algorithm: o.alg, Tag: o.tag}
@@ -81,6 +121,14 @@ func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%v: %w", o, err)
+	}
+	for _, e := range []error{inG.intact("input"), outG.intact("output")} {
+		if e != nil {
+			return nil, fmt.Errorf("rank %d %v: %w", rank, o, e)
+		}
+	}
+	if !o.inPlace && !bytes.Equal(in, inputs[rank]) {
+		return nil, fmt.Errorf("rank %d %v: the input changed", rank, o)
 	}
 	switch o.coll {
 	case coll.AllReduce:
@@ -109,22 +157,27 @@ func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
 	return out, nil
 }
 
-// sweep returns every dtype x op x algorithm of the host spec at counts.
+// sweep returns every dtype x op x algorithm of the host spec at counts,
+// in and out of place (alternately) and with buffers 0 to 3 elements past
+// a 64-byte boundary (in turn, apart from that), so every combination of
+// the two comes up for every collective.
 func sweep(counts []int, w int) []op {
 	var ops []op
 	seed := 1
+	add := func(o op) {
+		o.inPlace, o.offset, o.seed = seed%2 == 0, (seed/2)%4, seed
+		ops = append(ops, o)
+		seed++
+	}
 	for _, dt := range numeric.DTypes {
 		for _, c := range counts {
 			for _, red := range coll.Ops() {
 				for _, alg := range []coll.Algorithm{coll.OneShot, coll.TwoShot} {
-					ops = append(ops, op{coll: coll.AllReduce, alg: alg, dtype: dt, red: red, count: c, inPlace: seed%2 == 0, seed: seed})
-					seed++
+					add(op{coll: coll.AllReduce, alg: alg, dtype: dt, red: red, count: c})
 				}
-				ops = append(ops, op{coll: coll.ReduceScatter, alg: coll.OneShot, dtype: dt, red: red, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
-				seed++
+				add(op{coll: coll.ReduceScatter, alg: coll.OneShot, dtype: dt, red: red, count: max(c/w, 1)})
 			}
-			ops = append(ops, op{coll: coll.AllGather, alg: coll.OneShot, dtype: dt, count: max(c/w, 1), inPlace: seed%2 == 0, seed: seed})
-			seed++
+			add(op{coll: coll.AllGather, alg: coll.OneShot, dtype: dt, count: max(c/w, 1)})
 		}
 	}
 	return ops

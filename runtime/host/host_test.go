@@ -267,6 +267,45 @@ func TestTimeoutNamesMissingRank(t *testing.T) {
 	t.Log(got)
 }
 
+// TestContextDeadlineIsATimeout: a collective ended by its context's
+// deadline, well before Config.Timeout, fails as a timeout too: the error
+// is both ErrTimeout and context.DeadlineExceeded and names the rank that
+// did not arrive (it said only "context deadline exceeded"), in time, and
+// leaves the group broken like any timeout.
+func TestContextDeadlineIsATimeout(t *testing.T) {
+	const deadline = 300 * time.Millisecond
+	var got error
+	done := make(chan struct{})
+	errs := goroutineGroup(t, 2, Config{}, func(g *Group) error {
+		if err := g.Setup(context.Background()); err != nil {
+			return err
+		}
+		if g.Rank() == 1 {
+			<-done
+			return nil
+		}
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		defer cancel()
+		start := time.Now()
+		got = g.AllReduce(ctx, make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{})
+		if d := time.Since(start); d > deadline+5*time.Second {
+			return fmt.Errorf("took %v", d)
+		}
+		if err := g.AllReduce(context.Background(), make([]byte, 64), make([]byte, 64), 16, "f32", "sum", Options{}); !errors.Is(err, ErrBroken) {
+			return fmt.Errorf("second call after failure: %v, want ErrBroken", err)
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(got, ErrTimeout) || !errors.Is(got, context.DeadlineExceeded) || !strings.Contains(got.Error(), "ranks [1]") {
+		t.Fatalf("got %v, want ErrTimeout and context.DeadlineExceeded naming ranks [1]", got)
+	}
+	t.Log(got)
+}
+
 // TestPortableLibrary runs a reduced sweep with the portable reduce loops
 // that stand in when no generated library is linked.
 func TestPortableLibrary(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +28,7 @@ const (
 	envStore   = "COLLGEN_HOST_STORE"   // file store directory
 	envGroup   = "COLLGEN_HOST_GROUP"   //
 	envKillAt  = "COLLGEN_HOST_KILL_AT" // hook point at which this child SIGKILLs itself
+	envStopAt  = "COLLGEN_HOST_STOP_AT" // hook point at which this child SIGSTOPs itself
 	envTimeout = "COLLGEN_HOST_TIMEOUT" // Config.Timeout
 )
 
@@ -54,6 +54,13 @@ func childMain(mode string) int {
 			if point == at {
 				syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {}
+			}
+		}
+	}
+	if at := os.Getenv(envStopAt); at != "" {
+		testHook = func(r int, point string) {
+			if point == at {
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			}
 		}
 	}
@@ -116,9 +123,33 @@ type childResult struct {
 // startChildren runs world rank processes of the test binary and waits.
 func startChildren(t *testing.T, mode, group string, world int, timeout time.Duration, extra func(rank int) []string) []childResult {
 	t.Helper()
-	dir := t.TempDir()
+	rs := startRanks(t, mode, group, world, timeout, extra)
 	res := make([]childResult, world)
-	var wg sync.WaitGroup
+	for r := range res {
+		res[r] = rs.wait(r)
+	}
+	return res
+}
+
+// rankProcs are running rank processes; wait(r) returns rank r's result
+// once it has exited.
+type rankProcs struct {
+	cmds []*osexec.Cmd
+	res  []childResult
+	done []chan struct{}
+}
+
+func (rs *rankProcs) wait(r int) childResult {
+	<-rs.done[r]
+	return rs.res[r]
+}
+
+// startRanks starts world rank processes of the test binary. Any still
+// running when the test ends are killed (a stopped one too).
+func startRanks(t *testing.T, mode, group string, world int, timeout time.Duration, extra func(rank int) []string) *rankProcs {
+	t.Helper()
+	dir := t.TempDir()
+	rs := &rankProcs{cmds: make([]*osexec.Cmd, world), res: make([]childResult, world), done: make([]chan struct{}, world)}
 	for r := 0; r < world; r++ {
 		cmd := osexec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), envChild+"="+mode, envRank+"="+strconv.Itoa(r), envWorld+"="+strconv.Itoa(world),
@@ -126,21 +157,28 @@ func startChildren(t *testing.T, mode, group string, world int, timeout time.Dur
 		if extra != nil {
 			cmd.Env = append(cmd.Env, extra(r)...)
 		}
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		stderr := &bytes.Buffer{}
+		cmd.Stderr = stderr
 		start := time.Now()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		wg.Add(1)
+		rs.cmds[r], rs.done[r] = cmd, make(chan struct{})
+		t.Cleanup(func() {
+			select {
+			case <-rs.done[r]:
+			default:
+				cmd.Process.Kill()
+				<-rs.done[r]
+			}
+		})
 		go func() {
-			defer wg.Done()
+			defer close(rs.done[r])
 			err := cmd.Wait()
-			res[r] = childResult{rank: r, err: err, stderr: strings.TrimSpace(stderr.String()), took: time.Since(start)}
+			rs.res[r] = childResult{rank: r, err: err, stderr: strings.TrimSpace(stderr.String()), took: time.Since(start)}
 		}()
 	}
-	wg.Wait()
-	return res
+	return rs
 }
 
 // leftovers returns the /dev/shm names of a group.
@@ -217,6 +255,65 @@ func TestKillRankAtEachPhase(t *testing.T) {
 					t.Errorf("rank %d took %v to fail", r.rank, r.took)
 				}
 				t.Logf("rank %d after %v: %s", r.rank, r.took.Round(time.Millisecond), r.stderr)
+			}
+			if l := leftovers(t, group, world); len(l) > 0 {
+				t.Errorf("left in /dev/shm: %v", l)
+			}
+		})
+	}
+}
+
+// TestStoppedRankTimesOut SIGSTOPs rank 1 of 3 at a set-up step and at a
+// phase of a two-shot all-reduce (case 7 of docs/reliability.md). A
+// stopped process is alive, so the survivors must fail with a timeout (or
+// learn from the other survivor that it abandoned the collective), never
+// "died", within their deadline; then the stopped rank is SIGKILLed and
+// /dev/shm must hold nothing of the group.
+func TestStoppedRankTimesOut(t *testing.T) {
+	const world, victim = 3, 1
+	const timeout = 1500 * time.Millisecond
+	for _, point := range []string{"setup:created", "phase:1"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			group := uniqueGroup(t)
+			rs := startRanks(t, "kill", group, world, timeout, func(rank int) []string {
+				if rank == victim {
+					return []string{envStopAt + "=" + point}
+				}
+				return nil
+			})
+			for r := 0; r < world; r++ {
+				if r == victim {
+					continue
+				}
+				res := rs.wait(r)
+				if res.err == nil {
+					t.Errorf("rank %d succeeded without rank %d", r, victim)
+				}
+				if !strings.Contains(res.stderr, "timeout") && !strings.Contains(res.stderr, "abandoned") {
+					t.Errorf("rank %d: %q, want a timeout", r, res.stderr)
+				}
+				if strings.Contains(res.stderr, "did not reach the barrier") && !strings.Contains(res.stderr, "ranks [1]") {
+					t.Errorf("rank %d: %q, want the stopped rank named", r, res.stderr)
+				}
+				if strings.Contains(res.stderr, "died") {
+					t.Errorf("rank %d: %q: a stopped rank is not dead", r, res.stderr)
+				}
+				if res.took > timeout+5*time.Second {
+					t.Errorf("rank %d took %v to fail", r, res.took)
+				}
+				t.Logf("rank %d after %v: %s", r, res.took.Round(time.Millisecond), res.stderr)
+			}
+			select {
+			case <-rs.done[victim]:
+				t.Fatalf("the stopped rank exited: %+v", rs.res[victim])
+			default:
+			}
+			if err := rs.cmds[victim].Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			if res := rs.wait(victim); res.err == nil {
+				t.Errorf("victim exited cleanly after SIGKILL")
 			}
 			if l := leftovers(t, group, world); len(l) > 0 {
 				t.Errorf("left in /dev/shm: %v", l)

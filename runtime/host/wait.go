@@ -1,6 +1,8 @@
 package host
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -175,9 +177,9 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			}
 		}
 	}
-	deadline := start.Add(g.timeout)
+	deadline, ctxDeadline := start.Add(g.timeout), false
 	if d, ok := x.ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+		deadline, ctxDeadline = d, true
 	}
 	nextLive := start.Add(liveness)
 	sleeper := word(g.self.Bytes(), line+lineSleeper)
@@ -198,6 +200,19 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			return nil
 		}
 		now := time.Now()
+		// The deadline first: ctx's, once passed, is a timeout too (both
+		// ErrTimeout and context.DeadlineExceeded, naming the missing
+		// ranks), not check's bare "context deadline exceeded".
+		ctxDone := errors.Is(x.ctx.Err(), context.DeadlineExceeded)
+		if now.After(deadline) || ctxDone {
+			missing, took := x.missing(line, target), now.Sub(start).Round(time.Millisecond)
+			if ctxDone || ctxDeadline {
+				return fmt.Errorf("%s %s lane %d: ranks %v did not reach the barrier by the context's deadline (waited %v): %w: %w",
+					x.name(), at(phase), lane, missing, took, ErrTimeout, context.DeadlineExceeded)
+			}
+			return fmt.Errorf("%s %s lane %d: ranks %v did not reach the barrier within %v: %w",
+				x.name(), at(phase), lane, missing, took, ErrTimeout)
+		}
 		if err := x.check(p, phase); err != nil {
 			if atomic.LoadUint64(c) >= target {
 				return nil // it arrived, then left
@@ -209,10 +224,6 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 			if pid, dead := x.peerDead(p); dead {
 				return fmt.Errorf("%s %s: rank %d (pid %d) died: %w", x.name(), at(phase), p, pid, ErrPeerFailed)
 			}
-		}
-		if now.After(deadline) {
-			return fmt.Errorf("%s %s lane %d: ranks %v did not reach the barrier within %v: %w",
-				x.name(), at(phase), lane, x.missing(line, target), now.Sub(start).Round(time.Millisecond), ErrTimeout)
 		}
 		switch {
 		case now.Sub(start) < yieldFor:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -82,6 +83,44 @@ func TestPosixRefusesSquatters(t *testing.T) {
 	}
 	if _, err := p.Create(name, 4096); !errors.Is(err, ErrExists) {
 		t.Fatalf("create over a symlink: %v", err)
+	}
+}
+
+// TestPosixRefusesOtherUser: a file of another user under a segment name,
+// empty or of the right size and mode 0600 (what a dead rank of ours would
+// leave), is refused by Create and Open and never removed by RemoveStale
+// or SweepRun. Setting it up takes root (chown); elsewhere the test skips,
+// and the code's check is the fstat in Open and removeStale.
+func TestPosixRefusesOtherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a file owned by another user")
+	}
+	const other, runID = 65534, "otheruser01"
+	for _, size := range []int{0, 4096} {
+		name := fmt.Sprintf("%stest-%d-%s.%d", Prefix, os.Getpid(), runID, size)
+		path := Posix{}.Path(name)
+		if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(path)
+		if err := os.Chown(path, other, other); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (Posix{}).Create(name, 4096); !errors.Is(err, ErrExists) {
+			t.Errorf("size %d: create over another user's file: %v, want ErrExists", size, err)
+		}
+		if _, err := (Posix{}).Open(name, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("owned by uid %d", other)) {
+			t.Errorf("size %d: open: %v, want a refusal naming uid %d", size, err, other)
+		}
+		if removed, err := RemoveStale(Posix{}, name, 4096, func([]byte) bool { return true }); removed || err != nil {
+			t.Errorf("size %d: RemoveStale: %v, %v; want it left alone", size, removed, err)
+		}
+		if removed, err := SweepRun("", runID); len(removed) > 0 || err != nil {
+			t.Errorf("size %d: SweepRun removed %v (%v)", size, removed, err)
+		}
+		if st, err := os.Stat(path); err != nil || st.Size() != int64(size) {
+			t.Errorf("size %d: the other user's file is gone or changed: %v", size, err)
+		}
 	}
 }
 
