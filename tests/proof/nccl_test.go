@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -320,107 +318,6 @@ func TestAbortGPU(t *testing.T) {
 				t.Errorf("a new communicator after Abort: %v", err)
 			}
 		})
-	}
-}
-
-// envKillChild marks the child process of TestNCCLPeerKilledGPU (rank 1);
-// its value is the file store's directory.
-const envKillChild = "COLLGEN_TEST_NCCL_KILL_STORE"
-
-// TestNCCLPeerKilledGPU: two process ranks loop 64 MiB NCCL all-reduces;
-// rank 1 is SIGKILLed mid-loop; rank 0 must get an error (ErrTimeout or
-// ErrAborted) within Config.Timeout plus slack, never hang.
-func TestNCCLPeerKilledGPU(t *testing.T) {
-	gpus(t)
-	if _, err := nccl.Load(); err != nil {
-		t.Skipf("NCCL: %v", err)
-	}
-	const timeout = 5 * time.Second
-	dir := os.Getenv(envKillChild)
-	child := dir != ""
-	rank := 0
-	if child {
-		rank = 1
-	} else {
-		dir = t.TempDir()
-	}
-	store, err := rendezvous.NewFileStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cmd *exec.Cmd
-	if !child {
-		cmd = exec.Command(os.Args[0], "-test.run", "^TestNCCLPeerKilledGPU$", "-test.v")
-		cmd.Env = append(os.Environ(), envKillChild+"="+dir)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: 2, Device: rank, Store: store, Library: collectives.Library,
-		Group: "nccl-kill", Timeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := c.Device()
-	const n = 32 << 20 // bf16: 64 MiB
-	buf, err := d.Alloc(2 * n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := comm.DeviceBuffer(buf)
-	o := comm.Options{Algorithm: coll.NCCL}
-	if child {
-		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
-			if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return
-	}
-	defer d.Free(buf)
-	for i := 0; i < 20; i++ {
-		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
-			t.Fatalf("iteration %d before the kill: %v", i, err)
-		}
-	}
-	// Enqueue without waiting, so the kill lands while a collective runs.
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Destroy()
-	for i := 0; i < 4; i++ {
-		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.NCCL, Stream: s}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd.Process.Kill()
-	cmd.Wait()
-	killed := time.Now()
-	var ferr error
-	for ferr == nil && time.Since(killed) < 10*timeout {
-		if ferr = c.Synchronize(s); ferr == nil {
-			ferr = c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.NCCL, Stream: s})
-		}
-	}
-	el := time.Since(killed)
-	t.Logf("survivor: %v after %v", ferr, el)
-	if !errors.Is(ferr, comm.ErrTimeout) && !errors.Is(ferr, comm.ErrAborted) {
-		t.Errorf("survivor got %v, want ErrTimeout or ErrAborted", ferr)
-	}
-	if el > 2*timeout+5*time.Second {
-		t.Errorf("survivor's error came %v after the kill (Config.Timeout %v)", el, timeout)
-	}
-	start := time.Now()
-	if err := c.Abort(); err != nil {
-		t.Logf("Abort: %v", err)
-	}
-	if el := time.Since(start); el > timeout+5*time.Second {
-		t.Errorf("Abort after the peer died took %v", el)
 	}
 }
 

@@ -1,0 +1,162 @@
+package proof
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/nccl"
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// envFaultChild marks the child process of TestPeerFaultGPU (rank 1); its
+// value is the file store's directory.
+const envFaultChild = "COLLGEN_TEST_FAULT_STORE"
+
+// peerFaults are TestPeerFaultGPU's cases: how the peer process fails
+// (SIGKILL, or SIGSTOP and SIGKILL once the survivor has failed), under
+// which algorithm, at which size (bf16 elements).
+var peerFaults = []struct {
+	name   string
+	alg    coll.Algorithm
+	n      int
+	signal syscall.Signal
+}{
+	{"nccl-kill", coll.NCCL, 32 << 20, syscall.SIGKILL},
+	{"oneshot-kill", coll.OneShot, 1 << 20, syscall.SIGKILL},
+	{"oneshot_ll-kill", coll.OneShotLL, 64 << 10, syscall.SIGKILL},
+	{"twoshot-stop", coll.TwoShot, 4 << 20, syscall.SIGSTOP},
+	{"oneshot_ll-stop", coll.OneShotLL, 64 << 10, syscall.SIGSTOP},
+}
+
+// TestPeerFaultGPU (reliability cases 6 and 7 on GPUs): two process ranks
+// loop all-reduces of one algorithm; rank 1 is SIGKILLed, or SIGSTOPped
+// (a stopped process's queued kernels still run, but it launches no
+// more), while collectives are queued. Rank 0 must get ErrTimeout or
+// ErrAborted within Config.Timeout plus slack, never hang, and Abort must
+// then return promptly; a stopped peer is SIGKILLed after.
+func TestPeerFaultGPU(t *testing.T) {
+	gpus(t)
+	for _, tc := range peerFaults {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.alg == coll.NCCL {
+				if _, err := nccl.Load(); err != nil {
+					t.Skipf("NCCL: %v", err)
+				}
+			}
+			peerFault(t, tc.alg, tc.n, tc.signal)
+		})
+	}
+}
+
+func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
+	const timeout = 5 * time.Second
+	dir := os.Getenv(envFaultChild)
+	child := dir != ""
+	rank := 0
+	if child {
+		rank = 1
+	} else {
+		dir = t.TempDir()
+	}
+	store, err := rendezvous.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd *exec.Cmd
+	if !child {
+		cmd = exec.Command(os.Args[0], "-test.run", "^TestPeerFaultGPU$/^"+t.Name()[len("TestPeerFaultGPU/"):]+"$", "-test.v")
+		cmd.Env = append(os.Environ(), envFaultChild+"="+dir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: 2, Device: rank, Store: store, Library: collectives.Library,
+		Group: "peer-fault", Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Device()
+	buf, err := d.Alloc(2 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := comm.DeviceBuffer(buf)
+	o := comm.Options{Algorithm: alg}
+	if child {
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+			if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return
+	}
+	defer d.Free(buf)
+	for i := 0; i < 20; i++ {
+		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, o); err != nil {
+			t.Fatalf("iteration %d before the fault: %v", i, err)
+		}
+	}
+	// Enqueue without waiting, so the fault lands while collectives run.
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	so := comm.Options{Algorithm: alg, Stream: s}
+	for i := 0; i < 4; i++ {
+		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, so); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cmd.Process.Signal(signal); err != nil {
+		t.Fatal(err)
+	}
+	if signal == syscall.SIGKILL {
+		cmd.Wait()
+	}
+	hit := time.Now()
+	var ferr error
+	for ferr == nil && time.Since(hit) < 10*timeout {
+		if ferr = c.Synchronize(s); ferr == nil {
+			ferr = c.AllReduce(b, b, n, coll.BF16, coll.Sum, so)
+		}
+	}
+	el := time.Since(hit)
+	t.Logf("survivor: %v after %v", ferr, el)
+	if !errors.Is(ferr, comm.ErrTimeout) && !errors.Is(ferr, comm.ErrAborted) {
+		t.Errorf("survivor got %v, want ErrTimeout or ErrAborted", ferr)
+	}
+	if el > 2*timeout+5*time.Second {
+		t.Errorf("survivor's error came %v after the %v (Config.Timeout %v)", el, signal, timeout)
+	}
+	if signal == syscall.SIGSTOP {
+		// Still stopped, still alive: the survivor did not wait for it.
+		if err := cmd.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Errorf("the stopped peer is gone before its SIGKILL: %v", err)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+	start := time.Now()
+	if err := c.Abort(); err != nil {
+		t.Logf("Abort: %v", err)
+	}
+	if el := time.Since(start); el > timeout+5*time.Second {
+		t.Errorf("Abort after the peer's %v took %v", signal, el)
+	}
+}
