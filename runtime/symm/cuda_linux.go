@@ -139,10 +139,26 @@ func (c *cudaChunk) Export() (*os.File, error) { return c.be.dev.MemExportFD(c.h
 // Unmap waits for the device's work, unmaps the chunk and releases this
 // rank's reference; peers' mappings keep the memory. The reservation stays.
 func (c *cudaChunk) Unmap() error {
-	unshare(c)
+	wasShared := unshare(c)
 	d := c.be.dev
-	return errors.Join(d.Synchronize(), d.MemUnmap(cuda.DevicePtr(c.addr), c.size), d.MemRelease(c.h))
+	errs := []error{d.Synchronize()}
+	if wasShared {
+		localVMMMu.Lock()
+		defer localVMMMu.Unlock()
+	}
+	return errors.Join(append(errs, d.MemUnmap(cuda.DevicePtr(c.addr), c.size), d.MemRelease(c.h))...)
 }
+
+// localVMMMu serialises the unmaps and releases of an allocation that
+// goroutine ranks of this process map directly (ShareLocal, ImportLocal):
+// its owner's Unmap and its peers' mappings' Unmap, which Close runs at
+// the same time on different threads and contexts. Once, in 2026-11-23's
+// world-2 proof, two communicators closed concurrently ended in glibc's
+// "double free or corruption" inside cuMemUnmap (docs/reliability.md);
+// whether the driver's teardown of one allocation from two contexts at
+// once was the cause is not known, but nothing needs it concurrent, and
+// the device synchronisation before each stays outside the lock.
+var localVMMMu sync.Mutex
 
 // cudaMapping is a peer's allocation mapped into this process.
 type cudaMapping struct {
@@ -160,9 +176,13 @@ func (m *cudaMapping) Addr() uintptr { return m.addr }
 // reference (for an imported one) and frees the address range.
 func (m *cudaMapping) Unmap() error {
 	d := m.be.dev
-	errs := []error{d.Synchronize(), d.MemUnmap(cuda.DevicePtr(m.addr), m.size)}
-	if m.own {
-		errs = append(errs, d.MemRelease(m.h))
+	errs := []error{d.Synchronize()}
+	if !m.own { // a local peer's allocation (ImportLocal)
+		localVMMMu.Lock()
+		errs = append(errs, d.MemUnmap(cuda.DevicePtr(m.addr), m.size))
+		localVMMMu.Unlock()
+	} else {
+		errs = append(errs, d.MemUnmap(cuda.DevicePtr(m.addr), m.size), d.MemRelease(m.h))
 	}
 	errs = append(errs, d.MemAddressFree(cuda.DevicePtr(m.addr), m.size))
 	return errors.Join(errs...)
@@ -253,14 +273,17 @@ func (b *CUDABackend) ImportLocal(token uint64, size int) (Mapping, error) {
 	return b.mapHandle(c.h, size)
 }
 
-// unshare removes c from the table of shared chunks.
-func unshare(c *cudaChunk) {
+// unshare removes c from the table of shared chunks and reports whether
+// it was shared.
+func unshare(c *cudaChunk) bool {
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
-	if c.token != 0 {
-		delete(shared, c.token)
-		c.token = 0
+	if c.token == 0 {
+		return false
 	}
+	delete(shared, c.token)
+	c.token = 0
+	return true
 }
 
 // DeviceArray copies ptrs into new device memory (cuMemAlloc), freed by
