@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs tests/gpu/loopback.cu (a generated all-reduce kernel at world W, all
+# W ranks on ONE GPU) over the bf16 all-reduce programs of one or more
+# kernel directories, interleaved, and reports per program and directory
+# whether every result was right and the microseconds per all-reduce.
+# A check of the kernels' logic and local costs when no multi-GPU machine
+# is lent; not the proof (docs/gpu-workflow.md, "One-GPU probes").
+#
+#   tests/gpu/loopback.sh                       # generated/cuda
+#   tests/gpu/loopback.sh .gpu/gen_main .gpu/gen_branch
+#
+# Knobs: PROGRAMS (program names without .cu; default every
+# allreduce_*_bf16_w*.cu of the first directory), LOOPBACK_KIB (sizes,
+# default 1,16,64,256,1024,4096), PASSES (default 1), OUT (default
+# .gpu/out), NVCC. Exit status: non-zero if any program failed or did not
+# build.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+OUT=${OUT:-.gpu/out}
+PASSES=${PASSES:-1}
+DIRS=("$@")
+[ ${#DIRS[@]} -eq 0 ] && DIRS=(generated/cuda)
+mkdir -p "$OUT"
+BIN=$(mktemp -d)
+trap 'rm -rf "$BIN"' EXIT
+if [ -z "${PROGRAMS:-}" ]; then
+  PROGRAMS=$(cd "${DIRS[0]}" && ls allreduce_*_bf16_w*.cu | sed 's/\.cu$//' | tr '\n' ' ')
+fi
+status=0
+# Build every (directory, program) in parallel: world from the name, block
+# size from the kernel's __launch_bounds__.
+jobs=()
+for d in "${DIRS[@]}"; do
+  for p in $PROGRAMS; do
+    w=${p##*_w}
+    th=$(grep -o '__launch_bounds__([0-9]*)' "$d/$p.cu" | head -1 | tr -dc '0-9')
+    tag=$(echo "$d" | tr '/' '_')
+    "$NVCC" -O3 -arch=sm_90 -std=c++17 -I"$d" -DWORLD="$w" -DTHREADS="$th" \
+      -DKFILE="\"$p.cu\"" -DKNAME="$p" -o "$BIN/$tag.$p" tests/gpu/loopback.cu >"$BIN/$tag.$p.log" 2>&1 &
+    jobs+=($!)
+    if [ ${#jobs[@]} -ge 16 ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi
+  done
+done
+wait
+: >"$OUT/loopback.txt"
+for pass in $(seq "$PASSES"); do
+  for p in $PROGRAMS; do
+    for d in "${DIRS[@]}"; do
+      tag=$(echo "$d" | tr '/' '_')
+      echo "== pass $pass $d $p" >>"$OUT/loopback.txt"
+      if [ ! -x "$BIN/$tag.$p" ]; then
+        echo "build failed:" >>"$OUT/loopback.txt"
+        head -20 "$BIN/$tag.$p.log" >>"$OUT/loopback.txt"
+        status=1
+        continue
+      fi
+      timeout 300 "$BIN/$tag.$p" >>"$OUT/loopback.txt" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && { status=1; echo "exit $rc" >>"$OUT/loopback.txt"; }
+    done
+  done
+done
+echo "loopback: $(grep -c '^ok' "$OUT/loopback.txt") ok, $(grep -c '^exit\|^build failed' "$OUT/loopback.txt") failed; $OUT/loopback.txt"
+exit $status
