@@ -1,21 +1,23 @@
-// loopback.cu: a generated all-reduce kernel at world W on ONE GPU. Every
+// loopback.cu: a generated collective kernel at world W on ONE GPU. Every
 // rank's buffers (input, output, stage, scratch, signal pad, sequence
 // words) are separate allocations on device 0, and the W ranks' kernels
 // run concurrently, one stream each, inside one CUDA graph, so they meet
 // through device memory as they would over NVLink, only nearer. It checks
-// the result (bf16 sum of small integers, exact, the same bits on every
-// rank) and times graph replays: a check of a kernel's logic (indices,
+// the result (bf16 sums of small integers, exact, the same bits on every
+// rank; all-gather: every block in place) and times graph replays: a check of a kernel's logic (indices,
 // tails, flags, rounds of the epoch) and of its local costs when no
 // 2-GPU machine is lent. It is not the proof (docs/proof.md): peers' memory
 // is local, so no NVLink ordering is exercised, and the times leave out the
 // link. Grids are capped so that W kernels fit on the GPU at once.
 //
-// Build from the repository root, per kernel program (bf16 all-reduce):
+// Build from the repository root, per kernel program (bf16):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Igenerated/cuda -DWORLD=2 -DTHREADS=512 \
 //     -DKFILE='"allreduce_oneshot_ll128_bf16_w2.cu"' -DKNAME=allreduce_oneshot_ll128_bf16_w2 \
 //     -o loopback tests/gpu/loopback.cu && ./loopback
-// THREADS is the kernel's block size (its __launch_bounds__). Optional
-// -DGRID_CAP=n (blocks per rank, default 64/WORLD).
+// THREADS is the kernel's block size (its __launch_bounds__); COLL the
+// collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather.
+// Optional -DGRID_CAP=n (blocks per rank, default 64/WORLD).
+// tests/gpu/loopback.sh builds and runs a directory's programs.
 #include KFILE
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +25,9 @@
 #include <vector>
 #include <cuda_runtime.h>
 
+#ifndef COLL
+#define COLL 0
+#endif
 #ifndef GRID_CAP
 #define GRID_CAP (64 / WORLD)
 #endif
@@ -44,14 +49,37 @@ struct Rank {
   cudaStream_t s;
 };
 
-// run sets up n-element all-reduces (pointers `off` elements into their
-// allocations), checks one, then times `reps` replays of a graph of
-// `per` collectives; returns us per collective, or -1 on a wrong result.
-static double run(long long n, int off, int reps, int per) {
+// value is rank p's input element i.
+static int value(long long i, int p) { return (int)((i * 7 + p * 3) % 17) - 8; }
+
+// want is element i of rank r's output.
+static int want(long long i, int r, long long count) {
+  int sum = 0;
+  if (COLL == 2) {
+    sum = value(i % count, (int)(i / count));  // block q is rank q's input
+  } else {
+    for (int p = 0; p < WORLD; p++) sum += value(COLL == 1 ? r * count + i : i, p);
+  }
+  return sum;
+}
+
+// run sets up collectives of count elements (all-reduce: the buffer;
+// reduce-scatter and all-gather: per rank), pointers `off` elements into
+// their allocations, checks three, then times `reps` replays of a graph
+// of `per` collectives; returns us per collective, or -1 on a wrong
+// result.
+static double run(long long count, int off, int reps, int per) {
   const int esz = 2;
   const long long vec = 16 / esz;
-  long long chunk = (n + WORLD - 1) / WORLD;
-  chunk = (chunk + vec - 1) / vec * vec;
+  // n: the full buffer's elements (the kernels' count argument); chunk:
+  // schedule.ChunkElems.
+  const long long n = COLL == 0 ? count : count * WORLD;
+  long long chunk = count;
+  if (COLL == 0) {
+    chunk = (n + WORLD - 1) / WORLD;
+    chunk = (chunk + vec - 1) / vec * vec;
+  }
+  const long long inN = COLL == 2 ? count : n, outN = COLL == 1 ? count : n;
   const long long bytes = (n + 64) * esz;
   // A slot holds W*W chunk areas, rounded up to 4 KiB: the runtime's
   // areas are aligned (an LL128 line must start on a 128-byte boundary).
@@ -73,10 +101,10 @@ static double run(long long n, int off, int reps, int per) {
     CHECK(cudaMemset(r.out, 0xff, bytes));
     CHECK(cudaStreamCreateWithFlags(&r.s, cudaStreamNonBlocking));
   }
-  std::vector<unsigned short> h(n);
+  std::vector<unsigned short> h(inN);
   for (int r = 0; r < WORLD; r++) {
-    for (long long i = 0; i < n; i++) h[i] = bf16_of_int((int)((i * 7 + r * 3) % 17) - 8);
-    CHECK(cudaMemcpy(rk[r].in + off * esz, h.data(), n * esz, cudaMemcpyHostToDevice));
+    for (long long i = 0; i < inN; i++) h[i] = bf16_of_int(value(i, r));
+    CHECK(cudaMemcpy(rk[r].in + off * esz, h.data(), inN * esz, cudaMemcpyHostToDevice));
   }
   CHECK(cudaDeviceSynchronize());  // the set-up's memsets and copies, before any stream's work
   std::vector<Args> a(WORLD);
@@ -128,7 +156,7 @@ static double run(long long n, int off, int reps, int per) {
   };
   cudaGraphExec_t one = graph_of(1), many = graph_of(per);
   double result = 0;
-  std::vector<unsigned short> got(n);
+  std::vector<unsigned short> got(outN);
   // Three collectives one by one, each checked on cleared outputs: the
   // first on fresh buffers, the next two on the other stage slot and back.
   for (int rep = 0; rep < 3 && result == 0; rep++) {
@@ -141,20 +169,19 @@ static double run(long long n, int off, int reps, int per) {
     for (int r = 0; r < WORLD && result == 0; r++) {
       cg_u64 st = 0;
       CHECK(cudaMemcpy(&st, rk[r].status, 8, cudaMemcpyDeviceToHost));
-      CHECK(cudaMemcpy(got.data(), rk[r].out + off * esz, n * esz, cudaMemcpyDeviceToHost));
-      for (long long i = 0; i < n; i++) {
-        int sum = 0;
-        for (int p = 0; p < WORLD; p++) sum += (int)((i * 7 + p * 3) % 17) - 8;
+      CHECK(cudaMemcpy(got.data(), rk[r].out + off * esz, outN * esz, cudaMemcpyDeviceToHost));
+      for (long long i = 0; i < outN; i++) {
+        const int sum = want(i, r, count);
         if (st != 0 || got[i] != bf16_of_int(sum)) {
-          printf("  n=%lld off=%d collective %d: rank %d element %lld is %#x, want %#x (status %#llx)\n", n, off, rep, r, i, got[i], bf16_of_int(sum), (unsigned long long)st);
+          printf("  count=%lld off=%d collective %d: rank %d element %lld is %#x, want %#x (status %#llx)\n", count, off, rep, r, i, got[i], bf16_of_int(sum), (unsigned long long)st);
           result = -1;
           break;
         }
       }
       unsigned short guard = 0;
-      CHECK(cudaMemcpy(&guard, rk[r].out + (off + n) * esz, esz, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(&guard, rk[r].out + (off + outN) * esz, esz, cudaMemcpyDeviceToHost));
       if (result == 0 && guard != 0xffff) {
-        printf("  n=%lld off=%d: rank %d wrote past its output\n", n, off, r);
+        printf("  count=%lld off=%d: rank %d wrote past its output\n", count, off, r);
         result = -1;
       }
     }
@@ -175,7 +202,7 @@ static double run(long long n, int off, int reps, int per) {
     for (int r = 0; r < WORLD; r++) {
       CHECK(cudaMemcpy(&st, rk[r].status, 8, cudaMemcpyDeviceToHost));
       if (st != 0) {
-        printf("  n=%lld off=%d: rank %d status %#llx after the timed replays\n", n, off, r, (unsigned long long)st);
+        printf("  count=%lld off=%d: rank %d status %#llx after the timed replays\n", count, off, r, (unsigned long long)st);
         result = -1;
       }
     }
@@ -193,7 +220,8 @@ static double run(long long n, int off, int reps, int per) {
 
 int main() {
   int bad = 0;
-  printf("%s (world %d, %d threads, at most %d blocks per rank), us per all-reduce:\n", KFILE, WORLD, THREADS, GRID_CAP);
+  static const char* const names[] = {"all-reduce", "reduce-scatter", "all-gather"};
+  printf("%s (world %d, %d threads, at most %d blocks per rank), us per %s; sizes are the larger buffer's:\n", KFILE, WORLD, THREADS, GRID_CAP, names[COLL]);
   std::vector<long long> sizes = {1, 16, 64, 256, 1024, 4096};
   if (const char* e = getenv("LOOPBACK_KIB")) {  // e.g. "1,64"
     sizes.clear();
@@ -203,7 +231,7 @@ int main() {
     }
   }
   for (long long kib : sizes) {
-    const long long n = kib * 1024 / 2;
+    const long long n = kib * 1024 / 2 / (COLL == 0 ? 1 : WORLD);
     const double al = run(n, 0, 20, 20), cnt = run(n - 1, 0, 20, 20), off = run(n, 1, 20, 20);
     bad += (al < 0) + (cnt < 0) + (off < 0);
     printf("%7lld KiB: aligned %.3f, count -1 %.3f, pointers +1 element %.3f\n", kib, al, cnt, off);

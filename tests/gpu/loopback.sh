@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs tests/gpu/loopback.cu (a generated all-reduce kernel at world W, all
-# W ranks on ONE GPU) over the bf16 all-reduce programs of one or more
-# kernel directories, interleaved, and reports per program and directory
+# Runs tests/gpu/loopback.cu (a generated collective kernel at world W, all
+# W ranks on ONE GPU) over the 2-byte programs (bf16 all-reduce and
+# reduce-scatter, u16 all-gather) of one or more kernel directories,
+# interleaved, and reports per program and directory
 # whether every result was right and the microseconds per all-reduce.
 # A check of the kernels' logic and local costs when no multi-GPU machine
 # is lent; not the proof (docs/gpu-workflow.md, "One-GPU probes").
@@ -10,7 +11,8 @@
 #   tests/gpu/loopback.sh .gpu/gen_main .gpu/gen_branch
 #
 # Knobs: PROGRAMS (program names without .cu; default every
-# allreduce_*_bf16_w*.cu of the first directory), LOOPBACK_KIB (sizes,
+# allreduce_*_bf16_w*, reduce_scatter_*_bf16_w* and allgather_*_u16_w*
+# program of the first directory), LOOPBACK_KIB (sizes,
 # default 1,16,64,256,1024,4096), PASSES (default 1), OUT (default
 # .gpu/out), NVCC. Exit status: non-zero if any program failed or did not
 # build.
@@ -26,7 +28,7 @@ mkdir -p "$OUT"
 BIN=$(mktemp -d)
 trap 'rm -rf "$BIN"' EXIT
 if [ -z "${PROGRAMS:-}" ]; then
-  PROGRAMS=$(cd "${DIRS[0]}" && ls allreduce_*_bf16_w*.cu | sed 's/\.cu$//' | tr '\n' ' ')
+  PROGRAMS=$(cd "${DIRS[0]}" && ls allreduce_*_bf16_w*.cu reduce_scatter_*_bf16_w*.cu allgather_*_u16_w*.cu | sed 's/\.cu$//' | tr '\n' ' ')
 fi
 status=0
 # Build every (directory, program) in parallel: world from the name, block
@@ -35,9 +37,10 @@ jobs=()
 for d in "${DIRS[@]}"; do
   for p in $PROGRAMS; do
     w=${p##*_w}
+    case $p in reduce_scatter_*) coll=1 ;; allgather_*) coll=2 ;; *) coll=0 ;; esac
     th=$(grep -o '__launch_bounds__([0-9]*)' "$d/$p.cu" | head -1 | tr -dc '0-9')
     tag=$(echo "$d" | tr '/' '_')
-    "$NVCC" -O3 -arch=sm_90 -std=c++17 -I"$d" -DWORLD="$w" -DTHREADS="$th" \
+    "$NVCC" -O3 -arch=sm_90 -std=c++17 -I"$d" -DWORLD="$w" -DTHREADS="$th" -DCOLL="$coll" \
       -DKFILE="\"$p.cu\"" -DKNAME="$p" -o "$BIN/$tag.$p" tests/gpu/loopback.cu >"$BIN/$tag.$p.log" 2>&1 &
     jobs+=($!)
     if [ ${#jobs[@]} -ge 16 ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi
