@@ -15,7 +15,10 @@
 //     -DKFILE='"allreduce_oneshot_ll128_bf16_w2.cu"' -DKNAME=allreduce_oneshot_ll128_bf16_w2 \
 //     -o loopback tests/gpu/loopback.cu && ./loopback
 // THREADS is the kernel's block size (its __launch_bounds__); COLL the
-// collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather.
+// collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather;
+// PROTO its protocol, 0 barrier (default), 1 LL, 2 LL128, for the grid:
+// as the runtime's (gridFor), a thread per unit of every chunk, each
+// chunk's units rounded up to a warp.
 // Optional -DGRID_CAP=n (blocks per rank, default 64/WORLD).
 // tests/gpu/loopback.sh builds and runs a directory's programs.
 #include KFILE
@@ -27,6 +30,9 @@
 
 #ifndef COLL
 #define COLL 0
+#endif
+#ifndef PROTO
+#define PROTO 0
 #endif
 #ifndef GRID_CAP
 #define GRID_CAP (64 / WORLD)
@@ -127,7 +133,11 @@ static double run(long long count, int off, int reps, int per) {
     a[r].rank = r;
     a[r].op = CG_OP_SUM;
   }
-  long long grid = (chunk * esz + THREADS * 16 - 1) / (THREADS * 16);
+  // A chunk's units: 16-byte vectors, LL lines (8 payload bytes) or LL128
+  // eighths of a line (120 payload bytes a line), rounded up to a warp.
+  long long units = PROTO == 1 ? (chunk * esz + 7) / 8 : PROTO == 2 ? (chunk * esz + 119) / 120 * 8 : (chunk * esz + 15) / 16;
+  units = (units + 31) / 32 * 32;
+  long long grid = (WORLD * units + THREADS - 1) / THREADS;
   grid = grid < 1 ? 1 : grid > GRID_CAP ? GRID_CAP : grid;
   // The graph: stream 0 forks to the others, each runs `per` kernels of
   // its rank, stream 0 joins them.

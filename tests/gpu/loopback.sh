@@ -38,9 +38,10 @@ for d in "${DIRS[@]}"; do
   for p in $PROGRAMS; do
     w=${p##*_w}
     case $p in reduce_scatter_*) coll=1 ;; allgather_*) coll=2 ;; *) coll=0 ;; esac
+    case $p in *_ll128_*) proto=2 ;; *_ll_*) proto=1 ;; *) proto=0 ;; esac
     th=$(grep -o '__launch_bounds__([0-9]*)' "$d/$p.cu" | head -1 | tr -dc '0-9')
     tag=$(echo "$d" | tr '/' '_')
-    "$NVCC" -O3 -arch=sm_90 -std=c++17 -I"$d" -DWORLD="$w" -DTHREADS="$th" -DCOLL="$coll" \
+    "$NVCC" -O3 -arch=sm_90 -std=c++17 -I"$d" -DWORLD="$w" -DTHREADS="$th" -DCOLL="$coll" -DPROTO="$proto" \
       -DKFILE="\"$p.cu\"" -DKNAME="$p" -o "$BIN/$tag.$p" tests/gpu/loopback.cu >"$BIN/$tag.$p.log" 2>&1 &
     jobs+=($!)
     if [ ${#jobs[@]} -ge 16 ]; then wait "${jobs[0]}"; jobs=("${jobs[@]:1}"); fi
