@@ -755,7 +755,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	if e.aligned() && e.rounds() {
 		shift = "0" // schedule.Aligned: unit u of every chunk on one thread
 	}
-	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(%s), stride); %s; u += stride) {", shift, win, cond)
+	w.P("for (cg_s64 u = cg_first(cg_push_shift(%s, PR::units<E>(%s)), stride); %s; u += stride) {", shift, win, cond)
 	if warp && w.usesOn {
 		w.P("  const bool on = u < units;")
 	}

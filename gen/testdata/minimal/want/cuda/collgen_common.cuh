@@ -279,6 +279,17 @@ __device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
   return cg_first_of((cg_s64)blockIdx.x * blockDim.x + threadIdx.x, shift, stride);
 }
 
+// cg_push_shift is the work-split shift of chunk c in a push kernel whose
+// chunks (or windows) have `units` inbox units: c times the units rounded
+// up to a whole number of warps, so every chunk's loop starts on a warp
+// boundary and, while the grid holds them all, no warp runs the loops of
+// two chunks one after the other (units not a multiple of 32, as LL128's
+// 8 per 120 payload bytes and world 3's chunks mostly are, put a chunk's
+// last units and the next chunk's first in one warp, which then ran both
+// loops in a row). runtime/kernels.ThreadUnits rounds the same way, so the
+// grid has a thread for every chunk's units.
+CG_HD cg_s64 cg_push_shift(cg_s64 c, cg_s64 units) { return c * ((units + 31) & ~(cg_s64)31); }
+
 // cg_shift is the work-split shift of chunk c: c times the vectors per
 // chunk rounded up to a multiple of 32 (a whole number of warps).
 CG_HD cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
@@ -611,7 +622,8 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
 // r+2 reuses round r's slot, and what keeps it from overwriting a line its
 // reader has not taken is the waits alone. The thread that owns unit u of
 // a window owns it in every round and phase on every rank (the shift is
-// the window's units times the chunk index), and that thread reached round
+// the chunk index times the window's units rounded up to a warp,
+// cg_push_shift), and that thread reached round
 // r+2 only after waiting for lines its peers wrote in round r+1, after
 // their own reads of round r; schedule.SimulateWindows checks this order
 // (happens-before, every interleaving) for every push schedule.
