@@ -89,6 +89,43 @@ func TestPushRoundsCoverWholeWindows(t *testing.T) {
 	}
 }
 
+// TestLL128PollsInFlightTogether: an LL128 reduce that polls several
+// inboxes issues every line's load (after one PR::sync) before its first
+// flag test (PR::arrived), and no loop polls two inboxes with PR::poll:
+// a poll's flag shuffle waits for its load, so polls in a row would each
+// wait a memory latency for the one before (one per peer at world 8).
+func TestLL128PollsInFlightTogether(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	split := 0
+	for name, src := range files {
+		if !strings.Contains(string(src), "typedef cg_ll128 PR;") {
+			continue
+		}
+		for _, block := range strings.Split(string(src), "\n  { // ")[1:] {
+			if n := strings.Count(block, "ok &= PR::poll("); n > 1 {
+				t.Errorf("%s: a loop polls %d inboxes one after another:\n%s", name, n, block)
+			}
+			loads := strings.Count(block, "PR::load(")
+			if loads == 0 {
+				continue
+			}
+			split++
+			sync, firstLoad := strings.Index(block, "PR::sync();"), strings.Index(block, "PR::load(")
+			lastLoad, firstTest := strings.LastIndex(block, "PR::load("), strings.Index(block, "PR::arrived(")
+			if loads < 2 || sync < 0 || sync > firstLoad || firstTest < lastLoad || strings.Count(block, "PR::arrived(") != loads {
+				t.Errorf("%s: %d loads, not all issued after one sync and before the first flag test:\n%s", name, loads, block)
+			}
+		}
+	}
+	if split == 0 {
+		t.Fatal("no LL128 reduce polls several inboxes in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying
