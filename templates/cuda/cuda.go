@@ -726,16 +726,17 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 			}
 		}
 		anyLL := inboxes > 0
-		split := warp && inboxes > 1
+		split := warp && anyLL && len(lead.Srcs) > 1
 		if split {
-			// Several LL128 inboxes are polled in parts (PR::sync,
+			// An LL128 reduce polls its inboxes in parts (PR::sync,
 			// PR::load, PR::arrived): every line's load is issued before
-			// the first flag test, and before the other sources' loads (an
-			// unaligned one waits for its data), so one latency covers
-			// them all; polled one after another, each poll's flag shuffle
-			// waits for its load before the next poll's load issues. (An
-			// LL poll's flag test is a compare: consecutive LL polls'
-			// loads are already in flight together.)
+			// the first flag test, and before the other sources' loads
+			// (PR::ld of an unaligned span shuffles, which waits for its
+			// data), so one latency covers them all. Polled one after
+			// another, each poll's flag shuffle waits for its load before
+			// the next poll's load issues, and an unaligned input's load
+			// before the poll's. (An LL poll's flag test is a compare:
+			// consecutive LL loads are already in flight together.)
 			w.usesOn = true
 			w.B("PR::L ls[%d];", len(srcs))
 			w.B("PR::sync();")
