@@ -94,8 +94,12 @@ allreduce_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -117,8 +121,12 @@ allreduce_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;

@@ -174,10 +174,16 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -203,10 +209,16 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -232,10 +244,16 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -261,10 +279,16 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;

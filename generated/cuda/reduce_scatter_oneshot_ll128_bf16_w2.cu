@@ -60,8 +60,11 @@ reduce_scatter_oneshot_ll128_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done1;
       }
@@ -118,8 +121,11 @@ reduce_scatter_oneshot_ll128_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
       }

@@ -100,10 +100,15 @@ reduce_scatter_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done1;
         if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done1;
@@ -194,10 +199,15 @@ reduce_scatter_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;
