@@ -129,6 +129,36 @@ func TestLL128PollsInFlightTogether(t *testing.T) {
 	}
 }
 
+// TestPushLoopsStartOnWarps: every loop of a push kernel takes its first
+// unit through cg_push_shift, which starts each chunk on a warp boundary
+// (TestWorkSplitOnHost checks the function), so no warp runs two chunks'
+// loops in a row; none multiplies the chunk index by the units itself.
+func TestPushLoopsStartOnWarps(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	loops := 0
+	for name, src := range files {
+		if !strings.Contains(string(src), "typedef cg_ll") {
+			continue // not a push program
+		}
+		for _, line := range strings.Split(string(src), "\n") {
+			if !strings.Contains(line, "for (cg_s64 u = cg_first(") {
+				continue
+			}
+			loops++
+			if !strings.Contains(line, "cg_first(cg_push_shift(") {
+				t.Errorf("%s: a push loop not started through cg_push_shift:\n%s", name, line)
+			}
+		}
+	}
+	if loops == 0 {
+		t.Fatal("no push loop in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying
