@@ -181,6 +181,17 @@ func startRanks(t *testing.T, mode, group string, world int, timeout time.Durati
 	return rs
 }
 
+// onlyRank gives env (NAME=value) to rank r's process alone (startRanks'
+// extra).
+func onlyRank(r int, env string) func(rank int) []string {
+	return func(rank int) []string {
+		if rank == r {
+			return []string{env}
+		}
+		return nil
+	}
+}
+
 // leftovers returns the /dev/shm names of a group.
 func leftovers(t *testing.T, group string, world int) []string {
 	t.Helper()
@@ -223,12 +234,7 @@ func TestKillRankAtEachPhase(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			group := uniqueGroup(t)
-			res := startChildren(t, "kill", group, world, timeout, func(rank int) []string {
-				if rank == victim {
-					return []string{envKillAt + "=" + point}
-				}
-				return nil
-			})
+			res := startChildren(t, "kill", group, world, timeout, onlyRank(victim, envKillAt+"="+point))
 			for _, r := range res {
 				if r.rank == victim {
 					var ee *osexec.ExitError
@@ -276,12 +282,7 @@ func TestStoppedRankTimesOut(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			group := uniqueGroup(t)
-			rs := startRanks(t, "kill", group, world, timeout, func(rank int) []string {
-				if rank == victim {
-					return []string{envStopAt + "=" + point}
-				}
-				return nil
-			})
+			rs := startRanks(t, "kill", group, world, timeout, onlyRank(victim, envStopAt+"="+point))
 			for r := 0; r < world; r++ {
 				if r == victim {
 					continue

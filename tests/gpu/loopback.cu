@@ -3,22 +3,26 @@
 // words) are separate allocations on device 0, and the W ranks' kernels
 // run concurrently, one stream each, inside one CUDA graph, so they meet
 // through device memory as they would over NVLink, only nearer. It checks
-// the result (bf16 sums of small integers, exact, the same bits on every
-// rank; all-gather: every block in place) and times graph replays: a check of a kernel's logic (indices,
+// the result (sums of small integers, exact in bf16, f16 and f32, the
+// same bits on every rank; all-gather: every block in place) and times graph replays: a check of a kernel's logic (indices,
 // tails, flags, rounds of the epoch) and of its local costs when no
 // 2-GPU machine is lent. It is not the proof (docs/proof.md): peers' memory
 // is local, so no NVLink ordering is exercised, and the times leave out the
 // link. Grids are capped so that W kernels fit on the GPU at once.
 //
-// Build from the repository root, per kernel program (bf16):
+// Build from the repository root, per kernel program:
 //   nvcc -O3 -arch=sm_90 -std=c++17 -Igenerated/cuda -DWORLD=2 -DTHREADS=512 \
 //     -DKFILE='"allreduce_oneshot_ll128_bf16_w2.cu"' -DKNAME=allreduce_oneshot_ll128_bf16_w2 \
 //     -o loopback tests/gpu/loopback.cu && ./loopback
 // THREADS is the kernel's block size (its __launch_bounds__); COLL the
 // collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather;
-// PROTO its protocol, 0 barrier (default), 1 LL, 2 LL128, for the grid:
+// DTYPE the element type, 0 bf16 (default; all-gather: u16), 1 f16, 2
+// f32 (all-gather: u32); PROTO its protocol, 0 barrier (default), 1 LL,
+// 2 LL128, for the grid:
 // as the runtime's (gridFor), a thread per unit of every chunk, each
-// chunk's units rounded up to a warp.
+// chunk's units rounded up to a warp (as kernels.ThreadUnits does for
+// barrier kernels, and for push kernels on the branch warp-chunks; where
+// it does not, a kernel gets a few spare threads, never too few).
 // Optional -DGRID_CAP=n (blocks per rank, default 64/WORLD).
 // tests/gpu/loopback.sh builds and runs a directory's programs.
 #include KFILE
@@ -34,6 +38,9 @@
 #ifndef PROTO
 #define PROTO 0
 #endif
+#ifndef DTYPE
+#define DTYPE 0
+#endif
 #ifndef GRID_CAP
 #define GRID_CAP (64 / WORLD)
 #endif
@@ -42,11 +49,25 @@
 
 typedef collgen_args<WORLD> Args;
 
-static unsigned short bf16_of_int(int v) {  // exact for |v| < 256
+// Bits holds one element; bits_of_int is integer v in the element type,
+// exact for |v| < 256 (sums of W values in -8..8).
+#if DTYPE == 2
+typedef unsigned Bits;
+#else
+typedef unsigned short Bits;
+#endif
+static Bits bits_of_int(int v) {
   float f = (float)v;
   unsigned u;
   memcpy(&u, &f, 4);
-  return (unsigned short)(u >> 16);
+  if (DTYPE == 2) return (Bits)u;
+  if (DTYPE == 0) return (Bits)(u >> 16);  // bf16: the float's top half
+  // f16: sign, exponent biased by 15, ten mantissa bits.
+  if (v == 0) return 0;
+  const unsigned a = v < 0 ? -v : v;
+  int e = 0;
+  while ((a >> (e + 1)) != 0) e++;
+  return (Bits)((v < 0 ? 0x8000u : 0u) | (unsigned)(e + 15) << 10 | ((a << (10 - e)) & 0x3ffu));
 }
 
 struct Rank {
@@ -75,7 +96,7 @@ static int want(long long i, int r, long long count) {
 // of `per` collectives; returns us per collective, or -1 on a wrong
 // result.
 static double run(long long count, int off, int reps, int per) {
-  const int esz = 2;
+  const int esz = sizeof(Bits);
   const long long vec = 16 / esz;
   // n: the full buffer's elements (the kernels' count argument); chunk:
   // schedule.ChunkElems.
@@ -107,9 +128,9 @@ static double run(long long count, int off, int reps, int per) {
     CHECK(cudaMemset(r.out, 0xff, bytes));
     CHECK(cudaStreamCreateWithFlags(&r.s, cudaStreamNonBlocking));
   }
-  std::vector<unsigned short> h(inN);
+  std::vector<Bits> h(inN);
   for (int r = 0; r < WORLD; r++) {
-    for (long long i = 0; i < inN; i++) h[i] = bf16_of_int(value(i, r));
+    for (long long i = 0; i < inN; i++) h[i] = bits_of_int(value(i, r));
     CHECK(cudaMemcpy(rk[r].in + off * esz, h.data(), inN * esz, cudaMemcpyHostToDevice));
   }
   CHECK(cudaDeviceSynchronize());  // the set-up's memsets and copies, before any stream's work
@@ -166,7 +187,7 @@ static double run(long long count, int off, int reps, int per) {
   };
   cudaGraphExec_t one = graph_of(1), many = graph_of(per);
   double result = 0;
-  std::vector<unsigned short> got(outN);
+  std::vector<Bits> got(outN);
   // Three collectives one by one, each checked on cleared outputs: the
   // first on fresh buffers, the next two on the other stage slot and back.
   for (int rep = 0; rep < 3 && result == 0; rep++) {
@@ -182,15 +203,15 @@ static double run(long long count, int off, int reps, int per) {
       CHECK(cudaMemcpy(got.data(), rk[r].out + off * esz, outN * esz, cudaMemcpyDeviceToHost));
       for (long long i = 0; i < outN; i++) {
         const int sum = want(i, r, count);
-        if (st != 0 || got[i] != bf16_of_int(sum)) {
-          printf("  count=%lld off=%d collective %d: rank %d element %lld is %#x, want %#x (status %#llx)\n", count, off, rep, r, i, got[i], bf16_of_int(sum), (unsigned long long)st);
+        if (st != 0 || got[i] != bits_of_int(sum)) {
+          printf("  count=%lld off=%d collective %d: rank %d element %lld is %#x, want %#x (status %#llx)\n", count, off, rep, r, i, (unsigned)got[i], (unsigned)bits_of_int(sum), (unsigned long long)st);
           result = -1;
           break;
         }
       }
-      unsigned short guard = 0;
+      Bits guard = 0;
       CHECK(cudaMemcpy(&guard, rk[r].out + (off + outN) * esz, esz, cudaMemcpyDeviceToHost));
-      if (result == 0 && guard != 0xffff) {
+      if (result == 0 && guard != (Bits)~(Bits)0) {
         printf("  count=%lld off=%d: rank %d wrote past its output\n", count, off, r);
         result = -1;
       }
@@ -241,7 +262,7 @@ int main() {
     }
   }
   for (long long kib : sizes) {
-    const long long n = kib * 1024 / 2 / (COLL == 0 ? 1 : WORLD);
+    const long long n = kib * 1024 / (long long)sizeof(Bits) / (COLL == 0 ? 1 : WORLD);
     const double al = run(n, 0, 20, 20), cnt = run(n - 1, 0, 20, 20), off = run(n, 1, 20, 20);
     bad += (al < 0) + (cnt < 0) + (off < 0);
     printf("%7lld KiB: aligned %.3f, count -1 %.3f, pointers +1 element %.3f\n", kib, al, cnt, off);
