@@ -20,10 +20,10 @@
 // DTYPE the element type, 0 bf16 (default; all-gather: u16), 1 f16, 2
 // f32 (all-gather: u32); PROTO its protocol, 0 barrier (default), 1 LL,
 // 2 LL128, for the grid: as the runtime's (gridFor), a thread per unit of
-// every chunk, each
-// chunk's units rounded up to a warp (as kernels.ThreadUnits does for
-// barrier kernels, and for push kernels on the branch warp-chunks; where
-// it does not, a kernel gets a few spare threads, never too few).
+// every chunk, each chunk's units rounded up to a warp (as
+// kernels.ThreadUnits does for barrier kernels, and for push kernels on
+// the branch warp-chunks; where it does not, a kernel gets a few spare
+// threads, never too few).
 // Optional -DGRID_CAP=n (blocks per rank, default 64/WORLD).
 // tests/gpu/loopback.sh builds and runs a directory's programs.
 #include KFILE
