@@ -444,6 +444,8 @@ func proveAndRecord(t *testing.T, mode string, comms []*comm.Communicator, c col
 	record(mode, c.Kernel, cases, err)
 	if err != nil {
 		t.Errorf("%s: %v", c.Kernel, err)
+	} else {
+		t.Logf("%s: %s, %d cases pass", mode, c.Kernel, cases) // progress, streamed under -test.v
 	}
 }
 
