@@ -320,6 +320,71 @@ func TestMemset(t *testing.T) {
 	}
 }
 
+// TestSyncCallsWait: the synchronous memsets and copies have finished when
+// they return, as seen from a non-blocking stream (a communicator's): the
+// last bytes of a 256 MiB memset or copy, read on such a stream right
+// after the call, hold the new value. The driver's cuMemsetD8/D32 and
+// cuMemcpyDtoD return before they run, and cuMemcpyHtoD from pageable
+// memory before its last chunk lands; on their own they read old bytes.
+func TestSyncCallsWait(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	const n, tail = 256 << 20, 4096
+	a, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(a)
+	b, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(b)
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	pin, err := d.HostAlloc(tail, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Free()
+	src := bytes.Repeat([]byte{0x5c}, n)
+	for i, tc := range []struct {
+		name string
+		dst  cuda.DevicePtr
+		want byte
+		call func() error
+	}{
+		{"Memset8", a, 0x3a, func() error { return d.Memset8(a, 0x3a, n) }},
+		{"MemsetD32", a, 0x7e, func() error { return d.MemsetD32(a, 0x7e7e7e7e, n/4) }},
+		{"CopyHtoD", b, 0x5c, func() error { return d.CopyHtoD(b, src) }},
+		{"CopyDtoD", b, 0x7e, func() error { return d.CopyDtoD(b, a, n) }}, // a: MemsetD32's bytes
+	} {
+		for round := range 3 {
+			// The old value first, finished before the call.
+			if err := d.Memset8Async(tc.dst, byte(i+round+1), n, s); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.call(); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if err := d.CopyDtoHAsync(pin.Bytes, tc.dst+n-tail, s); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(pin.Bytes, bytes.Repeat([]byte{tc.want}, tail)) {
+				t.Fatalf("%s, round %d: a non-blocking stream read the last bytes as %#x.., want %#x: the call returned before it finished", tc.name, round, pin.Bytes[:4], tc.want)
+			}
+		}
+	}
+}
+
 func TestStreamsEvents(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	const n = 64 << 20

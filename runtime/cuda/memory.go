@@ -119,7 +119,8 @@ func (d *Device) Pointer(p DevicePtr) (PointerInfo, error) {
 	return info, nil
 }
 
-// Memset8 sets n bytes at dst to v and waits for it.
+// Memset8 sets n bytes at dst to v and waits for it (cuMemsetD8 alone
+// returns before a memset of device memory has run: see waitLegacy).
 func (d *Device) Memset8(dst DevicePtr, v byte, n int) error {
 	if err := d.enter(); err != nil {
 		return err
@@ -128,7 +129,7 @@ func (d *Device) Memset8(dst DevicePtr, v byte, n int) error {
 	if r := C.cg_cuMemsetD8(C.CUdeviceptr(dst), C.uchar(v), C.size_t(n)); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemsetD8(%d bytes)", n))
 	}
-	return nil
+	return d.waitLegacy("cuMemsetD8")
 }
 
 // MemsetD32 sets n 32-bit words at dst (4-byte aligned) to v and waits.
@@ -139,6 +140,20 @@ func (d *Device) MemsetD32(dst DevicePtr, v uint32, n int) error {
 	defer runtime.UnlockOSThread()
 	if r := C.cg_cuMemsetD32(C.CUdeviceptr(dst), C.uint(v), C.size_t(n)); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemsetD32(%d words)", n))
+	}
+	return d.waitLegacy("cuMemsetD32")
+}
+
+// waitLegacy waits for the legacy default stream, where the driver's
+// "synchronous" memsets and copies run: cuMemsetD8/D32 and
+// cuMemcpyDtoD return before the work has run, and cuMemcpyHtoD from
+// pageable memory once the source is staged, perhaps before it has reached
+// the device. Without the wait, work on a non-blocking stream (every
+// communicator's own stream) issued after such a call may run before it
+// and read or overwrite the memory. The caller holds the context (enter).
+func (d *Device) waitLegacy(after string) error {
+	if r := C.cg_cuStreamSynchronize(nil); r != 0 {
+		return d.err(r, "cuStreamSynchronize(legacy stream) after "+after)
 	}
 	return nil
 }
@@ -167,8 +182,9 @@ func (d *Device) MemsetD32Async(dst DevicePtr, v uint32, n int, s *Stream) error
 	return nil
 }
 
-// CopyHtoD copies src to device memory dst and waits. src may be any Go
-// memory: the driver is done with it when the call returns.
+// CopyHtoD copies src to device memory dst and waits until it is there
+// (see waitLegacy). src may be any Go memory: the driver is done with it
+// when the call returns.
 func (d *Device) CopyHtoD(dst DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
@@ -180,7 +196,7 @@ func (d *Device) CopyHtoD(dst DevicePtr, src []byte) error {
 	if r := C.cg_cuMemcpyHtoD(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src))); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemcpyHtoD(%d bytes)", len(src)))
 	}
-	return nil
+	return d.waitLegacy("cuMemcpyHtoD")
 }
 
 // CopyDtoH copies len(dst) bytes from device memory src into dst and waits.
@@ -208,7 +224,7 @@ func (d *Device) CopyDtoD(dst, src DevicePtr, n int) error {
 	if r := C.cg_cuMemcpyDtoD(C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n)); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemcpyDtoD(%d bytes)", n))
 	}
-	return nil
+	return d.waitLegacy("cuMemcpyDtoD")
 }
 
 // CopyHtoDAsync enqueues a copy from pinned host memory to the device.

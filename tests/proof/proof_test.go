@@ -198,7 +198,7 @@ func expect(c collectives.Combination, rank, w, n int, ins [][]byte, got []byte)
 		if !bytes.Equal(got, want) {
 			for i := range got {
 				if got[i] != want[i] {
-					return fmt.Errorf("byte %d (element %d of rank %d's part) is %#x, want %#x", i, i/size/n, i/size%n, got[i], want[i])
+					return fmt.Errorf("byte %d (element %d of rank %d's part) is %#x, want %#x", i, i/size%n, i/size/n, got[i], want[i])
 				}
 			}
 		}
