@@ -102,8 +102,11 @@ bytes/time*(W-1)/W).
 host (bench starts them itself; or run "collgen run -n N -- collgen bench
 --backend host --worker ...") or, with --goroutines, across -n goroutines.
 --check verifies every case against a float64 reference before timing it.
---baseline FILE reads results of another backend (JSON, as --json writes) and
-adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
+--baseline FILE reads results of another run or backend (JSON, as --json
+writes) and adds each row's speed-up over the baseline row of the same case
+(collective, dtype, op, world, size, awkward twin or not) and algorithm, or
+the case's only row (another backend's algorithm): an A/B of two collgen
+builds is one run with --json, the other with --baseline. --memcpy prints the host's copy bandwidth.`,
 		Example: `  collgen bench --backend host -n 4 --sizes 4KiB,64KiB,1MiB,16MiB --check
   collgen bench --backend host -n 8 --goroutines --collective allreduce,allgather --dtype f32,bf16
   collgen bench --backend host -n 4 --sizes 1KiB-64MiB --json out.json --png out.png`,
@@ -143,7 +146,7 @@ adds each matching row's speed-up. --memcpy prints the host's copy bandwidth.`,
 	f.StringVar(&o.CSV, "csv", "", "also write results as CSV to `FILE`")
 	f.StringVar(&o.PNG, "png", "", "plot latency and bandwidth against size into `FILE`")
 	f.BoolVar(&o.Progress, "progress", false, "show the progress bar even when stderr is not a terminal")
-	f.StringVar(&o.Baseline, "baseline", "", "JSON results of another backend (e.g. gloo) to report speed-ups against")
+	f.StringVar(&o.Baseline, "baseline", "", "JSON results of another run or backend (e.g. gloo) to report speed-ups against, row by row")
 	f.BoolVar(&o.Memcpy, "memcpy", false, "measure and print this host's memcpy bandwidth")
 	f.IntVar(&o.SlotBytes, "slot-bytes", 0, "host: shared memory per slot per rank (default: the backend's)")
 	f.IntVar(&o.Lanes, "lanes", 0, "host: threads per rank for large messages, the caller and lanes-1 helpers (default: the backend's)")
@@ -465,8 +468,13 @@ func report(io *IO, o *BenchOptions, results []bench.Result) error {
 	return nil
 }
 
-// applyBaseline sets Baseline and Ratio on every result that has a
-// baseline row with the same collective, dtype, op, world and size.
+// applyBaseline sets Baseline and Ratio on every result from the baseline
+// row of the same collective, dtype, op, world, size and awkwardness: the
+// one of the same algorithm (an A/B of two collgen builds over the same
+// algorithms), or, where the baseline has no row of that algorithm, its
+// only row for the case (another backend, as gloo's "ring"). A case with
+// several baseline rows, none of the result's algorithm, gets no ratio:
+// which to compare with would be a guess (it used to be the last row).
 func applyBaseline(path string, results []bench.Result) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -479,10 +487,24 @@ func applyBaseline(path string, results []bench.Result) error {
 	}
 	for i := range results {
 		r := &results[i]
-		for _, b := range base {
-			if b.Collective == r.Collective && b.DType == r.DType && b.Op == r.Op && b.World == r.World && b.Bytes == r.Bytes && b.MedianUS > 0 {
-				r.Baseline, r.Ratio = b.Backend, b.MedianUS/r.MedianUS
+		var same, only *bench.Result
+		n := 0
+		for j := range base {
+			b := &base[j]
+			if b.Collective != r.Collective || b.DType != r.DType || b.Op != r.Op || b.World != r.World || b.Bytes != r.Bytes || b.Awkward != r.Awkward || b.MedianUS <= 0 {
+				continue
 			}
+			n++
+			only = b
+			if b.Algorithm == r.Algorithm {
+				same = b
+			}
+		}
+		if same == nil && n == 1 {
+			same = only
+		}
+		if same != nil {
+			r.Baseline, r.Ratio = same.Backend, same.MedianUS/r.MedianUS
 		}
 	}
 	return nil

@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -22,4 +25,45 @@ func TestHostScripts(t *testing.T) {
 			return nil
 		},
 	})
+}
+
+// TestApplyBaseline: a result takes the baseline row of its own case and
+// algorithm (an A/B of two builds over several algorithms, awkward twins
+// apart), or the case's only row (another backend's algorithm), and no
+// ratio where several rows of other algorithms would make it a guess.
+func TestApplyBaseline(t *testing.T) {
+	base := []bench.Result{
+		{Backend: "gpu", Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 10},
+		{Backend: "gpu", Collective: "allreduce", Algorithm: "twoshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 20},
+		{Backend: "gpu", Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, Awkward: true, MedianUS: 30},
+		{Backend: "gloo", Collective: "allgather", Algorithm: "ring", DType: "bf16", World: 2, Bytes: 4096, MedianUS: 8},
+	}
+	path := filepath.Join(t.TempDir(), "base.json")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bench.WriteJSON(f, base); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	results := []bench.Result{
+		{Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 5},
+		{Collective: "allreduce", Algorithm: "twoshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 5},
+		{Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, Awkward: true, MedianUS: 10},
+		{Collective: "allreduce", Algorithm: "auto", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 5},
+		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 4096, MedianUS: 4},
+		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 8192, MedianUS: 4},
+	}
+	if err := applyBaseline(path, results); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []float64{2, 4, 3, 0, 2, 0} {
+		if results[i].Ratio != want {
+			t.Errorf("result %d (%s %s awkward %v): ratio %v, want %v", i, results[i].Collective, results[i].Algorithm, results[i].Awkward, results[i].Ratio, want)
+		}
+	}
+	if results[4].Baseline != "gloo" {
+		t.Errorf("allgather's baseline %q, want gloo", results[4].Baseline)
+	}
 }

@@ -3,7 +3,9 @@
 # W ranks on ONE GPU) over the programs of one or more kernel directories
 # (by default the 2-byte ones: bf16 all-reduce and reduce-scatter, u16
 # all-gather), interleaved, and reports per program and directory
-# whether every result was right and the microseconds per all-reduce.
+# whether every result was right and the microseconds per collective,
+# side by side in $OUT/loopback_table.txt (tests/gpu/loopback_table.py:
+# the first directory over each other, per program and size).
 # A check of the kernels' logic and local costs when no multi-GPU machine
 # is lent; not the proof (docs/gpu-workflow.md, "One-GPU probes").
 #
@@ -72,5 +74,8 @@ for pass in $(seq "$PASSES"); do
     done
   done
 done
+if command -v python3 >/dev/null; then
+  python3 tests/gpu/loopback_table.py "$OUT/loopback.txt" >"$OUT/loopback_table.txt" || status=1
+fi
 echo "loopback: $(grep -c '^ok' "$OUT/loopback.txt") ok, $(grep -c '^exit\|^build failed' "$OUT/loopback.txt") failed; $OUT/loopback.txt"
 exit $status
