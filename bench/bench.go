@@ -165,12 +165,17 @@ func WriteCSV(w io.Writer, results []Result) error {
 	return cw.Error()
 }
 
-// seriesKey names the line a result belongs to in a plot.
+// seriesKey names the line a result belongs to in a plot. Awkward twins
+// (collgen bench --awkward) get lines of their own: in their regular
+// sizes' lines they would zigzag between a size and its twin.
 func seriesKey(r Result) string {
 	parts := []string{r.Backend, r.Collective, r.Algorithm, r.DType}
 	if r.Op != "" {
 		parts = append(parts, r.Op)
 	}
 	parts = append(parts, "W"+strconv.Itoa(r.World))
+	if r.Awkward {
+		parts = append(parts, "awkward")
+	}
 	return strings.Join(parts, " ")
 }

@@ -90,6 +90,11 @@ func TestOutputs(t *testing.T) {
 	if err := WritePNG(path, nil); err == nil {
 		t.Error("empty plot accepted")
 	}
+	twin := rs[0]
+	twin.Awkward = true
+	if seriesKey(twin) == seriesKey(rs[0]) {
+		t.Errorf("an awkward twin plots in its regular size's line: %q", seriesKey(twin))
+	}
 }
 
 func TestProgress(t *testing.T) {

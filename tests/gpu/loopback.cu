@@ -4,9 +4,10 @@
 // run concurrently, one stream each, inside one CUDA graph, so they meet
 // through device memory as they would over NVLink, only nearer. It checks
 // the result (sums of small integers, exact in bf16, f16 and f32, the
-// same bits on every rank; all-gather: every block in place) and times graph replays: a check of a kernel's logic (indices,
-// tails, flags, rounds of the epoch) and of its local costs when no
-// 2-GPU machine is lent. It is not the proof (docs/proof.md): peers' memory
+// same bits on every rank; all-gather: every block in place) and times
+// graph replays: a check of a kernel's logic (indices, tails, flags,
+// rounds of the epoch) and of its local costs when no 2-GPU machine is
+// lent. It is not the proof (docs/proof.md): peers' memory
 // is local, so no NVLink ordering is exercised, and the times leave out the
 // link. Grids are capped so that W kernels fit on the GPU at once.
 //
@@ -18,11 +19,11 @@
 // collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather;
 // DTYPE the element type, 0 bf16 (default; all-gather: u16), 1 f16, 2
 // f32 (all-gather: u32); PROTO its protocol, 0 barrier (default), 1 LL,
-// 2 LL128, for the grid:
-// as the runtime's (gridFor), a thread per unit of every chunk, each
-// chunk's units rounded up to a warp (as kernels.ThreadUnits does for
-// barrier kernels, and for push kernels on the branch warp-chunks; where
-// it does not, a kernel gets a few spare threads, never too few).
+// 2 LL128, for the grid: as the runtime's (gridFor), a thread per unit of
+// every chunk, each chunk's units rounded up to a warp (as
+// kernels.ThreadUnits does for barrier kernels, and for push kernels on
+// the branch warp-chunks; where it does not, a kernel gets a few spare
+// threads, never too few).
 // Optional -DGRID_CAP=n (blocks per rank, default 64/WORLD).
 // tests/gpu/loopback.sh builds and runs a directory's programs.
 #include KFILE
