@@ -106,7 +106,8 @@ host (bench starts them itself; or run "collgen run -n N -- collgen bench
 writes) and adds each row's speed-up over the baseline row of the same case
 (collective, dtype, op, world, size, awkward twin or not) and algorithm, or
 the case's only row (another backend's algorithm): an A/B of two collgen
-builds is one run with --json, the other with --baseline. --memcpy prints the host's copy bandwidth.`,
+builds is one run with --json, the other with --baseline. --memcpy prints
+the host's copy bandwidth.`,
 		Example: `  collgen bench --backend host -n 4 --sizes 4KiB,64KiB,1MiB,16MiB --check
   collgen bench --backend host -n 8 --goroutines --collective allreduce,allgather --dtype f32,bf16
   collgen bench --backend host -n 4 --sizes 1KiB-64MiB --json out.json --png out.png`,

@@ -202,11 +202,12 @@ func (x *exec) slowWait(p, line int, target uint64, phase, lane int) error {
 		now := time.Now()
 		// The deadline first: ctx's, once passed, is a timeout too (both
 		// ErrTimeout and context.DeadlineExceeded, naming the missing
-		// ranks), not check's bare "context deadline exceeded".
-		ctxDone := errors.Is(x.ctx.Err(), context.DeadlineExceeded)
-		if now.After(deadline) || ctxDone {
+		// ranks), not check's bare "context deadline exceeded". ctx's
+		// error is asked only when its deadline is the one that counts:
+		// its timer may fire a moment before now passes it.
+		if now.After(deadline) || ctxDeadline && errors.Is(x.ctx.Err(), context.DeadlineExceeded) {
 			missing, took := x.missing(line, target), now.Sub(start).Round(time.Millisecond)
-			if ctxDone || ctxDeadline {
+			if ctxDeadline {
 				return fmt.Errorf("%s %s lane %d: ranks %v did not reach the barrier by the context's deadline (waited %v): %w: %w",
 					x.name(), at(phase), lane, missing, took, ErrTimeout, context.DeadlineExceeded)
 			}

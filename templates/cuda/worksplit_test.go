@@ -67,10 +67,10 @@ func TestWorkSplitOnHost(t *testing.T) {
 // rendered header for sm_90, so a header change that breaks it shows here
 // and not on the next lent GPU.
 //
-// And tests/gpu/loopback.cu, which runs a generated all-reduce kernel at
-// world W on one GPU (here the checked-in world-2 LL128 one-shot, whose
-// arguments it fills in itself): a change to collgen_args or to the
-// kernels' signature breaks it here.
+// And tests/gpu/loopback.cu, which runs a generated kernel at world W on
+// one GPU (here the checked-in world-2 LL128 all-reduce one-shot, with the
+// checked-in header beside it, whose arguments it fills in itself): a
+// change to collgen_args or to the kernels' signature breaks it here.
 func TestGPUProbesCompile(t *testing.T) {
 	buildOnHost(t, "../../tests/gpu/ll128_offset_probe.cu", "-arch=sm_90", "-std=c++17")
 	buildOnHost(t, "../../tests/gpu/loopback.cu", "-arch=sm_90", "-std=c++17", "-DWORLD=2", "-DTHREADS=512",

@@ -14,7 +14,6 @@ import (
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/nccl"
-	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -178,42 +177,13 @@ func TestRecycledRegionGPU(t *testing.T) {
 	for gen := 0; gen < 3; gen++ {
 		store := rendezvous.NewMemStore()
 		comms := commsWith(t, store, func(int) comm.Config { return comm.Config{Timeout: 20 * time.Second} })
-		world := len(comms)
-		err := func() error {
-			for i, alg := range algs {
-				seed := 100*gen + i
-				ins := make([][]byte, world)
-				for r := range ins {
-					ins[r] = input(coll.BF16, n, seed, r)
-				}
-				if err := ranks(comms, func(r int, c *comm.Communicator) error {
-					d := c.Device()
-					p, err := d.Alloc(2 * n)
-					if err != nil {
-						return err
-					}
-					defer d.Free(p)
-					if err := d.CopyHtoD(p, ins[r]); err != nil {
-						return err
-					}
-					b := comm.DeviceBuffer(p)
-					if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
-						return err
-					}
-					got := make([]byte, 2*n)
-					if err := d.CopyDtoH(got, p); err != nil {
-						return err
-					}
-					if err := numeric.Check(coll.BF16, coll.Sum, got, ins); err != nil {
-						return fmt.Errorf("rank %d: %w", r, err)
-					}
-					return nil
-				}); err != nil {
-					return fmt.Errorf("generation %d, %s: %w", gen, alg, err)
-				}
+		var err error
+		for i, alg := range algs {
+			if err = checkedAllReduce(comms, alg, coll.BF16, n, 100*gen+i); err != nil {
+				err = fmt.Errorf("generation %d, %s: %w", gen, alg, err)
+				break
 			}
-			return nil
-		}()
+		}
 		if cerr := closeComms(comms); err == nil {
 			err = cerr
 		}

@@ -76,6 +76,40 @@ func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) erro
 	return errors.Join(errs...)
 }
 
+// checkedAllReduce runs one in-place sum all-reduce of n elements of dt
+// on every rank with algorithm alg, inputs from seed, and checks every
+// rank's result.
+func checkedAllReduce(comms []*comm.Communicator, alg coll.Algorithm, dt coll.DType, n, seed int) error {
+	ins := make([][]byte, len(comms))
+	for r := range ins {
+		ins[r] = input(dt, n, seed, r)
+	}
+	return ranks(comms, func(r int, c *comm.Communicator) error {
+		d := c.Device()
+		bytes := n * dt.Size()
+		p, err := d.Alloc(bytes)
+		if err != nil {
+			return err
+		}
+		defer d.Free(p)
+		if err := d.CopyHtoD(p, ins[r]); err != nil {
+			return err
+		}
+		b := comm.DeviceBuffer(p)
+		if err := c.AllReduce(b, b, n, dt, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
+			return err
+		}
+		got := make([]byte, bytes)
+		if err := d.CopyDtoH(got, p); err != nil {
+			return err
+		}
+		if err := numeric.Check(dt, coll.Sum, got, ins); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+		return nil
+	})
+}
+
 // ncclCollectives runs the three collectives through NCCL (forced) on
 // ins/outs (by rank, n bf16 per rank; each buffer holds world*n, the
 // all-reduce's count and the all-gather's output) and checks them.
@@ -296,25 +330,7 @@ func TestAbortGPU(t *testing.T) {
 			}
 			fresh := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config { return comm.Config{Group: "abort"} })
 			defer closeComms(fresh)
-			ins := make([][]byte, len(fresh))
-			for r := range ins {
-				ins[r] = input(coll.F32, 1024, 5, r)
-			}
-			if err := ranks(fresh, func(r int, c *comm.Communicator) error {
-				d := c.Device()
-				p, err := d.Alloc(4096)
-				if err != nil {
-					return err
-				}
-				defer d.Free(p)
-				d.CopyHtoD(p, ins[r])
-				if err := c.AllReduce(comm.DeviceBuffer(p), comm.DeviceBuffer(p), 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
-					return err
-				}
-				got := make([]byte, 4096)
-				d.CopyDtoH(got, p)
-				return numeric.Check(coll.F32, coll.Sum, got, ins)
-			}); err != nil {
+			if err := checkedAllReduce(fresh, alg, coll.F32, 1024, 5); err != nil {
 				t.Errorf("a new communicator after Abort: %v", err)
 			}
 		})
