@@ -96,6 +96,17 @@ type Config struct {
 	// more rounds; only the inboxes of push kernels without rounds are never
 	// cut. Every rank must pass the same value.
 	StagingBudget int64
+	// MaxBlocks caps the blocks (CTAs) of every generated kernel launch on
+	// this rank's GPU, as NCCL's maxCTAs does: the SMs it leaves free run
+	// the compute that overlaps the collectives, and several ranks can
+	// share one GPU (their kernels wait for each other, so all their blocks
+	// must be resident at once: at most the SM count over the ranks per
+	// GPU where a kernel's block fills an SM). Kernels with larger messages
+	// then loop more; results are the same. 0 keeps each kernel's spec
+	// max_blocks, and a larger value changes nothing. Every rank must pass
+	// the same value (ErrMismatch): a kernel's blocks meet their peers'
+	// blocks of the same index.
+	MaxBlocks int
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.
 	DisableNCCL bool
@@ -253,6 +264,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	}
 	if cfg.Device < Host {
 		return nil, errorf(ErrInvalidArgument, "comm: Config.Device %d: want a CUDA device ordinal (0, 1, ...) or comm.Host", cfg.Device)
+	}
+	if cfg.MaxBlocks < 0 {
+		return nil, errorf(ErrInvalidArgument, "comm: Config.MaxBlocks %d: want 0 (each kernel's spec max_blocks) or a positive block count", cfg.MaxBlocks)
 	}
 	if cfg.Group == "" {
 		cfg.Group = "default"

@@ -373,6 +373,85 @@ func TestFakeGPUBusy(t *testing.T) {
 	}
 }
 
+// TestFakeMaxBlocks: Config.MaxBlocks caps every launch's grid (blocks
+// of min_threads kernels grow to hold the work instead), changes nothing
+// where the kernel's own cap is lower, must agree across ranks (else New
+// fails on every rank naming both values, with nothing launched) and may
+// not be negative.
+func TestFakeMaxBlocks(t *testing.T) {
+	const n = 8 << 20 // f32, 32 MiB: every kernel's own grid is at its cap
+	algs := []coll.Algorithm{coll.OneShot, coll.TwoShot, coll.OneShotLL128}
+	launch := func(cfg Config) []fakeLaunch {
+		comms, devs := fakeComms(t, 2, cfg)
+		defer closeAll(t, comms)
+		if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+			for _, a := range algs {
+				if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), n, coll.F32, coll.Sum, Options{Algorithm: a}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})...); err != nil {
+			t.Fatal(err)
+		}
+		return devs[0].launches
+	}
+	uncapped := launch(Config{StagingBytes: 64 << 20})
+	for _, cap := range []int{1, 5, 1000} {
+		capped := launch(Config{StagingBytes: 64 << 20, MaxBlocks: cap})
+		if len(capped) != len(uncapped) {
+			t.Fatalf("MaxBlocks %d: %d launches, want %d", cap, len(capped), len(uncapped))
+		}
+		for i, l := range capped {
+			u := uncapped[i]
+			want := min(u.grid, uint32(cap))
+			if l.grid != want || l.kernel != u.kernel {
+				t.Errorf("MaxBlocks %d: %s launched %d blocks, want %d (uncapped %d)", cap, l.kernel.Name, l.grid, want, u.grid)
+			}
+			if l.block < u.block || l.block > uint32(l.kernel.Launch.Threads) {
+				t.Errorf("MaxBlocks %d: %s launched blocks of %d threads, want %d to %d", cap, l.kernel.Name, l.block, u.block, l.kernel.Launch.Threads)
+			}
+		}
+	}
+	for i, l := range uncapped {
+		if l.grid <= 5 {
+			t.Errorf("launch %d (%s): uncapped grid %d; the test needs grids above 5", i, l.kernel.Name, l.grid)
+		}
+	}
+
+	devs := []*fakeDevice{{rank: 0}, {rank: 1}}
+	store := rendezvous.NewMemStore()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := Config{Library: collectives.Library, Group: t.Name(), Rank: r, WorldSize: 2, Device: r, Store: store, MaxBlocks: 8 * (r + 1)}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var c *Communicator
+			if c, errs[r] = newComm(ctx, cfg, func(Config) (device, error) { return worldDevice{devs[r], 2}, nil }); c != nil {
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "Config.MaxBlocks") || !strings.Contains(err.Error(), "8") || !strings.Contains(err.Error(), "16") {
+			t.Errorf("rank %d: %v, want ErrMismatch naming MaxBlocks 8 and 16", r, err)
+		}
+		if len(devs[r].launches) != 0 || devs[r].setups != 0 {
+			t.Errorf("rank %d set up or launched despite the mismatch", r)
+		}
+	}
+
+	_, err := New(context.Background(), Config{Library: collectives.Library, WorldSize: 1, Store: rendezvous.NewMemStore(), MaxBlocks: -1})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "MaxBlocks -1") {
+		t.Errorf("MaxBlocks -1: %v, want ErrInvalidArgument naming it", err)
+	}
+}
+
 // TestFakeGPUDebugCheck runs the debug check mode on the GPU path: a
 // symmetric input on one rank only (zero-copy there, staged elsewhere) is
 // named before anything launches.

@@ -158,7 +158,10 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 type gpuAgreement struct {
 	Topology string `json:"topology"`
 	Staging  int64  `json:"staging"`
-	NCCL     string `json:"nccl"` // "" when this rank could load NCCL, else why not
+	// MaxBlocks is Config.MaxBlocks: block b of one rank's kernel meets
+	// block b of every peer's, so all must launch the same grids.
+	MaxBlocks int    `json:"max_blocks"`
+	NCCL      string `json:"nccl"` // "" when this rank could load NCCL, else why not
 }
 
 // newGPU opens the rank's device and sets up the GPU backend on it.
@@ -232,7 +235,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	cfg := g.cfg
 	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
-	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes}
+	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks}
 	switch {
 	case cfg.DisableNCCL:
 		mine.NCCL = "disabled by Config.DisableNCCL"
@@ -249,6 +252,10 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		if a.Topology != mine.Topology || a.Staging != mine.Staging {
 			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
 				r, a.Topology, a.Staging, cfg.Rank, mine.Topology, mine.Staging)
+		}
+		if a.MaxBlocks != mine.MaxBlocks {
+			return errorf(ErrMismatch, "comm: rank %d passed Config.MaxBlocks %d, rank %d passed %d; pass the same value on every rank",
+				r, a.MaxBlocks, cfg.Rank, mine.MaxBlocks)
 		}
 		if a.NCCL != "" && g.ncclErr == nil {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
@@ -679,7 +686,7 @@ func (g *gpuComm) run(cl *call) error {
 	if cl.alg == coll.NCCL {
 		err = g.dev.runNCCL(cl, s)
 	} else {
-		grid, block := gridFor(cl, g.world)
+		grid, block := gridFor(cl, g.world, g.cfg.MaxBlocks)
 		p := g.packers[cl.kernel]
 		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s, g.early)
 	}
@@ -696,12 +703,18 @@ func (g *gpuComm) run(cl *call) error {
 // inbox unit) of every chunk each (the kernels spread a phase's chunks over
 // distinct threads), at least one block, at most the spec's MaxBlocks,
 // blocks of the spec's threads or, with min_threads, smaller ones while
-// the grid stays within MaxBlocks (kernels.Launch.Block). The kernels take
-// any block of a multiple of 32 threads up to their __launch_bounds__.
-func gridFor(cl *call, world int) (grid, block uint32) {
+// the grid stays within MaxBlocks (kernels.Launch.Block), and within
+// maxBlocks (Config.MaxBlocks) unless that is 0. The kernels take any
+// block of a multiple of 32 threads up to their __launch_bounds__, and any
+// grid (their loops stride over it).
+func gridFor(cl *call, world, maxBlocks int) (grid, block uint32) {
 	k := cl.kernel
 	units := int64(world) * k.ThreadUnits(cl.window, int(cl.esize)) // one round's work
-	blocks, threads := k.Launch.Block(units)
+	l := k.Launch
+	if maxBlocks > 0 && maxBlocks < l.MaxBlocks {
+		l.MaxBlocks = maxBlocks
+	}
+	blocks, threads := l.Block(units)
 	return uint32(blocks), uint32(threads)
 }
 

@@ -21,7 +21,7 @@ import (
 // (8) or when $PROOF_WORLDS leaves that world out; TestProofGoroutines
 // already runs the same kernels forced under the detected topology.
 func TestProofHCMTopology(t *testing.T) {
-	ngpu := gpus(t)
+	ngpu := proofGPUs(t)
 	topo, w, bytes := hcmTopology(collectives.Library)
 	if topo == "" {
 		t.Skip("the library has no hybrid_cube_mesh topology")

@@ -54,6 +54,48 @@ func gpus(t *testing.T) int {
 	return n
 }
 
+// sharedGPU reports whether $PROOF_SHARE_GPU=1 puts every rank on GPU 0,
+// so one GPU proves any world (run.sh sets it where there is one GPU):
+// the kernels' logic and the runtime's paths (peer pointers, CUDA IPC,
+// VMM, graphs) at every count and layout; not NVLink's ordering or
+// speed. The tests that place ranks themselves (NCCL, faults, multi-host)
+// still need a GPU per rank.
+func sharedGPU() bool { return os.Getenv("PROOF_SHARE_GPU") == "1" }
+
+// proofGPUs is gpus for the tests that run shared: with $PROOF_SHARE_GPU
+// and one GPU, the largest world the library has.
+func proofGPUs(t *testing.T) int {
+	t.Helper()
+	if !sharedGPU() {
+		return gpus(t)
+	}
+	if err := cuda.Init(); err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	if n, err := cuda.DeviceCount(); err != nil || n < 1 {
+		t.Skipf("need a GPU (have %d, %v)", n, err)
+	}
+	return 8
+}
+
+// place puts rank r of world w on its GPU: GPU r, or with $PROOF_SHARE_GPU
+// GPU 0, each rank's kernels then at most SMs/w blocks (Config.MaxBlocks):
+// ranks' kernels wait for each other, so all their blocks must be resident
+// at once, and any kernel's block fits on one SM.
+func place(t *testing.T, cfg *comm.Config, r, w int) {
+	t.Helper()
+	cfg.Device = r
+	if !sharedGPU() {
+		return
+	}
+	d, err := cuda.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	cfg.Device, cfg.MaxBlocks = 0, max(d.SMCount/w, 1)
+}
+
 // counts returns the element counts to prove: per-rank counts for
 // reduce-scatter and all-gather, total counts for all-reduce. The large
 // count comes last. Odd counts make every rank's block and chunk boundary
@@ -343,7 +385,8 @@ func newComms(t *testing.T, w int, cfg comm.Config) []*comm.Communicator {
 		go func() {
 			defer wg.Done()
 			c := cfg
-			c.Rank, c.WorldSize, c.Device, c.Store = r, w, r, store
+			c.Rank, c.WorldSize, c.Store = r, w, store
+			place(t, &c, r, w)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			comms[r], errs[r] = comm.New(ctx, c)
@@ -371,7 +414,7 @@ func closeComms(comms []*comm.Communicator) error {
 // access) at every world size the machine has GPUs for: eager, in place and
 // out of place, all counts including large; then graph capture and replay.
 func TestProofGoroutines(t *testing.T) {
-	ngpu := gpus(t)
+	ngpu := proofGPUs(t)
 	defer writeSummary(t)
 	for _, w := range worlds(ngpu) {
 		comms := newComms(t, w, comm.Config{Library: collectives.Library, StagingBytes: stagingBytes, DisableNCCL: true, Group: fmt.Sprintf("proof-w%d", w)})
@@ -401,6 +444,8 @@ func proveAndRecord(t *testing.T, mode string, comms []*comm.Communicator, c col
 	record(mode, c.Kernel, cases, err)
 	if err != nil {
 		t.Errorf("%s: %v", c.Kernel, err)
+	} else {
+		t.Logf("%s: %s, %d cases pass", mode, c.Kernel, cases) // progress, streamed under -test.v
 	}
 }
 
@@ -670,12 +715,14 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 
 // processConfig is a process rank's communicator: kernels from
 // $COLLGEN_FATBIN when run.sh built one, NVRTC otherwise.
-func processConfig(env rendezvous.Env, store rendezvous.Store, staging int64, group string) comm.Config {
-	return comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Device: env.LocalRank, Store: store,
+func processConfig(t *testing.T, env rendezvous.Env, store rendezvous.Store, staging int64, group string) comm.Config {
+	cfg := comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Store: store,
 		Library: collectives.Library, StagingBytes: staging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: group,
 		// run.sh builds the fatbin of $PROOF_ONLY's kernels only: load
 		// those on use rather than every kernel of the world at New.
 		LazyKernels: os.Getenv("PROOF_ONLY") != ""}
+	place(t, &cfg, env.LocalRank, env.WorldSize)
+	return cfg
 }
 
 // processRank is the set-up of one process rank (started by collgen run;
@@ -687,14 +734,14 @@ func processRank(t *testing.T, staging int64, group string) (*comm.Communicator,
 	if os.Getenv("COLLGEN_RANK") == "" {
 		t.Skip("run through collgen run (tests/proof/run.sh)")
 	}
-	gpus(t)
+	proofGPUs(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	env, store, err := rendezvous.FromEnv(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm, err := comm.New(ctx, processConfig(env, store, staging, group))
+	cm, err := comm.New(ctx, processConfig(t, env, store, staging, group))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -803,7 +850,7 @@ func zeroCopyCase(cm *comm.Communicator, c collectives.Combination, r, w, n, see
 // zeroCopyCounts back to back (the caller overwrites its input between
 // calls, which the final barrier must make safe).
 func TestProofZeroCopy(t *testing.T) {
-	ngpu := gpus(t)
+	ngpu := proofGPUs(t)
 	defer writeSummary(t)
 	ws := worlds(ngpu)
 	w := ws[len(ws)-1]

@@ -3,7 +3,10 @@
 # root with the prebuilt bundle (make gpu-bundle: .gpu/proof.test,
 # .gpu/collgen). Writes $OUT/proof-summary.md (one line per kernel and mode)
 # and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow);
-# kernels: PROOF_ONLY, a glob over kernel names (default all).
+# kernels: PROOF_ONLY, a glob over kernel names (default all). On one GPU
+# every rank shares it (PROOF_SHARE_GPU=1: worlds 2,3,4,8 by default,
+# goroutine and process ranks; the NCCL, window and multi-host tests need
+# a GPU per rank and are left out).
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
@@ -17,15 +20,21 @@ export COLLGEN_CACHE_DIR="$TMP/cache"
 export PROOF_SUMMARY="$OUT/proof-summary.md" SPECIAL_TABLE=${SPECIAL_TABLE:-$OUT/special-values.md}
 : >"$PROOF_SUMMARY"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4; do [ "$w" -le "$ngpu" ] && printf '%s,' $w; done | sed 's/,$//')}
+# One GPU: every rank on it (PROOF_SHARE_GPU, proof_test.go's place), the
+# tests that can share it, worlds 2, 3, 4 and 8.
+if [ "$ngpu" -eq 1 ]; then export PROOF_SHARE_GPU=1; ngpu=8; fi
+shared=${PROOF_SHARE_GPU:-}
+PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4 ${shared:+8}; do [ "$w" -le "$ngpu" ] && printf '%s,' $w; done | sed 's/,$//')}
 export PROOF_WORLDS
 status=0
 
-echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS"
-echo "## goroutine ranks (peer access, kernels compiled with NVRTC)" >>"$PROOF_SUMMARY"
+tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestProofHCMTopology'
+echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
+echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
 start=$(date +%s)
 timeout ${GOROUTINE_TIMEOUT:-420} .gpu/proof.test -test.v -test.timeout 0 \
-  -test.run 'TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology' >"$OUT/proof-goroutines.log" 2>&1 || status=1
+  -test.run "$tests" >"$OUT/proof-goroutines.log" 2>&1 || status=1
 echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
 
@@ -40,6 +49,11 @@ for w in ${PROOF_WORLDS//,/ }; do
   timeout ${PROCESS_TIMEOUT:-240} .gpu/collgen run -n "$w" -- .gpu/proof.test -test.v -test.run TestProofProcess \
     >>"$OUT/proof-processes.log" 2>&1 || { status=1; echo "world $w: process proof failed"; }
 done
+if [ -n "$shared" ]; then
+  grep -cE '\| pass \|' "$PROOF_SUMMARY" | sed 's/^/passing lines: /'
+  grep -E 'FAIL' "$PROOF_SUMMARY" | head -20
+  exit $status
+fi
 echo "== multi-host path on one machine (Config.HostID per rank): goroutine and process ranks"
 timeout ${MULTIHOST_TIMEOUT:-150} .gpu/proof.test -test.v -test.run TestMultiHostGPU >"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host goroutine proof failed"; }
 timeout ${MULTIHOST_TIMEOUT:-150} .gpu/collgen run -n 2 -- .gpu/proof.test -test.v -test.run TestMultiHostProcess >>"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host process proof failed"; }
