@@ -547,8 +547,9 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
     }
   } else if (NS <= 4) {
     // Up to four sources: with more (world 8), two vectors per source at a
-    // warp's edge do not fit the register budget of 1024-thread blocks,
-    // and the kernel takes the element loop below.
+    // warp's edge do not fit the register budget of 1024-thread blocks;
+    // those take the next branch when only the destination is misaligned,
+    // else the element loop below.
     const int lane = threadIdx.x & 31;
     for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
       const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
@@ -557,6 +558,25 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       for (int j = 0; j < NS; j++) p[j] = src[j] + v * V;
       cg_vec<E, VB> x[NS];
       cg_ld_vecs<E, VB, NS>(x, p, m, on, edge);
+      cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x, op), md, on, lane == 0, edge);
+    }
+  } else if (ms == 0) {
+    // More sources, all aligned, the destination not (world 8 with the
+    // output pointer off alignment: the stage chunks stay aligned): their
+    // vectors as the aligned loop loads them, one register each, and the
+    // warp-wide shifted store. Before, this case took the element loop
+    // below, a scalar load per element and source (4x slower at 4 MiB in
+    // the one-GPU loopback, docs/performance.md).
+    const int lane = threadIdx.x & 31;
+    for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
+      const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
+      cg_vec<E, VB> x[NS];
+#pragma unroll
+      for (int j = 0; j < NS; j++) {
+#pragma unroll
+        for (int i = 0; i < VB / 4; i++) x[j].w[i] = 0u;
+        if (on) cg_ld(x[j].raw, src[j] + v * V);
+      }
       cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x, op), md, on, lane == 0, edge);
     }
   } else {
