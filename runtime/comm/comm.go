@@ -98,14 +98,14 @@ type Config struct {
 	StagingBudget int64
 	// MaxBlocks caps the blocks (CTAs) of every generated kernel launch on
 	// this rank's GPU, as NCCL's maxCTAs does: the SMs it leaves free run
-	// the compute that overlaps the collectives, and several ranks can
-	// share one GPU (their kernels wait for each other, so all their blocks
-	// must be resident at once: at most the SM count over the ranks per
-	// GPU where a kernel's block fills an SM). Kernels with larger messages
-	// then loop more; results are the same. 0 keeps each kernel's spec
-	// max_blocks, and a larger value changes nothing. Every rank must pass
-	// the same value (ErrMismatch): a kernel's blocks meet their peers'
-	// blocks of the same index.
+	// the compute that overlaps the collectives. Kernels with larger
+	// messages then loop more; results are the same. 0 keeps each kernel's
+	// spec max_blocks, except where several ranks share one GPU: their
+	// kernels wait for each other, so all their blocks must be resident at
+	// once, and New then caps grids at the SM count over the most ranks on
+	// one GPU. A larger value than a kernel's max_blocks changes nothing.
+	// Every rank must pass the same value (ErrMismatch): a kernel's blocks
+	// meet their peers' blocks of the same index.
 	MaxBlocks int
 	// DisableNCCL keeps NCCL unloaded; sizes the rules give to NCCL then
 	// fail with an error saying so.

@@ -63,6 +63,8 @@ type device interface {
 	// earlyLaunch reports whether launch can start kernels early
 	// (cuda.Device.EarlyLaunch: sm_90 and a CUDA 12 driver).
 	earlyLaunch() bool
+	// smCount is the number of SMs of this rank's GPU.
+	smCount() int
 	// runNCCL hands a resolved call to NCCL on s.
 	runNCCL(cl *call, s *cuda.Stream) error
 	// synchronize waits for s (nil: the device's own stream).

@@ -43,6 +43,8 @@ type fakeDevice struct {
 	peersFn    func(ids []string) ([]int, error)
 	// setups counts region set-ups (none when the GPUs use NCCL only).
 	setups int
+	// sms is the SM count smCount reports (0: 132).
+	sms int
 
 	// hold, when set, makes launch signal entered and then wait for it to
 	// be closed (the busy test).
@@ -121,6 +123,14 @@ func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel, _ []int) e
 }
 
 func (d *fakeDevice) earlyLaunch() bool { return d.early }
+
+// smCount is the fake GPU's SMs: d.sms, or an H100's 132.
+func (d *fakeDevice) smCount() int {
+	if d.sms > 0 {
+		return d.sms
+	}
+	return 132
+}
 
 func (d *fakeDevice) launch(k *kernels.Kernel, _ int, grid, block uint32, args []byte, _ *cuda.Stream, early bool) error {
 	if d.hold != nil {
@@ -377,7 +387,7 @@ func TestFakeGPUBusy(t *testing.T) {
 // of min_threads kernels grow to hold the work instead), changes nothing
 // where the kernel's own cap is lower, must agree across ranks (else New
 // fails on every rank naming both values, with nothing launched) and may
-// not be negative.
+// not be negative; ranks sharing a GPU get a cap without it.
 func TestFakeMaxBlocks(t *testing.T) {
 	const n = 8 << 20 // f32, 32 MiB: every kernel's own grid is at its cap
 	algs := []coll.Algorithm{coll.OneShot, coll.TwoShot, coll.OneShotLL128}
@@ -443,6 +453,32 @@ func TestFakeMaxBlocks(t *testing.T) {
 		}
 		if len(devs[r].launches) != 0 || devs[r].setups != 0 {
 			t.Errorf("rank %d set up or launched despite the mismatch", r)
+		}
+	}
+
+	// Ranks sharing GPUs: with MaxBlocks 0, grids of at most the SMs over
+	// the most ranks on one GPU, the least such cap of any rank; an
+	// explicit MaxBlocks wins.
+	for _, tc := range []struct{ maxBlocks, want int }{{0, 65}, {10, 10}} {
+		devs := make([]*fakeDevice, 4)
+		for r := range devs {
+			devs[r] = &fakeDevice{rank: r, bus: fmt.Sprintf("0000:%02x:00.0", 0x10+r/2), sms: 132}
+		}
+		devs[3].sms = 130 // 65 per rank of the two on its GPU
+		comms, errs := newFakeComms(t, Config{StagingBytes: 64 << 20, MaxBlocks: tc.maxBlocks}, devs)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+			return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+		})...); err != nil {
+			t.Fatal(err)
+		}
+		closeAll(t, comms)
+		for r, d := range devs {
+			if len(d.launches) != 1 || d.launches[0].grid != uint32(tc.want) {
+				t.Errorf("two ranks per GPU, MaxBlocks %d: rank %d launched %+v, want one grid of %d", tc.maxBlocks, r, d.launches, tc.want)
+			}
 		}
 	}
 

@@ -76,6 +76,11 @@ type gpuComm struct {
 	// their own stream only (cg_grid_begin), so ranks need not agree.
 	early bool
 
+	// maxBlocks caps every launch's grid (gridFor): Config.MaxBlocks, or
+	// where ranks share a GPU and that is 0, the least of the ranks'
+	// sharedBlocks; 0: each kernel's spec max_blocks. Agreed in setup.
+	maxBlocks int
+
 	// inPlace says, per kernel, where a symmetric input stands in for the
 	// kernel's stage slot (see stageMapping); absent: it never does.
 	inPlace map[*kernels.Kernel]stageMap
@@ -160,8 +165,11 @@ type gpuAgreement struct {
 	Staging  int64  `json:"staging"`
 	// MaxBlocks is Config.MaxBlocks: block b of one rank's kernel meets
 	// block b of every peer's, so all must launch the same grids.
-	MaxBlocks int    `json:"max_blocks"`
-	NCCL      string `json:"nccl"` // "" when this rank could load NCCL, else why not
+	MaxBlocks int `json:"max_blocks"`
+	// SharedBlocks is this rank's cap when ranks share its GPU and
+	// MaxBlocks is 0 (sharedBlocks); 0 otherwise. Ranks take the least.
+	SharedBlocks int    `json:"shared_blocks"`
+	NCCL         string `json:"nccl"` // "" when this rank could load NCCL, else why not
 }
 
 // newGPU opens the rank's device and sets up the GPU backend on it.
@@ -236,6 +244,9 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks}
+	if cfg.MaxBlocks == 0 {
+		mine.SharedBlocks = sharedBlocks(g.det, dev.smCount())
+	}
 	switch {
 	case cfg.DisableNCCL:
 		mine.NCCL = "disabled by Config.DisableNCCL"
@@ -248,6 +259,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on GPU set-up: %w", cfg.Rank, err))
 	}
+	g.maxBlocks = cfg.MaxBlocks
 	for r, a := range all {
 		if a.Topology != mine.Topology || a.Staging != mine.Staging {
 			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes, rank %d chose %q with %d; pass the same Config.Topology and StagingBytes on every rank",
@@ -256,6 +268,9 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		if a.MaxBlocks != mine.MaxBlocks {
 			return errorf(ErrMismatch, "comm: rank %d passed Config.MaxBlocks %d, rank %d passed %d; pass the same value on every rank",
 				r, a.MaxBlocks, cfg.Rank, mine.MaxBlocks)
+		}
+		if a.SharedBlocks > 0 && (g.maxBlocks == 0 || a.SharedBlocks < g.maxBlocks) {
+			g.maxBlocks = a.SharedBlocks
 		}
 		if a.NCCL != "" && g.ncclErr == nil {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
@@ -686,7 +701,7 @@ func (g *gpuComm) run(cl *call) error {
 	if cl.alg == coll.NCCL {
 		err = g.dev.runNCCL(cl, s)
 	} else {
-		grid, block := gridFor(cl, g.world, g.cfg.MaxBlocks)
+		grid, block := gridFor(cl, g.world, g.maxBlocks)
 		p := g.packers[cl.kernel]
 		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s, g.early)
 	}
@@ -699,12 +714,33 @@ func (g *gpuComm) run(cl *call) error {
 	return nil
 }
 
+// sharedBlocks is the grid cap for ranks that share a GPU (several ranks
+// with one bus id in det): the SMs over the most ranks on one GPU, so the
+// blocks of every rank's kernel can be resident at once, which kernels that
+// wait for their peers' blocks need (any kernel's block fits on one SM).
+// 0 when every rank has its own GPU.
+func sharedBlocks(det *Detected, sms int) int {
+	if det == nil {
+		return 0
+	}
+	most := 1
+	n := map[string]int{}
+	for _, id := range det.BusIDs {
+		n[id]++
+		most = max(most, n[id])
+	}
+	if most == 1 {
+		return 0
+	}
+	return max(sms/most, 1)
+}
+
 // gridFor sizes a kernel launch: enough threads for one unit (vector or
 // inbox unit) of every chunk each (the kernels spread a phase's chunks over
 // distinct threads), at least one block, at most the spec's MaxBlocks,
 // blocks of the spec's threads or, with min_threads, smaller ones while
 // the grid stays within MaxBlocks (kernels.Launch.Block), and within
-// maxBlocks (Config.MaxBlocks) unless that is 0. The kernels take any
+// maxBlocks (gpuComm.maxBlocks) unless that is 0. The kernels take any
 // block of a multiple of 32 threads up to their __launch_bounds__, and any
 // grid (their loops stride over it).
 func gridFor(cl *call, world, maxBlocks int) (grid, block uint32) {

@@ -405,6 +405,8 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 
 func (d *cudaDevice) earlyLaunch() bool { return d.dev.EarlyLaunch() }
 
+func (d *cudaDevice) smCount() int { return d.dev.SMCount }
+
 func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream, early bool) error {
 	var f *cuda.Function
 	if id >= 0 && id < len(d.fns) {

@@ -79,21 +79,13 @@ func proofGPUs(t *testing.T) int {
 }
 
 // place puts rank r of world w on its GPU: GPU r, or with $PROOF_SHARE_GPU
-// GPU 0, each rank's kernels then at most SMs/w blocks (Config.MaxBlocks):
-// ranks' kernels wait for each other, so all their blocks must be resident
-// at once, and any kernel's block fits on one SM.
-func place(t *testing.T, cfg *comm.Config, r, w int) {
-	t.Helper()
+// GPU 0 (New then caps each rank's grids at the SMs over the ranks on the
+// GPU, so that all their blocks are resident at once: Config.MaxBlocks).
+func place(cfg *comm.Config, r int) {
 	cfg.Device = r
-	if !sharedGPU() {
-		return
+	if sharedGPU() {
+		cfg.Device = 0
 	}
-	d, err := cuda.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	cfg.Device, cfg.MaxBlocks = 0, max(d.SMCount/w, 1)
 }
 
 // counts returns the element counts to prove: per-rank counts for
@@ -386,7 +378,7 @@ func newComms(t *testing.T, w int, cfg comm.Config) []*comm.Communicator {
 			defer wg.Done()
 			c := cfg
 			c.Rank, c.WorldSize, c.Store = r, w, store
-			place(t, &c, r, w)
+			place(&c, r)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			comms[r], errs[r] = comm.New(ctx, c)
@@ -715,13 +707,13 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 
 // processConfig is a process rank's communicator: kernels from
 // $COLLGEN_FATBIN when run.sh built one, NVRTC otherwise.
-func processConfig(t *testing.T, env rendezvous.Env, store rendezvous.Store, staging int64, group string) comm.Config {
+func processConfig(env rendezvous.Env, store rendezvous.Store, staging int64, group string) comm.Config {
 	cfg := comm.Config{Rank: env.Rank, WorldSize: env.WorldSize, Store: store,
 		Library: collectives.Library, StagingBytes: staging, DisableNCCL: true, FatbinPath: os.Getenv("COLLGEN_FATBIN"), Group: group,
 		// run.sh builds the fatbin of $PROOF_ONLY's kernels only: load
 		// those on use rather than every kernel of the world at New.
 		LazyKernels: os.Getenv("PROOF_ONLY") != ""}
-	place(t, &cfg, env.LocalRank, env.WorldSize)
+	place(&cfg, env.LocalRank)
 	return cfg
 }
 
@@ -741,7 +733,7 @@ func processRank(t *testing.T, staging int64, group string) (*comm.Communicator,
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm, err := comm.New(ctx, processConfig(t, env, store, staging, group))
+	cm, err := comm.New(ctx, processConfig(env, store, staging, group))
 	if err != nil {
 		t.Fatal(err)
 	}
