@@ -225,8 +225,9 @@ func fakeComms(t testing.TB, world int, cfg Config) ([]*Communicator, []*fakeDev
 }
 
 // newFakeComms runs New on every rank over the given fake devices (one per
-// rank) and returns each rank's communicator and error.
-func newFakeComms(t testing.TB, cfg Config, devs []*fakeDevice) ([]*Communicator, []error) {
+// rank) and returns each rank's communicator and error; tweaks change a
+// rank's copy of cfg (ranks that disagree).
+func newFakeComms(t testing.TB, cfg Config, devs []*fakeDevice, tweaks ...func(rank int, c *Config)) ([]*Communicator, []error) {
 	t.Helper()
 	world := len(devs)
 	store := rendezvous.NewMemStore()
@@ -245,6 +246,9 @@ func newFakeComms(t testing.TB, cfg Config, devs []*fakeDevice) ([]*Communicator
 			defer wg.Done()
 			c := cfg
 			c.Rank, c.WorldSize, c.Device, c.Store = r, world, r, store
+			for _, tweak := range tweaks {
+				tweak(r, &c)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			comms[r], errs[r] = newComm(ctx, c, func(Config) (device, error) { return worldDevice{devs[r], world}, nil })
@@ -430,23 +434,12 @@ func TestFakeMaxBlocks(t *testing.T) {
 	}
 
 	devs := []*fakeDevice{{rank: 0}, {rank: 1}}
-	store := rendezvous.NewMemStore()
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cfg := Config{Library: collectives.Library, Group: t.Name(), Rank: r, WorldSize: 2, Device: r, Store: store, MaxBlocks: 8 * (r + 1)}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			var c *Communicator
-			if c, errs[r] = newComm(ctx, cfg, func(Config) (device, error) { return worldDevice{devs[r], 2}, nil }); c != nil {
-				c.Close()
-			}
-		}()
+	comms, errs := newFakeComms(t, Config{}, devs, func(r int, c *Config) { c.MaxBlocks = 8 * (r + 1) })
+	for _, c := range comms {
+		if c != nil {
+			c.Close()
+		}
 	}
-	wg.Wait()
 	for r, err := range errs {
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "Config.MaxBlocks") || !strings.Contains(err.Error(), "8") || !strings.Contains(err.Error(), "16") {
 			t.Errorf("rank %d: %v, want ErrMismatch naming MaxBlocks 8 and 16", r, err)
