@@ -74,6 +74,8 @@ type Config struct {
 	// NoEarlyLaunch launches kernels without programmatic dependent launch
 	// (comm.Config.NoEarlyLaunch).
 	NoEarlyLaunch bool
+	// MaxBlocks caps every kernel launch's blocks (comm.Config.MaxBlocks).
+	MaxBlocks int
 	// Progress, when set, is called on rank 0 after each measurement with
 	// the number done, the total, and the measurement.
 	Progress func(done, total int, m *Measurement)
@@ -299,7 +301,7 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	}
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
-		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch})
+		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch, MaxBlocks: cfg.MaxBlocks})
 	if err != nil {
 		return nil, err
 	}

@@ -74,6 +74,7 @@ type gpuBenchFlags struct {
 	eager         bool
 	zeroCopy      bool
 	noEarlyLaunch bool // comm.Config.NoEarlyLaunch
+	maxBlocks     int  // comm.Config.MaxBlocks
 	awkward       string
 	processes     bool
 	staging       string
@@ -161,6 +162,7 @@ the host's copy bandwidth.`,
 	f.StringVar(&o.gpu.awkward, "awkward", "", "gpu: after every size also its awkward twin (rows marked *): one element less (per rank) and input and output pointers one element off alignment; --awkward=count: only the element less, --awkward=offset: only the pointers")
 	f.Lookup("awkward").NoOptDefVal = "both"
 	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
+	f.IntVar(&o.gpu.maxBlocks, "max-blocks", 0, "gpu: at most this many blocks per kernel launch (comm.Config.MaxBlocks: SMs left to other work; default each kernel's spec max_blocks)")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
 	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })

@@ -74,6 +74,9 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 			return nil, usageError(fmt.Errorf("bench: --staging %q: want a positive size such as 256MiB", g.staging))
 		}
 	}
+	if g.maxBlocks < 0 {
+		return nil, usageError(fmt.Errorf("bench: --max-blocks %d: want a positive block count, or 0 for each kernel's spec max_blocks", g.maxBlocks))
+	}
 	awkward := bench.AwkwardNone
 	if g.awkward != "" {
 		var err error
@@ -114,7 +117,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
 					ZeroCopy: g.zeroCopy, Awkward: awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
-					NoEarlyLaunch: g.noEarlyLaunch}
+					NoEarlyLaunch: g.noEarlyLaunch, MaxBlocks: g.maxBlocks}
 				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
 					return nil, usageError(fmt.Errorf("bench: %w", err))
@@ -521,6 +524,9 @@ func workerFlags(g *gpuBenchFlags, o *BenchOptions) []string {
 	}
 	if g.noEarlyLaunch {
 		extra = append(extra, "--no-early-launch")
+	}
+	if g.maxBlocks != 0 {
+		extra = append(extra, "--max-blocks", strconv.Itoa(g.maxBlocks))
 	}
 	if g.staging != "" {
 		extra = append(extra, "--staging", g.staging)

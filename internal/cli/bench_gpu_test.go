@@ -43,11 +43,11 @@ func TestGPUSweeps(t *testing.T) {
 	if n := len(sw[0].plan.Shapes); n != 19 {
 		t.Errorf("default GPU sizes: %d, want 19 (1KiB..256MiB)", n)
 	}
-	sw, err = gpuSweeps(o, &gpuBenchFlags{sizesSet: true, staging: "64MiB"})
-	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 {
-		t.Errorf("--sizes/--staging not used: %v", err)
+	sw, err = gpuSweeps(o, &gpuBenchFlags{sizesSet: true, staging: "64MiB", maxBlocks: 16})
+	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 || sw[0].cfg.MaxBlocks != 16 {
+		t.Errorf("--sizes/--staging/--max-blocks not used: %v", err)
 	}
-	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}, {awkward: "sideways"}} {
+	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}, {awkward: "sideways"}, {maxBlocks: -1}} {
 		if _, err := gpuSweeps(o, g); err == nil {
 			t.Errorf("%+v: want a usage error", g)
 		}
@@ -123,9 +123,9 @@ func TestGPUReport(t *testing.T) {
 // (--awkward was once dropped there, so process sweeps had no awkward rows).
 func TestWorkerFlags(t *testing.T) {
 	o := &BenchOptions{Timeout: 90 * time.Second}
-	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: "count", noEarlyLaunch: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
+	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: "count", noEarlyLaunch: true, maxBlocks: 33, staging: "64MiB", devices: "1,0", timeoutSet: true}
 	got := strings.Join(workerFlags(g, o), " ")
-	if want := "--eager --zero-copy --awkward=count --no-early-launch --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
+	if want := "--eager --zero-copy --awkward=count --no-early-launch --max-blocks 33 --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
 		t.Errorf("worker flags %q, want %q", got, want)
 	}
 	if got := workerFlags(&gpuBenchFlags{}, o); len(got) != 0 {
