@@ -63,7 +63,7 @@ func gpus(t *testing.T) int {
 func sharedGPU() bool { return os.Getenv("PROOF_SHARE_GPU") == "1" }
 
 // proofGPUs is gpus for the tests that run shared: with $PROOF_SHARE_GPU
-// and one GPU, the largest world the library has.
+// and a GPU, 8 (the largest world worlds proves).
 func proofGPUs(t *testing.T) int {
 	t.Helper()
 	if !sharedGPU() {
@@ -78,7 +78,7 @@ func proofGPUs(t *testing.T) int {
 	return 8
 }
 
-// place puts rank r of world w on its GPU: GPU r, or with $PROOF_SHARE_GPU
+// place puts rank r on its GPU: GPU r, or with $PROOF_SHARE_GPU
 // GPU 0 (New then caps each rank's grids at the SMs over the ranks on the
 // GPU, so that all their blocks are resident at once: Config.MaxBlocks).
 func place(cfg *comm.Config, r int) {
