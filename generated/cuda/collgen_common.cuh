@@ -621,6 +621,103 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
   }
 }
 
+// ---- reductions through a scratch in T::A (schedule.Schedule.AccScratch:
+// the hybrid-cube-mesh all-reduce keeps its quad partials in the
+// accumulator type, f32 for f16 and bf16, so each sum is rounded to E once,
+// as every other algorithm's). cg_acc_io<T, ACC> is one side of such a
+// reduce: E values (ACC false) or A values (ACC true).
+template <class T, bool ACC> struct cg_acc_io;
+template <class T> struct cg_acc_io<T, false> {
+  typedef typename T::E V;
+  static __device__ __forceinline__ typename T::A up(V x) { return T::up(x); }
+  static __device__ __forceinline__ V down(typename T::A a) { return T::down(a); }
+};
+template <class T> struct cg_acc_io<T, true> {
+  typedef typename T::A V;
+  static __device__ __forceinline__ typename T::A up(V x) { return x; }
+  static __device__ __forceinline__ V down(typename T::A a) { return a; }
+};
+
+// cg_load_n loads the N values at p: VB-byte vector loads where p is
+// VB-aligned, one value at a time where not.
+template <class V, int N, int VB>
+__device__ __forceinline__ void cg_load_n(V (&x)[N], const V* p) {
+  constexpr int PER = VB / (int)sizeof(V);
+  if (N % PER == 0 && cg_misalign<VB>(p) == 0) {
+#pragma unroll
+    for (int i = 0; i < N / PER; i++) {
+      cg_vec<V, VB> v;
+      cg_ld(v.raw, p + i * PER);
+#pragma unroll
+      for (int j = 0; j < PER; j++) x[i * PER + j] = v.e[j];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) x[i] = cg_ld_elem(p + i);
+  }
+}
+
+// cg_store_n stores N values at p, as cg_load_n loads them.
+template <class V, int N, int VB>
+__device__ __forceinline__ void cg_store_n(V* p, const V (&x)[N]) {
+  constexpr int PER = VB / (int)sizeof(V);
+  if (N % PER == 0 && cg_misalign<VB>(p) == 0) {
+#pragma unroll
+    for (int i = 0; i < N / PER; i++) {
+      cg_vec<V, VB> v;
+#pragma unroll
+      for (int j = 0; j < PER; j++) v.e[j] = x[i * PER + j];
+      *(typename cg_raw<VB>::T*)(p + i * PER) = v.raw;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) p[i] = x[i];
+  }
+}
+
+// cg_reduce_acc is cg_reduce with the destination in T::A (DACC: a partial
+// kept unrounded) or the sources in T::A (SACC: partials), accumulating in
+// T::A in source order. It splits the work as cg_reduce does (vectors of
+// VB / sizeof(E) elements, the tail one element per lane), so an element
+// stays in its block in every step and round, which the per-block barriers
+// need; a source or destination off a VB boundary takes element loads or
+// stores for that side only.
+template <class T, class OP, int NS, int VB, bool DACC, bool SACC>
+__device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* dst,
+                                              const typename cg_acc_io<T, SACC>::V* const (&src)[NS],
+                                              cg_s64 n, cg_s64 shift, const OP op) {
+  typedef typename T::A A;
+  typedef cg_acc_io<T, SACC> S;
+  typedef cg_acc_io<T, DACC> D;
+  constexpr int V = VB / sizeof(typename T::E);
+  if (n <= 0) return;
+  const cg_s64 nvec = n / V;
+  const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+  const cg_s64 gid = cg_first(shift, stride);
+  for (cg_s64 v = gid; v < nvec; v += stride) {
+    typename S::V x[NS][V];
+#pragma unroll
+    for (int j = 0; j < NS; j++) cg_load_n<typename S::V, V, VB>(x[j], src[j] + v * V);
+    typename D::V out[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      A acc = S::up(x[0][e]);
+#pragma unroll
+      for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e]));
+      out[e] = D::down(acc);
+    }
+    cg_store_n<typename D::V, V, VB>(dst + v * V, out);
+  }
+  // The tail, one element per lane (cg_copy_tail).
+  const cg_s64 i = nvec * V + cg_tail_index(gid, nvec, stride);
+  if (i < n) {
+    A acc = S::up(cg_ld_elem(src[0] + i));
+#pragma unroll
+    for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(cg_ld_elem(src[j] + i)));
+    dst[i] = D::down(acc);
+  }
+}
+
 // ---- chunks. Chunk c of a W-chunk buffer covers [min(c*chunk, count),
 // min((c+1)*chunk, count)); a 1-chunk buffer (reduce-scatter output,
 // all-gather input) covers [0, chunk).

@@ -142,6 +142,10 @@ type kernelContext struct {
 	FinalOptional        bool
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
+	// AccScratch: scratch holds accumulator values (schedule's
+	// AccScratch); the kernel names the type A and reduces through
+	// cg_reduce_acc.
+	AccScratch bool
 	// LL: the schedule uses a push protocol (coll.Protocol.Push); its
 	// steps are rendered as fused unit loops (see llGroups) with no
 	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
@@ -231,7 +235,7 @@ func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
 	}
-	c.P, c.Traits = p, "cg_"+string(k.DType)
+	c.P, c.Traits, c.AccScratch = p, "cg_"+string(k.DType), k.Schedule.AccScratch
 	dts := make([]string, 0, len(p.DTypes()))
 	for _, dt := range p.DTypes() {
 		dts = append(dts, string(dt))
@@ -362,8 +366,11 @@ func (e *kernelEmitter) single(b schedule.Buffer) bool {
 // ref returns the C expression of a ref's first element.
 func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	q := "E*"
+	if r.Buf == schedule.Scratch && e.s.AccScratch {
+		q = "A*"
+	}
 	if constant {
-		q = "const E*"
+		q = "const " + q
 	}
 	var base string
 	switch r.Buf {
@@ -476,8 +483,25 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 		for i, r := range st.Srcs {
 			srcs[i] = e.ref(r, true)
 		}
-		w.array("const E* const", "src", srcs)
-		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
+		if !e.s.AccScratch {
+			w.array("const E* const", "src", srcs)
+			w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
+			break
+		}
+		// A scratch in the accumulator type: every source is scratch or
+		// none is, and the destination's side may differ.
+		srcAcc := st.Srcs[0].Buf == schedule.Scratch
+		for _, r := range st.Srcs {
+			if (r.Buf == schedule.Scratch) != srcAcc {
+				return w.sc, fmt.Errorf("kernel %s: reduce %s mixes scratch (accumulator values) and other sources", e.k.Name, stepComment(st))
+			}
+		}
+		typ := "const E* const"
+		if srcAcc {
+			typ = "const A* const"
+		}
+		w.array(typ, "src", srcs)
+		w.P("cg_reduce_acc<T, OP, %d, VB, %t, %t>(%s, src, n, shift, op);", len(st.Srcs), st.Dst.Buf == schedule.Scratch, srcAcc, e.ref(st.Dst, false))
 	}
 	return w.sc, nil
 }

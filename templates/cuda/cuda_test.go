@@ -89,6 +89,41 @@ func TestPushRoundsCoverWholeWindows(t *testing.T) {
 	}
 }
 
+// TestHCMPartialsStayInAccumulators: the hybrid-cube-mesh programs sum
+// their quad into a scratch of A (the accumulator type) and their final
+// step reads A, so a 2-byte sum is rounded once; every other reduce goes
+// through cg_reduce over E. Rounding the partials to E gave bf16 sums 2
+// ulps off on a GPU (docs/numerics.md).
+func TestHCMPartialsStayInAccumulators(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	hcm := 0
+	for name, src := range files {
+		text := string(src)
+		if !strings.Contains(name, "_hcm_") {
+			if strings.Contains(text, "cg_reduce_acc<") {
+				t.Errorf("%s: reduces through an accumulator scratch; only hcm keeps partials there", name)
+			}
+			continue
+		}
+		hcm++
+		for _, want := range []string{"typedef T::A A;", "cg_reduce_acc<T, OP, 4, VB, true, false>((A*)a.scratch[rank]", "const A* const src[2]", "cg_reduce_acc<T, OP, 2, VB, false, true>((E*)a.output"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s: no %q", name, want)
+			}
+		}
+		if strings.Contains(text, "cg_reduce<") {
+			t.Errorf("%s: a reduce over E; hcm's both reduces touch its accumulator scratch", name)
+		}
+	}
+	if hcm == 0 {
+		t.Fatal("no hcm program in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying
