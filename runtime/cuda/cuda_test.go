@@ -236,19 +236,21 @@ func TestDeviceInfo(t *testing.T) {
 	t.Logf("huge alloc error: %v", err)
 }
 
+// devAlloc allocates n bytes on d, freed when the test ends.
+func devAlloc(t testing.TB, d *cuda.Device, n int) cuda.DevicePtr {
+	t.Helper()
+	p, err := d.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Free(p) })
+	return p
+}
+
 func TestAllocCopyRoundTrip(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	const n = 1 << 20
-	a, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(a)
-	b, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(b)
+	a, b := devAlloc(t, d, n), devAlloc(t, d, n)
 	src := make([]byte, n)
 	for i := range src {
 		src[i] = byte(i*7 + 3)
@@ -275,11 +277,7 @@ func TestAllocCopyRoundTrip(t *testing.T) {
 func TestMemset(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	const n = 4096
-	p, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(p)
+	p := devAlloc(t, d, n)
 	s, err := d.NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -329,16 +327,7 @@ func TestMemset(t *testing.T) {
 func TestSyncCallsWait(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	const n, tail = 256 << 20, 4096
-	a, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(a)
-	b, err := d.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Free(b)
+	a, b := devAlloc(t, d, n), devAlloc(t, d, n)
 	s, err := d.NewStream()
 	if err != nil {
 		t.Fatal(err)

@@ -21,11 +21,7 @@ var kernelHead = regexp.MustCompile(`(?m)^(\w+)\(const CG_GRID_CONSTANT collgen_
 // a kernel launched early (programmatic dependent launch) touches no
 // memory before the kernel ahead of it on the stream has finished.
 func TestKernelsWaitForThePreviousKernel(t *testing.T) {
-	s, err := spec.Load("../../spec/collgen.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, files := mustRender(t, s)
+	p, files := renderShipped(t)
 	n := 0
 	for name, src := range files {
 		if !strings.HasSuffix(name, ".cu") {
@@ -58,11 +54,7 @@ func TestKernelsWaitForThePreviousKernel(t *testing.T) {
 // thread works); a thread idle in a short last round would leave its last
 // read unordered against the next collective's first puts.
 func TestPushRoundsCoverWholeWindows(t *testing.T) {
-	s, err := spec.Load("../../spec/collgen.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, files := mustRender(t, s)
+	_, files := renderShipped(t)
 	kernelsWithRounds := 0
 	for name, src := range files {
 		_, body, ok := strings.Cut(string(src), "for (cg_u64 r = 0, w0 = 0;")
@@ -173,6 +165,16 @@ func TestProgramsServeTheirKernels(t *testing.T) {
 }
 
 // mustRender plans and renders s whole.
+// renderShipped renders the shipped spec (spec/collgen.yaml).
+func renderShipped(t *testing.T) (*plan.Plan, map[string][]byte) {
+	t.Helper()
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustRender(t, s)
+}
+
 func mustRender(t *testing.T, s *spec.Spec) (*plan.Plan, map[string][]byte) {
 	t.Helper()
 	p, err := plan.New(s, plan.Options{})

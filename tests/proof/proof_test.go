@@ -41,15 +41,21 @@ const poison = 0xA7
 // need 2W times the message in inbox lines: 256 MiB for 32 MiB at world 4).
 const stagingBytes = 320 << 20
 
-// gpus returns the number of visible GPUs, or skips.
+// gpus returns the number of visible GPUs, or skips below 2.
 func gpus(t *testing.T) int {
+	t.Helper()
+	return atLeast(t, 2)
+}
+
+// atLeast returns the number of visible GPUs, or skips below min.
+func atLeast(t *testing.T, min int) int {
 	t.Helper()
 	if err := cuda.Init(); err != nil {
 		t.Skipf("no CUDA driver: %v", err)
 	}
 	n, err := cuda.DeviceCount()
-	if err != nil || n < 2 {
-		t.Skipf("need at least 2 GPUs (have %d, %v)", n, err)
+	if err != nil || n < min {
+		t.Skipf("need at least %d GPUs (have %d, %v)", min, n, err)
 	}
 	return n
 }
@@ -69,12 +75,7 @@ func proofGPUs(t *testing.T) int {
 	if !sharedGPU() {
 		return gpus(t)
 	}
-	if err := cuda.Init(); err != nil {
-		t.Skipf("no CUDA driver: %v", err)
-	}
-	if n, err := cuda.DeviceCount(); err != nil || n < 1 {
-		t.Skipf("need a GPU (have %d, %v)", n, err)
-	}
+	atLeast(t, 1)
 	return 8
 }
 
