@@ -87,11 +87,7 @@ func TestPushRoundsCoverWholeWindows(t *testing.T) {
 // through cg_reduce over E. Rounding the partials to E gave bf16 sums 2
 // ulps off on a GPU (docs/numerics.md).
 func TestHCMPartialsStayInAccumulators(t *testing.T) {
-	s, err := spec.Load("../../spec/collgen.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, files := mustRender(t, s)
+	_, files := renderShipped(t)
 	hcm := 0
 	for name, src := range files {
 		text := string(src)
