@@ -638,50 +638,17 @@ template <class T> struct cg_acc_io<T, true> {
   static __device__ __forceinline__ V down(typename T::A a) { return a; }
 };
 
-// cg_load_n loads the N values at p: VB-byte vector loads where p is
-// VB-aligned, one value at a time where not.
-template <class V, int N, int VB>
-__device__ __forceinline__ void cg_load_n(V (&x)[N], const V* p) {
-  constexpr int PER = VB / (int)sizeof(V);
-  if (N % PER == 0 && cg_misalign<VB>(p) == 0) {
-#pragma unroll
-    for (int i = 0; i < N / PER; i++) {
-      cg_vec<V, VB> v;
-      cg_ld(v.raw, p + i * PER);
-#pragma unroll
-      for (int j = 0; j < PER; j++) x[i * PER + j] = v.e[j];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; i++) x[i] = cg_ld_elem(p + i);
-  }
-}
-
-// cg_store_n stores N values at p, as cg_load_n loads them.
-template <class V, int N, int VB>
-__device__ __forceinline__ void cg_store_n(V* p, const V (&x)[N]) {
-  constexpr int PER = VB / (int)sizeof(V);
-  if (N % PER == 0 && cg_misalign<VB>(p) == 0) {
-#pragma unroll
-    for (int i = 0; i < N / PER; i++) {
-      cg_vec<V, VB> v;
-#pragma unroll
-      for (int j = 0; j < PER; j++) v.e[j] = x[i * PER + j];
-      *(typename cg_raw<VB>::T*)(p + i * PER) = v.raw;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; i++) p[i] = x[i];
-  }
-}
-
 // cg_reduce_acc is cg_reduce with the destination in T::A (DACC: a partial
 // kept unrounded) or the sources in T::A (SACC: partials), accumulating in
-// T::A in source order. It splits the work as cg_reduce does (vectors of
-// VB / sizeof(E) elements, the tail one element per lane), so an element
-// stays in its block in every step and round, which the per-block barriers
-// need; a source or destination off a VB boundary takes element loads or
-// stores for that side only.
+// T::A in source order; for types whose A is wider than E (f16 and bf16;
+// the others reduce through cg_reduce). It splits the work as cg_reduce does
+// (vectors of V = VB / sizeof(E) elements, the tail one element per lane),
+// so an element stays in its block in every step and round, which the
+// per-block barriers need; an A side moves a vector in sizeof(A) / sizeof(E)
+// VB-byte loads or stores. As in cg_reduce, the alignment is tested once and
+// all NS sources' loads are issued before the first use; where any side is
+// off its VB boundary (a user's pointer offset: scratch is aligned) the call
+// takes element loads and stores.
 template <class T, class OP, int NS, int VB, bool DACC, bool SACC>
 __device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* dst,
                                               const typename cg_acc_io<T, SACC>::V* const (&src)[NS],
@@ -689,24 +656,47 @@ __device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* ds
   typedef typename T::A A;
   typedef cg_acc_io<T, SACC> S;
   typedef cg_acc_io<T, DACC> D;
+  typedef typename S::V SV;
+  typedef typename D::V DV;
   constexpr int V = VB / sizeof(typename T::E);
+  constexpr int PS = VB / sizeof(SV), PD = VB / sizeof(DV);  // values per VB bytes
+  static_assert(PS > 0 && PD > 0 && V % PS == 0 && V % PD == 0, "cg_reduce_acc: VB narrower than T::A");
   if (n <= 0) return;
   const cg_s64 nvec = n / V;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   const cg_s64 gid = cg_first(shift, stride);
-  for (cg_s64 v = gid; v < nvec; v += stride) {
-    typename S::V x[NS][V];
+  int m = cg_misalign<VB>(dst);
 #pragma unroll
-    for (int j = 0; j < NS; j++) cg_load_n<typename S::V, V, VB>(x[j], src[j] + v * V);
-    typename D::V out[V];
+  for (int j = 0; j < NS; j++) m |= cg_misalign<VB>(src[j]);
+  if (m == 0) {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
+      cg_vec<SV, VB> x[NS][V / PS];
 #pragma unroll
-    for (int e = 0; e < V; e++) {
-      A acc = S::up(x[0][e]);
+      for (int j = 0; j < NS; j++)
 #pragma unroll
-      for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e]));
-      out[e] = D::down(acc);
+        for (int l = 0; l < V / PS; l++) cg_ld(x[j][l].raw, src[j] + v * V + l * PS);
+      cg_vec<DV, VB> out[V / PD];
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        A acc = S::up(x[0][e / PS].e[e % PS]);
+#pragma unroll
+        for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e / PS].e[e % PS]));
+        out[e / PD].e[e % PD] = D::down(acc);
+      }
+#pragma unroll
+      for (int l = 0; l < V / PD; l++) *(typename cg_raw<VB>::T*)(dst + v * V + l * PD) = out[l].raw;
     }
-    cg_store_n<typename D::V, V, VB>(dst + v * V, out);
+  } else {
+    for (cg_s64 v = gid; v < nvec; v += stride) {
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const cg_s64 i = v * V + e;
+        A acc = S::up(cg_ld_elem(src[0] + i));
+#pragma unroll
+        for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(cg_ld_elem(src[j] + i)));
+        dst[i] = D::down(acc);
+      }
+    }
   }
   // The tail, one element per lane (cg_copy_tail).
   const cg_s64 i = nvec * V + cg_tail_index(gid, nvec, stride);

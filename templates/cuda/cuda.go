@@ -143,8 +143,8 @@ type kernelContext struct {
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
 	// AccScratch: scratch holds accumulator values (schedule's
-	// AccScratch); the kernel names the type A and reduces through
-	// cg_reduce_acc.
+	// AccScratch, for a dtype with a wider accumulator); the kernel names
+	// the type A and reduces through cg_reduce_acc.
 	AccScratch bool
 	// LL: the schedule uses a push protocol (coll.Protocol.Push); its
 	// steps are rendered as fused unit loops (see llGroups) with no
@@ -230,12 +230,12 @@ type stepContext struct {
 // kernel.cu.tmpl lays out.
 func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	k := p.Kernels[0]
-	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
+	e := &kernelEmitter{k: k, s: k.Schedule, acc: k.Schedule.AccScratch && k.DType.WideAccumulator(), byValues: map[string]string{}}
 	c, err := e.context()
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
 	}
-	c.P, c.Traits, c.AccScratch = p, "cg_"+string(k.DType), k.Schedule.AccScratch
+	c.P, c.Traits, c.AccScratch = p, "cg_"+string(k.DType), e.acc
 	dts := make([]string, 0, len(p.DTypes()))
 	for _, dt := range p.DTypes() {
 		dts = append(dts, string(dt))
@@ -265,6 +265,10 @@ func newKernelContext(p *plan.Program) (*kernelContext, error) {
 type kernelEmitter struct {
 	k *plan.Kernel
 	s *schedule.Schedule
+	// acc: scratch holds T::A values, not T::E (the schedule's AccScratch
+	// where the dtype's accumulator is wider; for the others the two are
+	// one type and cg_reduce serves).
+	acc bool
 	// tables are the lookup tables declared so far, in order of first use,
 	// and byValues maps a table's values to its name.
 	tables   []table
@@ -366,7 +370,7 @@ func (e *kernelEmitter) single(b schedule.Buffer) bool {
 // ref returns the C expression of a ref's first element.
 func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	q := "E*"
-	if r.Buf == schedule.Scratch && e.s.AccScratch {
+	if r.Buf == schedule.Scratch && e.acc {
 		q = "A*"
 	}
 	if constant {
@@ -483,7 +487,7 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 		for i, r := range st.Srcs {
 			srcs[i] = e.ref(r, true)
 		}
-		if !e.s.AccScratch {
+		if !e.acc {
 			w.array("const E* const", "src", srcs)
 			w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
 			break
