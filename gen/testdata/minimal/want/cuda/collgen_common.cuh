@@ -594,10 +594,11 @@ template <class T> struct cg_acc_io<T, true> {
 // (vectors of V = VB / sizeof(E) elements, the tail one element per lane),
 // so an element stays in its block in every step and round, which the
 // per-block barriers need; an A side moves a vector in sizeof(A) / sizeof(E)
-// VB-byte loads or stores. As in cg_reduce, the alignment is tested once and
-// all NS sources' loads are issued before the first use; where any side is
-// off its VB boundary (a user's pointer offset: scratch is aligned) the call
-// takes element loads and stores.
+// VB-byte loads or stores. The sources' alignment and the destination's are
+// tested once each, before the loop: where the sources are off their VB
+// boundary (scratch never is) all of them take element loads, where the
+// destination is (a user's output offset) it takes element stores, and
+// every source's loads are issued before the first use either way.
 template <class T, class OP, int NS, int VB, bool DACC, bool SACC>
 __device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* dst,
                                               const typename cg_acc_io<T, SACC>::V* const (&src)[NS],
@@ -614,37 +615,47 @@ __device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* ds
   const cg_s64 nvec = n / V;
   const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
   const cg_s64 gid = cg_first(shift, stride);
-  int m = cg_misalign<VB>(dst);
+  int ms = 0;
 #pragma unroll
-  for (int j = 0; j < NS; j++) m |= cg_misalign<VB>(src[j]);
-  if (m == 0) {
-    for (cg_s64 v = gid; v < nvec; v += stride) {
-      cg_vec<SV, VB> x[NS][V / PS];
+  for (int j = 0; j < NS; j++) ms |= cg_misalign<VB>(src[j]);
+  const int md = cg_misalign<VB>(dst);
+  for (cg_s64 v = gid; v < nvec; v += stride) {
+    SV x[NS][V];
+    if (ms == 0) {
 #pragma unroll
       for (int j = 0; j < NS; j++)
 #pragma unroll
-        for (int l = 0; l < V / PS; l++) cg_ld(x[j][l].raw, src[j] + v * V + l * PS);
-      cg_vec<DV, VB> out[V / PD];
+        for (int l = 0; l < V / PS; l++) {
+          cg_vec<SV, VB> t;
+          cg_ld(t.raw, src[j] + v * V + l * PS);
 #pragma unroll
-      for (int e = 0; e < V; e++) {
-        A acc = S::up(x[0][e / PS].e[e % PS]);
+          for (int k = 0; k < PS; k++) x[j][l * PS + k] = t.e[k];
+        }
+    } else {
 #pragma unroll
-        for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e / PS].e[e % PS]));
-        out[e / PD].e[e % PD] = D::down(acc);
-      }
+      for (int j = 0; j < NS; j++)
 #pragma unroll
-      for (int l = 0; l < V / PD; l++) *(typename cg_raw<VB>::T*)(dst + v * V + l * PD) = out[l].raw;
+        for (int e = 0; e < V; e++) x[j][e] = cg_ld_elem(src[j] + v * V + e);
     }
-  } else {
-    for (cg_s64 v = gid; v < nvec; v += stride) {
+    DV out[V];
 #pragma unroll
-      for (int e = 0; e < V; e++) {
-        const cg_s64 i = v * V + e;
-        A acc = S::up(cg_ld_elem(src[0] + i));
+    for (int e = 0; e < V; e++) {
+      A acc = S::up(x[0][e]);
 #pragma unroll
-        for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(cg_ld_elem(src[j] + i)));
-        dst[i] = D::down(acc);
+      for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e]));
+      out[e] = D::down(acc);
+    }
+    if (md == 0) {
+#pragma unroll
+      for (int l = 0; l < V / PD; l++) {
+        cg_vec<DV, VB> t;
+#pragma unroll
+        for (int k = 0; k < PD; k++) t.e[k] = out[l * PD + k];
+        *(typename cg_raw<VB>::T*)(dst + v * V + l * PD) = t.raw;
       }
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) dst[v * V + e] = out[e];
     }
   }
   // The tail, one element per lane (cg_copy_tail).
