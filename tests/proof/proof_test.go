@@ -784,8 +784,10 @@ func TestProofProcess(t *testing.T) {
 
 // Zero-copy proof sizes: push kernels (never zero-copy) need their inbox
 // area to hold the 100003-element count, more than the rules' default
-// sizing; zcBig is larger than the whole zcStaging buffer.
-const zcStaging, zcBig = 4 << 20, 5 << 20 // bytes
+// sizing: at world 8 an f32 LL all-gather's or reduce-scatter's inbox is
+// 5600224 bytes (4 MiB held world 4's, and refused world 8's). zcBig is
+// larger than the whole zcStaging buffer.
+const zcStaging, zcBig = 8 << 20, 9 << 20 // bytes
 
 // zcRun is one count of the zero-copy proofs: calls back-to-back calls
 // with the input off elements past the symmetric buffer's start.
@@ -795,10 +797,11 @@ type zcRun struct{ n, calls, off int }
 // counts three times, the larger also with the input one element in (peers
 // then read it off every vector boundary), and for a barrier kernel without
 // scratch one message larger than the whole staging buffer twice
-// (zero-copy needs none; two-shot still reduces into scratch).
+// (zero-copy needs none; two-shot and hcm still reduce into scratch, a
+// push kernel sends into its inbox).
 func zeroCopyCounts(c collectives.Combination, w int) []zcRun {
 	runs := []zcRun{{33, 3, 0}, {100003, 3, 0}, {100003, 2, 1}}
-	if !strings.Contains(string(c.Algorithm), "_ll") && c.Algorithm != coll.TwoShot {
+	if k, ok := collectives.Library.Kernel(c.Collective, c.Algorithm, c.DType, c.Op, w); ok && !k.Push() && !k.UsesScratch {
 		in, _ := sizes(c.Collective, w, 1)
 		runs = append(runs, zcRun{zcBig/(in*c.DType.Size()) + 1, 2, 0})
 	}

@@ -1,0 +1,54 @@
+package proof
+
+import (
+	"testing"
+
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/schedule"
+)
+
+// TestProofSizesFit checks on CPU, for every kernel at every world the
+// library has, that the counts the GPU proofs force on it fit the staging
+// they give it: the runtime refuses a forced push kernel without rounds
+// whose inbox cannot hold the message, so a count that does not fit fails
+// the proof on the GPU instead of proving the kernel (world 8's zero-copy
+// proof did so with a 4 MiB buffer, and hcm's with a message larger than
+// its scratch). And each barrier kernel's large
+// zero-copy message must exceed the whole zero-copy buffer, or it proves
+// nothing staging could not do.
+func TestProofSizesFit(t *testing.T) {
+	for _, c := range collectives.Combinations {
+		k, ok := collectives.Library.Kernel(c.Collective, c.Algorithm, c.DType, c.Op, c.World)
+		if !ok {
+			t.Fatalf("%s: not in the library", c.Kernel)
+		}
+		size := int64(c.DType.Size())
+		// need is the inbox a forced call of count n asks for.
+		need := func(n int) int64 {
+			in, out := sizes(c.Collective, c.World, n)
+			full := int64(max(in, out))
+			chunk := int64(schedule.ChunkElems(c.Collective, int(full), c.World, int(k.VecElems(int(size)))))
+			return k.SlotBytes(full*size, chunk*size)
+		}
+		if k.Push() && !k.PushRounds {
+			for _, large := range []bool{false, true} {
+				for _, pc := range cases(c.Collective, c.World, large) {
+					if b := need(pc.n); b > stagingBytes {
+						t.Errorf("%s: proof count %d needs %d inbox bytes, more than stagingBytes (%d)", c.Kernel, pc.n, b, int64(stagingBytes))
+					}
+				}
+			}
+		}
+		for _, run := range zeroCopyCounts(c, c.World) {
+			switch in, out := sizes(c.Collective, c.World, run.n); {
+			case k.Push() && !k.PushRounds && need(run.n) > zcStaging:
+				t.Errorf("%s: zero-copy count %d needs %d inbox bytes, more than zcStaging (%d)", c.Kernel, run.n, need(run.n), int64(zcStaging))
+			case k.UsesScratch && int64(max(in, out))*size > zcStaging:
+				// Scratch (two-shot's, hcm's) is the size of an area.
+				t.Errorf("%s: zero-copy count %d (%d bytes) exceeds the scratch it reduces into (%d)", c.Kernel, run.n, int64(max(in, out))*size, int64(zcStaging))
+			case run.n > 100003 && int64(in)*size <= zcStaging:
+				t.Errorf("%s: the large zero-copy count %d (%d input bytes) fits zcStaging (%d)", c.Kernel, run.n, int64(in)*size, int64(zcStaging))
+			}
+		}
+	}
+}
