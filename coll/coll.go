@@ -125,6 +125,11 @@ func (d DType) Valid() bool { return d.Size() != 0 }
 // never reduced.
 func (d DType) IsFloat8() bool { return d == E4M3 || d == E5M2 }
 
+// WideAccumulator reports whether d's reductions accumulate in a wider
+// type than d: f16 and bf16 add in f32 (the kernels' T::A), the other
+// types in their own.
+func (d DType) WideAccumulator() bool { return d == F16 || d == BF16 }
+
 // IsFloat reports whether d is a floating-point type.
 func (d DType) IsFloat() bool { return d != I32 && d != I64 && d.Valid() }
 

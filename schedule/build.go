@@ -190,7 +190,9 @@ func allReduceHCM(w int) (*Schedule, error) {
 	if w != 8 {
 		return nil, fmt.Errorf("hcm needs world size 8 (two quads of 4), not %d", w)
 	}
-	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.HCM, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
+	// The quad partials stay in the accumulator type (AccScratch): rounded
+	// to the dtype, an f16 or bf16 sum would be rounded three times.
+	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.HCM, World: w, InChunks: w, OutChunks: w, UsesScratch: true, AccScratch: true}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, false), Sync: true})
 	quad := make([][]int, 4) // quad[j][r] = j-th member of r's quad
 	for j := range quad {

@@ -133,6 +133,9 @@ func Validate(s *Schedule) error {
 				if ref.Buf == Scratch && !s.UsesScratch {
 					return fmt.Errorf("%s: uses scratch but the schedule does not declare UsesScratch", where)
 				}
+				if ref.Buf == Scratch && s.AccScratch && st.Kind != Reduce {
+					return fmt.Errorf("%s: a %s step uses a scratch that holds accumulator values; only reduce steps may", where, st.Kind)
+				}
 				for r := 0; r < w; r++ {
 					peer, chunk := ref.Rank.Eval(r, w), ref.Chunk.Eval(r, w)
 					if peer < 0 || peer >= w {

@@ -200,6 +200,12 @@ type Schedule struct {
 	InChunks, OutChunks int
 	// UsesScratch reports whether the schedule needs the Scratch buffer.
 	UsesScratch bool
+	// AccScratch: Scratch holds partial reductions in the accumulator type
+	// (f32 for f16 and bf16), not the element type, so a sum through it is
+	// rounded to the element type once, as a sum without it is. Only
+	// Reduce steps may touch such a scratch. Two-shot's scratch holds
+	// finished sums and does not need it.
+	AccScratch bool
 	// Protocol is how ranks synchronise; see the package comment.
 	Protocol coll.Protocol
 	Phases   []Phase

@@ -213,6 +213,17 @@ func TestCheckersCatchBrokenSchedules(t *testing.T) {
 	if err := CheckSplit(sp); err == nil || !strings.Contains(err.Error(), "written split as chunk") {
 		t.Errorf("split by the wrong chunk: got %v", err)
 	}
+	// A scratch of accumulator values (hcm's) is only reduced into and
+	// from: a copy would move A values as elements.
+	h, _ := Build(coll.AllReduce, coll.HCM, 8)
+	if !h.AccScratch {
+		t.Error("hcm keeps its partials as elements; want AccScratch (a sum rounded once)")
+	}
+	h.Phases = append(h.Phases, Phase{Sync: true, Steps: []Step{{Kind: Copy, Dst: Ref{Buf: Output, Rank: Self, Chunk: Self},
+		Srcs: []Ref{{Buf: Scratch, Rank: Self, Chunk: Self}}}}})
+	if err := Validate(h); err == nil || !strings.Contains(err.Error(), "holds accumulator values") {
+		t.Errorf("copy from an accumulator scratch: got %v", err)
+	}
 	e, _ := Build(coll.AllGather, coll.OneShot, 2)
 	e.Phases[len(e.Phases)-1].Sync = false
 	if err := Validate(e); err == nil || !strings.Contains(err.Error(), "last phase has no barrier") {

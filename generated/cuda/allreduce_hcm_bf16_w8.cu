@@ -42,6 +42,7 @@ allreduce_hcm_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
   cg_grid_wait();
   typedef cg_bf16 T;
   typedef T::E E;
+  typedef T::A A;
   typedef cg_op OP;
   const OP op{a.op};
   constexpr int W = 8;
@@ -88,7 +89,7 @@ allreduce_hcm_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
           (const E*)cg_slot(a.stage[cg_pick(table2, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W)),
           (const E*)cg_slot(a.stage[cg_pick(table3, rank)], slot, a.slot_bytes) + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
-      cg_reduce<T, OP, 4, VB>((E*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, k, W)), src, n, shift, op);
+      cg_reduce_acc<T, OP, 4, VB, true, false>((A*)a.scratch[rank] + cg_woff(a.count, win, cg_rel(rank, k, W)), src, n, shift, op);
     }
   }
   if (!cg_barrier<W>(a, seq + 2, 1)) return;
@@ -99,11 +100,11 @@ allreduce_hcm_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     for (int k = 0; k < 8; k++) {
       const cg_s64 n = cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).n;
       const cg_s64 shift = cg_shift(cg_rel(rank, k, W), win, VB / sizeof(E));
-      const E* const src[2] = {
-          (const E*)a.scratch[cg_pick(table4, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W)),
-          (const E*)a.scratch[cg_pick(table5, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W))
+      const A* const src[2] = {
+          (const A*)a.scratch[cg_pick(table4, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W)),
+          (const A*)a.scratch[cg_pick(table5, rank)] + cg_woff(a.count, win, cg_rel(rank, k, W))
       };
-      cg_reduce<T, OP, 2, VB>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, src, n, shift, op);
+      cg_reduce_acc<T, OP, 2, VB, false, true>((E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo, src, n, shift, op);
     }
   }
   // Final barrier: needed only with one stage slot (zero-copy input).

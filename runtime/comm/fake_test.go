@@ -578,3 +578,47 @@ func TestFakeEarlyLaunch(t *testing.T) {
 		})
 	}
 }
+
+// TestFakeHCMScratchHoldsAccumulators: the hybrid-cube-mesh all-reduce
+// keeps its quad partials in f32 (kernels.Kernel.ScratchAcc), so a bf16
+// message's windows are sized for 4-byte scratch elements: the same
+// window as f32's (not twice it), and every window's chunks fit the
+// scratch area as f32; two-shot's scratch holds bf16 (twice the window).
+func TestFakeHCMScratchHoldsAccumulators(t *testing.T) {
+	comms, devs := fakeComms(t, 8, Config{Topology: "hcm8", StagingBytes: 1 << 20})
+	defer closeAll(t, comms)
+	const n = 4 << 20 // elements: larger than any window here
+	calls := []struct {
+		alg coll.Algorithm
+		dt  coll.DType
+	}{{coll.HCM, coll.BF16}, {coll.HCM, coll.F32}, {coll.TwoShot, coll.BF16}, {coll.TwoShot, coll.F32}}
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		for _, cl := range calls {
+			if err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), n, cl.dt, coll.Sum, Options{Algorithm: cl.alg}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	g := comms[0].gpu
+	windows := make([]uint64, len(calls))
+	for i, l := range devs[0].launches {
+		var a collectives.ArgsW8
+		if err := binary.Read(bytes.NewReader(l.args), binary.LittleEndian, &a); err != nil {
+			t.Fatal(err)
+		}
+		windows[i] = a.Window
+		elem := l.kernel.ScratchElemBytes(calls[i].dt.Size())
+		if a.Window == 0 || a.Window >= n/8 || a.Window*8*uint64(elem) > uint64(g.scratchBytes) {
+			t.Errorf("%s %s: window %d elements; want rounds whose 8 chunks of %d-byte scratch elements fit %d bytes", calls[i].alg, calls[i].dt, a.Window, elem, g.scratchBytes)
+		}
+	}
+	if windows[0] != windows[1] {
+		t.Errorf("hcm windows: bf16 %d, f32 %d elements; want equal (both f32 in scratch)", windows[0], windows[1])
+	}
+	if windows[2] <= windows[3] {
+		t.Errorf("two-shot windows: bf16 %d, f32 %d elements; want bf16's larger (bf16 in scratch)", windows[2], windows[3])
+	}
+}

@@ -577,8 +577,10 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	inPlace := zc.on() && !k.UsesScratch
 	window := chunk
 	limit := min(g.area[proto], kernels.WindowBytes)
+	// The scratch in message bytes: it holds elements of ScratchElemBytes.
+	scratch := g.scratchBytes * cl.esize / int64(k.ScratchElemBytes(int(cl.esize)))
 	if k.UsesScratch {
-		limit = min(limit, g.scratchBytes) // scratch holds a window of each chunk too
+		limit = min(limit, scratch) // scratch holds a window of each chunk too
 	}
 	if !k.Push() && !zc.on() && need > limit {
 		// A staged barrier kernel runs in rounds over windows that fit the
@@ -616,9 +618,9 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes need %s of inbox (%s), more than the staging buffer's %d-byte %s area; raise Config.StagingBytes or use another algorithm",
 			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
-	case need > g.scratchBytes && zc.on() && k.UsesScratch:
-		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into, even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
-			cl.collective, cl.alg, cl.bytes, g.scratchBytes)
+	case need > scratch && zc.on() && k.UsesScratch:
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into (%d bytes an element there), even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
+			cl.collective, cl.alg, cl.bytes, g.scratchBytes, k.ScratchElemBytes(int(cl.esize)))
 	case need > g.area[proto] && !zc.on():
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: the %d-byte staging area cannot hold one %d-element vector of each of %d ranks; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, g.area[proto], k.VecElems(int(cl.esize)), g.world)

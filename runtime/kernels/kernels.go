@@ -127,6 +127,10 @@ type Kernel struct {
 	Symbol      string
 	Barriers    int  // barriers per launch (each bumps the per-block sequence)
 	UsesScratch bool // needs the symmetric scratch buffer
+	// ScratchAcc: the scratch holds partial sums in the accumulator type
+	// (f32 for 2-byte floats; schedule.Schedule.AccScratch), so an element
+	// takes ScratchElemBytes there.
+	ScratchAcc bool
 	// Protocol is coll.Barrier for pull kernels, coll.LL or coll.LL128 for
 	// push kernels that write into peers' inboxes with a flag in every line.
 	Protocol coll.Protocol
@@ -507,4 +511,15 @@ func (l *Library) Headers() (map[string]string, error) {
 func (l *Library) HostReducer(dtype coll.DType, op coll.Op) (HostReduceFunc, bool) {
 	f, ok := l.HostReducers[HostKey{dtype, op}]
 	return f, ok
+}
+
+// ScratchElemBytes is the bytes one element of an esize-byte dtype takes
+// in the kernel's scratch: esize, or 4 where the scratch holds f32
+// accumulators of a 2-byte float (ScratchAcc; the 4- and 8-byte types
+// accumulate in their own type).
+func (k *Kernel) ScratchElemBytes(esize int) int {
+	if k.ScratchAcc && esize == 2 {
+		return 4
+	}
+	return esize
 }

@@ -142,6 +142,10 @@ type kernelContext struct {
 	FinalOptional        bool
 	BarriersWithoutFinal int
 	UsesStage            bool // some step touches Stage (needs the slot)
+	// AccScratch: scratch holds accumulator values (schedule's
+	// AccScratch, for a dtype with a wider accumulator); the kernel names
+	// the type A and reduces through cg_reduce_acc.
+	AccScratch bool
 	// LL: the schedule uses a push protocol (coll.Protocol.Push); its
 	// steps are rendered as fused unit loops (see llGroups) with no
 	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
@@ -226,12 +230,12 @@ type stepContext struct {
 // kernel.cu.tmpl lays out.
 func newKernelContext(p *plan.Program) (*kernelContext, error) {
 	k := p.Kernels[0]
-	e := &kernelEmitter{k: k, s: k.Schedule, byValues: map[string]string{}}
+	e := &kernelEmitter{k: k, s: k.Schedule, acc: k.Schedule.AccScratch && k.DType.WideAccumulator(), byValues: map[string]string{}}
 	c, err := e.context()
 	if err != nil {
 		return nil, fmt.Errorf("program %s: %w", p.Name, err)
 	}
-	c.P, c.Traits = p, "cg_"+string(k.DType)
+	c.P, c.Traits, c.AccScratch = p, "cg_"+string(k.DType), e.acc
 	dts := make([]string, 0, len(p.DTypes()))
 	for _, dt := range p.DTypes() {
 		dts = append(dts, string(dt))
@@ -261,6 +265,10 @@ func newKernelContext(p *plan.Program) (*kernelContext, error) {
 type kernelEmitter struct {
 	k *plan.Kernel
 	s *schedule.Schedule
+	// acc: scratch holds T::A values, not T::E (the schedule's AccScratch
+	// where the dtype's accumulator is wider; for the others the two are
+	// one type and cg_reduce serves).
+	acc bool
 	// tables are the lookup tables declared so far, in order of first use,
 	// and byValues maps a table's values to its name.
 	tables   []table
@@ -362,8 +370,11 @@ func (e *kernelEmitter) single(b schedule.Buffer) bool {
 // ref returns the C expression of a ref's first element.
 func (e *kernelEmitter) ref(r schedule.Ref, constant bool) string {
 	q := "E*"
+	if r.Buf == schedule.Scratch && e.acc {
+		q = "A*"
+	}
 	if constant {
-		q = "const E*"
+		q = "const " + q
 	}
 	var base string
 	switch r.Buf {
@@ -476,8 +487,25 @@ func (e *kernelEmitter) barrierStep(st schedule.Step) (stepContext, error) {
 		for i, r := range st.Srcs {
 			srcs[i] = e.ref(r, true)
 		}
-		w.array("const E* const", "src", srcs)
-		w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
+		if !e.acc {
+			w.array("const E* const", "src", srcs)
+			w.P("cg_reduce<T, OP, %d, VB>(%s, src, n, shift, op);", len(st.Srcs), e.ref(st.Dst, false))
+			break
+		}
+		// A scratch in the accumulator type: every source is scratch or
+		// none is, and the destination's side may differ.
+		srcAcc := st.Srcs[0].Buf == schedule.Scratch
+		for _, r := range st.Srcs {
+			if (r.Buf == schedule.Scratch) != srcAcc {
+				return w.sc, fmt.Errorf("kernel %s: reduce %s mixes scratch (accumulator values) and other sources", e.k.Name, stepComment(st))
+			}
+		}
+		typ := "const E* const"
+		if srcAcc {
+			typ = "const A* const"
+		}
+		w.array(typ, "src", srcs)
+		w.P("cg_reduce_acc<T, OP, %d, VB, %t, %t>(%s, src, n, shift, op);", len(st.Srcs), st.Dst.Buf == schedule.Scratch, srcAcc, e.ref(st.Dst, false))
 	}
 	return w.sc, nil
 }

@@ -81,6 +81,39 @@ func TestPushRoundsCoverWholeWindows(t *testing.T) {
 	}
 }
 
+// TestHCMPartialsStayInAccumulators: the f16 and bf16 hybrid-cube-mesh
+// programs sum their quad into a scratch of A (f32, the accumulator type)
+// and their final step reads A, so a 2-byte sum is rounded once; every
+// other reduce, f32's hcm ones included (A is E there), goes through
+// cg_reduce over E. Rounding the partials to E gave bf16 sums 2
+// ulps off on a GPU (docs/numerics.md).
+func TestHCMPartialsStayInAccumulators(t *testing.T) {
+	_, files := renderShipped(t)
+	hcm := 0
+	for name, src := range files {
+		text := string(src)
+		if !strings.Contains(name, "_hcm_") {
+			if strings.Contains(text, "cg_reduce_acc<") {
+				t.Errorf("%s: reduces through an accumulator scratch; only hcm keeps partials there", name)
+			}
+			continue
+		}
+		hcm++
+		wide := strings.Contains(name, "_f16_") || strings.Contains(name, "_bf16_")
+		for _, want := range []string{"typedef T::A A;", "cg_reduce_acc<T, OP, 4, VB, true, false>((A*)a.scratch[rank]", "const A* const src[2]", "cg_reduce_acc<T, OP, 2, VB, false, true>((E*)a.output"} {
+			if strings.Contains(text, want) != wide {
+				t.Errorf("%s: %q present %v; want it only where the accumulator is wider than the dtype (f16, bf16)", name, want, !wide)
+			}
+		}
+		if strings.Contains(text, "cg_reduce<") == wide {
+			t.Errorf("%s: cg_reduce present %v; a dtype with a wider accumulator reduces through cg_reduce_acc, the others through cg_reduce", name, !wide)
+		}
+	}
+	if hcm == 0 {
+		t.Fatal("no hcm program in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying

@@ -215,6 +215,7 @@ func kernelsFile(p *plan.Plan, manifest, cudaImport string) *jen.File {
 			field{"Symbol", jen.Lit(k.Program.Name)},
 			field{"Barriers", nonZero(s.Barriers())},
 			field{"UsesScratch", nonZero(s.UsesScratch)},
+			field{"ScratchAcc", nonZero(s.AccScratch)},
 			field{"Protocol", nonZero(string(s.Protocol))},
 			field{"InboxChunks", nonZero(s.InboxChunks())},
 			field{"PushRounds", nonZero(k.PushRounds)},

@@ -553,6 +553,104 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
   }
 }
 
+// ---- reductions through a scratch in T::A (schedule.Schedule.AccScratch:
+// the hybrid-cube-mesh all-reduce keeps its quad partials in the
+// accumulator type, f32 for f16 and bf16, so each sum is rounded to E once,
+// as every other algorithm's). cg_acc_io<T, ACC> is one side of such a
+// reduce: E values (ACC false) or A values (ACC true).
+template <class T, bool ACC> struct cg_acc_io;
+template <class T> struct cg_acc_io<T, false> {
+  typedef typename T::E V;
+  static __device__ __forceinline__ typename T::A up(V x) { return T::up(x); }
+  static __device__ __forceinline__ V down(typename T::A a) { return T::down(a); }
+};
+template <class T> struct cg_acc_io<T, true> {
+  typedef typename T::A V;
+  static __device__ __forceinline__ typename T::A up(V x) { return x; }
+  static __device__ __forceinline__ V down(typename T::A a) { return a; }
+};
+
+// cg_reduce_acc is cg_reduce with the destination in T::A (DACC: a partial
+// kept unrounded) or the sources in T::A (SACC: partials), accumulating in
+// T::A in source order; for types whose A is wider than E (f16 and bf16;
+// the others reduce through cg_reduce). It splits the work as cg_reduce does
+// (vectors of V = VB / sizeof(E) elements, the tail one element per lane),
+// so an element stays in its block in every step and round, which the
+// per-block barriers need; an A side moves a vector in sizeof(A) / sizeof(E)
+// VB-byte loads or stores. The sources' alignment and the destination's are
+// tested once each, before the loop: where the sources are off their VB
+// boundary (scratch never is) all of them take element loads, where the
+// destination is (a user's output offset) it takes element stores, and
+// every source's loads are issued before the first use either way.
+template <class T, class OP, int NS, int VB, bool DACC, bool SACC>
+__device__ __forceinline__ void cg_reduce_acc(typename cg_acc_io<T, DACC>::V* dst,
+                                              const typename cg_acc_io<T, SACC>::V* const (&src)[NS],
+                                              cg_s64 n, cg_s64 shift, const OP op) {
+  typedef typename T::A A;
+  typedef cg_acc_io<T, SACC> S;
+  typedef cg_acc_io<T, DACC> D;
+  typedef typename S::V SV;
+  typedef typename D::V DV;
+  constexpr int V = VB / sizeof(typename T::E);
+  constexpr int PS = VB / sizeof(SV), PD = VB / sizeof(DV);  // values per VB bytes
+  static_assert(PS > 0 && PD > 0 && V % PS == 0 && V % PD == 0, "cg_reduce_acc: VB narrower than T::A");
+  if (n <= 0) return;
+  const cg_s64 nvec = n / V;
+  const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
+  const cg_s64 gid = cg_first(shift, stride);
+  int ms = 0;
+#pragma unroll
+  for (int j = 0; j < NS; j++) ms |= cg_misalign<VB>(src[j]);
+  const int md = cg_misalign<VB>(dst);
+  for (cg_s64 v = gid; v < nvec; v += stride) {
+    SV x[NS][V];
+    if (ms == 0) {
+#pragma unroll
+      for (int j = 0; j < NS; j++)
+#pragma unroll
+        for (int l = 0; l < V / PS; l++) {
+          cg_vec<SV, VB> t;
+          cg_ld(t.raw, src[j] + v * V + l * PS);
+#pragma unroll
+          for (int k = 0; k < PS; k++) x[j][l * PS + k] = t.e[k];
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NS; j++)
+#pragma unroll
+        for (int e = 0; e < V; e++) x[j][e] = cg_ld_elem(src[j] + v * V + e);
+    }
+    DV out[V];
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      A acc = S::up(x[0][e]);
+#pragma unroll
+      for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(x[j][e]));
+      out[e] = D::down(acc);
+    }
+    if (md == 0) {
+#pragma unroll
+      for (int l = 0; l < V / PD; l++) {
+        cg_vec<DV, VB> t;
+#pragma unroll
+        for (int k = 0; k < PD; k++) t.e[k] = out[l * PD + k];
+        *(typename cg_raw<VB>::T*)(dst + v * V + l * PD) = t.raw;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) dst[v * V + e] = out[e];
+    }
+  }
+  // The tail, one element per lane (cg_copy_tail).
+  const cg_s64 i = nvec * V + cg_tail_index(gid, nvec, stride);
+  if (i < n) {
+    A acc = S::up(cg_ld_elem(src[0] + i));
+#pragma unroll
+    for (int j = 1; j < NS; j++) acc = op.f(acc, S::up(cg_ld_elem(src[j] + i)));
+    dst[i] = D::down(acc);
+  }
+}
+
 // ---- chunks. Chunk c of a W-chunk buffer covers [min(c*chunk, count),
 // min((c+1)*chunk, count)); a 1-chunk buffer (reduce-scatter output,
 // all-gather input) covers [0, chunk).
