@@ -180,7 +180,7 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	}
 	prog.Finish()
 	io.Err.Write(logs.Bytes())
-	return reportGPU(io, o, ms, err)
+	return reportGPU(io, o, ms, awkwardNote(sweeps), err)
 }
 
 // measurementLine is one finished measurement, for logs.
@@ -205,7 +205,7 @@ func progressLabel(m *gpubench.Measurement) string {
 
 // reportGPU prints the shared table (and files), then the side-by-side
 // summary, then any failure loudly; failures make the exit status 1.
-func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, runErr error) error {
+func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, awkwardText string, runErr error) error {
 	results := gpuResults(ms)
 	if len(results) > 0 {
 		if err := report(io, o, results); err != nil {
@@ -213,7 +213,7 @@ func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, runErr error)
 		}
 		if o.JSON != "-" {
 			fmt.Fprintln(io.Out)
-			writeGPUSummary(io.Out, ms, awkwardNote(o.gpu.awkward))
+			writeGPUSummary(io.Out, ms, awkwardText)
 		}
 	}
 	var bad []string
@@ -258,14 +258,14 @@ func gpuResults(ms []gpubench.Measurement) []bench.Result {
 	return out
 }
 
-// awkwardNote is the footnote under a table with awkward rows for the
-// --awkward flag's value.
-func awkwardNote(flag string) string {
-	k, err := bench.ParseAwkward(flag)
-	if err != nil {
-		k = bench.AwkwardBoth
+// awkwardNote is the footnote under a table with awkward rows: what the
+// sweeps' awkward twins depart in (gpuSweeps gives every sweep the
+// --awkward kind it parsed).
+func awkwardNote(sweeps []gpuSweep) string {
+	if len(sweeps) == 0 {
+		return ""
 	}
-	return k.Describe()
+	return sweeps[0].cfg.Awkward.Describe()
 }
 
 // writeGPUSummary prints one block per (collective, dtype, op, world,
@@ -461,7 +461,7 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 		return rerr
 	}
 	io.Err.Write(logs.Bytes())
-	return reportGPU(io, o, ms, rerr)
+	return reportGPU(io, o, ms, awkwardNote(sweeps), rerr)
 }
 
 // gpuWorkerResult is what rank 0 hands back to benchGPUProcesses.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/bench/gpubench"
 )
 
@@ -47,6 +48,16 @@ func TestGPUSweeps(t *testing.T) {
 	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 || sw[0].cfg.MaxBlocks != 16 {
 		t.Errorf("--sizes/--staging/--max-blocks not used: %v", err)
 	}
+	// The summary's footnote says what the flag's twins depart in.
+	for flag, want := range map[string]bench.AwkwardKind{"offset": bench.AwkwardOffset, "count": bench.AwkwardCount, "both": bench.AwkwardBoth} {
+		sw, err := gpuSweeps(o, &gpuBenchFlags{sizesSet: true, awkward: flag})
+		if err != nil || sw[0].cfg.Awkward != want || awkwardNote(sw) != want.Describe() {
+			t.Errorf("--awkward=%s: kind %v, note %q (%v)", flag, sw[0].cfg.Awkward, awkwardNote(sw), err)
+		}
+	}
+	if awkwardNote(nil) != "" {
+		t.Error("a footnote without sweeps")
+	}
 	for _, g := range []*gpuBenchFlags{{staging: "lots"}, {devices: "0,1"}, {devices: "a,b,c,d"}, {awkward: "sideways"}, {maxBlocks: -1}} {
 		if _, err := gpuSweeps(o, g); err == nil {
 			t.Errorf("%+v: want a usage error", g)
@@ -66,7 +77,7 @@ func TestGPUReport(t *testing.T) {
 		t.Errorf("results %+v", rs)
 	}
 	var b bytes.Buffer
-	writeGPUSummary(&b, ms, awkwardNote(""))
+	writeGPUSummary(&b, ms, bench.AwkwardBoth.Describe())
 	out := b.String()
 	for _, want := range []string{"CUDA-graph replay", "oneshot", "skip", "3.00x", "1KiB", "auto vs best", "1.00 (oneshot)"} {
 		if !strings.Contains(out, want) {
@@ -87,7 +98,7 @@ func TestGPUReport(t *testing.T) {
 		twin = append(twin, m)
 	}
 	b.Reset()
-	writeGPUSummary(&b, twin, awkwardNote("offset"))
+	writeGPUSummary(&b, twin, bench.AwkwardOffset.Describe())
 	out = b.String()
 	for _, want := range []string{"1KiB*", "10.00", "3.00x", "1.50x", "* awkward size: the same size, input and output pointers one element off alignment"} {
 		if !strings.Contains(out, want) {
@@ -99,12 +110,12 @@ func TestGPUReport(t *testing.T) {
 	slow := slices.Clone(ms)
 	slow[2].LatencyUs = 5.5
 	b.Reset()
-	writeGPUSummary(&b, slow, awkwardNote(""))
+	writeGPUSummary(&b, slow, bench.AwkwardBoth.Describe())
 	if out := b.String(); !strings.Contains(out, "1.10 (oneshot)") {
 		t.Errorf("auto 10%% slower than oneshot:\n%s", out)
 	}
 	b.Reset()
-	writeGPUSummary(&b, ms[2:], awkwardNote(""))
+	writeGPUSummary(&b, ms[2:], bench.AwkwardBoth.Describe())
 	if out := b.String(); strings.Contains(out, "auto vs best") {
 		t.Errorf("a sweep of auto and nccl alone has an auto-vs-best column:\n%s", out)
 	}
@@ -113,7 +124,7 @@ func TestGPUReport(t *testing.T) {
 	}
 	var eo, ee bytes.Buffer
 	ms[0].Check = "FAIL: rank 1: wrong"
-	err := reportGPU(&IO{Out: &eo, Err: &ee}, &BenchOptions{}, ms, nil)
+	err := reportGPU(&IO{Out: &eo, Err: &ee}, &BenchOptions{}, ms, "", nil)
 	if err == nil || !strings.Contains(ee.String(), "CHECK FAILED") {
 		t.Errorf("a check failure must fail loudly: %v\n%s", err, ee.String())
 	}
