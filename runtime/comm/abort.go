@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -25,6 +26,11 @@ type aborter interface {
 	// drained waits up to timeout for this rank's streams to finish after
 	// releaseKernels, reporting whether they did.
 	drained(timeout time.Duration) bool
+	// releaseKeepingRegion frees what release frees except the staging
+	// region (stage, scratch, signal pad: what peers' kernels read and
+	// signal into) and what it needs (the CUDA context), and returns a
+	// function that frees those; nil when there is no region.
+	releaseKeepingRegion() (freeRegion func() error, err error)
 }
 
 // Abort stops the communicator now, from any goroutine, without waiting
@@ -33,8 +39,11 @@ type aborter interface {
 // released (see aborter), NCCL registrations are deregistered and the NCCL
 // communicator aborted, and the device's resources are freed once its
 // kernels have ended (within Config.Timeout; otherwise they are left, and
-// the error says so). Later calls fail at once with ErrAborted. Peers are
-// not told: they reach their own timeouts, or abort too. A new
+// the error says so), except the staging region peers' kernels signal
+// into and read, which stays until every rank has left the group or
+// parkFactor x Config.Timeout have passed (freeWhenLeft). Later calls fail
+// at once with ErrAborted. Peers are not told: they reach their own
+// timeouts (never a fault), or abort too. A new
 // communicator (on a fresh store or group name) works afterwards. Abort is
 // idempotent; after Close it only marks the communicator aborted.
 //
@@ -58,14 +67,20 @@ func (c *Communicator) Abort() error {
 		defer c.busy.Unlock()
 		c.waiting.Lock()
 		defer c.waiting.Unlock()
-		var err error
+		var (
+			err        error
+			freeRegion func() error
+		)
 		if c.gpu != nil {
-			err = c.gpu.teardown()
+			freeRegion, err = c.gpu.teardown()
 		} else {
 			err = c.b.close()
 		}
 		c.closeErr = errors.Join(classify(err), c.leave())
 		errs = append(errs, c.closeErr)
+		if freeRegion != nil {
+			go c.freeWhenLeft(freeRegion, parkFactor*c.cfg.Timeout)
+		}
 	})
 	return classify(errors.Join(errs...))
 }
@@ -100,12 +115,48 @@ func (g *gpuComm) abortNCCL() error {
 }
 
 // teardown frees the device's resources after Abort, without Close's
-// store barrier, once its kernels have ended.
-func (g *gpuComm) teardown() error {
-	if a, ok := g.dev.(aborter); ok && !a.drained(g.cfg.Timeout) {
-		return errorf(ErrTimeout, "comm: rank %d: a kernel still runs %v after Abort; the communicator's device memory is left allocated (freeing it would wait for the kernel)", g.cfg.Rank, g.cfg.Timeout)
+// store barrier, once its kernels have ended, except the staging region,
+// whose freeing it returns (see freeWhenLeft).
+func (g *gpuComm) teardown() (freeRegion func() error, err error) {
+	a, ok := g.dev.(aborter)
+	if !ok {
+		return nil, g.dev.release()
 	}
-	return g.dev.release()
+	if !a.drained(g.cfg.Timeout) {
+		return nil, errorf(ErrTimeout, "comm: rank %d: a kernel still runs %v after Abort; the communicator's device memory is left allocated (freeing it would wait for the kernel)", g.cfg.Rank, g.cfg.Timeout)
+	}
+	return a.releaseKeepingRegion()
+}
+
+// parkFactor times Config.Timeout bounds how long an aborted rank keeps
+// its staging region for peers that have not left: a live peer's kernels
+// end by their deadlines (Config.Timeout each), and a peer whose kernel
+// timed out is broken and launches no more; the factor leaves room for a
+// few collectives it had queued.
+const parkFactor = 4
+
+// freeWhenLeft calls free, which frees the aborted rank's staging region,
+// once every rank has left the group (the members count is 0: each closed
+// or aborted, so none of their kernels still runs) or after at most wait.
+// Until then a live peer's kernel that signals into the region or reads
+// it finds memory there: freed under it, the peer's context faulted
+// (CUDA_ERROR_ILLEGAL_ADDRESS, sticky; with goroutine ranks the whole
+// process's), where now it times out. An error of free has no caller left
+// to see it and is dropped (the region is gone with the process at worst).
+func (c *Communicator) freeWhenLeft(free func() error, wait time.Duration) {
+	defer free()
+	deadline := time.Now().Add(wait)
+	poll := time.Millisecond
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		n, err := c.cfg.Store.Add(ctx, c.prefix+"members", 0)
+		cancel()
+		if err == nil && n <= 0 {
+			return
+		}
+		time.Sleep(min(poll, time.Until(deadline)))
+		poll = min(2*poll, time.Second)
+	}
 }
 
 // attachRegistry sets up NCCL registration once NCCL is open on a device

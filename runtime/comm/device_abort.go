@@ -19,6 +19,8 @@ func init() {
 		struct{ cause, kind error }{nccl.ErrAborted, ErrAborted})
 }
 
+var _ aborter = (*cudaDevice)(nil)
+
 // abortState is cudaDevice's part for Abort and bounded waits.
 type abortState struct {
 	aborted     atomic.Bool

@@ -468,6 +468,20 @@ func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
 
 func (d *cudaDevice) release() error {
+	_, err := d.releaseMost(false)
+	return err
+}
+
+// releaseKeepingRegion implements aborter: release, but the staging
+// region and the device (the context it lives in) stay until the returned
+// function frees them.
+func (d *cudaDevice) releaseKeepingRegion() (func() error, error) {
+	return d.releaseMost(true)
+}
+
+// releaseMost frees the device's resources; with keepRegion it leaves the
+// region and the device and returns their freeing (nil without a region).
+func (d *cudaDevice) releaseMost(keepRegion bool) (freeRegion func() error, err error) {
 	d.relMu.Lock() // not while releaseKernels works on the device
 	defer d.relMu.Unlock()
 	var errs []error
@@ -485,8 +499,13 @@ func (d *cudaDevice) release() error {
 	}
 	d.pools.Store(nil)
 	if d.regionMap != nil {
-		errs = append(errs, d.regionMap.Close())
+		errs = append(errs, d.regionMap.Close()) // this rank's imports of its peers' regions
 		d.regionMap = nil
+	}
+	if keepRegion && d.region != 0 {
+		region, dev := d.region, d.dev
+		d.region = 0
+		freeRegion = func() error { return errors.Join(dev.Free(region), dev.Close()) }
 	}
 	for _, p := range []*cuda.DevicePtr{&d.region, &d.seq} {
 		if *p != 0 {
@@ -513,9 +532,9 @@ func (d *cudaDevice) release() error {
 		errs = append(errs, d.own.Destroy())
 		d.own = nil
 	}
-	if d.dev != nil {
+	if d.dev != nil && freeRegion == nil {
 		errs = append(errs, d.dev.Close())
-		d.dev = nil
 	}
-	return errors.Join(errs...)
+	d.dev = nil
+	return freeRegion, errors.Join(errs...)
 }

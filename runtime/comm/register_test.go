@@ -51,6 +51,9 @@ type regDevice struct {
 	stuck   chan struct{}  // non-nil: synchronize waits until releaseKernels closes it
 	waiting chan struct{}  // signalled when synchronize starts waiting on stuck
 	abortAt cuda.DevicePtr // the word releaseKernels raised
+	// regionFreed is closed when the region releaseKeepingRegion kept is
+	// freed.
+	regionFreed chan struct{}
 }
 
 func (d *regDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
@@ -128,6 +131,21 @@ func (d *regDevice) release() error {
 	d.log.add("%s release", d.name)
 	return d.fakeDevice.release()
 }
+
+func (d *regDevice) releaseKeepingRegion() (func() error, error) {
+	err := d.release()
+	freed := make(chan struct{})
+	d.mu.Lock()
+	d.regionFreed = freed
+	d.mu.Unlock()
+	return func() error {
+		d.log.add("%s free region", d.name)
+		close(freed)
+		return nil
+	}, err
+}
+
+var _ aborter = (*regDevice)(nil)
 
 // fakeAllocDriver is an alloc.Driver logging into the shared log.
 type fakeAllocDriver struct {
@@ -344,6 +362,57 @@ func TestRegistrationTwoComms(t *testing.T) {
 	allocs[1].Free(blk)
 	allocs[1].EmptyCache()
 	wantLines(t, "only B deregisters after A closed", log.since(n), []string{"B1 deregister h1", fmt.Sprintf("dev1 driver free %#x", seg)})
+}
+
+// TestAbortKeepsRegionForPeers (reliability case 9): Abort frees the
+// rank's device resources but its staging region, which live peers' kernels
+// signal into and read, until every rank has left the group; with a peer
+// that never leaves, until parkFactor x Config.Timeout. Freed at Abort (as
+// before), a live peer's kernel faulted.
+func TestAbortKeepsRegionForPeers(t *testing.T) {
+	freed := func(d *regDevice) chan struct{} {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.regionFreed
+	}
+	// A peer leaves: the region goes then, long before the bound (20 s).
+	comms, devs := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "K", Timeout: 5 * time.Second}, 2, &eventLog{}, nil)
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if !devs[0].released {
+		t.Error("Abort did not release the rank's other resources")
+	}
+	select {
+	case <-freed(devs[0]):
+		t.Fatal("the region was freed while the peer is still in the group")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := comms[1].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	for r, d := range devs {
+		select {
+		case <-freed(d):
+		case <-time.After(5 * time.Second):
+			t.Errorf("rank %d: region not freed 5 s after every rank left", r)
+		}
+	}
+	// A peer that never leaves: the region goes after the bound (1 s).
+	comms, devs = regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "L", Timeout: 250 * time.Millisecond}, 2, &eventLog{}, nil)
+	defer comms[1].Abort()
+	start := time.Now()
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-freed(devs[0]):
+		if el := time.Since(start); el < parkFactor*250*time.Millisecond {
+			t.Errorf("freed after %v, before the bound %v with the peer in the group", el, parkFactor*250*time.Millisecond)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("region not freed 10 s after Abort, past the bound")
+	}
 }
 
 // TestAbortFake: Abort from another goroutine while a collective waits:

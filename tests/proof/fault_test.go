@@ -193,3 +193,52 @@ func TestRecycledRegionGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestAbortOneRankGPU (reliability case 9): rank 0 aborts while rank 1
+// lives on; rank 1's next collective, whose kernel signals into rank 0's
+// staging region (the barrier kernels' arrival signal, the LL kernels'
+// data lines) and then waits for rank 0, must end in a TimeoutError and
+// leave the device working: Abort keeps the region until its peers have
+// left the group. Freed at Abort (before), the peer's kernel hit
+// CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error of its context (with
+// goroutine ranks the process's). Goroutine ranks; runs on one shared GPU
+// too (PROOF_SHARE_GPU).
+func TestAbortOneRankGPU(t *testing.T) {
+	proofGPUs(t)
+	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
+		t.Run(string(alg), func(t *testing.T) {
+			comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 2 * time.Second, Group: "abort-one-" + string(alg)})
+			defer comms[1].Abort()
+			// Both ranks have joined and run a collective.
+			if err := checkedAllReduce(comms, alg, coll.F32, 1024, 7); err != nil {
+				t.Fatal(err)
+			}
+			if err := comms[0].Abort(); err != nil {
+				t.Fatalf("Abort: %v", err)
+			}
+			dev := comms[1].Device()
+			buf, err := dev.Alloc(1 << 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(buf)
+			b := comm.DeviceBuffer(buf)
+			err = comms[1].AllReduce(b, b, 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg})
+			if err == nil {
+				err = comms[1].Synchronize(nil)
+			}
+			if !errors.Is(err, comm.ErrTimeout) {
+				t.Errorf("the live rank's collective after its peer's Abort: %v, want ErrTimeout", err)
+			}
+			t.Logf("live rank: %v", err)
+			// The context is not faulted: memory operations still work.
+			host := make([]byte, 1<<20)
+			if err := dev.Memset8(buf, 0x5a, 1<<20); err != nil {
+				t.Fatalf("memset on the live rank's device after the timeout: %v", err)
+			}
+			if err := dev.CopyDtoH(host, buf); err != nil || host[len(host)-1] != 0x5a {
+				t.Fatalf("copy on the live rank's device after the timeout: %v (last byte %#x)", err, host[len(host)-1])
+			}
+		})
+	}
+}
