@@ -610,7 +610,7 @@ func TestFakeHCMScratchHoldsAccumulators(t *testing.T) {
 			t.Fatal(err)
 		}
 		windows[i] = a.Window
-		elem := l.kernel.ScratchElemBytes(calls[i].dt.Size())
+		elem := l.kernel.ScratchElemBytes(calls[i].dt)
 		if a.Window == 0 || a.Window >= n/8 || a.Window*8*uint64(elem) > uint64(g.scratchBytes) {
 			t.Errorf("%s %s: window %d elements; want rounds whose 8 chunks of %d-byte scratch elements fit %d bytes", calls[i].alg, calls[i].dt, a.Window, elem, g.scratchBytes)
 		}

@@ -578,7 +578,7 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	window := chunk
 	limit := min(g.area[proto], kernels.WindowBytes)
 	// The scratch in message bytes: it holds elements of ScratchElemBytes.
-	scratch := g.scratchBytes * cl.esize / int64(k.ScratchElemBytes(int(cl.esize)))
+	scratch := g.scratchBytes * cl.esize / int64(k.ScratchElemBytes(cl.dtype))
 	if k.UsesScratch {
 		limit = min(limit, scratch) // scratch holds a window of each chunk too
 	}
@@ -620,7 +620,7 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 			cl.collective, cl.alg, cl.bytes, needs, kernels.PayloadPerLine(k.Protocol), g.area[proto], proto)
 	case need > scratch && zc.on() && k.UsesScratch:
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %d bytes exceed the %d-byte scratch area it reduces into (%d bytes an element there), even with its input in symmetric memory; raise Config.StagingBytes or use an algorithm without scratch (oneshot) or nccl",
-			cl.collective, cl.alg, cl.bytes, g.scratchBytes, k.ScratchElemBytes(int(cl.esize)))
+			cl.collective, cl.alg, cl.bytes, g.scratchBytes, k.ScratchElemBytes(cl.dtype))
 	case need > g.area[proto] && !zc.on():
 		return errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: the %d-byte staging area cannot hold one %d-element vector of each of %d ranks; raise Config.StagingBytes or use nccl",
 			cl.collective, cl.alg, g.area[proto], k.VecElems(int(cl.esize)), g.world)

@@ -513,13 +513,13 @@ func (l *Library) HostReducer(dtype coll.DType, op coll.Op) (HostReduceFunc, boo
 	return f, ok
 }
 
-// ScratchElemBytes is the bytes one element of an esize-byte dtype takes
-// in the kernel's scratch: esize, or 4 where the scratch holds f32
-// accumulators of a 2-byte float (ScratchAcc; the 4- and 8-byte types
+// ScratchElemBytes is the bytes one element of dt takes in the kernel's
+// scratch: dt's size, or 4 where the scratch holds f32 accumulators of an
+// f16 or bf16 (ScratchAcc and coll.DType.WideAccumulator; the other types
 // accumulate in their own type).
-func (k *Kernel) ScratchElemBytes(esize int) int {
-	if k.ScratchAcc && esize == 2 {
+func (k *Kernel) ScratchElemBytes(dt coll.DType) int {
+	if k.ScratchAcc && dt.WideAccumulator() {
 		return 4
 	}
-	return esize
+	return dt.Size()
 }
