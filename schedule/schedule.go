@@ -38,15 +38,17 @@ import (
 	"github.com/collgen/collgen/coll"
 )
 
-// Buffer names one of a rank's four buffers.
+// Buffer names one of a rank's five buffers (the package comment says
+// what each holds).
 type Buffer int
 
+// The buffers.
 const (
-	Input Buffer = iota
-	Output
-	Stage
-	Scratch
-	Inbox
+	Input   Buffer = iota // the caller's input
+	Output                // the caller's output
+	Stage                 // W chunks peers may read (symmetric)
+	Scratch               // W chunks of partial results (symmetric)
+	Inbox                 // W lanes of W chunks peers write into (push protocols)
 )
 
 // NumBuffers is how many buffers a rank holds.
