@@ -153,6 +153,18 @@ func allReduceOneShot(w int) (*Schedule, error) {
 	return s, nil
 }
 
+// reduceOwnChunk is the step that reduces this rank's chunk of every
+// rank's input into dst: its own input's chunk first, then each peer's
+// staged copy, in rank order from itself (two-shot's and reduce-scatter's
+// reduce).
+func reduceOwnChunk(w int, dst Ref) Step {
+	red := Step{Kind: Reduce, Dst: dst, Srcs: []Ref{{Buf: Input, Rank: Self, Chunk: Self}}}
+	for k := 1; k < w; k++ {
+		red.Srcs = append(red.Srcs, Ref{Buf: Stage, Rank: Rel(k), Chunk: Self})
+	}
+	return red
+}
+
 // allReduceTwoShot: reduce-scatter (rank r reduces chunk r from every rank
 // into its own scratch) then all-gather (every rank copies each reduced chunk
 // from its owner's scratch). Each chunk is reduced once, so results agree
@@ -161,14 +173,7 @@ func allReduceOneShot(w int) (*Schedule, error) {
 func allReduceTwoShot(w int) (*Schedule, error) {
 	s := &Schedule{Collective: coll.AllReduce, Algorithm: coll.TwoShot, World: w, InChunks: w, OutChunks: w, UsesScratch: true}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
-	red := Step{Kind: Reduce, Dst: Ref{Buf: Scratch, Rank: Self, Chunk: Self}}
-	for k := 0; k < w; k++ {
-		if k == 0 {
-			red.Srcs = append(red.Srcs, Ref{Buf: Input, Rank: Self, Chunk: Self})
-			continue
-		}
-		red.Srcs = append(red.Srcs, Ref{Buf: Stage, Rank: Rel(k), Chunk: Self})
-	}
+	red := reduceOwnChunk(w, Ref{Buf: Scratch, Rank: Self, Chunk: Self})
 	s.Phases = append(s.Phases, Phase{Steps: []Step{red}, Sync: true})
 	var gather []Step
 	for k := 0; k < w; k++ {
@@ -231,14 +236,7 @@ func allReduceHCM(w int) (*Schedule, error) {
 func reduceScatterOneShot(w int) (*Schedule, error) {
 	s := &Schedule{Collective: coll.ReduceScatter, Algorithm: coll.OneShot, World: w, InChunks: w, OutChunks: 1}
 	s.Phases = append(s.Phases, Phase{Steps: stageCopies(w, true), Sync: true})
-	red := Step{Kind: Reduce, Dst: Ref{Buf: Output, Rank: Self, Chunk: ConstIndex(0)}}
-	for k := 0; k < w; k++ {
-		if k == 0 {
-			red.Srcs = append(red.Srcs, Ref{Buf: Input, Rank: Self, Chunk: Self})
-			continue
-		}
-		red.Srcs = append(red.Srcs, Ref{Buf: Stage, Rank: Rel(k), Chunk: Self})
-	}
+	red := reduceOwnChunk(w, Ref{Buf: Output, Rank: Self, Chunk: ConstIndex(0)})
 	s.Phases = append(s.Phases, Phase{Steps: []Step{red}, Sync: true})
 	return s, nil
 }
