@@ -167,7 +167,7 @@ func (d *cudaDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
 	}
 	switch {
 	case info.Type == cuda.MemoryUnknown:
-		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: not memory the CUDA driver knows (plain host memory, or freed); NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p))
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: not memory the CUDA driver knows (plain host memory, freed memory, or a reserved address range with nothing mapped there); NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p))
 	case info.Managed:
 		return errorf(ErrInvalidArgument, "comm: rank %d: register %#x: managed (unified) memory; NCCL registers device memory from cuMemAlloc or the VMM API", d.cfg.Rank, uintptr(p))
 	case info.Type != cuda.MemoryDevice:

@@ -240,12 +240,23 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	}
 	defer host.Free()
 	goMem := make([]byte, 4096)
-	for _, c := range []struct {
-		p    cuda.DevicePtr
-		want string
-	}{{host.DevPtr, "host memory"}, {0x10, "not memory the CUDA driver knows"}, {cuda.DevicePtr(unsafe.Pointer(&goMem[0])), "not memory the CUDA driver knows"}} {
-		if err := comms[0].RegisterBuffer(c.p, 4096); !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("register %#x: %v, want ErrInvalidArgument saying %q", uintptr(c.p), err, c.want)
+	type refusal struct {
+		p     cuda.DevicePtr
+		bytes int64
+		want  string
+	}
+	refusals := []refusal{{host.DevPtr, 4096, "host memory"}, {0x10, 4096, "not memory the CUDA driver knows"}, {cuda.DevicePtr(unsafe.Pointer(&goMem[0])), 4096, "not memory the CUDA driver knows"}}
+	// A growable address range (reliability case 11; PyTorch's expandable
+	// segments): a VMM reservation of two granules with the first mapped.
+	// A range running into the unmapped rest, or starting there, is refused.
+	if ok, _ := devs[0].VMMSupported(); ok {
+		va := growableVA(t, devs[0])
+		g := va.granule
+		refusals = append(refusals, refusal{va.base, 2 * g, "runs past its allocation"}, refusal{va.base + cuda.DevicePtr(g), g, "not memory the CUDA driver knows"})
+	}
+	for _, c := range refusals {
+		if err := comms[0].RegisterBuffer(c.p, c.bytes); !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("register %#x (%d bytes): %v, want ErrInvalidArgument saying %q", uintptr(c.p), c.bytes, err, c.want)
 		}
 	}
 	if !lib.AtLeast(2, 27) {
@@ -377,4 +388,38 @@ func ncclAllocWindows(t *testing.T, nonBlocking bool) {
 			t.Error(err)
 		}
 	}
+}
+
+// growable is a VMM reservation of two granules whose first is mapped and
+// accessible, the rest reserved only (as a growing segment's tail).
+type growable struct {
+	base    cuda.DevicePtr
+	granule int64
+}
+
+// growableVA makes a growable range on dev, undone at the test's end.
+func growableVA(t *testing.T, dev *cuda.Device) growable {
+	t.Helper()
+	g, err := dev.MemGranularity(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	va, err := dev.MemAddressReserve(2*g, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.MemAddressFree(va, 2*g) })
+	h, err := dev.MemCreate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.MemRelease(h) })
+	if err := dev.MemMap(va, g, h); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.MemUnmap(va, g) })
+	if err := dev.MemSetAccess(va, g, dev); err != nil {
+		t.Fatal(err)
+	}
+	return growable{va, int64(g)}
 }
