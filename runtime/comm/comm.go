@@ -43,6 +43,11 @@ const Host = -1
 // Fatbin nor FatbinPath.
 const EnvFatbin = "COLLGEN_FATBIN"
 
+// MaxStagingBytes bounds Config.StagingBytes and StagingBudget: 1 TiB,
+// beyond any GPU's memory, so the staging region's size (several areas
+// per slot) cannot overflow.
+const MaxStagingBytes int64 = 1 << 40
+
 // DefaultTimeout bounds each barrier inside a kernel, and each host wait.
 const DefaultTimeout = 10 * time.Second
 
@@ -87,14 +92,16 @@ type Config struct {
 	// that does not fit to the one-shot. A larger value lets push kernels
 	// without rounds take larger messages, and others run fewer rounds;
 	// barrier kernels still run messages over kernels.WindowBytes in windows
-	// of that size (faster than one round, see gpuComm.prepare).
+	// of that size (faster than one round, see gpuComm.prepare). Negative,
+	// or over MaxStagingBytes, is refused (ErrInvalidArgument).
 	StagingBytes int64
 	// StagingBudget bounds the staging buffer when StagingBytes is 0: a
 	// rank's two stage slots, scratch buffer and signal pad together, in
 	// bytes (default DefaultStagingBudget, 32 MiB). The areas the rules
 	// would need beyond it shrink to one common cap, and their kernels run
 	// more rounds; only the inboxes of push kernels without rounds are never
-	// cut. Every rank must pass the same value.
+	// cut. Every rank must pass the same value; negative, or over
+	// MaxStagingBytes, is refused.
 	StagingBudget int64
 	// MaxBlocks caps the blocks (CTAs) of every generated kernel launch on
 	// this rank's GPU, as NCCL's maxCTAs does: the SMs it leaves free run
@@ -267,6 +274,14 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	}
 	if cfg.MaxBlocks < 0 {
 		return nil, errorf(ErrInvalidArgument, "comm: Config.MaxBlocks %d: want 0 (each kernel's spec max_blocks) or a positive block count", cfg.MaxBlocks)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"StagingBytes", cfg.StagingBytes}, {"StagingBudget", cfg.StagingBudget}} {
+		if f.v < 0 || f.v > MaxStagingBytes {
+			return nil, errorf(ErrInvalidArgument, "comm: Config.%s %d: want 0 (the default) or a positive size of at most %d bytes (MaxStagingBytes)", f.name, f.v, MaxStagingBytes)
+		}
 	}
 	if cfg.Group == "" {
 		cfg.Group = "default"

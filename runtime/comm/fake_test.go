@@ -481,6 +481,29 @@ func TestFakeMaxBlocks(t *testing.T) {
 	}
 }
 
+// TestStagingSizesChecked: a negative StagingBytes or StagingBudget (which
+// meant the default before), or one past MaxStagingBytes (whose region
+// size overflowed), is refused by New before anything is set up.
+func TestStagingSizesChecked(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{StagingBytes: -1}, "StagingBytes -1"},
+		{Config{StagingBudget: -5}, "StagingBudget -5"},
+		{Config{StagingBytes: 1 << 62}, "StagingBytes 4611686018427387904"},
+		{Config{StagingBudget: MaxStagingBytes + 1}, "StagingBudget 1099511627777"},
+	} {
+		c.cfg.Library, c.cfg.WorldSize, c.cfg.Store = collectives.Library, 1, rendezvous.NewMemStore()
+		if _, err := New(context.Background(), c.cfg); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalidArgument naming it", c.want, err)
+		}
+	}
+	// The bound itself is accepted (the fake device allocates nothing).
+	comms, _ := fakeComms(t, 2, Config{StagingBytes: MaxStagingBytes})
+	closeAll(t, comms)
+}
+
 // TestFakeGPUDebugCheck runs the debug check mode on the GPU path: a
 // symmetric input on one rank only (zero-copy there, staged elsewhere) is
 // named before anything launches.
