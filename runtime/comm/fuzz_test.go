@@ -3,6 +3,7 @@ package comm
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -56,5 +57,60 @@ func FuzzFakeCall(f *testing.F) {
 		devs[0].mu.Lock()
 		devs[0].launches = devs[0].launches[:0] // the fuzz loop makes millions
 		devs[0].mu.Unlock()
+	})
+}
+
+// FuzzFakeNew: New over fake devices with any staging sizes, block cap,
+// timeout and topology name (the same on every rank, worlds 1 to 3) ends
+// in a communicator that runs an all-reduce and closes, or in an error
+// matching a sentinel on every rank; none panics.
+func FuzzFakeNew(f *testing.F) {
+	topologies := []string{"", "nvswitch", "hcm8", "pcie", "host_shm", "bogus"}
+	f.Add(uint8(2), int64(0), int64(0), 0, int64(0), uint8(0))
+	f.Add(uint8(3), int64(1<<20), int64(-1), 5, int64(time.Millisecond), uint8(2))
+	f.Add(uint8(1), int64(1)<<62, int64(1<<30), 1000, int64(-1), uint8(5))
+	f.Fuzz(func(t *testing.T, w uint8, staging, budget int64, maxBlocks int, timeout int64, ti uint8) {
+		world := 1 + int(w)%3
+		cfg := Config{StagingBytes: staging, StagingBudget: budget, MaxBlocks: maxBlocks, Timeout: time.Duration(timeout),
+			Topology: topologies[int(ti)%len(topologies)], DisableNCCL: true}
+		devs := make([]*fakeDevice, world)
+		for r := range devs {
+			devs[r] = &fakeDevice{rank: r}
+		}
+		comms, errs := newFakeComms(t, cfg, devs)
+		typed := func(err error) bool {
+			for _, s := range sentinels {
+				if errors.Is(err, s) {
+					return true
+				}
+			}
+			return false
+		}
+		failed := 0
+		for r, err := range errs {
+			switch {
+			case err == nil:
+			case typed(err):
+				failed++
+			default:
+				t.Fatalf("rank %d: New(%+v): an error matching no sentinel: %v", r, cfg, err)
+			}
+		}
+		if failed > 0 {
+			for _, c := range comms {
+				if c != nil {
+					c.Abort()
+				}
+			}
+			return
+		}
+		if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error {
+			return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 4096, coll.F32, coll.Sum, Options{})
+		})...); err != nil && !typed(err) {
+			t.Fatalf("all-reduce after New(%+v): an error matching no sentinel: %v", cfg, err)
+		}
+		for _, c := range comms {
+			c.Abort()
+		}
 	})
 }
