@@ -34,6 +34,7 @@ import (
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
 // Host is the Config.Device value that selects the host (CPU) backend.
@@ -433,8 +434,8 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 	if c.gpu == nil && c.hier == nil {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc is for GPU communicators; host buffers are plain memory (HostBuffer, HostSlice)")
 	}
-	if bytes <= 0 {
-		return 0, errorf(ErrInvalidArgument, "comm: Alloc of %d bytes", bytes)
+	if bytes <= 0 || bytes > symm.MaxAllocBytes {
+		return 0, errorf(ErrInvalidArgument, "comm: Alloc of %d bytes: want a positive size of at most %d (symm.MaxAllocBytes)", bytes, symm.MaxAllocBytes)
 	}
 	if c.closed.Load() {
 		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")

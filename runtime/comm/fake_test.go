@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/symm"
 )
 
 // fakeDevice stands in for a GPU: it records launches and NCCL calls.
@@ -501,7 +503,14 @@ func TestStagingSizesChecked(t *testing.T) {
 	}
 	// The bound itself is accepted (the fake device allocates nothing).
 	comms, _ := fakeComms(t, 2, Config{StagingBytes: MaxStagingBytes})
-	closeAll(t, comms)
+	defer closeAll(t, comms)
+	// Alloc's size: positive, at most symm.MaxAllocBytes (a larger one
+	// overflowed the pool's chunk arithmetic into a negative size).
+	for _, n := range []int{0, -1, symm.MaxAllocBytes + 1, math.MaxInt} {
+		if _, err := comms[0].Alloc(context.Background(), n); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprintf("Alloc of %d bytes", n)) {
+			t.Errorf("Alloc(%d): %v, want ErrInvalidArgument naming the size", n, err)
+		}
+	}
 }
 
 // TestFakeGPUDebugCheck runs the debug check mode on the GPU path: a

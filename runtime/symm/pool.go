@@ -342,10 +342,15 @@ func (p *Pool) Alloc(n int) (*Buffer, error) { return p.alloc(n, 0, false) }
 // the id's first size (naming both).
 func (p *Pool) AllocPersistent(n int, id uint64) (*Buffer, error) { return p.alloc(n, id, true) }
 
+// MaxAllocBytes is the largest buffer Alloc and AllocPersistent take
+// (256 TiB, past any GPU's memory), so a buffer's chunk, padded and with
+// its signal pad, cannot overflow.
+const MaxAllocBytes = 1 << 48
+
 // alloc is Alloc and AllocPersistent.
 func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
-	if n <= 0 {
-		return nil, fmt.Errorf("symm: allocation of %d bytes: want a positive size", n)
+	if n <= 0 || n > MaxAllocBytes {
+		return nil, fmt.Errorf("symm: allocation of %d bytes: want a positive size of at most %d (MaxAllocBytes)", n, MaxAllocBytes)
 	}
 	padOff, chunk := p.layout(n)
 	p.mu.Lock()

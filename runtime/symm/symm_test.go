@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -21,8 +22,10 @@ import (
 
 func TestAllocLookupFree(t *testing.T) {
 	p := newPools(t, 1, nil)[0]
-	if _, err := p.Alloc(0); err == nil {
-		t.Error("Alloc(0) succeeded")
+	for _, n := range []int{0, -1, MaxAllocBytes + 1, math.MaxInt} {
+		if _, err := p.Alloc(n); err == nil || !strings.Contains(err.Error(), "at most") {
+			t.Errorf("Alloc(%d): %v, want a refusal naming the bound", n, err)
+		}
 	}
 	b, err := p.Alloc(1000)
 	if err != nil {
