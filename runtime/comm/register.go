@@ -127,8 +127,8 @@ func (g *registry) addLocked(p cuda.DevicePtr, bytes int64, window, segment bool
 	if window {
 		kind = "window"
 	}
-	if p == 0 || bytes <= 0 {
-		return errorf(ErrInvalidArgument, "comm: rank %d: register %s %#x of %d bytes: need a device address and a positive size", g.rank, kind, uintptr(p), bytes)
+	if p == 0 || bytes <= 0 || p+cuda.DevicePtr(bytes) < p {
+		return errorf(ErrInvalidArgument, "comm: rank %d: register %s %#x of %d bytes: need a device address and a positive size that ends inside the address space", g.rank, kind, uintptr(p), bytes)
 	}
 	if reg := g.regs[p]; reg != nil && reg.bytes == bytes && reg.window == window {
 		reg.refs++

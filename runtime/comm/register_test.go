@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -311,6 +312,7 @@ func TestRegistrationRefcounts(t *testing.T) {
 		{"again", c.DeregisterBuffer(p), "already deregistered"},
 		{"unknown", c.DeregisterBuffer(0x1234), "not registered"},
 		{"nil", c.RegisterBuffer(0, 10), "need a device address"},
+		{"wraps", c.RegisterBuffer(cuda.DevicePtr(math.MaxUint64-10), 100), "ends inside the address space"},
 	}
 	if err := c.RegisterBuffer(p, 8192); err != nil {
 		t.Fatal(err)
