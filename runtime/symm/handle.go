@@ -69,7 +69,16 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	if b == nil || b.pool != p {
 		return nil, fmt.Errorf("%w: group %q rank %d: pass a buffer this pool allocated (Lookup finds the buffer of a pointer)", ErrNotFromPool, p.cfg.Group, p.cfg.Rank)
 	}
-	if h := b.Handle(); h != nil {
+	// A shared lock, as signal operations hold: a repeat Rendezvous does
+	// not wait for them. The handle stays set after Free (see Buffer), so
+	// freed is tested first.
+	b.mu.RLock()
+	freed, h := b.freed, b.handle.Load()
+	b.mu.RUnlock()
+	if freed {
+		return nil, fmt.Errorf("%w: rendezvous on the buffer at %#x", ErrFreed, b.addr)
+	}
+	if h != nil {
 		return h, nil
 	}
 	b.mu.Lock()

@@ -322,6 +322,20 @@ func TestRendezvousRefusals(t *testing.T) {
 	if _, err := b.Rendezvous(context.Background(), buf); !errors.Is(err, ErrFreed) {
 		t.Errorf("freed buffer: %v", err)
 	}
+	// Freed after a Rendezvous: the handle stays set, and a repeat
+	// Rendezvous must still refuse (it returned the stale handle; found by
+	// FuzzPoolOps).
+	buf, err = b.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Rendezvous(context.Background(), buf); err != nil {
+		t.Fatal(err)
+	}
+	buf.Free()
+	if h, err := b.Rendezvous(context.Background(), buf); !errors.Is(err, ErrFreed) || h != nil {
+		t.Errorf("freed after a rendezvous: handle %v, %v; want ErrFreed", h != nil, err)
+	}
 }
 
 func TestSignalPingPong(t *testing.T) {
