@@ -303,24 +303,25 @@ func (a *Allocator) Free(b *Block) error {
 	if err := a.checkLive(b, "Free"); err != nil {
 		return err
 	}
-	a.stats.AllocatedBytes -= b.size
-	a.stats.ActiveBlocks--
-	a.stats.NumFrees++
-	if len(b.uses) == 0 {
-		a.release(b)
-		return nil
-	}
 	pf := pendingFree{b: b}
 	for _, s := range b.uses {
 		ev, err := a.drv.Record(s)
 		if err != nil {
-			// Without an event, only a full wait is safe.
+			// Without an event the block cannot be known unused: it stays
+			// allocated (and counted), and the caller may Free it again.
 			for _, e := range pf.events {
 				e.Release()
 			}
-			return fmt.Errorf("alloc: free of block %#x: record event: %w", uintptr(b.ptr), err)
+			return fmt.Errorf("alloc: free of block %#x: record event: %w; the block stays allocated", uintptr(b.ptr), err)
 		}
 		pf.events = append(pf.events, ev)
+	}
+	a.stats.AllocatedBytes -= b.size
+	a.stats.ActiveBlocks--
+	a.stats.NumFrees++
+	if len(pf.events) == 0 {
+		a.release(b)
+		return nil
 	}
 	b.pending = true
 	a.pending = append(a.pending, pf)

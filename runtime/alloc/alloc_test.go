@@ -257,8 +257,22 @@ func TestStreams(t *testing.T) {
 	}
 	d.failRec = true
 	a.RecordStream(z, s1)
+	before := a.Stats()
 	if err := a.Free(z); err == nil || !strings.Contains(err.Error(), "record event") {
 		t.Errorf("free with a failing event record: %v", err)
+	}
+	// The block stays allocated and counted, and a later Free succeeds
+	// (the counters went negative when that Free counted it a second
+	// time; found by FuzzAllocatorOps).
+	if st := a.Stats(); st.AllocatedBytes != before.AllocatedBytes || st.ActiveBlocks != before.ActiveBlocks || st.NumFrees != before.NumFrees {
+		t.Errorf("a failed Free changed the counters: %+v, before %+v", st, before)
+	}
+	d.failRec = false
+	if err := a.Free(z); err != nil {
+		t.Errorf("Free after the failed one: %v", err)
+	}
+	if st := a.Stats(); st.ActiveBlocks != before.ActiveBlocks-1 || st.AllocatedBytes != before.AllocatedBytes-z.Size() {
+		t.Errorf("after the second Free: %+v, before %+v", st, before)
 	}
 }
 
