@@ -2,10 +2,12 @@ package comm
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/cuda"
 )
 
@@ -111,6 +113,126 @@ func FuzzFakeNew(f *testing.F) {
 		}
 		for _, c := range comms {
 			c.Abort()
+		}
+	})
+}
+
+// handleRegistrar is a registrar that tracks its live handles: a handle
+// deregistered twice, or by the wrong call, is recorded as a fault.
+type handleRegistrar struct {
+	next   uintptr
+	live   map[uintptr]bool // handle -> window
+	ranges map[uintptr][2]cuda.DevicePtr
+	faults []string
+}
+
+func (h *handleRegistrar) checkMemory(cuda.DevicePtr, int64) error { return nil }
+func (h *handleRegistrar) noWindows() string                       { return "" }
+func (h *handleRegistrar) add(p cuda.DevicePtr, bytes int64, window bool) (uintptr, error) {
+	h.next++
+	h.live[h.next] = window
+	h.ranges[h.next] = [2]cuda.DevicePtr{p, p + cuda.DevicePtr(bytes)}
+	return h.next, nil
+}
+func (h *handleRegistrar) drop(handle uintptr, window bool) error {
+	w, ok := h.live[handle]
+	switch {
+	case !ok:
+		h.faults = append(h.faults, fmt.Sprintf("handle %d deregistered but not live", handle))
+	case w != window:
+		h.faults = append(h.faults, fmt.Sprintf("handle %d (window %v) dropped as window %v", handle, w, window))
+	}
+	delete(h.live, handle)
+	delete(h.ranges, handle)
+	return nil
+}
+func (h *handleRegistrar) register(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	return h.add(p, bytes, false)
+}
+func (h *handleRegistrar) deregister(handle uintptr) error { return h.drop(handle, false) }
+func (h *handleRegistrar) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	return h.add(p, bytes, true)
+}
+func (h *handleRegistrar) deregisterWindow(handle uintptr) error { return h.drop(handle, true) }
+
+// FuzzRegistry drives a communicator's registration registry through any
+// sequence of buffer and window registrations (repeats, overlaps, bad
+// ranges), deregistrations (unknown and repeated too), the allocator's
+// segment hooks and a final close: no panic; every refusal is
+// ErrInvalidArgument, or ErrClosed once closed; the registrar never sees a
+// handle dropped twice or as the wrong kind; its live handles are exactly
+// the registry's; live registrations never overlap; and close leaves none.
+func FuzzRegistry(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 0, 1, 2, 1, 1, 0, 2, 1, 3, 3, 2, 4, 4, 2, 4, 5, 1, 0, 6, 0, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 300 {
+			ops = ops[:300]
+		}
+		h := &handleRegistrar{live: map[uintptr]bool{}, ranges: map[uintptr][2]cuda.DevicePtr{}}
+		g := newRegistry(h, 0)
+		arg := func(i int) int {
+			if i < len(ops) {
+				return int(ops[i])
+			}
+			return 0
+		}
+		// Addresses on a 4 KiB grid of 16 slots, sizes of 1-4 slots (or a bad one).
+		addr := func(i int) cuda.DevicePtr { return cuda.DevicePtr(0x1_0000_0000 + (arg(i)%16)<<12) }
+		size := func(i int) int64 {
+			if arg(i) == 255 {
+				return -1
+			}
+			return int64(1+arg(i)%4) << 12
+		}
+		typed := func(err error) {
+			if err != nil && !errors.Is(err, ErrInvalidArgument) && !(g.closed && errors.Is(err, ErrClosed)) {
+				t.Fatalf("an error that is not ErrInvalidArgument (nor ErrClosed after close): %v", err)
+			}
+		}
+		for i := 0; i < len(ops); i += 3 {
+			switch ops[i] % 7 {
+			case 0:
+				typed(g.add(addr(i+1), size(i+2), false))
+			case 1:
+				typed(g.add(addr(i+1), size(i+2), true))
+			case 2:
+				typed(g.remove(addr(i+1), false))
+			case 3:
+				typed(g.remove(addr(i+1), true))
+			case 4:
+				g.SegmentAllocated(alloc.Segment{Base: addr(i + 1), Bytes: size(i + 2)})
+			case 5:
+				g.SegmentFreeing(alloc.Segment{Base: addr(i + 1), Bytes: size(i + 2)})
+			case 6:
+				typed(g.closeAll(arg(i+1)%2 == 1))
+			}
+			if len(h.faults) > 0 {
+				t.Fatal(h.faults)
+			}
+			regs := g.registered()
+			if !g.closed && len(regs) != len(h.live) {
+				t.Fatalf("registry holds %d registrations, the registrar %d handles", len(regs), len(h.live))
+			}
+			for k, r := range regs {
+				if w, ok := h.live[r.handle]; !ok || w != r.window {
+					t.Fatalf("registration %#x (window %v) has handle %d, not live as that", uintptr(r.base), r.window, r.handle)
+				}
+				for _, q := range regs[:k] {
+					if r.base < q.end() && q.base < r.end() {
+						t.Fatalf("registrations [%#x, %#x) and [%#x, %#x) overlap", uintptr(r.base), uintptr(r.end()), uintptr(q.base), uintptr(q.end()))
+					}
+				}
+			}
+		}
+		typed(g.closeAll(false))
+		if len(h.faults) > 0 || len(g.registered()) != 0 {
+			t.Fatalf("after close: faults %v, %d registrations", h.faults, len(g.registered()))
+		}
+		// Abort leaves windows to ncclCommAbort: only buffers must be gone.
+		for handle, w := range h.live {
+			if !w {
+				t.Fatalf("buffer handle %d live after close", handle)
+			}
 		}
 	})
 }
