@@ -1,6 +1,8 @@
 package gen
 
 import (
+	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -310,4 +312,100 @@ func TestUserModuleBuilds(t *testing.T) {
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go test in the user's module: %v\n%s", err, msg)
 	}
+}
+
+// FuzzRenderSpec builds a spec from the fuzz input (a topology kind, world
+// sizes 1-9, algorithms per collective, dtypes, ops, launch parameters
+// including out-of-range ones, size rules) and renders it: Parse refuses
+// it with an ErrorList, or Render makes a tree or refuses it with an
+// error, never a panic; a rendered tree is deterministic (a second render
+// is byte-identical) and holds a .cu file per program.
+func FuzzRenderSpec(f *testing.F) {
+	f.Add([]byte{0, 2, 1, 0, 2, 10, 2, 1, 0, 0, 3, 0})    // renders: one kernel
+	f.Add([]byte{0, 14, 7, 3, 3, 64, 1, 11, 5, 7, 20, 1}) // renders: worlds 2-4, three dtypes
+	f.Add([]byte{1, 128, 1, 0, 3, 64, 2, 5, 0, 0, 40, 2}) // the cube: hcm at world 8
+	f.Add([]byte{0, 1, 0, 3, 1, 7, 2, 1, 0, 4})
+	f.Add([]byte{1, 255, 7, 1, 0, 0, 9, 3, 200, 1})
+	f.Add([]byte{2, 6, 3, 5, 6, 2, 1, 2, 30, 77})
+	kinds := []string{"nvlink_full", "hybrid_cube_mesh", "pcie_p2p", "host_shm"}
+	algs := map[string][]string{
+		"allreduce":      {"oneshot", "twoshot", "hcm", "oneshot_ll", "twoshot_ll", "oneshot_ll128", "twoshot_ll128"},
+		"reduce_scatter": {"oneshot", "oneshot_ll", "oneshot_ll128"},
+		"allgather":      {"oneshot", "oneshot_ll", "oneshot_ll128"},
+	}
+	dtypes := []string{"f32", "f16", "bf16", "f64", "i32", "i64"}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) > 64 {
+			in = in[:64]
+		}
+		arg := func(i int) int {
+			if i < len(in) {
+				return int(in[i])
+			}
+			return 0
+		}
+		var b strings.Builder
+		kind := kinds[arg(0)%len(kinds)]
+		var worlds []string
+		for w := 1; w <= 9; w++ {
+			if arg(1)>>(w-1)&1 == 1 || (w == 9 && arg(1) == 0) {
+				worlds = append(worlds, fmt.Sprint(w))
+			}
+		}
+		var red []string
+		for i, d := range dtypes {
+			if arg(2)>>i&1 == 1 {
+				red = append(red, d)
+			}
+		}
+		if len(red) == 0 {
+			red = []string{"f32"}
+		}
+		fmt.Fprintf(&b, "version: 1\npackage: fz\ndtypes:\n  reduce: [%s]\n  copy: [%s]\nops: [%s]\n",
+			strings.Join(red, ", "), strings.Join(red, ", "), []string{"sum", "sum, max", "max, min", "sum, max, min"}[arg(3)%4])
+		threads := []int{32, 64, 256, 512, 1024, 2048, 100}[arg(4)%7]
+		fmt.Fprintf(&b, "algorithms:\n  allreduce:\n    oneshot: {threads: %d, max_blocks: %d, vector_bytes: %d}\n",
+			threads, 1+arg(5)%200, []int{4, 8, 16, 3}[arg(6)%4])
+		fmt.Fprintf(&b, "topologies:\n  t:\n    kind: %s\n    world_sizes: [%s]\n    generate:\n", kind, strings.Join(worlds, ", "))
+		for ci, c := range []string{"allreduce", "reduce_scatter", "allgather"} {
+			var gen []string
+			for ai, a := range algs[c] {
+				if arg(7+ci)>>ai&1 == 1 {
+					gen = append(gen, a)
+				}
+			}
+			if len(gen) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "      %s: [%s]\n", c, strings.Join(gen, ", "))
+		}
+		fmt.Fprintf(&b, "    select:\n      allreduce:\n        - {upto: %dKiB, use: %s}\n        - {use: nccl}\n",
+			1+arg(10)*7, algs["allreduce"][arg(11)%len(algs["allreduce"])])
+		s, err := spec.Parse("fuzz.yaml", []byte(b.String()))
+		if err != nil {
+			var list spec.ErrorList
+			if !errors.As(err, &list) || len(list) == 0 {
+				t.Fatalf("Parse error %T %v is not an ErrorList\n%s", err, err, b.String())
+			}
+			return
+		}
+		out, err := Render(s, Options{ImportPath: "example.com/fz"})
+		if err != nil {
+			return // refused with an error (no panic)
+		}
+		again, err := Render(s, Options{ImportPath: "example.com/fz"})
+		if err != nil || len(again.Files) != len(out.Files) {
+			t.Fatalf("second render: %v, %d files against %d", err, len(again.Files), len(out.Files))
+		}
+		for p, data := range out.Files {
+			if !bytes.Equal(again.Files[p], data) {
+				t.Fatalf("%s differs between two renders of\n%s", p, b.String())
+			}
+		}
+		for _, prog := range out.Plan.Programs {
+			if _, ok := out.Files["cuda/"+prog.Name+".cu"]; !ok {
+				t.Fatalf("program %s has no .cu file", prog.Name)
+			}
+		}
+	})
 }
