@@ -69,10 +69,8 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, s := range sentinels {
-		if errors.Is(err, s) {
-			return err
-		}
+	if hasKind(err) {
+		return err
 	}
 	kind := ErrDevice
 	switch {
@@ -119,12 +117,20 @@ func (e *KernelError) Error() string { return "comm: kernel " + e.Kernel + ": " 
 // Unwrap returns the cause, and ErrDevice when the cause matches no
 // sentinel: the error always matches exactly one.
 func (e *KernelError) Unwrap() []error {
-	for _, s := range sentinels {
-		if errors.Is(e.Err, s) {
-			return []error{e.Err}
-		}
+	if hasKind(e.Err) {
+		return []error{e.Err}
 	}
 	return []error{e.Err, ErrDevice}
+}
+
+// hasKind reports whether err matches one of the sentinels.
+func hasKind(err error) bool {
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // TimeoutError is a kernel's report that a rank waited too long for a peer.
