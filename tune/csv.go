@@ -85,10 +85,17 @@ func ReadCSV(r io.Reader, name string) ([]Sample, error) {
 		if errors.Is(err, io.EOF) {
 			return out, nil
 		}
-		line, _ := cr.FieldPos(0)
 		if err != nil {
-			return nil, &CSVError{File: name, Line: line, Msg: err.Error()}
+			// FieldPos panics after a failed Read: the line is the
+			// ParseError's.
+			line := 0
+			var pe *csv.ParseError
+			if errors.As(err, &pe) {
+				line = pe.Line
+			}
+			return nil, &CSVError{File: name, Line: max(line, 1), Msg: err.Error()}
 		}
+		line, _ := cr.FieldPos(0)
 		bad := func(format string, args ...any) error {
 			return &CSVError{File: name, Line: line, Msg: fmt.Sprintf(format, args...)}
 		}
