@@ -125,8 +125,18 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	}
 	if _, ok := lookup("TORCHELASTIC_RUN_ID"); ok {
 		port++ // torchrun's agent serves its own TCPStore on MASTER_PORT
+		if port > 65535 {
+			return Env{}, fmt.Errorf("rendezvous: MASTER_PORT %d: under torchrun the collgen store serves on MASTER_PORT+1, past 65535; pick a lower MASTER_PORT", port-1)
+		}
 	}
-	e.Store = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
+	if port > 65535 {
+		return Env{}, fmt.Errorf("rendezvous: MASTER_PORT %d is not a port (0-65535; 0 lets rank 0 pick one, for a world of one)", port)
+	}
+	hp := net.JoinHostPort(host, strconv.Itoa(port))
+	if h, _, err := net.SplitHostPort(hp); err != nil || h != host || strings.ContainsAny(host, " \t\n/") {
+		return Env{}, fmt.Errorf("rendezvous: MASTER_ADDR %q is not a host name or address", host)
+	}
+	e.Store = "tcp://" + hp
 	e.HostStore = e.Rank == 0
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
 		return Env{}, err
@@ -159,8 +169,12 @@ func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 		}
 		return scheme, rest, nil
 	}
-	if _, _, err := net.SplitHostPort(rest); err != nil {
+	_, port, err := net.SplitHostPort(rest)
+	if err != nil {
 		return "", "", fmt.Errorf("rendezvous: store address %q: %w (want tcp://host:port)", addr, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return "", "", fmt.Errorf("rendezvous: store address %q: port %q is not a number from 1 to 65535 (want tcp://host:port)", addr, port)
 	}
 	return scheme, rest, nil
 }

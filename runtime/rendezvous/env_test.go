@@ -205,3 +205,27 @@ func TestRunScopedStores(t *testing.T) {
 		t.Fatalf("file store run directory: %v", err)
 	}
 }
+
+// TestEnvPortsAndHosts: store addresses whose port does not exist, and a
+// torchrun MASTER_PORT whose collgen store port (MASTER_PORT+1 under
+// torchelastic) would not, or a MASTER_ADDR that is no host, are refused
+// when the environment is read, not at the dial (FuzzEnv found the last
+// two).
+func TestEnvPortsAndHosts(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "tcp://h:99999"}, "port \"99999\""},
+		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "h:http"}, "port \"http\""},
+		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "tcp://h:0"}, "port \"0\""},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "65535", "TORCHELASTIC_RUN_ID": "r"}, "MASTER_PORT+1"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT 70000"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "]", "MASTER_PORT": "29500"}, "MASTER_ADDR \"]\""},
+	} {
+		_, err := readEnv(func(k string) (string, bool) { v, ok := c.env[k]; return v, ok })
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error saying %s", c.env, err, c.want)
+		}
+	}
+}

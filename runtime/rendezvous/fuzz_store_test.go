@@ -162,3 +162,4 @@ func FuzzStoreModel(f *testing.F) {
 		}
 	})
 }
+
