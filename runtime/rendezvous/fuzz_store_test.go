@@ -162,4 +162,3 @@ func FuzzStoreModel(f *testing.F) {
 		}
 	})
 }
-
