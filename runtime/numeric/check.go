@@ -135,14 +135,14 @@ func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise
 				want += v
 				abs += math.Abs(v)
 			case coll.Max:
-				want = math.Max(want, v)
+				want = maxNum(want, v)
 			case coll.Min:
-				want = math.Min(want, v)
+				want = minNum(want, v)
 			}
 		}
 		g := Get(dtype, got, i)
 		if op != coll.Sum {
-			if g != want && !(math.IsNaN(g) && math.IsNaN(want)) {
+			if (g != want || math.Signbit(g) != math.Signbit(want)) && !(math.IsNaN(g) && math.IsNaN(want)) {
 				return fmt.Errorf("%s %s: element %d is %v, want exactly %v", dtype, op, i, g, want)
 			}
 			continue
@@ -153,4 +153,27 @@ func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise
 		}
 	}
 	return nil
+}
+
+// maxNum and minNum are IEEE maxNum and minNum as the kernels and the host
+// loops compute them (docs/numerics.md; the portable Reducer too): a NaN
+// operand is ignored unless both are NaN, and +0 is above -0.
+func maxNum(a, b float64) float64 {
+	switch {
+	case math.IsNaN(b):
+		return a
+	case math.IsNaN(a):
+		return b
+	}
+	return math.Max(a, b) // Max(-0, +0) is +0 in either order
+}
+
+func minNum(a, b float64) float64 {
+	switch {
+	case math.IsNaN(b):
+		return a
+	case math.IsNaN(a):
+		return b
+	}
+	return math.Min(a, b) // Min(-0, +0) is -0 in either order
 }

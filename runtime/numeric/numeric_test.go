@@ -1,6 +1,7 @@
 package numeric
 
 import (
+	"encoding/binary"
 	"math"
 	"testing"
 
@@ -86,5 +87,49 @@ func TestReducersMatchCheck(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestMaxMinSemantics: Reducer and Check follow maxNum and minNum (a NaN
+// operand ignored unless all are NaN, +0 above -0 in either order), as the
+// kernels and the generated host loops do; the portable Reducer propagated
+// NaN and kept whichever zero came first (FuzzHostReducers found it).
+func TestMaxMinSemantics(t *testing.T) {
+	nan, negZero := math.NaN(), math.Copysign(0, -1)
+	f32 := func(vs ...float64) []byte {
+		b := make([]byte, 4*len(vs))
+		for i, v := range vs {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(v)))
+		}
+		return b
+	}
+	for _, c := range []struct {
+		op         coll.Op
+		a, b, want float64
+	}{
+		{coll.Max, nan, 1, 1}, {coll.Max, 1, nan, 1}, {coll.Max, negZero, 0, 0}, {coll.Max, 0, negZero, 0},
+		{coll.Min, nan, -1, -1}, {coll.Min, -1, nan, -1}, {coll.Min, 0, negZero, negZero}, {coll.Min, negZero, 0, negZero},
+		{coll.Max, nan, nan, nan},
+	} {
+		f, err := Reducer(coll.F32, c.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srcs := [][]byte{f32(c.a), f32(c.b)}
+		got := make([]byte, 4)
+		f(got, srcs)
+		g := float64(math.Float32frombits(binary.LittleEndian.Uint32(got)))
+		if !(g == c.want && math.Signbit(g) == math.Signbit(c.want)) && !(math.IsNaN(g) && math.IsNaN(c.want)) {
+			t.Errorf("%s(%v, %v) = %v, want %v", c.op, c.a, c.b, g, c.want)
+		}
+		if err := Check(coll.F32, c.op, f32(c.want), srcs); err != nil {
+			t.Errorf("Check refuses %s(%v, %v) = %v: %v", c.op, c.a, c.b, c.want, err)
+		}
+	}
+	if err := Check(coll.F32, coll.Max, f32(nan), [][]byte{f32(nan), f32(1)}); err == nil {
+		t.Error("Check accepts NaN for max(NaN, 1)")
+	}
+	if err := Check(coll.F32, coll.Min, f32(0), [][]byte{f32(0), f32(negZero)}); err == nil {
+		t.Error("Check accepts +0 for min(+0, -0)")
 	}
 }

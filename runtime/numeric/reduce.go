@@ -2,6 +2,7 @@ package numeric
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/collgen/collgen/coll"
@@ -72,10 +73,12 @@ func combine[T number](op coll.Op) func(acc, s []T) {
 		return func(acc, s []T) {
 			s = s[:len(acc)]
 			for i := range acc {
-				// NaN propagates: a NaN source wins, as on the GPU (fmaxf is
-				// not used there either).
-				if s[i] > acc[i] || s[i] != s[i] {
-					acc[i] = s[i]
+				// maxNum, as the kernels and the generated loops
+				// (docs/numerics.md): a NaN operand is ignored unless
+				// every one is NaN, and +0 is above -0 in either order.
+				x, a := s[i], acc[i]
+				if x == x && (a != a || x > a || x == 0 && a == 0 && !math.Signbit(float64(x))) {
+					acc[i] = x
 				}
 			}
 		}
@@ -83,8 +86,10 @@ func combine[T number](op coll.Op) func(acc, s []T) {
 		return func(acc, s []T) {
 			s = s[:len(acc)]
 			for i := range acc {
-				if s[i] < acc[i] || s[i] != s[i] {
-					acc[i] = s[i]
+				// minNum: NaN ignored as for max, -0 below +0.
+				x, a := s[i], acc[i]
+				if x == x && (a != a || x < a || x == 0 && a == 0 && math.Signbit(float64(x))) {
+					acc[i] = x
 				}
 			}
 		}
