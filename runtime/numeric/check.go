@@ -157,23 +157,19 @@ func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise
 
 // maxNum and minNum are IEEE maxNum and minNum as the kernels and the host
 // loops compute them (docs/numerics.md; the portable Reducer too): a NaN
-// operand is ignored unless both are NaN, and +0 is above -0.
-func maxNum(a, b float64) float64 {
-	switch {
-	case math.IsNaN(b):
-		return a
-	case math.IsNaN(a):
-		return b
-	}
-	return math.Max(a, b) // Max(-0, +0) is +0 in either order
-}
+// operand is ignored unless both are NaN, and +0 is above -0 (math.Max and
+// math.Min order zeros so in either order).
+func maxNum(a, b float64) float64 { return ignoreNaN(a, b, math.Max) }
 
-func minNum(a, b float64) float64 {
+func minNum(a, b float64) float64 { return ignoreNaN(a, b, math.Min) }
+
+// ignoreNaN is f(a, b), or the operand that is not NaN where one is.
+func ignoreNaN(a, b float64, f func(a, b float64) float64) float64 {
 	switch {
 	case math.IsNaN(b):
 		return a
 	case math.IsNaN(a):
 		return b
 	}
-	return math.Min(a, b) // Min(-0, +0) is -0 in either order
+	return f(a, b)
 }
