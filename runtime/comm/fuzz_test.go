@@ -15,7 +15,7 @@ import (
 // fake devices, world 4: collective, dtype, op, forced algorithm, count,
 // buffer addresses, staging size) end in nil or an error that matches one
 // of the package's sentinels, and none panics; the brief's "bad input gets
-// a clear typed error". Calls run on rank 0 alone: the fake device records
+// a clear typed error". Explain and Choose of the same arguments too. Calls run on rank 0 alone: the fake device records
 // launches without waiting for peers.
 func FuzzFakeCall(f *testing.F) {
 	const world = 4
@@ -48,11 +48,16 @@ func FuzzFakeCall(f *testing.F) {
 		default:
 			err = c.AllGather(ib, ob, int(count), dt, o)
 		}
-		if err != nil {
-			if hasKind(err) {
-				return
-			}
+		if err != nil && !hasKind(err) {
 			t.Fatalf("%s %s %s %s count %d in %#x out %#x: an error matching no sentinel: %v", collective, o.Algorithm, dt, op, count, in, out, err)
+		}
+		// Explain and Choose take the same arguments through their own
+		// paths: the same rule holds.
+		if _, err := c.Explain(collective, ib, ob, int(count), dt, op, o); err != nil && !hasKind(err) {
+			t.Fatalf("Explain %s %s %s %s count %d: an error matching no sentinel: %v", collective, o.Algorithm, dt, op, count, err)
+		}
+		if _, err := c.Choose(collective, count*int64(max(dt.Size(), 1)), dt, op); err != nil && !hasKind(err) {
+			t.Fatalf("Choose %s %s %s %d bytes: an error matching no sentinel: %v", collective, dt, op, count*int64(max(dt.Size(), 1)), err)
 		}
 		devs[0].mu.Lock()
 		devs[0].launches = devs[0].launches[:0] // the fuzz loop makes millions
