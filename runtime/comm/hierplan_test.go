@@ -173,68 +173,99 @@ func simulate(t *testing.T, l hostLayout, collective coll.Collective, count int6
 // (contiguous, interleaved, one rank per host, shuffled) and checks every
 // rank's output against the collective's definition, in and out of place.
 func TestHierPlanComputesCollectives(t *testing.T) {
-	layouts := [][]string{
+	for _, ids := range [][]string{
 		{"a", "a", "b", "b"},
 		{"a", "b", "a", "b"},
 		{"a", "b", "c"},
 		{"b", "a", "a", "b"},
 		{"x", "y", "z", "x", "y", "z"},
 		{"p", "p", "p", "q", "q", "q"},
+	} {
+		checkHierLayout(t, ids, 3)
 	}
-	for _, ids := range layouts {
-		l := mustGroup(t, ids...)
-		W, L := int64(len(ids)), int64(l.perHost())
-		for _, collective := range []coll.Collective{coll.AllReduce, coll.ReduceScatter, coll.AllGather} {
-			for _, inPlace := range []bool{false, true} {
-				name := fmt.Sprintf("%s/%s/inplace=%v", strings.Join(ids, ""), collective, inPlace)
-				count := 3 * L // all-reduce elements divide by L
-				inN, outN := count, count
-				switch collective {
-				case coll.ReduceScatter:
-					inN = W * count
-				case coll.AllGather:
-					outN = W * count
+}
+
+// FuzzHierPlan is TestHierPlanComputesCollectives for any layout: 2 to 12
+// ranks on equal hosts in any order, any count (per local rank for
+// all-reduce).
+func FuzzHierPlan(f *testing.F) {
+	f.Add(uint8(4), uint8(2), uint8(3), []byte{1, 0, 3, 2})
+	f.Add(uint8(12), uint8(3), uint8(1), []byte{5, 9, 2, 11, 0, 7})
+	f.Fuzz(func(t *testing.T, w, hosts, k uint8, perm []byte) {
+		W := 2 + int(w)%11
+		H := 1 + int(hosts)%W // the largest divisor of W at most this
+		for W%H != 0 {
+			H--
+		}
+		ids := make([]string, W)
+		for r := range ids {
+			ids[r] = fmt.Sprintf("h%d", r%H)
+		}
+		for i, p := range perm { // shuffle the ranks over the hosts
+			j := int(p) % W
+			ids[i%W], ids[j] = ids[j], ids[i%W]
+		}
+		checkHierLayout(t, ids, 1+int64(k)%5)
+	})
+}
+
+// checkHierLayout executes the plan of every collective for the layout of
+// host ids (by rank) with k elements per local rank, in and out of place,
+// and checks every rank's output against the collective's definition.
+func checkHierLayout(t *testing.T, ids []string, k int64) {
+	t.Helper()
+	l := mustGroup(t, ids...)
+	W, L := int64(len(ids)), int64(l.perHost())
+	for _, collective := range []coll.Collective{coll.AllReduce, coll.ReduceScatter, coll.AllGather} {
+		for _, inPlace := range []bool{false, true} {
+			name := fmt.Sprintf("%s/%s/inplace=%v", strings.Join(ids, ""), collective, inPlace)
+			count := k * L // all-reduce elements divide by L
+			inN, outN := count, count
+			switch collective {
+			case coll.ReduceScatter:
+				inN = W * count
+			case coll.AllGather:
+				outN = W * count
+			}
+			ranks := make([]*simRank, W)
+			value := func(r, i int64) float64 { return float64(r*1000 + i + 1) }
+			for r := range W {
+				rk := &simRank{in: make([]float64, inN), out: make([]float64, outN)}
+				for i := range inN {
+					rk.in[i] = value(r, i)
 				}
-				ranks := make([]*simRank, W)
-				value := func(r, i int64) float64 { return float64(r*1000 + i + 1) }
-				for r := range W {
-					rk := &simRank{in: make([]float64, inN), out: make([]float64, outN)}
-					for i := range inN {
-						rk.in[i] = value(r, i)
+				if inPlace {
+					switch collective {
+					case coll.AllReduce:
+						rk.out = rk.in
+					case coll.ReduceScatter:
+						rk.out = rk.in[r*count : (r+1)*count]
+					case coll.AllGather:
+						rk.out = make([]float64, outN)
+						copy(rk.out[r*count:], rk.in)
+						rk.in = rk.out[r*count : (r+1)*count]
 					}
-					if inPlace {
-						switch collective {
-						case coll.AllReduce:
-							rk.out = rk.in
-						case coll.ReduceScatter:
-							rk.out = rk.in[r*count : (r+1)*count]
-						case coll.AllGather:
-							rk.out = make([]float64, outN)
-							copy(rk.out[r*count:], rk.in)
-							rk.in = rk.out[r*count : (r+1)*count]
-						}
-					}
-					ranks[r] = rk
 				}
-				simulate(t, l, collective, count, ranks)
-				for r := range W {
-					for i := range outN {
-						var want float64
-						switch collective {
-						case coll.AllReduce:
-							for q := range W {
-								want += value(q, i)
-							}
-						case coll.ReduceScatter:
-							for q := range W {
-								want += value(q, r*count+i)
-							}
-						case coll.AllGather:
-							want = value(i/count, i%count)
+				ranks[r] = rk
+			}
+			simulate(t, l, collective, count, ranks)
+			for r := range W {
+				for i := range outN {
+					var want float64
+					switch collective {
+					case coll.AllReduce:
+						for q := range W {
+							want += value(q, i)
 						}
-						if got := ranks[r].out[i]; got != want {
-							t.Fatalf("%s: rank %d out[%d] = %v, want %v", name, r, i, got, want)
+					case coll.ReduceScatter:
+						for q := range W {
+							want += value(q, r*count+i)
 						}
+					case coll.AllGather:
+						want = value(i/count, i%count)
+					}
+					if got := ranks[r].out[i]; got != want {
+						t.Fatalf("%s: rank %d out[%d] = %v, want %v", name, r, i, got, want)
 					}
 				}
 			}
