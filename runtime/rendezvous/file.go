@@ -66,15 +66,37 @@ func (f *fileStore) path(key string) string {
 }
 
 // locked runs fn holding both the in-process mutex and the cross-process
-// flock.
-func (f *fileStore) locked(fn func() error) error {
+// flock. The flock is tried without blocking, backing off as poll does,
+// until ctx's deadline (or the store's default timeout): a process stopped
+// (SIGSTOP) or hung while it holds the lock must not hang every other
+// rank, which then fails with ErrTimeout. (A blocking flock hung the
+// survivors of a stopped rank in TestStoppedRankTimesOut.)
+func (f *fileStore) locked(ctx context.Context, fn func() error) error {
+	ctx, cancel := WithDefaultTimeout(ctx, f.timeout)
+	defer cancel()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
 		return ErrClosed
 	}
-	if err := flock(f.lock); err != nil {
-		return fmt.Errorf("rendezvous: file store: lock %s: %w", f.lock.Name(), err)
+	for delay := filePollMin; ; delay = min(delay*2, filePollMax) {
+		ok, err := tryFlock(f.lock)
+		if err != nil {
+			return fmt.Errorf("rendezvous: file store: lock %s: %w", f.lock.Name(), err)
+		}
+		if ok {
+			break
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			if ctx.Err() == context.Canceled {
+				return fmt.Errorf("rendezvous: file store: lock %s: %w", f.lock.Name(), CauseErr(ctx))
+			}
+			return fmt.Errorf("%w: file store: lock %s still held by another process at the deadline (a stopped or hung rank?)", ErrTimeout, f.lock.Name())
+		}
 	}
 	defer funlock(f.lock)
 	return fn()
@@ -118,7 +140,7 @@ func (f *fileStore) isClosed() bool {
 }
 
 func (f *fileStore) Set(ctx context.Context, key string, value []byte) error {
-	return f.locked(func() error { return f.write(key, value) })
+	return f.locked(ctx, func() error { return f.write(key, value) })
 }
 
 func (f *fileStore) Get(ctx context.Context, key string) ([]byte, error) {
@@ -182,7 +204,7 @@ func (f *fileStore) poll(ctx context.Context, keys []string, check func() ([]str
 
 func (f *fileStore) Add(ctx context.Context, key string, delta int64) (int64, error) {
 	var n int64
-	err := f.locked(func() error {
+	err := f.locked(ctx, func() error {
 		v, err := f.read(key)
 		if err != nil {
 			return err
@@ -199,7 +221,7 @@ func (f *fileStore) Add(ctx context.Context, key string, delta int64) (int64, er
 func (f *fileStore) CompareAndSet(ctx context.Context, key string, old, new []byte) ([]byte, bool, error) {
 	var cur []byte
 	var swapped bool
-	err := f.locked(func() error {
+	err := f.locked(ctx, func() error {
 		var err error
 		if cur, err = f.read(key); err != nil {
 			return err
@@ -218,7 +240,7 @@ func (f *fileStore) CompareAndSet(ctx context.Context, key string, old, new []by
 
 func (f *fileStore) Delete(ctx context.Context, key string) (bool, error) {
 	var existed bool
-	err := f.locked(func() error {
+	err := f.locked(ctx, func() error {
 		err := os.Remove(f.path(key))
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil

@@ -7,12 +7,18 @@ import (
 	"syscall"
 )
 
-// flock takes an exclusive advisory lock on f, retrying on EINTR.
-func flock(f *os.File) error {
+// tryFlock takes an exclusive advisory lock on f if no one holds it,
+// without waiting, retrying on EINTR; ok is false when another holds it.
+func tryFlock(f *os.File) (ok bool, err error) {
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if err != syscall.EINTR {
-			return err
+		switch err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err {
+		case nil:
+			return true, nil
+		case syscall.EWOULDBLOCK:
+			return false, nil
+		case syscall.EINTR:
+		default:
+			return false, err
 		}
 	}
 }

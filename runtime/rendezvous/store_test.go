@@ -3,6 +3,9 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -75,5 +78,54 @@ func TestMemWaitWokenByClose(t *testing.T) {
 	go func() { time.Sleep(20 * time.Millisecond); s.Close() }()
 	if err := s.Wait(short(t, 5*time.Second), "never"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Wait = %v, want ErrClosed", err)
+	}
+}
+
+// TestFileStoreLockHolderStopped: a process that holds the file store's
+// lock and stops (SIGSTOP; here another open file holds the flock) makes
+// the others' Add, CompareAndSet, Delete and Set fail with ErrTimeout at
+// their deadline instead of waiting for ever (they blocked in flock, and
+// TestStoppedRankTimesOut's survivors hung once); released, the lock is
+// taken again.
+func TestFileStoreLockHolderStopped(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	holder, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if ok, err := tryFlock(holder); !ok || err != nil {
+		t.Fatalf("holder's flock: %v %v", ok, err)
+	}
+	ops := map[string]func(ctx context.Context) error{
+		"Add":           func(ctx context.Context) error { _, err := s.Add(ctx, "n", 1); return err },
+		"CompareAndSet": func(ctx context.Context) error { _, _, err := s.CompareAndSet(ctx, "k", nil, []byte("v")); return err },
+		"Delete":        func(ctx context.Context) error { _, err := s.Delete(ctx, "k"); return err },
+		"Set":           func(ctx context.Context) error { return s.Set(ctx, "k", []byte("v")) },
+	}
+	for name, op := range ops {
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			done <- op(ctx)
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "still held") {
+				t.Errorf("%s under a held lock: %v, want ErrTimeout", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s under a held lock still waits after 10 s (deadline 200 ms)", name)
+		}
+	}
+	funlock(holder)
+	if n, err := s.Add(context.Background(), "n", 1); err != nil || n != 1 {
+		t.Errorf("Add after the lock was released: %d, %v", n, err)
 	}
 }
