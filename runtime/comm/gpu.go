@@ -577,9 +577,10 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 	inPlace := zc.on() && !k.UsesScratch
 	window := chunk
 	limit := min(g.area[proto], kernels.WindowBytes)
-	// The scratch in message bytes: it holds elements of ScratchElemBytes.
-	scratch := g.scratchBytes * cl.esize / int64(k.ScratchElemBytes(cl.dtype))
+	scratch := g.scratchBytes
 	if k.UsesScratch {
+		// In message bytes: it holds elements of ScratchElemBytes.
+		scratch = scratch * cl.esize / int64(k.ScratchElemBytes(cl.dtype))
 		limit = min(limit, scratch) // scratch holds a window of each chunk too
 	}
 	if !k.Push() && !zc.on() && need > limit {

@@ -217,13 +217,10 @@ func TestAbortOneRankGPU(t *testing.T) {
 				t.Fatalf("Abort: %v", err)
 			}
 			dev := comms[1].Device()
-			buf, err := dev.Alloc(1 << 20)
-			if err != nil {
-				t.Fatal(err)
-			}
+			buf := deviceMem(t, dev, 1<<20)
 			defer dev.Free(buf)
 			b := comm.DeviceBuffer(buf)
-			err = comms[1].AllReduce(b, b, 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg})
+			err := comms[1].AllReduce(b, b, 1024, coll.F32, coll.Sum, comm.Options{Algorithm: alg})
 			if err == nil {
 				err = comms[1].Synchronize(nil)
 			}

@@ -308,10 +308,7 @@ func TestAbortGPU(t *testing.T) {
 				return comm.Config{Group: "abort", Timeout: timeout}
 			})
 			dev := comms[0].Device()
-			buf, err := dev.Alloc(1 << 20)
-			if err != nil {
-				t.Fatal(err)
-			}
+			buf := deviceMem(t, dev, 1<<20)
 			defer dev.Free(buf)
 			res := make(chan error, 1)
 			go func() {
@@ -321,7 +318,7 @@ func TestAbortGPU(t *testing.T) {
 			time.Sleep(time.Second)
 			start := time.Now()
 			aerr := comms[0].Abort()
-			err = <-res
+			err := <-res
 			el := time.Since(start)
 			if !errors.Is(err, comm.ErrAborted) {
 				t.Errorf("blocked call: %v, want ErrAborted", err)

@@ -641,13 +641,10 @@ func TestTimeoutReported(t *testing.T) {
 			comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 300 * time.Millisecond, Group: "timeout-" + alg})
 			defer closeComms(comms)
 			dev := comms[0].Device()
-			buf, err := dev.Alloc(4096)
-			if err != nil {
-				t.Fatal(err)
-			}
+			buf := deviceMem(t, dev, 4096)
 			defer dev.Free(buf)
 			start := time.Now()
-			err = comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: coll.Algorithm(alg)})
+			err := comms[0].AllReduce(comm.DeviceBuffer(buf), comm.DeviceBuffer(buf), 1024, "f32", "sum", comm.Options{Algorithm: coll.Algorithm(alg)})
 			var te *comm.TimeoutError
 			if !errors.As(err, &te) {
 				t.Fatalf("got %v, want a *comm.TimeoutError", err)
@@ -669,6 +666,18 @@ func TestTimeoutReported(t *testing.T) {
 	}
 }
 
+// deviceMem allocates bytes on dev for a test and fails it if that fails.
+// The caller frees it (defer dev.Free), so it goes before what was
+// deferred earlier, such as the communicators' Close.
+func deviceMem(t *testing.T, dev *cuda.Device, bytes int) cuda.DevicePtr {
+	t.Helper()
+	p, err := dev.Alloc(bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestForcedAlgorithmRefused checks that an algorithm the library lacks, a
 // push kernel without rounds whose inbox would exceed the staging buffer,
 // or disabled NCCL is refused with the reason.
@@ -677,10 +686,7 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 1 << 20, Group: "refuse"})
 	defer closeComms(comms)
 	dev := comms[0].Device()
-	buf, err := dev.Alloc(4 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	buf := deviceMem(t, dev, 4<<20)
 	defer dev.Free(buf)
 	b := comm.DeviceBuffer(buf)
 	cases := []struct {
@@ -700,7 +706,7 @@ func TestForcedAlgorithmRefused(t *testing.T) {
 	// A reduce-scatter's LL push one-shot runs in one round (barrier
 	// kernels and the other push kernels run in rounds instead:
 	// TestProofWindows): 2 MiB of inbox over the 1 MiB area is refused.
-	err = comms[0].ReduceScatter(b, b, 256<<10, "f32", "sum", comm.Options{Algorithm: coll.OneShotLL})
+	err := comms[0].ReduceScatter(b, b, 256<<10, "f32", "sum", comm.Options{Algorithm: coll.OneShotLL})
 	if err == nil || !strings.Contains(err.Error(), "of inbox") {
 		t.Errorf("reduce-scatter oneshot_ll of 2 MiB: got %v, want a refusal naming the inbox", err)
 	}
@@ -790,8 +796,12 @@ func TestProofProcess(t *testing.T) {
 const zcStaging, zcBig = 8 << 20, 9 << 20 // bytes
 
 // zcRun is one count of the zero-copy proofs: calls back-to-back calls
-// with the input off elements past the symmetric buffer's start.
-type zcRun struct{ n, calls, off int }
+// with the input off elements past the symmetric buffer's start; big
+// marks the message larger than the whole staging buffer.
+type zcRun struct {
+	n, calls, off int
+	big           bool
+}
 
 // zeroCopyCounts are the runs the zero-copy proofs make for kernel c: two
 // counts three times, the larger also with the input one element in (peers
@@ -800,10 +810,10 @@ type zcRun struct{ n, calls, off int }
 // (zero-copy needs none; two-shot and hcm still reduce into scratch, a
 // push kernel sends into its inbox).
 func zeroCopyCounts(c collectives.Combination, w int) []zcRun {
-	runs := []zcRun{{33, 3, 0}, {100003, 3, 0}, {100003, 2, 1}}
+	runs := []zcRun{{33, 3, 0, false}, {100003, 3, 0, false}, {100003, 2, 1, false}}
 	if k, ok := collectives.Library.Kernel(c.Collective, c.Algorithm, c.DType, c.Op, w); ok && !k.Push() && !k.UsesScratch {
 		in, _ := sizes(c.Collective, w, 1)
-		runs = append(runs, zcRun{zcBig/(in*c.DType.Size()) + 1, 2, 0})
+		runs = append(runs, zcRun{zcBig/(in*c.DType.Size()) + 1, 2, 0, true})
 	}
 	return runs
 }

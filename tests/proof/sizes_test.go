@@ -53,7 +53,7 @@ func TestProofSizesFit(t *testing.T) {
 			case k.UsesScratch && int64(max(in, out)*k.ScratchElemBytes(c.DType)) > zcStaging:
 				// Scratch (two-shot's, hcm's) is the size of an area.
 				t.Errorf("%s: zero-copy count %d (%d scratch bytes) exceeds the scratch it reduces into (%d)", c.Kernel, run.n, max(in, out)*k.ScratchElemBytes(c.DType), int64(zcStaging))
-			case run.n > 100003 && int64(in)*size <= zcStaging:
+			case run.big && int64(in)*size <= zcStaging:
 				t.Errorf("%s: the large zero-copy count %d (%d input bytes) fits zcStaging (%d)", c.Kernel, run.n, int64(in)*size, int64(zcStaging))
 			}
 		}
