@@ -86,7 +86,7 @@ func TestIPCInProcess(t *testing.T) {
 	errs := make([]error, 2)
 	for r := 0; r < 2; r++ {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[r] = rankBody(store, r, 2, r) }()
+		go func() { defer wg.Done(); errs[r] = rankBody(store, r, 2, cudatest.Ordinal(r)) }()
 	}
 	wg.Wait()
 	for r, err := range errs {

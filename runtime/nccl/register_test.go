@@ -105,8 +105,9 @@ func newComm(store rendezvous.Store, key string, r, world int, d *cuda.Device, n
 // (NCCL 2.28 does so for windows; the next call then failed with "Attempt
 // to use communicator before the previous operation returned
 // ncclSuccess"), and the windows' handles arrive through C memory.
+// One rank when ranks share a GPU (cudatest.NCCLWorld).
 func TestRegisterAndWindowsMultiGPU(t *testing.T) {
-	devs := cudatest.World(t, 2)
+	devs := cudatest.Devices(t, cudatest.NCCLWorld(t))
 	lib := loadOrSkip(t)
 	if !lib.AtLeast(2, 19) {
 		t.Skipf("NCCL %v has no buffer registration (2.19+)", lib.Version())
@@ -225,6 +226,7 @@ func TestInitBounded(t *testing.T) {
 // drains) and later calls fail with ErrAborted. For blocking and
 // non-blocking communicators.
 func TestAbortReleasesKernelMultiGPU(t *testing.T) {
+	cudatest.OwnGPUs(t)
 	devs := cudatest.World(t, 2)
 	loadOrSkip(t)
 	for _, m := range modes {

@@ -26,7 +26,8 @@ import (
 // in TestCUDAProcessRanks and TestCUDAKilledRank. The group tests (peer
 // access, graph signals, the worked example, release, process ranks) run
 // on every visible GPU, or $COLLGEN_TEST_WORLD of them (cudatest.World);
-// the others need two or one.
+// the others need two or one. With $COLLGEN_TEST_SHARE_GPU=1 every rank
+// is on GPU 0 (cudatest.Shared), so one GPU runs them all.
 
 //go:embed testdata/symm_test_kernels.cu
 var testKernelsSrc string
@@ -580,10 +581,10 @@ func TestCUDAFreeAndCloseRelease(t *testing.T) {
 }
 
 // Child mode of the process-rank GPU test (see proc_test.go): rank r on
-// GPU r in its own process.
+// GPU r (cudatest.Ordinal) in its own process.
 func init() {
 	childModes["gpu-peers"] = func(rank, world int, st rendezvous.Store, group string) error {
-		d, err := cuda.Open(rank)
+		d, err := cuda.Open(cudatest.Ordinal(rank))
 		if err != nil {
 			return err
 		}
@@ -602,7 +603,7 @@ func init() {
 // barrier, says ready and waits to be killed.
 func init() {
 	childModes["gpu-victim"] = func(rank, world int, st rendezvous.Store, group string) error {
-		d, err := cuda.Open(rank)
+		d, err := cuda.Open(cudatest.Ordinal(rank))
 		if err != nil {
 			return err
 		}
@@ -887,7 +888,7 @@ func checkB(b *testing.B, errs []error) {
 	}
 }
 
-// TestCUDAKilledRank: rank 1, a process on GPU 1, is SIGKILLed; rank 0's
+// TestCUDAKilledRank: rank 1, a process on GPU 1 (cudatest.Ordinal), is SIGKILLed; rank 0's
 // stream-ordered barrier then reports a TimeoutError naming rank 1 and the
 // channel within its deadline, the dead rank's memory stays readable
 // through rank 0's mapping (the mapping holds it), and Free and Close

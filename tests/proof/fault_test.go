@@ -13,6 +13,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
+	"github.com/collgen/collgen/runtime/cuda/cudatest"
 	"github.com/collgen/collgen/runtime/nccl"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -44,10 +45,11 @@ var peerFaults = []struct {
 // ErrAborted within Config.Timeout plus slack, never hang, and Abort must
 // then return promptly; a stopped peer is SIGKILLed after.
 func TestPeerFaultGPU(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	for _, tc := range peerFaults {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.alg == coll.NCCL {
+				cudatest.OwnGPUs(t)
 				if _, err := nccl.Load(); err != nil {
 					t.Skipf("NCCL: %v", err)
 				}
@@ -86,8 +88,10 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: 2, Device: rank, Store: store, Library: collectives.Library,
-		Group: "peer-fault", Timeout: timeout})
+	cfg := comm.Config{Rank: rank, WorldSize: 2, Store: store, Library: collectives.Library, Group: "peer-fault", Timeout: timeout,
+		DisableNCCL: alg != coll.NCCL && sharedGPU()}
+	place(&cfg, rank)
+	c, err := comm.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,12 +175,12 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
 // to the new generation's first ones, and a poll would take the old data
 // as arrived: the check would fail.
 func TestRecycledRegionGPU(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	const n = 3000 // bf16 elements, not a multiple of 8
 	algs := []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128, coll.TwoShotLL128, coll.OneShot, coll.TwoShot}
 	for gen := 0; gen < 3; gen++ {
 		store := rendezvous.NewMemStore()
-		comms := commsWith(t, store, func(int) comm.Config { return comm.Config{Timeout: 20 * time.Second} })
+		comms := commsWith(t, cudatest.WorldSize(t, 2), store, func(int) comm.Config { return comm.Config{Timeout: 20 * time.Second} })
 		var err error
 		for i, alg := range algs {
 			if err = checkedAllReduce(comms, alg, coll.BF16, n, 100*gen+i); err != nil {
@@ -202,7 +206,7 @@ func TestRecycledRegionGPU(t *testing.T) {
 // left the group. Freed at Abort (before), the peer's kernel hit
 // CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error of its context (with
 // goroutine ranks the process's). Goroutine ranks; runs on one shared GPU
-// too (PROOF_SHARE_GPU).
+// too (COLLGEN_TEST_SHARE_GPU).
 func TestAbortOneRankGPU(t *testing.T) {
 	proofGPUs(t)
 	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {

@@ -19,7 +19,7 @@ import (
 // matching all-reduce is correct), and a host buffer given to a GPU
 // communicator is refused as such.
 func TestDebugCheckGPU(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	t.Setenv(comm.EnvDebugCheck, "1")
 	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Group: "debugcheck"})
 	defer closeComms(comms)

@@ -22,7 +22,7 @@ import (
 // stale line for its peer's data. The communicator gives each protocol its
 // own area of every slot; this test fails if that is ever undone.
 func TestMixedProtocols(t *testing.T) {
-	ngpu := gpus(t)
+	ngpu := proofGPUs(t)
 	w := min(ngpu, 4)
 	comms := newComms(t, w, comm.Config{Library: collectives.Library, DisableNCCL: true, Group: "mixed"})
 	defer closeComms(comms)

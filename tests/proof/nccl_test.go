@@ -21,13 +21,14 @@ import (
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// commsWith forms a group of goroutine ranks, one per GPU of the test
-// world (cudatest.WorldSize: every GPU, or $COLLGEN_TEST_WORLD of them),
-// rank r's Config from cfg(r). When a rank fails, the communicators made
-// are aborted, so the next test starts clean.
-func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
+// commsWith forms a group of world goroutine ranks (cudatest.WorldSize:
+// every GPU, or $COLLGEN_TEST_WORLD of them; cudatest.NCCLWorld for tests
+// of NCCL), rank r on GPU r (place), its Config from cfg(r). Ranks sharing
+// one GPU get Config.DisableNCCL, which refuses two ranks on a device.
+// When a rank fails, the communicators made are aborted, so the next test
+// starts clean.
+func commsWith(t *testing.T, world int, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
 	t.Helper()
-	world := cudatest.WorldSize(t, 2)
 	comms := make([]*comm.Communicator, world)
 	errs := make([]error, world)
 	var wg sync.WaitGroup
@@ -36,7 +37,11 @@ func commsWith(t *testing.T, store rendezvous.Store, cfg func(r int) comm.Config
 		go func() {
 			defer wg.Done()
 			c := cfg(r)
-			c.Rank, c.WorldSize, c.Device, c.Store = r, world, r, store
+			c.Rank, c.WorldSize, c.Store = r, world, store
+			place(&c, r)
+			if sharedGPU() && world > 1 {
+				c.DisableNCCL = true
+			}
 			if c.Library == nil {
 				c.Library = collectives.Library
 			}
@@ -170,7 +175,7 @@ func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
 // checks that memory NCCL cannot register is refused at registration. With
 // blocking and non-blocking NCCL communicators.
 func TestNCCLRegistrationGPU(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	lib, err := nccl.Load()
 	if err != nil {
 		t.Skipf("NCCL: %v", err)
@@ -185,11 +190,11 @@ func TestNCCLRegistrationGPU(t *testing.T) {
 
 func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	var err error
-	w := cudatest.WorldSize(t, 2)
+	w := cudatest.NCCLWorld(t)
 	devs := make([]*cuda.Device, w)
 	allocs := make([]*alloc.Allocator, w)
 	for r := range devs {
-		if devs[r], err = cuda.Open(r); err != nil {
+		if devs[r], err = cuda.Open(cudatest.Ordinal(r)); err != nil {
 			t.Fatal(err)
 		}
 		defer devs[r].Close()
@@ -202,7 +207,7 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	comms := commsWith(t, rendezvous.NewMemStore(), func(r int) comm.Config {
+	comms := commsWith(t, w, rendezvous.NewMemStore(), func(r int) comm.Config {
 		return comm.Config{Group: "ncclreg", Allocator: allocs[r], Timeout: 20 * time.Second, NCCLNonBlocking: nonBlocking}
 	})
 	defer closeComms(comms)
@@ -300,11 +305,11 @@ func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 // its signal pad, the LL kernel through the abort word). Then a new group
 // on a fresh store works.
 func TestAbortGPU(t *testing.T) {
-	gpus(t)
+	w := cudatest.WorldSize(t, 2)
 	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
 		t.Run(string(alg), func(t *testing.T) {
 			const timeout = 60 * time.Second
-			comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
+			comms := commsWith(t, w, rendezvous.NewMemStore(), func(int) comm.Config {
 				return comm.Config{Group: "abort", Timeout: timeout}
 			})
 			dev := comms[0].Device()
@@ -336,7 +341,7 @@ func TestAbortGPU(t *testing.T) {
 			for _, c := range comms[1:] {
 				c.Abort()
 			}
-			fresh := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config { return comm.Config{Group: "abort"} })
+			fresh := commsWith(t, w, rendezvous.NewMemStore(), func(int) comm.Config { return comm.Config{Group: "abort"} })
 			defer closeComms(fresh)
 			if err := checkedAllReduce(fresh, alg, coll.F32, 1024, 5); err != nil {
 				t.Errorf("a new communicator after Abort: %v", err)
@@ -350,7 +355,7 @@ func TestAbortGPU(t *testing.T) {
 // (NCCL 2.27+); NCCL collectives on them, small and large, are right.
 // With blocking and non-blocking NCCL communicators.
 func TestNCCLAllocWindowsGPU(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	lib, err := nccl.Load()
 	if err != nil {
 		t.Skipf("NCCL: %v", err)
@@ -364,7 +369,7 @@ func TestNCCLAllocWindowsGPU(t *testing.T) {
 }
 
 func ncclAllocWindows(t *testing.T, nonBlocking bool) {
-	comms := commsWith(t, rendezvous.NewMemStore(), func(int) comm.Config {
+	comms := commsWith(t, cudatest.NCCLWorld(t), rendezvous.NewMemStore(), func(int) comm.Config {
 		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true, NCCLNonBlocking: nonBlocking}
 	})
 	defer closeComms(comms)

@@ -27,6 +27,7 @@ import (
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/cuda/cudatest"
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/symm"
@@ -60,16 +61,18 @@ func atLeast(t *testing.T, min int) int {
 	return n
 }
 
-// sharedGPU reports whether $PROOF_SHARE_GPU=1 puts every rank on GPU 0,
-// so one GPU proves any world (run.sh sets it where there is one GPU):
-// the kernels' logic and the runtime's paths (peer pointers, CUDA IPC,
-// VMM, graphs) at every count and layout; not NVLink's ordering or
-// speed. The tests that place ranks themselves (NCCL, faults, multi-host)
+// sharedGPU reports whether $COLLGEN_TEST_SHARE_GPU=1 (cudatest.Shared)
+// puts every rank on GPU 0, so one GPU proves any world (run.sh sets it
+// where there is one GPU): the kernels' logic and the runtime's paths
+// (peer pointers, CUDA IPC, VMM, graphs, timeouts, aborts) at every count
+// and layout; not NVLink's ordering or speed. NCCL refuses two ranks on
+// one GPU, so the tests of NCCL groups run one rank (cudatest.NCCLWorld)
+// or skip, and those whose reference is NCCL (special values, multi-host)
 // still need a GPU per rank.
-func sharedGPU() bool { return os.Getenv("PROOF_SHARE_GPU") == "1" }
+func sharedGPU() bool { return cudatest.Shared() }
 
-// proofGPUs is gpus for the tests that run shared: with $PROOF_SHARE_GPU
-// and a GPU, 8 (the largest world worlds proves).
+// proofGPUs is gpus for the tests that run shared: with
+// $COLLGEN_TEST_SHARE_GPU and a GPU, 8 (the largest world worlds proves).
 func proofGPUs(t *testing.T) int {
 	t.Helper()
 	if !sharedGPU() {
@@ -79,7 +82,7 @@ func proofGPUs(t *testing.T) int {
 	return 8
 }
 
-// place puts rank r on its GPU: GPU r, or with $PROOF_SHARE_GPU
+// place puts rank r on its GPU: GPU r, or with $COLLGEN_TEST_SHARE_GPU
 // GPU 0 (New then caps each rank's grids at the SMs over the ranks on the
 // GPU, so that all their blocks are resident at once: Config.MaxBlocks).
 func place(cfg *comm.Config, r int) {
@@ -635,7 +638,7 @@ func proveGraphCount(comms []*comm.Communicator, c collectives.Combination, n in
 // TimeoutError naming the collective, itself and the peer, within the
 // deadline, instead of hanging.
 func TestTimeoutReported(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	for _, alg := range []string{"oneshot", "oneshot_ll", "twoshot_ll", "twoshot_ll128"} {
 		t.Run(alg, func(t *testing.T) {
 			comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 300 * time.Millisecond, Group: "timeout-" + alg})
@@ -682,7 +685,7 @@ func deviceMem(t *testing.T, dev *cuda.Device, bytes int) cuda.DevicePtr {
 // push kernel without rounds whose inbox would exceed the staging buffer,
 // or disabled NCCL is refused with the reason.
 func TestForcedAlgorithmRefused(t *testing.T) {
-	gpus(t)
+	proofGPUs(t)
 	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, StagingBytes: 1 << 20, Group: "refuse"})
 	defer closeComms(comms)
 	dev := comms[0].Device()

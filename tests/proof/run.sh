@@ -4,9 +4,9 @@
 # .gpu/collgen). Writes $OUT/proof-summary.md (one line per kernel and mode)
 # and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow);
 # kernels: PROOF_ONLY, a glob over kernel names (default all). On one GPU
-# every rank shares it (PROOF_SHARE_GPU=1: worlds 2,3,4,8 by default,
-# goroutine and process ranks; the NCCL, window and multi-host tests need
-# a GPU per rank and are left out).
+# every rank shares it (COLLGEN_TEST_SHARE_GPU=1: worlds 2,3,4,8 by
+# default, goroutine and process ranks; the special-value and multi-host
+# tests, whose NCCL groups need a GPU per rank, are left out).
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
@@ -20,16 +20,17 @@ export COLLGEN_CACHE_DIR="$TMP/cache"
 export PROOF_SUMMARY="$OUT/proof-summary.md" SPECIAL_TABLE=${SPECIAL_TABLE:-$OUT/special-values.md}
 : >"$PROOF_SUMMARY"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-# One GPU: every rank on it (PROOF_SHARE_GPU, proof_test.go's place), the
-# tests that can share it, worlds 2, 3, 4 and 8.
-if [ "$ngpu" -eq 1 ]; then export PROOF_SHARE_GPU=1; ngpu=8; fi
-shared=${PROOF_SHARE_GPU:-}
+# One GPU: every rank on it (COLLGEN_TEST_SHARE_GPU, proof_test.go's
+# place), the tests that can share it, worlds 2, 3, 4 and 8.
+[ "$ngpu" -eq 1 ] && export COLLGEN_TEST_SHARE_GPU=1
+shared=
+if [ "${COLLGEN_TEST_SHARE_GPU:-}" = 1 ]; then shared=1; ngpu=8; fi
 PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4 ${shared:+8}; do [ "$w" -le "$ngpu" ] && printf '%s,' $w; done | sed 's/,$//')}
 export PROOF_WORLDS
 status=0
 
 tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
-[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
 start=$(date +%s)

@@ -26,7 +26,7 @@ const windowStaging = 16 << 10
 // flag follow from that counter. Explain must report more than one round
 // for the large count, so the test cannot pass without rounds.
 func TestProofWindows(t *testing.T) {
-	ngpu := gpus(t)
+	ngpu := proofGPUs(t)
 	defer writeSummary(t)
 	for _, w := range worlds(ngpu) {
 		for _, staging := range []int64{windowStaging, 0} {

@@ -17,21 +17,42 @@ import (
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// Devices opens n devices (ordinals 0..n-1) and registers their Close with
-// t.Cleanup. It skips the test, with the reason, when libcuda cannot be
-// loaded or fewer than n devices exist.
+// ShareEnv names the environment variable that, set to 1, puts every
+// rank of the multi-GPU tests on GPU 0 (Shared): one GPU then runs the
+// group tests at any world size. It proves the tests' and the runtime's
+// logic (mappings, descriptors, signals, timeouts, clean-up) where no
+// machine with a GPU per rank is at hand, not NVLink's ordering or speed.
+const ShareEnv = "COLLGEN_TEST_SHARE_GPU"
+
+// Shared reports whether $COLLGEN_TEST_SHARE_GPU=1 puts every rank on
+// GPU 0.
+func Shared() bool { return os.Getenv(ShareEnv) == "1" }
+
+// Ordinal is the GPU of rank r: r, or 0 when ranks share one GPU. Child
+// processes of a test inherit the environment, so they agree with it.
+func Ordinal(r int) int {
+	if Shared() {
+		return 0
+	}
+	return r
+}
+
+// Devices opens the devices of n ranks (ordinals 0..n-1, or GPU 0 n times
+// when Shared) and registers their Close with t.Cleanup. It skips the
+// test, with the reason, when libcuda cannot be loaded or the devices do
+// not exist.
 func Devices(t testing.TB, n int) []*cuda.Device {
 	t.Helper()
 	count, err := cuda.DeviceCount()
 	if err != nil {
 		t.Skipf("no CUDA driver: %v", err)
 	}
-	if count < n {
-		t.Skipf("test needs %d CUDA device(s), found %d", n, count)
+	if need := distinct(n); count < need {
+		t.Skipf("test needs %d CUDA device(s), found %d", need, count)
 	}
 	devs := make([]*cuda.Device, n)
 	for i := range devs {
-		d, err := cuda.Open(i)
+		d, err := cuda.Open(Ordinal(i))
 		if err != nil {
 			t.Fatalf("open device %d: %v", i, err)
 		}
@@ -52,32 +73,65 @@ func World(t testing.TB, min int) []*cuda.Device {
 	return Devices(t, WorldSize(t, min))
 }
 
-// WorldSize is how many GPUs a multi-GPU test uses: $COLLGEN_TEST_WORLD
-// if set, else every visible device. It skips the test when fewer than
-// min devices exist (or $COLLGEN_TEST_WORLD asks for more than exist) and
-// fails it when $COLLGEN_TEST_WORLD is not a number of at least min, so a
-// 4-GPU machine runs the tests at world 4 and a 2-GPU one at world 2 with
-// no change to the command.
+// WorldSize is how many ranks a multi-GPU test runs: $COLLGEN_TEST_WORLD
+// if set, else every visible device (min when Shared). It skips the test
+// when the GPUs are too few (fewer than min, or than $COLLGEN_TEST_WORLD
+// asks for, unless Shared) and fails it when $COLLGEN_TEST_WORLD is not a
+// number of at least min, so a 4-GPU machine runs the tests at world 4
+// and a 2-GPU one at world 2 with no change to the command.
 func WorldSize(t testing.TB, min int) int {
 	t.Helper()
 	count, err := cuda.DeviceCount()
 	if err != nil {
 		t.Skipf("no CUDA driver: %v", err)
 	}
-	w, err := worldSize(os.Getenv(WorldEnv), count, min)
+	w, err := worldSize(os.Getenv(WorldEnv), count, min, Shared())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if count < w {
-		t.Skipf("test needs %d CUDA device(s), found %d", w, count)
+	if need := distinct(w); count < need {
+		t.Skipf("test needs %d CUDA device(s), found %d", need, count)
 	}
 	return w
 }
 
+// NCCLWorld is WorldSize for tests of NCCL communicators, except that
+// when ranks share one GPU it is 1: NCCL refuses two ranks on one device
+// ("Duplicate GPU detected"), so a shared run proves the one-rank paths
+// (communicator, registration, windows, refusals).
+func NCCLWorld(t testing.TB) int {
+	t.Helper()
+	if Shared() {
+		Devices(t, 1)
+		return 1
+	}
+	return WorldSize(t, 2)
+}
+
+// OwnGPUs skips a test whose ranks need a GPU each (an NCCL group of two
+// or more) when ranks share one GPU.
+func OwnGPUs(t testing.TB) {
+	t.Helper()
+	if Shared() {
+		t.Skipf("needs a GPU per rank (NCCL refuses two ranks on one device); %s=1 shares one", ShareEnv)
+	}
+}
+
+// distinct is how many GPUs n ranks occupy.
+func distinct(n int) int {
+	if Shared() {
+		return min(n, 1)
+	}
+	return n
+}
+
 // worldSize is World's choice: env (the variable's value, "" when unset)
-// or count devices, never below min.
-func worldSize(env string, count, min int) (int, error) {
+// or count devices (min when shared), never below min.
+func worldSize(env string, count, min int, shared bool) (int, error) {
 	if env == "" {
+		if shared {
+			return min, nil
+		}
 		return max(count, min), nil
 	}
 	w, err := strconv.Atoi(env)
