@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // aborter is what Abort needs from a device beyond release; cudaDevice
@@ -143,6 +144,9 @@ const parkFactor = 4
 // (CUDA_ERROR_ILLEGAL_ADDRESS, sticky; with goroutine ranks the whole
 // process's), where now it times out. An error of free has no caller left
 // to see it and is dropped (the region is gone with the process at worst).
+// A store the caller closed (rendezvous.ErrClosed) is not asked again: the
+// region then waits out the bound, and the store (a file store's
+// directory, say) is the caller's to remove.
 func (c *Communicator) freeWhenLeft(free func() error, wait time.Duration) {
 	defer free()
 	deadline := time.Now().Add(wait)
@@ -152,6 +156,10 @@ func (c *Communicator) freeWhenLeft(free func() error, wait time.Duration) {
 		n, err := c.cfg.Store.Add(ctx, c.prefix+"members", 0)
 		cancel()
 		if err == nil && n <= 0 {
+			return
+		}
+		if errors.Is(err, rendezvous.ErrClosed) {
+			time.Sleep(time.Until(deadline))
 			return
 		}
 		time.Sleep(min(poll, time.Until(deadline)))

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -415,6 +416,40 @@ func TestAbortKeepsRegionForPeers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("region not freed 10 s after Abort, past the bound")
 	}
+	// The caller closes the store after Abort (and may remove a file
+	// store's directory): the region waits out the bound without asking
+	// the closed store again.
+	st := &closeWatch{Store: rendezvous.NewMemStore()}
+	comms, devs = regCommsWith(t, st, Config{Group: "M", Timeout: 250 * time.Millisecond}, 2, &eventLog{}, nil)
+	defer comms[1].Abort()
+	if err := comms[0].Abort(); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	select {
+	case <-freed(devs[0]):
+	case <-time.After(10 * time.Second):
+		t.Error("region not freed 10 s after Abort with the store closed")
+	}
+	if n := st.late.Load(); n > 1 {
+		t.Errorf("the aborted rank asked the closed store %d times", n)
+	}
+}
+
+// closeWatch counts the Add calls made after its Close.
+type closeWatch struct {
+	rendezvous.Store
+	closed atomic.Bool
+	late   atomic.Int64
+}
+
+func (s *closeWatch) Close() error { s.closed.Store(true); return s.Store.Close() }
+
+func (s *closeWatch) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	if s.closed.Load() {
+		s.late.Add(1)
+	}
+	return s.Store.Add(ctx, key, delta)
 }
 
 // TestAbortFake: Abort from another goroutine while a collective waits:

@@ -212,6 +212,9 @@ func (f *fileStore) Add(ctx context.Context, key string, delta int64) (int64, er
 		if n, err = parseCounter(key, v); err != nil {
 			return err
 		}
+		if delta == 0 && v != nil {
+			return nil // a read: leave the file as it is
+		}
 		n += delta
 		return f.write(key, strconv.AppendInt(nil, n, 10))
 	})

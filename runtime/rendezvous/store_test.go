@@ -129,3 +129,41 @@ func TestFileStoreLockHolderStopped(t *testing.T) {
 		t.Errorf("Add after the lock was released: %d, %v", n, err)
 	}
 }
+
+// TestFileStoreAddZeroReads: Add with delta 0 on a counter that exists
+// reads it and leaves its file alone (an aborted communicator polls the
+// members count so; each poll used to write a file into the directory),
+// and on a missing key creates it at 0, as every store does.
+func TestFileStoreAddZeroReads(t *testing.T) {
+	dir := t.TempDir()
+	st, err := NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if n, err := st.Add(ctx, "members", 5); err != nil || n != 5 {
+		t.Fatalf("Add 5: %d, %v", n, err)
+	}
+	path := st.(*fileStore).path("members")
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.Add(ctx, "members", 0); err != nil || n != 5 {
+		t.Fatalf("Add 0: %d, %v; want 5", n, err)
+	}
+	after, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Error("Add 0 replaced the counter's file")
+	}
+	if n, err := st.Add(ctx, "fresh", 0); err != nil || n != 0 {
+		t.Fatalf("Add 0 on a missing key: %d, %v", n, err)
+	}
+	if v, err := st.Get(ctx, "fresh"); err != nil || string(v) != "0" {
+		t.Errorf("the missing key after Add 0: %q, %v; want \"0\"", v, err)
+	}
+}

@@ -48,8 +48,25 @@ type CUDABackend struct {
 	mod     *cuda.Module
 	modErr  error
 
-	nowMu sync.Mutex
-	now   *StreamOrdering // Now's ordering: a private stream, made on first use
+	nowMu  sync.Mutex
+	now    *StreamOrdering // Now's ordering: a private stream, made on first use
+	closed bool            // guarded by nowMu
+}
+
+// backendsOn counts the open CUDA backends of this process by device
+// (cuda.Open hands one *cuda.Device per ordinal), so that Now can tell
+// when ranks of this process share a GPU (sharedDevice).
+var backendsOn = struct {
+	sync.Mutex
+	n map[*cuda.Device]int
+}{n: map[*cuda.Device]int{}}
+
+// sharedDevice reports whether another open backend of this process is on
+// dev (goroutine ranks sharing one GPU).
+func sharedDevice(dev *cuda.Device) bool {
+	backendsOn.Lock()
+	defer backendsOn.Unlock()
+	return backendsOn.n[dev] > 1
 }
 
 // NewCUDABackend returns the backend for dev, which must support virtual
@@ -68,6 +85,9 @@ func NewCUDABackend(dev *cuda.Device, cache *cuda.Cache) (*CUDABackend, error) {
 	if err != nil {
 		return nil, err
 	}
+	backendsOn.Lock()
+	backendsOn.n[dev]++
+	backendsOn.Unlock()
 	return &CUDABackend{dev: dev, gran: g, cache: cache}, nil
 }
 
@@ -324,6 +344,14 @@ func (b *CUDABackend) module() (*cuda.Module, error) {
 func (b *CUDABackend) Close() error {
 	var errs []error
 	b.nowMu.Lock()
+	if !b.closed {
+		b.closed = true
+		backendsOn.Lock()
+		if backendsOn.n[b.dev]--; backendsOn.n[b.dev] == 0 {
+			delete(backendsOn.n, b.dev)
+		}
+		backendsOn.Unlock()
+	}
 	if b.now != nil {
 		s := b.now.s
 		errs = append(errs, b.now.Close(), s.Destroy())

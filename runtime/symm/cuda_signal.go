@@ -204,12 +204,18 @@ func (b *CUDABackend) Signal(o Ordering, op *SignalOp) error {
 // It first waits for all work of the device (cuCtxSynchronize), so that,
 // as on the host, everything this rank did before the call is visible to
 // a peer once its wait returns; do not use Now while a stream of the
-// device is being captured.
+// device is being captured. Where another rank of this process has a
+// backend on the same GPU (goroutine ranks sharing one), that wait is
+// skipped: it would wait for the other rank's Now kernel, which waits for
+// this rank's signal, until the timeout. Such ranks synchronize their own
+// streams before a Now signal.
 func (b *CUDABackend) signalNow(op *SignalOp) error {
 	b.nowMu.Lock()
 	defer b.nowMu.Unlock()
-	if err := b.dev.Synchronize(); err != nil {
-		return err
+	if !sharedDevice(b.dev) {
+		if err := b.dev.Synchronize(); err != nil {
+			return err
+		}
 	}
 	if b.now == nil {
 		s, err := b.dev.NewStream()

@@ -189,10 +189,10 @@ func TestCUDAPeerAccess(t *testing.T) {
 	mods := testModules(t, devs)
 	ords := orderings(t, bes)
 	checkErrs(t, onRanks(world, func(r int) error {
+		// Memset8 returns once the memory is set (so do CopyHtoD and
+		// CopyDtoH): no device-wide synchronize, which would wait for a
+		// peer's kernel where ranks share one GPU.
 		if err := devs[r].Memset8(cuda.DevicePtr(bufs[r].Addr()), 0, n); err != nil {
-			return err
-		}
-		if err := devs[r].Synchronize(); err != nil {
 			return err
 		}
 		if err := hs[r].Barrier(Now, 0, 0); err != nil {
@@ -236,9 +236,6 @@ func TestCUDAPeerAccess(t *testing.T) {
 		}
 		defer devs[r].Free(src)
 		if err := devs[r].Memset8(src, byte(0x40+r), n); err != nil {
-			return err
-		}
-		if err := devs[r].Synchronize(); err != nil {
 			return err
 		}
 		s := ords[r].Stream()
@@ -419,10 +416,7 @@ func TestCUDAAllReduceScale(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		defer d.Free(out)
-		if err := d.Synchronize(); err != nil { // the input is in place before the kernel's stream runs
-			return err
-		}
+		defer d.Free(out) // CopyHtoD above returned with the input in place
 		g, err := hs[r].KernelGroup(ords[r], 10*time.Second)
 		if err != nil {
 			return err

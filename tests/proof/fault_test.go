@@ -73,6 +73,10 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Closed before the temporary directory goes: after Abort the rank
+	// polls the store for its peers' leaving (comm's freeWhenLeft) until
+	// the store is closed.
+	defer store.Close()
 	var cmd *exec.Cmd
 	if !child {
 		cmd = exec.Command(os.Args[0], "-test.run", "^TestPeerFaultGPU$/^"+t.Name()[len("TestPeerFaultGPU/"):]+"$", "-test.v")
