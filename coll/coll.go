@@ -188,7 +188,13 @@ const (
 	// Hierarchical runs a group that spans hosts: the generated kernels
 	// within each host and NCCL across hosts (runtime/comm, hier.go). It is
 	// never generated; a multi-host group's selection rules name it.
-	Hierarchical  Algorithm = "hierarchical"
+	Hierarchical Algorithm = "hierarchical"
+	// Copy is what a GPU communicator of one rank runs for every call,
+	// whatever algorithm it names: the one rank's result is its input, so
+	// it copies the input to the output (nothing when they are the same
+	// memory). Plans report it; it is never generated, and neither rules
+	// nor calls can name it (it is not Valid).
+	Copy          Algorithm = "copy"
 	autoSpelledAs           = "auto"
 )
 

@@ -67,6 +67,9 @@ type device interface {
 	smCount() int
 	// runNCCL hands a resolved call to NCCL on s.
 	runNCCL(cl *call, s *cuda.Stream) error
+	// copy enqueues a copy of bytes from src to dst (device memory) on s
+	// (nil: the device's own stream): a one-rank communicator's calls.
+	copy(dst, src cuda.DevicePtr, bytes int64, s *cuda.Stream) error
 	// synchronize waits for s (nil: the device's own stream).
 	synchronize(s *cuda.Stream) error
 	// ncclError returns NCCL's asynchronous error, if any (nil without

@@ -28,6 +28,8 @@ type fakeDevice struct {
 	mu        sync.Mutex
 	launches  []fakeLaunch
 	nccl      []coll.Algorithm
+	copies    []fakeCopy
+	ncclOpen  bool // openNCCL was called
 	released  bool
 	nextSym   cuda.DevicePtr
 	syms      []fakeSym
@@ -114,6 +116,9 @@ func (d *fakeDevice) canAccessPeers(ids []string) ([]int, error) {
 
 func (d *fakeDevice) ncclUnavailable() string { return "" }
 func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ncclOpen = true
 	return nil
 }
 
@@ -154,6 +159,19 @@ func (d *fakeDevice) runNCCL(cl *call, _ *cuda.Stream) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nccl = append(d.nccl, cl.alg)
+	return nil
+}
+
+// fakeCopy is one recorded copy.
+type fakeCopy struct {
+	dst, src cuda.DevicePtr
+	bytes    int64
+}
+
+func (d *fakeDevice) copy(dst, src cuda.DevicePtr, bytes int64, _ *cuda.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.copies = append(d.copies, fakeCopy{dst, src, bytes})
 	return nil
 }
 

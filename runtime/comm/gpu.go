@@ -200,6 +200,11 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix, det: det,
 		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
 		inPlace: map[*kernels.Kernel]stageMap{}, zcBuf: make([]cuda.DevicePtr, cfg.WorldSize)}
+	if cfg.WorldSize == 1 {
+		// One rank: every call is a copy (prepare), so there is no
+		// topology, kernel, staging region or NCCL to set up.
+		return g, nil
+	}
 	if err := g.pickTopology(); err != nil {
 		return nil, err
 	}
@@ -250,6 +255,8 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	switch {
 	case cfg.DisableNCCL:
 		mine.NCCL = "disabled by Config.DisableNCCL"
+	case g.world == 1:
+		mine.NCCL = "a communicator of one rank runs every collective as a copy"
 	case !wantNCCL:
 		mine.NCCL = "no selection rule uses it"
 	default:
@@ -290,8 +297,8 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	}
 	if g.topology == "" {
 		// NCCL only (detect.go): the GPUs cannot map each other's memory,
-		// so there is no region to exchange.
-		if g.ncclErr != nil {
+		// so there is no region to exchange; or one rank, which copies.
+		if g.ncclErr != nil && g.world > 1 {
 			return errorf(ErrUnsupported, "comm: rank %d: no generated kernel runs on these GPUs (%s), and %v", cfg.Rank, g.det.Reason, g.ncclErr)
 		}
 		return classify(rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world))
@@ -497,6 +504,9 @@ func (g *gpuComm) signalBytes() int64 {
 // kernel's call does not fit its inbox) lacks a kernel for some dtype and
 // op of its collective, whose calls then fall back to NCCL.
 func (g *gpuComm) usesNCCL() bool {
+	if g.world == 1 {
+		return false // every call is a copy
+	}
 	if g.topology == "" {
 		return true // NCCL only
 	}
@@ -543,6 +553,13 @@ func (g *gpuComm) rules(collective coll.Collective) *kernels.Selection { return 
 // the reason.
 func (g *gpuComm) prepare(cl *call, auto bool) error {
 	cl.kernel, cl.zc = nil, zeroCopy{}
+	if g.world == 1 {
+		// Whatever the algorithm, one rank's result is its input (a sum,
+		// max or min of one operand, an all-gather of one block), bit for
+		// bit, as NCCL's copy at one rank.
+		cl.alg = coll.Copy
+		return nil
+	}
 	if cl.alg == coll.NCCL {
 		if g.ncclOK {
 			return nil
@@ -701,9 +718,14 @@ func (g *gpuComm) run(cl *call) error {
 	}
 	s := cl.o.Stream
 	var err error
-	if cl.alg == coll.NCCL {
+	switch cl.alg {
+	case coll.Copy:
+		if cl.in.dev != cl.out.dev {
+			err = g.dev.copy(cl.out.dev, cl.in.dev, cl.outBytes, s)
+		}
+	case coll.NCCL:
 		err = g.dev.runNCCL(cl, s)
-	} else {
+	default:
 		grid, block := gridFor(cl, g.world, g.maxBlocks)
 		p := g.packers[cl.kernel]
 		err = g.dev.launch(cl.kernel, int(p.id), grid, block, g.pack(p, cl), s, g.early)
@@ -792,7 +814,7 @@ func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
 
 // alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	if g.topology == "" {
+	if g.topology == "" && g.world > 1 {
 		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the GPUs cannot map each other's memory (%s), so the communicator uses NCCL only", g.det.Reason)
 	}
 	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)

@@ -435,6 +435,13 @@ func (d *cudaDevice) runNCCL(cl *call, s *cuda.Stream) error {
 	return ncclCall(d.comm, cl.collective, cl.in.dev, cl.out.dev, cl.count, cl.dtype, cl.op, s)
 }
 
+func (d *cudaDevice) copy(dst, src cuda.DevicePtr, bytes int64, s *cuda.Stream) error {
+	if s == nil {
+		s = d.own
+	}
+	return d.dev.CopyDtoDAsync(dst, src, int(bytes), s)
+}
+
 func (d *cudaDevice) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		s = d.own

@@ -22,8 +22,8 @@ import (
 )
 
 // commsWith forms a group of world goroutine ranks (cudatest.WorldSize:
-// every GPU, or $COLLGEN_TEST_WORLD of them; cudatest.NCCLWorld for tests
-// of NCCL), rank r on GPU r (place), its Config from cfg(r). Ranks sharing
+// every GPU, or $COLLGEN_TEST_WORLD of them), rank r on GPU r (place), its
+// Config from cfg(r). Ranks sharing
 // one GPU get Config.DisableNCCL, which refuses two ranks on a device.
 // When a rank fails, the communicators made are aborted, so the next test
 // starts clean.
@@ -175,7 +175,7 @@ func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
 // checks that memory NCCL cannot register is refused at registration. With
 // blocking and non-blocking NCCL communicators.
 func TestNCCLRegistrationGPU(t *testing.T) {
-	proofGPUs(t)
+	cudatest.OwnGPUs(t) // a one-rank communicator has no NCCL (it copies)
 	lib, err := nccl.Load()
 	if err != nil {
 		t.Skipf("NCCL: %v", err)
@@ -190,7 +190,7 @@ func TestNCCLRegistrationGPU(t *testing.T) {
 
 func ncclRegistration(t *testing.T, lib *nccl.Lib, nonBlocking bool) {
 	var err error
-	w := cudatest.NCCLWorld(t)
+	w := cudatest.WorldSize(t, 2)
 	devs := make([]*cuda.Device, w)
 	allocs := make([]*alloc.Allocator, w)
 	for r := range devs {
@@ -355,7 +355,7 @@ func TestAbortGPU(t *testing.T) {
 // (NCCL 2.27+); NCCL collectives on them, small and large, are right.
 // With blocking and non-blocking NCCL communicators.
 func TestNCCLAllocWindowsGPU(t *testing.T) {
-	proofGPUs(t)
+	cudatest.OwnGPUs(t)
 	lib, err := nccl.Load()
 	if err != nil {
 		t.Skipf("NCCL: %v", err)
@@ -369,7 +369,7 @@ func TestNCCLAllocWindowsGPU(t *testing.T) {
 }
 
 func ncclAllocWindows(t *testing.T, nonBlocking bool) {
-	comms := commsWith(t, cudatest.NCCLWorld(t), rendezvous.NewMemStore(), func(int) comm.Config {
+	comms := commsWith(t, cudatest.WorldSize(t, 2), rendezvous.NewMemStore(), func(int) comm.Config {
 		return comm.Config{Group: "ncclwin", Timeout: 20 * time.Second, NCCLWindows: true, NCCLNonBlocking: nonBlocking}
 	})
 	defer closeComms(comms)
