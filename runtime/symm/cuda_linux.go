@@ -43,30 +43,45 @@ type CUDABackend struct {
 	dev   *cuda.Device
 	gran  int
 	cache *cuda.Cache
-
-	modOnce sync.Once
-	mod     *cuda.Module
-	modErr  error
+	share *deviceShare // with the other backends of this process on dev
 
 	nowMu  sync.Mutex
 	now    *StreamOrdering // Now's ordering: a private stream, made on first use
 	closed bool            // guarded by nowMu
 }
 
-// backendsOn counts the open CUDA backends of this process by device
-// (cuda.Open hands one *cuda.Device per ordinal), so that Now can tell
-// when ranks of this process share a GPU (sharedDevice).
-var backendsOn = struct {
+// deviceShare is what the CUDA backends of this process on one device
+// share (cuda.Open hands one *cuda.Device per ordinal): their count, so
+// that Now can tell when ranks of this process share a GPU
+// (sharedDevice), and the signal kernel, compiled and loaded once per
+// device. Loading a kernel may synchronize the context (CUDA's lazy
+// loading loads a kernel at its first lookup), which, where ranks share
+// a GPU, waits for a peer's signal kernel spinning for this rank, until
+// the timeout: with one load per device, the first signal of any rank
+// loads it before any signal kernel of the device runs. The module is
+// unloaded with the device's last backend.
+type deviceShare struct {
+	backends int // guarded by devices' lock
+
+	once sync.Once
+	mod  *cuda.Module
+	fn   *cuda.Function
+	err  error
+}
+
+// devices holds the deviceShare of every device with an open backend.
+var devices = struct {
 	sync.Mutex
-	n map[*cuda.Device]int
-}{n: map[*cuda.Device]int{}}
+	m map[*cuda.Device]*deviceShare
+}{m: map[*cuda.Device]*deviceShare{}}
 
 // sharedDevice reports whether another open backend of this process is on
 // dev (goroutine ranks sharing one GPU).
 func sharedDevice(dev *cuda.Device) bool {
-	backendsOn.Lock()
-	defer backendsOn.Unlock()
-	return backendsOn.n[dev] > 1
+	devices.Lock()
+	defer devices.Unlock()
+	s := devices.m[dev]
+	return s != nil && s.backends > 1
 }
 
 // NewCUDABackend returns the backend for dev, which must support virtual
@@ -85,10 +100,15 @@ func NewCUDABackend(dev *cuda.Device, cache *cuda.Cache) (*CUDABackend, error) {
 	if err != nil {
 		return nil, err
 	}
-	backendsOn.Lock()
-	backendsOn.n[dev]++
-	backendsOn.Unlock()
-	return &CUDABackend{dev: dev, gran: g, cache: cache}, nil
+	devices.Lock()
+	s := devices.m[dev]
+	if s == nil {
+		s = &deviceShare{}
+		devices.m[dev] = s
+	}
+	s.backends++
+	devices.Unlock()
+	return &CUDABackend{dev: dev, gran: g, cache: cache, share: s}, nil
 }
 
 // Device is the backend's GPU.
@@ -324,42 +344,54 @@ func (b *CUDABackend) DeviceArray(ptrs []uintptr) (uintptr, func() error, error)
 	return uintptr(p), func() error { return b.dev.Free(p) }, nil
 }
 
-// module compiles (once, through the cache) and loads the signal kernel.
-func (b *CUDABackend) module() (*cuda.Module, error) {
-	b.modOnce.Do(func() {
-		b.mod, b.modErr = b.dev.LoadSource(context.Background(), cuda.CompileRequest{
+// signalKernel returns the signal kernel, compiling (through the
+// backend's cache) and loading it on the device's first use
+// (deviceShare).
+func (b *CUDABackend) signalKernel() (*cuda.Function, error) {
+	s := b.share
+	s.once.Do(func() {
+		s.mod, s.err = b.dev.LoadSource(context.Background(), cuda.CompileRequest{
 			Name: "collgen_symm_signal.cu", Source: signalSource,
 			Headers: map[string]string{DeviceHeaderName: DeviceHeader}, Options: []string{"--std=c++17"},
 		}, b.cache)
-		if b.modErr != nil {
-			b.modErr = fmt.Errorf("symm: compile the signal kernel for %v: %w", b.dev, b.modErr)
+		if s.err != nil {
+			s.err = fmt.Errorf("symm: compile the signal kernel for %v: %w", b.dev, s.err)
+			return
+		}
+		if s.fn, s.err = s.mod.Function("cg_symm_signal"); s.err != nil {
+			s.err = errors.Join(s.err, s.mod.Unload())
+			s.mod = nil
 		}
 	})
-	return b.mod, b.modErr
+	return s.fn, s.err
 }
 
 // Close releases what the backend made for itself: the Now ordering's
-// stream and status words and the signal kernel's module. Close the
-// backend after its pool.
+// stream and status words, and, with the device's last backend of this
+// process, the signal kernel's module. Close the backend after its pool.
+// Idempotent.
 func (b *CUDABackend) Close() error {
 	var errs []error
 	b.nowMu.Lock()
-	if !b.closed {
-		b.closed = true
-		backendsOn.Lock()
-		if backendsOn.n[b.dev]--; backendsOn.n[b.dev] == 0 {
-			delete(backendsOn.n, b.dev)
-		}
-		backendsOn.Unlock()
-	}
+	defer b.nowMu.Unlock()
 	if b.now != nil {
 		s := b.now.s
 		errs = append(errs, b.now.Close(), s.Destroy())
 		b.now = nil
 	}
-	b.nowMu.Unlock()
-	if b.mod != nil {
-		errs = append(errs, b.mod.Unload())
+	if b.closed {
+		return errors.Join(errs...)
+	}
+	b.closed = true
+	devices.Lock()
+	last := b.share.backends == 1
+	b.share.backends--
+	if last {
+		delete(devices.m, b.dev)
+	}
+	devices.Unlock()
+	if last && b.share.mod != nil {
+		errs = append(errs, b.share.mod.Unload())
 	}
 	return errors.Join(errs...)
 }

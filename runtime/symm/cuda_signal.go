@@ -60,11 +60,7 @@ func (b *CUDABackend) NewStreamOrdering(s *cuda.Stream) (*StreamOrdering, error)
 	if s == nil || s.Device() != b.dev {
 		return nil, fmt.Errorf("symm: a stream ordering needs a stream of %v (the backend's device), not %v", b.dev, s.Device())
 	}
-	mod, err := b.module()
-	if err != nil {
-		return nil, err
-	}
-	fn, err := mod.Function("cg_symm_signal")
+	fn, err := b.signalKernel()
 	if err != nil {
 		return nil, err
 	}

@@ -107,15 +107,30 @@ func orderings(t *testing.T, bes []*CUDABackend) []*StreamOrdering {
 }
 
 // testModules compiles the test kernels for every device.
-func testModules(t *testing.T, devs []*cuda.Device) []*cuda.Module {
+func testModules(t testing.TB, devs []*cuda.Device) []*cuda.Module {
+	t.Helper()
+	return loadKernels(t, devs, "symm_test_kernels.cu", testKernelsSrc, "poke", "inc", "check", "barrier_loop", "pingpong_loop")
+}
+
+// loadKernels compiles src for every device and looks up its kernels
+// (names), before any rank launches one: CUDA loads a kernel at its first
+// lookup, which may synchronize the context, and where ranks share a GPU
+// that waits for a peer's kernel spinning for this rank (a deadlock until
+// the timeout). Modules are unloaded at the test's end.
+func loadKernels(t testing.TB, devs []*cuda.Device, name, src string, names ...string) []*cuda.Module {
 	t.Helper()
 	mods := make([]*cuda.Module, len(devs))
 	for r, d := range devs {
-		m, err := CompileKernel(context.Background(), d, "symm_test_kernels.cu", testKernelsSrc, nil)
+		m, err := CompileKernel(context.Background(), d, name, src, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { m.Unload() })
+		for _, n := range names {
+			if _, err := m.Function(n); err != nil {
+				t.Fatal(err)
+			}
+		}
 		mods[r] = m
 	}
 	return mods
@@ -397,14 +412,10 @@ func TestCUDAAllReduceScale(t *testing.T) {
 	world := len(devs)
 	bufs, hs := allocAll(t, pools, 4*n)
 	ords := orderings(t, bes)
+	mods := loadKernels(t, devs, "allreduce_scale.cu", allReduceScaleSrc, "allreduce_scale")
 	in := func(r, i int) float32 { return float32(r+1) * float32(i%1000) }
 	checkErrs(t, onRanks(world, func(r int) error {
-		d := devs[r]
-		mod, err := CompileKernel(context.Background(), d, "allreduce_scale.cu", allReduceScaleSrc, nil)
-		if err != nil {
-			return err
-		}
-		defer mod.Unload()
+		d, mod := devs[r], mods[r]
 		raw := make([]byte, 4*n)
 		for i := range n {
 			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(in(r, i)))
@@ -752,15 +763,7 @@ func benchSignalGraph(b *testing.B, kind string) {
 			}
 		}
 	}()
-	mods := make([]*cuda.Module, world)
-	for r, d := range devs {
-		m, err := CompileKernel(context.Background(), d, "symm_test_kernels.cu", testKernelsSrc, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer m.Unload()
-		mods[r] = m
-	}
+	mods := testModules(b, devs)
 	execs := make([]*cuda.GraphExec, world)
 	ords := make([]*StreamOrdering, world)
 	checkB(b, onRanks(world, func(r int) error {

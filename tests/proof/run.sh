@@ -30,7 +30,7 @@ export PROOF_WORLDS
 status=0
 
 tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
-[ -n "$shared" ] && tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
 start=$(date +%s)
