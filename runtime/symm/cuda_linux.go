@@ -160,10 +160,10 @@ func (b *CUDABackend) Create(addr uintptr, size int) (Chunk, error) {
 	}
 	err = b.dev.MemSetAccess(p, size, b.dev)
 	if err == nil {
+		// Returns with the zeros written (runtime/cuda waits for the
+		// legacy stream); no device-wide synchronize, which would wait
+		// for the kernels of any rank of this process on the GPU.
 		err = b.dev.MemsetD32(p, 0, size/4)
-	}
-	if err == nil {
-		err = b.dev.Synchronize()
 	}
 	if err != nil {
 		b.dev.MemUnmap(p, size)
