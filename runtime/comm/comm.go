@@ -361,7 +361,8 @@ func (c *Communicator) AllGather(in, out Buffer, sendCount int, dtype coll.DType
 
 // Plan is what a collective call would run.
 type Plan struct {
-	// Algorithm is a generated algorithm or coll.NCCL.
+	// Algorithm is a generated algorithm, coll.NCCL, or coll.Copy (a
+	// communicator of one rank; see prepare in gpu.go).
 	Algorithm coll.Algorithm
 	// Kernel names the generated kernel; "" for NCCL and host calls.
 	Kernel string
