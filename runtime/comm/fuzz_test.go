@@ -12,8 +12,9 @@ import (
 )
 
 // FuzzFakeCall: any arguments to a collective on the GPU backend (over
-// fake devices, world 4: collective, dtype, op, forced algorithm, count,
-// buffer addresses, staging size) end in nil or an error that matches one
+// fake devices, world 4, and world 1 for a collective byte from 192 up:
+// collective, dtype, op, forced algorithm, count, buffer addresses,
+// staging size) end in nil or an error that matches one
 // of the package's sentinels, and none panics; the brief's "bad input gets
 // a clear typed error". Explain and Choose of the same arguments too. Calls run on rank 0 alone: the fake device records
 // launches without waiting for peers.
@@ -23,16 +24,22 @@ func FuzzFakeCall(f *testing.F) {
 	f.Cleanup(func() { closeAll(f, comms) })
 	small, _ := fakeComms(f, world, Config{StagingBytes: 64 << 10, Group: "FuzzFakeCallSmall"})
 	f.Cleanup(func() { closeAll(f, small) })
+	solo, soloDevs := fakeComms(f, 1, Config{Group: "FuzzFakeCallSolo"})
+	f.Cleanup(func() { closeAll(f, solo) })
 	algs := append([]coll.Algorithm{coll.Auto, "fastest"}, coll.Algorithms()...)
 	dtypes := append(coll.DTypes(), "f17")
 	ops := append(coll.Ops(), "prod", "")
 	f.Add(uint8(0), uint8(0), uint8(0), uint8(0), int64(1024), uint64(0x1000), uint64(0x2000), false)
 	f.Add(uint8(1), uint8(3), uint8(2), uint8(1), int64(1)<<62, uint64(0x1001), uint64(0x1001), true)
 	f.Add(uint8(2), uint8(5), uint8(6), uint8(3), int64(-1), uint64(0), uint64(3), false)
+	f.Add(uint8(200), uint8(2), uint8(1), uint8(0), int64(1)<<61, uint64(0x1000), uint64(0x1000), false)
 	f.Fuzz(func(t *testing.T, ci, ai, di, oi uint8, count int64, in, out uint64, smallStaging bool) {
 		c := comms[0]
 		if smallStaging {
 			c = small[0]
+		}
+		if ci >= 192 {
+			c = solo[0]
 		}
 		collective := coll.Collectives()[int(ci)%len(coll.Collectives())]
 		dt := dtypes[int(di)%len(dtypes)]
@@ -62,6 +69,9 @@ func FuzzFakeCall(f *testing.F) {
 		devs[0].mu.Lock()
 		devs[0].launches = devs[0].launches[:0] // the fuzz loop makes millions
 		devs[0].mu.Unlock()
+		soloDevs[0].mu.Lock()
+		soloDevs[0].copies = soloDevs[0].copies[:0]
+		soloDevs[0].mu.Unlock()
 	})
 }
 

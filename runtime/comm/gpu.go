@@ -202,8 +202,9 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 		inPlace: map[*kernels.Kernel]stageMap{}, zcBuf: make([]cuda.DevicePtr, cfg.WorldSize)}
 	if cfg.WorldSize == 1 {
 		// One rank: every call is a copy (prepare), so there is no
-		// topology, kernel, staging region or NCCL to set up.
-		return g, nil
+		// topology, kernel, staging region or NCCL to set up. A topology
+		// named anyway must still be one of the library's.
+		return g, g.checkNamedTopology()
 	}
 	if err := g.pickTopology(); err != nil {
 		return nil, err
@@ -342,6 +343,28 @@ func (g *gpuComm) kernels() ([]*kernels.Kernel, []int) {
 		}
 	}
 	return ks, ids
+}
+
+// checkNamedTopology refuses a Config.Topology that names none of the
+// library's GPU topologies (at any world size): a communicator of one
+// rank uses none, but a misspelt name is refused there as at any world.
+func (g *gpuComm) checkNamedTopology() error {
+	if g.cfg.Topology == "" {
+		return nil
+	}
+	var names []string
+	for _, s := range g.lib.Selections {
+		if s.Kind == coll.HostSHM {
+			continue
+		}
+		if s.Topology == g.cfg.Topology {
+			return nil
+		}
+		if !slices.Contains(names, s.Topology) {
+			names = append(names, s.Topology)
+		}
+	}
+	return errorf(ErrInvalidArgument, "comm: topology %q is not a GPU topology of the library (have: %v)", g.cfg.Topology, names)
 }
 
 // pickTopology resolves Config.Topology and the staging size.

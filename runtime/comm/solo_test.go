@@ -69,4 +69,16 @@ func TestFakeWorldOne(t *testing.T) {
 	if p, err := c.Alloc(context.Background(), 4096); err != nil || p == 0 {
 		t.Errorf("Alloc at world 1: %#x, %v", uintptr(p), err)
 	}
+	// A topology of the library is accepted (and unused), a misspelt one
+	// refused, as at any world size.
+	named, errs := newFakeComms(t, Config{Topology: "nvswitch"}, []*fakeDevice{{}})
+	if errs[0] != nil {
+		t.Errorf("Topology nvswitch at world 1: %v", errs[0])
+	} else {
+		closeAll(t, named)
+	}
+	_, errs = newFakeComms(t, Config{Topology: "nvswich"}, []*fakeDevice{{}})
+	if !errors.Is(errs[0], ErrInvalidArgument) || !strings.Contains(errs[0].Error(), `"nvswich"`) {
+		t.Errorf("a misspelt topology at world 1: %v; want ErrInvalidArgument naming it", errs[0])
+	}
 }
