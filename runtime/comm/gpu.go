@@ -284,7 +284,12 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
 		}
 	}
-	if !cfg.LazyKernels && g.topology != "" { // "": NCCL only, no kernel runs
+	// Where ranks share a GPU, kernels load in New even with LazyKernels:
+	// loading a kernel may synchronize the context (CUDA's lazy loading),
+	// which would wait for a peer's kernel waiting for this rank, until
+	// Config.Timeout. Every rank decides alike (the agreed detection).
+	lazy := cfg.LazyKernels && sharedBlocks(g.det, 1) == 0
+	if !lazy && g.topology != "" { // "": NCCL only, no kernel runs
 		ks, ids := g.kernels()
 		if err := dev.preload(ctx, ks, ids); err != nil {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))

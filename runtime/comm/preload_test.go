@@ -36,13 +36,26 @@ func TestPreloadAtNew(t *testing.T) {
 	}
 }
 
-// TestLazyKernels: with Config.LazyKernels, New readies no kernel.
+// TestLazyKernels: with Config.LazyKernels, New readies no kernel, except
+// where ranks share a GPU (there a kernel's first load could wait for a
+// peer's kernel that waits for this rank).
 func TestLazyKernels(t *testing.T) {
 	comms, devs := fakeComms(t, 2, Config{LazyKernels: true})
 	defer closeAll(t, comms)
 	for r, d := range devs {
 		if len(d.preloaded) != 0 {
 			t.Fatalf("rank %d preloaded %d kernels with LazyKernels", r, len(d.preloaded))
+		}
+	}
+	shared := []*fakeDevice{{rank: 0, bus: "0000:10:00.0"}, {rank: 1, bus: "0000:10:00.0"}}
+	sc, errs := newFakeComms(t, Config{LazyKernels: true}, shared)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, sc)
+	for r, d := range shared {
+		if len(d.preloaded) == 0 {
+			t.Errorf("rank %d sharing a GPU preloaded nothing with LazyKernels", r)
 		}
 	}
 }
