@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The runtime's multi-GPU group and fault tests in one command: symmetric
+# memory's group tests (at each of WORLDS), NCCL (collectives,
+# registration, windows, bounded init, abort), IPC, CUDA peer access, and
+# the proof's NCCL registration and window, abort, peer-fault,
+# recycled-region, timeout, refusal, debug-check, mixed-protocol and
+# world-1 tests. On a one-GPU machine every rank shares GPU 0
+# (COLLGEN_TEST_SHARE_GPU=1; the tests of NCCL groups skip there, NCCL at
+# one rank runs). Build the bundle where Go is:
+#
+#   make gpu-bundle GPU_TEST_PKGS="./runtime/symm ./runtime/nccl ./runtime/ipc ./runtime/cuda ./tests/proof"
+#
+# then on the GPU machine, from the repository root:
+#
+#   OUT=/some/dir tests/gpu/groups.sh
+#
+# Writes one log per binary (and per world for symm) and summary.txt to
+# $OUT. Knobs: WORLDS (symm's worlds; default 2 3 4 on one GPU, else the
+# GPU count), T (seconds per binary, 150). Exit status: non-zero if any
+# binary failed.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-.gpu/out}
+T=${T:-150}
+mkdir -p "$OUT"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export COLLGEN_CACHE_DIR=$TMP/cache # never touch a real user cache
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ngpu" -le 1 ]; then
+  export COLLGEN_TEST_SHARE_GPU=1
+  WORLDS=${WORLDS:-2 3 4}
+else
+  WORLDS=${WORLDS:-$ngpu}
+fi
+status=0
+: >"$OUT/summary.txt"
+# run NAME BINARY ARGS...: one test binary, its log, its summary lines.
+run() {
+  local name=$1
+  shift
+  local start=$(date +%s)
+  timeout "$T" "$@" -test.v -test.count=1 >"$OUT/$name.log" 2>&1
+  local rc=$?
+  [ $rc -ne 0 ] && status=1
+  {
+    echo "== $name: exit $rc after $(( $(date +%s) - start ))s"
+    grep -E '^ *--- (FAIL|SKIP)|^(ok|FAIL|PASS)$' "$OUT/$name.log"
+    grep -cE '^ *--- PASS' "$OUT/$name.log" | sed 's/^/passed: /'
+  } >>"$OUT/summary.txt"
+}
+for w in $WORLDS; do
+  export COLLGEN_TEST_WORLD=$w
+  run "symm-w$w" .gpu/symm.test -test.run CUDA
+done
+unset COLLGEN_TEST_WORLD
+run nccl .gpu/nccl.test
+run ipc .gpu/ipc.test
+run cuda-peer .gpu/cuda.test -test.run 'TestPeerAccess'
+run proof .gpu/proof.test -test.run 'TestNCCLRegistrationGPU|TestNCCLAllocWindowsGPU|TestAbortGPU|TestAbortOneRankGPU|TestPeerFaultGPU|TestRecycledRegionGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestMixedProtocols|TestWorldOneGPU'
+cat "$OUT/summary.txt"
+exit $status
