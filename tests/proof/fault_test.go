@@ -247,3 +247,25 @@ func TestAbortOneRankGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestLazyKernelsSharedGPU: with Config.LazyKernels, goroutine ranks
+// sharing one GPU run barrier and LL all-reduces, both ranks launching
+// each kernel for the first time at once. A kernel loaded at its first
+// launch may synchronize the context, which would wait for the peer's
+// kernel, itself waiting for this rank, until the timeout; New loads
+// every kernel where ranks share a GPU, LazyKernels or not. Runs with
+// COLLGEN_TEST_SHARE_GPU only.
+func TestLazyKernelsSharedGPU(t *testing.T) {
+	if !sharedGPU() {
+		t.Skip("needs ranks sharing a GPU (COLLGEN_TEST_SHARE_GPU=1)")
+	}
+	proofGPUs(t)
+	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, LazyKernels: true,
+		Timeout: 5 * time.Second, Group: "lazy-shared"})
+	defer closeComms(comms)
+	for i, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL, coll.TwoShot} {
+		if err := checkedAllReduce(comms, alg, coll.BF16, 4096+i, 40+i); err != nil {
+			t.Fatalf("%s: %v", alg, err)
+		}
+	}
+}
