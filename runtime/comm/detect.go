@@ -325,7 +325,7 @@ func (g *gpuComm) byCorner(byRank []cuda.DevicePtr) []cuda.DevicePtr {
 // only all-reduce tolerates (every rank gets the same result whichever
 // corner it plays; reduce-scatter and all-gather place data by rank).
 func (g *gpuComm) kernelRefusal(cl *call) error {
-	if g.topology == "" {
+	if g.ncclOnly() {
 		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: no generated kernel runs on these GPUs (%s: %s)", cl.collective, cl.alg, g.det.Kind, g.det.Reason)
 	}
 	if c := g.corner; c != nil && cl.collective != coll.AllReduce {

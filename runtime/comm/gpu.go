@@ -304,7 +304,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	if g.topology == "" {
 		// NCCL only (detect.go): the GPUs cannot map each other's memory,
 		// so there is no region to exchange; or one rank, which copies.
-		if g.ncclErr != nil && g.world > 1 {
+		if g.ncclOnly() && g.ncclErr != nil {
 			return errorf(ErrUnsupported, "comm: rank %d: no generated kernel runs on these GPUs (%s), and %v", cfg.Rank, g.det.Reason, g.ncclErr)
 		}
 		return classify(rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world))
@@ -357,28 +357,21 @@ func (g *gpuComm) checkNamedTopology() error {
 	if g.cfg.Topology == "" {
 		return nil
 	}
-	var names []string
-	for _, s := range g.lib.Selections {
-		if s.Kind == coll.HostSHM {
-			continue
-		}
-		if s.Topology == g.cfg.Topology {
-			return nil
-		}
-		if !slices.Contains(names, s.Topology) {
-			names = append(names, s.Topology)
-		}
+	names, kinds := gpuTopologies(g.lib, 0)
+	if _, ok := kinds[g.cfg.Topology]; ok {
+		return nil
 	}
 	return errorf(ErrInvalidArgument, "comm: topology %q is not a GPU topology of the library (have: %v)", g.cfg.Topology, names)
 }
 
-// pickTopology resolves Config.Topology and the staging size.
-func (g *gpuComm) pickTopology() error {
-	lib, cfg := g.lib, g.cfg
+// gpuTopologies lists the library's GPU topologies that generate world
+// size world (every one when world is 0), in library order, with their
+// kinds.
+func gpuTopologies(lib *kernels.Library, world int) ([]string, map[string]coll.TopologyKind) {
 	var names []string
 	kinds := map[string]coll.TopologyKind{}
 	for _, s := range lib.Selections {
-		if s.Kind == coll.HostSHM || !slices.Contains(s.Worlds, cfg.WorldSize) {
+		if s.Kind == coll.HostSHM || (world > 0 && !slices.Contains(s.Worlds, world)) {
 			continue
 		}
 		if _, seen := kinds[s.Topology]; !seen {
@@ -386,6 +379,13 @@ func (g *gpuComm) pickTopology() error {
 			names = append(names, s.Topology)
 		}
 	}
+	return names, kinds
+}
+
+// pickTopology resolves Config.Topology and the staging size.
+func (g *gpuComm) pickTopology() error {
+	lib, cfg := g.lib, g.cfg
+	names, kinds := gpuTopologies(lib, cfg.WorldSize)
 	if len(names) == 0 {
 		return errorf(ErrUnsupported, "comm: no GPU topology of the library generates world size %d; add it to a topology's world_sizes and regenerate", cfg.WorldSize)
 	}
@@ -532,12 +532,10 @@ func (g *gpuComm) signalBytes() int64 {
 // kernel's call does not fit its inbox) lacks a kernel for some dtype and
 // op of its collective, whose calls then fall back to NCCL.
 func (g *gpuComm) usesNCCL() bool {
-	if g.world == 1 {
-		return false // every call is a copy
+	if g.ncclOnly() {
+		return true
 	}
-	if g.topology == "" {
-		return true // NCCL only
-	}
+	// One rank has no selections: every call is a copy.
 	for c, s := range g.sels {
 		ops := coll.Ops()
 		if !c.Reduces() {
@@ -564,6 +562,11 @@ func (g *gpuComm) usesNCCL() bool {
 	}
 	return false
 }
+
+// ncclOnly reports whether the group runs through NCCL alone: no
+// generated kernel runs on its GPUs (detect.go). A communicator of one
+// rank has no topology either, but copies.
+func (g *gpuComm) ncclOnly() bool { return g.topology == "" && g.world > 1 }
 
 func (g *gpuComm) memory() memKind { return deviceMemory }
 
@@ -842,7 +845,7 @@ func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
 
 // alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
-	if g.topology == "" && g.world > 1 {
+	if g.ncclOnly() {
 		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the GPUs cannot map each other's memory (%s), so the communicator uses NCCL only", g.det.Reason)
 	}
 	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)

@@ -198,11 +198,7 @@ func TestFileStoreAcrossHandlesCAS(t *testing.T) {
 	var mu sync.Mutex
 	winners := 0
 	for i := range 8 {
-		s, err := NewFileStore(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close()
+		s := openFileStore(t, dir)
 		wins.Add(1)
 		go func() {
 			defer wins.Done()

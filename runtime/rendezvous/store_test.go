@@ -27,12 +27,7 @@ func storeKinds() []storeKind {
 		{"file", func(t *testing.T) func() Store {
 			dir := t.TempDir()
 			return func() Store {
-				s, err := NewFileStore(dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { s.Close() })
-				return s
+				return openFileStore(t, dir)
 			}
 		}},
 		{"tcp", func(t *testing.T) func() Store {
@@ -89,11 +84,7 @@ func TestMemWaitWokenByClose(t *testing.T) {
 // taken again.
 func TestFileStoreLockHolderStopped(t *testing.T) {
 	dir := t.TempDir()
-	s, err := NewFileStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openFileStore(t, dir)
 	holder, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -135,12 +126,7 @@ func TestFileStoreLockHolderStopped(t *testing.T) {
 // members count so; each poll used to write a file into the directory),
 // and on a missing key creates it at 0, as every store does.
 func TestFileStoreAddZeroReads(t *testing.T) {
-	dir := t.TempDir()
-	st, err := NewFileStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openFileStore(t, t.TempDir())
 	ctx := context.Background()
 	if n, err := st.Add(ctx, "members", 5); err != nil || n != 5 {
 		t.Fatalf("Add 5: %d, %v", n, err)
@@ -166,4 +152,16 @@ func TestFileStoreAddZeroReads(t *testing.T) {
 	if v, err := st.Get(ctx, "fresh"); err != nil || string(v) != "0" {
 		t.Errorf("the missing key after Add 0: %q, %v; want \"0\"", v, err)
 	}
+}
+
+// openFileStore opens a file store on dir for a test, closed at its end
+// (before its temporary directories go).
+func openFileStore(t testing.TB, dir string) Store {
+	t.Helper()
+	s, err := NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

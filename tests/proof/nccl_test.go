@@ -11,7 +11,6 @@ import (
 	"unsafe"
 
 	"github.com/collgen/collgen/coll"
-	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -20,47 +19,6 @@ import (
 	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
-
-// commsWith forms a group of world goroutine ranks (cudatest.WorldSize:
-// every GPU, or $COLLGEN_TEST_WORLD of them), rank r on GPU r (place), its
-// Config from cfg(r). Ranks sharing
-// one GPU get Config.DisableNCCL, which refuses two ranks on a device.
-// When a rank fails, the communicators made are aborted, so the next test
-// starts clean.
-func commsWith(t *testing.T, world int, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
-	t.Helper()
-	comms := make([]*comm.Communicator, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := cfg(r)
-			c.Rank, c.WorldSize, c.Store = r, world, store
-			place(&c, r)
-			if sharedGPU() && world > 1 {
-				c.DisableNCCL = true
-			}
-			if c.Library == nil {
-				c.Library = collectives.Library
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			comms[r], errs[r] = comm.New(ctx, c)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		for _, c := range comms {
-			if c != nil {
-				c.Abort()
-			}
-		}
-		t.Fatal(err)
-	}
-	return comms
-}
 
 // ncclModes are the ways comm opens its NCCL communicator: blocking (the
 // default) and Config.NCCLNonBlocking.

@@ -368,20 +368,37 @@ func writeSummary(t *testing.T) {
 	f.WriteString(b.String())
 }
 
-// newComms creates world goroutine-rank communicators.
+// newComms creates world goroutine-rank communicators of one Config on a
+// fresh store (commsWith).
 func newComms(t *testing.T, w int, cfg comm.Config) []*comm.Communicator {
 	t.Helper()
-	store := rendezvous.NewMemStore()
-	comms := make([]*comm.Communicator, w)
-	errs := make([]error, w)
+	return commsWith(t, w, rendezvous.NewMemStore(), func(int) comm.Config { return cfg })
+}
+
+// commsWith forms a group of world goroutine ranks (cudatest.WorldSize:
+// every GPU, or $COLLGEN_TEST_WORLD of them), rank r on GPU r (place), its
+// Config from cfg(r). Ranks sharing one GPU get Config.DisableNCCL (NCCL
+// refuses two ranks on a device).
+// When a rank fails, the communicators made are aborted, so the next test
+// starts clean.
+func commsWith(t *testing.T, world int, store rendezvous.Store, cfg func(r int) comm.Config) []*comm.Communicator {
+	t.Helper()
+	comms := make([]*comm.Communicator, world)
+	errs := make([]error, world)
 	var wg sync.WaitGroup
-	for r := 0; r < w; r++ {
+	for r := range comms {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := cfg
-			c.Rank, c.WorldSize, c.Store = r, w, store
+			c := cfg(r)
+			c.Rank, c.WorldSize, c.Store = r, world, store
 			place(&c, r)
+			if sharedGPU() && world > 1 {
+				c.DisableNCCL = true
+			}
+			if c.Library == nil {
+				c.Library = collectives.Library
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			comms[r], errs[r] = comm.New(ctx, c)
@@ -389,7 +406,12 @@ func newComms(t *testing.T, w int, cfg comm.Config) []*comm.Communicator {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("comm.New at world %d: %v", w, err)
+		for _, c := range comms {
+			if c != nil {
+				c.Abort()
+			}
+		}
+		t.Fatalf("comm.New at world %d: %v", world, err)
 	}
 	return comms
 }
