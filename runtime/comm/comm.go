@@ -136,9 +136,10 @@ type Config struct {
 	// instead of in New. By default New compiles (in parallel, through
 	// the cache) or loads every kernel of the world size, so no call
 	// stalls on a compile and a kernel that fails to compile fails New
-	// with a *KernelError naming it. Where ranks share a GPU, New loads
-	// them anyway: a kernel's first load may synchronize the context
-	// and so wait for a peer's kernel that waits for this rank.
+	// with a *KernelError naming it. Where ranks of one process share a
+	// GPU (one CUDA context), New loads them anyway: a kernel's first
+	// load may synchronize the context and so wait for a peer's kernel
+	// that waits for this rank.
 	LazyKernels bool
 	// HostShared selects POSIX shared memory for Device: Host (ranks are
 	// processes); false means ranks are goroutines of one process.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync/atomic"
 
@@ -170,6 +171,31 @@ type gpuAgreement struct {
 	// MaxBlocks is 0 (sharedBlocks); 0 otherwise. Ranks take the least.
 	SharedBlocks int    `json:"shared_blocks"`
 	NCCL         string `json:"nccl"` // "" when this rank could load NCCL, else why not
+	// Process names this rank's process (host name and pid), so that a
+	// rank knows which peers share its CUDA context (sharesContext).
+	Process string `json:"process"`
+}
+
+// thisProcess is gpuAgreement.Process for this process.
+var thisProcess = func() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d", host, os.Getpid())
+}()
+
+// sharesContext reports whether another rank of this process is on this
+// rank's GPU (goroutine ranks sharing one): one CUDA context, where a
+// call that waits for the whole context waits for the peers' kernels.
+// Process ranks sharing a GPU have contexts of their own.
+func sharesContext(det *Detected, me int, all []gpuAgreement) bool {
+	if det == nil {
+		return false
+	}
+	for r, a := range all {
+		if r != me && a.Process == all[me].Process && det.BusIDs[r] == det.BusIDs[me] {
+			return true
+		}
+	}
+	return false
 }
 
 // newGPU opens the rank's device and sets up the GPU backend on it.
@@ -249,7 +275,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	cfg := g.cfg
 	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
-	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks}
+	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks, Process: thisProcess}
 	if cfg.MaxBlocks == 0 {
 		mine.SharedBlocks = sharedBlocks(g.det, dev.smCount())
 	}
@@ -284,11 +310,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
 		}
 	}
-	// Where ranks share a GPU, kernels load in New even with LazyKernels:
-	// loading a kernel may synchronize the context (CUDA's lazy loading),
-	// which would wait for a peer's kernel waiting for this rank, until
-	// Config.Timeout. Every rank decides alike (the agreed detection).
-	lazy := cfg.LazyKernels && sharedBlocks(g.det, 1) == 0
+	// Where ranks of this process share its GPU, kernels load in New even
+	// with LazyKernels: loading a kernel may synchronize the context
+	// (CUDA's lazy loading), which would wait for a peer's kernel waiting
+	// for this rank, until Config.Timeout.
+	lazy := cfg.LazyKernels && !sharesContext(g.det, cfg.Rank, all)
 	if !lazy && g.topology != "" { // "": NCCL only, no kernel runs
 		ks, ids := g.kernels()
 		if err := dev.preload(ctx, ks, ids); err != nil {

@@ -58,6 +58,29 @@ func TestLazyKernels(t *testing.T) {
 			t.Errorf("rank %d sharing a GPU preloaded nothing with LazyKernels", r)
 		}
 	}
+	// Only ranks of one process share a context: process ranks on one
+	// GPU each have their own, and load lazily.
+	det := &Detected{BusIDs: []string{"0000:10:00.0", "0000:10:00.0", "0000:11:00.0"}}
+	for _, c := range []struct {
+		procs []string
+		me    int
+		want  bool
+	}{
+		{[]string{"h/1", "h/1", "h/1"}, 0, true},  // goroutine ranks, rank 1 on the same GPU
+		{[]string{"h/1", "h/2", "h/1"}, 0, false}, // the rank on its GPU is another process
+		{[]string{"h/1", "h/1", "h/1"}, 2, false}, // alone on its GPU
+	} {
+		all := make([]gpuAgreement, len(c.procs))
+		for r, p := range c.procs {
+			all[r].Process = p
+		}
+		if got := sharesContext(det, c.me, all); got != c.want {
+			t.Errorf("sharesContext(rank %d, processes %v) = %v, want %v", c.me, c.procs, got, c.want)
+		}
+	}
+	if sharesContext(nil, 0, []gpuAgreement{{}}) {
+		t.Error("sharesContext without a detection (one rank) = true")
+	}
 }
 
 // TestPreloadErrorFailsNew: a kernel that fails to compile fails New with
