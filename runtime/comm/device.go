@@ -65,6 +65,9 @@ type device interface {
 	earlyLaunch() bool
 	// smCount is the number of SMs of this rank's GPU.
 	smCount() int
+	// workQueues is the number of hardware work queues of this rank's
+	// CUDA context (cuda.WorkQueues: CUDA_DEVICE_MAX_CONNECTIONS).
+	workQueues() int
 	// runNCCL hands a resolved call to NCCL on s.
 	runNCCL(cl *call, s *cuda.Stream) error
 	// copy enqueues a copy of bytes from src to dst (device memory) on s

@@ -49,6 +49,8 @@ type fakeDevice struct {
 	setups int
 	// sms is the SM count smCount reports (0: 132).
 	sms int
+	// queues is what workQueues reports (0: 32, the most CUDA gives).
+	queues int
 
 	// hold, when set, makes launch signal entered and then wait for it to
 	// be closed (the busy test).
@@ -132,6 +134,13 @@ func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel, _ []int) e
 func (d *fakeDevice) earlyLaunch() bool { return d.early }
 
 // smCount is the fake GPU's SMs: d.sms, or an H100's 132.
+func (d *fakeDevice) workQueues() int {
+	if d.queues > 0 {
+		return d.queues
+	}
+	return cuda.MaxWorkQueues
+}
+
 func (d *fakeDevice) smCount() int {
 	if d.sms > 0 {
 		return d.sms

@@ -174,6 +174,10 @@ type gpuAgreement struct {
 	// Process names this rank's process (host name and pid), so that a
 	// rank knows which peers share its CUDA context (sharesContext).
 	Process string `json:"process"`
+	// WorkQueues is the hardware work queues of this rank's CUDA context
+	// (device.workQueues); ranks sharing a context need the most
+	// (sharedQueues).
+	WorkQueues int `json:"work_queues"`
 }
 
 // thisProcess is gpuAgreement.Process for this process.
@@ -187,15 +191,41 @@ var thisProcess = func() string {
 // call that waits for the whole context waits for the peers' kernels.
 // Process ranks sharing a GPU have contexts of their own.
 func sharesContext(det *Detected, me int, all []gpuAgreement) bool {
+	return contextPeer(det, me, all) >= 0
+}
+
+// contextPeer is the first other rank of this process on rank me's GPU,
+// or -1 (none, or no detection: one rank).
+func contextPeer(det *Detected, me int, all []gpuAgreement) int {
 	if det == nil {
-		return false
+		return -1
 	}
 	for r, a := range all {
 		if r != me && a.Process == all[me].Process && det.BusIDs[r] == det.BusIDs[me] {
-			return true
+			return r
 		}
 	}
-	return false
+	return -1
+}
+
+// sharedQueues refuses a set-up where ranks of one process share a GPU
+// (one CUDA context) with fewer than the most hardware work queues CUDA
+// gives a context (cuda.MaxWorkQueues). A context's streams share its
+// queues, and a queue starts its work in order: with two ranks' streams
+// on one queue, a rank's next collective, queued behind its running one,
+// holds up the peer's collective queued after it, which the running one
+// waits for; both wait until Config.Timeout. CUDA gives no way to pick a
+// stream's queue; the most queues keep the ranks' streams apart unless
+// the process makes many more streams. Every rank decides from the same
+// agreement, so all refuse together and none waits for a refused peer.
+func sharedQueues(det *Detected, all []gpuAgreement) error {
+	for r, a := range all {
+		if p := contextPeer(det, r, all); p >= 0 && a.WorkQueues < cuda.MaxWorkQueues {
+			return errorf(ErrUnsupported, "comm: ranks %d and %d share GPU %s in one process, whose CUDA context has %d hardware work queues (%s): kernels of two ranks on one queue can wait for each other until Config.Timeout; start the process with %s=%d (collgen sets it when it is unset), or give each rank a GPU or a process of its own",
+				r, p, det.BusIDs[r], a.WorkQueues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues)
+		}
+	}
+	return nil
 }
 
 // newGPU opens the rank's device and sets up the GPU backend on it.
@@ -275,7 +305,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	cfg := g.cfg
 	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
-	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks, Process: thisProcess}
+	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, MaxBlocks: cfg.MaxBlocks, Process: thisProcess, WorkQueues: dev.workQueues()}
 	if cfg.MaxBlocks == 0 {
 		mine.SharedBlocks = sharedBlocks(g.det, dev.smCount())
 	}
@@ -308,6 +338,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		}
 		if a.NCCL != "" && g.ncclErr == nil {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
+		}
+	}
+	if g.topology != "" { // "": NCCL only, no kernel runs
+		if err := sharedQueues(g.det, all); err != nil {
+			return err
 		}
 	}
 	// Where ranks of this process share its GPU, kernels load in New even

@@ -407,6 +407,9 @@ func (d *cudaDevice) earlyLaunch() bool { return d.dev.EarlyLaunch() }
 
 func (d *cudaDevice) smCount() int { return d.dev.SMCount }
 
+// workQueues implements device.
+func (d *cudaDevice) workQueues() int { return cuda.WorkQueues() }
+
 func (d *cudaDevice) launch(k *kernels.Kernel, id int, grid, block uint32, args []byte, s *cuda.Stream, early bool) error {
 	var f *cuda.Function
 	if id >= 0 && id < len(d.fns) {

@@ -156,3 +156,46 @@ func TestFatbinErrorKinds(t *testing.T) {
 		t.Error("fatbinError(nil) != nil")
 	}
 }
+
+// TestSharedGPUWorkQueues (reliability case 34): ranks of one process on
+// one GPU are refused, on every rank and before any kernel loads, when
+// their CUDA context has fewer than 32 hardware work queues
+// (CUDA_DEVICE_MAX_CONNECTIONS), and the devices are released; with 32,
+// or with a GPU each, the same queues are fine.
+func TestSharedGPUWorkQueues(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		queues int
+		buses  []string
+		refuse bool
+	}{
+		{"shared-8", 8, []string{"0000:10:00.0", "0000:10:00.0"}, true},
+		{"shared-1", 1, []string{"0000:10:00.0", "0000:11:00.0", "0000:10:00.0"}, true},
+		{"shared-32", 32, []string{"0000:10:00.0", "0000:10:00.0"}, false},
+		{"own-gpus-8", 8, []string{"0000:10:00.0", "0000:11:00.0"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			devs := make([]*fakeDevice, len(c.buses))
+			for r, b := range c.buses {
+				devs[r] = &fakeDevice{rank: r, bus: b, queues: c.queues}
+			}
+			comms, errs := newFakeComms(t, Config{}, devs)
+			if !c.refuse {
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+				closeAll(t, comms)
+				return
+			}
+			for r, err := range errs {
+				if comms[r] != nil || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), cuda.EnvMaxConnections+"=32") ||
+					!strings.Contains(err.Error(), "share GPU 0000:10:00.0") {
+					t.Fatalf("rank %d: New = %v, %v; want ErrUnsupported naming the shared GPU and %s=32", r, comms[r], err, cuda.EnvMaxConnections)
+				}
+				if len(devs[r].preloaded) != 0 || !devs[r].released {
+					t.Fatalf("rank %d: %d kernels preloaded, released %v; want none and released", r, len(devs[r].preloaded), devs[r].released)
+				}
+			}
+		})
+	}
+}

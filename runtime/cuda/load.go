@@ -56,6 +56,7 @@ var (
 	driverLoaded bool
 	driverPath   string
 	driverInit   error // cuInit's result, returned by every later loadDriver
+	driverQueues int   // the work queues of this process's contexts (askWorkQueues)
 )
 
 // loadDriverFrom opens libcuda as spec says and checks the required
@@ -103,6 +104,7 @@ func loadDriver() error {
 	// The library is deliberately never closed: function pointers into it
 	// live in the global table for the life of the process.
 	driverLoaded, driverPath = true, lib.Path
+	driverQueues = askWorkQueues()
 	if r := C.cg_cuInit(0); r != 0 {
 		driverInit = newError(r, "cuInit", -1)
 	}
@@ -115,6 +117,17 @@ func DriverPath() string {
 	driverMu.Lock()
 	defer driverMu.Unlock()
 	return driverPath
+}
+
+// WorkQueues returns the hardware work queues each CUDA context of this
+// process gets (EnvMaxConnections as the driver was initialized: 32
+// unless the process set the variable), or 0 before the driver is loaded.
+// If other code of the process initialized CUDA first, its contexts may
+// have what the variable said then.
+func WorkQueues() int {
+	driverMu.Lock()
+	defer driverMu.Unlock()
+	return driverQueues
 }
 
 // Init loads libcuda and initialises the driver. Every other function calls

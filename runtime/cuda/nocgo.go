@@ -30,6 +30,9 @@ type Stream struct{}
 // DeviceCount returns ErrNoCgo.
 func DeviceCount() (int, error) { return 0, ErrNoCgo }
 
+// WorkQueues returns 0: without cgo no driver is loaded.
+func WorkQueues() int { return 0 }
+
 // Open returns ErrNoCgo.
 func Open(ordinal int) (*Device, error) { return nil, ErrNoCgo }
 
