@@ -133,7 +133,7 @@ func (d *fakeDevice) preload(_ context.Context, ks []*kernels.Kernel, _ []int) e
 
 func (d *fakeDevice) earlyLaunch() bool { return d.early }
 
-// smCount is the fake GPU's SMs: d.sms, or an H100's 132.
+// workQueues is the fake context's work queues: d.queues, or 32.
 func (d *fakeDevice) workQueues() int {
 	if d.queues > 0 {
 		return d.queues
@@ -141,6 +141,7 @@ func (d *fakeDevice) workQueues() int {
 	return cuda.MaxWorkQueues
 }
 
+// smCount is the fake GPU's SMs: d.sms, or an H100's 132.
 func (d *fakeDevice) smCount() int {
 	if d.sms > 0 {
 		return d.sms
