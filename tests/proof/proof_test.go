@@ -324,10 +324,18 @@ var (
 	results   []result
 )
 
+// record adds a line to the summary (written when the test ends) and
+// prints it at once, so that the log of a run killed at its time limit
+// still says which combinations passed.
 func record(mode, combo string, cases int, err error) {
 	resultsMu.Lock()
 	results = append(results, result{mode, combo, cases, err})
 	resultsMu.Unlock()
+	res := "pass"
+	if err != nil {
+		res = "FAIL"
+	}
+	fmt.Printf("proof: %s, %s: %d cases, %s\n", mode, combo, cases, res)
 }
 
 // writeSummary writes the results table to $PROOF_SUMMARY if set.
