@@ -76,22 +76,34 @@ func FuzzFakeCall(f *testing.F) {
 }
 
 // FuzzFakeNew: New over fake devices with any staging sizes, block cap,
-// timeout and topology name (the same on every rank, worlds 1 to 3) ends
-// in a communicator that runs an all-reduce and closes, or in an error
-// matching a sentinel on every rank; none panics.
+// timeout and topology name (the same on every rank, worlds 1 to 3), and
+// any placement of the ranks on GPUs (place: bit r puts rank r on GPU 0,
+// else on a GPU of its own) with any work queues (queues), ends in a
+// communicator that runs an all-reduce and closes, or in an error matching
+// a sentinel on every rank; none panics, and ranks sharing a GPU with
+// fewer than 32 work queues never get a communicator.
 func FuzzFakeNew(f *testing.F) {
 	topologies := []string{"", "nvswitch", "hcm8", "pcie", "host_shm", "bogus"}
-	f.Add(uint8(2), int64(0), int64(0), 0, int64(0), uint8(0))
-	f.Add(uint8(3), int64(1<<20), int64(-1), 5, int64(time.Millisecond), uint8(2))
-	f.Add(uint8(1), int64(1)<<62, int64(1<<30), 1000, int64(-1), uint8(5))
-	f.Fuzz(func(t *testing.T, w uint8, staging, budget int64, maxBlocks int, timeout int64, ti uint8) {
+	f.Add(uint8(2), int64(0), int64(0), 0, int64(0), uint8(0), uint8(0), uint8(0))
+	f.Add(uint8(3), int64(1<<20), int64(-1), 5, int64(time.Millisecond), uint8(2), uint8(3), uint8(8))
+	f.Add(uint8(1), int64(1)<<62, int64(1<<30), 1000, int64(-1), uint8(5), uint8(7), uint8(1))
+	f.Add(uint8(1), int64(0), int64(0), 0, int64(0), uint8(0), uint8(3), uint8(32))
+	f.Add(uint8(1), int64(0), int64(0), 0, int64(0), uint8(0), uint8(3), uint8(8))
+	f.Fuzz(func(t *testing.T, w uint8, staging, budget int64, maxBlocks int, timeout int64, ti, place, queues uint8) {
 		world := 1 + int(w)%3
 		cfg := Config{StagingBytes: staging, StagingBudget: budget, MaxBlocks: maxBlocks, Timeout: time.Duration(timeout),
 			Topology: topologies[int(ti)%len(topologies)], DisableNCCL: true}
 		devs := make([]*fakeDevice, world)
+		onGPU0 := 0
 		for r := range devs {
-			devs[r] = &fakeDevice{rank: r}
+			devs[r] = &fakeDevice{rank: r, bus: fmt.Sprintf("0000:%02x:00.0", 0x20+r), queues: int(queues)}
+			if place&(1<<r) != 0 {
+				devs[r].bus = "0000:10:00.0"
+				onGPU0++
+			}
 		}
+		// queues 0: the fake's default, 32.
+		tooFew := onGPU0 > 1 && queues > 0 && int(queues) < cuda.MaxWorkQueues
 		comms, errs := newFakeComms(t, cfg, devs)
 		failed := 0
 		for r, err := range errs {
@@ -110,6 +122,9 @@ func FuzzFakeNew(f *testing.F) {
 				}
 			}
 			return
+		}
+		if tooFew {
+			t.Fatalf("New(%+v) made communicators of ranks sharing GPU 0 (place %03b) with %d work queues", cfg, place, queues)
 		}
 		if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error {
 			return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 4096, coll.F32, coll.Sum, Options{})
