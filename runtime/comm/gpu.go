@@ -340,20 +340,19 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 			g.ncclErr = fmt.Errorf("NCCL is unavailable on rank %d: %s", r, a.NCCL)
 		}
 	}
-	if g.topology != "" { // "": NCCL only, no kernel runs
+	if g.topology != "" { // "": NCCL only, or one rank; no kernel runs
 		if err := sharedQueues(g.det, all); err != nil {
 			return err
 		}
-	}
-	// Where ranks of this process share its GPU, kernels load in New even
-	// with LazyKernels: loading a kernel may synchronize the context
-	// (CUDA's lazy loading), which would wait for a peer's kernel waiting
-	// for this rank, until Config.Timeout.
-	lazy := cfg.LazyKernels && !sharesContext(g.det, cfg.Rank, all)
-	if !lazy && g.topology != "" { // "": NCCL only, no kernel runs
-		ks, ids := g.kernels()
-		if err := dev.preload(ctx, ks, ids); err != nil {
-			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
+		// Where ranks of this process share its GPU, kernels load in New
+		// even with LazyKernels: loading a kernel may synchronize the
+		// context (CUDA's lazy loading), which would wait for a peer's
+		// kernel waiting for this rank, until Config.Timeout.
+		if !cfg.LazyKernels || sharesContext(g.det, cfg.Rank, all) {
+			ks, ids := g.kernels()
+			if err := dev.preload(ctx, ks, ids); err != nil {
+				return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
+			}
 		}
 	}
 	if g.ncclErr == nil && wantNCCL {
