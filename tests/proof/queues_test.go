@@ -1,15 +1,19 @@
 package proof
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -82,5 +86,133 @@ func queuesChild(t *testing.T) {
 		if !errors.Is(err, comm.ErrUnsupported) || !strings.Contains(err.Error(), cuda.EnvMaxConnections+"=32") {
 			t.Errorf("rank %d: New = %v; want ErrUnsupported naming %s=32", r, err, cuda.EnvMaxConnections)
 		}
+	}
+}
+
+// Markers of TestAbortQueuesGPU's child processes: the file store's
+// directory and the child's rank.
+const (
+	envAbortQDir  = "COLLGEN_TEST_ABORTQ_DIR"
+	envAbortQRank = "COLLGEN_TEST_ABORTQ_RANK"
+)
+
+// TestAbortQueuesGPU: two process ranks; after a first all-reduce
+// together, rank 1 stops calling and rank 0 enqueues three all-reduces on
+// one stream, whose first kernel waits for rank 1; then rank 0 calls
+// Abort, which raises the abort word, and the stream must drain long
+// before Config.Timeout: every kernel leaves at once. Run with the
+// contexts' hardware work queues at 32 (runtime/cuda's default) and at 1
+// (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-style programs set it),
+// where every stream of the context shares one queue.
+func TestAbortQueuesGPU(t *testing.T) {
+	if os.Getenv(envAbortQDir) != "" {
+		abortQueuesChild(t)
+		return
+	}
+	atLeast(t, 1)
+	if !sharedGPU() {
+		gpus(t)
+	}
+	for _, queues := range []string{"32", "8", "1"} {
+		for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
+			t.Run(fmt.Sprintf("queues=%s/%s", queues, alg), func(t *testing.T) {
+				dir := t.TempDir()
+				outs := make([]bytes.Buffer, 2)
+				cmds := make([]*exec.Cmd, 2)
+				for r := range cmds {
+					cmds[r] = exec.Command(os.Args[0], "-test.run", "^TestAbortQueuesGPU$", "-test.v")
+					cmds[r].Env = append(os.Environ(), envAbortQDir+"="+dir, fmt.Sprintf("%s=%d", envAbortQRank, r),
+						cuda.EnvMaxConnections+"="+queues, "COLLGEN_TEST_ABORTQ_ALG="+string(alg))
+					cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+					if err := cmds[r].Start(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				err := cmds[0].Wait()
+				cmds[1].Process.Kill()
+				cmds[1].Wait()
+				t.Logf("rank 0:\n%s", outs[0].String())
+				if err != nil || !strings.Contains(outs[0].String(), "--- PASS: TestAbortQueuesGPU") {
+					t.Errorf("rank 0 with %s=%s: %v; rank 1:\n%s", cuda.EnvMaxConnections, queues, err, outs[1].String())
+				}
+			})
+		}
+	}
+}
+
+// abortQueuesChild is one rank of TestAbortQueuesGPU.
+func abortQueuesChild(t *testing.T) {
+	const timeout = 20 * time.Second
+	rank, _ := strconv.Atoi(os.Getenv(envAbortQRank))
+	alg := coll.Algorithm(os.Getenv("COLLGEN_TEST_ABORTQ_ALG"))
+	store, err := rendezvous.NewFileStore(os.Getenv(envAbortQDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := cuda.Init(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rank %d: %d work queues", rank, cuda.WorkQueues())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := comm.Config{Rank: rank, WorldSize: 2, Store: store, Library: collectives.Library, Group: "abort-queues",
+		Timeout: timeout, DisableNCCL: true, LazyKernels: true}
+	place(&cfg, rank)
+	c, err := comm.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Device()
+	const n = 1 << 14
+	buf, err := d.Alloc(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := comm.DeviceBuffer(buf)
+	if err := c.AllReduce(b, b, n, coll.F32, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Synchronize(nil); err != nil {
+		t.Fatal(err)
+	}
+	if rank == 1 {
+		time.Sleep(2 * time.Minute) // the parent kills it once rank 0 is done
+		return
+	}
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := c.AllReduce(b, b, n, coll.F32, coll.Sum, comm.Options{Algorithm: alg, Stream: s}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	if done, err := s.Query(); done || err != nil {
+		t.Fatalf("the stream drained before Abort (%v): rank 1 did not stay away?", err)
+	}
+	start := time.Now()
+	if err := c.Abort(); err != nil {
+		t.Logf("Abort: %v", err)
+	}
+	for {
+		done, err := s.Query()
+		if err != nil {
+			t.Fatalf("stream after Abort: %v", err)
+		}
+		if done {
+			break
+		}
+		if time.Since(start) > 3*timeout {
+			t.Fatalf("the stream has not drained %v after Abort", time.Since(start))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	el := time.Since(start)
+	t.Logf("drained %v after Abort (Config.Timeout %v, %d work queues)", el, timeout, cuda.WorkQueues())
+	if el > timeout/4 {
+		t.Errorf("the kernels left %v after Abort, near Config.Timeout %v: Abort's abort word did not reach them", el, timeout)
 	}
 }
