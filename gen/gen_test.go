@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,11 +127,26 @@ func TestHeadersAndOnly(t *testing.T) {
 	for _, o := range []Options{
 		{Package: "Not-Go", ImportPath: "m/gen"},
 		{Package: "cuda", ImportPath: "m/gen"},
+		{Package: "main", ImportPath: "m/gen"},
+		{Package: "_", ImportPath: "m/gen"},
 		{ImportPath: ""},
 	} {
 		if _, err := Render(out.Plan.Spec, o); err == nil {
 			t.Errorf("%+v was accepted", o)
 		}
+	}
+	// --package naming the spec's own package changes nothing, the
+	// MANIFEST included, so check with or without it agrees.
+	plain, err := Render(out.Plan.Spec, Options{ImportPath: "m/gen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := Render(out.Plan.Spec, Options{Package: out.Plan.Spec.Package, ImportPath: "m/gen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.EqualFunc(plain.Files, same.Files, bytes.Equal) {
+		t.Errorf("--package %s (the spec's own) renders a different tree", out.Plan.Spec.Package)
 	}
 }
 

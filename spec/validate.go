@@ -2,6 +2,7 @@ package spec
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"go/token"
 	"regexp"
@@ -82,8 +83,8 @@ func (l *loader) spec(root *yaml.Node) *Spec {
 
 	if p, ok := f["package"]; ok && !isNull(p.val) {
 		if name, ok := l.name(p.val, "package", "package: collectives"); ok {
-			if msg := checkPackage(name); msg != "" {
-				l.errorf(p.val, "%s", msg)
+			if err := CheckPackage(name); err != nil {
+				l.errorf(p.val, "%s", err)
 			}
 			s.Package = name
 		}
@@ -177,8 +178,11 @@ func keyOr(k, fallback *yaml.Node) *yaml.Node {
 	return fallback
 }
 
-// checkPackage returns what is wrong with a Go package name, or "".
-func checkPackage(name string) string {
+// CheckPackage says what is wrong with name as the Go package name of the
+// generated glue (the spec's package, or generate's and init's --package):
+// it must be a lower-case Go identifier other than "_", "main" (a program,
+// not importable) and CUDAPackage. The error suggests a name that works.
+func CheckPackage(name string) error {
 	fix := func() string {
 		var b strings.Builder
 		for _, r := range strings.ToLower(name) {
@@ -194,13 +198,15 @@ func checkPackage(name string) string {
 	}
 	switch {
 	case name == CUDAPackage:
-		return fmt.Sprintf("package %q is the generated package of the CUDA sources (<out>/%s); write package: collectives", name, CUDAPackage)
+		return fmt.Errorf("package %q is the generated package of the CUDA sources (<out>/%s); write package: collectives", name, CUDAPackage)
+	case name == "main":
+		return errors.New(`package "main" is a program, which no other package can import; write package: collectives`)
 	case name == "_" || !token.IsIdentifier(name):
-		return fmt.Sprintf("package %q is not a Go identifier; write package: %s", name, fix())
+		return fmt.Errorf("package %q is not a Go identifier; write package: %s", name, fix())
 	case strings.ToLower(name) != name:
-		return fmt.Sprintf("package %q must be lower case; write package: %s", name, fix())
+		return fmt.Errorf("package %q must be lower case; write package: %s", name, fix())
 	}
-	return ""
+	return nil
 }
 
 // dtypes reads a `dtypes:` mapping into d, replacing each list given. of is

@@ -4,8 +4,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"go/token"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -47,13 +47,16 @@ field does. It never overwrites an existing file. Then generate the package:
 			if len(args) == 1 {
 				path = args[0]
 			}
-			if !token.IsIdentifier(pkg) || strings.ToLower(pkg) != pkg {
-				return usageError(fmt.Errorf("init: --package %q: want a lower-case Go identifier such as collectives", pkg))
+			if err := spec.CheckPackage(pkg); err != nil {
+				return usageError(fmt.Errorf("init: --package: %w", err))
 			}
 			data := StarterSpec(pkg)
 			// The starter must always be a spec collgen accepts.
 			if _, err := spec.Parse(path, data); err != nil {
 				return fmt.Errorf("init: the starter spec is invalid (a collgen bug): %w", err)
+			}
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				return fmt.Errorf("init: %w", err)
 			}
 			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 			if errors.Is(err, os.ErrExist) {
