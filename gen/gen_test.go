@@ -153,7 +153,11 @@ func TestHeadersAndOnly(t *testing.T) {
 // TestWriteReplacesTree checks that Write removes files that no longer
 // belong and that Diff reports stale, missing and extra files.
 func TestWriteReplacesTree(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "gen")
+	mod := t.TempDir()
+	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte("module example.com/m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(mod, "gen")
 	out := render(t, "testdata/minimal/spec.yaml", dir, Options{})
 	if err := Write(dir, out); err != nil {
 		t.Fatal(err)
@@ -187,7 +191,7 @@ func TestWriteReplacesTree(t *testing.T) {
 		t.Errorf("stale file survived the rewrite: %v", err)
 	}
 	entries, _ := os.ReadDir(filepath.Dir(dir))
-	if len(entries) != 1 {
+	if len(entries) != 2 { // gen and go.mod
 		t.Errorf("temporary directories left behind: %v", entries)
 	}
 }
@@ -216,8 +220,9 @@ func TestImportPath(t *testing.T) {
 		}
 	}
 	outside := filepath.Join(t.TempDir(), "out")
-	if got, err := ImportPath(outside); err != nil || got != filepath.ToSlash(outside) {
-		t.Errorf("outside a module: %q, %v", got, err)
+	var nm *NoModuleError
+	if got, err := ImportPath(outside); !errors.As(err, &nm) || nm.Dir != outside || !strings.Contains(err.Error(), "go mod init") {
+		t.Errorf("outside a module: %q, %v; want a NoModuleError", got, err)
 	}
 	for gomod, want := range map[string]string{
 		"module example.com/m\n":                         "example.com/m",

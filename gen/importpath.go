@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -12,10 +13,22 @@ import (
 	"strings"
 )
 
+// NoModuleError is ImportPath's error for a directory in no Go module:
+// the generated package imports <out>/cuda by its module path, so a tree
+// written there could not build.
+type NoModuleError struct {
+	// Dir is the output directory as given.
+	Dir string
+}
+
+// Error names the directory and the two ways out.
+func (e *NoModuleError) Error() string {
+	return fmt.Sprintf("%s is in no Go module (no go.mod in it or any directory above it), and the generated package imports %s/cuda by its module path: run go mod init in your project first, or give --out a directory inside a module", e.Dir, e.Dir)
+}
+
 // ImportPath returns the Go import path of directory dir (which need not
 // exist yet): the module path of the nearest go.mod above it joined with
-// dir's path inside that module. Outside any module it returns dir in slash
-// form: the tree still renders, but its Go package builds only in a module.
+// dir's path inside that module, or a *NoModuleError outside any module.
 func ImportPath(dir string) (string, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -38,7 +51,7 @@ func ImportPath(dir string) (string, error) {
 			return "", err
 		}
 		if filepath.Dir(root) == root {
-			return filepath.ToSlash(filepath.Clean(dir)), nil
+			return "", &NoModuleError{Dir: dir}
 		}
 	}
 }

@@ -26,14 +26,21 @@ const maxSpecBytes = 4 << 20
 func Load(path string) (*Spec, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("spec %w", err)
 	}
 	if fi.IsDir() {
 		path = filepath.Join(path, DefaultFile)
 	}
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("spec %w", err)
+	}
+	defer f.Close()
+	// One byte past the limit is enough to report it (Parse does): an
+	// endless file (/dev/zero, a pipe) is never read whole.
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("spec %w", err)
 	}
 	return Parse(filepath.ToSlash(path), data)
 }
@@ -307,7 +314,7 @@ func (l *loader) checkDepth(n *yaml.Node, depth int) bool {
 // parse reads data into a Spec, recording every problem in l.errs.
 func (l *loader) parse(data []byte) *Spec {
 	if len(data) > maxSpecBytes {
-		l.errorf(nil, "spec is %d bytes, more than the %d a spec may have", len(data), maxSpecBytes)
+		l.errorf(nil, "spec is more than the %d bytes a spec may have", maxSpecBytes)
 		return nil
 	}
 	if !l.checkText(data) || !l.checkFlowDepth(data) {

@@ -212,8 +212,20 @@ func TestLoadDir(t *testing.T) {
 	if len(s.Sources) != 1 || s.Sources[0].Path != "collgen.yaml" {
 		t.Errorf("sources %v", s.Sources[0].Path)
 	}
-	if _, err := Load("testdata/nosuch"); err == nil {
-		t.Error("Load of a missing path succeeded")
+	if _, err := Load("testdata/nosuch"); err == nil || !strings.HasPrefix(err.Error(), "spec stat testdata/nosuch") {
+		t.Errorf("Load of a missing path: %v", err)
+	}
+}
+
+// TestLoadEndless: a spec path that never ends (/dev/zero) is refused
+// after the size limit is read, not read until memory runs out.
+func TestLoadEndless(t *testing.T) {
+	if _, err := os.Stat("/dev/zero"); err != nil {
+		t.Skip(err)
+	}
+	_, err := Load("/dev/zero")
+	if err == nil || !strings.Contains(err.Error(), "more than the 4194304 bytes a spec may have") {
+		t.Errorf("Load(/dev/zero) = %v", err)
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,10 +30,11 @@ type genOptions struct {
 	Out     string
 	Package string
 	Only    string
+	writes  bool // generate: errors say nothing was written
 }
 
 func (o *genOptions) addFlags(cmd *cobra.Command, withOut bool) {
-	cmd.Flags().StringVar(&o.Spec, "spec", "spec", "spec file, or a directory holding collgen.yaml")
+	cmd.Flags().StringVar(&o.Spec, "spec", "", "spec file, or a directory holding collgen.yaml (default ./collgen.yaml, else ./spec/collgen.yaml)")
 	if withOut {
 		cmd.Flags().StringVar(&o.Out, "out", "generated", "output root: <out>/cuda, <out>/<package>, <out>/MANIFEST")
 	}
@@ -39,19 +42,46 @@ func (o *genOptions) addFlags(cmd *cobra.Command, withOut bool) {
 	cmd.Flags().StringVar(&o.Only, "only", "", "only kernels whose names match this glob, e.g. 'allreduce_*_bf16_sum_*'")
 }
 
+// defaultSpecs are where --spec looks when not given: a user's project
+// (collgen init writes collgen.yaml), then this repository's layout.
+var defaultSpecs = []string{spec.DefaultFile, filepath.Join("spec", spec.DefaultFile)}
+
+// specPath returns --spec, or the first of defaultSpecs that exists.
+func (o *genOptions) specPath() (string, error) {
+	if o.Spec != "" {
+		return o.Spec, nil
+	}
+	for _, p := range defaultSpecs {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", usageError(fmt.Errorf("no spec here: neither %s exists; name one with --spec FILE, or write a starter with collgen init", strings.Join(defaultSpecs, " nor ")))
+}
+
 // render loads the spec and renders the tree in memory.
 func (o *genOptions) render() (*gen.Output, error) {
-	s, err := spec.Load(o.Spec)
+	path, err := o.specPath()
+	if err != nil {
+		return nil, err
+	}
+	s, err := spec.Load(path)
 	if err != nil {
 		var list spec.ErrorList
 		if errors.As(err, &list) {
-			return nil, fmt.Errorf("spec has %d error(s); nothing was written:\n%w", len(list), err)
+			written := ""
+			if o.writes {
+				written = "; nothing was written"
+			}
+			return nil, fmt.Errorf("spec has %d error(s)%s:\n%w", len(list), written, err)
 		}
 		return nil, err
 	}
-	imp, err := gen.ImportPath(o.Out) // list has no --out: the tree is not written, any path does
-	if err != nil {
-		return nil, err
+	imp := "example.com/collgen-list" // list writes no tree: any import path does
+	if o.Out != "" {
+		if imp, err = gen.ImportPath(o.Out); err != nil {
+			return nil, err
+		}
 	}
 	out, err := gen.Render(s, gen.Options{Package: o.Package, Only: o.Only, ImportPath: imp})
 	if err != nil {
@@ -76,8 +106,8 @@ func (e *NoMatchError) Error() string {
 
 // ForeignDirError is returned by generate when --out names something
 // collgen did not make: a non-empty directory without a collgen MANIFEST,
-// a collgen tree holding entries the MANIFEST does not account for at its
-// top level (a .git, say), or a file. generate replaces its output
+// a collgen tree holding files the MANIFEST does not list, at any depth (a
+// .git, a helper added to the generated package), or a file. generate replaces its output
 // directory wholesale, so it refuses rather than delete someone's work.
 type ForeignDirError struct {
 	// Dir is the --out directory.
@@ -127,15 +157,40 @@ func checkOutDir(dir string) error {
 		}
 		return n
 	}
-	top, ok := readManifestTop(filepath.Join(dir, gen.ManifestName))
+	listed, ok := readManifestFiles(filepath.Join(dir, gen.ManifestName))
 	if !ok {
 		return &ForeignDirError{Dir: dir, Entries: sample(names), Reason: "it is not empty and has no collgen MANIFEST"}
 	}
-	var foreign []string
-	for _, n := range names {
-		if n != gen.ManifestName && !top[n] {
-			foreign = append(foreign, n)
+	// Every file must be one the MANIFEST lists, at any depth: a helper
+	// added to the generated package, or a note in cuda/, is someone's
+	// work. A directory holding no listed file is named as a whole.
+	under := map[string]bool{}
+	for p := range listed {
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			under[d] = true
 		}
+	}
+	var foreign []string
+	err = filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, full)
+		if err != nil || rel == "." {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		switch {
+		case d.IsDir() && !under[rel]:
+			foreign = append(foreign, rel)
+			return fs.SkipDir
+		case !d.IsDir() && rel != gen.ManifestName && !listed[rel]:
+			foreign = append(foreign, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if len(foreign) > 0 {
 		return &ForeignDirError{Dir: dir, Entries: sample(foreign), Reason: "it holds entries its collgen MANIFEST does not list"}
@@ -143,9 +198,10 @@ func checkOutDir(dir string) error {
 	return nil
 }
 
-// readManifestTop reads a collgen MANIFEST and returns the top-level names
-// of the files it lists; ok is false when path is not a collgen MANIFEST.
-func readManifestTop(path string) (top map[string]bool, ok bool) {
+// readManifestFiles reads a collgen MANIFEST and returns the paths (slash
+// form, relative to the tree) of the files it lists; ok is false when path
+// is not a collgen MANIFEST.
+func readManifestFiles(path string) (files map[string]bool, ok bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, false
@@ -156,27 +212,29 @@ func readManifestTop(path string) (top map[string]bool, ok bool) {
 	if !sc.Scan() || sc.Text() != manifestHeader {
 		return nil, false
 	}
-	top = map[string]bool{}
+	files = map[string]bool{}
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) == 3 && fields[0] == "file" {
-			top[strings.SplitN(fields[2], "/", 2)[0]] = true
+			files[fields[2]] = true
 		}
 	}
-	return top, sc.Err() == nil
+	return files, sc.Err() == nil
 }
 
 func newCmdGenerate(io *IO) *cobra.Command {
-	o := &genOptions{}
+	o := &genOptions{writes: true}
 	cmd := &cobra.Command{
 		Use:   "generate",
 		Short: "Render CUDA kernels and Go glue from a spec into the output tree",
-		Long: `Generate reads a spec (default: the shipped spec/), renders every kernel
-combination and the Go glue in memory, and replaces the output tree atomically.
-A bad spec writes nothing. The output directory belongs to collgen: generate
-refuses a non-empty one that has no collgen MANIFEST (or that holds entries
-the MANIFEST does not list, such as .git), and an --only pattern that
-matches no kernel is an error.`,
+		Long: `Generate reads a spec (default: ./collgen.yaml, else ./spec/collgen.yaml),
+renders every kernel combination and the Go glue in memory, and replaces the
+output tree atomically. A bad spec writes nothing. The output directory
+belongs to collgen: generate refuses a non-empty one that has no collgen
+MANIFEST, or that holds files the MANIFEST does not list at any depth (a
+.git, a helper added to the generated package), and it must sit inside a Go
+module (the generated package imports <out>/cuda by its module path). An
+--only pattern that matches no kernel is an error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutDir(o.Out); err != nil {
