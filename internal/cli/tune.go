@@ -116,6 +116,10 @@ bench's own automatic selection, with a geomean per rule set.`,
 // runTune reads the sweeps, tunes and prints or writes the rules.
 func runTune(io *IO, o *tuneOptions) error {
 	switch {
+	case o.Backend != "gpu" && o.Backend != "host":
+		return usageError(fmt.Errorf("tune: --backend %q: want gpu or host", o.Backend))
+	case len(o.From) > 0 && o.Run:
+		return usageError(errors.New("tune: --from and --run both give the sweeps; use one (--run writes its CSVs to --sweeps, which --from reads later)"))
 	case len(o.From) == 0 && !o.Run:
 		return usageError(errors.New("tune: no sweeps; give --from FILE.csv (from collgen bench --csv), or --run to run them"))
 	case o.Run && o.Spec == "":
