@@ -269,7 +269,8 @@ func OpenRun(ctx context.Context, addr, runID string) (Store, error) {
 // env.HostStore is set this rank also serves the store, and closing the
 // returned Store stops that server too; a store served beyond loopback
 // needs $COLLGEN_STORE_SECRET (the same on every rank) and is refused
-// without it. Callers usually Join next.
+// without it. comm.New takes the Store and forms its group itself; code
+// running rendezvous of its own on the Store calls Join first.
 func FromEnv(ctx context.Context) (Env, Store, error) {
 	e, err := ReadEnv()
 	if err != nil {
