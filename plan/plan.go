@@ -264,13 +264,8 @@ func (b *builder) kernels() error {
 					if err != nil {
 						return fmt.Errorf("topology %s: %w", t.Name, err)
 					}
-					split, rounds := schedule.RoundsSplit(sched)
-					// The reduce-scatter's and all-gather's LL one-shots keep
-					// one round: their rules end where the LL inbox still
-					// holds the message (64-128 KiB), and with the one-round
-					// branch of an aligned kernel their 8 KiB rows were 11%
-					// slower on 2 x H200 (docs/performance.md).
-					pushRounds := sched.Protocol.Push() && rounds && !(split == schedule.Aligned && sched.Protocol == coll.LL)
+					split, _ := schedule.RoundsSplit(sched)
+					pushRounds := schedule.PushRounds(sched)
 					for _, dt := range dtypesFor(&t, c) {
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)

@@ -461,6 +461,19 @@ func RoundsSplit(s *Schedule) (Split, bool) {
 	return Spread, false
 }
 
+// PushRounds reports whether the generated kernel of a push schedule runs
+// in rounds (so any message size passes through a bounded inbox): when
+// RoundsSplit allows, except the reduce-scatter's and all-gather's LL
+// one-shots (the Aligned split), which keep one round: their rules end
+// where the LL inbox still holds the message (64-128 KiB), and with the
+// one-round branch of an aligned kernel their 8 KiB rows were 11% slower on
+// 2 x H200 (docs/performance.md). A spec rule may send unbounded sizes
+// only to barrier schedules and to push schedules with rounds.
+func PushRounds(s *Schedule) bool {
+	split, rounds := RoundsSplit(s)
+	return s.Protocol.Push() && rounds && !(split == Aligned && s.Protocol == coll.LL)
+}
+
 // RoundsSafe reports whether a schedule may run in rounds (RoundsSplit).
 func RoundsSafe(s *Schedule) bool {
 	_, ok := RoundsSplit(s)

@@ -932,7 +932,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 		byWorld := map[int][]Rule{}
 		if wrs, ok := ts.perWorld[c]; ok {
 			for _, wr := range wrs {
-				out := l.checkRules(ts, c, fmt.Sprintf("select.%s[%s]", c, wr.text), wr.rules, gpu)
+				out := l.checkRules(ts, c, fmt.Sprintf("select.%s[%s]", c, wr.text), wr.rules, wr.sizes, gpu)
 				for _, w := range wr.sizes {
 					byWorld[w] = out
 				}
@@ -948,7 +948,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 				}
 			}
 		} else {
-			out := l.checkRules(ts, c, "select."+string(c), ts.rules[c], gpu)
+			out := l.checkRules(ts, c, "select."+string(c), ts.rules[c], t.WorldSizes, gpu)
 			t.Select[c] = out
 			for _, w := range t.WorldSizes {
 				byWorld[w] = out
@@ -968,10 +968,11 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 	}
 }
 
-// checkRules checks one rule list of collective c, named ctx in messages
-// ("select.allreduce" or "select.allreduce[4]"), and returns its rules with
-// an unbounded NCCL rule appended on GPU kinds where the last is bounded.
-func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []ruleSrc, gpu bool) []Rule {
+// checkRules checks one rule list of collective c at world sizes worlds,
+// named ctx in messages ("select.allreduce" or "select.allreduce[4]"), and
+// returns its rules with an unbounded NCCL rule appended on GPU kinds where
+// the last is bounded.
+func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []ruleSrc, worlds []int, gpu bool) []Rule {
 	t := ts.t
 	in := fmt.Sprintf("topology %q", t.Name)
 	gen := t.Generate[c]
@@ -1002,6 +1003,9 @@ func (l *loader) checkRules(ts *topoSrc, c coll.Collective, ctx string, rules []
 		}
 		if r.sym && r.ok {
 			l.checkSymmetricRule(ts, c, name, r, gpu)
+		}
+		if !r.sym && r.ok && !r.hasUpto && gpu {
+			l.checkUnboundedRule(c, name, r, worlds)
 		}
 		if i < len(rules)-1 && r.node != nil && !r.hasUpto && resolve(r.node).Kind == yaml.MappingNode && !(r.sym && noneSymmetric(rules[i+1:])) {
 			l.errorf(r.node, "%s has no upto but is not the last rule; only the last rule (or a symmetric rule followed by plain ones only) may leave upto out (the rules after it could never be chosen): give it an upto or remove the rules after it", name)
@@ -1074,6 +1078,26 @@ func (l *loader) checkSymmetricRule(ts *topoSrc, c coll.Collective, name string,
 	}
 	if s.UsesScratch { // every schedule that touches scratch declares it (schedule.Validate)
 		l.errorf(r.useN, "%s is symmetric but uses %s, which reduces into scratch sized by the staging buffer, so it cannot take sizes beyond it; use oneshot or nccl", name, r.use)
+	}
+}
+
+// checkUnboundedRule checks that a plain rule without upto (it takes every
+// size above the rule before it) uses an algorithm whose kernels take any
+// size at every world size of its list: barrier kernels and push kernels
+// in rounds do; a push kernel without rounds (the reduce-scatter's and
+// all-gather's oneshot_ll) needs an inbox holding the whole message, so
+// comm.New would refuse the rule at run time.
+func (l *loader) checkUnboundedRule(c coll.Collective, name string, r ruleSrc, worlds []int) {
+	if r.use == coll.NCCL || !slices.Contains(schedule.Algorithms(c), r.use) {
+		return
+	}
+	for _, w := range worlds {
+		s, err := schedule.Build(c, r.use, w)
+		if err != nil || !s.Protocol.Push() || schedule.PushRounds(s) {
+			continue
+		}
+		l.errorf(r.useN, "%s sends every larger size to %s, a push kernel that runs in one round (at world size %d): its inbox would have to hold the largest message, so comm.New refuses the rule; give it an upto (e.g. upto: 128KiB) and a rule after it (oneshot_ll128, oneshot or nccl)", name, r.use, w)
+		return
 	}
 }
 
