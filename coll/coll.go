@@ -209,7 +209,13 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	if s == autoSpelledAs {
 		return Auto, nil
 	}
-	return parse("algorithm", s, append([]Algorithm{Auto, NCCL, Hierarchical}, Algorithms()...))
+	all := append([]Algorithm{Auto, NCCL, Hierarchical}, Algorithms()...)
+	if slices.Contains(all, Algorithm(s)) {
+		return Algorithm(s), nil
+	}
+	known := names(all)
+	known[0] = autoSpelledAs
+	return "", unknown("algorithm", s, known)
 }
 
 // String returns the algorithm's name; Auto prints as "auto".

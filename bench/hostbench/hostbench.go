@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -79,6 +80,65 @@ func Cases(o Options, world int) []Case {
 		}
 	}
 	return out
+}
+
+// Plan is Cases with what it leaves out said: notes name each requested
+// algorithm a collective cannot run on the host at this world size (with
+// the reason) and each size below one element per rank. A sweep that
+// leaves nothing is an error carrying those notes.
+func Plan(o Options, world int) (cases []Case, notes []string, err error) {
+	cases = Cases(o, world)
+	for _, c := range o.Collectives {
+		for _, alg := range o.Algorithms {
+			if alg == coll.Auto {
+				continue
+			}
+			s, err := schedule.Build(c, alg, world)
+			if err == nil {
+				err = schedule.HostCanRun(s)
+			}
+			if err != nil {
+				notes = append(notes, fmt.Sprintf("%s left out of the %s sweep: %v", alg, c, err))
+			}
+		}
+	}
+	for _, b := range o.Sizes {
+		fits := false
+		for _, c := range o.Collectives {
+			for _, dt := range o.DTypes {
+				if _, ok := bench.ShapeFor(c, dt, b, world); ok {
+					fits = true
+				}
+			}
+		}
+		if !fits {
+			notes = append(notes, fmt.Sprintf("size %d B left out: below one element (per rank, for reduce-scatter and all-gather) of every --dtype at world %d", b, world))
+		}
+	}
+	if len(cases) == 0 {
+		why := "no case of --collective, --algorithms, --dtype and --sizes remains"
+		if len(notes) > 0 {
+			why = strings.Join(notes, "; ")
+		}
+		return nil, notes, fmt.Errorf("the sweep is empty at world %d: %s", world, why)
+	}
+	return cases, notes, nil
+}
+
+// Bytes returns what one rank allocates for the sweep: the input and
+// output buffers Run sizes for the largest case, and with Check the
+// reference inputs of every rank that check regenerates.
+func Bytes(o Options, cases []Case, world int) int64 {
+	var maxIn, maxOut int64
+	for _, c := range cases {
+		_, in, out := counts(c, world)
+		maxIn, maxOut = max(maxIn, int64(in)), max(maxOut, int64(out))
+	}
+	n := maxIn + maxOut
+	if o.Check {
+		n += int64(world) * maxIn
+	}
+	return n
 }
 
 // counts returns the element count argument and the buffer sizes of a case.
@@ -239,8 +299,11 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	}
 	us, waits := all[:iters], all[iters:]
 	med := bench.Median(us)
+	// The bytes moved: the size rounded down to whole elements (per rank,
+	// for reduce-scatter and all-gather), as the GPU bench reports.
+	sh, _ := bench.ShapeFor(c.Collective, c.DType, c.Bytes, w)
 	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: string(alg), DType: string(c.DType), Op: string(c.Op), World: w,
-		Bytes: c.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, c.Bytes, w, med),
+		Bytes: sh.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, sh.Bytes, w, med),
 		LateWaits: &bench.LateWaits{Spun: waits[0], Yielded: waits[1], Blocked: waits[2]}}, nil
 }
 

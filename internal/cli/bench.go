@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/collgen/collgen/bench"
+	"github.com/collgen/collgen/bench/gpubench"
 	"github.com/collgen/collgen/bench/hostbench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
@@ -114,12 +115,24 @@ the host's copy bandwidth.`,
   collgen bench --backend host -n 4 --sizes 1KiB-64MiB --json out.json --png out.png`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkBackendFlags(cmd, o.Backend); err != nil {
+				return usageError(err)
+			}
+			if sizes == "" {
+				sizes = hostDefaultSizes
+				if o.Backend == "gpu" {
+					sizes = gpubench.DefaultSizes
+				}
+			}
 			var err error
 			if o.Sizes, err = bench.ParseSizes(sizes); err != nil {
 				return usageError(fmt.Errorf("bench: --sizes: %w", err))
 			}
 			o.DTypes, o.Ops, o.Collectives, o.Algorithms = splitList(dtypes), splitList(ops), splitList(colls), splitList(algs)
 			if err := o.validate(); err != nil {
+				return usageError(err)
+			}
+			if err := o.checkOutputs(); err != nil && !o.worker {
 				return usageError(err)
 			}
 			o.gpu.sizesSet = cmd.Flags().Changed("sizes")
@@ -136,11 +149,11 @@ the host's copy bandwidth.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Backend, "backend", "gpu", "backend to benchmark: host or gpu")
 	f.IntVarP(&o.World, "world", "n", 2, "number of ranks")
-	f.StringVar(&sizes, "sizes", "1KiB-64MiB", "message sizes: a list of sizes and doubling ranges FROM-TO or FROM..TO (a factor: FROM..TO:x4), e.g. 4KiB,64KiB or 1KiB-256MiB")
+	f.StringVar(&sizes, "sizes", "", "message sizes: a list of sizes and doubling ranges FROM-TO or FROM..TO (a factor: FROM..TO:x4), e.g. 4KiB,64KiB or 1KiB-256MiB (default "+hostDefaultSizes+" on the host, "+gpubench.DefaultSizes+" on GPUs)")
 	f.StringVar(&dtypes, "dtype", "f32", "element types, comma separated (host: f32 f64 f16 bf16 i32 i64)")
 	f.StringVar(&ops, "op", "sum", "reduce ops, comma separated: sum, max, min")
 	f.StringVar(&colls, "collective", "allreduce", "collectives, comma separated: allreduce, reduce_scatter, allgather")
-	f.StringVar(&algs, "algorithms", "", "algorithms, comma separated (default: chosen per size by the spec's rules); one a collective has no kernel for is left out of its sweep with a note")
+	f.StringVar(&algs, "algorithms", "", "algorithms, comma separated, auto for the spec's choice per size (default: auto on the host; on GPUs every algorithm, auto and nccl); one a collective cannot run is left out of its sweep with a note")
 	f.IntVar(&o.Iters, "iters", 0, "timed iterations per case (default: about 0.25s per case)")
 	f.BoolVar(&o.Check, "check", false, "verify each case's result against a float64 reference before timing it")
 	f.BoolVar(&o.Goroutines, "goroutines", false, "host: run the ranks as goroutines of this process instead of processes")
@@ -172,12 +185,53 @@ the host's copy bandwidth.`,
 	return cmd
 }
 
+// hostDefaultSizes is the host bench's default --sizes.
+const hostDefaultSizes = "1KiB-64MiB"
+
+// Flags of one backend only: given with the other, they would be ignored,
+// so bench refuses them.
+var (
+	gpuOnlyFlags  = []string{"eager", "zero-copy", "no-early-launch", "awkward", "processes", "max-blocks", "staging", "devices"}
+	hostOnlyFlags = []string{"goroutines", "slot-bytes", "lanes", "memcpy"}
+)
+
+// checkBackendFlags refuses a flag of the other backend.
+func checkBackendFlags(cmd *cobra.Command, backend string) error {
+	other, want := gpuOnlyFlags, "gpu"
+	if backend == "gpu" {
+		other, want = hostOnlyFlags, "host"
+	}
+	for _, name := range other {
+		if cmd.Flags().Changed(name) {
+			return fmt.Errorf("bench: --%s is a --backend %s flag, and this is --backend %s", name, want, backend)
+		}
+	}
+	return nil
+}
+
 func (o *BenchOptions) validate() error {
 	if o.Backend != "host" && o.Backend != "gpu" {
 		return fmt.Errorf("bench: --backend %q: want host or gpu", o.Backend)
 	}
 	if o.World < 1 || o.World > 64 {
 		return fmt.Errorf("bench: -n %d: want 1..64 ranks", o.World)
+	}
+	if o.Iters < 0 {
+		return fmt.Errorf("bench: --iters %d: want a positive count, or 0 to time each case for about 0.25 s", o.Iters)
+	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("bench: --timeout %v: want a positive duration such as 60s", o.Timeout)
+	}
+	if o.SlotBytes < 0 {
+		return fmt.Errorf("bench: --slot-bytes %d: want a positive size, or 0 for the backend's default", o.SlotBytes)
+	}
+	if o.Lanes < 0 || o.Lanes > host.MaxLanes {
+		return fmt.Errorf("bench: --lanes %d: want 1..%d, or 0 for the backend's default", o.Lanes, host.MaxLanes)
+	}
+	for _, a := range o.Algorithms {
+		if _, err := coll.ParseAlgorithm(a); err != nil && o.Backend == "host" {
+			return fmt.Errorf("bench: --algorithms: %w", err)
+		}
 	}
 	for _, c := range o.Collectives {
 		if _, err := coll.ParseCollective(c); err != nil {
@@ -213,8 +267,51 @@ func splitList(s string) []string {
 }
 
 func (o *BenchOptions) sweep() hostbench.Options {
-	return hostbench.Options{Collectives: typed[coll.Collective](o.Collectives), Algorithms: typed[coll.Algorithm](o.Algorithms),
+	algs := make([]coll.Algorithm, len(o.Algorithms))
+	for i, a := range o.Algorithms {
+		algs[i], _ = coll.ParseAlgorithm(a) // checked by validate; "auto" is coll.Auto
+	}
+	return hostbench.Options{Collectives: typed[coll.Collective](o.Collectives), Algorithms: algs,
 		DTypes: typed[coll.DType](o.DTypes), Ops: typed[coll.Op](o.Ops), Sizes: o.Sizes, Iters: o.Iters, Check: o.Check}
+}
+
+// planHost checks the host sweep before any rank starts: it prints what
+// the sweep leaves out, and refuses an empty sweep and one whose buffers
+// would not fit in this host's available memory (a make of that size ends
+// the process, with no error to report).
+func (o *BenchOptions) planHost(io *IO) (int, error) {
+	cases, notes, err := hostbench.Plan(o.sweep(), o.World)
+	for _, n := range notes {
+		fmt.Fprintf(io.Err, "collgen bench: note: %s\n", n)
+	}
+	if err != nil {
+		return 0, usageError(fmt.Errorf("bench: %w", err))
+	}
+	per := hostbench.Bytes(o.sweep(), cases, o.World)
+	if avail := memAvailable(); avail > 0 && per*int64(o.World) > avail {
+		return 0, usageError(fmt.Errorf("bench: the sweep's buffers take %s per rank (%s for %d ranks%s), more than the %s this host has available; lower --sizes",
+			bench.FormatBytes(per), bench.FormatBytes(per*int64(o.World)), o.World, map[bool]string{true: ", --check's reference inputs included"}[o.Check], bench.FormatBytes(avail)))
+	}
+	return len(cases), nil
+}
+
+// memAvailable returns /proc/meminfo's MemAvailable in bytes, or 0 where
+// there is none.
+func memAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // typed converts flag values, checked by validate, to coll's names.
@@ -240,10 +337,12 @@ func runHostBench(io *IO, o *BenchOptions) error {
 	if hostLibrary == nil {
 		fmt.Fprintln(io.Err, "collgen bench: using the portable reduce loops (this binary has no generated library)")
 	}
-	total := len(hostbench.Cases(o.sweep(), o.World))
+	total, err := o.planHost(io)
+	if err != nil {
+		return err
+	}
 	prog := bench.NewProgress(io.Err, total, o.Progress)
 	var results []bench.Result
-	var err error
 	if o.Goroutines {
 		results, err = benchGoroutines(ctx, o, prog)
 	} else {
@@ -285,7 +384,41 @@ func benchGoroutines(ctx context.Context, o *BenchOptions, prog *bench.Progress)
 		}()
 	}
 	wg.Wait()
-	return results, errors.Join(errs...)
+	return results, joinDistinct(errs)
+}
+
+// joinDistinct joins errs, each message once: ranks refused for the same
+// reason (a bad flag) say it once.
+func joinDistinct(errs []error) error {
+	seen := map[string]bool{}
+	var out []error
+	for _, err := range errs {
+		if err != nil && !seen[err.Error()] {
+			seen[err.Error()] = true
+			out = append(out, err)
+		}
+	}
+	return errors.Join(out...)
+}
+
+// checkOutputs refuses, before a sweep, output files whose directory does
+// not exist and a --baseline that cannot be read: a GPU sweep takes
+// minutes, and its results would be lost at the end.
+func (o *BenchOptions) checkOutputs() error {
+	for _, f := range []struct{ flag, path string }{{"json", o.JSON}, {"csv", o.CSV}, {"png", o.PNG}} {
+		if f.path == "" || f.path == "-" {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Dir(f.path)); err != nil || !fi.IsDir() {
+			return fmt.Errorf("bench: --%s %s: its directory %s does not exist", f.flag, f.path, filepath.Dir(f.path))
+		}
+	}
+	if o.Baseline != "" {
+		if _, err := os.Stat(o.Baseline); err != nil {
+			return fmt.Errorf("bench: --baseline: %w", err)
+		}
+	}
+	return nil
 }
 
 // selfExe returns how to re-run this program: os.Args[0] (resolved through

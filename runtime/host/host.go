@@ -173,8 +173,13 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.Group == "" {
 		return nil, errors.New("host: Config.Group is empty; name the group (unique per store)")
 	}
-	if cfg.Slots < 0 || cfg.Lanes < 0 || cfg.SlotBytes < 0 || cfg.Slots > 64 || cfg.Lanes > maxLanes {
-		return nil, fmt.Errorf("host: bad layout: Slots %d (0..64), Lanes %d (0..64), SlotBytes %d (>= 0)", cfg.Slots, cfg.Lanes, cfg.SlotBytes)
+	switch {
+	case cfg.Slots < 0 || cfg.Slots > 64:
+		return nil, fmt.Errorf("host: Config.Slots %d: want 1..64, or 0 for the default", cfg.Slots)
+	case cfg.Lanes < 0 || cfg.Lanes > MaxLanes:
+		return nil, fmt.Errorf("host: Config.Lanes %d: want 1..%d, or 0 for the default", cfg.Lanes, MaxLanes)
+	case cfg.SlotBytes < 0:
+		return nil, fmt.Errorf("host: Config.SlotBytes %d: want a positive size, or 0 for the default", cfg.SlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
 		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}

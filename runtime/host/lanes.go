@@ -26,8 +26,8 @@ import (
 // speed things up, never decide progress: one helper pool serves every
 // slot, and a job that finds nothing to claim returns at once.
 
-// maxLanes bounds Config.Lanes; claims packs lane numbers in 16 bits.
-const maxLanes = 64
+// MaxLanes bounds Config.Lanes (claims packs lane numbers in 16 bits).
+const MaxLanes = 64
 
 // laneJob offers the lanes of slot's collective number gen to a helper.
 type laneJob struct {

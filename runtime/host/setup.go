@@ -128,7 +128,7 @@ func (g *Group) setup(ctx context.Context) error {
 		}
 		lay = l0
 	}
-	if lay.Slots < 1 || lay.Slots > 64 || lay.Lanes < 1 || lay.Lanes > maxLanes || lay.LaneBytes < 2*w*64 || lay.LaneBytes%pageBytes != 0 {
+	if lay.Slots < 1 || lay.Slots > 64 || lay.Lanes < 1 || lay.Lanes > MaxLanes || lay.LaneBytes < 2*w*64 || lay.LaneBytes%pageBytes != 0 {
 		return fmt.Errorf("bad layout %+v for world %d", lay, w)
 	}
 	g.lay = lay
