@@ -29,6 +29,9 @@ func ParseSizes(s string) ([]int64, error) {
 	}
 	for _, item := range strings.Split(s, ",") {
 		item = strings.TrimSpace(item)
+		if strings.HasPrefix(item, "-") {
+			return nil, fmt.Errorf("bad size %q: sizes are positive", item)
+		}
 		lo, hi, isRange := strings.Cut(item, "..")
 		if !isRange {
 			lo, hi, isRange = strings.Cut(item, "-") // bench's --sizes syntax

@@ -47,4 +47,9 @@ func TestParseSizes(t *testing.T) {
 			t.Errorf("ParseSizes(%q): want an error", bad)
 		}
 	}
+	// A negative size is named as written, not as the empty left end of a
+	// range.
+	if _, err := ParseSizes("4KiB,-4KiB"); err == nil || !strings.Contains(err.Error(), `bad size "-4KiB": sizes are positive`) {
+		t.Errorf("ParseSizes(-4KiB) = %v", err)
+	}
 }

@@ -62,6 +62,20 @@ func ParseSize(s string) (int64, error) {
 	if unit == "" {
 		mult = 1
 	}
+	// Units beyond GiB and GB: say how to write the size with those.
+	for _, u := range []struct {
+		name, to string
+		per, toMult int64
+	}{{"TiB", "GiB", 1 << 10, 1 << 30}, {"PiB", "GiB", 1 << 20, 1 << 30}, {"EiB", "GiB", 1 << 30, 1 << 30},
+		{"TB", "GB", 1e3, 1e9}, {"PB", "GB", 1e6, 1e9}, {"EB", "GB", 1e9, 1e9}} {
+		if unit != u.name {
+			continue
+		}
+		if n > math.MaxInt64/u.toMult/u.per {
+			return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
+		}
+		return 0, fmt.Errorf("bad size %q: the largest unit is %s; write %d%s", s, u.to, n*u.per, u.to)
+	}
 	if mult == 0 {
 		var names []string
 		for _, u := range sizeUnits {

@@ -296,6 +296,15 @@ func TestSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) succeeded", in)
 		}
 	}
+	// Units beyond GiB and GB say how to write the size.
+	for in, want := range map[string]string{
+		"1PiB": "the largest unit is GiB; write 1048576GiB", "2TiB": "write 2048GiB", "3TB": "the largest unit is GB; write 3000GB",
+		"99999999999PiB": "too large",
+	} {
+		if _, err := ParseSize(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseSize(%q) = %v; want %q", in, err, want)
+		}
+	}
 	for n, want := range map[int64]string{0: "0B", 1000: "1000B", 1024: "1KiB", 10 << 20: "10MiB", 3 << 30: "3GiB"} {
 		if got := FormatSize(n); got != want {
 			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
