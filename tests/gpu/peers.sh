@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The README's world-2 table: collgen staged and zero-copy, NCCL, NCCL
 # windows and PyTorch symmetric memory, all in one run (bf16, graph replay,
-# process per GPU). Build the bundle where Go is (`make gpu-bundle`) and
-# copy the peers' scripts beside it (`cp ../shared/anchors/*.py .gpu/anchors/`),
-# then from the repository root on the GPU machine:
+# process per GPU). Build the bundle where Go is (`make gpu-bundle`); the
+# peers' scripts are in tests/gpu/anchors. Then from the repository root on
+# the GPU machine:
 #
 #   OUT=/some/dir tests/gpu/peers.sh
 #
 # Writes $OUT/peers.tgz (JSON of every run, logs). Knobs: WORLD (2),
-# SIZES, ANCHORS (.gpu/anchors).
+# SIZES, ANCHORS (tests/gpu/anchors).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
 WORLD=${WORLD:-2}
 SIZES=${SIZES:-1KiB,8KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB}
-ANCHORS=${ANCHORS:-.gpu/anchors}
+ANCHORS=${ANCHORS:-tests/gpu/anchors}
 R=$(mktemp -d)
 mkdir -p "$OUT"
 trap 'tar czf "$OUT/peers.tgz" -C "$R" --exclude=cache . 2>/dev/null; rm -rf "$R"' EXIT
