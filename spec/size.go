@@ -64,7 +64,7 @@ func ParseSize(s string) (int64, error) {
 	}
 	// Units beyond GiB and GB: say how to write the size with those.
 	for _, u := range []struct {
-		name, to string
+		name, to    string
 		per, toMult int64
 	}{{"TiB", "GiB", 1 << 10, 1 << 30}, {"PiB", "GiB", 1 << 20, 1 << 30}, {"EiB", "GiB", 1 << 30, 1 << 30},
 		{"TB", "GB", 1e3, 1e9}, {"PB", "GB", 1e6, 1e9}, {"EB", "GB", 1e9, 1e9}} {

@@ -138,7 +138,7 @@ func checkOutDir(dir string) error {
 		return err
 	}
 	if !fi.IsDir() {
-		return &ForeignDirError{Dir: dir, Entries: []string{fi.Mode().Type().String()}, Reason: "it is not a directory"}
+		return &ForeignDirError{Dir: dir, Entries: []string{fileKind(fi)}, Reason: "it is not a directory"}
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -196,6 +196,18 @@ func checkOutDir(dir string) error {
 		return &ForeignDirError{Dir: dir, Entries: sample(foreign), Reason: "it holds entries its collgen MANIFEST does not list"}
 	}
 	return nil
+}
+
+// fileKind names what a non-directory is, for ForeignDirError.
+func fileKind(fi os.FileInfo) string {
+	switch t := fi.Mode().Type(); {
+	case t == 0:
+		return "a file"
+	case t&os.ModeSymlink != 0:
+		return "a symbolic link"
+	default:
+		return "a " + t.String() + " entry"
+	}
 }
 
 // readManifestFiles reads a collgen MANIFEST and returns the paths (slash

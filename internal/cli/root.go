@@ -7,9 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/debug"
 	"sort"
 
 	"github.com/spf13/cobra"
+
+	"github.com/collgen/collgen/runtime/kernels"
 )
 
 // IO is the streams a command reads and writes; tests pass buffers.
@@ -50,7 +54,9 @@ func NewRoot(io *IO) *cobra.Command {
 		Short:         "Generate, check, run and benchmark specialised GPU collective kernels",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
+	root.SetVersionTemplate("collgen {{.Version}}\n")
 	root.SetIn(io.In)
 	root.SetOut(io.Out)
 	root.SetErr(io.Err)
@@ -84,4 +90,28 @@ func Do(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "collgen:", err)
 	return 1
+}
+
+// version describes this build for --version: the module version (or
+// "(devel)" for a checkout), the commit when the go command recorded one,
+// and the generated-code contract (kernels.GenVersion: a generated package
+// builds against runtimes that read its version).
+func version() string {
+	v := "(devel)"
+	var rev, dirty string
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision" && len(s.Value) >= 12:
+				rev = " commit " + s.Value[:12]
+			case s.Key == "vcs.modified" && s.Value == "true":
+				dirty = " (modified)"
+			}
+		}
+	}
+	return fmt.Sprintf("%s%s%s, generates code version %d (this runtime reads %d..%d), %s", v, rev, dirty,
+		kernels.GenVersion, kernels.MinVersion, kernels.MaxVersion, runtime.Version())
 }

@@ -29,6 +29,9 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
   COLLGEN_STORE_SECRET=... collgen store --listen 0.0.0.0:29500`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if maxFrame <= 0 {
+				return usageError(fmt.Errorf("store: --max-frame-size %d: want a positive byte count (default %d)", maxFrame, rendezvous.DefaultMaxFrameSize))
+			}
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)

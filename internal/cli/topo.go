@@ -39,7 +39,7 @@ func (o *topoOptions) machine() (*topo.Machine, error) {
 	case o.Machine != "":
 		f, err := os.Open(o.Machine)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--machine: %w", err)
 		}
 		defer f.Close()
 		m, err := topo.ReadJSON(f)

@@ -269,7 +269,7 @@ func readSweeps(paths []string) ([]tune.Sample, error) {
 	for _, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--from: %w", err)
 		}
 		var s []tune.Sample
 		if strings.HasSuffix(path, ".json") {
