@@ -178,7 +178,6 @@ the host's copy bandwidth.`,
 	f.IntVar(&o.gpu.maxBlocks, "max-blocks", 0, "gpu: at most this many blocks per kernel launch (comm.Config.MaxBlocks: SMs left to other work; default each kernel's spec max_blocks)")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
 	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	for _, add := range benchHelp {
 		add(cmd)
 	}

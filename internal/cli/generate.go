@@ -61,6 +61,11 @@ func (o *genOptions) specPath() (string, error) {
 
 // render loads the spec and renders the tree in memory.
 func (o *genOptions) render() (*gen.Output, error) {
+	if o.Package != "" {
+		if err := spec.CheckPackage(o.Package); err != nil {
+			return nil, usageError(fmt.Errorf("--package: %w", err))
+		}
+	}
 	path, err := o.specPath()
 	if err != nil {
 		return nil, err

@@ -79,6 +79,5 @@ field does. It never overwrites an existing file. Then generate the package:
 		},
 	}
 	cmd.Flags().StringVar(&pkg, "package", "collectives", "Go package name of the generated glue")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }

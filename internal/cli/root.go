@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -68,7 +69,27 @@ func NewRoot(io *IO) *cobra.Command {
 	for _, name := range names {
 		root.AddCommand(constructors[name](io))
 	}
+	markUsage(root)
 	return root
+}
+
+// markUsage makes the errors of using a command wrongly exit 2 like every
+// other usage error: flags cobra cannot parse, arguments the command does
+// not take. (An unknown command is Do's to spot: cobra reports it from the
+// root's own argument check, which has no hook.)
+func markUsage(c *cobra.Command) {
+	c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageError(err)
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markUsage(sub)
+	}
 }
 
 // Do runs collgen with args and returns the process exit code: 0 on success,
@@ -89,6 +110,9 @@ func Do(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return ee.Code
 	}
 	fmt.Fprintln(stderr, "collgen:", err)
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		return 2
+	}
 	return 1
 }
 

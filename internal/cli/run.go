@@ -146,7 +146,6 @@ I*N+N-1 (docs/multihost.md).`,
 	cmd.Flags().DurationVar(&grace, "grace", launch.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
 	// Everything from CMD on belongs to CMD, "--" or not.
 	cmd.Flags().SetInterspersed(false)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
 

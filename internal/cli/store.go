@@ -70,6 +70,5 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0)")
 	cmd.Flags().IntVar(&maxFrame, "max-frame-size", rendezvous.DefaultMaxFrameSize, "largest request in bytes; bigger ones disconnect the client")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow listening beyond loopback without "+rendezvous.SecretEnv+" (anyone who can connect can read and change the store)")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }

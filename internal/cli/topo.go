@@ -99,7 +99,6 @@ with collgen tune.`,
 	f.StringVar(&o.Machine, "machine", "", "read the machine from a `FILE` written by --json instead of NVML")
 	f.StringVar(&o.Fake, "fake", "", "use a fake machine ("+strings.Join(fakenvml.Names(), ", ")+") instead of NVML")
 	_ = f.MarkHidden("fake")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
 

@@ -109,7 +109,6 @@ bench's own automatic selection, with a geomean per rule set.`,
 	f.StringVar(&o.Sweeps, "sweeps", ".", "with --run: directory for the sweeps' CSVs (tune-w<N>[-<collective>].csv)")
 	f.StringVar(&o.BenchArgs, "bench-args", "", "with --run: more collgen bench flags, space separated (e.g. \"--sizes 1KiB-64MiB --iters 20\")")
 	f.StringArrayVar(&o.Compare, "compare", nil, "evaluate the rules of spec `NAME=FILE` on the sweeps instead of tuning (repeat to compare)")
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	return cmd
 }
 
