@@ -72,6 +72,7 @@ type Problem struct {
 	Diff string // unified diff for stale files
 }
 
+// String describes the problem as check prints it.
 func (p Problem) String() string {
 	switch p.Kind {
 	case "missing":

@@ -54,6 +54,7 @@ const (
 // NumBuffers is how many buffers a rank holds.
 const NumBuffers = 5
 
+// String names the buffer.
 func (b Buffer) String() string {
 	return [...]string{"input", "output", "stage", "scratch", "inbox"}[b]
 }
@@ -122,6 +123,7 @@ func (x Index) Equal(y Index) bool {
 // IsSelf reports whether the index always names the executing rank.
 func (x Index) IsSelf() bool { return x.Kind == RankPlus && x.K == 0 }
 
+// String writes the index as schedules print it (rank, rank+1, 3, ...).
 func (x Index) String() string {
 	switch x.Kind {
 	case Const:
@@ -149,6 +151,7 @@ func (r Ref) Equal(o Ref) bool {
 	return r.Buf == o.Buf && r.Rank.Equal(o.Rank) && r.Lane.Equal(o.Lane) && r.Chunk.Equal(o.Chunk)
 }
 
+// String writes the reference as schedules print it.
 func (r Ref) String() string {
 	if r.Buf == Inbox {
 		return fmt.Sprintf("%s@%s[%s][%s]", r.Buf, r.Rank, r.Lane, r.Chunk)
@@ -172,6 +175,7 @@ const (
 	Put
 )
 
+// String names the step kind.
 func (k StepKind) String() string { return [...]string{"copy", "reduce", "put"}[k] }
 
 // Step writes one chunk, elementwise, from one or more source chunks of the

@@ -410,6 +410,7 @@ type OverwriteError struct {
 	ReadRound         int
 }
 
+// Error says which write would land on data a reader has not read yet.
 func (e *OverwriteError) Error() string {
 	who := "a reader"
 	if e.Reader >= 0 {

@@ -39,6 +39,7 @@ type ExitError struct {
 	Err  error
 }
 
+// Error returns the wrapped error's message, or the exit status.
 func (e *ExitError) Error() string {
 	if e.Err == nil {
 		return fmt.Sprintf("exit status %d", e.Code)
@@ -46,6 +47,7 @@ func (e *ExitError) Error() string {
 	return e.Err.Error()
 }
 
+// Unwrap returns the wrapped error.
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // NewRoot builds the collgen command tree writing to the given streams.
