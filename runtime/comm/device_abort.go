@@ -25,7 +25,7 @@ var _ aborter = (*cudaDevice)(nil)
 type abortState struct {
 	aborted     atomic.Bool
 	relMu       sync.Mutex   // release and releaseKernels exclude each other
-	abortStream *cuda.Stream // made by releaseKernels, freed by release
+	abortStream *cuda.Stream // made by setup (prepareAbort), freed by release
 
 	ncclMu     sync.Mutex
 	ncclStream *cuda.Stream // where NCCL work was last enqueued; nil when none is pending
@@ -100,6 +100,26 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 	}
 }
 
+// prepareAbort makes the stream releaseKernels raises the abort word on,
+// and uses it once (a memset of the first sequence word, zero already),
+// so that Abort itself creates nothing and makes one driver call: once in
+// about ten runs of TestAbortGPU on one shared H100 (2026-11-24) a call
+// stayed blocked until its kernel's deadline after Abort, which then made
+// this stream while the kernel spun (where the driver held it was not
+// captured; the test now logs every goroutine's stack if it recurs).
+// Called by setup, after d.seq is cleared.
+func (d *cudaDevice) prepareAbort() error {
+	st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
+	if err != nil {
+		return fmt.Errorf("comm: rank %d: the abort stream: %w", d.cfg.Rank, err)
+	}
+	d.abortStream = st
+	if err := d.dev.MemsetD32Async(d.seq, 0, 1, st); err != nil {
+		return fmt.Errorf("comm: rank %d: the abort stream: %w", d.cfg.Rank, err)
+	}
+	return st.Synchronize()
+}
+
 // releaseKernels implements aborter (see there).
 func (d *cudaDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	d.aborted.Store(true)
@@ -108,7 +128,7 @@ func (d *cudaDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	if d.dev == nil {
 		return nil
 	}
-	if d.abortStream == nil {
+	if d.abortStream == nil { // set-up did not get as far as prepareAbort
 		st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
 		if err != nil {
 			return fmt.Errorf("comm: rank %d: abort: %w", d.cfg.Rank, err)

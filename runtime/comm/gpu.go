@@ -221,8 +221,12 @@ func contextPeer(det *Detected, me int, all []gpuAgreement) int {
 func sharedQueues(det *Detected, all []gpuAgreement) error {
 	for r, a := range all {
 		if p := contextPeer(det, r, all); p >= 0 && a.WorkQueues < cuda.MaxWorkQueues {
-			return errorf(ErrUnsupported, "comm: ranks %d and %d share GPU %s in one process, whose CUDA context has %d hardware work queues (%s): kernels of two ranks on one queue can wait for each other until Config.Timeout; start the process with %s=%d (collgen sets it when it is unset), or give each rank a GPU or a process of its own",
-				r, p, det.BusIDs[r], a.WorkQueues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues)
+			why := "collgen sets it when it is unset"
+			if cuda.UnderMPS() {
+				why = "collgen leaves it unset where an MPS daemon runs: MPS clients share one pool of queues, and at 32 each only about three processes fit on a GPU"
+			}
+			return errorf(ErrUnsupported, "comm: ranks %d and %d share GPU %s in one process, whose CUDA context has %d hardware work queues (%s): kernels of two ranks on one queue can wait for each other until Config.Timeout; start the process with %s=%d (%s), or give each rank a GPU or a process of its own",
+				r, p, det.BusIDs[r], a.WorkQueues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues, why)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -131,6 +132,9 @@ func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqByte
 		return nil, 0, 0, err
 	}
 	if err := d.dev.Memset8(d.seq, 0, int(seqBytes)); err != nil {
+		return nil, 0, 0, err
+	}
+	if err := d.prepareAbort(); err != nil {
 		return nil, 0, 0, err
 	}
 	if d.statusBuf, err = d.dev.HostAlloc(8, true); err != nil {
@@ -546,5 +550,36 @@ func (d *cudaDevice) releaseMost(keepRegion bool) (freeRegion func() error, err 
 		errs = append(errs, d.dev.Close())
 	}
 	d.dev = nil
-	return freeRegion, errors.Join(errs...)
+	return freeRegion, collapseDriverErrors(errs)
+}
+
+// collapseDriverErrors joins errs, keeping each CUDA result's first error
+// whole and counting the rest: after a kernel fault the context's error
+// is sticky, and every cleanup call (one per loaded module, buffer and
+// stream) fails with it.
+func collapseDriverErrors(errs []error) error {
+	var out []error
+	first := map[string]int{} // result name -> index in out
+	more := map[string]int{}
+	for _, err := range errs {
+		var ce *cuda.Error
+		if err == nil {
+			continue
+		}
+		if !errors.As(err, &ce) {
+			out = append(out, err)
+			continue
+		}
+		if _, seen := first[ce.Name]; seen {
+			more[ce.Name]++
+			continue
+		}
+		first[ce.Name] = len(out)
+		out = append(out, err)
+	}
+	for name, n := range more {
+		i := first[name]
+		out[i] = fmt.Errorf("%w (and %d more clean-up calls failed with %s: the CUDA context has faulted, and its resources go with the process)", out[i], n, name)
+	}
+	return errors.Join(out...)
 }

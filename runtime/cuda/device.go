@@ -124,7 +124,7 @@ func Open(ordinal int) (*Device, error) {
 		d.PCIBusID = C.GoString(&bus[0])
 	}
 	if r := C.cg_cuDevicePrimaryCtxRetain(&d.ctx, d.dev); r != 0 {
-		return nil, newError(r, "cuDevicePrimaryCtxRetain", ordinal)
+		return nil, mpsHint(newError(r, "cuDevicePrimaryCtxRetain", ordinal))
 	}
 	d.refs = 1
 	devices[ordinal] = d

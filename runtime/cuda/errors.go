@@ -10,6 +10,8 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 )
 
 // Result is a CUresult code.
@@ -106,4 +108,18 @@ func nvrtcErrString(r C.nvrtcResult) string {
 		return fmt.Sprintf("symbol %s not found in libnvrtc", C.GoString(C.cg_nvrtc_symbol(C.int(int(r)-int(C.CG_MISSING_BASE)))))
 	}
 	return C.GoString(C.cg_nvrtcGetErrorString(r))
+}
+
+// mpsHint explains a context that could not be created under MPS for want
+// of the server's resources (CUDA_ERROR_OUT_OF_MEMORY, or an MPS error
+// such as CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED): the work queues of the
+// clients' contexts share one pool. Other errors come back as they are.
+func mpsHint(e *Error) error {
+	pipe := mpsPipe()
+	v, set := os.LookupEnv(EnvMaxConnections)
+	if pipe == "" || e.Code != ErrorOutOfMemory && !strings.Contains(e.Name, "MPS") {
+		return e
+	}
+	return fmt.Errorf("%w (this process is a client of the MPS daemon at %s, and MPS clients' contexts share one pool of hardware work queues: with %s=%d each, fewer processes fit on a GPU, three at 32 on an H100; leave it unset under MPS, as collgen does, or run fewer processes on this GPU)",
+		e, pipe, EnvMaxConnections, workQueuesFrom(v, set))
 }

@@ -57,6 +57,7 @@ var (
 	driverPath   string
 	driverInit   error // cuInit's result, returned by every later loadDriver
 	driverQueues int   // the work queues of this process's contexts (askWorkQueues)
+	driverMPS    bool  // an MPS control daemon's pipe was there at cuInit (mpsPipe)
 )
 
 // loadDriverFrom opens libcuda as spec says and checks the required
@@ -104,7 +105,7 @@ func loadDriver() error {
 	// The library is deliberately never closed: function pointers into it
 	// live in the global table for the life of the process.
 	driverLoaded, driverPath = true, lib.Path
-	driverQueues = askWorkQueues()
+	driverQueues, driverMPS = askWorkQueues(), mpsPipe() != ""
 	if r := C.cg_cuInit(0); r != 0 {
 		driverInit = newError(r, "cuInit", -1)
 	}
@@ -121,13 +122,24 @@ func DriverPath() string {
 
 // WorkQueues returns the hardware work queues each CUDA context of this
 // process gets (EnvMaxConnections as the driver was initialized: 32
-// unless the process set the variable), or 0 before the driver is loaded.
+// unless the process set the variable or an MPS control daemon runs, see
+// UnderMPS), or 0 before the driver is loaded.
 // If other code of the process initialized CUDA first, its contexts may
 // have what the variable said then.
 func WorkQueues() int {
 	driverMu.Lock()
 	defer driverMu.Unlock()
 	return driverQueues
+}
+
+// UnderMPS reports whether an MPS control daemon's pipe was there when the
+// driver was initialized (so this process's contexts are likely MPS
+// clients and kept CUDA's default work queues; see askWorkQueues); false
+// before the driver is loaded.
+func UnderMPS() bool {
+	driverMu.Lock()
+	defer driverMu.Unlock()
+	return driverMPS
 }
 
 // Init loads libcuda and initialises the driver. Every other function calls

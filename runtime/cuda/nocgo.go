@@ -33,6 +33,9 @@ func DeviceCount() (int, error) { return 0, ErrNoCgo }
 // WorkQueues returns 0: without cgo no driver is loaded.
 func WorkQueues() int { return 0 }
 
+// UnderMPS is false: this build has no CUDA driver.
+func UnderMPS() bool { return false }
+
 // Open returns ErrNoCgo.
 func Open(ordinal int) (*Device, error) { return nil, ErrNoCgo }
 

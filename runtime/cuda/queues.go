@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 )
 
@@ -36,14 +37,48 @@ func workQueuesFrom(v string, set bool) int {
 }
 
 // askWorkQueues sets CUDA_DEVICE_MAX_CONNECTIONS to MaxWorkQueues unless
-// the process set it (a value the user chose is kept), and returns the
-// work queues the driver's contexts will get. It must run before the
-// driver is initialized; the driver then reads the process environment,
-// which os.Setenv updates in a program built with cgo.
+// the process set it (a value the user chose is kept) or an MPS control
+// daemon runs (see mpsPipe), and returns the work queues the driver's
+// contexts will get. It must run before the driver is initialized; the
+// driver then reads the process environment, which os.Setenv updates in
+// a program built with cgo.
 func askWorkQueues() int {
 	v, set := os.LookupEnv(EnvMaxConnections)
-	if !set && os.Setenv(EnvMaxConnections, strconv.Itoa(MaxWorkQueues)) == nil {
+	if !set && mpsPipe() == "" && os.Setenv(EnvMaxConnections, strconv.Itoa(MaxWorkQueues)) == nil {
 		v, set = strconv.Itoa(MaxWorkQueues), true
 	}
 	return workQueuesFrom(v, set)
+}
+
+// Under MPS the processes using a GPU are clients of one MPS server, and
+// their contexts' work queues come out of the server's one pool: on an
+// H100 (driver 580) three processes of 32 queues each attached and a
+// fourth failed to create its context (CUDA_ERROR_OUT_OF_MEMORY or
+// CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED), while eight of 8 queues
+// attached (docs/reliability.md, case 36). So askWorkQueues leaves CUDA's
+// default where an MPS control daemon runs.
+
+// EnvMPSPipeDirectory is where MPS clients look for the control daemon's
+// named pipes and sockets (default DefaultMPSPipeDirectory).
+const EnvMPSPipeDirectory = "CUDA_MPS_PIPE_DIRECTORY"
+
+// DefaultMPSPipeDirectory is MPS's pipe directory when
+// CUDA_MPS_PIPE_DIRECTORY is unset.
+const DefaultMPSPipeDirectory = "/tmp/nvidia-mps"
+
+// mpsPipe returns the MPS control daemon's pipe, "control" in the pipe
+// directory, when it is there as a named pipe or a socket (the daemon
+// runs, or ran and left it: CUDA then runs without MPS, and contexts keep
+// CUDA's default queues all the same), else "".
+func mpsPipe() string {
+	dir := os.Getenv(EnvMPSPipeDirectory)
+	if dir == "" {
+		dir = DefaultMPSPipeDirectory
+	}
+	p := filepath.Join(dir, "control")
+	fi, err := os.Stat(p)
+	if err != nil || fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) == 0 {
+		return ""
+	}
+	return p
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -280,9 +281,17 @@ func TestAbortGPU(t *testing.T) {
 			}()
 			time.Sleep(time.Second)
 			start := time.Now()
+			// A call still blocked 10 s after Abort shows where it waits.
+			stuck := time.AfterFunc(10*time.Second, func() {
+				buf := make([]byte, 1<<20)
+				t.Logf("the call is still blocked 10s after Abort; goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+			})
 			aerr := comms[0].Abort()
+			abortTook := time.Since(start)
 			err := <-res
+			stuck.Stop()
 			el := time.Since(start)
+			t.Logf("Abort returned after %v", abortTook)
 			if !errors.Is(err, comm.ErrAborted) {
 				t.Errorf("blocked call: %v, want ErrAborted", err)
 			}

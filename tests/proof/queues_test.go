@@ -30,7 +30,8 @@ var _, queuesSetAtStart = os.LookupEnv(cuda.EnvMaxConnections)
 
 // TestWorkQueuesGPU (reliability case 34): a process that did not set
 // CUDA_DEVICE_MAX_CONNECTIONS gets 32 hardware work queues per context
-// (runtime/cuda sets the variable before cuInit), and two goroutine ranks
+// (runtime/cuda sets the variable before cuInit; under MPS it keeps CUDA's
+// 8, reliability case 36), and two goroutine ranks
 // on one GPU in a process started with 2 are refused by New on both
 // ranks with ErrUnsupported naming the variable: with two queues their
 // graphs of several collectives deadlocked until Config.Timeout
@@ -44,7 +45,16 @@ func TestWorkQueuesGPU(t *testing.T) {
 	if err := cuda.Init(); err != nil {
 		t.Fatal(err)
 	}
-	if !queuesSetAtStart && (cuda.WorkQueues() != cuda.MaxWorkQueues || os.Getenv(cuda.EnvMaxConnections) != "32") {
+	switch {
+	case queuesSetAtStart:
+	case cuda.UnderMPS():
+		// MPS clients share one pool of queues: the variable stays unset
+		// (reliability case 36).
+		if _, set := os.LookupEnv(cuda.EnvMaxConnections); set || cuda.WorkQueues() != 8 {
+			t.Fatalf("under MPS, started without %s: WorkQueues() = %d, the variable %q; want CUDA's 8, unset", cuda.EnvMaxConnections, cuda.WorkQueues(), os.Getenv(cuda.EnvMaxConnections))
+		}
+		t.Log("under MPS: contexts keep CUDA's 8 work queues")
+	case cuda.WorkQueues() != cuda.MaxWorkQueues || os.Getenv(cuda.EnvMaxConnections) != "32":
 		t.Fatalf("started without %s: WorkQueues() = %d, the variable %q; want 32 and \"32\"", cuda.EnvMaxConnections, cuda.WorkQueues(), os.Getenv(cuda.EnvMaxConnections))
 	}
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestWorkQueuesGPU$", "-test.v")
