@@ -102,11 +102,10 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 
 // prepareAbort makes the stream releaseKernels raises the abort word on,
 // and uses it once (a memset of the first sequence word, zero already),
-// so that Abort itself creates nothing and makes one driver call: once in
-// about ten runs of TestAbortGPU on one shared H100 (2026-11-24) a call
-// stayed blocked until its kernel's deadline after Abort, which then made
-// this stream while the kernel spun (where the driver held it was not
-// captured; the test now logs every goroutine's stack if it recurs).
+// so that Abort itself creates nothing and makes one driver call. That
+// call can still wait: a parked region's cuMemFree (freeWhenLeft) holds
+// the driver until every kernel of the context has ended, the one waiting
+// for the abort word included (docs/reliability.md, case 38, open).
 // Called by setup, after d.seq is cleared.
 func (d *cudaDevice) prepareAbort() error {
 	st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
