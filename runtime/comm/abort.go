@@ -139,6 +139,8 @@ const parkFactor = 4
 // freeWhenLeft calls free, which frees the aborted rank's staging region,
 // once every rank has left the group (the members count is 0: each closed
 // or aborted, so none of their kernels still runs) or after at most wait.
+// On GPUs free itself then waits until no communicator of this process is
+// live on the GPU (parkedGate, case 38).
 // Until then a live peer's kernel that signals into the region or reads
 // it finds memory there: freed under it, the peer's context faulted
 // (CUDA_ERROR_ILLEGAL_ADDRESS, sticky; with goroutine ranks the whole

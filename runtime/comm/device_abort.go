@@ -102,10 +102,11 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 
 // prepareAbort makes the stream releaseKernels raises the abort word on,
 // and uses it once (a memset of the first sequence word, zero already),
-// so that Abort itself creates nothing and makes one driver call. That
-// call can still wait: a parked region's cuMemFree (freeWhenLeft) holds
-// the driver until every kernel of the context has ended, the one waiting
-// for the abort word included (docs/reliability.md, case 38, open).
+// so that Abort itself creates nothing and makes one driver call. (That
+// call waited behind a parked region's cuMemFree, which holds the driver
+// until every kernel of the context has ended, the one waiting for the
+// abort word included; parkedGate keeps such frees away from live
+// communicators: docs/reliability.md, case 38.)
 // Called by setup, after d.seq is cleared.
 func (d *cudaDevice) prepareAbort() error {
 	st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
