@@ -120,7 +120,25 @@ func (o *StreamOrdering) Err() error {
 		w[i] = o.status.LoadUint32(4 * i)
 	}
 	o.err = decodeStatus(w)
+	var te *TimeoutError
+	if errors.As(o.err, &te) {
+		te.Hint = queuesHint(sharedDevice(o.be.dev), cuda.WorkQueues())
+	}
 	return o.err
+}
+
+// queuesHint explains a timeout where ranks of this process share the GPU
+// (shared) and its contexts have fewer than the most hardware work queues
+// (queues): a rank's queued signal can hold up the one its peer waits for
+// (docs/reliability.md, case 34); "" otherwise. The pool cannot refuse
+// such ranks up front: two backends on one GPU may be one rank's two
+// pools.
+func queuesHint(shared bool, queues int) string {
+	if !shared || queues <= 0 || queues >= cuda.MaxWorkQueues {
+		return ""
+	}
+	return fmt.Sprintf("ranks of this process share this GPU, whose CUDA contexts have %d hardware work queues (%s): a rank's queued signal can hold up the one its peer waits for; start the process with %s=%d",
+		queues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues)
 }
 
 // reset clears a report after the stream has drained, for Now (whose

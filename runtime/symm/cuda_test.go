@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -946,5 +947,28 @@ func TestCUDAKilledRank(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestQueuesHint (reliability case 34): a signal timeout where ranks of
+// this process share the GPU with fewer than 32 hardware work queues names
+// the variable (under MPS with 8, symm's goroutine ranks at world 4 timed
+// out in TestCUDAGraphSignals, 2026-11-24); with 32, or a GPU of one's
+// own, or queues not known (0), no hint.
+func TestQueuesHint(t *testing.T) {
+	if h := queuesHint(true, 8); !strings.Contains(h, "8 hardware work queues") || !strings.Contains(h, "CUDA_DEVICE_MAX_CONNECTIONS=32") {
+		t.Errorf("shared, 8 queues: %q", h)
+	}
+	for _, c := range []struct {
+		shared bool
+		queues int
+	}{{true, 32}, {false, 8}, {true, 0}} {
+		if h := queuesHint(c.shared, c.queues); h != "" {
+			t.Errorf("shared %v, %d queues: hint %q", c.shared, c.queues, h)
+		}
+	}
+	e := &TimeoutError{Op: SignalPut, Rank: 0, Peer: 1, Channel: 3, Waited: time.Second, Hint: queuesHint(true, 8)}
+	if !strings.HasSuffix(e.Error(), "CUDA_DEVICE_MAX_CONNECTIONS=32") || !errors.Is(e, ErrTimeout) {
+		t.Errorf("error with a hint: %v", e)
 	}
 }

@@ -44,6 +44,9 @@ type TimeoutError struct {
 	// previous signal (a put into a full word), false when it was for
 	// Peer's signal to arrive.
 	Consume bool
+	// Hint, when set, names a likely cause this process can see (ranks
+	// sharing a GPU with few hardware work queues).
+	Hint string
 }
 
 // Error reads "symm: rank 0 barrier on channel 3: no signal from rank 2
@@ -53,8 +56,12 @@ func (e *TimeoutError) Error() string {
 	if e.Consume {
 		what = fmt.Sprintf("rank %d has not consumed the previous signal", e.Peer)
 	}
-	return fmt.Sprintf("symm: rank %d %s on channel %d: %s after %v (dead, stuck or not taking part)",
+	msg := fmt.Sprintf("symm: rank %d %s on channel %d: %s after %v (dead, stuck or not taking part)",
 		e.Rank, e.Op, e.Channel, what, e.Waited.Round(time.Millisecond))
+	if e.Hint != "" {
+		msg += "; " + e.Hint
+	}
+	return msg
 }
 
 // Unwrap makes errors.Is(err, ErrTimeout) true.
