@@ -288,8 +288,12 @@ func (o *BenchOptions) planHost(io *IO) (int, error) {
 	}
 	per := hostbench.Bytes(o.sweep(), cases, o.World)
 	if avail := memAvailable(); avail > 0 && per*int64(o.World) > avail {
+		with := ""
+		if o.Check {
+			with = ", --check's reference inputs included"
+		}
 		return 0, usageError(fmt.Errorf("bench: the sweep's buffers take %s per rank (%s for %d ranks%s), more than the %s this host has available; lower --sizes",
-			bench.FormatBytes(per), bench.FormatBytes(per*int64(o.World)), o.World, map[bool]string{true: ", --check's reference inputs included"}[o.Check], bench.FormatBytes(avail)))
+			bench.FormatBytes(per), bench.FormatBytes(per*int64(o.World)), o.World, with, bench.FormatBytes(avail)))
 	}
 	return len(cases), nil
 }

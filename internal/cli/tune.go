@@ -302,9 +302,15 @@ func pickTopology(s *spec.Spec, o *tuneOptions, ws []int) (*spec.Topology, error
 			}
 			return nil, usageError(fmt.Errorf("tune: --topology %q: no such topology in %s (has: %s)", o.Topology, o.Spec, strings.Join(names, ", ")))
 		}
-		if (t.Kind == coll.HostSHM) != (o.Backend == "host") {
-			return nil, usageError(fmt.Errorf("tune: --topology %s is %s, but the sweeps are --backend %s's; tune a %s topology, or pass --backend %s", t.Name, t.Kind, o.Backend,
-				map[bool]string{true: "host", false: "GPU"}[o.Backend == "host"], map[bool]string{true: "host", false: "gpu"}[t.Kind == coll.HostSHM]))
+		if host := t.Kind == coll.HostSHM; host != (o.Backend == "host") {
+			want, match := "GPU", "gpu" // the kind the sweeps fit, the backend the topology fits
+			if o.Backend == "host" {
+				want = "host"
+			}
+			if host {
+				match = "host"
+			}
+			return nil, usageError(fmt.Errorf("tune: --topology %s is %s, but the sweeps are --backend %s's; tune a %s topology, or pass --backend %s", t.Name, t.Kind, o.Backend, want, match))
 		}
 		return t, nil
 	}
