@@ -264,8 +264,7 @@ func (b *builder) kernels() error {
 					if err != nil {
 						return fmt.Errorf("topology %s: %w", t.Name, err)
 					}
-					split, _ := schedule.RoundsSplit(sched)
-					pushRounds := schedule.PushRounds(sched)
+					split, pushRounds := schedule.PushRounds(sched)
 					for _, dt := range dtypesFor(&t, c) {
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)

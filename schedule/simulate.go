@@ -469,10 +469,11 @@ func RoundsSplit(s *Schedule) (Split, bool) {
 // where the LL inbox still holds the message (64-128 KiB), and with the
 // one-round branch of an aligned kernel their 8 KiB rows were 11% slower on
 // 2 x H200 (docs/performance.md). A spec rule may send unbounded sizes
-// only to barrier schedules and to push schedules with rounds.
-func PushRounds(s *Schedule) bool {
-	split, rounds := RoundsSplit(s)
-	return s.Protocol.Push() && rounds && !(split == Aligned && s.Protocol == coll.LL)
+// only to barrier schedules and to push schedules with rounds. It returns
+// RoundsSplit's split too, which the kernel's rounds use.
+func PushRounds(s *Schedule) (split Split, rounds bool) {
+	split, ok := RoundsSplit(s)
+	return split, s.Protocol.Push() && ok && !(split == Aligned && s.Protocol == coll.LL)
 }
 
 // RoundsSafe reports whether a schedule may run in rounds (RoundsSplit).

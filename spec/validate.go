@@ -2,7 +2,6 @@ package spec
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"go/token"
 	"regexp"
@@ -178,10 +177,23 @@ func keyOr(k, fallback *yaml.Node) *yaml.Node {
 	return fallback
 }
 
+// PackageError is CheckPackage's error: what is wrong with a package
+// name, and a name that works.
+type PackageError struct {
+	// Name is the name checked.
+	Name string
+	// Msg says what is wrong and what to write instead.
+	Msg string
+}
+
+// Error returns the message.
+func (e *PackageError) Error() string { return e.Msg }
+
 // CheckPackage says what is wrong with name as the Go package name of the
 // generated glue (the spec's package, or generate's and init's --package):
 // it must be a lower-case Go identifier other than "_", "main" (a program,
-// not importable) and CUDAPackage. The error suggests a name that works.
+// not importable) and CUDAPackage. The error, a *PackageError, suggests a
+// name that works.
 func CheckPackage(name string) error {
 	fix := func() string {
 		var b strings.Builder
@@ -196,17 +208,20 @@ func CheckPackage(name string) error {
 		}
 		return b.String()
 	}
+	var msg string
 	switch {
 	case name == CUDAPackage:
-		return fmt.Errorf("package %q is the generated package of the CUDA sources (<out>/%s); write package: collectives", name, CUDAPackage)
+		msg = fmt.Sprintf("package %q is the generated package of the CUDA sources (<out>/%s); write package: collectives", name, CUDAPackage)
 	case name == "main":
-		return errors.New(`package "main" is a program, which no other package can import; write package: collectives`)
+		msg = `package "main" is a program, which no other package can import; write package: collectives`
 	case name == "_" || !token.IsIdentifier(name):
-		return fmt.Errorf("package %q is not a Go identifier; write package: %s", name, fix())
+		msg = fmt.Sprintf("package %q is not a Go identifier; write package: %s", name, fix())
 	case strings.ToLower(name) != name:
-		return fmt.Errorf("package %q must be lower case; write package: %s", name, fix())
+		msg = fmt.Sprintf("package %q must be lower case; write package: %s", name, fix())
+	default:
+		return nil
 	}
-	return nil
+	return &PackageError{Name: name, Msg: msg}
 }
 
 // dtypes reads a `dtypes:` mapping into d, replacing each list given. of is
@@ -1093,7 +1108,10 @@ func (l *loader) checkUnboundedRule(c coll.Collective, name string, r ruleSrc, w
 	}
 	for _, w := range worlds {
 		s, err := schedule.Build(c, r.use, w)
-		if err != nil || !s.Protocol.Push() || schedule.PushRounds(s) {
+		if err != nil || !s.Protocol.Push() {
+			continue
+		}
+		if _, rounds := schedule.PushRounds(s); rounds {
 			continue
 		}
 		l.errorf(r.useN, "%s sends every larger size to %s, a push kernel that runs in one round (at world size %d): its inbox would have to hold the largest message, so comm.New refuses the rule; give it an upto (e.g. upto: 128KiB) and a rule after it (oneshot_ll128, oneshot or nccl)", name, r.use, w)

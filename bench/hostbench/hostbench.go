@@ -57,11 +57,8 @@ func Cases(o Options, world int) []Case {
 			algs = []coll.Algorithm{coll.Auto}
 		}
 		for _, alg := range algs {
-			if alg != coll.Auto {
-				s, err := schedule.Build(c, alg, world)
-				if err != nil || schedule.HostCanRun(s) != nil {
-					continue
-				}
+			if hostCannotRun(c, alg, world) != nil {
+				continue
 			}
 			for _, dt := range o.DTypes {
 				ops := o.Ops
@@ -90,14 +87,7 @@ func Plan(o Options, world int) (cases []Case, notes []string, err error) {
 	cases = Cases(o, world)
 	for _, c := range o.Collectives {
 		for _, alg := range o.Algorithms {
-			if alg == coll.Auto {
-				continue
-			}
-			s, err := schedule.Build(c, alg, world)
-			if err == nil {
-				err = schedule.HostCanRun(s)
-			}
-			if err != nil {
+			if err := hostCannotRun(c, alg, world); err != nil {
 				notes = append(notes, fmt.Sprintf("%s left out of the %s sweep: %v", alg, c, err))
 			}
 		}
@@ -129,16 +119,36 @@ func Plan(o Options, world int) (cases []Case, notes []string, err error) {
 // output buffers Run sizes for the largest case, and with Check the
 // reference inputs of every rank that check regenerates.
 func Bytes(o Options, cases []Case, world int) int64 {
-	var maxIn, maxOut int64
-	for _, c := range cases {
-		_, in, out := counts(c, world)
-		maxIn, maxOut = max(maxIn, int64(in)), max(maxOut, int64(out))
-	}
-	n := maxIn + maxOut
+	maxIn, maxOut := buffers(cases, world)
+	n := int64(maxIn) + int64(maxOut)
 	if o.Check {
-		n += int64(world) * maxIn
+		n += int64(world) * int64(maxIn)
 	}
 	return n
+}
+
+// hostCannotRun says why the host backend cannot run alg for collective c
+// at world size world (no such schedule, or one that writes into peers'
+// memory), or nil; Auto it always can.
+func hostCannotRun(c coll.Collective, alg coll.Algorithm, world int) error {
+	if alg == coll.Auto {
+		return nil
+	}
+	s, err := schedule.Build(c, alg, world)
+	if err != nil {
+		return err
+	}
+	return schedule.HostCanRun(s)
+}
+
+// buffers returns the largest input and output of cases, which Run
+// allocates once for the whole sweep.
+func buffers(cases []Case, world int) (maxIn, maxOut int) {
+	for _, c := range cases {
+		_, in, out := counts(c, world)
+		maxIn, maxOut = max(maxIn, in), max(maxOut, out)
+	}
+	return maxIn, maxOut
 }
 
 // counts returns the element count argument and the buffer sizes of a case.
@@ -158,11 +168,7 @@ func Run(ctx context.Context, g *host.Group, o Options, progress func(done int, 
 	if err := g.Setup(ctx); err != nil {
 		return nil, err
 	}
-	var maxIn, maxOut int
-	for _, c := range cases {
-		_, in, out := counts(c, w)
-		maxIn, maxOut = max(maxIn, in), max(maxOut, out)
-	}
+	maxIn, maxOut := buffers(cases, w)
 	inBuf, outBuf := alignedBytes(maxIn), alignedBytes(maxOut)
 	// Collect now rather than under the first timed case (the buffers
 	// above can start a collection whose workers would compete with the

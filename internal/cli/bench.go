@@ -227,9 +227,11 @@ func (o *BenchOptions) validate() error {
 	if o.Lanes < 0 || o.Lanes > host.MaxLanes {
 		return fmt.Errorf("bench: --lanes %d: want 1..%d, or 0 for the backend's default", o.Lanes, host.MaxLanes)
 	}
-	for _, a := range o.Algorithms {
-		if _, err := coll.ParseAlgorithm(a); err != nil && o.Backend == "host" {
-			return fmt.Errorf("bench: --algorithms: %w", err)
+	if o.Backend == "host" { // the GPU bench checks its own (gpubench.Variants)
+		for _, a := range o.Algorithms {
+			if _, err := coll.ParseAlgorithm(a); err != nil {
+				return fmt.Errorf("bench: --algorithms: %w", err)
+			}
 		}
 	}
 	for _, c := range o.Collectives {
@@ -279,14 +281,15 @@ func (o *BenchOptions) sweep() hostbench.Options {
 // would not fit in this host's available memory (a make of that size ends
 // the process, with no error to report).
 func (o *BenchOptions) planHost(io *IO) (int, error) {
-	cases, notes, err := hostbench.Plan(o.sweep(), o.World)
+	sw := o.sweep()
+	cases, notes, err := hostbench.Plan(sw, o.World)
 	for _, n := range notes {
 		fmt.Fprintf(io.Err, "collgen bench: note: %s\n", n)
 	}
 	if err != nil {
 		return 0, usageError(fmt.Errorf("bench: %w", err))
 	}
-	per := hostbench.Bytes(o.sweep(), cases, o.World)
+	per := hostbench.Bytes(sw, cases, o.World)
 	if avail := memAvailable(); avail > 0 && per*int64(o.World) > avail {
 		with := ""
 		if o.Check {

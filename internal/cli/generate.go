@@ -61,11 +61,6 @@ func (o *genOptions) specPath() (string, error) {
 
 // render loads the spec and renders the tree in memory.
 func (o *genOptions) render() (*gen.Output, error) {
-	if o.Package != "" {
-		if err := spec.CheckPackage(o.Package); err != nil {
-			return nil, usageError(fmt.Errorf("--package: %w", err))
-		}
-	}
 	path, err := o.specPath()
 	if err != nil {
 		return nil, err
@@ -89,6 +84,10 @@ func (o *genOptions) render() (*gen.Output, error) {
 		}
 	}
 	out, err := gen.Render(s, gen.Options{Package: o.Package, Only: o.Only, ImportPath: imp})
+	var bad *spec.PackageError
+	if errors.As(err, &bad) {
+		return nil, usageError(err) // --package (the spec's own was checked at load)
+	}
 	if err != nil {
 		return nil, err
 	}

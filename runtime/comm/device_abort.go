@@ -101,23 +101,19 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 }
 
 // prepareAbort makes the stream releaseKernels raises the abort word on,
-// and uses it once (a memset of the first sequence word, zero already),
-// so that Abort itself creates nothing and makes one driver call. (That
-// call waited behind a parked region's cuMemFree, which holds the driver
-// until every kernel of the context has ended, the one waiting for the
-// abort word included; parkedGate keeps such frees away from live
-// communicators: docs/reliability.md, case 38.)
-// Called by setup, after d.seq is cleared.
+// so that Abort creates nothing: its one driver call is that memset.
+// (The memset waited behind a parked region's cuMemFree, which holds the
+// driver until every kernel of the context has ended, the one waiting for
+// the abort word included; parkedGate keeps such frees away from live
+// communicators: docs/reliability.md, case 38.) Called by setup; a device
+// whose set-up did not get here launched no kernel to release.
 func (d *cudaDevice) prepareAbort() error {
 	st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
 	if err != nil {
 		return fmt.Errorf("comm: rank %d: the abort stream: %w", d.cfg.Rank, err)
 	}
 	d.abortStream = st
-	if err := d.dev.MemsetD32Async(d.seq, 0, 1, st); err != nil {
-		return fmt.Errorf("comm: rank %d: the abort stream: %w", d.cfg.Rank, err)
-	}
-	return st.Synchronize()
+	return nil
 }
 
 // releaseKernels implements aborter (see there).
@@ -125,15 +121,8 @@ func (d *cudaDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	d.aborted.Store(true)
 	d.relMu.Lock()
 	defer d.relMu.Unlock()
-	if d.dev == nil {
+	if d.dev == nil || d.abortStream == nil { // released, or set-up never launched a kernel
 		return nil
-	}
-	if d.abortStream == nil { // set-up did not get as far as prepareAbort
-		st, err := d.dev.NewStream() // non-blocking: not ordered after the busy stream
-		if err != nil {
-			return fmt.Errorf("comm: rank %d: abort: %w", d.cfg.Rank, err)
-		}
-		d.abortStream = st
 	}
 	if err := d.dev.MemsetD32Async(abortWord, 1, 2, d.abortStream); err != nil {
 		return fmt.Errorf("comm: rank %d: abort: raise the abort word: %w", d.cfg.Rank, err)

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
@@ -62,9 +61,6 @@ type cudaDevice struct {
 	pools atomic.Pointer[[]*symm.Pool]
 
 	abortState // device_abort.go: Abort, bounded waits
-
-	ordinal  int  // the GPU's ordinal, for gpuGate
-	gateOpen bool // counted live in gpuGate (openDevice to releaseMost)
 }
 
 // openDevice opens Config.Device, its stream and the fatbin, if any.
@@ -73,8 +69,8 @@ func openDevice(cfg Config) (device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev, own: own, ordinal: dev.Ordinal, gateOpen: true}
-	gpuGate.open(dev.Ordinal)
+	d := &cudaDevice{cfg: cfg, dev: dev, handle: dev, own: own}
+	gpuGate.open(dev.Ordinal) // closed by releaseMost, with d.dev
 	if cfg.Library != nil {
 		d.fns = make([]atomic.Pointer[cuda.Function], len(cfg.Library.Kernels))
 	}
@@ -521,15 +517,14 @@ func (d *cudaDevice) releaseMost(keepRegion bool) (freeRegion func() error, err 
 		errs = append(errs, d.regionMap.Close()) // this rank's imports of its peers' regions
 		d.regionMap = nil
 	}
-	if d.gateOpen { // this communicator is live no more (parkedGate)
-		gpuGate.close(d.ordinal)
-		d.gateOpen = false
+	if d.dev != nil { // this communicator is live no more (parkedGate); d.dev goes below
+		gpuGate.close(d.dev.Ordinal)
 	}
 	if keepRegion && d.region != 0 {
-		region, dev, ordinal := d.region, d.dev, d.ordinal
+		region, dev := d.region, d.dev
 		d.region = 0
 		freeRegion = func() error {
-			return gpuGate.free(ordinal, 10*time.Millisecond, func() error { return errors.Join(dev.Free(region), dev.Close()) })
+			return gpuGate.free(dev.Ordinal, func() error { return errors.Join(dev.Free(region), dev.Close()) })
 		}
 	}
 	for _, p := range []*cuda.DevicePtr{&d.region, &d.seq} {

@@ -1,9 +1,6 @@
 package comm
 
-import (
-	"sync"
-	"time"
-)
+import "sync"
 
 // parkedGate holds back the freeing of an aborted communicator's parked
 // staging region (freeWhenLeft) while this process has a live
@@ -16,11 +13,19 @@ import (
 // process lives on its GPU, and is freed when the last one closes.
 type parkedGate struct {
 	mu   sync.Mutex
+	idle sync.Cond   // on mu: broadcast when a GPU's count drops to 0
 	live map[int]int // GPU ordinal -> communicators open on it
 }
 
+// newParkedGate returns a gate with no communicator open.
+func newParkedGate() *parkedGate {
+	g := &parkedGate{live: map[int]int{}}
+	g.idle.L = &g.mu
+	return g
+}
+
 // gpuGate is the process's gate, shared by every communicator.
-var gpuGate = &parkedGate{live: map[int]int{}}
+var gpuGate = newParkedGate()
 
 // open counts a communicator live on GPU ordinal. It waits while a parked
 // region of that GPU is being freed, so no kernel of the new communicator
@@ -36,20 +41,18 @@ func (g *parkedGate) close(ordinal int) {
 	g.mu.Lock()
 	if g.live[ordinal]--; g.live[ordinal] <= 0 {
 		delete(g.live, ordinal)
+		g.idle.Broadcast()
 	}
 	g.mu.Unlock()
 }
 
-// free calls free once no communicator is live on GPU ordinal, checking
-// every poll, and holds the gate while free runs. It returns free's error.
-func (g *parkedGate) free(ordinal int, poll time.Duration, free func() error) error {
-	for {
-		g.mu.Lock()
-		if g.live[ordinal] == 0 {
-			defer g.mu.Unlock()
-			return free()
-		}
-		g.mu.Unlock()
-		time.Sleep(poll)
+// free calls free once no communicator is live on GPU ordinal, and holds
+// the gate while free runs. It returns free's error.
+func (g *parkedGate) free(ordinal int, free func() error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.live[ordinal] > 0 {
+		g.idle.Wait()
 	}
+	return free()
 }

@@ -10,13 +10,13 @@ import (
 // once no communicator is open on its GPU (other GPUs do not count), and
 // a communicator opening on that GPU waits for a free in progress.
 func TestParkedGate(t *testing.T) {
-	g := &parkedGate{live: map[int]int{}}
+	g := newParkedGate()
 	g.open(0)
 	g.open(1)
 	var freed atomic.Bool
 	done := make(chan error, 1)
 	go func() {
-		done <- g.free(0, time.Millisecond, func() error { freed.Store(true); return nil })
+		done <- g.free(0, func() error { freed.Store(true); return nil })
 	}()
 	time.Sleep(20 * time.Millisecond)
 	if freed.Load() {
@@ -28,7 +28,7 @@ func TestParkedGate(t *testing.T) {
 	}
 	// A free in progress holds back a communicator opening on its GPU.
 	release := make(chan struct{})
-	go g.free(2, time.Millisecond, func() error { <-release; return nil })
+	go g.free(2, func() error { <-release; return nil })
 	time.Sleep(10 * time.Millisecond)
 	opened := make(chan struct{})
 	go func() { g.open(2); close(opened) }()

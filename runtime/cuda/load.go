@@ -105,7 +105,7 @@ func loadDriver() error {
 	// The library is deliberately never closed: function pointers into it
 	// live in the global table for the life of the process.
 	driverLoaded, driverPath = true, lib.Path
-	driverQueues, driverMPS = askWorkQueues(), mpsPipe() != ""
+	driverQueues, driverMPS = askWorkQueues()
 	if r := C.cg_cuInit(0); r != 0 {
 		driverInit = newError(r, "cuInit", -1)
 	}

@@ -39,15 +39,16 @@ func workQueuesFrom(v string, set bool) int {
 // askWorkQueues sets CUDA_DEVICE_MAX_CONNECTIONS to MaxWorkQueues unless
 // the process set it (a value the user chose is kept) or an MPS control
 // daemon runs (see mpsPipe), and returns the work queues the driver's
-// contexts will get. It must run before the driver is initialized; the
-// driver then reads the process environment, which os.Setenv updates in
-// a program built with cgo.
-func askWorkQueues() int {
+// contexts will get and whether the daemon's pipe is there. It must run
+// before the driver is initialized; the driver then reads the process
+// environment, which os.Setenv updates in a program built with cgo.
+func askWorkQueues() (queues int, mps bool) {
+	mps = mpsPipe() != ""
 	v, set := os.LookupEnv(EnvMaxConnections)
-	if !set && mpsPipe() == "" && os.Setenv(EnvMaxConnections, strconv.Itoa(MaxWorkQueues)) == nil {
+	if !set && !mps && os.Setenv(EnvMaxConnections, strconv.Itoa(MaxWorkQueues)) == nil {
 		v, set = strconv.Itoa(MaxWorkQueues), true
 	}
-	return workQueuesFrom(v, set)
+	return workQueuesFrom(v, set), mps
 }
 
 // Under MPS the processes using a GPU are clients of one MPS server, and

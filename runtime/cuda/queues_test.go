@@ -30,12 +30,12 @@ func TestAskWorkQueues(t *testing.T) {
 	t.Setenv(EnvMPSPipeDirectory, t.TempDir()) // no MPS daemon there
 	t.Setenv(EnvMaxConnections, "")            // restores the original after the test
 	os.Unsetenv(EnvMaxConnections)
-	if got := askWorkQueues(); got != MaxWorkQueues || os.Getenv(EnvMaxConnections) != "32" {
+	if got, _ := askWorkQueues(); got != MaxWorkQueues || os.Getenv(EnvMaxConnections) != "32" {
 		t.Fatalf("unset: askWorkQueues() = %d with %s=%q; want 32 and the variable set to 32", got, EnvMaxConnections, os.Getenv(EnvMaxConnections))
 	}
 	for v, want := range map[string]int{"4": 4, "1": 1, "64": 8} {
 		os.Setenv(EnvMaxConnections, v)
-		if got := askWorkQueues(); got != want || os.Getenv(EnvMaxConnections) != v {
+		if got, _ := askWorkQueues(); got != want || os.Getenv(EnvMaxConnections) != v {
 			t.Errorf("set to %q: askWorkQueues() = %d, variable %q; want %d, the variable kept", v, got, os.Getenv(EnvMaxConnections), want)
 		}
 	}
@@ -66,14 +66,14 @@ func TestAskWorkQueuesUnderMPS(t *testing.T) {
 	if got := mpsPipe(); got != control {
 		t.Fatalf("mpsPipe() = %q with a named pipe at %s", got, control)
 	}
-	if got := askWorkQueues(); got != defaultWorkQueues {
+	if got, _ := askWorkQueues(); got != defaultWorkQueues {
 		t.Errorf("under MPS: askWorkQueues() = %d, want CUDA's default %d", got, defaultWorkQueues)
 	}
 	if v, set := os.LookupEnv(EnvMaxConnections); set {
 		t.Errorf("under MPS the variable was set to %q", v)
 	}
 	os.Setenv(EnvMaxConnections, "32") // a value the user chose is kept, MPS or not
-	if got := askWorkQueues(); got != 32 {
+	if got, _ := askWorkQueues(); got != 32 {
 		t.Errorf("under MPS with the variable at 32: %d", got)
 	}
 }

@@ -100,10 +100,11 @@ func queuesChild(t *testing.T) {
 }
 
 // Markers of TestAbortQueuesGPU's child processes: the file store's
-// directory and the child's rank.
+// directory, the child's rank and the algorithm.
 const (
 	envAbortQDir  = "COLLGEN_TEST_ABORTQ_DIR"
 	envAbortQRank = "COLLGEN_TEST_ABORTQ_RANK"
+	envAbortQAlg  = "COLLGEN_TEST_ABORTQ_ALG"
 )
 
 // TestAbortQueuesGPU: two process ranks; after a first all-reduce
@@ -132,7 +133,7 @@ func TestAbortQueuesGPU(t *testing.T) {
 				for r := range cmds {
 					cmds[r] = exec.Command(os.Args[0], "-test.run", "^TestAbortQueuesGPU$", "-test.v")
 					cmds[r].Env = append(os.Environ(), envAbortQDir+"="+dir, fmt.Sprintf("%s=%d", envAbortQRank, r),
-						cuda.EnvMaxConnections+"="+queues, "COLLGEN_TEST_ABORTQ_ALG="+string(alg))
+						cuda.EnvMaxConnections+"="+queues, envAbortQAlg+"="+string(alg))
 					cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
 					if err := cmds[r].Start(); err != nil {
 						t.Fatal(err)
@@ -154,7 +155,7 @@ func TestAbortQueuesGPU(t *testing.T) {
 func abortQueuesChild(t *testing.T) {
 	const timeout = 20 * time.Second
 	rank, _ := strconv.Atoi(os.Getenv(envAbortQRank))
-	alg := coll.Algorithm(os.Getenv("COLLGEN_TEST_ABORTQ_ALG"))
+	alg := coll.Algorithm(os.Getenv(envAbortQAlg))
 	store, err := rendezvous.NewFileStore(os.Getenv(envAbortQDir))
 	if err != nil {
 		t.Fatal(err)
