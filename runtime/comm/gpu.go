@@ -232,6 +232,12 @@ func sharedQueues(det *Detected, all []gpuAgreement) error {
 	return nil
 }
 
+// contextSharer is a device that frees differently where another rank of
+// the process shares its CUDA context (cudaDevice: gpuGate).
+type contextSharer interface {
+	shareContext()
+}
+
 // newGPU opens the rank's device and sets up the GPU backend on it.
 func newGPU(ctx context.Context, cfg Config, prefix string, open func(Config) (device, error)) (*gpuComm, error) {
 	// The device first: without one, what to set (Config.Device) matters
@@ -352,7 +358,11 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		// even with LazyKernels: loading a kernel may synchronize the
 		// context (CUDA's lazy loading), which would wait for a peer's
 		// kernel waiting for this rank, until Config.Timeout.
-		if !cfg.LazyKernels || sharesContext(g.det, cfg.Rank, all) {
+		shared := sharesContext(g.det, cfg.Rank, all)
+		if s, ok := dev.(contextSharer); ok && shared {
+			s.shareContext() // before any kernel: Close parks its frees (case 39)
+		}
+		if !cfg.LazyKernels || shared {
 			ks, ids := g.kernels()
 			if err := dev.preload(ctx, ks, ids); err != nil {
 				return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))

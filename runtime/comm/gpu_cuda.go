@@ -38,6 +38,9 @@ type cudaDevice struct {
 	regionMap *ipc.Mapping
 	seq       cuda.DevicePtr
 	statusBuf *cuda.HostBuffer
+	// sharing: another rank of this process shares the GPU's context
+	// (shareContext); release then lets gpuGate park its frees.
+	sharing bool
 
 	// fns holds each loaded kernel by its index in Config.Library.Kernels,
 	// so launch finds it without a lock or a lookup by name. A slot is
@@ -483,20 +486,64 @@ func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
 
 func (d *cudaDevice) release() error {
-	_, err := d.releaseMost(false)
-	return err
+	all, _, park, ordinal, err := d.releaseMost()
+	if all == nil {
+		return err
+	}
+	if park {
+		// No caller is left to see the parked free's error: the memory goes
+		// with the process at worst.
+		go gpuGate.free(ordinal, all)
+		return err
+	}
+	return errors.Join(err, all())
 }
 
 // releaseKeepingRegion implements aborter: release, but the staging
 // region and the device (the context it lives in) stay until the returned
-// function frees them.
+// function frees them, through gpuGate.free; where the gate parks the
+// frees (ranks of the process share the GPU), all that waits for the
+// context's kernels goes with them. Nil without a region.
 func (d *cudaDevice) releaseKeepingRegion() (func() error, error) {
-	return d.releaseMost(true)
+	hasRegion := d.region != 0
+	all, rest, park, ordinal, err := d.releaseMost()
+	switch {
+	case all == nil:
+		return nil, err
+	case !hasRegion && !park:
+		return nil, errors.Join(err, all())
+	case !park:
+		err = errors.Join(err, rest.others())
+		return func() error { return gpuGate.free(ordinal, rest.regionAndDevice) }, err
+	}
+	return func() error { return gpuGate.free(ordinal, all) }, err
 }
 
-// releaseMost frees the device's resources; with keepRegion it leaves the
-// region and the device and returns their freeing (nil without a region).
-func (d *cudaDevice) releaseMost(keepRegion bool) (freeRegion func() error, err error) {
+// waitingFrees are a released device's frees that may wait for every
+// kernel of its CUDA context (cuMemFree, cuMemFreeHost, cuModuleUnload:
+// tests/gpu/free_probe.cu), in two parts: the context and the staging
+// region peers' kernels read (freed last), and the rest.
+type waitingFrees struct {
+	others, regionAndDevice func() error
+}
+
+// shareContext marks the device as sharing its CUDA context with another
+// rank of this process (gpuGate.share); New calls it once, after the
+// ranks' agreement, before any kernel runs.
+func (d *cudaDevice) shareContext() {
+	if !d.sharing && d.dev != nil {
+		d.sharing = true
+		gpuGate.share(d.dev.Ordinal)
+	}
+}
+
+// releaseMost frees at once what never waits for the context's kernels
+// (streams, the NCCL communicator, the peers' mapped regions) and counts
+// the communicator off the GPU (gpuGate.close, which says whether the
+// rest must park). It returns the rest, whole (all) and in parts (rest),
+// for the caller to run or park; all is nil when the device holds no
+// context.
+func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bool, ordinal int, err error) {
 	d.relMu.Lock() // not while releaseKernels works on the device
 	defer d.relMu.Unlock()
 	var errs []error
@@ -508,55 +555,47 @@ func (d *cudaDevice) releaseMost(keepRegion bool) (freeRegion func() error, err 
 		errs = append(errs, d.comm.Destroy())
 		d.comm = nil
 	}
-	if d.pool != nil {
-		errs = append(errs, d.pool.Close(), d.symmBE.Close())
-		d.pool, d.symmBE = nil, nil
-	}
 	d.pools.Store(nil)
 	if d.regionMap != nil {
 		errs = append(errs, d.regionMap.Close()) // this rank's imports of its peers' regions
 		d.regionMap = nil
 	}
-	if d.dev != nil { // this communicator is live no more (parkedGate); d.dev goes below
-		gpuGate.close(d.dev.Ordinal)
-	}
-	if keepRegion && d.region != 0 {
-		region, dev := d.region, d.dev
-		d.region = 0
-		freeRegion = func() error {
-			return gpuGate.free(dev.Ordinal, func() error { return errors.Join(dev.Free(region), dev.Close()) })
-		}
-	}
-	for _, p := range []*cuda.DevicePtr{&d.region, &d.seq} {
-		if *p != 0 {
-			errs = append(errs, d.dev.Free(*p))
-			*p = 0
-		}
-	}
-	if d.statusBuf != nil {
-		errs = append(errs, d.statusBuf.Free())
-		d.statusBuf = nil
-	}
-	for _, m := range d.modules {
-		errs = append(errs, m.Unload())
-	}
-	d.modules = nil
-	for i := range d.fns {
-		d.fns[i].Store(nil)
-	}
-	if d.fatbin != nil {
-		errs = append(errs, d.fatbin.Unload())
-		d.fatbin = nil
-	}
 	if d.own != nil {
 		errs = append(errs, d.own.Destroy())
 		d.own = nil
 	}
-	if d.dev != nil && freeRegion == nil {
-		errs = append(errs, d.dev.Close())
+	for i := range d.fns {
+		d.fns[i].Store(nil)
 	}
+	dev := d.dev
 	d.dev = nil
-	return freeRegion, collapseDriverErrors(errs)
+	if dev == nil {
+		return nil, rest, false, 0, collapseDriverErrors(errs)
+	}
+	ordinal = dev.Ordinal
+	park = gpuGate.close(ordinal, d.sharing) // this communicator is live no more
+	pool, symmBE, seq, status, modules, fatbin, region := d.pool, d.symmBE, d.seq, d.statusBuf, d.modules, d.fatbin, d.region
+	d.pool, d.symmBE, d.seq, d.statusBuf, d.modules, d.fatbin, d.region = nil, nil, 0, nil, nil, nil, 0
+	rest.others = func() error {
+		var errs []error
+		if pool != nil {
+			errs = append(errs, pool.Close(), symmBE.Close())
+		}
+		errs = append(errs, dev.Free(seq))
+		if status != nil {
+			errs = append(errs, status.Free())
+		}
+		for _, m := range modules {
+			errs = append(errs, m.Unload())
+		}
+		errs = append(errs, fatbin.Unload())
+		return collapseDriverErrors(errs)
+	}
+	rest.regionAndDevice = func() error {
+		return collapseDriverErrors([]error{dev.Free(region), dev.Close()})
+	}
+	all = func() error { return errors.Join(rest.others(), rest.regionAndDevice()) }
+	return all, rest, park, ordinal, collapseDriverErrors(errs)
 }
 
 // collapseDriverErrors joins errs, keeping each CUDA result's first error

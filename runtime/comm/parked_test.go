@@ -22,7 +22,7 @@ func TestParkedGate(t *testing.T) {
 	if freed.Load() {
 		t.Fatal("freed while a communicator is open on the GPU")
 	}
-	g.close(0) // GPU 1's communicator does not hold GPU 0's region back
+	g.close(0, false) // GPU 1's communicator does not hold GPU 0's region back
 	if err := <-done; err != nil || !freed.Load() {
 		t.Fatalf("after the last close on GPU 0: freed %v, %v", freed.Load(), err)
 	}
@@ -42,4 +42,92 @@ func TestParkedGate(t *testing.T) {
 	if g.live[2] != 1 || g.live[1] != 1 {
 		t.Errorf("live counts %v", g.live)
 	}
+}
+
+// TestParkedGateSharing (reliability case 39): a closed communicator's
+// frees park only where another communicator of the process is live on
+// its GPU and ranks of the process share that GPU's context; with one
+// rank per GPU they run at once.
+func TestParkedGateSharing(t *testing.T) {
+	g := newParkedGate()
+	// One rank per GPU, two groups on GPU 0: no kernel of the context
+	// waits for a rank of this process.
+	g.open(0)
+	g.open(0)
+	if g.close(0, false) {
+		t.Error("parked with one rank of the process on the GPU")
+	}
+	if g.close(0, false) {
+		t.Error("the last communicator on the GPU parked")
+	}
+	// Two ranks sharing GPU 1 in groups A and B.
+	for range 4 {
+		g.open(1)
+		g.share(1)
+	}
+	g.open(2) // another GPU does not count
+	for i, want := range []bool{true, true, true, false} {
+		if got := g.close(1, true); got != want {
+			t.Errorf("close %d of the shared communicators: park %v, want %v", i, got, want)
+		}
+	}
+	// A group with one rank on GPU 3 beside a shared one: its frees would
+	// hold up the sharing ranks' launches, so they park too.
+	g.open(3)
+	g.open(3)
+	g.share(3)
+	g.open(3)
+	g.share(3)
+	if !g.close(3, false) {
+		t.Error("a communicator beside ranks sharing the GPU did not park")
+	}
+	if len(g.sharing) != 1 || g.sharing[3] != 2 || g.live[2] != 1 {
+		t.Errorf("counts: live %v, sharing %v", g.live, g.sharing)
+	}
+}
+
+// TestParkedGateDueFirst: frees parked while a GPU was busy run, all of
+// them, before another communicator opens there once it empties; parked
+// memory does not pile up under communicators that keep opening.
+func TestParkedGateDueFirst(t *testing.T) {
+	g := newParkedGate()
+	g.open(0)
+	var freed atomic.Int32
+	release := make(chan struct{})
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { done <- g.free(0, func() error { <-release; freed.Add(1); return nil }) }()
+	}
+	for g.waiting(0) < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	g.close(0, false)
+	opened := make(chan struct{})
+	go func() { g.open(0); close(opened) }()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-opened:
+		t.Fatal("a communicator opened before the frees due on its GPU ran")
+	default:
+	}
+	close(release)
+	<-opened
+	if n := freed.Load(); n != 2 {
+		t.Errorf("opened after %d of 2 due frees", n)
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+	if len(g.parked) != 0 || len(g.due) != 0 || g.live[0] != 1 {
+		t.Errorf("counts: live %v, parked %v, due %v", g.live, g.parked, g.due)
+	}
+}
+
+// waiting is how many frees wait on GPU ordinal (tests).
+func (g *parkedGate) waiting(ordinal int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.parked[ordinal]
 }

@@ -903,3 +903,28 @@ func TestCacheConcurrentProcesses(t *testing.T) {
 		t.Errorf("cache dir holds %d files, want 1", len(left))
 	}
 }
+
+// TestHostAllocZeroed: HostAlloc's bytes are zero even where the driver
+// hands back a buffer just freed with other contents (it did, on an H100:
+// a status word a kernel had written).
+func TestHostAllocZeroed(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	for i := range 16 {
+		hb, err := d.HostAlloc(8+8*(i%2), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, b := range hb.Bytes {
+			if b != 0 {
+				hb.Free()
+				t.Fatalf("allocation %d: byte %d is %#x, want 0", i, j, b)
+			}
+		}
+		for j := range hb.Bytes {
+			hb.Bytes[j] = 0xa5
+		}
+		if err := hb.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

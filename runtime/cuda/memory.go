@@ -298,9 +298,13 @@ type HostBuffer struct {
 	freed  atomic.Bool
 }
 
-// HostAlloc allocates bytes of pinned, portable host memory. With mapped it
-// is also mapped into the device address space (HostBuffer.DevPtr). The
-// caller frees it with HostBuffer.Free.
+// HostAlloc allocates bytes of pinned, portable host memory, zeroed. With
+// mapped it is also mapped into the device address space
+// (HostBuffer.DevPtr). The caller frees it with HostBuffer.Free.
+// cuMemHostAlloc itself hands back a freed buffer's bytes: a status word
+// a kernel wrote before the free then read as the new owner's (seen on an
+// H100: a new communicator's first call reported the timeout of an
+// aborted one's kernel).
 func (d *Device) HostAlloc(bytes int, mapped bool) (*HostBuffer, error) {
 	if bytes <= 0 {
 		return nil, fmt.Errorf("cuda: host alloc of %d bytes on device %d: size must be positive", bytes, d.Ordinal)
@@ -318,6 +322,7 @@ func (d *Device) HostAlloc(bytes int, mapped bool) (*HostBuffer, error) {
 		return nil, d.err(r, fmt.Sprintf("cuMemHostAlloc(%d bytes)", bytes))
 	}
 	hb := &HostBuffer{Bytes: unsafe.Slice((*byte)(p), bytes), dev: d, ptr: p}
+	clear(hb.Bytes)
 	if mapped {
 		var dp C.CUdeviceptr
 		if r := C.cg_cuMemHostGetDevicePointer(&dp, p, 0); r != 0 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda/cudatest"
 	"github.com/collgen/collgen/runtime/nccl"
+	"github.com/collgen/collgen/runtime/numeric"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -267,5 +269,92 @@ func TestLazyKernelsSharedGPU(t *testing.T) {
 		if err := checkedAllReduce(comms, alg, coll.BF16, 4096+i, 40+i); err != nil {
 			t.Fatalf("%s: %v", alg, err)
 		}
+	}
+}
+
+// TestCloseWhilePeerWaitsGPU (reliability case 39): goroutine ranks in
+// two groups, A and B. Rank 0 queues a B all-reduce (its kernel waits for
+// rank 1) and then closes A; rank 1 closes A and only then calls its B
+// all-reduce. Where the ranks share a GPU, and so a CUDA context, a Close
+// that frees its staging region with cuMemFree at once waits for rank 0's
+// B kernel, itself waiting for rank 1's B call behind that Close: both
+// ranks stall until the kernel's deadline and B times out. Close must
+// return promptly and B's result be right. On GPUs of their own (no
+// shared context) it passes either way.
+func TestCloseWhilePeerWaitsGPU(t *testing.T) {
+	proofGPUs(t)
+	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
+		t.Run(string(alg), func(t *testing.T) {
+			const n = 4096
+			cfg := func(g string) func(int) comm.Config {
+				return func(int) comm.Config {
+					return comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 20 * time.Second, Group: g + string(alg)}
+				}
+			}
+			a := commsWith(t, 2, rendezvous.NewMemStore(), cfg("close-a-"))
+			b := commsWith(t, 2, rendezvous.NewMemStore(), cfg("close-b-"))
+			defer closeComms(b)
+			ins := [][]byte{input(coll.BF16, n, 9, 0), input(coll.BF16, n, 9, 1)}
+			launched := make(chan struct{})
+			var once sync.Once // rank 0 closes launched on every path
+			signal := func() { once.Do(func() { close(launched) }) }
+			var ready sync.WaitGroup // inputs in place: no allocation or copy under the kernel
+			ready.Add(2)
+			start := time.Now()
+			err := ranks(b, func(r int, c *comm.Communicator) error {
+				if r == 0 {
+					defer signal()
+				}
+				d := c.Device()
+				p, err := d.Alloc(2 * n)
+				if err == nil {
+					err = d.CopyHtoD(p, ins[r])
+				}
+				ready.Done()
+				if err != nil {
+					return err
+				}
+				defer d.Free(p) // after Synchronize: nothing of B in flight
+				ready.Wait()
+				buf := comm.DeviceBuffer(p)
+				run := func() error {
+					return c.AllReduce(buf, buf, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg, Stream: c.Stream()})
+				}
+				if r == 0 {
+					if err := run(); err != nil { // queued; its kernel waits for rank 1
+						return err
+					}
+					signal()
+					if err := a[0].Close(); err != nil {
+						return fmt.Errorf("rank 0's Close of A: %w", err)
+					}
+				} else {
+					<-launched
+					time.Sleep(100 * time.Millisecond) // rank 0's kernel is running
+					if err := a[1].Close(); err != nil {
+						return fmt.Errorf("rank 1's Close of A: %w", err)
+					}
+					if err := run(); err != nil {
+						return err
+					}
+				}
+				if err := c.Synchronize(nil); err != nil {
+					return fmt.Errorf("rank %d's B all-reduce: %w", r, err)
+				}
+				got := make([]byte, 2*n)
+				if err := d.CopyDtoH(got, p); err != nil {
+					return err
+				}
+				return numeric.Check(coll.BF16, coll.Sum, got, ins)
+			})
+			took := time.Since(start)
+			t.Logf("Close of A under B's kernel, and B: %v", took)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if took > 10*time.Second {
+				t.Errorf("took %v: a Close waited for the peer's kernel (its deadline is 20s)", took)
+			}
+		})
 	}
 }
