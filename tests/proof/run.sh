@@ -6,13 +6,16 @@
 # kernels: PROOF_ONLY, a glob over kernel names (default all). On one GPU
 # every rank shares it (COLLGEN_TEST_SHARE_GPU=1: worlds 2,3,4,8 by
 # default, goroutine and process ranks; the special-value and multi-host
-# tests, whose NCCL groups need a GPU per rank, are left out).
+# tests, whose NCCL groups need a GPU per rank, are left out). BUNDLE names
+# the directory of proof.test and collgen (default .gpu; a kernel branch's
+# bundle, e.g. .gpu/llf from tests/gpu/llfast-bundle.sh).
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu/out}
+BUNDLE=${BUNDLE:-.gpu}
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -34,26 +37,29 @@ tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReporte
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
 start=$(date +%s)
-timeout ${GOROUTINE_TIMEOUT:-420} .gpu/proof.test -test.v -test.timeout 0 \
+timeout ${GOROUTINE_TIMEOUT:-420} $BUNDLE/proof.test -test.v -test.timeout 0 \
   -test.run "$tests" >"$OUT/proof-goroutines.log" 2>&1 || status=1
 echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
 
 echo "== process ranks (CUDA IPC, fatbin from nvcc)"
-if /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && ONLY="${PROOF_ONLY:-*}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
+# The fatbin is built from this tree's generated/cuda: only for its own bundle.
+if [ "$BUNDLE" != .gpu ]; then
+  echo "bundle $BUNDLE: process ranks use NVRTC (its own kernels; generated/cuda is this tree's)"
+elif /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && COLLGEN=$BUNDLE/collgen ONLY="${PROOF_ONLY:-*}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
   export COLLGEN_FATBIN="$TMP/collgen.fatbin"
 else
   echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"
 fi
 for w in ${PROOF_WORLDS//,/ }; do
   echo "## process ranks, world $w (CUDA IPC, ${COLLGEN_FATBIN:+fatbin}${COLLGEN_FATBIN:-NVRTC})" >>"$PROOF_SUMMARY"
-  timeout ${PROCESS_TIMEOUT:-240} .gpu/collgen run -n "$w" -- .gpu/proof.test -test.v -test.run TestProofProcess \
+  timeout ${PROCESS_TIMEOUT:-240} $BUNDLE/collgen run -n "$w" -- $BUNDLE/proof.test -test.v -test.run TestProofProcess \
     >>"$OUT/proof-processes.log" 2>&1 || { status=1; echo "world $w: process proof failed"; }
 done
 if [ -z "$shared" ]; then # the multi-host path needs a GPU per rank
   echo "== multi-host path on one machine (Config.HostID per rank): goroutine and process ranks"
-  timeout ${MULTIHOST_TIMEOUT:-150} .gpu/proof.test -test.v -test.run TestMultiHostGPU >"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host goroutine proof failed"; }
-  timeout ${MULTIHOST_TIMEOUT:-150} .gpu/collgen run -n 2 -- .gpu/proof.test -test.v -test.run TestMultiHostProcess >>"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host process proof failed"; }
+  timeout ${MULTIHOST_TIMEOUT:-150} $BUNDLE/proof.test -test.v -test.run TestMultiHostGPU >"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host goroutine proof failed"; }
+  timeout ${MULTIHOST_TIMEOUT:-150} $BUNDLE/collgen run -n 2 -- $BUNDLE/proof.test -test.v -test.run TestMultiHostProcess >>"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host process proof failed"; }
   grep -E '^(\[rank [0-9]\] )?(--- |ok|FAIL)' "$OUT/multihost.log" | head -10
 fi
 grep -cE '\| pass \|' "$PROOF_SUMMARY" | sed 's/^/passing lines: /'
