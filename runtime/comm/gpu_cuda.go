@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/ipc"
@@ -53,8 +55,11 @@ type cudaDevice struct {
 
 	mu sync.Mutex // guards modules, pool, symmBE and writes to fns
 	// modules are the NVRTC-built modules by Kernel.Source: kernels that
-	// share a program (Kernel.Symbol) share its module.
+	// share a program (Kernel.Symbol) share its module. They and fatbin
+	// belong to the process's module share (procModules); held are the
+	// keys this device holds a reference to, dropped at release.
 	modules map[string]*cuda.Module
+	held    []moduleKey
 	pool    *symm.Pool // Alloc's, made on first use
 	symmBE  *symm.CUDABackend
 
@@ -77,32 +82,88 @@ func openDevice(cfg Config) (device, error) {
 	if cfg.Library != nil {
 		d.fns = make([]atomic.Pointer[cuda.Function], len(cfg.Library.Kernels))
 	}
-	if d.fatbin, err = loadFatbin(cfg, dev); err != nil {
+	if d.fatbin, err = d.loadFatbin(); err != nil {
 		return nil, errors.Join(err, d.release())
 	}
 	return d, nil
 }
 
 // loadFatbin loads Config.Fatbin, else the file Config.FatbinPath or
-// $COLLGEN_FATBIN names; nil when none is set (kernels come from NVRTC).
-// A named fatbin is used or New fails; there is no fallback to NVRTC.
-func loadFatbin(cfg Config, dev *cuda.Device) (*cuda.Module, error) {
+// $COLLGEN_FATBIN names, through the process's module share (a fatbin
+// another communicator on this GPU loaded is taken, not loaded again);
+// nil when none is set (kernels come from NVRTC). A named fatbin is used
+// or New fails; there is no fallback to NVRTC.
+func (d *cudaDevice) loadFatbin() (*cuda.Module, error) {
+	cfg := d.cfg
 	path := cfg.FatbinPath
 	if path == "" {
 		path = os.Getenv(EnvFatbin)
 	}
-	var m *cuda.Module
-	var err error
+	var id string
+	var load func() (*cuda.Module, error)
 	switch {
 	case len(cfg.Fatbin) > 0:
 		path = "embedded"
-		m, err = dev.LoadFatbin(cfg.Fatbin, path)
+		// The image's own bytes name it: a program passes the same
+		// (embedded) slice to every communicator.
+		id = fmt.Sprintf("fatbin bytes %p %d", unsafe.SliceData(cfg.Fatbin), len(cfg.Fatbin))
+		load = func() (*cuda.Module, error) { return d.dev.LoadFatbin(cfg.Fatbin, path) }
 	case path != "":
-		m, err = dev.LoadFatbinFile(path)
+		id = "fatbin file " + path
+		if abs, err := filepath.Abs(path); err == nil {
+			id = "fatbin file " + abs
+		}
+		if st, err := os.Stat(path); err == nil { // a file rewritten since is another fatbin
+			id += fmt.Sprintf(" %d %d", st.Size(), st.ModTime().UnixNano())
+		}
+		load = func() (*cuda.Module, error) { return d.dev.LoadFatbinFile(path) }
 	default:
 		return nil, nil
 	}
-	return m, fatbinError(cfg.Rank, path, err)
+	key := moduleKey{d.dev.Ordinal, id}
+	m, err := d.shareModule(context.Background(), key, load)
+	if err != nil {
+		return nil, fatbinError(cfg.Rank, path, err)
+	}
+	d.held = append(d.held, key)
+	return m, nil
+}
+
+// procModules is the process's module share (modshare.go).
+var procModules = newModuleShare[*cuda.Module]()
+
+// shareModule returns key's module, loading it with load where no
+// communicator of the process holds it, else waiting for its loader. The
+// caller records key in d.held (keep), or drops it.
+func (d *cudaDevice) shareModule(ctx context.Context, key moduleKey, load func() (*cuda.Module, error)) (*cuda.Module, error) {
+	e, mine := procModules.claim(key)
+	if !mine {
+		return procModules.wait(ctx, key, e)
+	}
+	m, err := load()
+	procModules.fill(key, e, m, err)
+	return m, err
+}
+
+// moduleID names the module NVRTC builds from source with opts for this
+// device's library.
+func (d *cudaDevice) moduleID(source string, opts []string) string {
+	return fmt.Sprintf("nvrtc %p %s %q", d.cfg.Library, source, opts)
+}
+
+// keep records m, shared under key, as source's module; d.mu held. A
+// source already kept (a lazy load that ran while preload built) keeps
+// its module, and this reference is dropped (never the last: d holds one).
+func (d *cudaDevice) keep(source string, key moduleKey, m *cuda.Module) {
+	if d.modules[source] != nil {
+		procModules.drop(key)
+		return
+	}
+	if d.modules == nil {
+		d.modules = map[string]*cuda.Module{}
+	}
+	d.modules[source] = m
+	d.held = append(d.held, key)
 }
 
 func (d *cudaDevice) ncclUnavailable() string {
@@ -255,10 +316,17 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 }
 
 // build compiles (or reads from the cache) and loads the sources of ks
-// that no module holds yet, in parallel.
+// that no module of the device holds yet, in parallel, taking those
+// another communicator of the process has loaded on this GPU from the
+// module share instead.
 func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
-	var reqs []cuda.CompileRequest
-	var first []*kernels.Kernel // the first kernel of each request's source, for errors
+	type need struct {
+		k   *kernels.Kernel // the first kernel of the source, for errors
+		req cuda.CompileRequest
+		key moduleKey
+		e   *sharedModule[*cuda.Module]
+	}
+	var needs []need
 	seen := map[string]bool{}
 	headers, err := d.cfg.Library.Headers()
 	opts := nvrtcOptions()
@@ -276,42 +344,64 @@ func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
 			d.mu.Unlock()
 			return &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		reqs, first = append(reqs, req), append(first, k)
+		needs = append(needs, need{k: k, req: req, key: moduleKey{d.dev.Ordinal, d.moduleID(k.Source, opts)}})
 	}
 	d.mu.Unlock()
-	if len(reqs) == 0 {
-		return nil
-	}
-	b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
-	mods, err := d.dev.LoadSources(ctx, reqs, b)
-	if err != nil {
-		var be *cuda.BuildError
-		if errors.As(err, &be) && be.Index >= 0 && be.Index < len(first) {
-			return &KernelError{Kernel: first[be.Index].Name, Err: be.Err}
+	var load []int // indexes into needs of the modules this device loads
+	var reqs []cuda.CompileRequest
+	for i := range needs {
+		var mine bool
+		if needs[i].e, mine = procModules.claim(needs[i].key); mine {
+			load, reqs = append(load, i), append(reqs, needs[i].req)
 		}
-		return err // the context ended
+	}
+	mods := make([]*cuda.Module, len(needs))
+	var errs []error
+	if len(reqs) > 0 {
+		b := &cuda.Builder{Cache: d.cache(), Start: d.cfg.Rank * len(reqs) / max(d.cfg.WorldSize, 1)}
+		loaded, err := d.dev.LoadSources(ctx, reqs, b)
+		if err != nil {
+			var be *cuda.BuildError
+			if errors.As(err, &be) && be.Index >= 0 && be.Index < len(load) {
+				err = &KernelError{Kernel: needs[load[be.Index]].k.Name, Err: be.Err}
+			}
+			errs = append(errs, err) // else the context ended
+		}
+		for j, i := range load {
+			if err != nil {
+				procModules.fill(needs[i].key, needs[i].e, nil, err)
+				continue
+			}
+			mods[i] = loaded[j]
+			procModules.fill(needs[i].key, needs[i].e, loaded[j], nil)
+		}
+	}
+	for i, n := range needs {
+		if mods[i] != nil || slices.Contains(load, i) {
+			continue
+		}
+		m, err := procModules.wait(ctx, n.key, n.e)
+		if err != nil {
+			errs = append(errs, &KernelError{Kernel: n.k.Name, Err: err})
+			continue
+		}
+		mods[i] = m
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var errs []error
-	for i, m := range mods {
-		errs = append(errs, d.addModule(first[i].Source, m))
+	for i, n := range needs {
+		if mods[i] == nil {
+			continue
+		}
+		if len(errs) > 0 { // New fails: hand back what this device took
+			if m, last := procModules.drop(n.key); last {
+				errs = append(errs, m.Unload())
+			}
+			continue
+		}
+		d.keep(n.k.Source, n.key, mods[i])
 	}
 	return errors.Join(errs...)
-}
-
-// addModule keeps m, built from source, loaded until release; d.mu held.
-// A source already loaded (by a lazy load that ran while preload compiled)
-// keeps its module, and m is unloaded, so no module is left unreleased.
-func (d *cudaDevice) addModule(source string, m *cuda.Module) error {
-	if d.modules[source] != nil {
-		return m.Unload()
-	}
-	if d.modules == nil {
-		d.modules = map[string]*cuda.Module{}
-	}
-	d.modules[source] = m
-	return nil
 }
 
 // cache is Config.Cache, else the default cache (nil when there is no
@@ -396,12 +486,14 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		if m, err = d.dev.LoadSource(context.Background(), req, d.cache()); err != nil {
+		opts := req.Options
+		key := moduleKey{d.dev.Ordinal, d.moduleID(k.Source, opts)}
+		if m, err = d.shareModule(context.Background(), key, func() (*cuda.Module, error) {
+			return d.dev.LoadSource(context.Background(), req, d.cache())
+		}); err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: err}
 		}
-		if err := d.addModule(k.Source, m); err != nil {
-			return nil, &KernelError{Kernel: k.Name, Err: err}
-		}
+		d.keep(k.Source, key, m)
 	}
 	f, err := m.Function(k.Func())
 	if err != nil {
@@ -574,8 +666,8 @@ func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bo
 	}
 	ordinal = dev.Ordinal
 	park = gpuGate.close(ordinal, d.sharing) // this communicator is live no more
-	pool, symmBE, seq, status, modules, fatbin, region := d.pool, d.symmBE, d.seq, d.statusBuf, d.modules, d.fatbin, d.region
-	d.pool, d.symmBE, d.seq, d.statusBuf, d.modules, d.fatbin, d.region = nil, nil, 0, nil, nil, nil, 0
+	pool, symmBE, seq, status, held, region := d.pool, d.symmBE, d.seq, d.statusBuf, d.held, d.region
+	d.pool, d.symmBE, d.seq, d.statusBuf, d.held, d.modules, d.fatbin, d.region = nil, nil, 0, nil, nil, nil, nil, 0
 	rest.others = func() error {
 		var errs []error
 		if pool != nil {
@@ -585,10 +677,11 @@ func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bo
 		if status != nil {
 			errs = append(errs, status.Free())
 		}
-		for _, m := range modules {
-			errs = append(errs, m.Unload())
+		for _, k := range held { // unloaded by the last communicator holding them
+			if m, last := procModules.drop(k); last {
+				errs = append(errs, m.Unload())
+			}
 		}
-		errs = append(errs, fatbin.Unload())
 		return collapseDriverErrors(errs)
 	}
 	rest.regionAndDevice = func() error {

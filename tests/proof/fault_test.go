@@ -358,3 +358,115 @@ func TestCloseWhilePeerWaitsGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestNewWhilePeerWaitsGPU (reliability case 39, New's half): goroutine
+// ranks in group B; rank 0 queues a B all-reduce (its kernel waits for
+// rank 1) and then joins a new group C; rank 1 joins C and only then
+// calls its B all-reduce. Loading a module waits for every kernel of the
+// context, so where the ranks share a GPU a New that loaded C's kernels
+// waited for rank 0's B kernel until its deadline; C takes the modules B
+// loaded (the process's module share) and loads none. Then C's own
+// all-reduce runs, and its result is checked.
+func TestNewWhilePeerWaitsGPU(t *testing.T) {
+	proofGPUs(t)
+	const n = 4096
+	cfg := func(g string) func(int) comm.Config {
+		return func(int) comm.Config {
+			return comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 20 * time.Second, Group: g}
+		}
+	}
+	start := time.Now()
+	b := commsWith(t, 2, rendezvous.NewMemStore(), cfg("new-b"))
+	firstNew := time.Since(start)
+	defer closeComms(b)
+	storeC := rendezvous.NewMemStore()
+	c := make([]*comm.Communicator, 2)
+	defer func() { // Close is collective: both at once, or Abort what New made
+		if c[0] != nil && c[1] != nil {
+			if err := closeComms(c); err != nil {
+				t.Errorf("closing C: %v", err)
+			}
+			return
+		}
+		for _, x := range c {
+			if x != nil {
+				x.Abort()
+			}
+		}
+	}()
+	ins := [][]byte{input(coll.BF16, n, 11, 0), input(coll.BF16, n, 11, 1)}
+	launched := make(chan struct{})
+	var once sync.Once
+	signal := func() { once.Do(func() { close(launched) }) }
+	var ready sync.WaitGroup
+	ready.Add(2)
+	var newTook [2]time.Duration
+	start = time.Now()
+	err := ranks(b, func(r int, bc *comm.Communicator) error {
+		if r == 0 {
+			defer signal()
+		}
+		d := bc.Device()
+		p, err := d.Alloc(2 * n)
+		if err == nil {
+			err = d.CopyHtoD(p, ins[r])
+		}
+		ready.Done()
+		if err != nil {
+			return err
+		}
+		defer d.Free(p)
+		ready.Wait()
+		buf := comm.DeviceBuffer(p)
+		run := func() error {
+			return bc.AllReduce(buf, buf, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.OneShotLL, Stream: bc.Stream()})
+		}
+		join := func() error {
+			cc := cfg("new-c")(r)
+			cc.Rank, cc.WorldSize, cc.Store = r, 2, storeC
+			cc.Device = bc.Device().Ordinal
+			t0 := time.Now()
+			x, err := comm.New(context.Background(), cc)
+			newTook[r] = time.Since(t0)
+			c[r] = x
+			return err
+		}
+		if r == 0 {
+			if err := run(); err != nil { // queued; its kernel waits for rank 1
+				return err
+			}
+			signal()
+			if err := join(); err != nil {
+				return fmt.Errorf("rank 0's New of C: %w", err)
+			}
+		} else {
+			<-launched
+			time.Sleep(100 * time.Millisecond) // rank 0's kernel is running
+			if err := join(); err != nil {
+				return fmt.Errorf("rank 1's New of C: %w", err)
+			}
+			if err := run(); err != nil {
+				return err
+			}
+		}
+		if err := bc.Synchronize(nil); err != nil {
+			return fmt.Errorf("rank %d's B all-reduce: %w", r, err)
+		}
+		got := make([]byte, 2*n)
+		if err := d.CopyDtoH(got, p); err != nil {
+			return err
+		}
+		return numeric.Check(coll.BF16, coll.Sum, got, ins)
+	})
+	took := time.Since(start)
+	t.Logf("first New %v; C's New beside B's kernel: %v and %v; all %v", firstNew, newTook[0], newTook[1], took)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("took %v: a New waited for the peer's kernel (its deadline is 20s)", took)
+	}
+	if err := checkedAllReduce(c, coll.OneShot, coll.BF16, 3000, 12); err != nil {
+		t.Errorf("C's all-reduce: %v", err)
+	}
+}
