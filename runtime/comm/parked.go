@@ -29,11 +29,12 @@ type parkedGate struct {
 	sharing map[int]int // GPU ordinal -> those of live whose context another rank of the process shares
 	parked  map[int]int // GPU ordinal -> frees waiting for live to drop to 0
 	due     map[int]int // GPU ordinal -> of parked, those whose GPU emptied: they run before another opens there
+	busy    map[int]int // GPU ordinal -> frees running
 }
 
 // newParkedGate returns a gate with no communicator open.
 func newParkedGate() *parkedGate {
-	g := &parkedGate{live: map[int]int{}, sharing: map[int]int{}, parked: map[int]int{}, due: map[int]int{}}
+	g := &parkedGate{live: map[int]int{}, sharing: map[int]int{}, parked: map[int]int{}, due: map[int]int{}, busy: map[int]int{}}
 	g.idle.L = &g.mu
 	return g
 }
@@ -48,7 +49,7 @@ var gpuGate = newParkedGate()
 // opening.
 func (g *parkedGate) open(ordinal int) {
 	g.mu.Lock()
-	for g.due[ordinal] > 0 {
+	for g.due[ordinal] > 0 || g.busy[ordinal] > 0 {
 		g.idle.Wait()
 	}
 	g.live[ordinal]++
@@ -85,12 +86,15 @@ func (g *parkedGate) close(ordinal int, shared bool) (park bool) {
 	return park
 }
 
-// free calls free once no communicator is live on GPU ordinal, and holds
-// the gate while free runs. It returns free's error.
+// free calls free once no communicator is live on GPU ordinal, and keeps
+// communicators from opening on that GPU while it runs. The gate's lock
+// is not held meanwhile: a free waits for the GPU's kernels, and
+// communicators of other GPUs open and close in the meantime. It returns
+// free's error.
 func (g *parkedGate) free(ordinal int, free func() error) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.live[ordinal] > 0 {
+	parked := g.live[ordinal] > 0
+	if parked {
 		g.parked[ordinal]++
 		for g.live[ordinal] > 0 {
 			g.idle.Wait()
@@ -98,12 +102,20 @@ func (g *parkedGate) free(ordinal int, free func() error) error {
 		if g.parked[ordinal]--; g.parked[ordinal] == 0 {
 			delete(g.parked, ordinal)
 		}
-		defer func() { // after free: open waits for every due free
-			if g.due[ordinal]--; g.due[ordinal] <= 0 {
-				delete(g.due, ordinal)
-				g.idle.Broadcast()
-			}
-		}()
 	}
-	return free()
+	g.busy[ordinal]++
+	g.mu.Unlock()
+	err := free()
+	g.mu.Lock()
+	if g.busy[ordinal]--; g.busy[ordinal] == 0 {
+		delete(g.busy, ordinal)
+	}
+	if parked { // open waits for every due free
+		if g.due[ordinal]--; g.due[ordinal] <= 0 {
+			delete(g.due, ordinal)
+		}
+	}
+	g.idle.Broadcast()
+	g.mu.Unlock()
+	return err
 }

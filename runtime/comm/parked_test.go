@@ -37,6 +37,14 @@ func TestParkedGate(t *testing.T) {
 		t.Fatal("a communicator opened on the GPU while its parked region was being freed")
 	case <-time.After(20 * time.Millisecond):
 	}
+	// Other GPUs are not held up by it.
+	other := make(chan struct{})
+	go func() { g.open(3); g.close(3, false); close(other) }()
+	select {
+	case <-other:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a free on GPU 2 held up a communicator of GPU 3")
+	}
 	close(release)
 	<-opened
 	if g.live[2] != 1 || g.live[1] != 1 {
