@@ -321,10 +321,11 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 // module share instead.
 func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
 	type need struct {
-		k   *kernels.Kernel // the first kernel of the source, for errors
-		req cuda.CompileRequest
-		key moduleKey
-		e   *sharedModule[*cuda.Module]
+		k    *kernels.Kernel // the first kernel of the source, for errors
+		req  cuda.CompileRequest
+		key  moduleKey
+		e    *sharedModule[*cuda.Module]
+		mine bool // this device loads it (else another communicator does)
 	}
 	var needs []need
 	seen := map[string]bool{}
@@ -350,8 +351,7 @@ func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
 	var load []int // indexes into needs of the modules this device loads
 	var reqs []cuda.CompileRequest
 	for i := range needs {
-		var mine bool
-		if needs[i].e, mine = procModules.claim(needs[i].key); mine {
+		if needs[i].e, needs[i].mine = procModules.claim(needs[i].key); needs[i].mine {
 			load, reqs = append(load, i), append(reqs, needs[i].req)
 		}
 	}
@@ -377,7 +377,7 @@ func (d *cudaDevice) build(ctx context.Context, ks []*kernels.Kernel) error {
 		}
 	}
 	for i, n := range needs {
-		if mods[i] != nil || slices.Contains(load, i) {
+		if n.mine {
 			continue
 		}
 		m, err := procModules.wait(ctx, n.key, n.e)
@@ -486,8 +486,7 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 		if err != nil {
 			return nil, &KernelError{Kernel: k.Name, Err: errorf(ErrInvalidArgument, "%w", err)}
 		}
-		opts := req.Options
-		key := moduleKey{d.dev.Ordinal, d.moduleID(k.Source, opts)}
+		key := moduleKey{d.dev.Ordinal, d.moduleID(k.Source, req.Options)}
 		if m, err = d.shareModule(context.Background(), key, func() (*cuda.Module, error) {
 			return d.dev.LoadSource(context.Background(), req, d.cache())
 		}); err != nil {
@@ -597,12 +596,11 @@ func (d *cudaDevice) release() error {
 // frees (ranks of the process share the GPU), all that waits for the
 // context's kernels goes with them. Nil without a region.
 func (d *cudaDevice) releaseKeepingRegion() (func() error, error) {
-	hasRegion := d.region != 0
 	all, rest, park, ordinal, err := d.releaseMost()
 	switch {
 	case all == nil:
 		return nil, err
-	case !hasRegion && !park:
+	case !rest.hasRegion && !park:
 		return nil, errors.Join(err, all())
 	case !park:
 		err = errors.Join(err, rest.others())
@@ -617,6 +615,7 @@ func (d *cudaDevice) releaseKeepingRegion() (func() error, error) {
 // region peers' kernels read (freed last), and the rest.
 type waitingFrees struct {
 	others, regionAndDevice func() error
+	hasRegion               bool
 }
 
 // shareContext marks the device as sharing its CUDA context with another
@@ -684,6 +683,7 @@ func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bo
 		}
 		return collapseDriverErrors(errs)
 	}
+	rest.hasRegion = region != 0
 	rest.regionAndDevice = func() error {
 		return collapseDriverErrors([]error{dev.Free(region), dev.Close()})
 	}
