@@ -146,7 +146,9 @@ func (d *cudaDevice) shareModule(ctx context.Context, key moduleKey, load func()
 }
 
 // moduleID names the module NVRTC builds from source with opts for this
-// device's library.
+// device's library. The library's address names it: a holder's Config
+// keeps the library alive, so no other takes its address while the
+// share's entry lives (so too a fatbin slice's, in loadFatbin).
 func (d *cudaDevice) moduleID(source string, opts []string) string {
 	return fmt.Sprintf("nvrtc %p %s %q", d.cfg.Library, source, opts)
 }
