@@ -68,7 +68,6 @@ func (b *CUDABackend) NewStreamOrdering(s *cuda.Stream) (*StreamOrdering, error)
 	if o.status, err = b.dev.HostAlloc(4*statusWords, true); err != nil {
 		return nil, err
 	}
-	clear(o.status.Bytes)
 	if o.broken, err = b.dev.Alloc(4); err == nil {
 		// Returns with the word zeroed; no device-wide synchronize, which
 		// would wait for a peer's signal kernel where ranks share the GPU
