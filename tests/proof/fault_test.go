@@ -285,76 +285,10 @@ func TestCloseWhilePeerWaitsGPU(t *testing.T) {
 	proofGPUs(t)
 	for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
 		t.Run(string(alg), func(t *testing.T) {
-			const n = 4096
-			cfg := func(g string) func(int) comm.Config {
-				return func(int) comm.Config {
-					return comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 20 * time.Second, Group: g + string(alg)}
-				}
-			}
-			a := commsWith(t, 2, rendezvous.NewMemStore(), cfg("close-a-"))
-			b := commsWith(t, 2, rendezvous.NewMemStore(), cfg("close-b-"))
+			a := commsWith(t, 2, rendezvous.NewMemStore(), besideConfig("close-a-"+string(alg)))
+			b := commsWith(t, 2, rendezvous.NewMemStore(), besideConfig("close-b-"+string(alg)))
 			defer closeComms(b)
-			ins := [][]byte{input(coll.BF16, n, 9, 0), input(coll.BF16, n, 9, 1)}
-			launched := make(chan struct{})
-			var once sync.Once // rank 0 closes launched on every path
-			signal := func() { once.Do(func() { close(launched) }) }
-			var ready sync.WaitGroup // inputs in place: no allocation or copy under the kernel
-			ready.Add(2)
-			start := time.Now()
-			err := ranks(b, func(r int, c *comm.Communicator) error {
-				if r == 0 {
-					defer signal()
-				}
-				d := c.Device()
-				p, err := d.Alloc(2 * n)
-				if err == nil {
-					err = d.CopyHtoD(p, ins[r])
-				}
-				ready.Done()
-				if err != nil {
-					return err
-				}
-				defer d.Free(p) // after Synchronize: nothing of B in flight
-				ready.Wait()
-				buf := comm.DeviceBuffer(p)
-				run := func() error {
-					return c.AllReduce(buf, buf, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg, Stream: c.Stream()})
-				}
-				if r == 0 {
-					if err := run(); err != nil { // queued; its kernel waits for rank 1
-						return err
-					}
-					signal()
-					if err := a[0].Close(); err != nil {
-						return fmt.Errorf("rank 0's Close of A: %w", err)
-					}
-				} else {
-					<-launched
-					time.Sleep(100 * time.Millisecond) // rank 0's kernel is running
-					if err := a[1].Close(); err != nil {
-						return fmt.Errorf("rank 1's Close of A: %w", err)
-					}
-					if err := run(); err != nil {
-						return err
-					}
-				}
-				if err := c.Synchronize(nil); err != nil {
-					return fmt.Errorf("rank %d's B all-reduce: %w", r, err)
-				}
-				got := make([]byte, 2*n)
-				if err := d.CopyDtoH(got, p); err != nil {
-					return err
-				}
-				return numeric.Check(coll.BF16, coll.Sum, got, ins)
-			})
-			took := time.Since(start)
-			t.Logf("Close of A under B's kernel, and B: %v", took)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if took > 10*time.Second {
-				t.Errorf("took %v: a Close waited for the peer's kernel (its deadline is 20s)", took)
-			}
+			besidePeerKernel(t, b, alg, "Close of A", func(r int) error { return a[r].Close() })
 		})
 	}
 }
@@ -369,15 +303,9 @@ func TestCloseWhilePeerWaitsGPU(t *testing.T) {
 // all-reduce runs, and its result is checked.
 func TestNewWhilePeerWaitsGPU(t *testing.T) {
 	proofGPUs(t)
-	const n = 4096
-	cfg := func(g string) func(int) comm.Config {
-		return func(int) comm.Config {
-			return comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 20 * time.Second, Group: g}
-		}
-	}
 	start := time.Now()
-	b := commsWith(t, 2, rendezvous.NewMemStore(), cfg("new-b"))
-	firstNew := time.Since(start)
+	b := commsWith(t, 2, rendezvous.NewMemStore(), besideConfig("new-b"))
+	t.Logf("B's New: %v", time.Since(start))
 	defer closeComms(b)
 	storeC := rendezvous.NewMemStore()
 	c := make([]*comm.Communicator, 2)
@@ -394,19 +322,53 @@ func TestNewWhilePeerWaitsGPU(t *testing.T) {
 			}
 		}
 	}()
-	ins := [][]byte{input(coll.BF16, n, 11, 0), input(coll.BF16, n, 11, 1)}
+	besidePeerKernel(t, b, coll.OneShotLL, "New of C", func(r int) error {
+		cc := besideConfig("new-c")(r)
+		cc.Rank, cc.WorldSize, cc.Store = r, 2, storeC
+		cc.Device = b[r].Device().Ordinal
+		t0 := time.Now()
+		var err error
+		c[r], err = comm.New(context.Background(), cc)
+		t.Logf("rank %d's New of C: %v", r, time.Since(t0))
+		return err
+	})
+	if !t.Failed() {
+		if err := checkedAllReduce(c, coll.OneShot, coll.BF16, 3000, 12); err != nil {
+			t.Errorf("C's all-reduce: %v", err)
+		}
+	}
+}
+
+// besideConfig is the Config of the groups of TestCloseWhilePeerWaitsGPU
+// and TestNewWhilePeerWaitsGPU: generated kernels only, a 20 s deadline.
+func besideConfig(group string) func(int) comm.Config {
+	return func(int) comm.Config {
+		return comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 20 * time.Second, Group: group}
+	}
+}
+
+// besidePeerKernel runs one checked all-reduce of alg on the two ranks of
+// b and, beside it, step (named what in errors) on each rank: rank 0
+// queues its all-reduce first (its kernel then waits for rank 1) and
+// calls step(0) after; rank 1 calls step(1) 100 ms after rank 0's queue,
+// and only then its all-reduce. The whole must end well before the
+// kernels' 20 s deadline: a step that waits for the context's kernels
+// would hold rank 1's call back until then.
+func besidePeerKernel(t *testing.T, b []*comm.Communicator, alg coll.Algorithm, what string, step func(r int) error) {
+	t.Helper()
+	const n = 4096
+	ins := [][]byte{input(coll.BF16, n, 9, 0), input(coll.BF16, n, 9, 1)}
 	launched := make(chan struct{})
-	var once sync.Once
+	var once sync.Once // rank 0 closes launched on every path
 	signal := func() { once.Do(func() { close(launched) }) }
-	var ready sync.WaitGroup
+	var ready sync.WaitGroup // inputs in place: no allocation or copy under the kernel
 	ready.Add(2)
-	var newTook [2]time.Duration
-	start = time.Now()
-	err := ranks(b, func(r int, bc *comm.Communicator) error {
+	start := time.Now()
+	err := ranks(b, func(r int, c *comm.Communicator) error {
 		if r == 0 {
 			defer signal()
 		}
-		d := bc.Device()
+		d := c.Device()
 		p, err := d.Alloc(2 * n)
 		if err == nil {
 			err = d.CopyHtoD(p, ins[r])
@@ -415,42 +377,32 @@ func TestNewWhilePeerWaitsGPU(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		defer d.Free(p)
+		defer d.Free(p) // after Synchronize: nothing of this all-reduce in flight
 		ready.Wait()
 		buf := comm.DeviceBuffer(p)
 		run := func() error {
-			return bc.AllReduce(buf, buf, n, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.OneShotLL, Stream: bc.Stream()})
-		}
-		join := func() error {
-			cc := cfg("new-c")(r)
-			cc.Rank, cc.WorldSize, cc.Store = r, 2, storeC
-			cc.Device = bc.Device().Ordinal
-			t0 := time.Now()
-			x, err := comm.New(context.Background(), cc)
-			newTook[r] = time.Since(t0)
-			c[r] = x
-			return err
+			return c.AllReduce(buf, buf, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg, Stream: c.Stream()})
 		}
 		if r == 0 {
 			if err := run(); err != nil { // queued; its kernel waits for rank 1
 				return err
 			}
 			signal()
-			if err := join(); err != nil {
-				return fmt.Errorf("rank 0's New of C: %w", err)
+			if err := step(0); err != nil {
+				return fmt.Errorf("rank 0's %s: %w", what, err)
 			}
 		} else {
 			<-launched
 			time.Sleep(100 * time.Millisecond) // rank 0's kernel is running
-			if err := join(); err != nil {
-				return fmt.Errorf("rank 1's New of C: %w", err)
+			if err := step(1); err != nil {
+				return fmt.Errorf("rank 1's %s: %w", what, err)
 			}
 			if err := run(); err != nil {
 				return err
 			}
 		}
-		if err := bc.Synchronize(nil); err != nil {
-			return fmt.Errorf("rank %d's B all-reduce: %w", r, err)
+		if err := c.Synchronize(nil); err != nil {
+			return fmt.Errorf("rank %d's all-reduce beside the %s: %w", r, what, err)
 		}
 		got := make([]byte, 2*n)
 		if err := d.CopyDtoH(got, p); err != nil {
@@ -459,14 +411,11 @@ func TestNewWhilePeerWaitsGPU(t *testing.T) {
 		return numeric.Check(coll.BF16, coll.Sum, got, ins)
 	})
 	took := time.Since(start)
-	t.Logf("first New %v; C's New beside B's kernel: %v and %v; all %v", firstNew, newTook[0], newTook[1], took)
+	t.Logf("%s beside the peer's kernel, and the all-reduce: %v", what, took)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if took > 10*time.Second {
-		t.Errorf("took %v: a New waited for the peer's kernel (its deadline is 20s)", took)
-	}
-	if err := checkedAllReduce(c, coll.OneShot, coll.BF16, 3000, 12); err != nil {
-		t.Errorf("C's all-reduce: %v", err)
+		t.Errorf("took %v: a %s waited for the peer's kernel (its deadline is 20s)", took, what)
 	}
 }
