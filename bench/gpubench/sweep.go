@@ -76,6 +76,8 @@ type Config struct {
 	NoEarlyLaunch bool
 	// MaxBlocks caps every kernel launch's blocks (comm.Config.MaxBlocks).
 	MaxBlocks int
+	// NCCLNonBlocking opens NCCL non-blocking (comm.Config.NCCLNonBlocking).
+	NCCLNonBlocking bool
 	// Progress, when set, is called on rank 0 after each measurement with
 	// the number done, the total, and the measurement.
 	Progress func(done, total int, m *Measurement)
@@ -301,7 +303,8 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	}
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
-		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch, MaxBlocks: cfg.MaxBlocks})
+		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch, MaxBlocks: cfg.MaxBlocks,
+		NCCLNonBlocking: cfg.NCCLNonBlocking})
 	if err != nil {
 		return nil, err
 	}

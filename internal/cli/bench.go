@@ -76,6 +76,7 @@ type gpuBenchFlags struct {
 	zeroCopy      bool
 	noEarlyLaunch bool // comm.Config.NoEarlyLaunch
 	maxBlocks     int  // comm.Config.MaxBlocks
+	ncclNonBlock  bool // comm.Config.NCCLNonBlocking
 	awkward       string
 	processes     bool
 	staging       string
@@ -176,6 +177,7 @@ the host's copy bandwidth.`,
 	f.Lookup("awkward").NoOptDefVal = "both"
 	f.BoolVar(&o.gpu.processes, "processes", false, "gpu: one process per GPU (started like collgen run) instead of one goroutine per GPU")
 	f.IntVar(&o.gpu.maxBlocks, "max-blocks", 0, "gpu: at most this many blocks per kernel launch (comm.Config.MaxBlocks: SMs left to other work; default each kernel's spec max_blocks)")
+	f.BoolVar(&o.gpu.ncclNonBlock, "nccl-nonblocking", false, "gpu: open NCCL non-blocking (comm.Config.NCCLNonBlocking: every NCCL wait bounded by --timeout), to compare its NCCL rows with the default blocking communicator's")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
 	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
 	for _, add := range benchHelp {
@@ -190,7 +192,7 @@ const hostDefaultSizes = "1KiB-64MiB"
 // Flags of one backend only: given with the other, they would be ignored,
 // so bench refuses them.
 var (
-	gpuOnlyFlags  = []string{"eager", "zero-copy", "no-early-launch", "awkward", "processes", "max-blocks", "staging", "devices"}
+	gpuOnlyFlags  = []string{"eager", "zero-copy", "no-early-launch", "awkward", "processes", "max-blocks", "nccl-nonblocking", "staging", "devices"}
 	hostOnlyFlags = []string{"goroutines", "slot-bytes", "lanes", "memcpy"}
 )
 

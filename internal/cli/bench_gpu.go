@@ -117,7 +117,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
 					ZeroCopy: g.zeroCopy, Awkward: awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
-					NoEarlyLaunch: g.noEarlyLaunch, MaxBlocks: g.maxBlocks}
+					NoEarlyLaunch: g.noEarlyLaunch, MaxBlocks: g.maxBlocks, NCCLNonBlocking: g.ncclNonBlock}
 				plan, err := gpubench.NewPlan(cfg)
 				if err != nil {
 					return nil, usageError(fmt.Errorf("bench: %w", err))
@@ -527,6 +527,9 @@ func workerFlags(g *gpuBenchFlags, o *BenchOptions) []string {
 	}
 	if g.maxBlocks != 0 {
 		extra = append(extra, "--max-blocks", strconv.Itoa(g.maxBlocks))
+	}
+	if g.ncclNonBlock {
+		extra = append(extra, "--nccl-nonblocking")
 	}
 	if g.staging != "" {
 		extra = append(extra, "--staging", g.staging)

@@ -44,9 +44,9 @@ func TestGPUSweeps(t *testing.T) {
 	if n := len(sw[0].plan.Shapes); n != 19 {
 		t.Errorf("default GPU sizes: %d, want 19 (1KiB..256MiB)", n)
 	}
-	sw, err = gpuSweeps(o, &gpuBenchFlags{sizesSet: true, staging: "64MiB", maxBlocks: 16})
-	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 || sw[0].cfg.MaxBlocks != 16 {
-		t.Errorf("--sizes/--staging/--max-blocks not used: %v", err)
+	sw, err = gpuSweeps(o, &gpuBenchFlags{sizesSet: true, staging: "64MiB", maxBlocks: 16, ncclNonBlock: true})
+	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 || sw[0].cfg.MaxBlocks != 16 || !sw[0].cfg.NCCLNonBlocking {
+		t.Errorf("--sizes/--staging/--max-blocks/--nccl-nonblocking not used: %v", err)
 	}
 	// The summary's footnote says what the flag's twins depart in.
 	for flag, want := range map[string]bench.AwkwardKind{"offset": bench.AwkwardOffset, "count": bench.AwkwardCount, "both": bench.AwkwardBoth} {
@@ -134,9 +134,9 @@ func TestGPUReport(t *testing.T) {
 // (--awkward was once dropped there, so process sweeps had no awkward rows).
 func TestWorkerFlags(t *testing.T) {
 	o := &BenchOptions{Timeout: 90 * time.Second}
-	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: "count", noEarlyLaunch: true, maxBlocks: 33, staging: "64MiB", devices: "1,0", timeoutSet: true}
+	g := &gpuBenchFlags{eager: true, zeroCopy: true, awkward: "count", noEarlyLaunch: true, maxBlocks: 33, ncclNonBlock: true, staging: "64MiB", devices: "1,0", timeoutSet: true}
 	got := strings.Join(workerFlags(g, o), " ")
-	if want := "--eager --zero-copy --awkward=count --no-early-launch --max-blocks 33 --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
+	if want := "--eager --zero-copy --awkward=count --no-early-launch --max-blocks 33 --nccl-nonblocking --staging 64MiB --devices 1,0 --timeout 1m30s"; got != want {
 		t.Errorf("worker flags %q, want %q", got, want)
 	}
 	if got := workerFlags(&gpuBenchFlags{}, o); len(got) != 0 {

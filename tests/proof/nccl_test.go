@@ -392,3 +392,50 @@ func growableVA(t *testing.T, dev *cuda.Device) growable {
 	}
 	return growable{va, int64(g)}
 }
+
+// TestNCCLFirstCallAbsentPeerGPU (the open part of reliability case 9):
+// with Config.NCCLNonBlocking, a first NCCL collective whose peer never
+// calls (NCCL sets up its connections inside that call, waiting for the
+// peer) ends with ErrTimeout or ErrAborted within Config.Timeout plus
+// slack. The default blocking communicator waits inside that NCCL call
+// without a bound (docs/reliability.md), so only non-blocking runs here;
+// whether it becomes the default waits for its NCCL rows measured against
+// the blocking one's on 2 x H200 (collgen bench --nccl-nonblocking).
+func TestNCCLFirstCallAbsentPeerGPU(t *testing.T) {
+	cudatest.OwnGPUs(t)
+	atLeast(t, 2)
+	if _, err := nccl.Load(); err != nil {
+		t.Skipf("NCCL: %v", err)
+	}
+	const timeout = 5 * time.Second
+	comms := commsWith(t, 2, rendezvous.NewMemStore(), func(int) comm.Config {
+		return comm.Config{Group: "nccl-first-absent", Timeout: timeout, NCCLNonBlocking: true}
+	})
+	defer func() {
+		for _, c := range comms {
+			c.Abort()
+		}
+	}()
+	dev := comms[0].Device()
+	buf := deviceMem(t, dev, 4<<20)
+	defer dev.Free(buf)
+	start := time.Now()
+	res := make(chan error, 1)
+	go func() {
+		b := comm.DeviceBuffer(buf)
+		res <- comms[0].AllReduce(b, b, 1<<20, coll.F32, coll.Sum, comm.Options{Algorithm: coll.NCCL})
+	}()
+	select {
+	case err := <-res:
+		el := time.Since(start)
+		t.Logf("rank 0's first NCCL all-reduce alone: %v after %v", err, el)
+		if !errors.Is(err, comm.ErrTimeout) && !errors.Is(err, comm.ErrAborted) {
+			t.Errorf("the first NCCL all-reduce without its peer: %v, want ErrTimeout or ErrAborted", err)
+		}
+		if el > timeout+10*time.Second {
+			t.Errorf("it returned after %v (Config.Timeout %v)", el, timeout)
+		}
+	case <-time.After(timeout + 30*time.Second):
+		t.Fatalf("the first NCCL all-reduce without its peer still waits %v after its start (Config.Timeout %v)", time.Since(start), timeout)
+	}
+}
