@@ -80,7 +80,9 @@ func (g *parkedGate) close(ordinal int, shared bool) (park bool) {
 	if g.live[ordinal] <= 0 {
 		delete(g.live, ordinal)
 		delete(g.sharing, ordinal)
-		g.due[ordinal] = g.parked[ordinal]
+		if n := g.parked[ordinal]; n > 0 {
+			g.due[ordinal] = n
+		}
 		g.idle.Broadcast()
 	}
 	return park

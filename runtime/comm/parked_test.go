@@ -1,6 +1,9 @@
 package comm
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,4 +141,74 @@ func (g *parkedGate) waiting(ordinal int) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.parked[ordinal]
+}
+
+// TestParkedGateRandom: communicators of several goroutines open and
+// close on two GPUs at random, some sharing their context, and hand the
+// frees the gate parks to it, as release does. Whatever the interleaving,
+// a free through the gate runs only while no communicator is live on its
+// GPU and none opens there until it has finished, and every parked free
+// has run once all have closed.
+func TestParkedGateRandom(t *testing.T) {
+	g := newParkedGate()
+	var live [2]atomic.Int32 // communicators the test holds open, by GPU
+	var bad atomic.Value
+	var parked, freed atomic.Int32
+	free := func(gpu int) func() error {
+		return func() error {
+			if n := live[gpu].Load(); n != 0 {
+				bad.Store(fmt.Sprintf("a free on GPU %d ran with %d communicators live", gpu, n))
+			}
+			time.Sleep(50 * time.Microsecond)
+			if n := live[gpu].Load(); n != 0 {
+				bad.Store(fmt.Sprintf("a communicator opened on GPU %d during a free", gpu))
+			}
+			freed.Add(1)
+			return nil
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 300 {
+				gpu, shared := rng.IntN(2), rng.IntN(3) == 0
+				g.open(gpu)
+				live[gpu].Add(1)
+				if shared {
+					g.share(gpu)
+				}
+				time.Sleep(time.Duration(rng.IntN(20)) * time.Microsecond)
+				live[gpu].Add(-1)
+				if g.close(gpu, shared) {
+					parked.Add(1)
+					go g.free(gpu, free(gpu))
+				} else if rng.IntN(4) == 0 { // as Abort's region: through the gate though not parked
+					parked.Add(1)
+					go g.free(gpu, free(gpu))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for freed.Load() != parked.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if msg := bad.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+	if freed.Load() != parked.Load() {
+		t.Fatalf("%d of %d frees through the gate ran after every communicator closed", freed.Load(), parked.Load())
+	}
+	if parked.Load() == 0 {
+		t.Fatal("no free went through the gate")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.live)+len(g.sharing)+len(g.parked)+len(g.due)+len(g.busy) != 0 {
+		t.Errorf("the gate holds counts after everything closed: live %v sharing %v parked %v due %v busy %v", g.live, g.sharing, g.parked, g.due, g.busy)
+	}
 }
