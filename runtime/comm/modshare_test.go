@@ -3,6 +3,10 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -79,5 +83,72 @@ func TestModuleShare(t *testing.T) {
 	s.fill(k3, e, "m3", nil)
 	if m, last := s.drop(k3); !last || m != "m3" {
 		t.Fatalf("the loader's drop after a cancelled waiter: %q, %v", m, last)
+	}
+}
+
+// TestModuleShareRandom: goroutines claim, load or wait for, use and drop
+// modules of three keys at random, some loads failing. A module a holder
+// gets is never one already unloaded, a key is loaded only while no one
+// holds it (holders of a key share one module), every loaded module is
+// unloaded exactly once, and the share is empty at the end.
+func TestModuleShareRandom(t *testing.T) {
+	type mod struct {
+		key      int
+		unloaded atomic.Bool
+	}
+	s := newModuleShare[*mod]()
+	var holders [3]atomic.Int32 // holders of each key's module, between getting and dropping it
+	var loads, unloads atomic.Int32
+	var bad atomic.Value
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			for range 400 {
+				k := rng.IntN(3)
+				key := moduleKey{0, fmt.Sprint("m", k)}
+				e, mine := s.claim(key)
+				var m *mod
+				var err error
+				if mine {
+					if rng.IntN(8) == 0 {
+						err = errors.New("load failed")
+					} else {
+						m = &mod{key: k}
+						loads.Add(1)
+						if n := holders[k].Load(); n != 0 {
+							bad.Store(fmt.Sprintf("key %d loaded again while %d hold it", k, n))
+						}
+					}
+					s.fill(key, e, m, err)
+				} else {
+					m, err = s.wait(context.Background(), key, e)
+				}
+				if err != nil {
+					continue // no reference left to drop
+				}
+				holders[k].Add(1)
+				if m.unloaded.Load() {
+					bad.Store(fmt.Sprintf("a holder of key %d got an unloaded module", k))
+				}
+				time.Sleep(time.Duration(rng.IntN(10)) * time.Microsecond)
+				holders[k].Add(-1)
+				if got, last := s.drop(key); last {
+					if got != m || got.unloaded.Swap(true) {
+						bad.Store(fmt.Sprintf("key %d: the last drop returned another or an unloaded module", k))
+					}
+					unloads.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if msg := bad.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+	if loads.Load() != unloads.Load() || loads.Load() == 0 || len(s.m) != 0 {
+		t.Errorf("%d loads, %d unloads, %d entries left", loads.Load(), unloads.Load(), len(s.m))
 	}
 }
