@@ -143,6 +143,9 @@ type TimeoutError struct {
 	Block   int
 	// Data: an LL kernel waited for the peer's data (there are no barriers).
 	Data bool
+	// Hint, when set, names a likely cause this process can see: the peer
+	// shares this rank's CUDA context (case 39).
+	Hint string
 }
 
 // Error names the kernel, both ranks and where the wait was.
@@ -151,8 +154,12 @@ func (e *TimeoutError) Error() string {
 	if e.Data {
 		at = fmt.Sprintf("for its data in phase %d", e.Barrier)
 	}
-	return fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d %s (block %d); the peer is dead, stalled or issuing a different collective",
+	msg := fmt.Sprintf("comm: %s timed out: rank %d waited for rank %d %s (block %d); the peer is dead, stalled or issuing a different collective",
 		e.Kernel, e.Rank, e.Peer, at, e.Block)
+	if e.Hint != "" {
+		msg += "; " + e.Hint
+	}
+	return msg
 }
 
 // Is makes errors.Is(err, ErrTimeout) true for a *TimeoutError.

@@ -50,6 +50,10 @@ type gpuComm struct {
 	topology string            // "" : NCCL only (detect.go)
 	kind     coll.TopologyKind // the topology's kind
 	det      *Detected         // what New detected; nil for world size 1
+	// sameContext[r]: rank r is of this process on this rank's GPU, so it
+	// shares its CUDA context (set in setup; nil for none); a timeout
+	// waiting for such a rank carries a hint (statusErr).
+	sameContext []bool
 	// corner is the cube corner (kernel rank) each rank plays when the hcm
 	// kernels need another rank order than the communicator's, and
 	// atCorner its inverse; both nil otherwise (set once by pickTopology,
@@ -197,15 +201,18 @@ func sharesContext(det *Detected, me int, all []gpuAgreement) bool {
 // contextPeer is the first other rank of this process on rank me's GPU,
 // or -1 (none, or no detection: one rank).
 func contextPeer(det *Detected, me int, all []gpuAgreement) int {
-	if det == nil {
-		return -1
-	}
-	for r, a := range all {
-		if r != me && a.Process == all[me].Process && det.BusIDs[r] == det.BusIDs[me] {
+	for r := range all {
+		if inContext(det, me, r, all) {
 			return r
 		}
 	}
 	return -1
+}
+
+// inContext reports whether rank r is another rank of rank me's process
+// on its GPU, and so shares its CUDA context (false without detection).
+func inContext(det *Detected, me, r int, all []gpuAgreement) bool {
+	return det != nil && r != me && all[r].Process == all[me].Process && det.BusIDs[r] == det.BusIDs[me]
 }
 
 // sharedQueues refuses a set-up where ranks of one process share a GPU
@@ -359,6 +366,12 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		// context (CUDA's lazy loading), which would wait for a peer's
 		// kernel waiting for this rank, until Config.Timeout.
 		shared := sharesContext(g.det, cfg.Rank, all)
+		if shared {
+			g.sameContext = make([]bool, len(all))
+			for r := range all {
+				g.sameContext[r] = inContext(g.det, cfg.Rank, r, all)
+			}
+		}
 		if s, ok := dev.(contextSharer); ok && shared {
 			s.shareContext() // before any kernel: Close parks its frees (case 39)
 		}
@@ -944,6 +957,9 @@ func (g *gpuComm) statusErr() error {
 		Data: v&0xff == 2} // CG_STATUS_LL_TIMEOUT
 	if id := int(v >> 48); id < len(g.lib.Kernels) {
 		e.Kernel = g.lib.Kernels[id].Name
+	}
+	if e.Peer < len(g.sameContext) && g.sameContext[e.Peer] {
+		e.Hint = fmt.Sprintf("rank %d shares this GPU's CUDA context (ranks of one process on one GPU): a call there that waits for the whole context while this kernel waited (cuMemFree, cuMemFreeHost, a module load or unload, cuCtxSynchronize, freeing a symmetric buffer) holds that rank back until this deadline (docs/reliability.md, case 39)", e.Peer)
 	}
 	return g.setBroken(e)
 }

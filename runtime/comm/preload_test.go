@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
 )
@@ -197,5 +198,36 @@ func TestSharedGPUWorkQueues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTimeoutHintSharedContext: a kernel's timeout waiting for a rank of
+// this process on the same GPU (one CUDA context) says how such a rank is
+// held back (reliability case 39); waiting for a rank on another GPU, it
+// does not.
+func TestTimeoutHintSharedContext(t *testing.T) {
+	buses := []string{"0000:10:00.0", "0000:10:00.0", "0000:11:00.0"}
+	devs := make([]*fakeDevice, len(buses))
+	for r, b := range buses {
+		devs[r] = &fakeDevice{rank: r, bus: b, queues: 32}
+	}
+	comms, errs := newFakeComms(t, Config{}, devs)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(t, comms)
+	for _, c := range []struct {
+		rank, peer int
+		hint       bool
+	}{{0, 1, true}, {1, 2, false}, {2, 0, false}} { // one each: a timeout breaks the communicator
+		devs[c.rank].statusVal = uint64(5)<<48 | 1<<32 | 0<<24 | uint64(c.peer)<<16 | uint64(c.rank)<<8 | 1
+		err := comms[c.rank].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x1000), 64, coll.F32, coll.Sum, Options{})
+		var te *TimeoutError
+		if !errors.As(err, &te) || te.Peer != c.peer {
+			t.Fatalf("rank %d waiting for %d: %v", c.rank, c.peer, err)
+		}
+		if got := strings.Contains(err.Error(), "shares this GPU's CUDA context"); got != c.hint {
+			t.Errorf("rank %d waiting for rank %d: hint %v, want %v: %v", c.rank, c.peer, got, c.hint, err)
+		}
 	}
 }
