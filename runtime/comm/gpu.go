@@ -959,7 +959,7 @@ func (g *gpuComm) statusErr() error {
 		e.Kernel = g.lib.Kernels[id].Name
 	}
 	if e.Peer < len(g.sameContext) && g.sameContext[e.Peer] {
-		e.Hint = fmt.Sprintf("rank %d shares this GPU's CUDA context (ranks of one process on one GPU): a call there that waits for the whole context while this kernel waited (cuMemFree, cuMemFreeHost, a module load or unload, cuCtxSynchronize, freeing a symmetric buffer) holds that rank back until this deadline (docs/reliability.md, case 39)", e.Peer)
+		e.Hint = fmt.Sprintf("rank %d shares this GPU's CUDA context (ranks of one process on one GPU): if it did call, a call of its that waits for the whole context while this kernel waited (cuMemFree, cuMemFreeHost, a module load or unload, cuCtxSynchronize, freeing a symmetric buffer) held it back until this deadline (docs/reliability.md, case 39)", e.Peer)
 	}
 	return g.setBroken(e)
 }
