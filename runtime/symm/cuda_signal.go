@@ -121,23 +121,29 @@ func (o *StreamOrdering) Err() error {
 	o.err = decodeStatus(w)
 	var te *TimeoutError
 	if errors.As(o.err, &te) {
-		te.Hint = queuesHint(sharedDevice(o.be.dev), cuda.WorkQueues())
+		te.Hint = sharedHint(sharedDevice(o.be.dev), cuda.WorkQueues())
 	}
 	return o.err
 }
 
-// queuesHint explains a timeout where ranks of this process share the GPU
-// (shared) and its contexts have fewer than the most hardware work queues
-// (queues): a rank's queued signal can hold up the one its peer waits for
-// (docs/reliability.md, case 34); "" otherwise. The pool cannot refuse
-// such ranks up front: two backends on one GPU may be one rank's two
-// pools.
-func queuesHint(shared bool, queues int) string {
-	if !shared || queues <= 0 || queues >= cuda.MaxWorkQueues {
+// sharedHint explains a timeout where backends of this process share the
+// GPU (shared: ranks of the process on one GPU, one CUDA context, or one
+// rank's two pools); "" otherwise. With fewer than the most hardware work
+// queues (queues), a rank's queued signal can hold up the one its peer
+// waits for (docs/reliability.md, case 34): the pool cannot refuse such
+// ranks up front, since two backends on one GPU may be one rank's two
+// pools. Else a peer's call that waits for the whole context (a free, a
+// module load, Buffer.Free's device synchronization) held it back (case
+// 39).
+func sharedHint(shared bool, queues int) string {
+	switch {
+	case !shared:
 		return ""
+	case queues > 0 && queues < cuda.MaxWorkQueues:
+		return fmt.Sprintf("ranks of this process share this GPU, whose CUDA contexts have %d hardware work queues (%s): a rank's queued signal can hold up the one its peer waits for; start the process with %s=%d",
+			queues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues)
 	}
-	return fmt.Sprintf("ranks of this process share this GPU, whose CUDA contexts have %d hardware work queues (%s): a rank's queued signal can hold up the one its peer waits for; start the process with %s=%d",
-		queues, cuda.EnvMaxConnections, cuda.EnvMaxConnections, cuda.MaxWorkQueues)
+	return "if ranks of this process share this GPU (one CUDA context), a call of the peer's that waits for the whole context while this wait ran (cuMemFree, a module load or unload, Buffer.Free or Pool.Close, which synchronize the device) held it back until this timeout (docs/reliability.md, case 39)"
 }
 
 // reset clears a report after the stream has drained, for Now (whose

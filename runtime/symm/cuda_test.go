@@ -955,19 +955,21 @@ func TestCUDAKilledRank(t *testing.T) {
 // the variable (under MPS with 8, symm's goroutine ranks at world 4 timed
 // out in TestCUDAGraphSignals, 2026-11-24); with 32, or a GPU of one's
 // own, or queues not known (0), no hint.
-func TestQueuesHint(t *testing.T) {
-	if h := queuesHint(true, 8); !strings.Contains(h, "8 hardware work queues") || !strings.Contains(h, "CUDA_DEVICE_MAX_CONNECTIONS=32") {
+func TestSharedHint(t *testing.T) {
+	if h := sharedHint(true, 8); !strings.Contains(h, "8 hardware work queues") || !strings.Contains(h, "CUDA_DEVICE_MAX_CONNECTIONS=32") {
 		t.Errorf("shared, 8 queues: %q", h)
 	}
 	for _, c := range []struct {
-		shared bool
-		queues int
-	}{{true, 32}, {false, 8}, {true, 0}} {
-		if h := queuesHint(c.shared, c.queues); h != "" {
+		shared  bool
+		queues  int
+		context bool // the hint of a context-wide wait (case 39)
+	}{{true, 32, true}, {true, 0, true}, {false, 8, false}, {false, 32, false}} {
+		h := sharedHint(c.shared, c.queues)
+		if got := strings.Contains(h, "case 39"); got != c.context || (!c.shared && h != "") || strings.Contains(h, "hardware work queues") {
 			t.Errorf("shared %v, %d queues: hint %q", c.shared, c.queues, h)
 		}
 	}
-	e := &TimeoutError{Op: SignalPut, Rank: 0, Peer: 1, Channel: 3, Waited: time.Second, Hint: queuesHint(true, 8)}
+	e := &TimeoutError{Op: SignalPut, Rank: 0, Peer: 1, Channel: 3, Waited: time.Second, Hint: sharedHint(true, 8)}
 	if !strings.HasSuffix(e.Error(), "CUDA_DEVICE_MAX_CONNECTIONS=32") || !errors.Is(e, ErrTimeout) {
 		t.Errorf("error with a hint: %v", e)
 	}
