@@ -950,11 +950,12 @@ func TestCUDAKilledRank(t *testing.T) {
 	}
 }
 
-// TestQueuesHint (reliability case 34): a signal timeout where ranks of
-// this process share the GPU with fewer than 32 hardware work queues names
-// the variable (under MPS with 8, symm's goroutine ranks at world 4 timed
-// out in TestCUDAGraphSignals, 2026-11-24); with 32, or a GPU of one's
-// own, or queues not known (0), no hint.
+// TestSharedHint (reliability cases 34 and 39): a signal timeout where
+// ranks of this process share the GPU with fewer than 32 hardware work
+// queues names the variable (under MPS with 8, symm's goroutine ranks at
+// world 4 timed out in TestCUDAGraphSignals, 2026-11-24); with 32, or
+// queues not known (0), it names a peer's context-wide wait; on a GPU of
+// one's own, no hint.
 func TestSharedHint(t *testing.T) {
 	if h := sharedHint(true, 8); !strings.Contains(h, "8 hardware work queues") || !strings.Contains(h, "CUDA_DEVICE_MAX_CONNECTIONS=32") {
 		t.Errorf("shared, 8 queues: %q", h)
