@@ -288,17 +288,17 @@ func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
 
 func (d *cudaDevice) release() error {
-	all, _, park, ordinal, err := d.releaseMost()
-	if all == nil {
+	w, err := d.releaseMost()
+	switch {
+	case w == nil:
 		return err
-	}
-	if park {
+	case w.park:
 		// No caller is left to see the parked free's error: the memory goes
 		// with the process at worst.
-		go gpuGate.free(ordinal, all)
+		go gpuGate.free(w.ordinal, w.all)
 		return err
 	}
-	return errors.Join(err, all())
+	return errors.Join(err, w.all())
 }
 
 // releaseKeepingRegion implements aborter: release, but the staging
@@ -307,27 +307,33 @@ func (d *cudaDevice) release() error {
 // frees (ranks of the process share the GPU), all that waits for the
 // context's kernels goes with them. Nil without a region.
 func (d *cudaDevice) releaseKeepingRegion() (func() error, error) {
-	all, rest, park, ordinal, err := d.releaseMost()
+	w, err := d.releaseMost()
 	switch {
-	case all == nil:
+	case w == nil:
 		return nil, err
-	case !rest.hasRegion && !park:
-		return nil, errors.Join(err, all())
-	case !park:
-		err = errors.Join(err, rest.others())
-		return func() error { return gpuGate.free(ordinal, rest.regionAndDevice) }, err
+	case w.park:
+		return func() error { return gpuGate.free(w.ordinal, w.all) }, err
+	case !w.hasRegion:
+		return nil, errors.Join(err, w.all())
 	}
-	return func() error { return gpuGate.free(ordinal, all) }, err
+	err = errors.Join(err, w.others())
+	return func() error { return gpuGate.free(w.ordinal, w.regionAndDevice) }, err
 }
 
 // waitingFrees are a released device's frees that may wait for every
 // kernel of its CUDA context (cuMemFree, cuMemFreeHost, cuModuleUnload:
 // tests/gpu/free_probe.cu), in two parts: the context and the staging
-// region peers' kernels read (freed last), and the rest.
+// region peers' kernels read (freed last), and the rest; with what
+// gpuGate.close said of them.
 type waitingFrees struct {
-	others, regionAndDevice func() error
+	ordinal                 int
+	park                    bool // run them through gpuGate.free
 	hasRegion               bool
+	others, regionAndDevice func() error
 }
+
+// all runs both parts, the region and the context last.
+func (w *waitingFrees) all() error { return errors.Join(w.others(), w.regionAndDevice()) }
 
 // shareContext marks the device as sharing its CUDA context with another
 // rank of this process (gpuGate.share); New calls it once, after the
@@ -342,10 +348,9 @@ func (d *cudaDevice) shareContext() {
 // releaseMost frees at once what never waits for the context's kernels
 // (streams, the NCCL communicator, the peers' mapped regions) and counts
 // the communicator off the GPU (gpuGate.close, which says whether the
-// rest must park). It returns the rest, whole (all) and in parts (rest),
-// for the caller to run or park; all is nil when the device holds no
-// context.
-func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bool, ordinal int, err error) {
+// rest must park). It returns the rest for the caller to run or park; nil
+// when the device holds no context.
+func (d *cudaDevice) releaseMost() (*waitingFrees, error) {
 	d.relMu.Lock() // not while releaseKernels works on the device
 	defer d.relMu.Unlock()
 	var errs []error
@@ -372,13 +377,13 @@ func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bo
 	dev := d.dev
 	d.dev = nil
 	if dev == nil {
-		return nil, rest, false, 0, collapseDriverErrors(errs)
+		return nil, collapseDriverErrors(errs)
 	}
-	ordinal = dev.Ordinal
-	park = gpuGate.close(ordinal, d.sharing) // this communicator is live no more
+	// This communicator is live no more.
+	w := &waitingFrees{ordinal: dev.Ordinal, park: gpuGate.close(dev.Ordinal, d.sharing)}
 	pool, symmBE, seq, status, held, region := d.pool, d.symmBE, d.seq, d.statusBuf, d.held, d.region
 	d.pool, d.symmBE, d.seq, d.statusBuf, d.held, d.modules, d.fatbin, d.region = nil, nil, 0, nil, nil, nil, nil, 0
-	rest.others = func() error {
+	w.others = func() error {
 		var errs []error
 		if pool != nil {
 			errs = append(errs, pool.Close(), symmBE.Close())
@@ -394,12 +399,11 @@ func (d *cudaDevice) releaseMost() (all func() error, rest waitingFrees, park bo
 		}
 		return collapseDriverErrors(errs)
 	}
-	rest.hasRegion = region != 0
-	rest.regionAndDevice = func() error {
+	w.hasRegion = region != 0
+	w.regionAndDevice = func() error {
 		return collapseDriverErrors([]error{dev.Free(region), dev.Close()})
 	}
-	all = func() error { return errors.Join(rest.others(), rest.regionAndDevice()) }
-	return all, rest, park, ordinal, collapseDriverErrors(errs)
+	return w, collapseDriverErrors(errs)
 }
 
 // collapseDriverErrors joins errs, keeping each CUDA result's first error

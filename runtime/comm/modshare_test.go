@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,51 +99,42 @@ func TestModuleShareRandom(t *testing.T) {
 	var holders [3]atomic.Int32 // holders of each key's module, between getting and dropping it
 	var loads, unloads atomic.Int32
 	var bad atomic.Value
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			for range 400 {
-				k := rng.IntN(3)
-				key := moduleKey{0, fmt.Sprint("m", k)}
-				e, mine := s.claim(key)
-				var m *mod
-				var err error
-				if mine {
-					if rng.IntN(8) == 0 {
-						err = errors.New("load failed")
-					} else {
-						m = &mod{key: k}
-						loads.Add(1)
-						if n := holders[k].Load(); n != 0 {
-							bad.Store(fmt.Sprintf("key %d loaded again while %d hold it", k, n))
-						}
-					}
-					s.fill(key, e, m, err)
-				} else {
-					m, err = s.wait(context.Background(), key, e)
-				}
-				if err != nil {
-					continue // no reference left to drop
-				}
-				holders[k].Add(1)
-				if m.unloaded.Load() {
-					bad.Store(fmt.Sprintf("a holder of key %d got an unloaded module", k))
-				}
-				time.Sleep(time.Duration(rng.IntN(10)) * time.Microsecond)
-				holders[k].Add(-1)
-				if got, last := s.drop(key); last {
-					if got != m || got.unloaded.Swap(true) {
-						bad.Store(fmt.Sprintf("key %d: the last drop returned another or an unloaded module", k))
-					}
-					unloads.Add(1)
+	randomWorkers(8, 400, 11, func(rng *rand.Rand) {
+		k := rng.IntN(3)
+		key := moduleKey{0, fmt.Sprint("m", k)}
+		e, mine := s.claim(key)
+		var m *mod
+		var err error
+		if mine {
+			if rng.IntN(8) == 0 {
+				err = errors.New("load failed")
+			} else {
+				m = &mod{key: k}
+				loads.Add(1)
+				if n := holders[k].Load(); n != 0 {
+					bad.Store(fmt.Sprintf("key %d loaded again while %d hold it", k, n))
 				}
 			}
-		}()
-	}
-	wg.Wait()
+			s.fill(key, e, m, err)
+		} else {
+			m, err = s.wait(context.Background(), key, e)
+		}
+		if err != nil {
+			return // no reference left to drop
+		}
+		holders[k].Add(1)
+		if m.unloaded.Load() {
+			bad.Store(fmt.Sprintf("a holder of key %d got an unloaded module", k))
+		}
+		time.Sleep(time.Duration(rng.IntN(10)) * time.Microsecond)
+		holders[k].Add(-1)
+		if got, last := s.drop(key); last {
+			if got != m || got.unloaded.Swap(true) {
+				bad.Store(fmt.Sprintf("key %d: the last drop returned another or an unloaded module", k))
+			}
+			unloads.Add(1)
+		}
+	})
 	if msg := bad.Load(); msg != nil {
 		t.Fatal(msg)
 	}

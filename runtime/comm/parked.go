@@ -23,18 +23,26 @@ import "sync"
 // memory is freed when the last communicator of the process on that GPU
 // is gone.
 type parkedGate struct {
-	mu      sync.Mutex
-	idle    sync.Cond   // on mu: broadcast when a GPU's count drops to 0
-	live    map[int]int // GPU ordinal -> communicators open on it
-	sharing map[int]int // GPU ordinal -> those of live whose context another rank of the process shares
-	parked  map[int]int // GPU ordinal -> frees waiting for live to drop to 0
-	due     map[int]int // GPU ordinal -> of parked, those whose GPU emptied: they run before another opens there
-	busy    map[int]int // GPU ordinal -> frees running
+	mu   sync.Mutex
+	idle sync.Cond          // on mu: broadcast when a GPU empties or a free ends
+	gpus map[int]*gpuCounts // GPU ordinal -> its counts; absent when all are 0
+}
+
+// gpuCounts are one GPU's counts in the gate.
+type gpuCounts struct {
+	live    int // communicators open
+	sharing int // of live, those whose context another rank of the process shares
+	parked  int // frees waiting for live to drop to 0
+	// busy counts frees running, and parked frees released when the GPU
+	// emptied: open waits for them all, so no kernel of a new communicator
+	// starts under a free and parked memory does not pile up under
+	// communicators that keep opening.
+	busy int
 }
 
 // newParkedGate returns a gate with no communicator open.
 func newParkedGate() *parkedGate {
-	g := &parkedGate{live: map[int]int{}, sharing: map[int]int{}, parked: map[int]int{}, due: map[int]int{}, busy: map[int]int{}}
+	g := &parkedGate{gpus: map[int]*gpuCounts{}}
 	g.idle.L = &g.mu
 	return g
 }
@@ -42,25 +50,39 @@ func newParkedGate() *parkedGate {
 // gpuGate is the process's gate, shared by every communicator.
 var gpuGate = newParkedGate()
 
-// open counts a communicator live on GPU ordinal. It waits while parked
-// memory of that GPU is being freed, or is due to be (parked before the
-// GPU emptied), so no kernel of the new communicator can start under the
-// free, and parked memory does not pile up under communicators that keep
-// opening.
+// at returns GPU ordinal's counts, made on first use; g.mu held.
+func (g *parkedGate) at(ordinal int) *gpuCounts {
+	c := g.gpus[ordinal]
+	if c == nil {
+		c = &gpuCounts{}
+		g.gpus[ordinal] = c
+	}
+	return c
+}
+
+// tidy forgets GPU ordinal's counts once all are 0; g.mu held.
+func (g *parkedGate) tidy(ordinal int) {
+	if c := g.gpus[ordinal]; c != nil && *c == (gpuCounts{}) {
+		delete(g.gpus, ordinal)
+	}
+}
+
+// open counts a communicator live on GPU ordinal. It waits while frees of
+// that GPU run or are released to run (gpuCounts.busy).
 func (g *parkedGate) open(ordinal int) {
 	g.mu.Lock()
-	for g.due[ordinal] > 0 || g.busy[ordinal] > 0 {
+	defer g.mu.Unlock()
+	for g.at(ordinal).busy > 0 {
 		g.idle.Wait()
 	}
-	g.live[ordinal]++
-	g.mu.Unlock()
+	g.at(ordinal).live++
 }
 
 // share marks one live communicator on GPU ordinal as sharing its CUDA
 // context with another rank of this process; its close passes shared.
 func (g *parkedGate) share(ordinal int) {
 	g.mu.Lock()
-	g.sharing[ordinal]++
+	g.at(ordinal).sharing++
 	g.mu.Unlock()
 }
 
@@ -68,21 +90,22 @@ func (g *parkedGate) share(ordinal int) {
 // called for it) and reports whether its frees that wait for the
 // context's kernels must be parked (free): another communicator of the
 // process is live on the GPU, and this one or a live one shares the
-// context with another rank.
+// context with another rank. The last one on the GPU releases the parked
+// frees.
 func (g *parkedGate) close(ordinal int, shared bool) (park bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	c := g.at(ordinal)
 	if shared {
-		g.sharing[ordinal]--
+		c.sharing--
 	}
-	g.live[ordinal]--
-	park = g.live[ordinal] > 0 && (shared || g.sharing[ordinal] > 0)
-	if g.live[ordinal] <= 0 {
-		delete(g.live, ordinal)
-		delete(g.sharing, ordinal)
-		if n := g.parked[ordinal]; n > 0 {
-			g.due[ordinal] = n
-		}
+	c.live--
+	park = c.live > 0 && (shared || c.sharing > 0)
+	if c.live <= 0 {
+		c.live, c.sharing = 0, 0
+		c.busy += c.parked
+		c.parked = 0
+		g.tidy(ordinal)
 		g.idle.Broadcast()
 	}
 	return park
@@ -95,28 +118,20 @@ func (g *parkedGate) close(ordinal int, shared bool) (park bool) {
 // free's error.
 func (g *parkedGate) free(ordinal int, free func() error) error {
 	g.mu.Lock()
-	parked := g.live[ordinal] > 0
-	if parked {
-		g.parked[ordinal]++
-		for g.live[ordinal] > 0 {
+	c := g.at(ordinal)
+	if c.live > 0 {
+		c.parked++ // close moves it to busy when the GPU empties
+		for c.live > 0 {
 			g.idle.Wait()
 		}
-		if g.parked[ordinal]--; g.parked[ordinal] == 0 {
-			delete(g.parked, ordinal)
-		}
+	} else {
+		c.busy++
 	}
-	g.busy[ordinal]++
 	g.mu.Unlock()
 	err := free()
 	g.mu.Lock()
-	if g.busy[ordinal]--; g.busy[ordinal] == 0 {
-		delete(g.busy, ordinal)
-	}
-	if parked { // open waits for every due free
-		if g.due[ordinal]--; g.due[ordinal] <= 0 {
-			delete(g.due, ordinal)
-		}
-	}
+	c.busy--
+	g.tidy(ordinal)
 	g.idle.Broadcast()
 	g.mu.Unlock()
 	return err

@@ -50,8 +50,8 @@ func TestParkedGate(t *testing.T) {
 	}
 	close(release)
 	<-opened
-	if g.live[2] != 1 || g.live[1] != 1 {
-		t.Errorf("live counts %v", g.live)
+	if g.count(2).live != 1 || g.count(1).live != 1 {
+		t.Errorf("live counts %v %v", g.count(1), g.count(2))
 	}
 }
 
@@ -92,8 +92,8 @@ func TestParkedGateSharing(t *testing.T) {
 	if !g.close(3, false) {
 		t.Error("a communicator beside ranks sharing the GPU did not park")
 	}
-	if len(g.sharing) != 1 || g.sharing[3] != 2 || g.live[2] != 1 {
-		t.Errorf("counts: live %v, sharing %v", g.live, g.sharing)
+	if g.count(1).sharing != 0 || g.count(2).sharing != 0 || g.count(3).sharing != 2 || g.count(2).live != 1 {
+		t.Errorf("counts: %v %v %v", g.count(1), g.count(2), g.count(3))
 	}
 }
 
@@ -109,7 +109,7 @@ func TestParkedGateDueFirst(t *testing.T) {
 	for range 2 {
 		go func() { done <- g.free(0, func() error { <-release; freed.Add(1); return nil }) }()
 	}
-	for g.waiting(0) < 2 {
+	for g.count(0).parked < 2 {
 		time.Sleep(time.Millisecond)
 	}
 	g.close(0, false)
@@ -131,16 +131,19 @@ func TestParkedGateDueFirst(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if len(g.parked) != 0 || len(g.due) != 0 || g.live[0] != 1 {
-		t.Errorf("counts: live %v, parked %v, due %v", g.live, g.parked, g.due)
+	if c := g.count(0); c != (gpuCounts{live: 1}) {
+		t.Errorf("counts: %+v", c)
 	}
 }
 
-// waiting is how many frees wait on GPU ordinal (tests).
-func (g *parkedGate) waiting(ordinal int) int {
+// count is a copy of GPU ordinal's counts (tests).
+func (g *parkedGate) count(ordinal int) gpuCounts {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.parked[ordinal]
+	if c := g.gpus[ordinal]; c != nil {
+		return *c
+	}
+	return gpuCounts{}
 }
 
 // TestParkedGateRandom: communicators of several goroutines open and
@@ -167,32 +170,23 @@ func TestParkedGateRandom(t *testing.T) {
 			return nil
 		}
 	}
-	var wg sync.WaitGroup
-	for w := range 6 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for range 300 {
-				gpu, shared := rng.IntN(2), rng.IntN(3) == 0
-				g.open(gpu)
-				live[gpu].Add(1)
-				if shared {
-					g.share(gpu)
-				}
-				time.Sleep(time.Duration(rng.IntN(20)) * time.Microsecond)
-				live[gpu].Add(-1)
-				if g.close(gpu, shared) {
-					parked.Add(1)
-					go g.free(gpu, free(gpu))
-				} else if rng.IntN(4) == 0 { // as Abort's region: through the gate though not parked
-					parked.Add(1)
-					go g.free(gpu, free(gpu))
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	randomWorkers(6, 300, 7, func(rng *rand.Rand) {
+		gpu, shared := rng.IntN(2), rng.IntN(3) == 0
+		g.open(gpu)
+		live[gpu].Add(1)
+		if shared {
+			g.share(gpu)
+		}
+		time.Sleep(time.Duration(rng.IntN(20)) * time.Microsecond)
+		live[gpu].Add(-1)
+		if g.close(gpu, shared) {
+			parked.Add(1)
+			go g.free(gpu, free(gpu))
+		} else if rng.IntN(4) == 0 { // as Abort's region: through the gate though not parked
+			parked.Add(1)
+			go g.free(gpu, free(gpu))
+		}
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for freed.Load() != parked.Load() && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -208,7 +202,25 @@ func TestParkedGateRandom(t *testing.T) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.live)+len(g.sharing)+len(g.parked)+len(g.due)+len(g.busy) != 0 {
-		t.Errorf("the gate holds counts after everything closed: live %v sharing %v parked %v due %v busy %v", g.live, g.sharing, g.parked, g.due, g.busy)
+	if len(g.gpus) != 0 {
+		t.Errorf("the gate holds counts after everything closed: %v", g.gpus)
 	}
+}
+
+// randomWorkers runs step rounds times on each of workers goroutines,
+// each with its own generator seeded from seed and its index, and returns
+// when all are done.
+func randomWorkers(workers, rounds int, seed uint64, step func(rng *rand.Rand)) {
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for range rounds {
+				step(rng)
+			}
+		}()
+	}
+	wg.Wait()
 }
