@@ -3,13 +3,19 @@
 // GPU each) or separate processes.
 //
 // Each rank publishes, through a rendezvous.Store, its process id, a
-// per-process nonce, its GPU's PCI bus id and ordinal, a CUDA IPC handle of
-// the allocation holding its buffer, and the buffer's address and offset.
-// A peer in the same process (same nonce) is used directly after peer
-// access is enabled: CUDA refuses to open an IPC handle in the process that
-// exported it. A peer in another process is mapped with cuIpcOpenMemHandle
-// (lazy peer access). Either way Mapping.Peers()[r] is an address rank r's
-// buffer has in this rank's context.
+// per-process nonce, its GPU's PCI bus id and ordinal, the buffer's address
+// and offset in its allocation, and where to collect the allocation's CUDA
+// IPC handle: an abstract Unix socket that hands the handle only to
+// processes of the same user (SO_PEERCRED, package fdpass), never through
+// the store. A peer in the same process (same nonce) is used directly after
+// peer access is enabled: CUDA refuses to open an IPC handle in the process
+// that exported it. A peer in another process is mapped with
+// cuIpcOpenMemHandle (lazy peer access). Either way Mapping.Peers()[r] is an
+// address rank r's buffer has in this rank's context.
+//
+// Ranks of one group in different processes must therefore run as one user
+// and share a network namespace (abstract socket names are per namespace),
+// as symmetric memory's descriptor exchange requires too.
 package ipc
 
 import (
@@ -21,6 +27,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/rendezvous"
@@ -38,16 +45,18 @@ var processNonce = func() string {
 
 // record is what each rank publishes.
 type record struct {
-	Rank    int            `json:"rank"`
-	PID     int            `json:"pid"`
-	Nonce   string         `json:"nonce"`
-	Ordinal int            `json:"ordinal"`
-	Bus     string         `json:"bus"`
-	Handle  cuda.IPCHandle `json:"handle"`
-	Base    uint64         `json:"base"`   // allocation base in the exporter's context
-	Offset  uint64         `json:"offset"` // ptr - base
-	Ptr     uint64         `json:"ptr"`
-	Bytes   int            `json:"bytes"`
+	Rank    int    `json:"rank"`
+	PID     int    `json:"pid"`
+	Nonce   string `json:"nonce"`
+	Ordinal int    `json:"ordinal"`
+	Bus     string `json:"bus"`
+	Base    uint64 `json:"base"`   // allocation base in the exporter's context
+	Offset  uint64 `json:"offset"` // ptr - base
+	Ptr     uint64 `json:"ptr"`
+	Bytes   int    `json:"bytes"`
+	// Where ranks of other processes collect the IPC handle (handout).
+	Sock     string `json:"sock"`
+	Instance string `json:"instance"`
 }
 
 // Mapping is one rank's view of every rank's buffer. Close it before the
@@ -64,8 +73,10 @@ type Mapping struct {
 
 // Exchange publishes this rank's buffer [ptr, ptr+bytes) on dev under key
 // and maps every other rank's buffer. It is collective: all world ranks must
-// call it with the same key and bytes, and it waits (honouring ctx and the
-// store's timeout) until all have published.
+// call it with the same key and bytes, and it waits (honouring ctx, or
+// rendezvous.DefaultTimeout when ctx has no deadline) until all have
+// published and every rank of another process has collected this rank's
+// handle, so the socket serving it lives no longer than Exchange.
 //
 // ptr need not be the base of its allocation: the allocation is found with
 // cuMemGetAddressRange, its base exported (cuIpcGetMemHandle only accepts
@@ -90,8 +101,19 @@ func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, wor
 	if err != nil {
 		return nil, fmt.Errorf("ipc: rank %d: export: %w", rank, err)
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rendezvous.DefaultTimeout)
+		defer cancel()
+	}
+	dl, _ := ctx.Deadline()
+	ho, err := newHandout(rank, world, h[:], time.Until(dl))
+	if err != nil {
+		return nil, fmt.Errorf("ipc: rank %d: serve its IPC handle: %w", rank, err)
+	}
+	defer ho.Close()
 	me := record{Rank: rank, PID: os.Getpid(), Nonce: processNonce, Ordinal: dev.Ordinal, Bus: dev.PCIBusID,
-		Handle: h, Base: uint64(base), Offset: off, Ptr: uint64(ptr), Bytes: bytes}
+		Base: uint64(base), Offset: off, Ptr: uint64(ptr), Bytes: bytes, Sock: ho.addr(), Instance: ho.instance}
 	data, err := json.Marshal(me)
 	if err != nil {
 		return nil, err
@@ -102,6 +124,7 @@ func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, wor
 
 	m := &Mapping{rank: rank, world: world, dev: dev, peers: make([]cuda.DevicePtr, world)}
 	m.peers[rank] = ptr
+	others := map[int]bool{} // ranks of other processes, who collect this rank's handle
 	for r := 0; r < world; r++ {
 		if r == rank {
 			continue
@@ -121,7 +144,16 @@ func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, wor
 			return nil, fmt.Errorf("ipc: rank %d (device %d) and rank %d (device %d): buffer sizes differ (%d vs %d bytes)",
 				rank, dev.Ordinal, r, peer.Ordinal, bytes, peer.Bytes)
 		}
-		p, err := m.mapPeer(peer)
+		var handle cuda.IPCHandle
+		if peer.Nonce != processNonce {
+			others[r] = true
+			if err := collect(ctx, peer, rank, &handle); err != nil {
+				m.Close()
+				return nil, fmt.Errorf("ipc: rank %d (device %d, pid %d) cannot collect the IPC handle of rank %d (device %d, pid %d) from %q (ranks of other processes must run as one user, in one network namespace): %w",
+					rank, dev.Ordinal, os.Getpid(), r, peer.Ordinal, peer.PID, peer.Sock, err)
+			}
+		}
+		p, err := m.mapPeer(peer, handle)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("ipc: rank %d (device %d, pid %d) cannot reach rank %d (device %d, pid %d): %w",
@@ -129,7 +161,29 @@ func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, wor
 		}
 		m.peers[r] = p
 	}
+	// The handout closes when Exchange returns: wait until every rank of
+	// another process has collected this rank's handle.
+	if err := ho.waitServed(ctx, others); err != nil {
+		m.Close()
+		return nil, err
+	}
 	return m, nil
+}
+
+// collect fetches peer's IPC handle from its handout into h.
+func collect(ctx context.Context, peer record, rank int, h *cuda.IPCHandle) error {
+	if peer.Sock == "" {
+		return errors.New("its record names no socket")
+	}
+	b, err := fetchHandle(ctx, peer.Sock, peer.Instance, rank)
+	if err != nil {
+		return err
+	}
+	if len(b) != len(h) {
+		return fmt.Errorf("got %d bytes, want a %d-byte handle", len(b), len(h))
+	}
+	copy(h[:], b)
+	return nil
 }
 
 func recordKey(key string, rank int) string { return fmt.Sprintf("%s/ipc/rank%d", key, rank) }
@@ -138,7 +192,8 @@ func recordKey(key string, rank int) string { return fmt.Sprintf("%s/ipc/rank%d"
 var errNoP2P = errors.New("no peer-to-peer access between the GPUs")
 
 // mapPeer returns peer's buffer address in m.dev's context.
-func (m *Mapping) mapPeer(peer record) (cuda.DevicePtr, error) {
+// handle is the peer's IPC handle when it is in another process.
+func (m *Mapping) mapPeer(peer record, handle cuda.IPCHandle) (cuda.DevicePtr, error) {
 	// The peer's GPU as this process numbers it (CUDA_VISIBLE_DEVICES may
 	// differ between processes); -1 when this process cannot see it.
 	local := -1
@@ -171,7 +226,7 @@ func (m *Mapping) mapPeer(peer record) (cuda.DevicePtr, error) {
 	if peer.Nonce == processNonce {
 		return cuda.DevicePtr(peer.Ptr), nil
 	}
-	base, err := m.dev.IPCOpenMemHandle(peer.Handle)
+	base, err := m.dev.IPCOpenMemHandle(handle)
 	if err != nil {
 		return 0, fmt.Errorf("open IPC handle: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,23 +143,89 @@ func TestIPCTwoProcesses(t *testing.T) {
 }
 
 // TestIPCUnreachablePeer: a peer "in another process" whose handle cannot
-// be opened gives an error naming both ranks.
+// be collected or opened gives an error naming both ranks, never a crash:
+// a record naming no socket, a handout serving a handle of the wrong size,
+// and one serving 64 bytes of garbage (reliability case 22).
 func TestIPCUnreachablePeer(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	garbage := make([]byte, cuda.IPCHandleSize)
+	for i := range garbage {
+		garbage[i] = byte(0xA5 ^ i)
+	}
+	for _, c := range []struct {
+		name   string
+		handle []byte // nil: the record names no socket
+		want   string
+	}{
+		{"no socket", nil, "names no socket"},
+		{"short handle", []byte("short"), "want a 64-byte handle"},
+		{"garbage handle", garbage, "open IPC handle"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			rec := map[string]any{"rank": 1, "pid": 1, "nonce": "someone-else", "ordinal": 0,
+				"bus": "", "base": 4096, "offset": 0, "ptr": 4096, "bytes": 1024}
+			if c.handle != nil {
+				sock, inst, closeFn, err := ipc.ServeHandleForTest(1, 2, c.handle)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer closeFn()
+				rec["sock"], rec["instance"] = sock, inst
+			}
+			fake, _ := json.Marshal(rec)
+			store := rendezvous.NewMemStore()
+			store.Set(ctx, testKey+"/ipc/rank1", fake)
+			p, err := d.Alloc(1024)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Free(p)
+			_, err = ipc.Exchange(ctx, store, testKey, 0, 2, d, p, 1024)
+			if err == nil || !strings.Contains(err.Error(), "rank 0 (device 0") || !strings.Contains(err.Error(), "rank 1 (device 0") ||
+				!strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error naming rank 0 and rank 1 and containing %q", err, c.want)
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+// TestIPCRecordHasNoHandle: what a rank publishes in the store holds no IPC
+// handle, only where ranks of its user collect it (reliability case 22).
+func TestIPCRecordHasNoHandle(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	store := rendezvous.NewMemStore()
-	fake, _ := json.Marshal(map[string]any{"rank": 1, "pid": 1, "nonce": "someone-else", "ordinal": 0,
-		"bus": "", "base": 4096, "offset": 0, "ptr": 4096, "bytes": 1024})
-	store.Set(ctx, testKey+"/ipc/rank1", fake)
 	p, err := d.Alloc(1024)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Free(p)
-	_, err = ipc.Exchange(ctx, store, testKey, 0, 2, d, p, 1024)
-	if err == nil || !strings.Contains(err.Error(), "rank 0 (device 0") || !strings.Contains(err.Error(), "rank 1 (device 0") {
-		t.Fatalf("got %v, want an error naming rank 0 and rank 1", err)
+	m, err := ipc.Exchange(ctx, store, testKey, 0, 1, d, p, 1024)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("%v", err)
+	defer m.Close()
+	rec, err := store.Get(ctx, testKey+"/ipc/rank0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(rec, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if want := "base bytes bus instance nonce offset ordinal pid ptr rank sock"; strings.Join(keys, " ") != want {
+		t.Errorf("the record's fields: %v; want exactly %s (no handle)", keys, want)
+	}
+	if s, _ := fields["sock"].(string); !strings.HasPrefix(s, "@collgen-ipc-") {
+		t.Errorf("the record names socket %v; want @collgen-ipc-...", fields["sock"])
+	}
 }

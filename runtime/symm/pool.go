@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/collgen/collgen/runtime/fdpass"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/runtime/symm/fdpass"
 )
 
 // DefaultChannels is the number of signal channels per pad when

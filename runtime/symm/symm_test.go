@@ -16,8 +16,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/collgen/collgen/runtime/fdpass"
 	"github.com/collgen/collgen/runtime/rendezvous"
-	"github.com/collgen/collgen/runtime/symm/fdpass"
 )
 
 func TestAllocLookupFree(t *testing.T) {
