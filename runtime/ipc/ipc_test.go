@@ -222,7 +222,7 @@ func TestIPCRecordHasNoHandle(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if want := "base bytes bus instance nonce offset ordinal pid ptr rank sock"; strings.Join(keys, " ") != want {
+	if want := "base bus bytes instance nonce offset ordinal pid ptr rank sock"; strings.Join(keys, " ") != want {
 		t.Errorf("the record's fields: %v; want exactly %s (no handle)", keys, want)
 	}
 	if s, _ := fields["sock"].(string); !strings.HasPrefix(s, "@collgen-ipc-") {
