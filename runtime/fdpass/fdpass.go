@@ -10,7 +10,9 @@
 //
 // A Conn carries messages: a payload of at most MaxPayload bytes plus up to
 // MaxFiles descriptors. Received descriptors are close-on-exec and owned by
-// the caller, who must Close them.
+// the caller, who must Close them. A Server (Listener.Serve) answers each
+// accepted connection in a goroutine of its own: symmetric memory's pools
+// serve memory descriptors with it, package ipc CUDA IPC handles.
 package fdpass
 
 import (
@@ -23,6 +25,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -100,6 +103,96 @@ func (l *Listener) Accept() (*Conn, error) {
 // Close stops listening; the abstract name is released at once.
 // Connections already accepted stay open.
 func (l *Listener) Close() error { return l.ln.Close() }
+
+// Server answers the connections a Listener accepts, each with a handler
+// in a goroutine of its own (Listener.Serve).
+type Server struct {
+	ln      *Listener
+	timeout time.Duration
+	handle  func(*Conn)
+
+	mu    sync.Mutex
+	done  bool
+	conns map[*Conn]struct{} // being handled; Close closes them
+	wg    sync.WaitGroup     // the accept loop and the handlers
+	once  sync.Once
+	err   error
+}
+
+// Serve starts answering l's connections: each accepted connection (of
+// this user's processes only; others are refused by Accept and skipped)
+// gets a deadline timeout ahead and is handed to handle in its own
+// goroutine, and is closed when handle returns. The Server owns l from
+// now on: close the Server, not l.
+func (l *Listener) Serve(timeout time.Duration, handle func(*Conn)) *Server {
+	s := &Server{ln: l, timeout: timeout, handle: handle, conns: map[*Conn]struct{}{}}
+	s.wg.Add(1)
+	go s.accept()
+	return s
+}
+
+// Addr is the listener's Addr.
+func (s *Server) Addr() string { return s.ln.Addr() }
+
+// accept runs until the listener closes.
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			// Another user's process (already refused and closed), or a
+			// transient failure such as running out of descriptors: keep
+			// serving, without spinning on the latter.
+			if !errors.Is(err, ErrForeignUser) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			continue
+		}
+		s.mu.Lock()
+		if s.done {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(c)
+	}
+}
+
+// serve runs the handler on c and closes it.
+func (s *Server) serve(c *Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	c.SetDeadline(time.Now().Add(s.timeout))
+	s.handle(c)
+}
+
+// Close stops serving: the abstract name is released, connections still
+// being handled are closed (their handlers' Send and Recv fail), and
+// Close returns once every handler has returned. Idempotent.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.done = true
+		for c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.err = s.ln.Close()
+		s.wg.Wait()
+	})
+	return s.err
+}
 
 // Dial connects to a Listener's Addr and checks that the listener runs as
 // the caller's user. ctx bounds the connect.

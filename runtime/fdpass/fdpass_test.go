@@ -9,12 +9,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/collgen/collgen/runtime/fdpass/fdpasstest"
 )
 
 func TestCheckPeer(t *testing.T) {
@@ -199,26 +200,7 @@ func TestMain(m *testing.M) {
 // test binary re-executed as nobody, which needs root): both ends refuse
 // the connection.
 func TestForeignUserRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a process of another user")
-	}
-	// nobody must be able to execute a copy of the test binary.
-	dir, err := os.MkdirTemp("", "fdpass-foreign-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "fdpass.test")
-	if err := os.WriteFile(exe, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	cmd := fdpasstest.AsNobody(t, []string{"-test.run=^$"})
 	ln, err := Listen("collgen-fdpass-test-")
 	if err != nil {
 		t.Fatal(err)
@@ -232,20 +214,87 @@ func TestForeignUserRefused(t *testing.T) {
 		}
 		accepted <- err
 	}()
-	const nobody = 65534
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envDial+"="+ln.Addr())
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	cmd.Env = append(cmd.Env, envDial+"="+ln.Addr())
 	out, err := cmd.Output()
 	if err == nil || !strings.Contains(string(out), "another user") {
 		t.Errorf("the foreign process: %v: %s; want its Dial to refuse a listener of uid 0", err, out)
 	}
 	select {
 	case err := <-accepted:
-		if !errors.Is(err, ErrForeignUser) || !strings.Contains(err.Error(), fmt.Sprintf("uid %d", nobody)) {
-			t.Errorf("Accept: %v; want ErrForeignUser naming uid %d", err, nobody)
+		if !errors.Is(err, ErrForeignUser) || !strings.Contains(err.Error(), fmt.Sprintf("uid %d", fdpasstest.Nobody)) {
+			t.Errorf("Accept: %v; want ErrForeignUser naming uid %d", err, fdpasstest.Nobody)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("Accept never saw the foreign connection")
+	}
+}
+
+// TestServer: every connection reaches the handler with a deadline set and
+// is closed after it; Close closes connections whose handlers still wait,
+// waits for every handler, releases the name, and is idempotent.
+func TestServer(t *testing.T) {
+	ln, err := Listen("collgen-fdpass-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handled atomic.Int32
+	waiting := make(chan struct{}, 1)
+	srv := ln.Serve(5*time.Second, func(c *Conn) {
+		defer handled.Add(1)
+		b, _, err := c.Recv(0)
+		if err != nil {
+			return
+		}
+		if string(b) == "wait" {
+			waiting <- struct{}{}
+			c.Recv(0) // until the client sends again or Close closes c
+			return
+		}
+		c.Send(append([]byte("echo "), b...))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 3 {
+		c, err := Dial(ctx, srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprint("hello ", i)
+		if err := c.Send([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := c.Recv(0)
+		if err != nil || string(got) != "echo "+msg {
+			t.Fatalf("reply %q, %v; want %q", got, err, "echo "+msg)
+		}
+		// The server closes its end after the handler returns.
+		if _, _, err := c.Recv(0); err != io.EOF {
+			t.Errorf("after the reply: %v; want io.EOF", err)
+		}
+		c.Close()
+	}
+	held, err := Dial(ctx, srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	held.Send([]byte("wait"))
+	<-waiting
+	start := time.Now()
+	if err := srv.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Close with a handler waiting took %v; want it to close the connection", d)
+	}
+	if n := handled.Load(); n != 4 {
+		t.Errorf("%d handlers returned by Close; want all 4", n)
+	}
+	if err := srv.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if c, err := Dial(ctx, srv.Addr()); err == nil {
+		c.Close()
+		t.Error("Dial after Close succeeded")
 	}
 }

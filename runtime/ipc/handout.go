@@ -3,12 +3,10 @@ package ipc
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -28,21 +26,16 @@ import (
 // and reports each rank it served on served, so Exchange can wait until
 // every rank of another process has its handle before it closes the socket.
 type handout struct {
-	ln       *fdpass.Listener
+	srv      *fdpass.Server
 	instance string
 	rank     int
 	world    int
 	handle   []byte
-	timeout  time.Duration // bounds each connection
 
 	served chan int // ranks served, each once
 
-	mu     sync.Mutex
-	done   bool
-	given  map[int]bool
-	conns  map[*fdpass.Conn]struct{}
-	wg     sync.WaitGroup
-	closed sync.Once
+	mu    sync.Mutex
+	given map[int]bool
 }
 
 // handleRequest asks a rank's handout for its handle.
@@ -58,68 +51,23 @@ type handleReply struct {
 }
 
 // newHandout starts serving handle to this user's processes on a fresh
-// abstract socket.
+// abstract socket; timeout bounds each connection.
 func newHandout(rank, world int, handle []byte, timeout time.Duration) (*handout, error) {
 	ln, err := fdpass.Listen("collgen-ipc-")
 	if err != nil {
 		return nil, err
 	}
-	var id [16]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	h := &handout{ln: ln, instance: hex.EncodeToString(id[:]), rank: rank, world: world,
-		handle: handle, timeout: timeout, served: make(chan int, world),
-		given: map[int]bool{}, conns: map[*fdpass.Conn]struct{}{}}
-	h.wg.Add(1)
-	go h.serve()
+	h := &handout{instance: rand.Text(), rank: rank, world: world,
+		handle: handle, served: make(chan int, world), given: map[int]bool{}}
+	h.srv = ln.Serve(timeout, h.answer)
 	return h, nil
 }
 
 // addr is the socket's name, published for peers.
-func (h *handout) addr() string { return h.ln.Addr() }
-
-// serve accepts connections until Close.
-func (h *handout) serve() {
-	defer h.wg.Done()
-	for {
-		c, err := h.ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			// Another user's process (refused and closed by Accept), or a
-			// transient failure such as running out of descriptors: keep
-			// serving, without spinning on the latter.
-			if !errors.Is(err, fdpass.ErrForeignUser) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			continue
-		}
-		h.mu.Lock()
-		if h.done {
-			h.mu.Unlock()
-			c.Close()
-			return
-		}
-		h.conns[c] = struct{}{}
-		h.wg.Add(1)
-		h.mu.Unlock()
-		go h.answer(c)
-	}
-}
+func (h *handout) addr() string { return h.srv.Addr() }
 
 // answer reads one request from c and replies.
 func (h *handout) answer(c *fdpass.Conn) {
-	defer h.wg.Done()
-	defer func() {
-		h.mu.Lock()
-		delete(h.conns, c)
-		h.mu.Unlock()
-		c.Close()
-	}()
-	c.SetDeadline(time.Now().Add(h.timeout))
 	b, _, err := c.Recv(0)
 	if err != nil {
 		return
@@ -173,21 +121,8 @@ func (h *handout) waitServed(ctx context.Context, ranks map[int]bool) error {
 }
 
 // Close stops serving: the socket's name is released, open connections
-// are closed, and Close returns once every serving goroutine has ended.
-func (h *handout) Close() error {
-	var err error
-	h.closed.Do(func() {
-		h.mu.Lock()
-		h.done = true
-		for c := range h.conns {
-			c.Close()
-		}
-		h.mu.Unlock()
-		err = h.ln.Close()
-		h.wg.Wait()
-	})
-	return err
-}
+// are closed, and Close returns once every answer has ended. Idempotent.
+func (h *handout) Close() error { return h.srv.Close() }
 
 // fetchHandle asks the handout at addr (instance, published by a rank of
 // another process) for its handle, as rank asker. ctx bounds the exchange.

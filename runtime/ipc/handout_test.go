@@ -7,12 +7,11 @@ import (
 	"errors"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/collgen/collgen/runtime/fdpass/fdpasstest"
 )
 
 // Set in the re-executed child of TestHandoutRefusesOtherUsers: the address
@@ -161,35 +160,13 @@ func TestHandoutRefusesOtherUsers(t *testing.T) {
 		t.Logf("foreign read: %d bytes, %v", n, err)
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to start a process of another user")
-	}
-	// nobody must be able to execute a copy of the test binary.
-	dir, err := os.MkdirTemp("", "ipc-foreign-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "ipc.test")
-	if err := os.WriteFile(exe, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	h, err := newHandout(0, 2, testHandle(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	const nobody = 65534
-	cmd := exec.Command(exe, "-test.run=^TestHandoutRefusesOtherUsers$", "-test.v")
-	cmd.Env = append(os.Environ(), envForeignAsk+"="+h.addr()+" "+h.instance)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	cmd := fdpasstest.AsNobody(t, []string{"-test.run=^TestHandoutRefusesOtherUsers$", "-test.v"},
+		envForeignAsk+"="+h.addr()+" "+h.instance)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "foreign read: 0 bytes") {
 		t.Errorf("the foreign process: %v:\n%s\nwant it to read nothing", err, out)

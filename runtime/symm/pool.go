@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -81,7 +80,6 @@ type Pool struct {
 	nonce string // rank 0's random id of this pool instance
 	ns    string // store prefix of this pool instance
 	socks []string
-	ln    *fdpass.Listener
 
 	// rdvMu serialises Rendezvous calls, so the order they meet in is the
 	// order they were made in; rdvCount numbers them for errors.
@@ -93,15 +91,13 @@ type Pool struct {
 	live    map[*Buffer]struct{}
 	persist map[uint64]*slot
 
-	// The descriptor server: srvMu guards exports (descriptors offered
-	// during a Rendezvous, by sequence number) and conns (connections
-	// being served, closed by Close); wg counts the server goroutines.
+	// The descriptor server (answer), started once the pool is formed;
+	// srvMu guards exports (descriptors offered during a Rendezvous, by
+	// sequence number).
+	srv     *fdpass.Server
 	srvMu   sync.Mutex
 	exports map[uint64]*os.File
 	nextSeq uint64
-	conns   map[*fdpass.Conn]struct{}
-	srvDone bool
-	wg      sync.WaitGroup
 }
 
 // slot is a persistent id's address reservation. It outlives the buffers
@@ -153,7 +149,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		cfg.Backend = NewHostBackend()
 	}
 	p := &Pool{cfg: cfg, be: cfg.Backend, gran: cfg.Backend.Granularity(), pad: 4 * cfg.Channels * cfg.WorldSize,
-		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}, conns: map[*fdpass.Conn]struct{}{}}
+		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}}
 	ctx, cancel := p.bound(ctx)
 	defer cancel()
 
@@ -161,7 +157,6 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.ln = ln
 	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		ln.Close()
@@ -204,8 +199,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	for r, in := range infos {
 		p.socks[r] = in.Sock
 	}
-	p.wg.Add(1)
-	go p.serve()
+	p.srv = ln.Serve(cfg.Timeout, p.answer)
 	return p, nil
 }
 
@@ -427,14 +421,7 @@ func (p *Pool) Close() error {
 	}
 	p.mu.Unlock()
 
-	p.srvMu.Lock()
-	p.srvDone = true
-	for c := range p.conns {
-		c.Close()
-	}
-	p.srvMu.Unlock()
-	errs = append(errs, p.ln.Close())
-	p.wg.Wait()
+	errs = append(errs, p.srv.Close())
 	return errors.Join(errs...)
 }
 
@@ -449,46 +436,9 @@ type fdRequest struct {
 // set.
 type fdReply struct{ Err string }
 
-// serve accepts peers' connections until the listener closes.
-func (p *Pool) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			// A foreign user's connection (already refused and closed),
-			// or a transient failure such as running out of descriptors:
-			// keep serving, without spinning on the latter.
-			if !errors.Is(err, fdpass.ErrForeignUser) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			continue
-		}
-		p.srvMu.Lock()
-		if p.srvDone {
-			p.srvMu.Unlock()
-			c.Close()
-			return
-		}
-		p.conns[c] = struct{}{}
-		p.wg.Add(1)
-		p.srvMu.Unlock()
-		go p.serveConn(c)
-	}
-}
-
-// serveConn answers one request on c, bounded by the pool's timeout.
-func (p *Pool) serveConn(c *fdpass.Conn) {
-	defer p.wg.Done()
-	defer func() {
-		p.srvMu.Lock()
-		delete(p.conns, c)
-		p.srvMu.Unlock()
-		c.Close()
-	}()
-	c.SetDeadline(time.Now().Add(p.cfg.Timeout))
+// answer answers one request on c (the Server bounds it by the pool's
+// timeout and closes c).
+func (p *Pool) answer(c *fdpass.Conn) {
 	b, _, err := c.Recv(0)
 	if err != nil {
 		return
