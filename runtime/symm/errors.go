@@ -22,6 +22,12 @@ var ErrFreed = errors.New("symm: buffer freed")
 // allocated by the pool it is given to.
 var ErrNotFromPool = errors.New("symm: buffer not from this pool")
 
+// ErrInvalidArgument is wrapped by refusals of a caller's argument or
+// configuration: a size, world size, rank, channel, peer or timeout out of
+// range, a persistent id in use or asked for with another size. Nothing
+// was done; the message names the value and what is allowed.
+var ErrInvalidArgument = errors.New("symm: invalid argument")
+
 // ErrMismatch is wrapped when ranks disagree on something they must agree
 // on (world size, allocation size, channels, backend); the message names
 // both values and both ranks.
@@ -82,4 +88,9 @@ func (e *tagged) Unwrap() []error { return e.is }
 // mismatchf formats a disagreement between ranks; it matches ErrMismatch.
 func mismatchf(format string, args ...any) error {
 	return &tagged{msg: fmt.Sprintf(format, args...), is: []error{ErrMismatch}}
+}
+
+// invalidf formats a refused argument; it matches ErrInvalidArgument.
+func invalidf(format string, args ...any) error {
+	return &tagged{msg: fmt.Sprintf(format, args...), is: []error{ErrInvalidArgument}}
 }

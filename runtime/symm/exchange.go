@@ -25,24 +25,38 @@ import (
 // and rank 0 fails on the disagreeing rank's entry. When the deadline
 // passes, the entries that did arrive are still checked, since a
 // disagreement explains more than a timeout does.
-func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, world int, blob []byte, check func(r int, b []byte) error) ([][]byte, error) {
+//
+// A failed wait (a missing rank, a cancelled ctx, a store error) withdraws
+// this rank's entry and takes its generation back, so that when every rank
+// calls again their generations meet again, as they would have. A failed
+// check does not: every rank sees the same entries fail, so all stay at
+// the same generation. (A rank that gave up at the very moment a late
+// peer read its entry can still leave that peer holding it; callers that
+// must know say so in a second exchange: NewPool's digest round.)
+//
+// It returns the generation too, for retract.
+func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, world int, blob []byte, check func(r int, b []byte) error) ([][]byte, int64, error) {
 	start := time.Now()
 	g, err := st.Add(ctx, prefix+"gen/r"+strconv.Itoa(rank), 1)
 	if err != nil {
-		return nil, fmt.Errorf("count exchanges: %w", err)
+		return nil, 0, fmt.Errorf("count exchanges: %w", err)
 	}
 	keys := make([]string, world)
 	for r := range keys {
 		keys[r] = prefix + strconv.FormatInt(g, 10) + "/r" + strconv.Itoa(r)
 	}
+	withdraw := func(err error) error {
+		retract(ctx, st, prefix, rank, g)
+		return err
+	}
 	if err := st.Set(ctx, keys[rank], blob); err != nil {
-		return nil, fmt.Errorf("publish: %w", err)
+		return nil, 0, withdraw(fmt.Errorf("publish: %w", err))
 	}
 	out := make([][]byte, world)
 	get := func(r int) error {
 		b, err := st.Get(ctx, keys[r])
 		if err != nil {
-			return late(ctx, st, keys, check, time.Since(start), err)
+			return withdraw(late(ctx, st, keys, check, time.Since(start), err))
 		}
 		if err := check(r, b); err != nil {
 			return err
@@ -51,15 +65,15 @@ func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, wor
 		return nil
 	}
 	if err := get(0); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// The rest at once, so that a timeout names every missing rank.
 	if err := st.Wait(ctx, keys...); err != nil {
-		return nil, late(ctx, st, keys, check, time.Since(start), err)
+		return nil, 0, withdraw(late(ctx, st, keys, check, time.Since(start), err))
 	}
 	for r := 1; r < world; r++ {
 		if err := get(r); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	if g > 1 {
@@ -68,7 +82,19 @@ func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, wor
 		// store memory).
 		st.Delete(ctx, prefix+strconv.FormatInt(g-1, 10)+"/r"+strconv.Itoa(rank))
 	}
-	return out, nil
+	return out, g, nil
+}
+
+// retract withdraws this rank's entry of generation g of prefix and takes
+// the generation back: exchange does after a failed wait, and a caller
+// whose later step failed does for an exchange that succeeded. Best
+// effort, with a second of its own: a store that fails here has failed
+// the caller already.
+func retract(ctx context.Context, st rendezvous.Store, prefix string, rank int, g int64) {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	st.Delete(c, prefix+strconv.FormatInt(g, 10)+"/r"+strconv.Itoa(rank))
+	st.Add(c, prefix+"gen/r"+strconv.Itoa(rank), -1)
 }
 
 // late explains a failed wait: a disagreement among the entries that did

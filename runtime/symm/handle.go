@@ -130,7 +130,7 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		mine.Proc, mine.Local = procID, tok
 	}
 	infos := make([]rdvInfo, world)
-	_, err = exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
+	_, _, err = exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
 		var in rdvInfo
 		if err := json.Unmarshal(raw, &in); err != nil {
 			return fmt.Errorf("rank %d's entry: %w", r, err)
@@ -185,7 +185,7 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		status.Err = failed.Error()
 	}
 	var theirs error
-	_, err = exchange(ctx, p.cfg.Store, p.ns+"mapped/", rank, world, mustJSON(status), func(r int, raw []byte) error {
+	_, _, err = exchange(ctx, p.cfg.Store, p.ns+"mapped/", rank, world, mustJSON(status), func(r int, raw []byte) error {
 		var st rdvStatus
 		if err := json.Unmarshal(raw, &st); err != nil {
 			return fmt.Errorf("rank %d's status: %w", r, err)
@@ -299,9 +299,11 @@ func (h *Handle) SignalPadPtrsDev() uintptr { return h.padsDev }
 // PutSignal signals peer on channel ch: it sets this rank's word in the
 // peer's pad, first waiting (up to timeout) for the peer to have consumed
 // the previous signal. Stores this rank made before it are visible to the
-// peer once its WaitSignal returns. A zero timeout means the pool's.
+// peer once its WaitSignal returns. A zero timeout means the pool's; a
+// negative one is refused (ErrInvalidArgument), as is a peer or channel
+// out of range.
 func (h *Handle) PutSignal(o Ordering, peer, ch int, timeout time.Duration) error {
-	if err := h.check(peer, ch); err != nil {
+	if err := h.check(peer, ch, timeout); err != nil {
 		return err
 	}
 	return h.signal(o, &SignalOp{Kind: SignalPut, Rank: h.rank, Channel: ch, Peers: []int{peer},
@@ -312,7 +314,7 @@ func (h *Handle) PutSignal(o Ordering, peer, ch int, timeout time.Duration) erro
 // consumes it. A peer that does not signal in time is a *TimeoutError
 // naming it and the channel.
 func (h *Handle) WaitSignal(o Ordering, peer, ch int, timeout time.Duration) error {
-	if err := h.check(peer, ch); err != nil {
+	if err := h.check(peer, ch, timeout); err != nil {
 		return err
 	}
 	return h.signal(o, &SignalOp{Kind: SignalWait, Rank: h.rank, Channel: ch, Peers: []int{peer},
@@ -324,7 +326,7 @@ func (h *Handle) WaitSignal(o Ordering, peer, ch int, timeout time.Duration) err
 // memory of all ranks: what any rank stored before its Barrier is visible
 // to every rank after its own. Consecutive barriers may use one channel.
 func (h *Handle) Barrier(o Ordering, ch int, timeout time.Duration) error {
-	if err := h.check(h.rank, ch); err != nil {
+	if err := h.check(h.rank, ch, timeout); err != nil {
 		return err
 	}
 	n := h.world - 1
@@ -341,20 +343,23 @@ func (h *Handle) Barrier(o Ordering, ch int, timeout time.Duration) error {
 	return h.signal(o, op)
 }
 
-// check refuses a peer or channel out of range.
-func (h *Handle) check(peer, ch int) error {
+// check refuses a peer, channel or timeout out of range.
+func (h *Handle) check(peer, ch int, timeout time.Duration) error {
 	if peer < 0 || peer >= h.world {
-		return fmt.Errorf("symm: peer %d is out of range for world size %d", peer, h.world)
+		return invalidf("symm: peer %d is out of range for world size %d", peer, h.world)
 	}
 	if ch < 0 || ch >= h.channels {
-		return fmt.Errorf("symm: channel %d is out of range: the pool has %d channels", ch, h.channels)
+		return invalidf("symm: channel %d is out of range: the pool has %d channels", ch, h.channels)
+	}
+	if timeout < 0 {
+		return invalidf("symm: negative timeout %v: want 0 (the pool's, %v) or more", timeout, h.timeout)
 	}
 	return nil
 }
 
 // bound turns a zero timeout into the pool's.
 func (h *Handle) bound(timeout time.Duration) time.Duration {
-	if timeout <= 0 {
+	if timeout == 0 {
 		return h.timeout
 	}
 	return timeout

@@ -5,6 +5,7 @@ package symm
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,11 @@ const DefaultChannels = 64
 // MaxChannels bounds Config.Channels (a pad holds Channels × WorldSize
 // words of 4 bytes).
 const MaxChannels = 4096
+
+// MaxWorldSize bounds Config.WorldSize: a pool's ranks live on one host
+// (their memory is mapped across processes), and each rank keeps a
+// socket, an entry and a mapping per peer.
+const MaxWorldSize = 4096
 
 // testHook, set only by tests, runs at named points of a Rendezvous so
 // that a test can kill a rank exactly there.
@@ -127,17 +133,17 @@ type poolInfo struct {
 func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	switch {
 	case cfg.Store == nil:
-		return nil, errors.New("symm: Config.Store is nil: ranks need a rendezvous store")
+		return nil, invalidf("symm: Config.Store is nil: ranks need a rendezvous store")
 	case cfg.Group == "":
-		return nil, errors.New("symm: Config.Group is empty: name the group")
-	case cfg.WorldSize < 1:
-		return nil, fmt.Errorf("symm: world size %d: want at least 1", cfg.WorldSize)
+		return nil, invalidf("symm: Config.Group is empty: name the group")
+	case cfg.WorldSize < 1 || cfg.WorldSize > MaxWorldSize:
+		return nil, invalidf("symm: world size %d: want 1 to %d (MaxWorldSize)", cfg.WorldSize, MaxWorldSize)
 	case cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize:
-		return nil, fmt.Errorf("symm: rank %d is out of range for world size %d", cfg.Rank, cfg.WorldSize)
+		return nil, invalidf("symm: rank %d is out of range for world size %d", cfg.Rank, cfg.WorldSize)
 	case cfg.Channels < 0 || cfg.Channels > MaxChannels:
-		return nil, fmt.Errorf("symm: %d signal channels: want 0 (default %d) to %d", cfg.Channels, DefaultChannels, MaxChannels)
+		return nil, invalidf("symm: %d signal channels: want 0 (default %d) to %d", cfg.Channels, DefaultChannels, MaxChannels)
 	case cfg.Timeout < 0:
-		return nil, fmt.Errorf("symm: negative timeout %v", cfg.Timeout)
+		return nil, invalidf("symm: negative timeout %v: want 0 (default %v) or more", cfg.Timeout, DefaultTimeout)
 	}
 	if cfg.Channels == 0 {
 		cfg.Channels = DefaultChannels
@@ -172,7 +178,8 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	mine := poolInfo{World: cfg.WorldSize, Channels: cfg.Channels, Backend: p.be.Kind(), Sock: ln.Addr(), Nonce: hex.EncodeToString(rnd[:])}
 	infos := make([]poolInfo, cfg.WorldSize)
-	_, err = exchange(ctx, cfg.Store, "collgen/symm/"+cfg.Group+"/pool/", cfg.Rank, cfg.WorldSize, mustJSON(mine), func(r int, b []byte) error {
+	formPrefix := "collgen/symm/" + cfg.Group + "/pool/"
+	entries, gen, err := exchange(ctx, cfg.Store, formPrefix, cfg.Rank, cfg.WorldSize, mustJSON(mine), func(r int, b []byte) error {
 		var in poolInfo
 		if err := json.Unmarshal(b, &in); err != nil {
 			return fmt.Errorf("symm: group %q: rank %d's pool entry: %w", cfg.Group, r, err)
@@ -189,6 +196,11 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		infos[r] = in
 		return nil
 	})
+	if err == nil {
+		if err = sameEntries(ctx, cfg, infos[0].Nonce, entries); err != nil {
+			retract(ctx, cfg.Store, formPrefix, cfg.Rank, gen)
+		}
+	}
 	if err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("symm: rank %d forming group %q: %w", cfg.Rank, cfg.Group, otherGroups(ctx, cfg, err))
@@ -201,6 +213,28 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	}
 	p.srv = ln.Serve(cfg.Timeout, p.answer)
 	return p, nil
+}
+
+// sameEntries is NewPool's second round: every rank publishes a digest of
+// the entries it formed the pool from, under rank 0's nonce, and all must
+// match. An entry left by an earlier NewPool of the group that a rank gave
+// up on, read at the moment it was withdrawn (see exchange), would
+// otherwise give a pool whose peer is gone; here it fails every rank that
+// can see it, wrapping ErrMismatch.
+func sameEntries(ctx context.Context, cfg Config, nonce0 string, entries [][]byte) error {
+	h := sha256.New()
+	for _, e := range entries {
+		fmt.Fprintf(h, "%d:", len(e))
+		h.Write(e)
+	}
+	mine := hex.EncodeToString(h.Sum(nil))
+	_, _, err := exchange(ctx, cfg.Store, "collgen/symm/"+cfg.Group+"/formed/"+nonce0+"/", cfg.Rank, cfg.WorldSize, []byte(mine), func(r int, b []byte) error {
+		if string(b) != mine {
+			return mismatchf("rank %d formed group %q from other entries than rank %d (this rank) did: one was left by an earlier NewPool of the group on this store that gave up; call NewPool again on every rank", r, cfg.Group, cfg.Rank)
+		}
+		return nil
+	})
+	return err
 }
 
 // procID tells this process apart from every other (a random id made at
@@ -226,10 +260,10 @@ type seenNote struct {
 func seenKey(rank int) string { return "collgen/symm/seen/r" + strconv.Itoa(rank) }
 
 // otherGroups adds to a NewPool timeout the group names that missing ranks
-// last started to form, when those differ from ours: the error then wraps
-// ErrMismatch as well as ErrTimeout and names both groups. (A rank number
-// can be in several groups of one store, so this is reported as what was
-// seen, next to the timeout, not instead of it.)
+// last started to form, when those differ from ours. A rank number can be
+// in several groups of one store (two tensor-parallel groups each have a
+// rank 1), so this is a hint next to the timeout: the error still wraps
+// ErrTimeout only.
 func otherGroups(ctx context.Context, cfg Config, err error) error {
 	var mre *rendezvous.MissingRanksError
 	if !errors.As(err, &mre) {
@@ -266,7 +300,7 @@ func otherGroups(ctx context.Context, cfg Config, err error) error {
 	if len(notes) == 0 {
 		return err
 	}
-	return &tagged{msg: err.Error() + "; " + strings.Join(notes, "; ") + ": start every rank with the same group name", is: []error{ErrMismatch, err}}
+	return &tagged{msg: err.Error() + "; " + strings.Join(notes, "; ") + ": if that is a rank of this group, start every rank with the same group name", is: []error{err}}
 }
 
 // agree returns an ErrMismatch error naming both ranks and values unless
@@ -344,7 +378,7 @@ const MaxAllocBytes = 1 << 48
 // alloc is Alloc and AllocPersistent.
 func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 	if n <= 0 || n > MaxAllocBytes {
-		return nil, fmt.Errorf("symm: allocation of %d bytes: want a positive size of at most %d (MaxAllocBytes)", n, MaxAllocBytes)
+		return nil, invalidf("symm: allocation of %d bytes: want a positive size of at most %d (MaxAllocBytes)", n, MaxAllocBytes)
 	}
 	padOff, chunk := p.layout(n)
 	p.mu.Lock()
@@ -357,10 +391,10 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 	if persistent {
 		if s = p.persist[id]; s != nil {
 			if s.buf != nil {
-				return nil, fmt.Errorf("symm: persistent id %d is in use (%d bytes at %#x); free that buffer first", id, s.bytes, s.addr)
+				return nil, invalidf("symm: persistent id %d is in use (%d bytes at %#x); free that buffer first", id, s.bytes, s.addr)
 			}
 			if s.bytes != n {
-				return nil, fmt.Errorf("symm: persistent id %d was allocated with %d bytes, now with %d: an id keeps its first size", id, s.bytes, n)
+				return nil, invalidf("symm: persistent id %d was allocated with %d bytes, now with %d: an id keeps its first size", id, s.bytes, n)
 			}
 			addr = s.addr
 		}

@@ -11,6 +11,7 @@ import (
 	"math"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -255,7 +256,9 @@ func TestNewPoolMismatch(t *testing.T) {
 
 // TestNewPoolGroupMismatch starts rank 0 in one group and rank 1 in
 // another: the group names a namespace, so they cannot meet, but both time
-// out with an error naming both groups.
+// out with an error naming both groups. It wraps ErrTimeout only: a rank
+// number is in several groups of a store (two tensor-parallel groups), so
+// the other group is a hint, not a proven disagreement.
 func TestNewPoolGroupMismatch(t *testing.T) {
 	st := rendezvous.NewMemStore()
 	groups := []string{uniqueGroup(t) + "-tp", uniqueGroup(t) + "-dp"}
@@ -269,9 +272,9 @@ func TestNewPoolGroupMismatch(t *testing.T) {
 		return err
 	})
 	for r, err := range errs {
-		if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrMismatch) ||
+		if !errors.Is(err, ErrTimeout) || errors.Is(err, ErrMismatch) ||
 			!strings.Contains(err.Error(), groups[0]) || !strings.Contains(err.Error(), groups[1]) {
-			t.Errorf("rank %d: %v; want a timeout and a mismatch naming both groups", r, err)
+			t.Errorf("rank %d: %v; want a timeout (not a mismatch) naming both groups", r, err)
 		}
 	}
 }
@@ -701,5 +704,154 @@ func TestServerRefusals(t *testing.T) {
 		for _, f := range files {
 			f.Close()
 		}
+	}
+}
+
+// formAndMeet forms group on every rank of st and rendezvouses one buffer:
+// a pool that formed with a stale peer fails here.
+func formAndMeet(st rendezvous.Store, group string, world int, timeout time.Duration) []error {
+	return onRanks(world, func(r int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		p, err := NewPool(ctx, Config{Group: group, Rank: r, WorldSize: world, Store: st})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		b, err := p.Alloc(4096)
+		if err != nil {
+			return err
+		}
+		_, err = p.Rendezvous(ctx, b)
+		return err
+	})
+}
+
+// TestNewPoolRetryAfterTimeout: rank 1 forms alone and times out; then
+// every rank calls NewPool again on the same store and group: the pool
+// forms and works. (Before, rank 1's timed-out entry stayed at its
+// generation, rank 0 formed from it, a pool with a closed socket, and rank
+// 1 waited for an entry rank 0 would never write.)
+func TestNewPoolRetryAfterTimeout(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	group := uniqueGroup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_, err := NewPool(ctx, Config{Group: group, Rank: 1, WorldSize: 2, Store: st})
+	cancel()
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("rank 1 alone: %v; want a timeout", err)
+	}
+	for attempt := range 2 {
+		for r, err := range formAndMeet(st, group, 2, 5*time.Second) {
+			if err != nil {
+				t.Errorf("attempt %d, rank %d: %v", attempt, r, err)
+			}
+		}
+	}
+}
+
+// TestNewPoolStaleEntry: rank 0 reads an entry of rank 1 left by an earlier
+// NewPool (as when rank 1 gave up at the moment rank 0 read it), then rank
+// 1 forms afresh: both fail with ErrMismatch saying so, instead of rank 0
+// holding a pool whose peer is gone; called again, both form.
+func TestNewPoolStaleEntry(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	group := uniqueGroup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stale := poolInfo{World: 2, Channels: DefaultChannels, Backend: "host", Sock: "@collgen-symm-gone", Nonce: "stale"}
+	if err := st.Set(ctx, "collgen/symm/"+group+"/pool/1/r1", mustJSON(stale)); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p, err := NewPool(ctx, Config{Group: group, Rank: 0, WorldSize: 2, Store: st, Timeout: 5 * time.Second})
+		if err == nil {
+			p.Close()
+		}
+		errs[0] = err
+	}()
+	// Rank 1 comes once rank 0 has read the stale entry and waits in the
+	// second round.
+	if err := st.Wait(ctx, "collgen/symm/"+group+"/pool/1/r0"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	p, err := NewPool(ctx, Config{Group: group, Rank: 1, WorldSize: 2, Store: st, Timeout: 5 * time.Second})
+	if err == nil {
+		p.Close()
+	}
+	errs[1] = err
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "earlier NewPool") {
+			t.Errorf("rank %d: %v; want ErrMismatch naming an earlier NewPool's entry", r, err)
+		}
+	}
+	for r, err := range formAndMeet(st, group, 2, 5*time.Second) {
+		if err != nil {
+			t.Errorf("again, rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestRefusalsAreTyped: every refusal of an argument wraps
+// ErrInvalidArgument, and nothing is left open.
+func TestRefusalsAreTyped(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	ctx := context.Background()
+	for _, cfg := range []Config{
+		{Group: "g", Rank: 0, WorldSize: 1},
+		{Rank: 0, WorldSize: 1, Store: st},
+		{Group: "g", Rank: 0, WorldSize: 0, Store: st},
+		{Group: "g", Rank: 0, WorldSize: 1 << 62, Store: st},
+		{Group: "g", Rank: 0, WorldSize: MaxWorldSize + 1, Store: st},
+		{Group: "g", Rank: 2, WorldSize: 2, Store: st},
+		{Group: "g", Rank: 0, WorldSize: 1, Channels: -1, Store: st},
+		{Group: "g", Rank: 0, WorldSize: 1, Timeout: -time.Second, Store: st},
+	} {
+		if _, err := NewPool(ctx, cfg); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("NewPool(%+v): %v; want ErrInvalidArgument", cfg, err)
+		}
+	}
+	p := newPools(t, 1, nil)[0]
+	for _, n := range []int{0, -1, MaxAllocBytes + 1, 1 << 62} {
+		if _, err := p.Alloc(n); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Alloc(%d): %v; want ErrInvalidArgument", n, err)
+		}
+	}
+	b, err := p.AllocPersistent(4096, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AllocPersistent(4096, 7); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("AllocPersistent of a live id: %v; want ErrInvalidArgument", err)
+	}
+	h, err := p.Rendezvous(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+	}{
+		{"peer 1", h.PutSignal(Now, 1, 0, 0)},
+		{"peer -1", h.WaitSignal(Now, -1, 0, 0)},
+		{"channel 64", h.Barrier(Now, DefaultChannels, 0)},
+		{"negative timeout", h.WaitSignal(Now, 0, 0, -time.Hour)},
+		{"negative barrier timeout", h.Barrier(Now, 0, -time.Nanosecond)},
+	} {
+		if !errors.Is(c.err, ErrInvalidArgument) {
+			t.Errorf("%s: %v; want ErrInvalidArgument", c.name, c.err)
+		}
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AllocPersistent(8192, 7); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("AllocPersistent with another size: %v; want ErrInvalidArgument", err)
 	}
 }
