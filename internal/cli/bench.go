@@ -24,6 +24,7 @@ import (
 	"github.com/collgen/collgen/bench/hostbench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/internal/meminfo"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/launch"
@@ -292,7 +293,7 @@ func (o *BenchOptions) planHost(io *IO) (int, error) {
 		return 0, usageError(fmt.Errorf("bench: %w", err))
 	}
 	per := hostbench.Bytes(sw, cases, o.World)
-	if avail := memAvailable(); avail > 0 && per*int64(o.World) > avail {
+	if avail, ok := meminfo.Available(); ok && per*int64(o.World) > avail {
 		with := ""
 		if o.Check {
 			with = ", --check's reference inputs included"
@@ -301,25 +302,6 @@ func (o *BenchOptions) planHost(io *IO) (int, error) {
 			bench.FormatBytes(per), bench.FormatBytes(per*int64(o.World)), o.World, with, bench.FormatBytes(avail)))
 	}
 	return len(cases), nil
-}
-
-// memAvailable returns /proc/meminfo's MemAvailable in bytes, or 0 where
-// there is none.
-func memAvailable() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 // typed converts flag values, checked by validate, to coll's names.

@@ -422,9 +422,10 @@ func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype col
 }
 
 // Alloc returns a symmetric device buffer of the given size: every rank
-// allocates one in the same call (it is collective), and all-reduce and
-// reduce-scatter calls whose input lies in such a buffer read it in place
-// instead of copying it into the staging buffer (zero-copy). The choice is
+// allocates one in the same call (it is collective), and all-reduce,
+// reduce-scatter and all-gather calls whose input lies in such a buffer
+// read it in place instead of copying it into the staging buffer
+// (zero-copy). The choice is
 // made per call from the input address and is not agreed through the store,
 // so every rank must pass a symmetric input (at the same offset) in the
 // same calls: a call where some ranks do and others do not runs kernels

@@ -3,6 +3,7 @@
 package symm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -30,12 +31,18 @@ type Buffer struct {
 	id         uint64
 	persistent bool
 
-	// mu is held for writing by Free and Rendezvous, and for reading by
-	// signal operations, so Free never unmaps memory a signal operation
-	// of this process is touching.
-	mu    sync.RWMutex
-	chunk Chunk
-	freed bool
+	// mu is held for writing by Free and by Rendezvous to start and to
+	// finish (never while it waits for peers), and for reading by signal
+	// operations, so Free never unmaps memory a signal operation of this
+	// process is touching.
+	mu      sync.RWMutex
+	chunk   Chunk
+	freed   bool
+	byClose bool // freed by the pool's Close
+	// rdv serialises Rendezvous calls on the buffer; cancelRdv (under mu)
+	// ends the one waiting for peers, for Free and Close.
+	rdv       sync.Mutex
+	cancelRdv context.CancelCauseFunc
 	// handle is set once, under mu, by the first Rendezvous, and read
 	// without a lock (Handle runs on every collective's zero-copy check).
 	// It stays set after Free; the Handle then reports ErrFreed.
@@ -75,14 +82,31 @@ func (b *Buffer) Handle() *Handle { return b.handle.Load() }
 
 // Free releases this rank's hold on the buffer (see the type's comment)
 // and removes it from Lookup. The buffer and its Handle report ErrFreed
-// afterwards, and a persistent id becomes free for AllocPersistent.
-func (b *Buffer) Free() error {
+// afterwards (and ErrClosed too once the pool's Close freed it), and a
+// persistent id becomes free for AllocPersistent. A Rendezvous of the
+// buffer still waiting for peers ends at once with ErrFreed. The Handle's
+// addresses (BufferPtrs, SignalPadPtrs, Peer, the device arrays) are no
+// longer mapped in this process after Free.
+func (b *Buffer) Free() error { return b.free(false) }
+
+// free is Free, and Close's free of a live buffer (byClose).
+func (b *Buffer) free(byClose bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {
+		if b.byClose {
+			return b.freedErr("free")
+		}
 		return fmt.Errorf("%w: the buffer at %#x was already freed", ErrFreed, b.addr)
 	}
-	b.freed = true
+	b.freed, b.byClose = true, byClose
+	if b.cancelRdv != nil {
+		cause := ErrFreed
+		if byClose {
+			cause = ErrClosed
+		}
+		b.cancelRdv(cause)
+	}
 	unregister(b)
 	var errs []error
 	if h := b.handle.Load(); h != nil {
@@ -101,4 +125,17 @@ func (b *Buffer) Free() error {
 	}
 	p.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// freedErr is the error of an operation (what) on a freed buffer, nil if
+// it is not freed; b.mu is held. It wraps ErrFreed, and ErrClosed when the
+// pool's Close freed it.
+func (b *Buffer) freedErr(what string) error {
+	switch {
+	case !b.freed:
+		return nil
+	case b.byClose:
+		return &tagged{msg: fmt.Sprintf("symm: %s of the buffer at %#x: its pool is closed", what, b.addr), is: []error{ErrClosed, ErrFreed}}
+	}
+	return fmt.Errorf("%w: %s of the buffer at %#x", ErrFreed, what, b.addr)
 }

@@ -150,6 +150,9 @@ type cudaChunk struct {
 // device): a signal pad must read 0 before any stream can signal on it.
 func (b *CUDABackend) Create(addr uintptr, size int) (Chunk, error) {
 	h, err := b.dev.MemCreate(size)
+	if errors.Is(err, cuda.ErrorOutOfMemory) {
+		return nil, &tagged{msg: fmt.Sprintf("symm: %v: %d bytes of device memory: %v", b.dev, size, err), is: []error{ErrNoMemory, err}}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,18 @@ var ErrClosed = errors.New("symm: pool closed")
 // ErrFreed is wrapped by operations on a freed Buffer or its Handle.
 var ErrFreed = errors.New("symm: buffer freed")
 
+// ErrNoMemory is wrapped by Alloc and AllocPersistent when the memory is
+// not there: on the host twin, more than the process has left (its
+// memory cgroup and MemAvailable), checked before any is taken; on GPUs,
+// the driver's out-of-memory.
+var ErrNoMemory = errors.New("symm: out of memory")
+
+// ErrBroken is wrapped by Rendezvous on a pool where an earlier Rendezvous
+// failed other than by a disagreement (a missing rank, a cancelled ctx, a
+// store error): ranks may have parted at different steps, so the pool can
+// take no more collective steps. Close it and form a new one.
+var ErrBroken = errors.New("symm: pool broken")
+
 // ErrNotFromPool is wrapped by Rendezvous when the buffer was not
 // allocated by the pool it is given to.
 var ErrNotFromPool = errors.New("symm: buffer not from this pool")

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 	"unsafe"
 )
@@ -61,10 +62,18 @@ type rdvStatus struct{ Err string }
 // to anyone.
 //
 // Every rank checks every rank's buffer size; a mismatch fails on every
-// rank with an error naming both sizes (wrapping ErrMismatch). If any rank
-// cannot map a peer's memory, every rank fails with that rank's reason
-// and unmaps what it mapped. A buffer from another pool, or freed, is an
-// error (ErrNotFromPool, ErrFreed) without any collective step.
+// rank with an error naming both sizes (wrapping ErrMismatch), and the pool
+// stays usable. If any rank cannot map a peer's memory, every rank fails
+// with that rank's reason and unmaps what it mapped. A buffer from another
+// pool, or freed, is an error (ErrNotFromPool, ErrFreed) without any
+// collective step, and so is a closed pool (ErrClosed) or a broken one.
+//
+// A Rendezvous that fails otherwise (a rank that does not come in time, a
+// cancelled ctx, a store error, the buffer's Free or the pool's Close while
+// it waits, which end it at once with ErrFreed or ErrClosed) breaks the
+// pool: ranks may have parted at different steps, so every later
+// Rendezvous fails at once with ErrBroken naming the first failure.
+// Handles made before keep working; close the pool and form a new one.
 func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	if b == nil || b.pool != p {
 		return nil, fmt.Errorf("%w: group %q rank %d: pass a buffer this pool allocated (Lookup finds the buffer of a pointer)", ErrNotFromPool, p.cfg.Group, p.cfg.Rank)
@@ -73,64 +82,106 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	// not wait for them. The handle stays set after Free (see Buffer), so
 	// freed is tested first.
 	b.mu.RLock()
-	freed, h := b.freed, b.handle.Load()
+	ferr, h := b.freedErr("rendezvous"), b.handle.Load()
 	b.mu.RUnlock()
-	if freed {
-		return nil, fmt.Errorf("%w: rendezvous on the buffer at %#x", ErrFreed, b.addr)
+	if ferr != nil {
+		return nil, ferr
 	}
 	if h != nil {
 		return h, nil
 	}
+	// One Rendezvous of the buffer at a time; b.mu is held only to start
+	// and to finish, so Free, Close, Bytes and signals never wait for
+	// peers (Free and Close end the collective through cancel).
+	b.rdv.Lock()
+	defer b.rdv.Unlock()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.freed {
-		return nil, fmt.Errorf("%w: rendezvous on the buffer at %#x", ErrFreed, b.addr)
+	if err := b.freedErr("rendezvous"); err != nil {
+		b.mu.Unlock()
+		return nil, err
 	}
 	if h := b.handle.Load(); h != nil {
+		b.mu.Unlock()
 		return h, nil // another goroutine's call finished first
 	}
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
-		return nil, ErrClosed
+	if err := p.usable(); err != nil {
+		b.mu.Unlock()
+		return nil, err
 	}
+	mine, f, err := p.share(b)
+	if err != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("symm: group %q rank %d: share the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
+	}
+	b.cancelRdv = cancel
+	p.rdvs.Add(1)
+	defer p.rdvs.Done()
+	b.mu.Unlock()
+
 	p.rdvMu.Lock()
 	defer p.rdvMu.Unlock()
 	p.rdvCount++
-	h, err := p.rendezvous(ctx, b)
+	h, err = p.rendezvous(ctx, b, mine, f)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cancelRdv = nil
+	if err == nil && b.freed {
+		// Free ran after the last step: peers hold their mappings of
+		// this rank's memory, as after any Free; this rank's go.
+		h.unmap()
+		err = b.freedErr("rendezvous")
+	}
 	if err != nil {
-		return nil, fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+			err = &tagged{msg: err.Error(), is: []error{err, cause}}
+		}
+		err = fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
+		if !errors.Is(err, ErrMismatch) || errors.Is(err, ErrTimeout) {
+			p.breakWith(err)
+		}
+		return nil, err
 	}
 	b.handle.Store(h)
 	return h, nil
 }
 
-// rendezvous is Rendezvous's collective part; b.mu and p.rdvMu are held.
-func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
-	ctx, cancel := p.bound(ctx)
-	defer cancel()
-	rank, world := p.cfg.Rank, p.cfg.WorldSize
+// share makes what this rank publishes for b, and the descriptor peers of
+// other processes pull: its export (owned by the caller) and, with a
+// LocalSharer backend, its token for peers of this process. b.mu is held.
+func (p *Pool) share(b *Buffer) (rdvInfo, *os.File, error) {
+	mine := rdvInfo{Bytes: b.size, Chunk: b.chunkSize}
 	f, err := b.chunk.Export()
 	if err != nil {
-		return nil, err
+		return mine, nil, err
 	}
-	// Offered before publishing, withdrawn (and closed) after the second
-	// exchange: by then every rank has pulled it or given up.
-	seq := p.offer(f)
-	defer p.withdraw(seq)
-
-	mine := rdvInfo{Bytes: b.size, Chunk: b.chunkSize, Seq: seq}
-	local, _ := p.be.(LocalSharer)
-	if local != nil {
+	if local, ok := p.be.(LocalSharer); ok {
 		tok, err := local.ShareLocal(b.chunk)
 		if err != nil {
-			return nil, err
+			f.Close()
+			return mine, nil, err
 		}
 		mine.Proc, mine.Local = procID, tok
 	}
+	return mine, f, nil
+}
+
+// rendezvous is Rendezvous's collective part: it offers f (and closes it),
+// exchanges mine, maps every peer and agrees on the outcome. p.rdvMu and
+// b.rdv are held, b.mu is not: it reads only b's fixed fields.
+func (p *Pool) rendezvous(ctx context.Context, b *Buffer, mine rdvInfo, f *os.File) (*Handle, error) {
+	ctx, cancel := p.bound(ctx)
+	defer cancel()
+	rank, world := p.cfg.Rank, p.cfg.WorldSize
+	// Offered before publishing, withdrawn (and closed) after the second
+	// exchange: by then every rank has pulled it or given up.
+	mine.Seq = p.offer(f)
+	defer p.withdraw(mine.Seq)
+	local, _ := p.be.(LocalSharer)
 	infos := make([]rdvInfo, world)
-	_, _, err = exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
+	_, _, err := exchange(ctx, p.cfg.Store, p.ns+"rdv/", rank, world, mustJSON(mine), func(r int, raw []byte) error {
 		var in rdvInfo
 		if err := json.Unmarshal(raw, &in); err != nil {
 			return fmt.Errorf("rank %d's entry: %w", r, err)
@@ -150,31 +201,9 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		return nil, err
 	}
 
-	maps := make([]Mapping, world)
-	unmapAll := func() {
-		for _, m := range maps {
-			if m != nil {
-				m.Unmap()
-			}
-		}
-	}
-	var failed error
-	for r := range world {
-		if r == rank {
-			continue
-		}
-		var m Mapping
-		if local != nil && infos[r].Proc == procID {
-			m, err = local.ImportLocal(infos[r].Local, b.chunkSize)
-		} else {
-			m, err = p.pull(ctx, r, infos[r].Seq, b.chunkSize)
-		}
-		if err != nil {
-			failed = fmt.Errorf("map rank %d's memory: %w", r, err)
-			break
-		}
-		maps[r] = m
-	}
+	h := &Handle{buf: b, rank: rank, world: world, channels: p.cfg.Channels, timeout: p.cfg.Timeout,
+		ptrs: make([]uintptr, world), pads: make([]uintptr, world), maps: make([]Mapping, world)}
+	failed := p.mapPeers(ctx, b, h, infos, local)
 	if testHook != nil {
 		testHook(rank, "rdv:mapped")
 	}
@@ -199,16 +228,38 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		err = theirs
 	}
 	if err != nil {
-		unmapAll()
+		h.unmap()
 		return nil, err
 	}
+	return h, nil
+}
 
-	h := &Handle{buf: b, rank: rank, world: world, channels: p.cfg.Channels, timeout: p.cfg.Timeout,
-		ptrs: make([]uintptr, world), pads: make([]uintptr, world), maps: maps}
-	for r := range world {
+// mapPeers maps every peer's chunk into h (through ImportLocal for peers
+// of this process, else the descriptor pulled from the peer's server),
+// fills its address arrays, and copies them to the device where the
+// backend keeps device memory, all before the ranks report their outcome:
+// any failure here fails every rank.
+func (p *Pool) mapPeers(ctx context.Context, b *Buffer, h *Handle, infos []rdvInfo, local LocalSharer) error {
+	for r := range h.world {
+		if r == h.rank {
+			continue
+		}
+		var m Mapping
+		var err error
+		if local != nil && infos[r].Proc == procID {
+			m, err = local.ImportLocal(infos[r].Local, b.chunkSize)
+		} else {
+			m, err = p.pull(ctx, r, infos[r].Seq, b.chunkSize)
+		}
+		if err != nil {
+			return fmt.Errorf("map rank %d's memory: %w", r, err)
+		}
+		h.maps[r] = m
+	}
+	for r := range h.world {
 		base := b.addr
-		if r != rank {
-			base = maps[r].Addr()
+		if r != h.rank {
+			base = h.maps[r].Addr()
 		}
 		h.ptrs[r] = base
 		h.pads[r] = base + uintptr(b.padOff)
@@ -220,17 +271,17 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		}{{&h.ptrsDev, h.ptrs}, {&h.padsDev, h.pads}} {
 			addr, free, err := dm.DeviceArray(a.src)
 			if err != nil {
-				h.unmap()
-				return nil, fmt.Errorf("copy the pointer arrays to the device: %w", err)
+				return fmt.Errorf("copy the pointer arrays to the device: %w", err)
 			}
 			*a.dst = addr
 			h.freeDev = append(h.freeDev, free)
 		}
 	}
-	return h, nil
+	return nil
 }
 
-// unmap drops the peer mappings; the buffer's write lock is held.
+// unmap drops the peer mappings and the device arrays; no one else uses
+// them (the buffer's write lock is held, or h was never handed out).
 func (h *Handle) unmap() error {
 	var errs []error
 	for _, free := range h.freeDev {
@@ -376,8 +427,8 @@ func (h *Handle) word(owner, ch, sender int) uintptr {
 func (h *Handle) signal(o Ordering, op *SignalOp) error {
 	h.buf.mu.RLock()
 	defer h.buf.mu.RUnlock()
-	if h.buf.freed {
-		return fmt.Errorf("%w: signal %s on the buffer at %#x", ErrFreed, op.Kind, h.buf.addr)
+	if err := h.buf.freedErr("signal " + op.Kind.String()); err != nil {
+		return err
 	}
 	return h.buf.pool.be.Signal(o, op)
 }

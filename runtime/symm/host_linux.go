@@ -8,6 +8,8 @@ import (
 	"os"
 	"syscall"
 	"unsafe"
+
+	"github.com/collgen/collgen/internal/meminfo"
 )
 
 // memfd_create(2) and fcntl(2) sealing constants (the syscall package
@@ -121,6 +123,13 @@ func (b hostBackend) Create(addr uintptr, size int) (Chunk, error) {
 	// memfd inodes start out 0777; peers refuse anything but 0600.
 	if err := syscall.Fchmod(fd, 0o600); err != nil {
 		return fail(fmt.Errorf("symm: host: chmod memfd: %w", err))
+	}
+	// A memfd is bounded by no file system: fallocate of more than the
+	// process can take wakes the OOM killer instead of failing. Refuse
+	// what is plainly beyond what is left (a snapshot; others may take
+	// memory meanwhile, and then fallocate or the OOM killer decides).
+	if avail, ok := meminfo.Available(); ok && int64(size) > avail {
+		return fail(fmt.Errorf("%w: symm: host: %d bytes of shared memory asked, %d left to this process (MemAvailable and its memory cgroup)", ErrNoMemory, size, avail))
 	}
 	// Reserve the pages now, so a full memory cgroup or shmem limit fails
 	// here instead of with SIGBUS on first touch.

@@ -94,6 +94,11 @@ type Pool struct {
 
 	mu      sync.Mutex
 	closed  bool
+	broken  error // the Rendezvous failure that broke the pool (ErrBroken)
+	// rdvs counts the Rendezvous calls past their start (Add under the
+	// buffer's mu, before Close can free it), so Close returns only once
+	// the ones it cancelled have let go of everything.
+	rdvs sync.WaitGroup
 	live    map[*Buffer]struct{}
 	persist map[uint64]*slot
 
@@ -237,6 +242,29 @@ func sameEntries(ctx context.Context, cfg Config, nonce0 string, entries [][]byt
 	return err
 }
 
+// usable returns ErrClosed for a closed pool and an ErrBroken error for a
+// broken one.
+func (p *Pool) usable() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return ErrClosed
+	case p.broken != nil:
+		return &tagged{msg: fmt.Sprintf("symm: group %q rank %d: pool broken by an earlier failure (%v); close it and form a new one", p.cfg.Group, p.cfg.Rank, p.broken), is: []error{ErrBroken}}
+	}
+	return nil
+}
+
+// breakWith marks the pool broken by err, the first such failure.
+func (p *Pool) breakWith(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken == nil {
+		p.broken = err
+	}
+}
+
 // procID tells this process apart from every other (a random id made at
 // start-up: process ids are reused, and containers share them). Ranks of
 // one process map each other's chunks through LocalSharer when the backend
@@ -365,9 +393,12 @@ func (p *Pool) Alloc(n int) (*Buffer, error) { return p.alloc(n, 0, false) }
 // AllocPersistent allocates like Alloc, at an address that is the same
 // for every allocation under id: the first one reserves an address range
 // that the pool keeps until Close, and later ones (after Free) map new
-// memory at the same address, so pointers captured in a CUDA graph stay
-// valid. It fails if the id's buffer is still live, or if n differs from
-// the id's first size (naming both).
+// memory at the same address, so this rank's pointers to the buffer and
+// its signal pad, captured in a CUDA graph, stay valid. Peers' addresses
+// (Handle.BufferPtrs, Peer, the device arrays) are those of each
+// Rendezvous: read them again after it. It fails (ErrInvalidArgument) if
+// the id's buffer is still live, or if n differs from the id's first size
+// (naming both).
 func (p *Pool) AllocPersistent(n int, id uint64) (*Buffer, error) { return p.alloc(n, id, true) }
 
 // MaxAllocBytes is the largest buffer Alloc and AllocPersistent take
@@ -429,7 +460,9 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 // Close frees every live buffer (as Free), releases the persistent
 // reservations, stops serving descriptors and closes the socket. It is
 // local and does not wait for peers: memory they still map lives on until
-// they free it. A second Close does nothing.
+// they free it, and a Rendezvous of this rank still waiting for them ends
+// at once with ErrClosed (Close returns once it has let go). A second
+// Close does nothing.
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -444,10 +477,11 @@ func (p *Pool) Close() error {
 	p.mu.Unlock()
 	var errs []error
 	for _, b := range bufs {
-		if err := b.Free(); err != nil && !errors.Is(err, ErrFreed) {
+		if err := b.free(true); err != nil && !errors.Is(err, ErrFreed) {
 			errs = append(errs, err)
 		}
 	}
+	p.rdvs.Wait()
 	p.mu.Lock()
 	for id, s := range p.persist {
 		errs = append(errs, p.be.Release(s.addr, s.chunk))

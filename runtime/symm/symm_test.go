@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/collgen/collgen/runtime/fdpass"
+	"github.com/collgen/collgen/internal/meminfo"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -854,4 +855,171 @@ func TestRefusalsAreTyped(t *testing.T) {
 	if _, err := p.AllocPersistent(8192, 7); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("AllocPersistent with another size: %v; want ErrInvalidArgument", err)
 	}
+}
+
+// waitingRendezvous starts rank 0's Rendezvous of a pool of world 2 whose
+// rank 1 never calls, and returns rank 0's pool, buffer and the call's
+// result channel once the call is waiting for rank 1.
+func waitingRendezvous(t *testing.T) (*Pool, *Buffer, chan error) {
+	t.Helper()
+	pools := newPools(t, 2, func(r int, c *Config) { c.Timeout = 10 * time.Second })
+	b, err := pools[0].Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := pools[0].Rendezvous(context.Background(), b)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // into the wait for rank 1's entry
+	return pools[0], b, done
+}
+
+// within fails t unless fn returns within d, and returns how long it took.
+func within(t *testing.T, what string, d time.Duration, fn func()) {
+	t.Helper()
+	start := time.Now()
+	fn()
+	if took := time.Since(start); took > d {
+		t.Errorf("%s took %v while a Rendezvous waited for a peer; want under %v", what, took, d)
+	}
+}
+
+// TestRendezvousWaitHoldsNothing: while a Rendezvous waits for a peer that
+// never comes, Bytes returns at once; Free returns at once and ends the
+// Rendezvous with ErrFreed; Close does the same with ErrClosed. (Before,
+// each waited for the Rendezvous's whole timeout: it held the buffer's
+// lock across the collective.)
+func TestRendezvousWaitHoldsNothing(t *testing.T) {
+	t.Run("Bytes", func(t *testing.T) {
+		p, b, done := waitingRendezvous(t)
+		within(t, "Bytes", time.Second, func() {
+			if len(b.Bytes()) != 4096 {
+				t.Error("Bytes: wrong length")
+			}
+		})
+		within(t, "Close", time.Second, func() { p.Close() })
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Errorf("Rendezvous: %v; want ErrClosed", err)
+		}
+	})
+	t.Run("Free", func(t *testing.T) {
+		p, b, done := waitingRendezvous(t)
+		within(t, "Free", time.Second, func() {
+			if err := b.Free(); err != nil {
+				t.Errorf("Free: %v", err)
+			}
+		})
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrFreed) || errors.Is(err, ErrClosed) {
+				t.Errorf("Rendezvous: %v; want ErrFreed", err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("the Rendezvous did not end after Free")
+		}
+		// The pool is broken now: ranks parted at different steps.
+		b2, err := p.Alloc(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Rendezvous(context.Background(), b2); !errors.Is(err, ErrBroken) || !strings.Contains(err.Error(), "freed") {
+			t.Errorf("a later Rendezvous: %v; want ErrBroken naming the first failure", err)
+		}
+	})
+	t.Run("Close", func(t *testing.T) {
+		p, b, done := waitingRendezvous(t)
+		within(t, "Close", time.Second, func() {
+			if err := p.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Errorf("Rendezvous: %v; want ErrClosed", err)
+		}
+		if err := b.Free(); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrFreed) {
+			t.Errorf("Free after Close: %v; want ErrClosed and ErrFreed", err)
+		}
+		if _, err := p.Rendezvous(context.Background(), b); !errors.Is(err, ErrClosed) {
+			t.Errorf("Rendezvous after Close: %v; want ErrClosed", err)
+		}
+	})
+}
+
+// TestRendezvousTimeoutBreaksPool: a Rendezvous whose peer does not come in
+// time breaks the pool (every later one fails at once with ErrBroken), while
+// a size disagreement leaves it usable.
+func TestRendezvousTimeoutBreaksPool(t *testing.T) {
+	pools := newPools(t, 2, nil)
+	sizes := []int{4096, 8192}
+	errs := onRanks(2, func(r int) error {
+		b, err := pools[r].Alloc(sizes[r])
+		if err != nil {
+			return err
+		}
+		_, err = pools[r].Rendezvous(context.Background(), b)
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) {
+			t.Fatalf("rank %d: %v; want ErrMismatch", r, err)
+		}
+	}
+	errs = onRanks(2, func(r int) error {
+		b, err := pools[r].Alloc(4096)
+		if err != nil {
+			return err
+		}
+		_, err = pools[r].Rendezvous(context.Background(), b)
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("after the mismatch, rank %d: %v; want the pool usable", r, err)
+		}
+	}
+	b, err := pools[0].Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := pools[0].Rendezvous(ctx, b); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("rank 0 alone: %v; want a timeout", err)
+	}
+	start := time.Now()
+	if _, err := pools[0].Rendezvous(context.Background(), b); !errors.Is(err, ErrBroken) || !strings.Contains(err.Error(), "missing rank 1") {
+		t.Errorf("again: %v; want ErrBroken naming the timeout", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("the broken pool's Rendezvous took %v; want it at once", d)
+	}
+}
+
+// TestAllocBeyondMemory: the host twin refuses an allocation larger than
+// what the process has left with ErrNoMemory, before taking any (a memfd
+// has no size limit of its own: fallocate of it woke the OOM killer, which
+// killed the process instead of failing the call).
+func TestAllocBeyondMemory(t *testing.T) {
+	avail, ok := meminfo.Available()
+	if !ok {
+		t.Skip("no MemAvailable or memory cgroup to read")
+	}
+	p := newPools(t, 1, nil)[0]
+	n := int(min(avail+1<<30, MaxAllocBytes))
+	b, err := p.Alloc(n)
+	if err == nil {
+		b.Free()
+		t.Fatalf("Alloc(%d) with %d bytes available succeeded", n, avail)
+	}
+	if !errors.Is(err, ErrNoMemory) || !strings.Contains(err.Error(), "left to this process") {
+		t.Fatalf("Alloc(%d): %v; want ErrNoMemory", n, err)
+	}
+	// Nothing is left behind: the pool allocates as before.
+	b, err = p.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Free()
 }
