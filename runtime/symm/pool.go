@@ -92,13 +92,13 @@ type Pool struct {
 	rdvMu    sync.Mutex
 	rdvCount int
 
-	mu      sync.Mutex
-	closed  bool
-	broken  error // the Rendezvous failure that broke the pool (ErrBroken)
+	mu     sync.Mutex
+	closed bool
+	broken error // the Rendezvous failure that broke the pool (ErrBroken)
 	// rdvs counts the Rendezvous calls past their start (Add under the
 	// buffer's mu, before Close can free it), so Close returns only once
 	// the ones it cancelled have let go of everything.
-	rdvs sync.WaitGroup
+	rdvs    sync.WaitGroup
 	live    map[*Buffer]struct{}
 	persist map[uint64]*slot
 

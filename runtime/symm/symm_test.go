@@ -17,8 +17,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/collgen/collgen/runtime/fdpass"
 	"github.com/collgen/collgen/internal/meminfo"
+	"github.com/collgen/collgen/runtime/fdpass"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
