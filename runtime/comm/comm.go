@@ -217,7 +217,8 @@ func (o Options) ctx() context.Context {
 type Communicator struct {
 	cfg    Config
 	base   string // store keys of the group name: "collgen/comm/<group>/"
-	prefix string // store keys of this formation: base + "<nonce>/"
+	id     string // this formation's nonce
+	prefix string // store keys of this formation: base + id + "/"
 	record []byte // the world record this formation was made under
 	b      backend
 	gpu    *gpuComm // nil on the host backend and across hosts
@@ -303,26 +304,32 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	} else if on {
 		c.check = &checker{}
 	}
+	hostCfg := host.Config{Rank: cfg.Rank, World: cfg.WorldSize, Store: cfg.Store,
+		Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout}
 	if cfg.Device == Host {
 		// host.New only checks its configuration (set-up is lazy), so it
 		// runs before the group forms: a bad one fails at once.
-		g, err := host.New(ctx, host.Config{Rank: cfg.Rank, World: cfg.WorldSize, Store: cfg.Store,
-			Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout})
-		if err != nil {
+		if _, err := host.New(ctx, hostCfg); err != nil {
 			return nil, errorf(ErrInvalidArgument, "comm: rank %d: %w", cfg.Rank, err)
 		}
-		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize}
 	}
 	if err := c.form(ctx); err != nil {
-		if c.b != nil {
-			c.b.close()
-		}
 		return nil, err
 	}
 	if c.layout.multi() {
 		return c.spanHosts(ctx, open)
 	}
-	if cfg.Device != Host {
+	if cfg.Device == Host {
+		// The host group's keys live under this formation's id: the store
+		// still holds an earlier formation's of the same name (its nonce,
+		// created and mapped marks), which a new set-up must not meet.
+		hostCfg.Group = cfg.Group + "/" + c.id
+		g, err := host.New(ctx, hostCfg)
+		if err != nil {
+			return nil, errors.Join(errorf(ErrInvalidArgument, "comm: rank %d: %w", cfg.Rank, err), c.leave())
+		}
+		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize}
+	} else {
 		g, err := newGPU(ctx, cfg, c.prefix, open)
 		if err != nil {
 			// Give up the claim, so the group name can be formed again.

@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -365,5 +366,50 @@ func TestHostErrorsMatchSentinels(t *testing.T) {
 	}
 	if err := AllReduceSlice(comms[0], []float32{1}, []float32{1}, coll.Sum, Options{}); !errors.Is(err, ErrAborted) {
 		t.Errorf("after the failure: %v, want ErrAborted (the group is broken)", err)
+	}
+}
+
+// TestHostReformSameName: a host group is formed, used and closed three
+// times under one name on one store, with goroutine ranks in process
+// memory and with POSIX segments: every round's collective is right.
+// (Before, the host group's store keys had no formation id: the second
+// round met the first one's nonce and created/mapped marks, skipped its
+// barriers and mapped segments that were gone or not yet sized.)
+func TestHostReformSameName(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			store := rendezvous.NewMemStore()
+			for round := range 3 {
+				comms := make([]*Communicator, 2)
+				errs := make([]error, 2)
+				var wg sync.WaitGroup
+				for r := range comms {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						comms[r], errs[r] = New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, HostShared: shared,
+							Store: store, Library: collectives.Library, Group: "same", Timeout: 5 * time.Second})
+					}()
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				outs := make([][]float32, 2)
+				err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+					outs[r] = []float32{float32(round), float32(r + 1)}
+					return AllReduceSlice(c, outs[r], outs[r], coll.Sum, Options{})
+				})...)
+				closeAll(t, comms)
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				for r, o := range outs {
+					if o[0] != float32(2*round) || o[1] != 3 {
+						t.Errorf("round %d, rank %d: %v; want [%d 3]", round, r, o, 2*round)
+					}
+				}
+			}
+		})
 	}
 }

@@ -66,7 +66,7 @@ func (c *Communicator) form(ctx context.Context) error {
 	if !ok {
 		return errorf(ErrMismatch, "comm: rank %d: store key %sworld holds %q, not a group record; is another program using group %q?", cfg.Rank, base, cur, cfg.Group)
 	}
-	c.base, c.prefix, c.record = base, base+id+"/", cur
+	c.base, c.id, c.prefix, c.record = base, id, base+id+"/", cur
 	if formed != ws {
 		return c.poison(ctx, fmt.Sprintf("rank %d has world size %d, but group %q was formed with world size %s; start every rank with the same world size",
 			cfg.Rank, cfg.WorldSize, cfg.Group, formed))
