@@ -77,8 +77,11 @@ type Config struct {
 	// kernels cannot run on the detected GPUs fails New on every rank
 	// (ErrUnsupported).
 	Topology string
-	// Timeout bounds every wait of a rank for a peer; a kernel that waits
-	// longer reports a timeout instead of hanging. Default DefaultTimeout.
+	// Timeout bounds every wait of a rank for a peer once the group has
+	// formed; a kernel that waits longer reports a timeout instead of
+	// hanging. Default DefaultTimeout. New's wait for every rank to join
+	// is bounded by its ctx's deadline instead, or, when ctx has none, by
+	// rendezvous.DefaultTimeout (5 minutes: processes start apart).
 	Timeout time.Duration
 	// StagingBytes sizes the registered staging buffer (GPU): each stage
 	// slot holds one area per kernel protocol (barrier, ll, ll128), and
@@ -254,7 +257,10 @@ type Communicator struct {
 // call it (goroutine ranks concurrently). Ranks agree through the store on
 // the world size, the rank set, the backend and the library before
 // anything is set up (an error wrapping ErrMismatch names both values),
-// then the backend sets up.
+// then the backend sets up. A rank that never calls New makes the others
+// fail with ErrTimeout naming it at ctx's deadline, or after
+// rendezvous.DefaultTimeout (5 minutes) when ctx has none: give ctx a
+// deadline to wait less.
 func New(ctx context.Context, cfg Config) (*Communicator, error) {
 	return newComm(ctx, cfg, openDevice)
 }

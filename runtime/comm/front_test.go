@@ -413,3 +413,26 @@ func TestHostReformSameName(t *testing.T) {
 		})
 	}
 }
+
+// TestNewMissingRankNamed: a rank that never calls New fails the others at
+// ctx's deadline with ErrTimeout naming it (not a store key).
+func TestNewMissingRankNamed(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			_, errs[r] = New(ctx, Config{Rank: r, WorldSize: 3, Device: Host, Store: store, Library: collectives.Library, Group: "nj"})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "missing ranks [2]") {
+			t.Errorf("rank %d: %v; want ErrTimeout naming rank 2", r, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -192,6 +193,9 @@ func (c *Communicator) waitJoined(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, rendezvous.DefaultTimeout)
 		defer cancel()
 	}
+	// seen marks the ranks whose claim some wait found: one that joined
+	// and gave up (leaving) before the deadline is not the one missing.
+	seen := make([]bool, len(keys))
 	for {
 		wctx, wcancel := context.WithTimeout(ctx, pollEvery)
 		err := cfg.Store.Wait(wctx, keys...)
@@ -199,15 +203,25 @@ func (c *Communicator) waitJoined(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
+		var we *rendezvous.WaitError
+		if errors.As(err, &we) {
+			for r, k := range keys {
+				if !slices.Contains(we.Missing, k) {
+					seen[r] = true
+				}
+			}
+		}
 		if perr := c.poisoned(ctx); perr != nil {
 			return perr
 		}
 		if ctx.Err() != nil {
-			var we *rendezvous.WaitError
-			missing := ""
-			if errors.As(err, &we) {
-				missing = fmt.Sprintf("; missing %q", we.Missing)
+			var ranks []int
+			for r := range keys {
+				if !seen[r] {
+					ranks = append(ranks, r)
+				}
 			}
+			missing := fmt.Sprintf("; missing ranks %v (never joined this store's group)", ranks)
 			return errorf(ErrTimeout, "comm: rank %d: group %q did not form: not every one of %d ranks joined in time%s: %w", cfg.Rank, cfg.Group, cfg.WorldSize, missing, ctx.Err())
 		}
 		if !errors.Is(err, rendezvous.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
