@@ -1,6 +1,8 @@
 package comm
 
 import (
+	"context"
+	"fmt"
 	"unsafe"
 
 	"github.com/collgen/collgen/coll"
@@ -70,6 +72,11 @@ func (c *Communicator) do(in call) error {
 	if c.closed.Load() {
 		// Before the debug check: peers of a closed rank are not calling.
 		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, in.collective)
+	}
+	if in.o.Context != nil && in.o.Context.Err() != nil {
+		// Take no part at all: half a collective (inputs offered, then
+		// the wait refused) could let peers finish while this rank fails.
+		return classify(fmt.Errorf("comm: rank %d: %s not started: its Options.Context is done: %w", c.cfg.Rank, in.collective, context.Cause(in.o.Context)))
 	}
 	var cl *call
 	if c.gpu != nil || c.hier != nil {

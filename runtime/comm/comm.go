@@ -203,7 +203,9 @@ type Options struct {
 	// Tag identifies a host collective across ranks (see host.Options).
 	Tag uint64
 	// Context bounds host-side waits and the debug check's exchange; nil
-	// means context.Background.
+	// means context.Background. A call whose Context is already done
+	// returns at once without taking part (ErrAborted when cancelled,
+	// ErrTimeout past its deadline), like a rank that did not call.
 	Context context.Context
 }
 

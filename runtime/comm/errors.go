@@ -36,7 +36,8 @@ var (
 	// ErrBusy: another goroutine is issuing a collective on the same GPU
 	// communicator; calls on one GPU communicator must not overlap.
 	ErrBusy = errors.New("comm: busy")
-	// ErrDevice: a CUDA driver, NVRTC or NCCL call failed.
+	// ErrDevice: a CUDA driver, NVRTC or NCCL call failed, or the host
+	// backend could not make its shared memory (a full /dev/shm).
 	ErrDevice = errors.New("comm: device error")
 )
 
@@ -86,6 +87,8 @@ func classify(err error) error {
 		kind = ErrClosed
 	case errors.Is(err, host.ErrPeerFailed), errors.Is(err, context.Canceled):
 		kind = ErrAborted
+	case errors.Is(err, host.ErrSharedMemory):
+		kind = ErrDevice
 	case errors.Is(err, host.ErrTimeout), errors.Is(err, rendezvous.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		kind = ErrTimeout
 	}

@@ -436,3 +436,57 @@ func TestNewMissingRankNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestHostAbortDuringSetup: rank 0's first collective waits in the host
+// backend's set-up for rank 1, which has not called yet; Abort from another
+// goroutine returns at once and the call fails with ErrAborted. (Before,
+// both waited for set-up's whole timeout.)
+func TestHostAbortDuringSetup(t *testing.T) {
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "abortsetup")
+	defer closeAll(t, comms)
+	done := make(chan error, 1)
+	go func() {
+		out := []float32{1}
+		done <- AllReduceSlice(comms[0], out, out, coll.Sum, Options{})
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	comms[0].Abort()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Abort took %v while set-up waited for a peer", d)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrAborted) {
+			t.Errorf("the call: %v; want ErrAborted", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the call did not return after Abort")
+	}
+}
+
+// TestCallWithDoneContext: a call whose context is already cancelled
+// returns at once on that rank without taking part, and the group stays
+// usable: the next call on every rank runs. (Before, the rank offered its
+// input and then failed the wait, so its peer finished the collective while
+// it broke its group.)
+func TestCallWithDoneContext(t *testing.T) {
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "donectx")
+	defer closeAll(t, comms)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out := []float32{1}
+	if err := AllReduceSlice(comms[0], out, out, coll.Sum, Options{Context: ctx}); !errors.Is(err, ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v; want ErrAborted wrapping context.Canceled", err)
+	}
+	outs := make([][]float32, 2)
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		outs[r] = []float32{float32(r + 1)}
+		return AllReduceSlice(c, outs[r], outs[r], coll.Sum, Options{})
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	if outs[0][0] != 3 || outs[1][0] != 3 {
+		t.Errorf("next call: %v; want 3 on both ranks", outs)
+	}
+}

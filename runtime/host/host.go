@@ -49,6 +49,10 @@ var (
 	// (unknown dtype or op, negative or overflowing count, buffers too
 	// small or misaligned, an algorithm the host cannot run).
 	ErrInvalidArgument = errors.New("host: invalid argument")
+	// ErrSharedMemory: this rank's segment could not be made (a full or
+	// missing /dev/shm, its name taken by another file, out of
+	// descriptors).
+	ErrSharedMemory = errors.New("host: shared memory")
 )
 
 // DefaultTimeout bounds every wait when neither Config.Timeout nor the
@@ -135,12 +139,16 @@ type Group struct {
 
 	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
 	ready   atomic.Bool
-	lay     layout
-	self    shm.Segment   // our segment, read-write
-	peers   []shm.Segment // by rank; peers[rank] == self
-	mems    [][]byte      // peers[i].Bytes(), cached
-	names   []string      // segment names by rank
-	pidNS   uint64
+	// cancelSetup (under cancelMu) ends the set-up in progress, for
+	// Close; nil when none runs.
+	cancelMu    sync.Mutex
+	cancelSetup context.CancelCauseFunc
+	lay         layout
+	self        shm.Segment   // our segment, read-write
+	peers       []shm.Segment // by rank; peers[rank] == self
+	mems        [][]byte      // peers[i].Bytes(), cached
+	names       []string      // segment names by rank
+	pidNS       uint64
 
 	schedMu sync.Mutex
 	scheds  map[schedKey]*prepared
@@ -260,12 +268,23 @@ func (g *Group) brokenErr() error {
 }
 
 // Close tells peers this rank has left (so a peer still waiting for it
-// fails fast), waits for this rank's collectives in flight, unmaps every
+// fails fast), ends a set-up in progress at once (its call returns
+// ErrClosed), waits for this rank's collectives in flight, unmaps every
 // segment and, if set-up never finished, unlinks whatever names it created.
-// Close is idempotent.
+// A rank that closes before its set-up finished says so through the store,
+// so peers waiting in theirs fail with ErrPeerFailed naming it instead of
+// timing out. Close is idempotent.
 func (g *Group) Close() error {
 	if !g.closed.CompareAndSwap(false, true) {
 		return nil
+	}
+	g.cancelMu.Lock()
+	if g.cancelSetup != nil {
+		g.cancelSetup(ErrClosed)
+	}
+	g.cancelMu.Unlock()
+	if !g.ready.Load() && g.broken.Load() == nil { // a set-up that failed decided already
+		g.markLeft()
 	}
 	g.active.Wait()
 	g.setupMu.Lock()

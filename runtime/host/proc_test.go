@@ -325,7 +325,8 @@ func TestStoppedRankTimesOut(t *testing.T) {
 
 // TestSquattedSegmentRefused pre-creates rank 0's segment name (the nonce
 // is forced through the store, as a squatter who learnt it would); set-up
-// must refuse it, leave the squatter's file alone and leave nothing else.
+// must refuse it, leave the squatter's file alone and leave nothing else;
+// rank 1 fails at once naming rank 0 (ErrPeerFailed), not at its deadline.
 func TestSquattedSegmentRefused(t *testing.T) {
 	const world = 2
 	group := uniqueGroup(t)
@@ -343,8 +344,8 @@ func TestSquattedSegmentRefused(t *testing.T) {
 	if !errors.Is(errs[0], shm.ErrExists) {
 		t.Errorf("rank 0: %v, want shm.ErrExists", errs[0])
 	}
-	if !errors.Is(errs[1], ErrTimeout) {
-		t.Errorf("rank 1: %v, want a timeout", errs[1])
+	if !errors.Is(errs[1], ErrPeerFailed) || !strings.Contains(errs[1].Error(), "ranks [0] left") {
+		t.Errorf("rank 1: %v, want ErrPeerFailed naming rank 0", errs[1])
 	}
 	if b, err := os.ReadFile(squat); err != nil || string(b) != "not yours" {
 		t.Errorf("squatter's file touched: %q %v", b, err)
@@ -394,5 +395,69 @@ func TestNoLeaksAfterClose(t *testing.T) {
 	}
 	if l := leftovers(t, group, 4); len(l) > 0 {
 		t.Errorf("left in /dev/shm: %v", l)
+	}
+}
+
+// TestCloseEndsSetup: rank 0's set-up waits for rank 1, who never sets up;
+// rank 0's Close (from another goroutine) returns at once and its set-up
+// fails with ErrClosed. (Before, Close waited for set-up's whole timeout.)
+func TestCloseEndsSetup(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			st := rendezvous.NewMemStore()
+			defer st.Close()
+			group := uniqueGroup(t)
+			g, err := New(context.Background(), Config{Rank: 0, World: 2, Store: st, Group: group, Shared: shared,
+				Library: testLibrary, Timeout: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- g.Setup(context.Background()) }()
+			time.Sleep(200 * time.Millisecond)
+			start := time.Now()
+			if err := g.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("Close took %v with set-up waiting for a peer", d)
+			}
+			if err := <-done; !errors.Is(err, ErrClosed) {
+				t.Errorf("Setup: %v; want ErrClosed", err)
+			}
+			if l := leftovers(t, group, 2); len(l) != 0 {
+				t.Errorf("left behind: %v", l)
+			}
+		})
+	}
+}
+
+// TestPeerClosedBeforeSetup: rank 1 closes its group without setting up;
+// rank 0's set-up fails at once with ErrPeerFailed naming it, not at its
+// deadline. So does a rank whose peer's own set-up step failed (see
+// TestSquattedSegmentRefused).
+func TestPeerClosedBeforeSetup(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	defer st.Close()
+	group := uniqueGroup(t)
+	mk := func(r int) *Group {
+		g, err := New(context.Background(), Config{Rank: r, World: 2, Store: st, Group: group, Library: testLibrary, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	g0, g1 := mk(0), mk(1)
+	defer g0.Close()
+	if err := g1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := g0.Setup(context.Background())
+	if !errors.Is(err, ErrPeerFailed) || !strings.Contains(err.Error(), "ranks [1] left") {
+		t.Errorf("rank 0's set-up: %v; want ErrPeerFailed naming rank 1", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("rank 0's set-up took %v", d)
 	}
 }

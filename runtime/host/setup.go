@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/shm"
@@ -55,16 +57,96 @@ func (g *Group) ensureSetup(ctx context.Context) error {
 	if err := g.brokenErr(); err != nil {
 		return err
 	}
-	if g.closed.Load() {
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g.cancelMu.Lock()
+	if g.closed.Load() { // checked under cancelMu: Close cancels after setting it
+		g.cancelMu.Unlock()
 		return ErrClosed
 	}
-	if err := g.setup(ctx); err != nil {
+	g.cancelSetup = cancel
+	g.cancelMu.Unlock()
+	err := g.setup(sctx)
+	g.cancelMu.Lock()
+	g.cancelSetup = nil
+	g.cancelMu.Unlock()
+	if err != nil {
+		if errors.Is(context.Cause(sctx), ErrClosed) {
+			err = fmt.Errorf("%w: set-up ended by Close: %w", ErrClosed, err)
+		}
 		err = fmt.Errorf("host: rank %d set-up of group %q: %w", g.cfg.Rank, g.cfg.Group, err)
 		g.fail(err)
+		if errors.Is(err, ErrClosed) || !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrPeerFailed) {
+			// This rank's own step failed, or Close ended it: peers still
+			// in set-up fail now, naming it, not at their deadline. (A
+			// rank that waited for, or lost, a peer marks nothing: the
+			// peers see that peer themselves.)
+			g.markLeft()
+		}
 		return err
 	}
 	g.ready.Store(true)
 	return nil
+}
+
+// leftPoll is how often a rank waiting in set-up looks whether a peer
+// closed before finishing its own (markLeft).
+const leftPoll = 20 * time.Millisecond
+
+// markLeft tells ranks in set-up that this rank left before finishing its
+// own (its set-up failed, or Close came first): left/r<rank>, then the left
+// counter they poll (waitKeys). Best effort, within a second: a store that
+// fails now leaves peers to time out. Idempotent for peers (they count
+// ranks, not marks).
+func (g *Group) markLeft() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if g.cfg.Store.Set(ctx, g.prefix+"left/r"+strconv.Itoa(g.cfg.Rank), []byte{1}) == nil {
+		g.cfg.Store.Add(ctx, g.prefix+"left", 1)
+	}
+}
+
+// waitKeys waits until every key exists, like Store.Wait, but fails at
+// once with ErrPeerFailed when a rank left the group before finishing its
+// set-up (markLeft), naming it. On the deadline the error is the
+// store's (naming the missing keys), wrapped by wrapStoreErr.
+func (g *Group) waitKeys(ctx context.Context, keys ...string) error {
+	st := g.cfg.Store
+	for {
+		wctx, cancel := context.WithTimeout(ctx, leftPoll)
+		err := st.Wait(wctx, keys...)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !errors.Is(err, rendezvous.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return wrapStoreErr(err)
+		}
+		if n, aerr := st.Add(ctx, g.prefix+"left", 0); aerr == nil && n > 0 {
+			return g.leftError(ctx)
+		}
+	}
+}
+
+// leftError names the ranks that left before finishing set-up.
+func (g *Group) leftError(ctx context.Context) error {
+	var left []int
+	cw, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	var we *rendezvous.WaitError
+	keys := g.rankKeys("left/")
+	if err := g.cfg.Store.Wait(cw, keys...); errors.As(err, &we) {
+		for r, k := range keys {
+			if !slices.Contains(we.Missing, k) {
+				left = append(left, r)
+			}
+		}
+	} else if err == nil {
+		for r := range keys {
+			left = append(left, r)
+		}
+	}
+	return fmt.Errorf("%w: ranks %v left the group before finishing set-up (their set-up failed, or they closed it)", ErrPeerFailed, left)
 }
 
 // setup agrees on a nonce and layout through the store, creates this
@@ -113,6 +195,9 @@ func (g *Group) setup(ctx context.Context) error {
 			return fmt.Errorf("publish layout: %w", err)
 		}
 	} else {
+		if err := g.waitKeys(ctx, g.prefix+"layout"); err != nil {
+			return fmt.Errorf("read rank 0's layout: %w", err)
+		}
 		b, err := st.Get(ctx, g.prefix+"layout")
 		if err != nil {
 			return fmt.Errorf("read rank 0's layout: %w", wrapStoreErr(err))
@@ -158,7 +243,7 @@ func (g *Group) setup(ctx context.Context) error {
 	g.hook("setup:create")
 	self, err := g.prov.Create(g.names[rank], lay.size())
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: create this rank's segment: %w", ErrSharedMemory, err)
 	}
 	g.self = self
 	g.peers = make([]shm.Segment, w)
@@ -175,8 +260,8 @@ func (g *Group) setup(ctx context.Context) error {
 	if err := st.Set(ctx, g.prefix+"created/r"+strconv.Itoa(rank), []byte(nonce)); err != nil {
 		return fmt.Errorf("publish segment: %w", err)
 	}
-	if err := st.Wait(ctx, g.rankKeys("created/")...); err != nil {
-		return fmt.Errorf("wait for every rank to create its segment: %w", wrapStoreErr(err))
+	if err := g.waitKeys(ctx, g.rankKeys("created/")...); err != nil {
+		return fmt.Errorf("wait for every rank to create its segment: %w", err)
 	}
 	for r := 0; r < w; r++ {
 		if r == rank {
@@ -184,21 +269,22 @@ func (g *Group) setup(ctx context.Context) error {
 		}
 		s, err := g.prov.Open(g.names[r], lay.size())
 		if err != nil {
-			return fmt.Errorf("map rank %d's segment: %w", r, err)
+			// It published its segment: gone or changed since, it left.
+			return fmt.Errorf("%w: map rank %d's segment: %w", ErrPeerFailed, r, err)
 		}
 		g.peers[r] = s
 		pm := s.Bytes()
 		if loadHdr(pm, hdrMagic) != magic || loadHdr(pm, hdrWorld) != uint64(w) || loadHdr(pm, hdrRank) != uint64(r) ||
 			loadHdr(pm, hdrSlots) != uint64(lay.Slots) || loadHdr(pm, hdrLanes) != uint64(lay.Lanes) || loadHdr(pm, hdrLaneLen) != uint64(lay.LaneBytes) {
-			return fmt.Errorf("rank %d's segment %s has a bad header (not this group's rank %d); refusing it", r, g.names[r], r)
+			return fmt.Errorf("%w: rank %d's segment %s has a bad header (not this group's rank %d); refusing it", ErrPeerFailed, r, g.names[r], r)
 		}
 	}
 	g.hook("setup:mapped")
 	if err := st.Set(ctx, g.prefix+"mapped/r"+strconv.Itoa(rank), []byte{1}); err != nil {
 		return fmt.Errorf("publish mapped: %w", err)
 	}
-	if err := st.Wait(ctx, g.rankKeys("mapped/")...); err != nil {
-		return fmt.Errorf("wait for every rank to map every segment: %w", wrapStoreErr(err))
+	if err := g.waitKeys(ctx, g.rankKeys("mapped/")...); err != nil {
+		return fmt.Errorf("wait for every rank to map every segment: %w", err)
 	}
 	g.hook("setup:unlink")
 	g.unlinkAll()
