@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
@@ -221,7 +220,7 @@ func (g *Group) setup(ctx context.Context) error {
 	for r := range g.names {
 		g.names[r] = SegmentName(g.cfg.Group, w, nonce, r)
 	}
-	g.pidNS = pidNamespace()
+	g.pidNS = shm.PIDNamespace()
 
 	ok := false
 	defer func() {
@@ -353,11 +352,3 @@ func wrapStoreErr(err error) error {
 	return err
 }
 
-// pidNamespace returns the inode of this process's pid namespace, or 0.
-func pidNamespace() uint64 {
-	var st syscall.Stat_t
-	if err := syscall.Stat("/proc/self/ns/pid", &st); err != nil {
-		return 0
-	}
-	return st.Ino
-}

@@ -15,3 +15,10 @@ func setDeathSignal(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
 
 // sweepShm removes the run's shared-memory segments (see shm.SweepRun).
 func sweepShm(dir, runID string) ([]string, error) { return shm.SweepRun(dir, runID) }
+
+// claimRun records this launcher's run beside the segments (shm.ClaimRun).
+func claimRun(dir, runID string) (func() error, error) { return shm.ClaimRun(dir, runID) }
+
+// sweepDeadRuns sweeps the runs of launchers that are gone
+// (shm.SweepDeadRuns).
+func sweepDeadRuns(dir string) (runs, removed []string, err error) { return shm.SweepDeadRuns(dir) }

@@ -72,8 +72,11 @@ type Config struct {
 	// RunID is the run's generation, passed to ranks as COLLGEN_RUN_ID
 	// (8 to 16 letters and digits); "" makes a fresh random one.
 	RunID string
-	// ShmDir is where Wait sweeps the run's shared-memory segments
-	// ("" : /dev/shm). Tests point it elsewhere.
+	// ShmDir is where Wait sweeps the run's shared-memory segments, and
+	// where the launcher keeps its run record ("" : /dev/shm): a launcher
+	// killed before its sweep (SIGKILL from a scheduler) has its run's
+	// segments swept by the next launcher that starts (shm.ClaimRun,
+	// shm.SweepDeadRuns). Tests point it elsewhere.
 	ShmDir string
 	// Nodes and NodeRank place this launcher's ranks in a world spanning
 	// hosts (0: one node): it starts ranks NodeRank*N to NodeRank*N+N-1 of
@@ -118,6 +121,9 @@ type Group struct {
 	cmds    []*exec.Cmd
 	outs    []*prefixWriter
 	results chan result
+	// unrecord removes this launcher's run record (shm.ClaimRun) once
+	// cleanup has swept the run; nil without one.
+	unrecord func() error
 
 	mu       sync.Mutex
 	exited   []bool
@@ -188,6 +194,7 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	if err := g.claimRunDir(); err != nil {
 		return nil, err
 	}
+	g.recordRun()
 	// One lock for both streams keeps every line whole and in order.
 	var outMu sync.Mutex
 	first, world := cfg.NodeRank*cfg.N, cfg.N*max(cfg.Nodes, 1)
@@ -410,6 +417,24 @@ func rankList(ranks []int) string {
 	return "ranks " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
+// recordRun sweeps the segments of runs whose launcher is gone (killed
+// before its own sweep: no rank of such a run is alive, since ranks die
+// with their launcher) and records this run, so the next launcher can do
+// the same for it. Both are best effort: a /dev/shm this user cannot
+// write leaves nothing to sweep.
+func (g *Group) recordRun() {
+	runs, removed, err := sweepDeadRuns(g.cfg.ShmDir)
+	if len(runs) > 0 {
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: removed %d shared-memory segment(s) of %d run(s) whose launcher was killed: %s\n", len(removed), len(runs), strings.Join(removed, ", "))
+	}
+	if err != nil {
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: %v\n", err)
+	}
+	if release, err := claimRun(g.cfg.ShmDir, g.cfg.RunID); err == nil {
+		g.unrecord = release
+	}
+}
+
 // launcherFile, in a file store's run directory, names the launcher that
 // owns the run ("<hostname> <pid>"), so a later launcher can remove the
 // directory once that one is gone.
@@ -468,6 +493,10 @@ func (g *Group) cleanup() {
 	}
 	if err != nil {
 		fmt.Fprintf(g.cfg.Stderr, "collgen run: %v\n", err)
+	} else if g.unrecord != nil {
+		if err := g.unrecord(); err != nil {
+			fmt.Fprintf(g.cfg.Stderr, "collgen run: %v\n", err)
+		}
 	}
 	if scheme, dir, err := rendezvous.ParseStoreAddr(g.cfg.Store); err == nil && scheme == "file" {
 		if err := os.RemoveAll(rendezvous.RunDir(dir, g.cfg.RunID)); err != nil {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/shm"
 )
 
 // The test binary doubles as the rank program: with LAUNCH_TEST_HELPER set
@@ -94,9 +95,10 @@ func helper(args []string) int {
 			os.WriteFile(filepath.Join(args[1], "collgen-0011223344556677-otherrun1.ab-r0"), nil, 0o600)
 		}
 		os.MkdirAll(strings.TrimPrefix(os.Getenv("COLLGEN_STORE"), "file://")+"/run-"+os.Getenv("COLLGEN_RUN_ID"), 0o700)
-		// Die once every rank has made its segment (4 files with the other run's).
+		// Die once every rank has made its segment (4 with the other run's;
+		// the launcher's run record is not one).
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if e, _ := os.ReadDir(args[1]); len(e) >= 4 {
+			if m, _ := filepath.Glob(filepath.Join(args[1], "collgen-*")); len(m) >= 4 {
 				break
 			}
 		}
@@ -338,7 +340,7 @@ func TestSweepAfterKilledRanks(t *testing.T) {
 	}
 	left, _ := os.ReadDir(shmDir)
 	if len(left) != 1 || left[0].Name() != "collgen-0011223344556677-otherrun1.ab-r0" {
-		t.Fatalf("left in shm dir: %v", left)
+		t.Fatalf("left in shm dir: %v (the run's record goes too)", left)
 	}
 	if _, err := os.Stat(filepath.Join(storeDir, "run-testrun42")); !os.IsNotExist(err) {
 		t.Fatalf("run directory of the file store survived: %v", err)
@@ -467,5 +469,60 @@ func TestStoppedRankStoppedPromptly(t *testing.T) {
 	}
 	if d := time.Since(start); d > 15*time.Second {
 		t.Fatalf("the stopped rank was ended after %v (the grace period is 30s)\n%s", d, errb)
+	}
+}
+
+
+// TestSweepAfterKilledLauncher: a launcher killed before its own sweep
+// leaves its run's segments and its run record; the next launcher sweeps
+// them. Records of a live launcher, of another pid namespace and malformed
+// ones are left alone, with their segments.
+func TestSweepAfterKilledLauncher(t *testing.T) {
+	shmDir := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	ns := shm.PIDNamespace()
+	if ns == 0 {
+		t.Skip("no pid namespace to read")
+	}
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(shmDir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for run, rec := range map[string]string{
+		"deadrun1":  fmt.Sprintf("%d %d\n", ns, dead.Process.Pid),
+		"liverun1":  fmt.Sprintf("%d %d\n", ns, os.Getpid()),
+		"otherns01": fmt.Sprintf("%d %d\n", ns+1, dead.Process.Pid),
+		"garbage01": "not a record",
+	} {
+		write("collgen.run-"+run, rec)
+		write(fmt.Sprintf("collgen-0011223344556677-%s.ab-r0", run), "")
+	}
+	cfg, _, errb := config(1, "env")
+	cfg.ShmDir, cfg.RunID = shmDir, "nextrun1"
+	g, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	ents, _ := os.ReadDir(shmDir)
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	want := []string{
+		"collgen-0011223344556677-garbage01.ab-r0", "collgen-0011223344556677-liverun1.ab-r0", "collgen-0011223344556677-otherns01.ab-r0",
+		"collgen.run-garbage01", "collgen.run-liverun1", "collgen.run-otherns01",
+	}
+	if strings.Join(left, " ") != strings.Join(want, " ") {
+		t.Errorf("left:\n%v\nwant:\n%v", left, want)
+	}
+	if !strings.Contains(errb.String(), "removed 1 shared-memory segment(s) of 1 run(s) whose launcher was killed") {
+		t.Errorf("stderr:\n%s", errb)
 	}
 }
