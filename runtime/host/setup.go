@@ -351,4 +351,3 @@ func wrapStoreErr(err error) error {
 	}
 	return err
 }
-

@@ -472,7 +472,6 @@ func TestStoppedRankStoppedPromptly(t *testing.T) {
 	}
 }
 
-
 // TestSweepAfterKilledLauncher: a launcher killed before its own sweep
 // leaves its run's segments and its run record; the next launcher sweeps
 // them. Records of a live launcher, of another pid namespace and malformed
