@@ -212,6 +212,25 @@ func do(ctx context.Context, g *host.Group, c Case, in, out []byte, count int) e
 	return fmt.Errorf("unknown collective %q", c.Collective)
 }
 
+// warmUp runs rounds of 3, 6, 12, ... iterations (round(n) runs n and
+// returns the slowest rank's seconds per iteration and time since the
+// warm-up began) until at least two rounds have run and warmup has
+// passed, and returns the last round's time per iteration, which sizes the
+// timed run. The first round takes the first touches of a size's new
+// buffers (page faults): alone it sized 2-16 MiB runs to 7-35 iterations
+// instead of a quarter second's worth.
+func warmUp(warmup time.Duration, round func(n int) (per, elapsed float64, err error)) (float64, error) {
+	for n, rounds := 3, 1; ; n, rounds = min(2*n, 1<<16), rounds+1 {
+		per, elapsed, err := round(n)
+		if err != nil {
+			return 0, err
+		}
+		if rounds >= 2 && elapsed >= warmup.Seconds() {
+			return math.Max(per, 1e-9), nil
+		}
+	}
+}
+
 // maxAll returns the elementwise maximum of xs over every rank.
 func maxAll(ctx context.Context, g *host.Group, xs []float64) ([]float64, error) {
 	b := make([]byte, 8*len(xs))
@@ -260,27 +279,23 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 			return bench.Result{}, fmt.Errorf("wrong result: %w", err)
 		}
 	}
-	// Warm up in rounds of 3, 6, 12, ... iterations until the slowest
-	// rank has spent the warm-up time; the last round's slowest time per
-	// iteration sizes the timed run. Every rank decides from the same
-	// maxima, so all run the same numbers.
+	// Every rank decides from the same maxima, so all run the same numbers.
 	start := time.Now()
-	var perS float64
-	for n := 3; ; n = min(2*n, 1<<16) {
+	perS, err := warmUp(warmup, func(n int) (float64, float64, error) {
 		t0 := time.Now()
 		for i := 0; i < n; i++ {
 			if err := do(ctx, g, c, in, out, count); err != nil {
-				return bench.Result{}, err
+				return 0, 0, err
 			}
 		}
 		m, err := maxAll(ctx, g, []float64{time.Since(t0).Seconds() / float64(n), time.Since(start).Seconds()})
 		if err != nil {
-			return bench.Result{}, err
+			return 0, 0, err
 		}
-		perS = math.Max(m[0], 1e-9)
-		if m[1] >= warmup.Seconds() {
-			break
-		}
+		return m[0], m[1], nil
+	})
+	if err != nil {
+		return bench.Result{}, err
 	}
 	iters := o.Iters
 	if iters <= 0 {
