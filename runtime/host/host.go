@@ -409,10 +409,12 @@ func (g *Group) Setup(ctx context.Context) error {
 }
 
 // PortableLibrary returns a Library with the portable reduce loops of
-// package numeric for every host dtype and op, and the spec's default
-// host_shm selection rules (one-shot all-reduce up to 32 KiB, two-shot
-// above). It stands in for the generated library in tests and in tools
-// built without generated code.
+// package numeric for every host dtype and op, and the shipped spec's
+// host_shm selection rules (all-reduce: one-shot up to 2 KiB at worlds
+// 1-4, two-shot above and at every larger world; one-shot reduce-scatter
+// and all-gather; a test keeps them equal to the generated library's). It
+// stands in for the generated library in tests and in tools built without
+// generated code.
 func PortableLibrary() *kernels.Library {
 	lib := &kernels.Library{Package: "portable", HostReducers: map[kernels.HostKey]kernels.HostReduceFunc{}}
 	for _, dt := range numeric.DTypes {
@@ -424,17 +426,21 @@ func PortableLibrary() *kernels.Library {
 			lib.HostReducers[kernels.HostKey{DType: dt, Op: op}] = f
 		}
 	}
-	worlds := make([]int, 64)
-	for i := range worlds {
-		worlds[i] = i + 1
+	worlds := func(lo, hi int) []int {
+		ws := make([]int, 0, hi-lo+1)
+		for w := lo; w <= hi; w++ {
+			ws = append(ws, w)
+		}
+		return ws
 	}
-	sel := func(c coll.Collective, rules ...kernels.Rule) kernels.Selection {
-		return kernels.Selection{Topology: "host", Kind: coll.HostSHM, Collective: c, Worlds: worlds, Rules: rules}
+	sel := func(c coll.Collective, ws []int, rules ...kernels.Rule) kernels.Selection {
+		return kernels.Selection{Topology: "host", Kind: coll.HostSHM, Collective: c, Worlds: ws, Rules: rules}
 	}
 	lib.Selections = []kernels.Selection{
-		sel(coll.AllReduce, kernels.Rule{UpTo: 32 << 10, Use: coll.OneShot}, kernels.Rule{Use: coll.TwoShot}),
-		sel(coll.ReduceScatter, kernels.Rule{Use: coll.OneShot}),
-		sel(coll.AllGather, kernels.Rule{Use: coll.OneShot}),
+		sel(coll.AllReduce, worlds(1, 4), kernels.Rule{UpTo: 2 << 10, Use: coll.OneShot}, kernels.Rule{Use: coll.TwoShot}),
+		sel(coll.AllReduce, worlds(5, 64), kernels.Rule{Use: coll.TwoShot}),
+		sel(coll.ReduceScatter, worlds(1, 64), kernels.Rule{Use: coll.OneShot}),
+		sel(coll.AllGather, worlds(1, 64), kernels.Rule{Use: coll.OneShot}),
 	}
 	return lib
 }

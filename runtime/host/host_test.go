@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
 )
 
@@ -318,5 +320,21 @@ func TestHugeCount(t *testing.T) {
 	})
 	if err := firstErr(errs); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPortableLibraryRulesAreTheSpecs: PortableLibrary's host_shm rules
+// are the generated library's (the shipped spec's), so tools and tests
+// without generated code choose as users' programs do. (Its doc and rules
+// said one-shot up to 32 KiB after the spec moved to 2 KiB.)
+func TestPortableLibraryRulesAreTheSpecs(t *testing.T) {
+	var want []kernels.Selection
+	for _, s := range collectives.Library.Selections {
+		if s.Kind == coll.HostSHM {
+			want = append(want, s)
+		}
+	}
+	if got := PortableLibrary().Selections; !reflect.DeepEqual(got, want) {
+		t.Errorf("PortableLibrary's selections:\n%+v\nthe generated library's:\n%+v", got, want)
 	}
 }
