@@ -44,11 +44,15 @@ type Backend interface {
 	// can map, and maps it read-write at addr, the start of a reservation
 	// of at least size bytes.
 	Create(addr uintptr, size int) (Chunk, error)
-	// Import maps a peer's chunk, exported as f, read-write at a fresh
-	// address. It checks that f is memory of the expected size that this
-	// user owns, and refuses anything else. The caller still owns f and
-	// closes it afterwards; the mapping does not need it.
-	Import(f *os.File, size int) (Mapping, error)
+	// Import maps a peer's chunk, exported as f, read-write: at a fresh
+	// address when at is 0, else at at, the start of a reservation of at
+	// least size bytes that the caller owns (a persistent allocation keeps
+	// one per peer, so peers' addresses stay too); the mapping's Unmap
+	// then leaves the range reserved. It checks that f is memory of the
+	// expected size that this user owns, and refuses anything else. The
+	// caller still owns f and closes it afterwards; the mapping does not
+	// need it.
+	Import(f *os.File, size int, at uintptr) (Mapping, error)
 	// Signal runs op in the ordering o. An ordering the backend cannot
 	// honour is an error; a wait past op.Timeout is a *TimeoutError
 	// (possibly reported later through the ordering, on the GPU).
@@ -71,8 +75,9 @@ type Chunk interface {
 type Mapping interface {
 	// Addr is where the peer's chunk starts in this process.
 	Addr() uintptr
-	// Unmap removes the mapping and its address range and drops this
-	// rank's hold on the peer's memory.
+	// Unmap removes the mapping and drops this rank's hold on the peer's
+	// memory; the address range goes too, unless it was the caller's
+	// reservation (Import's at), which stays reserved.
 	Unmap() error
 }
 
@@ -158,10 +163,10 @@ type LocalSharer interface {
 	// the same kind in this process accepts while c is mapped (until its
 	// Unmap).
 	ShareLocal(c Chunk) (token uint64, err error)
-	// ImportLocal maps the chunk behind token read-write at a fresh
-	// address, like Import. The mapping keeps the memory alive after the
-	// owner's Unmap, as an imported one does.
-	ImportLocal(token uint64, size int) (Mapping, error)
+	// ImportLocal maps the chunk behind token read-write, at a fresh
+	// address or at at, like Import. The mapping keeps the memory alive
+	// after the owner's Unmap, as an imported one does.
+	ImportLocal(token uint64, size int, at uintptr) (Mapping, error)
 }
 
 // DeviceArrayMaker is an optional Backend interface for backends whose

@@ -205,18 +205,20 @@ var localVMMMu sync.Mutex
 
 // cudaMapping is a peer's allocation mapped into this process.
 type cudaMapping struct {
-	be   *CUDABackend
-	addr uintptr
-	size int
-	h    cuda.MemHandle
-	own  bool // h is this mapping's own reference (imported), released at Unmap
+	be       *CUDABackend
+	addr     uintptr
+	size     int
+	h        cuda.MemHandle
+	own      bool // h is this mapping's own reference (imported), released at Unmap
+	reserved bool // the range is the caller's reservation (Import's at): kept at Unmap
 }
 
 // Addr is where the peer's chunk is mapped.
 func (m *cudaMapping) Addr() uintptr { return m.addr }
 
 // Unmap waits for the device's work, unmaps the peer's chunk, drops the
-// reference (for an imported one) and frees the address range.
+// reference (for an imported one) and frees the address range, unless it
+// is the caller's reservation.
 func (m *cudaMapping) Unmap() error {
 	d := m.be.dev
 	errs := []error{d.Synchronize()}
@@ -227,15 +229,17 @@ func (m *cudaMapping) Unmap() error {
 	} else {
 		errs = append(errs, d.MemUnmap(cuda.DevicePtr(m.addr), m.size), d.MemRelease(m.h))
 	}
-	errs = append(errs, d.MemAddressFree(cuda.DevicePtr(m.addr), m.size))
+	if !m.reserved {
+		errs = append(errs, d.MemAddressFree(cuda.DevicePtr(m.addr), m.size))
+	}
 	return errors.Join(errs...)
 }
 
 // Import maps a peer's exported allocation: it imports the descriptor,
-// checks that it is device memory, maps it at a fresh reservation (which
-// fails if the allocation is smaller than size) and gives this device
-// read-write access. f stays the caller's.
-func (b *CUDABackend) Import(f *os.File, size int) (Mapping, error) {
+// checks that it is device memory, maps it at a fresh reservation or at at
+// (which fails if the allocation is smaller than size) and gives this
+// device read-write access. f stays the caller's.
+func (b *CUDABackend) Import(f *os.File, size int, at uintptr) (Mapping, error) {
 	h, err := b.dev.MemImportFD(f)
 	if err != nil {
 		return nil, err
@@ -244,7 +248,7 @@ func (b *CUDABackend) Import(f *os.File, size int) (Mapping, error) {
 		b.dev.MemRelease(h)
 		return nil, err
 	}
-	m, err := b.mapHandle(h, size)
+	m, err := b.mapHandle(h, size, at)
 	if err != nil {
 		b.dev.MemRelease(h)
 		return nil, err
@@ -253,23 +257,28 @@ func (b *CUDABackend) Import(f *os.File, size int) (Mapping, error) {
 	return m, nil
 }
 
-// mapHandle maps size bytes of h at a fresh reservation with read-write
-// access for this device.
-func (b *CUDABackend) mapHandle(h cuda.MemHandle, size int) (*cudaMapping, error) {
-	p, err := b.dev.MemAddressReserve(size, 0)
-	if err != nil {
-		return nil, err
+// mapHandle maps size bytes of h with read-write access for this device:
+// at a fresh reservation when at is 0, else at at (the caller's).
+func (b *CUDABackend) mapHandle(h cuda.MemHandle, size int, at uintptr) (*cudaMapping, error) {
+	p := cuda.DevicePtr(at)
+	free := func() {}
+	if at == 0 {
+		var err error
+		if p, err = b.dev.MemAddressReserve(size, 0); err != nil {
+			return nil, err
+		}
+		free = func() { b.dev.MemAddressFree(p, size) }
 	}
 	if err := b.dev.MemMap(p, size, h); err != nil {
-		b.dev.MemAddressFree(p, size)
+		free()
 		return nil, fmt.Errorf("map a peer's chunk of %d bytes (is it smaller?): %w", size, err)
 	}
 	if err := b.dev.MemSetAccess(p, size, b.dev); err != nil {
 		b.dev.MemUnmap(p, size)
-		b.dev.MemAddressFree(p, size)
+		free()
 		return nil, err
 	}
-	return &cudaMapping{be: b, addr: uintptr(p), size: size, h: h}, nil
+	return &cudaMapping{be: b, addr: uintptr(p), size: size, h: h, reserved: at != 0}, nil
 }
 
 // The process's shared chunks, by token (LocalSharer). A chunk leaves the
@@ -299,11 +308,11 @@ func (b *CUDABackend) ShareLocal(c Chunk) (uint64, error) {
 }
 
 // ImportLocal maps the chunk shared under token: its allocation handle is
-// mapped at a fresh reservation with access for this device. The mapping
+// mapped at a fresh reservation, or at at, with access for this device. The mapping
 // holds no reference of its own; a mapping alone keeps VMM memory alive
 // after the owner releases its handle, so the owner's Free does not take
 // the memory from under it.
-func (b *CUDABackend) ImportLocal(token uint64, size int) (Mapping, error) {
+func (b *CUDABackend) ImportLocal(token uint64, size int, at uintptr) (Mapping, error) {
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	c := shared[token]
@@ -313,7 +322,7 @@ func (b *CUDABackend) ImportLocal(token uint64, size int) (Mapping, error) {
 	if c.size < size {
 		return nil, fmt.Errorf("symm: the shared chunk has %d bytes, want %d", c.size, size)
 	}
-	return b.mapHandle(c.h, size)
+	return b.mapHandle(c.h, size, at)
 }
 
 // unshare removes c from the table of shared chunks and reports whether

@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -973,5 +974,81 @@ func TestSharedHint(t *testing.T) {
 	e := &TimeoutError{Op: SignalPut, Rank: 0, Peer: 1, Channel: 3, Waited: time.Second, Hint: sharedHint(true, 8)}
 	if !strings.HasSuffix(e.Error(), "CUDA_DEVICE_MAX_CONNECTIONS=32") || !errors.Is(e, ErrTimeout) {
 		t.Errorf("error with a hint: %v", e)
+	}
+}
+
+// TestCUDAPersistentPeersStay: on every GPU rank, three rounds of
+// AllocPersistent, Rendezvous and Free: BufferPtrs, SignalPadPtrs and the
+// device arrays are the first round's every round, the device array holds
+// them, and a copy through round 0's pointer to the next rank lands in
+// that rank's new memory of the round.
+func TestCUDAPersistentPeersStay(t *testing.T) {
+	devs, _, pools := gpuPools(t, 0)
+	world := len(devs)
+	const n = 1 << 20
+	first := make([][]uintptr, world)
+	firstDev := make([]uintptr, world)
+	for round := range 3 {
+		bufs := make([]*Buffer, world)
+		checkErrs(t, onRanks(world, func(r int) error {
+			b, err := pools[r].AllocPersistent(n, 5)
+			if err != nil {
+				return err
+			}
+			h, err := pools[r].Rendezvous(context.Background(), b)
+			if err != nil {
+				return err
+			}
+			bufs[r] = b
+			ptrs := append(h.BufferPtrs(), h.SignalPadPtrs()...)
+			dev := make([]byte, 8*world)
+			if err := devs[r].CopyDtoH(dev, cuda.DevicePtr(h.BufferPtrsDev())); err != nil {
+				return err
+			}
+			for q := range world {
+				if got := uintptr(binary.LittleEndian.Uint64(dev[8*q:])); got != h.BufferPtrs()[q] {
+					return fmt.Errorf("round %d: device array[%d] = %#x, BufferPtrs %#x", round, q, got, h.BufferPtrs()[q])
+				}
+			}
+			if round == 0 {
+				first[r], firstDev[r] = ptrs, h.BufferPtrsDev()
+			} else if !slices.Equal(ptrs, first[r]) || h.BufferPtrsDev() != firstDev[r] {
+				return fmt.Errorf("round %d: pointers %x, device array %#x; round 0 had %x, %#x", round, ptrs, h.BufferPtrsDev(), first[r], firstDev[r])
+			}
+			return nil
+		}))
+		if t.Failed() {
+			return
+		}
+		// Rank r writes round+r+1 into the next rank through round 0's
+		// pointer; every rank reads its own buffer.
+		checkErrs(t, onRanks(world, func(r int) error {
+			next := (r + 1) % world
+			src := bytes.Repeat([]byte{byte(16*round + r + 1)}, n)
+			scratch, err := devs[r].Alloc(n)
+			if err != nil {
+				return err
+			}
+			defer devs[r].Free(scratch)
+			if err := devs[r].CopyHtoD(scratch, src); err != nil {
+				return err
+			}
+			if err := devs[r].CopyDtoD(cuda.DevicePtr(first[r][next]), scratch, n); err != nil {
+				return err
+			}
+			return devs[r].Synchronize()
+		}))
+		checkErrs(t, onRanks(world, func(r int) error {
+			prev := (r + world - 1) % world
+			got := make([]byte, n)
+			if err := devs[r].CopyDtoH(got, cuda.DevicePtr(bufs[r].Addr())); err != nil {
+				return err
+			}
+			if want := byte(16*round + prev + 1); got[0] != want || got[n-1] != want {
+				return fmt.Errorf("round %d: buffer holds %d..%d, want %d from rank %d", round, got[0], got[n-1], want, prev)
+			}
+			return nil
+		}))
+		checkErrs(t, onRanks(world, func(r int) error { return bufs[r].Free() }))
 	}
 }

@@ -240,16 +240,24 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer, mine rdvInfo, f *os.Fi
 // backend keeps device memory, all before the ranks report their outcome:
 // any failure here fails every rank.
 func (p *Pool) mapPeers(ctx context.Context, b *Buffer, h *Handle, infos []rdvInfo, local LocalSharer) error {
+	s, err := p.persistentSlot(b)
+	if err != nil {
+		return err
+	}
 	for r := range h.world {
 		if r == h.rank {
 			continue
 		}
+		var at uintptr
+		if s != nil {
+			at = s.peers[r]
+		}
 		var m Mapping
 		var err error
 		if local != nil && infos[r].Proc == procID {
-			m, err = local.ImportLocal(infos[r].Local, b.chunkSize)
+			m, err = local.ImportLocal(infos[r].Local, b.chunkSize, at)
 		} else {
-			m, err = p.pull(ctx, r, infos[r].Seq, b.chunkSize)
+			m, err = p.pull(ctx, r, infos[r].Seq, b.chunkSize, at)
 		}
 		if err != nil {
 			return fmt.Errorf("map rank %d's memory: %w", r, err)
@@ -264,20 +272,78 @@ func (p *Pool) mapPeers(ctx context.Context, b *Buffer, h *Handle, infos []rdvIn
 		h.ptrs[r] = base
 		h.pads[r] = base + uintptr(b.padOff)
 	}
-	if dm, ok := p.be.(DeviceArrayMaker); ok {
-		for _, a := range []struct {
-			dst *uintptr
-			src []uintptr
-		}{{&h.ptrsDev, h.ptrs}, {&h.padsDev, h.pads}} {
-			addr, free, err := dm.DeviceArray(a.src)
-			if err != nil {
-				return fmt.Errorf("copy the pointer arrays to the device: %w", err)
-			}
-			*a.dst = addr
-			h.freeDev = append(h.freeDev, free)
+	dm, ok := p.be.(DeviceArrayMaker)
+	if !ok {
+		return nil
+	}
+	if s != nil {
+		p.mu.Lock()
+		h.ptrsDev, h.padsDev = s.ptrsDev, s.padsDev
+		p.mu.Unlock()
+		if h.ptrsDev != 0 { // the same addresses as the first Rendezvous's
+			return nil
 		}
 	}
+	var frees []func() error
+	for _, a := range []struct {
+		dst *uintptr
+		src []uintptr
+	}{{&h.ptrsDev, h.ptrs}, {&h.padsDev, h.pads}} {
+		addr, free, err := dm.DeviceArray(a.src)
+		if err != nil {
+			for _, f := range frees {
+				f()
+			}
+			h.ptrsDev, h.padsDev = 0, 0
+			return fmt.Errorf("copy the pointer arrays to the device: %w", err)
+		}
+		*a.dst = addr
+		frees = append(frees, free)
+	}
+	if s == nil {
+		h.freeDev = frees
+		return nil
+	}
+	p.mu.Lock() // the slot keeps them until Close
+	s.ptrsDev, s.padsDev, s.freeDev = h.ptrsDev, h.padsDev, frees
+	p.mu.Unlock()
 	return nil
+}
+
+// persistentSlot returns b's slot when b is persistent, with a reservation
+// for each peer's chunk made on its first Rendezvous; nil for other
+// buffers.
+func (p *Pool) persistentSlot(b *Buffer) (*slot, error) {
+	if !b.persistent {
+		return nil, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.persist[b.id]
+	if s == nil || s.buf != b {
+		return nil, fmt.Errorf("%w: persistent id %d has no slot for this buffer", ErrFreed, b.id)
+	}
+	if s.peers != nil {
+		return s, nil
+	}
+	peers := make([]uintptr, p.cfg.WorldSize)
+	for r := range peers {
+		if r == p.cfg.Rank {
+			continue
+		}
+		a, err := p.be.Reserve(s.chunk)
+		if err != nil {
+			for _, a := range peers {
+				if a != 0 {
+					p.be.Release(a, s.chunk)
+				}
+			}
+			return nil, fmt.Errorf("reserve an address range for rank %d's chunk: %w", r, err)
+		}
+		peers[r] = a
+	}
+	s.peers = peers
+	return s, nil
 }
 
 // unmap drops the peer mappings and the device arrays; no one else uses
@@ -339,8 +405,10 @@ func (h *Handle) SignalPadPtrs() []uintptr { return append([]uintptr(nil), h.pad
 // BufferPtrsDev is the device address of an array of WorldSize 8-byte
 // pointers, BufferPtrs as a kernel sees it (cg_symm_group.buffers in
 // collgen_symm.cuh). It is copied to device memory once, at Rendezvous,
-// and freed by the buffer's Free: do not use it afterwards. 0 when the
-// backend has no device memory (the host twin).
+// and freed by the buffer's Free: do not use it afterwards. A persistent
+// id keeps it (and every address in it) for all its buffers, until the
+// pool's Close (AllocPersistent). 0 when the backend has no device memory
+// (the host twin).
 func (h *Handle) BufferPtrsDev() uintptr { return h.ptrsDev }
 
 // SignalPadPtrsDev is SignalPadPtrs in device memory, like BufferPtrsDev

@@ -194,7 +194,7 @@ func (c *hostChunk) Unmap() error {
 
 // Import checks f (a regular file of this user, mode 0600, exactly size
 // bytes, sealed against shrinking) and maps it read-write.
-func (b hostBackend) Import(f *os.File, size int) (Mapping, error) {
+func (b hostBackend) Import(f *os.File, size int, at uintptr) (Mapping, error) {
 	if err := b.checkSize(size); err != nil {
 		return nil, err
 	}
@@ -204,18 +204,19 @@ func (b hostBackend) Import(f *os.File, size int) (Mapping, error) {
 	}
 	var addr uintptr
 	var ierr error
-	if err := rc.Control(func(fd uintptr) { addr, ierr = b.importFD(int(fd), size) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { addr, ierr = b.importFD(int(fd), size, at) }); err != nil {
 		return nil, err
 	}
 	if ierr != nil {
 		return nil, ierr
 	}
-	return &hostMapping{addr: addr, size: size}, nil
+	return &hostMapping{addr: addr, size: size, reserved: at != 0}, nil
 }
 
-// importFD checks and maps fd. It runs inside f's SyscallConn.Control,
-// which keeps fd open meanwhile.
-func (b hostBackend) importFD(fd, size int) (uintptr, error) {
+// importFD checks and maps fd, at at when it is not 0 (MAP_FIXED over the
+// caller's PROT_NONE reservation). It runs inside f's
+// SyscallConn.Control, which keeps fd open meanwhile.
+func (b hostBackend) importFD(fd, size int, at uintptr) (uintptr, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
 		return 0, fmt.Errorf("symm: host: stat peer memory: %w", err)
@@ -234,17 +235,26 @@ func (b hostBackend) importFD(fd, size int) (uintptr, error) {
 	if err != nil || seals&fSealShrink == 0 {
 		return 0, fmt.Errorf("symm: host: peer memory is not sealed against shrinking (seals %#x, %v); refusing it", seals, err)
 	}
-	addr, err := mmap(0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED, fd)
+	flags := uintptr(syscall.MAP_SHARED)
+	if at != 0 {
+		flags |= syscall.MAP_FIXED
+	}
+	addr, err := mmap(at, size, syscall.PROT_READ|syscall.PROT_WRITE, flags, fd)
 	if err != nil {
+		if at != 0 { // a failed MAP_FIXED may have taken part of the reservation
+			mmap(at, size, syscall.PROT_NONE, reserveFlags|syscall.MAP_FIXED, -1)
+		}
 		return 0, fmt.Errorf("symm: host: map %d bytes of peer memory: %w", size, err)
 	}
 	return addr, nil
 }
 
-// hostMapping is a peer's memfd mapped into this process.
+// hostMapping is a peer's memfd mapped into this process; reserved when
+// it lies in the caller's reservation (Import's at).
 type hostMapping struct {
-	addr uintptr
-	size int
+	addr     uintptr
+	size     int
+	reserved bool
 }
 
 // Addr is where the peer's chunk is mapped.
@@ -255,7 +265,12 @@ func (m *hostMapping) Unmap() error {
 	if m.addr == 0 {
 		return nil
 	}
-	err := munmap(m.addr, m.size)
+	var err error
+	if m.reserved { // PROT_NONE pages over it: the range stays the caller's
+		_, err = mmap(m.addr, m.size, syscall.PROT_NONE, reserveFlags|syscall.MAP_FIXED, -1)
+	} else {
+		err = munmap(m.addr, m.size)
+	}
 	m.addr = 0
 	if err != nil {
 		return fmt.Errorf("symm: host: unmap peer memory: %w", err)

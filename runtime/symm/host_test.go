@@ -28,14 +28,14 @@ func TestHostImportRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	m, err := be.Import(f, page)
+	m, err := be.Import(f, page, 0)
 	if err != nil {
 		t.Fatalf("own export refused: %v", err)
 	}
 	if err := m.Unmap(); err != nil {
 		t.Error(err)
 	}
-	if _, err := be.Import(f, 2*page); err == nil || !strings.Contains(err.Error(), "bytes") {
+	if _, err := be.Import(f, 2*page, 0); err == nil || !strings.Contains(err.Error(), "bytes") {
 		t.Errorf("wrong size accepted: %v", err)
 	}
 
@@ -47,13 +47,13 @@ func TestHostImportRefusals(t *testing.T) {
 	if err := plain.Truncate(int64(page)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := be.Import(plain, page); err == nil || !strings.Contains(err.Error(), "sealed") {
+	if _, err := be.Import(plain, page, 0); err == nil || !strings.Contains(err.Error(), "sealed") {
 		t.Errorf("unsealed file accepted: %v", err)
 	}
 	if err := plain.Chmod(0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := be.Import(plain, page); err == nil || !strings.Contains(err.Error(), "mode") {
+	if _, err := be.Import(plain, page, 0); err == nil || !strings.Contains(err.Error(), "mode") {
 		t.Errorf("mode 0644 accepted: %v", err)
 	}
 }

@@ -112,12 +112,35 @@ type Pool struct {
 }
 
 // slot is a persistent id's address reservation. It outlives the buffers
-// allocated under the id and is released by Close.
+// allocated under the id and is released by Close, with what its first
+// Rendezvous made for every later one: a reservation per peer (peers[r],
+// 0 at this rank), where each Rendezvous maps that peer's chunk, and the
+// device pointer arrays, whose contents (every rank's address) never
+// change. So every address a kernel captured in a CUDA graph reads stays
+// valid across Free, AllocPersistent and Rendezvous. Guarded by Pool.mu.
 type slot struct {
 	addr  uintptr
 	bytes int
 	chunk int
 	buf   *Buffer // the live buffer, nil while the id is free
+
+	peers            []uintptr
+	ptrsDev, padsDev uintptr
+	freeDev          []func() error
+}
+
+// release returns the slot's reservations and device arrays (Close).
+func (s *slot) release(be Backend) []error {
+	errs := []error{be.Release(s.addr, s.chunk)}
+	for _, a := range s.peers {
+		if a != 0 {
+			errs = append(errs, be.Release(a, s.chunk))
+		}
+	}
+	for _, free := range s.freeDev {
+		errs = append(errs, free())
+	}
+	return errs
 }
 
 // poolInfo is what each rank publishes when a pool forms.
@@ -393,10 +416,12 @@ func (p *Pool) Alloc(n int) (*Buffer, error) { return p.alloc(n, 0, false) }
 // AllocPersistent allocates like Alloc, at an address that is the same
 // for every allocation under id: the first one reserves an address range
 // that the pool keeps until Close, and later ones (after Free) map new
-// memory at the same address, so this rank's pointers to the buffer and
-// its signal pad, captured in a CUDA graph, stay valid. Peers' addresses
-// (Handle.BufferPtrs, Peer, the device arrays) are those of each
-// Rendezvous: read them again after it. It fails (ErrInvalidArgument) if
+// memory at the same address. Each Rendezvous of the id's buffers maps
+// every peer's chunk at the same address as the first did, and hands the
+// same device pointer arrays, so every pointer a kernel captured in a CUDA
+// graph uses (this rank's, its peers', BufferPtrsDev, SignalPadPtrsDev)
+// stays valid (a peer's address here is this rank's reservation, however
+// that peer allocated its buffer). It fails (ErrInvalidArgument) if
 // the id's buffer is still live, or if n differs from the id's first size
 // (naming both).
 func (p *Pool) AllocPersistent(n int, id uint64) (*Buffer, error) { return p.alloc(n, id, true) }
@@ -484,7 +509,7 @@ func (p *Pool) Close() error {
 	p.rdvs.Wait()
 	p.mu.Lock()
 	for id, s := range p.persist {
-		errs = append(errs, p.be.Release(s.addr, s.chunk))
+		errs = append(errs, s.release(p.be)...)
 		delete(p.persist, id)
 	}
 	p.mu.Unlock()
@@ -551,8 +576,9 @@ func (p *Pool) withdraw(seq uint64) {
 	f.Close()
 }
 
-// pull fetches peer's descriptor offered under seq and maps it.
-func (p *Pool) pull(ctx context.Context, peer int, seq uint64, size int) (Mapping, error) {
+// pull fetches peer's descriptor offered under seq and maps it (at at,
+// when not 0: see Backend.Import).
+func (p *Pool) pull(ctx context.Context, peer int, seq uint64, size int, at uintptr) (Mapping, error) {
 	c, err := fdpass.Dial(ctx, p.socks[peer])
 	if err != nil {
 		return nil, err
@@ -583,5 +609,5 @@ func (p *Pool) pull(ctx context.Context, peer int, seq uint64, size int) (Mappin
 	if len(files) != 1 {
 		return nil, fmt.Errorf("reply carries %d descriptors, want 1", len(files))
 	}
-	return p.be.Import(files[0], size)
+	return p.be.Import(files[0], size, at)
 }

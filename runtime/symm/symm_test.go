@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1022,4 +1023,107 @@ func TestAllocBeyondMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Free()
+}
+
+// arrays is gpuLike with device pointer arrays (DeviceArrayMaker) in host
+// memory, counting the live ones.
+type arrays struct {
+	*gpuLike
+	live atomic.Int32
+	keep sync.Map // address -> the slice, kept alive
+}
+
+func (a *arrays) DeviceArray(ptrs []uintptr) (uintptr, func() error, error) {
+	buf := append([]uintptr(nil), ptrs...)
+	addr := uintptr(unsafe.Pointer(&buf[0]))
+	a.keep.Store(addr, buf)
+	a.live.Add(1)
+	return addr, func() error { a.keep.Delete(addr); a.live.Add(-1); return nil }, nil
+}
+
+// TestPersistentPeersStay: three rounds of AllocPersistent, Rendezvous,
+// writes through the first round's peer pointers, Free, on three ranks:
+// every rank's BufferPtrs and SignalPadPtrs, and its device arrays, are
+// the first round's in every round, and a write through a pointer saved in
+// round 0 lands in that peer's new memory, as a kernel captured in a CUDA
+// graph would write. (Before, peers were mapped at fresh addresses each
+// round, and the arrays made anew.) Rank 2 uses plain Alloc: its peers'
+// view of it stays put all the same (its own view of them moves). The
+// arrays go at Close.
+func TestPersistentPeersStay(t *testing.T) {
+	const world, n = 3, 4096
+	for _, devArrays := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deviceArrays=%v", devArrays), func(t *testing.T) {
+			bes := make([]*arrays, world)
+			t.Cleanup(func() { // after the pools' Close (cleanups run last first)
+				for r, be := range bes {
+					if be != nil && be.live.Load() != 0 {
+						t.Errorf("rank %d: %d device arrays live after Close", r, be.live.Load())
+					}
+				}
+			})
+			pools := newPools(t, world, func(r int, c *Config) {
+				if devArrays {
+					bes[r] = &arrays{gpuLike: &gpuLike{Backend: NewHostBackend()}}
+					c.Backend = bes[r]
+				}
+			})
+			first := make([][]uintptr, world)
+			firstDev := make([]uintptr, world)
+			for round := range 3 {
+				checkErrs(t, onRanks(world, func(r int) error {
+					ord := Ordering(Now)
+					if devArrays {
+						ord = stream{r}
+					}
+					var b *Buffer
+					var err error
+					if r == 2 {
+						b, err = pools[r].Alloc(n)
+					} else {
+						b, err = pools[r].AllocPersistent(n, 42)
+					}
+					if err != nil {
+						return err
+					}
+					h, err := pools[r].Rendezvous(context.Background(), b)
+					if err != nil {
+						return err
+					}
+					ptrs := append(h.BufferPtrs(), h.SignalPadPtrs()...)
+					if devArrays {
+						if dev := unsafe.Slice((*uintptr)(ptrAt(h.BufferPtrsDev())), world); !slices.Equal(dev, h.BufferPtrs()) {
+							return fmt.Errorf("round %d: device array %x, BufferPtrs %x", round, dev, h.BufferPtrs())
+						}
+					}
+					if round == 0 {
+						first[r], firstDev[r] = ptrs, h.BufferPtrsDev()
+					} else if r != 2 && (!slices.Equal(ptrs, first[r]) || h.BufferPtrsDev() != firstDev[r]) {
+						return fmt.Errorf("round %d: pointers %x, device array %#x; round 0 had %x, %#x", round, ptrs, h.BufferPtrsDev(), first[r], firstDev[r])
+					}
+					// Through round 0's pointer to the next rank's buffer
+					// (rank 2, not persistent, through this round's).
+					next := (r + 1) % world
+					to := first[r][next]
+					if r == 2 {
+						to = h.Peer(next)
+					}
+					msg := fmt.Sprintf("round %d from rank %d", round, r)
+					copy(unsafeBytes(to, len(msg)), msg)
+					if err := h.Barrier(ord, 0, 0); err != nil {
+						return err
+					}
+					prev := (r + world - 1) % world
+					want := fmt.Sprintf("round %d from rank %d", round, prev)
+					if got := string(unsafeBytes(b.Addr(), len(want))); got != want {
+						return fmt.Errorf("round %d: my buffer holds %q, want %q", round, got, want)
+					}
+					if err := h.Barrier(ord, 1, 0); err != nil {
+						return err
+					}
+					return b.Free()
+				}))
+			}
+		})
+	}
 }
