@@ -15,8 +15,9 @@ import (
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// hostComms makes world goroutine-rank host communicators on store.
-func hostComms(t *testing.T, store rendezvous.Store, world int, group string) []*Communicator {
+// hostComms makes world goroutine-rank host communicators on store; edit,
+// if given, changes each rank's Config first.
+func hostComms(t *testing.T, store rendezvous.Store, world int, group string, edit ...func(*Config)) []*Communicator {
 	t.Helper()
 	comms := make([]*Communicator, world)
 	errs := make([]error, world)
@@ -25,8 +26,12 @@ func hostComms(t *testing.T, store rendezvous.Store, world int, group string) []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			comms[r], errs[r] = New(context.Background(), Config{Rank: r, WorldSize: world, Device: Host, Store: store,
-				Library: collectives.Library, Group: group, Timeout: 5 * time.Second})
+			cfg := Config{Rank: r, WorldSize: world, Device: Host, Store: store,
+				Library: collectives.Library, Group: group, Timeout: 5 * time.Second}
+			for _, e := range edit {
+				e(&cfg)
+			}
+			comms[r], errs[r] = New(context.Background(), cfg)
 		}()
 	}
 	wg.Wait()
@@ -380,21 +385,7 @@ func TestHostReformSameName(t *testing.T) {
 		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
 			store := rendezvous.NewMemStore()
 			for round := range 3 {
-				comms := make([]*Communicator, 2)
-				errs := make([]error, 2)
-				var wg sync.WaitGroup
-				for r := range comms {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						comms[r], errs[r] = New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, HostShared: shared,
-							Store: store, Library: collectives.Library, Group: "same", Timeout: 5 * time.Second})
-					}()
-				}
-				wg.Wait()
-				if err := errors.Join(errs...); err != nil {
-					t.Fatalf("round %d: %v", round, err)
-				}
+				comms := hostComms(t, store, 2, "same", func(c *Config) { c.HostShared = shared })
 				outs := make([][]float32, 2)
 				err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
 					outs[r] = []float32{float32(round), float32(r + 1)}
