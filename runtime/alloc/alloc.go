@@ -52,7 +52,11 @@ type Event interface {
 
 // Observer is told about segments. Its methods run with the allocator's
 // lock held, in the goroutine that caused them: they must not call the
-// allocator back, and they should be quick (a local registration).
+// allocator back, and they should be quick (a local registration). One
+// that panics leaves the allocator consistent (the segment it was told
+// about stays listed, counted and, for SegmentAllocated, cached for
+// reuse; for SegmentFreeing, not freed) and the panic goes on to the
+// caller.
 type Observer interface {
 	// SegmentAllocated: seg was obtained from the driver (or, on Observe
 	// with replay, already existed).
@@ -63,11 +67,14 @@ type Observer interface {
 }
 
 // ErrInvalid marks a misuse of the allocator: a bad size, a block freed
-// twice or freed through another allocator.
+// twice (also through a stale handle, whose memory Alloc handed out again
+// under a new one) or freed through another allocator, a closed allocator.
 var ErrInvalid = errors.New("alloc: invalid use")
 
 // OutOfMemoryError is an allocation the driver refused even after the
-// allocator gave back every cached segment it could.
+// allocator waited for the blocks held back for other streams and gave
+// back every cached segment it could. Err joins the driver's error and any
+// error of that clean-up.
 type OutOfMemoryError struct {
 	Bytes    int64 // the request, rounded
 	Reserved int64 // bytes held in segments when it failed
@@ -84,13 +91,19 @@ func (e *OutOfMemoryError) Unwrap() error { return e.Err }
 
 // Options tune an Allocator; zero values take the defaults.
 type Options struct {
-	// MinBlock is the rounding of every request (default 512 bytes).
+	// MinBlock is the rounding of every request (default 512 bytes): a
+	// power of two, at most SegmentBytes.
 	MinBlock int64
 	// SegmentBytes is the smallest segment and the rounding of larger
-	// ones (default 2 MiB). A request larger than it gets a segment of
-	// its own size, rounded up.
+	// ones (default 2 MiB), a multiple of MinBlock of at most
+	// MaxSegmentBytes. A request larger than it gets a segment of its own
+	// size, rounded up.
 	SegmentBytes int64
 }
+
+// MaxSegmentBytes bounds Options.SegmentBytes (256 TiB, past any device),
+// so that rounding the largest request (1<<62 bytes) cannot overflow.
+const MaxSegmentBytes = 1 << 48
 
 // Allocator is a caching device allocator over one Driver (one device).
 // Safe for concurrent use.
@@ -99,11 +112,16 @@ type Allocator struct {
 	opts Options
 
 	mu        sync.Mutex
+	closed    bool
 	segments  []*segment // sorted by base
 	free      map[*cuda.Stream][]*Block
 	pending   []pendingFree
 	observers []*observerEntry
 	stats     Stats
+	// eventErrs are errors of blocks' events (pendingFree), kept for
+	// EmptyCache and Close to report: a block whose event failed is kept
+	// out of use for good instead of failing every Alloc.
+	eventErrs []error
 }
 
 // segment is one driver allocation; blocks tile it in address order.
@@ -122,6 +140,7 @@ type Block struct {
 	requested int64
 	allocated bool
 	pending   bool           // freed, waiting for other streams' events
+	retired   bool           // a stale handle: its memory went out again under another (Alloc)
 	uses      []*cuda.Stream // streams other than the segment's (RecordStream)
 }
 
@@ -153,8 +172,9 @@ func New(drv Driver, opts Options) (*Allocator, error) {
 	if opts.SegmentBytes == 0 {
 		opts.SegmentBytes = 2 << 20
 	}
-	if opts.MinBlock < 0 || opts.MinBlock&(opts.MinBlock-1) != 0 || opts.SegmentBytes < opts.MinBlock || opts.SegmentBytes%opts.MinBlock != 0 {
-		return nil, fmt.Errorf("%w: MinBlock %d must be a power of two and SegmentBytes %d a multiple of it", ErrInvalid, opts.MinBlock, opts.SegmentBytes)
+	if opts.MinBlock < 0 || opts.MinBlock&(opts.MinBlock-1) != 0 || opts.SegmentBytes < opts.MinBlock || opts.SegmentBytes%opts.MinBlock != 0 ||
+		opts.SegmentBytes > MaxSegmentBytes {
+		return nil, fmt.Errorf("%w: MinBlock %d must be a power of two and SegmentBytes %d a multiple of it, at most %d (MaxSegmentBytes)", ErrInvalid, opts.MinBlock, opts.SegmentBytes, MaxSegmentBytes)
 	}
 	return &Allocator{drv: drv, opts: opts, free: map[*cuda.Stream][]*Block{}}, nil
 }
@@ -176,18 +196,27 @@ func (a *Allocator) Alloc(bytes int64, s *cuda.Stream) (*Block, error) {
 	size := roundUp(bytes, a.opts.MinBlock)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.collectPending(false); err != nil {
-		return nil, err
+	if a.closed {
+		return nil, fmt.Errorf("%w: alloc on a closed allocator", ErrInvalid)
 	}
+	a.collectPending(false)
 	b := a.bestFit(size, s)
 	if b == nil {
-		seg, err := a.newSegment(size, s)
-		if err != nil {
+		if _, err := a.newSegment(size, s); err != nil {
 			return nil, err
 		}
-		b = seg.blocks[0]
+		if b = a.bestFit(size, s); b == nil {
+			return nil, fmt.Errorf("alloc: a new segment for %d bytes has no block that fits (allocator bug)", size)
+		}
 	}
 	a.split(b, size)
+	// A fresh handle for the memory: one freed before and handed out again
+	// must not reach it through its old handle (a second Free of that
+	// handle would free the new owner's block).
+	h := &Block{seg: b.seg, ptr: b.ptr, size: b.size}
+	b.seg.blocks[slices.Index(b.seg.blocks, b)] = h
+	b.retired = true
+	b = h
 	b.allocated, b.requested = true, bytes
 	a.stats.AllocatedBytes += b.size
 	a.stats.ActiveBlocks++
@@ -208,22 +237,26 @@ func (a *Allocator) bestFit(size int64, s *cuda.Stream) *Block {
 	return b
 }
 
-// newSegment obtains a segment for size on s and tells the observers.
+// newSegment obtains a segment for size on s, puts its one block in s's
+// free pool and tells the observers.
 func (a *Allocator) newSegment(size int64, s *cuda.Stream) (*segment, error) {
 	bytes := roundUp(size, a.opts.SegmentBytes)
 	p, err := a.drv.Alloc(bytes)
 	if err != nil {
-		// Give back what the cache holds and try once more.
-		if ferr := a.releaseCached(); ferr != nil {
-			return nil, errors.Join(err, ferr)
-		}
+		// Wait for the blocks held back for other streams, give back what
+		// the cache holds, and try once more.
+		cerr := errors.Join(a.collectPending(true), a.releaseCached())
 		a.stats.NumOOMRetries++
 		if p, err = a.drv.Alloc(bytes); err != nil {
-			return nil, &OutOfMemoryError{Bytes: bytes, Reserved: a.stats.ReservedBytes, Err: err}
+			return nil, &OutOfMemoryError{Bytes: bytes, Reserved: a.stats.ReservedBytes, Err: errors.Join(err, cerr)}
+		}
+		if cerr != nil {
+			a.eventErrs = append(a.eventErrs, cerr)
 		}
 	}
 	seg := &segment{base: p, bytes: bytes, stream: s}
 	seg.blocks = []*Block{{seg: seg, ptr: p, size: bytes}}
+	a.addFree(seg.blocks[0])
 	i := sort.Search(len(a.segments), func(i int) bool { return a.segments[i].base > p })
 	a.segments = slices.Insert(a.segments, i, seg)
 	a.stats.ReservedBytes += bytes
@@ -288,6 +321,8 @@ func (a *Allocator) checkLive(b *Block, op string) error {
 		return fmt.Errorf("%w: %s of a nil block", ErrInvalid, op)
 	case b.seg == nil || !slices.Contains(a.segments, b.seg):
 		return fmt.Errorf("%w: %s of block %#x: not from this allocator (or its segment was freed)", ErrInvalid, op, uintptr(b.ptr))
+	case b.retired:
+		return fmt.Errorf("%w: %s of block %#x: a stale handle (freed, and its memory handed out again under another)", ErrInvalid, op, uintptr(b.ptr))
 	case !b.allocated || b.pending:
 		return fmt.Errorf("%w: %s of block %#x: already freed", ErrInvalid, op, uintptr(b.ptr))
 	}
@@ -353,12 +388,16 @@ func (a *Allocator) release(b *Block) {
 func (a *Allocator) isFree(b *Block) bool { return !b.allocated && !b.pending }
 
 // collectPending releases pending blocks whose events have passed (all of
-// them, waiting, with wait).
+// them, waiting, with wait). A block whose event fails can never be known
+// unused: it leaves the pending list but stays out of use, its segment
+// kept, and the error, naming the block, joins eventErrs (reported by
+// EmptyCache and Close) instead of failing the caller. It returns the
+// errors of this call.
 func (a *Allocator) collectPending(wait bool) error {
 	var errs []error
 	keep := a.pending[:0]
 	for _, pf := range a.pending {
-		done := true
+		done, failed := true, false
 		for _, e := range pf.events {
 			var err error
 			ok := true
@@ -368,50 +407,69 @@ func (a *Allocator) collectPending(wait bool) error {
 				ok, err = e.Done()
 			}
 			if err != nil {
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("alloc: block %#x (%d bytes) freed for use on other streams: its event failed, so it is kept out of use: %w", uintptr(pf.b.ptr), pf.b.size, err))
+				failed = true
 			}
 			if !ok || err != nil {
 				done = false
 				break
 			}
 		}
-		if !done {
+		if !done && !failed {
 			keep = append(keep, pf)
 			continue
 		}
 		for _, e := range pf.events {
-			errs = append(errs, e.Release())
+			if err := e.Release(); err != nil {
+				errs = append(errs, fmt.Errorf("alloc: release an event of block %#x: %w", uintptr(pf.b.ptr), err))
+			}
 		}
-		a.release(pf.b)
+		if done {
+			a.release(pf.b)
+		}
 	}
 	clear(a.pending[len(keep):])
 	a.pending = keep
+	a.eventErrs = append(a.eventErrs, errs...)
 	return errors.Join(errs...)
+}
+
+// takeEventErrs returns the event errors kept so far, and forgets them.
+func (a *Allocator) takeEventErrs() error {
+	err := errors.Join(a.eventErrs...)
+	a.eventErrs = nil
+	return err
 }
 
 // EmptyCache waits for blocks held back for other streams, then gives
 // every segment with no allocated block back to the driver (observers
-// first). Blocks in use keep their segments.
+// first). Blocks in use keep their segments. Its error includes the event
+// errors kept since the last EmptyCache (see collectPending).
 func (a *Allocator) EmptyCache() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return errors.Join(a.collectPending(true), a.releaseCached())
+	a.collectPending(true)
+	return errors.Join(a.takeEventErrs(), a.releaseCached())
 }
 
-// releaseCached frees every segment made of one free block.
+// releaseCached frees every segment made of one free block. Each segment
+// leaves the list (and the counts) only after its observers have run, so
+// an observer's panic leaves it listed and not freed.
 func (a *Allocator) releaseCached() error {
 	var errs []error
-	keep := a.segments[:0]
+	var gone []*segment
 	for _, seg := range a.segments {
-		if len(seg.blocks) != 1 || !a.isFree(seg.blocks[0]) {
-			keep = append(keep, seg)
-			continue
+		if len(seg.blocks) == 1 && a.isFree(seg.blocks[0]) {
+			gone = append(gone, seg)
 		}
+	}
+	for _, seg := range gone {
 		info := seg.info()
 		for _, e := range a.observers {
 			e.o.SegmentFreeing(info)
 		}
 		a.removeFree(seg.blocks[0])
+		a.segments = slices.DeleteFunc(a.segments, func(x *segment) bool { return x == seg })
 		if err := a.drv.Free(seg.base); err != nil {
 			errs = append(errs, fmt.Errorf("alloc: free segment %#x (%d bytes): %w", uintptr(seg.base), seg.bytes, err))
 		}
@@ -419,8 +477,6 @@ func (a *Allocator) releaseCached() error {
 		a.stats.Segments--
 		a.stats.NumSegmentFrees++
 	}
-	clear(a.segments[len(keep):])
-	a.segments = keep
 	for s, pool := range a.free {
 		if len(pool) == 0 {
 			delete(a.free, s)
@@ -510,15 +566,21 @@ func (a *Allocator) Snapshot() []Segment {
 }
 
 // Close waits for pending frees and gives every segment back; it fails
-// (freeing nothing) while blocks are still allocated.
+// (freeing nothing) while blocks are still allocated. A closed allocator
+// refuses Alloc (ErrInvalid); Free of its last blocks, Stats and Snapshot
+// still work. Its error includes the kept event errors, and names the
+// segments it could not give back because a block's event failed.
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.collectPending(true); err != nil {
-		return err
-	}
+	a.collectPending(true)
 	if a.stats.ActiveBlocks > 0 {
 		return fmt.Errorf("%w: Close with %d blocks (%d bytes) still allocated; free them first", ErrInvalid, a.stats.ActiveBlocks, a.stats.AllocatedBytes)
 	}
-	return a.releaseCached()
+	a.closed = true
+	err := errors.Join(a.takeEventErrs(), a.releaseCached())
+	if n := len(a.segments); n > 0 {
+		err = errors.Join(err, fmt.Errorf("alloc: %d segment(s) (%d bytes) kept: they hold blocks whose events failed", n, a.stats.ReservedBytes))
+	}
+	return err
 }
