@@ -178,7 +178,10 @@ func (c *Communicator) attachRegistry() error {
 		return nil
 	}
 	c.reg = newRegistry(r, c.cfg.Rank)
-	if c.cfg.Allocator != nil {
+	// Before 2.19 NCCL cannot register buffers: the allocator is left
+	// alone, as when NCCL is not opened, rather than New failing on the
+	// ranks whose allocator happens to hold a segment.
+	if c.cfg.Allocator != nil && r.noRegister() == "" {
 		c.reg.attach(c.cfg.Allocator)
 		// A segment the hook could not register makes New fail: the
 		// caller asked for registration and would silently not get it.

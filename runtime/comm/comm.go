@@ -151,7 +151,9 @@ type Config struct {
 	// every segment registered with NCCL: those it holds at New, each new
 	// one through its hook, each deregistered before the allocator frees
 	// it, and all at Close and Abort (see docs/registration.md). It must
-	// allocate on this rank's device. Ignored when NCCL is not opened.
+	// allocate on this rank's device. Ignored when NCCL is not opened, or
+	// is older than 2.19 (no ncclCommRegister; RegisterBuffer then returns
+	// ErrUnsupported naming the version).
 	Allocator *alloc.Allocator
 	// NoEarlyLaunch launches every kernel plainly. By default, on sm_90
 	// and later with a CUDA 12 driver, each generated kernel is launched

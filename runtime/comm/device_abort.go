@@ -16,7 +16,8 @@ import (
 func init() {
 	deviceKinds = append(deviceKinds,
 		struct{ cause, kind error }{nccl.ErrTimeout, ErrTimeout},
-		struct{ cause, kind error }{nccl.ErrAborted, ErrAborted})
+		struct{ cause, kind error }{nccl.ErrAborted, ErrAborted},
+		struct{ cause, kind error }{nccl.ErrMissingSymbol, ErrUnsupported})
 }
 
 var _ aborter = (*cudaDevice)(nil)
@@ -212,6 +213,18 @@ func (d *cudaDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, err
 // deregisterWindow implements registrar (ncclCommWindowDeregister).
 func (d *cudaDevice) deregisterWindow(h uintptr) error {
 	return d.comm.WindowDeregister(nccl.Window(h))
+}
+
+// noRegister implements registrar.
+func (d *cudaDevice) noRegister() string {
+	lib, err := nccl.Load()
+	if err != nil {
+		return err.Error()
+	}
+	if !lib.AtLeast(2, 19) {
+		return fmt.Sprintf("NCCL %v cannot register buffers (ncclCommRegister, 2.19+)", lib.Version())
+	}
+	return ""
 }
 
 // noWindows implements registrar.

@@ -148,6 +148,7 @@ type handleRegistrar struct {
 
 func (h *handleRegistrar) checkMemory(cuda.DevicePtr, int64) error { return nil }
 func (h *handleRegistrar) noWindows() string                       { return "" }
+func (h *handleRegistrar) noRegister() string                      { return "" }
 func (h *handleRegistrar) add(p cuda.DevicePtr, bytes int64, window bool) (uintptr, error) {
 	h.next++
 	h.live[h.next] = window

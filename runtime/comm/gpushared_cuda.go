@@ -19,6 +19,11 @@ func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, 
 	if !ok {
 		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", dtype)
 	}
+	if d := nccl.DataType(dt); d == nccl.F8E4M3 || d == nccl.F8E5M2 {
+		if lib, err := nccl.Load(); err == nil && !lib.AtLeast(2, 24) {
+			return errorf(ErrUnsupported, "comm: NCCL %v has no %s (fp8 types need NCCL 2.24 or newer)", lib.Version(), dtype)
+		}
+	}
 	if collective == coll.AllGather {
 		return c.AllGather(in, out, int(count), nccl.DataType(dt), s)
 	}

@@ -32,6 +32,9 @@ type registrar interface {
 	// noWindows says why the NCCL library has no windows (before 2.27),
 	// or "".
 	noWindows() string
+	// noRegister says why the NCCL library cannot register buffers
+	// (ncclCommRegister, before 2.19), or "".
+	noRegister() string
 }
 
 // registration is one registered range.
@@ -198,9 +201,11 @@ func (g *registry) remove(p cuda.DevicePtr, window bool) error {
 	return g.dropLocked(reg, false)
 }
 
-// dropLocked deregisters reg whatever its count. With abort, windows are
-// only forgotten: their deregistration is collective, and ncclCommAbort,
-// which follows, frees them.
+// dropLocked deregisters reg whatever its count. With abort, it is only
+// forgotten: ncclCommAbort, which follows, frees every registration of
+// the communicator, and a deregistration could wait behind an NCCL call
+// in flight (runtime/nccl serialises them) for up to Config.Timeout,
+// keeping Abort from being prompt; a window's is collective besides.
 func (g *registry) dropLocked(reg *registration, abort bool) error {
 	delete(g.regs, reg.base)
 	if len(g.gone) >= maxGone {
@@ -209,7 +214,7 @@ func (g *registry) dropLocked(reg *registration, abort bool) error {
 	g.gone[reg.base] = true
 	var err error
 	switch {
-	case reg.window && abort:
+	case abort:
 	case reg.window:
 		err = g.r.deregisterWindow(reg.handle)
 	default:
@@ -282,6 +287,9 @@ func (c *Communicator) RegisterBuffer(p cuda.DevicePtr, bytes int64) error {
 	if err != nil {
 		return err
 	}
+	if why := reg.r.noRegister(); why != "" {
+		return errorf(ErrUnsupported, "comm: rank %d: RegisterBuffer: %s", c.cfg.Rank, why)
+	}
 	return classify(reg.add(p, bytes, false))
 }
 
@@ -308,6 +316,9 @@ func (c *Communicator) RegisterWindow(ctx context.Context, p cuda.DevicePtr, byt
 	reg, err := c.registry("RegisterWindow")
 	if err != nil {
 		return err
+	}
+	if why := reg.r.noWindows(); why != "" {
+		return errorf(ErrUnsupported, "comm: rank %d: RegisterWindow: %s", c.cfg.Rank, why)
 	}
 	if err := ctx.Err(); err != nil {
 		return classify(err)

@@ -47,6 +47,10 @@ type regDevice struct {
 	name string // "A0": group A, rank 0
 	log  *eventLog
 
+	// noWin and noReg, when set, play an NCCL without windows or buffer
+	// registration (noWindows, noRegister).
+	noWin, noReg string
+
 	mu      sync.Mutex
 	next    uintptr
 	refuse  map[cuda.DevicePtr]string
@@ -90,7 +94,8 @@ func (d *regDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, erro
 	return d.handle("window", p, bytes)
 }
 
-func (d *regDevice) noWindows() string { return "" }
+func (d *regDevice) noWindows() string  { return d.noWin }
+func (d *regDevice) noRegister() string { return d.noReg }
 
 func (d *regDevice) deregisterWindow(h uintptr) error {
 	d.log.add("%s window deregister h%d", d.name, h)
@@ -182,8 +187,8 @@ func regComms(t *testing.T, store rendezvous.Store, group string, world int, log
 }
 
 // regCommsWith is regComms with more of the Config (Group names the
-// devices).
-func regCommsWith(t *testing.T, store rendezvous.Store, base Config, world int, log *eventLog, allocs []*alloc.Allocator) ([]*Communicator, []*regDevice) {
+// devices); edits change each fake device before New.
+func regCommsWith(t *testing.T, store rendezvous.Store, base Config, world int, log *eventLog, allocs []*alloc.Allocator, edits ...func(*regDevice)) ([]*Communicator, []*regDevice) {
 	group := base.Group
 	t.Helper()
 	comms := make([]*Communicator, world)
@@ -193,6 +198,9 @@ func regCommsWith(t *testing.T, store rendezvous.Store, base Config, world int, 
 	for r := 0; r < world; r++ {
 		devs[r] = &regDevice{worldDevice: worldDevice{&fakeDevice{rank: r}, world}, name: fmt.Sprintf("%s%d", group, r), log: log,
 			refuse: map[cuda.DevicePtr]string{}, waiting: make(chan struct{}, 1)}
+		for _, e := range edits {
+			e(devs[r])
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -454,9 +462,10 @@ func (s *closeWatch) Add(ctx context.Context, key string, delta int64) (int64, e
 
 // TestAbortFake: Abort from another goroutine while a collective waits:
 // the call returns ErrAborted promptly, kernels are released through the
-// abort word and the signal pad, registrations are deregistered before
-// NCCL is aborted (windows left to ncclCommAbort), later calls fail fast,
-// and a new group on a fresh store works.
+// abort word and the signal pad, registrations are forgotten, not
+// deregistered (ncclCommAbort frees them all; a deregistration could wait
+// behind the NCCL call in flight), later calls fail fast, and a new group
+// on a fresh store works.
 func TestAbortFake(t *testing.T) {
 	log := &eventLog{}
 	allocs := newAllocs(t, 2, log)
@@ -486,7 +495,7 @@ func TestAbortFake(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("Abort took %v", el)
 	}
-	wantLines(t, "abort order", log.since(n), []string{"X0 release kernels", "X0 deregister h1", "X0 nccl abort", "X0 release"})
+	wantLines(t, "abort order", log.since(n), []string{"X0 release kernels", "X0 nccl abort", "X0 release"})
 	if regs := c.reg.registered(); len(regs) != 0 || !d.released {
 		t.Errorf("after Abort: %d registrations left, device released %v", len(regs), d.released)
 	}
@@ -592,5 +601,34 @@ func TestAllocRegistersWindow(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("Close: %q missing from\n%s", want, got)
 		}
+	}
+}
+
+
+// TestOldNCCLNoRegistration: with an NCCL that cannot register buffers
+// (before 2.19) or has no windows (before 2.27), New succeeds on every rank
+// whatever its allocator holds (it failed on the ranks whose allocator had
+// a segment), the allocator is left alone, and RegisterBuffer and
+// RegisterWindow return ErrUnsupported naming the version.
+func TestOldNCCLNoRegistration(t *testing.T) {
+	log := &eventLog{}
+	allocs := newAllocs(t, 2, log)
+	blk, _ := allocs[0].Alloc(100, nil) // rank 0 holds a segment, rank 1 none
+	defer allocs[0].Free(blk)
+	comms, _ := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "O"}, 2, log, allocs, func(d *regDevice) {
+		d.noReg = "NCCL 2.18.5 cannot register buffers (ncclCommRegister, 2.19+)"
+		d.noWin = "NCCL 2.18.5 has no windows (2.27+)"
+	})
+	defer closeAll(t, comms)
+	for _, l := range log.all() {
+		if strings.Contains(l, "register") {
+			t.Errorf("registration with an NCCL that has none: %q", l)
+		}
+	}
+	if err := comms[0].RegisterBuffer(0x9000_0000, 4096); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "2.19") {
+		t.Errorf("RegisterBuffer: %v; want ErrUnsupported naming 2.19", err)
+	}
+	if err := comms[0].RegisterWindow(context.Background(), 0xa000_0000, 1<<20); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "2.27") {
+		t.Errorf("RegisterWindow: %v; want ErrUnsupported naming 2.27", err)
 	}
 }

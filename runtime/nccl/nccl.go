@@ -151,10 +151,22 @@ func (e *Error) Error() string {
 
 const missingBase = C.CGN_MISSING_BASE
 
+// MissingSymbol is the Code of an *Error whose library lacks the function
+// called: an NCCL older than the one that added it (the message names that
+// version). Such an error matches ErrMissingSymbol.
+const MissingSymbol Result = -1
+
+// ErrMissingSymbol is matched (errors.Is) by every *Error of Code
+// MissingSymbol.
+var ErrMissingSymbol = errors.New("nccl: libnccl lacks the function")
+
+// Is makes errors.Is(err, ErrMissingSymbol) true for a missing function.
+func (e *Error) Is(target error) bool { return target == ErrMissingSymbol && e.Code == MissingSymbol }
+
 func newError(r C.ncclResult_t, op string, rank int, comm C.ncclComm_t) *Error {
 	e := &Error{Op: op, Rank: rank, Code: Result(r)}
 	if int(r) >= missingBase {
-		e.Code = -1
+		e.Code = MissingSymbol
 		e.Msg = missingMsg(C.GoString(C.cgn_symbol(C.int(int(r) - missingBase))))
 		return e
 	}
