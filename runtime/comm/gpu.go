@@ -823,10 +823,29 @@ func (g *gpuComm) zeroCopy(k *kernels.Kernel, cl *call) zeroCopy {
 
 func (g *gpuComm) symmetricInput(cl *call) bool {
 	cl.sym = zeroCopy{}
-	if cl.in.kind == deviceMemory {
+	if cl.in.kind == deviceMemory && !inPlaceStaged(cl, g.cfg.Rank) {
 		cl.sym, _ = g.dev.lookup(cl.in.dev, cl.inBytes)
 	}
 	return cl.sym.on()
+}
+
+// inPlaceStaged reports in-place calls whose symmetric input must still be
+// staged. An in-place all-gather's input (out + rank*inBytes) lies at a
+// different offset of the buffer on every rank, where zero-copy kernels
+// read every peer at this rank's offset (wrong data). An all-reduce whose
+// output overlaps its input would be written while peers still read that
+// input in place (its one-shot writes output without waiting for them).
+// An in-place reduce-scatter is safe: a rank writes only its own chunk,
+// which no peer reads.
+func inPlaceStaged(cl *call, rank int) bool {
+	in, out := cl.in.dev, cl.out.dev
+	switch cl.collective {
+	case coll.AllGather:
+		return in == out+cuda.DevicePtr(int64(rank)*cl.inBytes)
+	case coll.AllReduce:
+		return in < out+cuda.DevicePtr(cl.outBytes) && out < in+cuda.DevicePtr(cl.inBytes)
+	}
+	return false
 }
 
 // run executes a prepared call; with no stream it waits for completion.

@@ -292,3 +292,38 @@ func shippedWith(ks []kernels.Kernel, sels []kernels.Selection) *kernels.Library
 	return &kernels.Library{Package: g.Package, Kernels: ks, Selections: sels, MultiHost: g.MultiHost,
 		Sources: g.Sources, HostReducers: g.HostReducers, Manifest: g.Manifest, MaxBlocks: g.MaxBlocks}
 }
+
+// TestFakeInPlaceSymmetricStaged: in-place calls on symmetric memory that
+// zero-copy kernels cannot read in place are staged: an all-gather whose
+// input is out + rank*sendCount (at a different offset on every rank,
+// where zero-copy read every peer at this rank's offset: wrong data), and
+// an all-reduce with in == out (the one-shot wrote its output while peers
+// still read its input). A plain symmetric input with a separate output,
+// and an in-place reduce-scatter, still run zero-copy.
+func TestFakeInPlaceSymmetricStaged(t *testing.T) {
+	comms, _ := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	const count = 4 << 20 // f32 elements per rank
+	syms := allocOnRanks(t, comms, 2*4*count)
+	for _, c := range []struct {
+		name     string
+		collect  coll.Collective
+		in, out  func(r int) Buffer
+		n        int
+		zeroCopy bool
+	}{
+		{"all-gather in place", coll.AllGather, func(r int) Buffer { return DeviceBuffer(syms[r] + cuda.DevicePtr(r*4*count)) }, func(r int) Buffer { return DeviceBuffer(syms[r]) }, count, false},
+		{"all-gather, separate output", coll.AllGather, func(r int) Buffer { return DeviceBuffer(syms[r]) }, func(int) Buffer { return DeviceBuffer(0x9000) }, count, true},
+		{"all-reduce in place", coll.AllReduce, func(r int) Buffer { return DeviceBuffer(syms[r]) }, func(r int) Buffer { return DeviceBuffer(syms[r]) }, 2 * count, false},
+		{"all-reduce, output overlapping", coll.AllReduce, func(r int) Buffer { return DeviceBuffer(syms[r]) }, func(r int) Buffer { return DeviceBuffer(syms[r] + 4) }, count, false},
+		{"all-reduce, separate output", coll.AllReduce, func(r int) Buffer { return DeviceBuffer(syms[r]) }, func(int) Buffer { return DeviceBuffer(0x9000) }, 2 * count, true},
+		{"reduce-scatter in place", coll.ReduceScatter, func(r int) Buffer { return DeviceBuffer(syms[r]) }, func(r int) Buffer { return DeviceBuffer(syms[r] + cuda.DevicePtr(r*4*count)) }, count, true},
+	} {
+		for r, cm := range comms {
+			p, err := cm.Explain(c.collect, c.in(r), c.out(r), c.n, coll.F32, coll.Sum, Options{Algorithm: coll.OneShot})
+			if err != nil || p.ZeroCopy != c.zeroCopy {
+				t.Errorf("%s, rank %d: plan %+v, %v; want zero-copy %v", c.name, r, p, err, c.zeroCopy)
+			}
+		}
+	}
+}
