@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/collgen/collgen/runtime/cuda"
@@ -80,10 +81,33 @@ func (c *Communicator) Abort() error {
 		c.closeErr = errors.Join(classify(err), c.leave())
 		errs = append(errs, c.closeErr)
 		if freeRegion != nil {
-			go c.freeWhenLeft(freeRegion, parkFactor*c.cfg.Timeout)
+			go c.freeWhenLeft(freeRegion, parkBound(c.cfg.Timeout))
 		}
 	})
 	return classify(errors.Join(errs...))
+}
+
+// parkBound is how long Abort keeps the staging region for peers still in
+// the group: parkFactor x timeout, saturating (a Timeout of "never",
+// math.MaxInt64, overflowed to a negative wait and freed the region under
+// a live peer's kernel at once).
+func parkBound(timeout time.Duration) time.Duration {
+	if timeout > math.MaxInt64/parkFactor {
+		return math.MaxInt64
+	}
+	return parkFactor * timeout
+}
+
+// gone returns the error of op on an aborted (ErrAborted) or closed
+// (ErrClosed) communicator, nil on a live one.
+func (c *Communicator) gone(op string) error {
+	if c.aborted.Load() {
+		return c.abortedError(op)
+	}
+	if c.closed.Load() {
+		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, op)
+	}
+	return nil
 }
 
 // abortedError is the error of a call on, or interrupted by, Abort.

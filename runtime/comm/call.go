@@ -66,12 +66,9 @@ type backend interface {
 // so the per-call path allocates nothing; host calls, which may run
 // concurrently, get their own.
 func (c *Communicator) do(in call) error {
-	if c.aborted.Load() {
-		return c.abortedError(string(in.collective))
-	}
-	if c.closed.Load() {
-		// Before the debug check: peers of a closed rank are not calling.
-		return errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, in.collective)
+	// Before the debug check: peers of a closed rank are not calling.
+	if err := c.gone(string(in.collective)); err != nil {
+		return err
 	}
 	if in.o.Context != nil && in.o.Context.Err() != nil {
 		// Take no part at all: half a collective (inputs offered, then
@@ -88,6 +85,11 @@ func (c *Communicator) do(in call) error {
 			c.cur = call{} // keep no reference to the caller's stream or context
 			c.busy.Unlock()
 		}()
+		// Again under busy: a Close or Abort that finished between the
+		// check above and TryLock has released the device.
+		if err := c.gone(string(in.collective)); err != nil {
+			return err
+		}
 		c.cur = in
 		cl = &c.cur
 	} else {
@@ -208,6 +210,11 @@ func (c *Communicator) checkBuffer(cl *call, name string, b Buffer, need int64) 
 		if b.dev == 0 && need > 0 {
 			return errorf(ErrInvalidArgument, "comm: %s: the %s is DeviceBuffer(0)", cl.collective, name)
 		}
+		// Kernels load and store whole elements: an address off their
+		// alignment faults the context (misaligned address, sticky).
+		if size := uintptr(cl.dtype.Size()); size > 0 && uintptr(b.dev)%size != 0 {
+			return errorf(ErrInvalidArgument, "comm: %s: the %s is not %d-byte aligned for %s", cl.collective, name, size, cl.dtype)
+		}
 		return nil
 	}
 	if int64(len(b.host)) < need {
@@ -238,8 +245,8 @@ func (c *Communicator) choose(cl *call) error {
 // chooseCall is the call Choose resolves: bytes of the full buffer, no
 // buffers.
 func (c *Communicator) chooseCall(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (*call, error) {
-	if c.closed.Load() {
-		return nil, errorf(ErrClosed, "comm: Choose on a closed communicator")
+	if err := c.gone("Choose"); err != nil {
+		return nil, err
 	}
 	if !collective.Reduces() {
 		op = ""

@@ -401,8 +401,8 @@ type Plan struct {
 // It is local: no rank waits for another. A count of 0 plans nothing and
 // returns the zero Plan.
 func (c *Communicator) Explain(collective coll.Collective, in, out Buffer, count int, dtype coll.DType, op coll.Op, o Options) (Plan, error) {
-	if c.closed.Load() {
-		return Plan{}, errorf(ErrClosed, "comm: Explain on a closed communicator")
+	if err := c.gone("Explain"); err != nil {
+		return Plan{}, err
 	}
 	if !collective.Reduces() {
 		op = ""
@@ -459,8 +459,13 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 	if bytes <= 0 || bytes > symm.MaxAllocBytes {
 		return 0, errorf(ErrInvalidArgument, "comm: Alloc of %d bytes: want a positive size of at most %d (symm.MaxAllocBytes)", bytes, symm.MaxAllocBytes)
 	}
-	if c.closed.Load() {
-		return 0, errorf(ErrClosed, "comm: Alloc on a closed communicator")
+	// busy keeps Close and Abort from releasing the device under the
+	// allocation (they wait for it: it is bounded by ctx and
+	// Config.Timeout); checked again once held.
+	c.busy.Lock()
+	defer c.busy.Unlock()
+	if err := c.gone("Alloc"); err != nil {
+		return 0, err
 	}
 	if c.hier != nil {
 		p, err := c.hier.alloc(ctx, bytes)
@@ -475,18 +480,20 @@ func (c *Communicator) Alloc(ctx context.Context, bytes int) (cuda.DevicePtr, er
 
 // Synchronize waits for the stream (nil: the communicator's own) and then
 // returns any error a kernel reported, such as a timeout waiting for a peer.
+// After Close or Abort it returns ErrClosed or ErrAborted.
 func (c *Communicator) Synchronize(s *cuda.Stream) error {
+	// waiting keeps Close and Abort from releasing the device under this
+	// wait.
+	c.waiting.RLock()
+	defer c.waiting.RUnlock()
+	if err := c.gone("Synchronize"); err != nil {
+		return err
+	}
 	if c.hier != nil {
 		return classify(c.hier.synchronize(s))
 	}
 	if c.gpu == nil {
 		return nil
-	}
-	// waiting keeps Abort from releasing the device under this wait.
-	c.waiting.RLock()
-	defer c.waiting.RUnlock()
-	if c.aborted.Load() {
-		return c.abortedError("Synchronize")
 	}
 	if err := c.gpu.synchronize(s); err != nil {
 		if c.aborted.Load() {
@@ -497,8 +504,14 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 	return nil
 }
 
-// Err returns the first error a kernel reported without waiting, or nil.
+// Err returns the first error a kernel reported without waiting, or nil;
+// after Close or Abort, ErrClosed or ErrAborted.
 func (c *Communicator) Err() error {
+	c.waiting.RLock() // the status word lives until Close or Abort
+	defer c.waiting.RUnlock()
+	if err := c.gone("Err"); err != nil {
+		return err
+	}
 	if c.hier != nil {
 		return classify(c.hier.statusErr())
 	}
@@ -538,9 +551,12 @@ func (c *Communicator) Stream() *cuda.Stream {
 func (c *Communicator) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
-		// Wait for a GPU call in flight on another goroutine.
+		// Wait for a GPU call in flight on another goroutine, and for
+		// Synchronize and Err, before releasing what they use.
 		c.busy.Lock()
 		defer c.busy.Unlock()
+		c.waiting.Lock()
+		defer c.waiting.Unlock()
 		// Registrations go after the collectives queued on the own stream
 		// (best effort: close reports the stream's error) and before the
 		// NCCL communicator does.

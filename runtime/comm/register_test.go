@@ -632,3 +632,19 @@ func TestOldNCCLNoRegistration(t *testing.T) {
 		t.Errorf("RegisterWindow: %v; want ErrUnsupported naming 2.27", err)
 	}
 }
+
+// TestParkBoundSaturates: Abort's bound on keeping the region for peers
+// saturates instead of overflowing (Timeout math.MaxInt64 made it
+// negative, freeing the region under a live peer's kernel at once).
+func TestParkBoundSaturates(t *testing.T) {
+	for _, c := range []struct{ timeout, want time.Duration }{
+		{time.Second, 4 * time.Second},
+		{math.MaxInt64 / 4, 4 * (math.MaxInt64 / 4)},
+		{math.MaxInt64/4 + 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64},
+	} {
+		if got := parkBound(c.timeout); got != c.want {
+			t.Errorf("parkBound(%v) = %v, want %v", c.timeout, got, c.want)
+		}
+	}
+}

@@ -43,8 +43,10 @@ func (c *Communicator) UseSymmetric(ctx context.Context, pool *symm.Pool) error 
 	if pool == nil {
 		return errorf(ErrInvalidArgument, "comm: UseSymmetric of a nil pool")
 	}
-	if c.closed.Load() {
-		return errorf(ErrClosed, "comm: UseSymmetric on a closed communicator")
+	c.busy.Lock() // as Alloc: Close and Abort wait for it
+	defer c.busy.Unlock()
+	if err := c.gone("UseSymmetric"); err != nil {
+		return err
 	}
 	user, ok := c.gpu.dev.(symmetricUser)
 	var local error

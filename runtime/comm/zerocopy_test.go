@@ -327,3 +327,27 @@ func TestFakeInPlaceSymmetricStaged(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeMisalignedDeviceBuffer: a device pointer off its element's
+// alignment is refused (ErrInvalidArgument) before anything runs; kernels
+// load whole elements, and a misaligned address faults the context.
+func TestFakeMisalignedDeviceBuffer(t *testing.T) {
+	comms, devs := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	for _, c := range []struct {
+		in, out cuda.DevicePtr
+		dtype   coll.DType
+	}{{0x1001, 0x2000, coll.F32}, {0x1000, 0x2003, coll.F32}, {0x1002, 0x2000, coll.F64}, {0x1001, 0x2000, coll.BF16}} {
+		err := comms[0].AllReduce(DeviceBuffer(c.in), DeviceBuffer(c.out), 7, c.dtype, coll.Sum, Options{})
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "aligned") {
+			t.Errorf("%#x -> %#x %s: %v; want ErrInvalidArgument naming the alignment", uintptr(c.in), uintptr(c.out), c.dtype, err)
+		}
+	}
+	if len(devs[0].launches) != 0 {
+		t.Errorf("%d launches for refused calls", len(devs[0].launches))
+	}
+	// Element-aligned (one element off 16 bytes) is fine: the awkward sizes.
+	if _, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1004), DeviceBuffer(0x2004), 7, coll.F32, coll.Sum, Options{}); err != nil {
+		t.Errorf("an element-aligned pointer: %v", err)
+	}
+}
