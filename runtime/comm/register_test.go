@@ -604,7 +604,6 @@ func TestAllocRegistersWindow(t *testing.T) {
 	}
 }
 
-
 // TestOldNCCLNoRegistration: with an NCCL that cannot register buffers
 // (before 2.19) or has no windows (before 2.27), New succeeds on every rank
 // whatever its allocator holds (it failed on the ranks whose allocator had
