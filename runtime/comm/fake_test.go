@@ -682,3 +682,48 @@ func TestFakeHCMScratchHoldsAccumulators(t *testing.T) {
 		t.Errorf("two-shot windows: bf16 %d, f32 %d elements; want bf16's larger (bf16 in scratch)", windows[2], windows[3])
 	}
 }
+
+// TestFakeConfigsAgree: ranks whose staging layouts differ with the same
+// total (a StagingBytes that happens to sum like the default areas), or
+// whose Config.NCCLWindows differ, fail New with ErrMismatch naming both.
+// (Before, only the total was compared: kernels then addressed peers'
+// areas at other offsets; and a rank alone with NCCLWindows entered a
+// collective window registration no peer joined.)
+func TestFakeConfigsAgree(t *testing.T) {
+	devs := make([]*fakeDevice, 4)
+	for r := range devs {
+		devs[r] = &fakeDevice{rank: r}
+	}
+	// The default layout at world 4, and one StagingBytes giving every
+	// area the same size with the same slot total.
+	probe, _ := fakeComms(t, 4, Config{})
+	g := probe[0].gpu
+	total, areas := g.slotBytes, len(g.protocols)
+	closeAll(t, probe)
+	if total%int64(areas) != 0 || total/int64(areas)%regionAlign != 0 {
+		t.Skipf("default slot of %d bytes over %d areas has no equal split", total, areas)
+	}
+	comms, errs := newFakeComms(t, Config{}, devs, func(r int, c *Config) {
+		if r == 1 {
+			c.StagingBytes = total / int64(areas)
+		}
+	})
+	for r, err := range errs {
+		if comms[r] != nil {
+			comms[r].Close()
+		}
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "StagingBudget") {
+			t.Errorf("layouts with one total, rank %d: %v; want ErrMismatch naming the staging Configs", r, err)
+		}
+	}
+	devs2 := []*fakeDevice{{rank: 0}, {rank: 1}}
+	comms, errs = newFakeComms(t, Config{}, devs2, func(r int, c *Config) { c.NCCLWindows = r == 0 })
+	for r, err := range errs {
+		if comms[r] != nil {
+			comms[r].Close()
+		}
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "NCCLWindows") {
+			t.Errorf("NCCLWindows on rank 0 only, rank %d: %v; want ErrMismatch naming it", r, err)
+		}
+	}
+}
