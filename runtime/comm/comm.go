@@ -104,8 +104,10 @@ type Config struct {
 	// bytes (default DefaultStagingBudget, 32 MiB). The areas the rules
 	// would need beyond it shrink to one common cap, and their kernels run
 	// more rounds; only the inboxes of push kernels without rounds are never
-	// cut. Every rank must pass the same value; negative, or over
-	// MaxStagingBytes, is refused.
+	// cut, and no area goes below 1 MiB, so a budget under that floor
+	// (13.5 MiB at world 2 with the shipped rules) is refused with
+	// ErrInvalidArgument naming it. Every rank must pass the same value;
+	// negative, or over MaxStagingBytes, is refused.
 	StagingBudget int64
 	// MaxBlocks caps the blocks (CTAs) of every generated kernel launch on
 	// this rank's GPU, as NCCL's maxCTAs does: the SMs it leaves free run
@@ -424,7 +426,9 @@ func (c *Communicator) Explain(collective coll.Collective, in, out Buffer, count
 
 // Choose returns the algorithm automatic selection picks for a message of
 // the given size in bytes (for all-gather and reduce-scatter: the full,
-// gathered size), through the same resolution a call makes; it checks its
+// gathered size) with a staged input, through the same resolution a call
+// makes (an input in symmetric memory may select otherwise: Explain takes
+// the buffers and says what a call runs); it checks its
 // arguments (an unknown dtype or op is ErrInvalidArgument) and fails when
 // nothing can run the message.
 func (c *Communicator) Choose(collective coll.Collective, bytes int64, dtype coll.DType, op coll.Op) (coll.Algorithm, error) {

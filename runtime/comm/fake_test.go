@@ -727,3 +727,37 @@ func TestFakeConfigsAgree(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeStagingBudgetFloor: a StagingBudget below what the areas need at
+// least is refused, naming that floor (before, it was exceeded silently:
+// 1 MiB gave a 13.5 MiB region at world 2); the floor itself is accepted
+// and the region then fits it.
+func TestFakeStagingBudgetFloor(t *testing.T) {
+	devs := []*fakeDevice{{rank: 0}, {rank: 1}}
+	_, errs := newFakeComms(t, Config{StagingBudget: 1 << 20}, devs)
+	var floor int64
+	for r, err := range errs {
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "StagingBudget 1048576 is below the ") {
+			t.Fatalf("rank %d: %v; want ErrInvalidArgument naming the floor", r, err)
+		}
+		fmt.Sscanf(err.Error()[strings.Index(err.Error(), "below the ")+len("below the "):], "%d", &floor)
+	}
+	comms, _ := fakeComms(t, 2, Config{StagingBudget: floor})
+	defer closeAll(t, comms)
+	g := comms[0].gpu
+	if region := 2*g.slotBytes + g.scratchBytes + g.signalBytes(); region > floor {
+		t.Errorf("budget %d: region of %d bytes", floor, region)
+	}
+}
+
+// TestFakeHierarchicalOnOneHost: forcing the hierarchical algorithm on a
+// group within one host is ErrUnsupported saying it is for groups that
+// span hosts (it advised adding a kernel to the spec).
+func TestFakeHierarchicalOnOneHost(t *testing.T) {
+	comms, _ := fakeComms(t, 2, Config{})
+	defer closeAll(t, comms)
+	_, err := comms[0].Explain(coll.AllReduce, DeviceBuffer(0x1000), DeviceBuffer(0x2000), 64, coll.F32, coll.Sum, Options{Algorithm: coll.Hierarchical})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "span hosts") {
+		t.Errorf("forced hierarchical on one host: %v; want ErrUnsupported saying it spans hosts", err)
+	}
+}

@@ -568,6 +568,13 @@ func (g *gpuComm) pickTopology() error {
 	for _, p := range g.protocols {
 		g.slotBytes += g.area[p]
 	}
+	if region := 2*g.slotBytes + g.scratchBytes + g.signalBytes(); cfg.StagingBytes == 0 && cfg.StagingBudget > 0 && region > cfg.StagingBudget {
+		// The areas never shrink below their floor (the inboxes of push
+		// kernels without rounds, minArea each): a budget under it cannot
+		// be kept, and saying so beats a region larger than asked.
+		return errorf(ErrInvalidArgument, "comm: Config.StagingBudget %d is below the %d bytes topology %s needs at world %d at least (two stage slots of %s, the signal pad); pass at least that, or 0 for the default %d",
+			cfg.StagingBudget, region, topo, cfg.WorldSize, g.layoutString(), DefaultStagingBudget)
+	}
 	return nil
 }
 
@@ -733,6 +740,9 @@ func (g *gpuComm) prepare(cl *call, auto bool) error {
 			return g.prepare(cl, true)
 		}
 		return err
+	}
+	if cl.alg == coll.Hierarchical {
+		return errorf(ErrUnsupported, "comm: %s with algorithm hierarchical refused: it runs groups that span hosts (Config.HostID), and every rank of this one is on one host", cl.collective)
 	}
 	k, ok := g.lib.Kernel(cl.collective, cl.alg, cl.dtype, cl.op, g.world)
 	if !ok {

@@ -310,8 +310,11 @@ func (c *Communicator) DeregisterBuffer(p cuda.DevicePtr) error {
 // collective: every rank registers a buffer of the same size, in the same
 // order. The memory must come from the VMM API, such as a buffer of a
 // runtime/symm pool on the CUDA backend (NCCL refuses cuMemAlloc memory).
-// ctx is accepted for symmetry with the other collective set-up calls;
-// the wait is bounded by Config.Timeout.
+// ctx is accepted for symmetry with the other collective set-up calls.
+// With Config.NCCLNonBlocking the wait is bounded by Config.Timeout; a
+// blocking NCCL communicator (the default) waits in
+// ncclCommWindowRegister for every rank without bound, and Abort waits
+// for it.
 func (c *Communicator) RegisterWindow(ctx context.Context, p cuda.DevicePtr, bytes int64) error {
 	reg, err := c.registry("RegisterWindow")
 	if err != nil {
