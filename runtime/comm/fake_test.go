@@ -761,3 +761,26 @@ func TestFakeHierarchicalOnOneHost(t *testing.T) {
 		t.Errorf("forced hierarchical on one host: %v; want ErrUnsupported saying it spans hosts", err)
 	}
 }
+
+// TestFakeMultiHostRulesAgree: ranks passing different
+// Config.MultiHostRules fail New with ErrMismatch (a group spanning hosts
+// selects by them, and ranks must choose alike); equal rules pass.
+func TestFakeMultiHostRulesAgree(t *testing.T) {
+	rules := map[coll.Collective][]kernels.Rule{coll.AllReduce: {{UpTo: 1 << 20, Use: coll.Hierarchical}, {Use: coll.NCCL}}}
+	devs := []*fakeDevice{{rank: 0}, {rank: 1}}
+	comms, errs := newFakeComms(t, Config{}, devs, func(r int, c *Config) {
+		if r == 1 {
+			c.MultiHostRules = rules
+		}
+	})
+	for r, err := range errs {
+		if comms[r] != nil {
+			comms[r].Close()
+		}
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "MultiHostRules") {
+			t.Errorf("rank %d: %v; want ErrMismatch naming Config.MultiHostRules", r, err)
+		}
+	}
+	comms, _ = fakeComms(t, 2, Config{MultiHostRules: rules})
+	closeAll(t, comms)
+}

@@ -47,6 +47,9 @@ type membership struct {
 	Backend string `json:"backend"` // "gpu", "host" or "host-shared"
 	Library string `json:"library"` // sha256 of the library's manifest
 	Host    string `json:"host"`    // the rank's host id (hosts.go); not compared
+	// Rules is sha256 of Config.MultiHostRules ("" when unset): a group
+	// spanning hosts selects by them, and every rank must choose alike.
+	Rules string `json:"rules"`
 }
 
 // form joins the group: it claims the world size and this rank through the
@@ -122,6 +125,10 @@ func (c *Communicator) agree(ctx context.Context) error {
 		return err
 	}
 	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest))), Host: c.hostID}
+	if cfg.MultiHostRules != nil {
+		b, _ := json.Marshal(cfg.MultiHostRules) // maps marshal in key order
+		mine.Rules = fmt.Sprintf("%x", sha256.Sum256(b))
+	}
 	if cfg.Device == Host {
 		mine.Backend = "host"
 		if cfg.HostShared {
@@ -141,6 +148,9 @@ func (c *Communicator) agree(ctx context.Context) error {
 		case m.Library != mine.Library:
 			return errorf(ErrMismatch, "comm: rank %d uses a different generated library than rank %d (manifest hash %.12s, here %.12s); build every rank from the same generated code",
 				r, cfg.Rank, m.Library, mine.Library)
+		case m.Rules != mine.Rules:
+			return errorf(ErrMismatch, "comm: rank %d passed other Config.MultiHostRules than rank %d; pass the same rules (or none) on every rank",
+				r, cfg.Rank)
 		}
 		hosts[r] = m.Host
 	}
