@@ -79,8 +79,11 @@ func search(s []span, addr uintptr) int {
 // offset. It takes O(log n) in the number of live allocations, takes no
 // lock and allocates nothing, so it can sit on every collective call's
 // path (to take a zero-copy route when the input is already symmetric).
-// A buffer freed concurrently may still be returned; its methods then
-// report ErrFreed.
+// A buffer freed concurrently may still be returned: its Rendezvous and
+// its Handle's signal operations then report ErrFreed, and Bytes is nil,
+// while Addr, Size and Handle still answer (a Handle's addresses are no
+// longer mapped after Free). Freeing a buffer while a call reads it is the
+// caller's race.
 func Lookup(ptr uintptr) (buf *Buffer, offset int, ok bool) {
 	p := registry.spans.Load()
 	if p == nil {
