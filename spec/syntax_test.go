@@ -159,3 +159,27 @@ func TestRandomBytesGetAPosition(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeFanOutIsLinear: a spec of under a kilobyte that merges a
+// mapping through 7 levels of 20 aliases each loads with a few hundred
+// mapping walks, not 20^7 (it ran for minutes: each alias was walked
+// again). Merging one mapping twice adds nothing, so each is walked once.
+func TestMergeFanOutIsLinear(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("version: 1\npackage: p\nx-m0: &m0 {kind: nvlink_full, world_sizes: [2], generate: {allreduce: [oneshot]}}\n")
+	for i := 1; i <= 7; i++ {
+		fmt.Fprintf(&b, "x-m%d: &m%d {<<: [%s]}\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*m%d, ", i-1), 20), ", "))
+	}
+	b.WriteString("topologies: {nv: {<<: *m7}}\n")
+	if b.Len() > 1200 {
+		t.Fatalf("the spec is %d bytes", b.Len())
+	}
+	l := &loader{file: "fanout.yaml"}
+	s := l.parse([]byte(b.String()))
+	if len(l.errs) > 0 || s == nil {
+		t.Fatalf("errors: %v", l.errs)
+	}
+	if l.walks > 1000 {
+		t.Errorf("%d mapping walks for a %d-byte spec; want them linear in its size", l.walks, b.Len())
+	}
+}
