@@ -86,7 +86,7 @@ func Render(s *spec.Spec, opts Options) (*Output, error) {
 	if err != nil {
 		return nil, err
 	}
-	manifest := inputManifest(s, opts)
+	manifest := inputManifest(s, opts) + cudaLine(cu)
 	gofiles, err := goglue.Render(p, manifest, path.Join(opts.ImportPath, goglue.EmbedPackage))
 	if err != nil {
 		return nil, err
@@ -139,6 +139,25 @@ func inputManifest(s *spec.Spec, opts Options) string {
 		fmt.Fprintf(&b, "template %x %s\n", sha256.Sum256(tmpl[n]), n)
 	}
 	return b.String()
+}
+
+// cudaLine is the manifest line hashing every CUDA source the tree holds,
+// in name order. The generated package's Manifest (runtime/comm agrees on
+// its sha256 across ranks) then names the kernels themselves: a change to
+// how CUDA is emitted (the emitter's Go code, plan, schedule) that the
+// template hashes do not see still changes the library's identity.
+func cudaLine(cu map[string][]byte) string {
+	names := make([]string, 0, len(cu))
+	for n := range cu {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		fmt.Fprintf(h, "%s %d\n", n, len(cu[n]))
+		h.Write(cu[n])
+	}
+	return fmt.Sprintf("cuda %x (the %d CUDA sources)\n", h.Sum(nil), len(names))
 }
 
 // fullManifest appends the hash of every output file to the input manifest,
