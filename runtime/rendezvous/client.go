@@ -53,6 +53,7 @@ type tcpClient struct {
 
 	mu     sync.Mutex
 	idle   []*clientConn
+	busy   map[*clientConn]struct{} // lent to a call; Close closes them too
 	closed bool
 }
 
@@ -191,17 +192,46 @@ func (c *tcpClient) get(ctx context.Context) (*clientConn, error) {
 	if n := len(c.idle); n > 0 {
 		cc := c.idle[n-1]
 		c.idle = c.idle[:n-1]
+		c.lend(cc)
 		c.mu.Unlock()
 		return cc, nil
 	}
 	c.mu.Unlock()
-	return c.dial(ctx)
+	cc, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed { // closed while dialling
+		cc.c.Close()
+		return nil, ErrClosed
+	}
+	c.lend(cc)
+	return cc, nil
+}
+
+// lend records cc as in use by a call; mu is held.
+func (c *tcpClient) lend(cc *clientConn) {
+	if c.busy == nil {
+		c.busy = map[*clientConn]struct{}{}
+	}
+	c.busy[cc] = struct{}{}
+}
+
+// drop forgets cc after a failed attempt and closes it.
+func (c *tcpClient) drop(cc *clientConn) {
+	c.mu.Lock()
+	delete(c.busy, cc)
+	c.mu.Unlock()
+	cc.c.Close()
 }
 
 // put returns a healthy connection to the idle pool.
 func (c *tcpClient) put(cc *clientConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.busy, cc)
 	if c.closed || len(c.idle) >= maxIdle {
 		cc.c.Close()
 		return
@@ -233,11 +263,14 @@ func (c *tcpClient) do(ctx context.Context, req *frame) (*frame, error) {
 				c.put(cc)
 				return resp, nil
 			}
-			cc.c.Close()
+			c.drop(cc)
 		}
 		var fe *fatalError
 		if errors.As(err, &fe) || errors.Is(err, ErrClosed) {
 			return nil, err
+		}
+		if c.isClosed() { // Close cut the call's connection
+			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, ErrClosed)
 		}
 		if ctx.Err() == context.Canceled {
 			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, CauseErr(ctx))
@@ -272,6 +305,13 @@ func (c *tcpClient) roundTrip(ctx context.Context, cc *clientConn, req *frame, i
 		return nil, err
 	}
 	resp, err := readFrame(cc.r, c.opts.MaxFrameSize)
+	if errors.Is(err, errOverLimit) {
+		key := ""
+		if len(req.Args) > 0 {
+			key = fmt.Sprintf(" for key %q", req.Args[0])
+		}
+		return nil, &fatalError{fmt.Errorf("rendezvous: tcp store at %s: the response%s is larger than this client's MaxFrameSize (ClientOptions.MaxFrameSize); raise it: %w", c.addr, key, err)}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -362,6 +402,9 @@ func (c *tcpClient) Delete(ctx context.Context, key string) (bool, error) {
 	return resp.Flags&flagExisted != 0, nil
 }
 
+// Close closes the client's connections, those of calls in progress too:
+// a Get or Wait waiting then returns ErrClosed at once, as on the other
+// stores.
 func (c *tcpClient) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -372,6 +415,16 @@ func (c *tcpClient) Close() error {
 	for _, cc := range c.idle {
 		cc.c.Close()
 	}
+	for cc := range c.busy {
+		cc.c.Close()
+	}
 	c.idle = nil
 	return nil
+}
+
+// isClosed reports whether Close has run.
+func (c *tcpClient) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }

@@ -41,6 +41,10 @@ type frame struct {
 // errTooLarge marks a frame refused for its size before sending.
 var errTooLarge = errors.New("frame too large")
 
+// errOverLimit marks a frame read whose announced length is over the
+// reader's limit: retrying cannot help.
+var errOverLimit = errors.New("frame over the reader's limit")
+
 // errFrame marks a malformed frame; the server disconnects its sender.
 var errFrame = errors.New("rendezvous: malformed frame")
 
@@ -138,7 +142,7 @@ func readFrameLen(r io.Reader, max int) (uint32, error) {
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
 	if uint64(n) > uint64(max) {
-		return 0, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errFrame, n, max)
+		return 0, fmt.Errorf("%w: %d-byte frame exceeds the %d-byte limit", errors.Join(errFrame, errOverLimit), n, max)
 	}
 	return n, nil
 }

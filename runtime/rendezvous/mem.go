@@ -24,6 +24,16 @@ type memStore struct {
 	size, limit int64
 }
 
+// peek returns key's value without waiting, nil when absent.
+func (m *memStore) peek(key string) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v, ok := m.data[key]; ok {
+		return present(v)
+	}
+	return nil
+}
+
 // ErrStoreFull is returned (wrapped) when a mutation would take a store
 // past its size limit (ServerOptions.MaxStoreBytes for a TCP store).
 var ErrStoreFull = errors.New("rendezvous: store full")

@@ -55,6 +55,7 @@ const (
 	flagSwapped   uint8 = 1 << 1 // CAS response
 	flagExisted   uint8 = 1 << 2 // Delete response
 	flagAbsent    uint8 = 1 << 3 // CAS response: current value is absent
+	flagReread    uint8 = 1 << 4 // replay cache only: read the CAS value again (replayCopy); never sent
 )
 
 const protocolVersion = 1
@@ -101,8 +102,10 @@ type ServerOptions struct {
 	// need the store). Default 10 min; negative disables it.
 	IdleTimeout time.Duration
 	// FrameTimeout bounds how long the body of one request frame may take
-	// to arrive once its length is read; a client trickling bytes slower is
-	// disconnected. Default 30s.
+	// to arrive once its length is read, and how long writing one response
+	// may take: a client trickling bytes slower, or not reading its
+	// responses (stopped, or hostile), is disconnected, and the bytes it
+	// held go back to MaxInflightBytes. Default 30s.
 	FrameTimeout time.Duration
 	// MaxInflightBytes bounds the bytes of large frames (over 64 KiB) the
 	// server holds at once, requests being read or applied and responses
@@ -499,6 +502,9 @@ func (s *Server) serve(cs *connState) error {
 		if !ok {
 			return nil // hang-up during a wait, or a test drop
 		}
+		// A client that does not read must not hold the in-flight budget
+		// (or this goroutine) for good.
+		c.SetWriteDeadline(time.Now().Add(s.opts.FrameTimeout))
 		err := s.writeResponse(ctx, w, resp)
 		setBusy(-1)
 		if err != nil {
@@ -669,19 +675,48 @@ func (s *Server) handleMutation(ctx context.Context, req *frame) (*frame, bool) 
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	resp, seen := cs.done[req.Seq]
-	if !seen {
+	switch {
+	case !seen:
 		resp = s.apply(ctx, req)
-		cs.done[req.Seq] = resp
+		cs.done[req.Seq] = replayCopy(req, resp)
 		cs.order = append(cs.order, req.Seq)
 		if len(cs.order) > dedupePerClient {
 			delete(cs.done, cs.order[0])
 			cs.order = cs.order[1:]
 		}
+	case resp.Flags&flagReread != 0:
+		// A compare-and-set whose value was too large to keep: its
+		// outcome (swapped or not) stands, its value is read again.
+		r := *resp
+		r.Flags &^= flagReread
+		cur := s.data.peek(string(req.Args[0]))
+		if cur == nil {
+			r.Flags |= flagAbsent
+		}
+		r.Args = [][]byte{cur}
+		resp = &r
 	}
 	if s.dropReply != nil && s.dropReply(req) {
 		return nil, false
 	}
 	return resp, true
+}
+
+// replayKeep is the largest compare-and-set value the replay cache keeps;
+// larger ones are read again on a replay (flagReread), so that the cache,
+// up to dedupePerClient responses for each of maxClients clients, never
+// holds copies of large values (200 failed compare-and-sets of a 2 MiB
+// value held 400 MiB beside the store's own bound).
+const replayKeep = 1 << 10
+
+// replayCopy is what the replay cache keeps of resp: resp itself, or, for
+// a compare-and-set with a value over replayKeep, its flags alone marked
+// flagReread.
+func replayCopy(req, resp *frame) *frame {
+	if req.Op != opCAS || len(resp.Args) != 1 || len(resp.Args[0]) <= replayKeep {
+		return resp
+	}
+	return &frame{Op: resp.Op, Flags: resp.Flags | flagReread, Num: resp.Num}
 }
 
 // client returns the replay state for id, forgetting the least recently
