@@ -44,8 +44,9 @@ to the ranks only.
 
 Every output line is prefixed with "[rank R] ". When a rank fails the others
 get SIGTERM, then SIGKILL after --grace, and run exits with the failing
-rank's code (128+N for a rank killed by signal N). Ctrl-C or SIGTERM is
-forwarded to every rank; a second one kills them at once.
+rank's code (128+N for a rank killed by signal N). Ctrl-C, SIGTERM, SIGHUP
+(a dropped ssh session) or SIGQUIT is forwarded to every rank; a second one
+kills them at once. --grace 0 kills at once.
 
 A run spanning hosts runs one collgen run per host with the same -n,
 --nnodes, --run-id and --store (etcd://host:2379, or a tcp:// store every
@@ -63,6 +64,17 @@ I*N+N-1 (docs/multihost.md).`,
 			if len(args) == 0 {
 				return usageError(errors.New("run: no program given; usage: collgen run -n N -- CMD [ARGS...]"))
 			}
+			if grace < 0 {
+				return usageError(fmt.Errorf("run: --grace %v: want 0 (SIGKILL at once) or more", grace))
+			}
+			if grace == 0 && cmd.Flags().Changed("grace") {
+				grace = time.Nanosecond // launch reads 0 as its default
+			}
+			if runID != "" {
+				if err := rendezvous.CheckRunID(runID); err != nil {
+					return usageError(fmt.Errorf("run: --run-id: %w", err))
+				}
+			}
 			cfg := launch.Config{N: n, Args: args, Store: store, Stdout: io.Out, Stderr: io.Err, Grace: grace,
 				Nodes: nodes, NodeRank: nodeRank, RunID: runID}
 			if nodes < 1 || nodeRank < 0 || nodeRank >= nodes {
@@ -70,6 +82,9 @@ I*N+N-1 (docs/multihost.md).`,
 			}
 			if nodes > 1 && (store == "" || runID == "") {
 				return usageError(fmt.Errorf("run: --nnodes %d needs --store (an etcd:// or tcp:// address every host reaches) and --run-id (the same on every host)", nodes))
+			}
+			if err := launch.CheckNodes(cfg); err != nil {
+				return usageError(fmt.Errorf("run: %w", err))
 			}
 			if store != "" {
 				if _, _, err := rendezvous.ParseStoreAddr(store); err != nil {
@@ -94,7 +109,10 @@ I*N+N-1 (docs/multihost.md).`,
 			}
 
 			sigs := make(chan os.Signal, 2)
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			// SIGHUP (a dropped ssh session, a closed terminal) and SIGQUIT
+			// (Ctrl-\, to see where ranks hang) are forwarded like SIGTERM,
+			// not left to kill the launcher and its ranks without a grace.
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 			defer signal.Stop(sigs)
 			// A signal while ranks are starting cancels the start; once
 			// the group runs it is forwarded to every rank.

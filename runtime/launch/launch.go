@@ -562,6 +562,11 @@ next:
 // checkNodes checks a multi-node configuration: a node rank within Nodes,
 // a store every node can reach other than a file store, and a run id
 // shared by every node (a fresh one per launcher would split the run).
+// CheckNodes checks the multi-node part of cfg (Nodes, NodeRank, Store,
+// RunID) as StartContext does, so that a CLI can report it as a usage
+// error before starting anything.
+func CheckNodes(cfg Config) error { return checkNodes(cfg) }
+
 func checkNodes(cfg Config) error {
 	if cfg.Nodes < 0 || cfg.NodeRank < 0 || cfg.NodeRank >= max(cfg.Nodes, 1) {
 		return fmt.Errorf("launch: node rank %d of %d nodes: want 0 <= node rank < nodes", cfg.NodeRank, cfg.Nodes)

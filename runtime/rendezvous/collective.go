@@ -75,7 +75,7 @@ func Join(ctx context.Context, s Store, group string, rank, world int) error {
 		return fmt.Errorf("rendezvous: join group %q: %w", group, err)
 	}
 	if !swapped {
-		return fmt.Errorf("%w: group %q: rank %d has already joined; give each process its own rank", ErrDuplicateRank, group, rank)
+		return fmt.Errorf("%w: group %q: rank %d has already joined; give each process its own rank (or, when rerunning, a new run id: an earlier run with the same id on this store left its keys)", ErrDuplicateRank, group, rank)
 	}
 	return waitJoin(ctx, s, prefix, keys, after)
 }

@@ -160,7 +160,7 @@ func TestJoinDuplicateRank(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := Join(short(t, time.Second), b, "g", 0, 2)
-			want := `rendezvous: duplicate rank: group "g": rank 0 has already joined; give each process its own rank`
+			want := `rendezvous: duplicate rank: group "g": rank 0 has already joined; give each process its own rank (or, when rerunning, a new run id: an earlier run with the same id on this store left its keys)`
 			if fmt.Sprint(err) != want || !errors.Is(err, ErrDuplicateRank) {
 				t.Fatalf("got %v\nwant %s", err, want)
 			}

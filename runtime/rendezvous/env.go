@@ -95,12 +95,31 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
 		return Env{}, err
 	}
-	if e.RunID, _ = lookup(RunIDEnv); e.RunID != "" {
-		if err := CheckRunID(e.RunID); err != nil {
-			return Env{}, err
-		}
+	if err := checkLocalRank(LocalRankEnv, e.LocalRank, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	if e.RunID, err = runIDVar(lookup); err != nil {
+		return Env{}, err
 	}
 	return e, nil
+}
+
+// checkLocalRank refuses a local rank that cannot be: at least the world
+// size (a host holds at most the whole world).
+func checkLocalRank(name string, local, world int) error {
+	if local >= world {
+		return fmt.Errorf("rendezvous: %s=%d: a local rank must be below the world size %d", name, local, world)
+	}
+	return nil
+}
+
+// runIDVar reads COLLGEN_RUN_ID, checked ("" when unset or empty).
+func runIDVar(lookup func(string) (string, bool)) (string, error) {
+	id, _ := lookup(RunIDEnv)
+	if id == "" {
+		return "", nil
+	}
+	return id, CheckRunID(id)
 }
 
 func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
@@ -123,7 +142,10 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	if err != nil {
 		return Env{}, err
 	}
-	if _, ok := lookup("TORCHELASTIC_RUN_ID"); ok {
+	if port == 0 && e.WorldSize > 1 {
+		return Env{}, errors.New("rendezvous: MASTER_PORT=0 with WORLD_SIZE > 1: the other ranks cannot know the port rank 0 would pick; set a free port")
+	}
+	if v, _ := lookup("TORCHELASTIC_RUN_ID"); v != "" { // empty counts as unset
 		port++ // torchrun's agent serves its own TCPStore on MASTER_PORT
 		if port > 65535 {
 			return Env{}, fmt.Errorf("rendezvous: MASTER_PORT %d: under torchrun the collgen store serves on MASTER_PORT+1, past 65535; pick a lower MASTER_PORT", port-1)
@@ -139,6 +161,14 @@ func readTorchrunEnv(lookup func(string) (string, bool)) (Env, error) {
 	e.Store = "tcp://" + hp
 	e.HostStore = e.Rank == 0
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	if err := checkLocalRank("LOCAL_RANK", e.LocalRank, e.WorldSize); err != nil {
+		return Env{}, err
+	}
+	// The docs promise that COLLGEN_RUN_ID keys the store whatever set
+	// the ranks up.
+	if e.RunID, err = runIDVar(lookup); err != nil {
 		return Env{}, err
 	}
 	return e, nil

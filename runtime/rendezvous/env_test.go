@@ -229,3 +229,40 @@ func TestEnvPortsAndHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestReadEnvGaps: COLLGEN_RUN_ID counts under torchrun too (checked and
+// kept); an empty TORCHELASTIC_RUN_ID counts as unset (no MASTER_PORT+1);
+// MASTER_PORT=0 with more than one rank, and local ranks at or past the
+// world size, are refused.
+func TestReadEnvGaps(t *testing.T) {
+	torch := map[string]string{"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+	with := func(extra map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range torch {
+			m[k] = v
+		}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	e, err := readEnv(lookupMap(with(map[string]string{RunIDEnv: "job42abc"})))
+	if err != nil || e.RunID != "job42abc" {
+		t.Errorf("torchrun with %s: %+v, %v; want the run id kept", RunIDEnv, e, err)
+	}
+	if _, err := readEnv(lookupMap(with(map[string]string{RunIDEnv: "bad!"}))); err == nil {
+		t.Errorf("torchrun with %s=bad!: accepted", RunIDEnv)
+	}
+	if e, err := readEnv(lookupMap(with(map[string]string{"TORCHELASTIC_RUN_ID": ""}))); err != nil || e.Store != "tcp://h:29500" {
+		t.Errorf("empty TORCHELASTIC_RUN_ID: %+v, %v; want the store on MASTER_PORT", e, err)
+	}
+	for _, c := range []map[string]string{
+		with(map[string]string{"MASTER_PORT": "0"}),
+		with(map[string]string{"LOCAL_RANK": "9"}),
+		{RankEnv: "0", WorldSizeEnv: "2", LocalRankEnv: "5", StoreEnv: "tcp://h:1"},
+	} {
+		if e, err := readEnv(lookupMap(c)); err == nil {
+			t.Errorf("%v: accepted as %+v", c, e)
+		}
+	}
+}
