@@ -46,7 +46,11 @@ func ImportPath(dir string) (string, error) {
 			if err != nil {
 				return "", err
 			}
-			return path.Join(mod, filepath.ToSlash(rel)), nil
+			imp := path.Join(mod, filepath.ToSlash(rel))
+			if err := checkImportPath(imp); err != nil {
+				return "", fmt.Errorf("output directory %s: %w", dir, err)
+			}
+			return imp, nil
 		case !errors.Is(err, fs.ErrNotExist):
 			return "", err
 		}
@@ -71,4 +75,19 @@ func modulePath(gomod []byte) string {
 		return mod
 	}
 	return ""
+}
+
+// checkImportPath refuses an import path the go command would: an element
+// that is empty, "." or "..", starts with a dot, or holds anything but
+// ASCII letters, digits and "-._~" (a space, a non-ASCII letter).
+func checkImportPath(imp string) error {
+	for _, el := range strings.Split(imp, "/") {
+		bad := el == "" || el[0] == '.' || strings.IndexFunc(el, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~", r))
+		}) >= 0
+		if bad {
+			return fmt.Errorf("its import path %q has the element %q, which Go refuses (ASCII letters, digits and -._~, not starting with a dot); choose another directory name", imp, el)
+		}
+	}
+	return nil
 }

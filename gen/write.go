@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/rogpeppe/go-internal/diff"
 )
@@ -24,6 +26,7 @@ func Write(dir string, out *Output) error {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", dir, err)
 	}
+	removeLeftovers(dir, time.Minute)
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".new-")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", dir, err)
@@ -65,6 +68,47 @@ func Write(dir string, out *Output) error {
 	return nil
 }
 
+// Leftovers returns the sibling directories of dir that an interrupted
+// Write left (".<base>.new-<n>", and its ".old"): the next Write removes
+// those older than a minute (a younger one may be a concurrent Write's).
+func Leftovers(dir string) []string {
+	dir = filepath.Clean(dir)
+	m, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), "."+globEscape(filepath.Base(dir))+".new-*"))
+	var out []string
+	for _, p := range m {
+		rest := strings.TrimPrefix(filepath.Base(p), "."+filepath.Base(dir)+".new-")
+		rest = strings.TrimSuffix(rest, ".old")
+		if rest == "" || strings.Trim(rest, "0123456789") != "" {
+			continue // not os.MkdirTemp's digits: not ours
+		}
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// removeLeftovers removes Leftovers(dir) older than age.
+func removeLeftovers(dir string, age time.Duration) {
+	for _, p := range Leftovers(dir) {
+		if fi, err := os.Lstat(p); err == nil && time.Since(fi.ModTime()) > age {
+			os.RemoveAll(p)
+		}
+	}
+}
+
+// globEscape escapes the glob metacharacters of a literal name.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // Problem is one difference between a rendered tree and the disk.
 type Problem struct {
 	Path string // relative to the tree root, slash form
@@ -78,7 +122,7 @@ func (p Problem) String() string {
 	case "missing":
 		return fmt.Sprintf("%s: missing (collgen generate would create it)", p.Path)
 	case "extra":
-		return fmt.Sprintf("%s: extra (not produced by the spec; collgen generate would remove it)", p.Path)
+		return fmt.Sprintf("%s: extra (not produced by the spec; collgen generate refuses to run while it is there: remove it)", p.Path)
 	}
 	return fmt.Sprintf("%s: stale or hand-edited\n%s", p.Path, p.Diff)
 }
@@ -88,6 +132,14 @@ func (p Problem) String() string {
 func Diff(dir string, out *Output) ([]Problem, error) {
 	var problems []Problem
 	onDisk := map[string]bool{}
+	// Directories that hold no produced file (an empty one included) are
+	// extra as a whole, as generate's check of the tree counts them.
+	produced := map[string]bool{}
+	for p := range out.Files {
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			produced[d] = true
+		}
+	}
 	err := filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if os.IsNotExist(err) && full == dir {
@@ -96,6 +148,11 @@ func Diff(dir string, out *Output) ([]Problem, error) {
 			return err
 		}
 		if d.IsDir() {
+			rel, _ := filepath.Rel(dir, full)
+			if rel = filepath.ToSlash(rel); rel != "." && !produced[rel] {
+				problems = append(problems, Problem{Path: rel + "/", Kind: "extra"})
+				return fs.SkipDir
+			}
 			return nil
 		}
 		rel, _ := filepath.Rel(dir, full)

@@ -371,3 +371,26 @@ func BenchmarkParseShipped(b *testing.B) {
 		}
 	}
 }
+
+// TestCheckPackageSuggestsWorkingNames: the name CheckPackage suggests is
+// one it accepts ("Main" suggested main, which it then refused), and a
+// non-ASCII name is refused (Go accepts the identifier, not the import
+// path holding it).
+func TestCheckPackageSuggestsWorkingNames(t *testing.T) {
+	for _, name := range []string{"Main", "MAIN", "Cuda", "äbc", "9lives"} {
+		err := CheckPackage(name)
+		var pe *PackageError
+		if !errors.As(err, &pe) {
+			t.Errorf("CheckPackage(%q) = %v; want a *PackageError", name, err)
+			continue
+		}
+		i := strings.LastIndex(pe.Msg, "write package: ")
+		if i < 0 {
+			t.Errorf("CheckPackage(%q): %q suggests nothing", name, pe.Msg)
+			continue
+		}
+		if s := pe.Msg[i+len("write package: "):]; CheckPackage(s) != nil {
+			t.Errorf("CheckPackage(%q) suggests %q, which it refuses: %v", name, s, CheckPackage(s))
+		}
+	}
+}

@@ -191,7 +191,7 @@ func (e *PackageError) Error() string { return e.Msg }
 
 // CheckPackage says what is wrong with name as the Go package name of the
 // generated glue (the spec's package, or generate's and init's --package):
-// it must be a lower-case Go identifier other than "_", "main" (a program,
+// it must be a lower-case ASCII Go identifier other than "_", "main" (a program,
 // not importable) and CUDAPackage. The error, a *PackageError, suggests a
 // name that works.
 func CheckPackage(name string) error {
@@ -203,7 +203,7 @@ func CheckPackage(name string) error {
 				b.WriteRune(r)
 			}
 		}
-		if b.Len() == 0 || token.IsKeyword(b.String()) || b.String() == CUDAPackage {
+		if b.Len() == 0 || token.IsKeyword(b.String()) || b.String() == CUDAPackage || b.String() == "main" {
 			return "collectives"
 		}
 		return b.String()
@@ -216,6 +216,9 @@ func CheckPackage(name string) error {
 		msg = `package "main" is a program, which no other package can import; write package: collectives`
 	case name == "_" || !token.IsIdentifier(name):
 		msg = fmt.Sprintf("package %q is not a Go identifier; write package: %s", name, fix())
+	case strings.ToLower(name) == name && strings.IndexFunc(name, func(r rune) bool { return r > 0x7f }) >= 0:
+		// Go accepts the identifier, but not an import path holding it.
+		msg = fmt.Sprintf("package %q is not ASCII, and Go import paths must be; write package: %s", name, fix())
 	case strings.ToLower(name) != name:
 		msg = fmt.Sprintf("package %q must be lower case; write package: %s", name, fix())
 	default:

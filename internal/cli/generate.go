@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"bufio"
 	"errors"
 	"fmt"
@@ -132,8 +133,10 @@ func (e *ForeignDirError) Error() string {
 const manifestHeader = gen.ManifestHeader
 
 // checkOutDir refuses an output directory that collgen did not make: see
-// ForeignDirError. A missing or empty directory is fine.
-func checkOutDir(dir string) error {
+// ForeignDirError. A missing or empty directory is fine. A file the
+// MANIFEST does not list but that holds exactly what out renders at its
+// path is collgen's (a MANIFEST damaged by a bad merge), not foreign.
+func checkOutDir(dir string, out *gen.Output) error {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -174,6 +177,11 @@ func checkOutDir(dir string) error {
 			under[d] = true
 		}
 	}
+	for p := range out.Files {
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			under[d] = true
+		}
+	}
 	var foreign []string
 	err = filepath.WalkDir(dir, func(full string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -188,7 +196,7 @@ func checkOutDir(dir string) error {
 		case d.IsDir() && !under[rel]:
 			foreign = append(foreign, rel)
 			return fs.SkipDir
-		case !d.IsDir() && rel != gen.ManifestName && !listed[rel]:
+		case !d.IsDir() && rel != gen.ManifestName && !listed[rel] && !rendered(out, rel, full):
 			foreign = append(foreign, rel)
 		}
 		return nil
@@ -200,6 +208,17 @@ func checkOutDir(dir string) error {
 		return &ForeignDirError{Dir: dir, Entries: sample(foreign), Reason: "it holds entries its collgen MANIFEST does not list"}
 	}
 	return nil
+}
+
+// rendered reports whether the file at full holds exactly what out renders
+// at rel.
+func rendered(out *gen.Output, rel, full string) bool {
+	want, ok := out.Files[rel]
+	if !ok {
+		return false
+	}
+	got, err := os.ReadFile(full)
+	return err == nil && bytes.Equal(got, want)
 }
 
 // fileKind names what a non-directory is, for ForeignDirError.
@@ -253,12 +272,18 @@ module (the generated package imports <out>/cuda by its module path). An
 --only pattern that matches no kernel is an error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutDir(o.Out); err != nil {
-				return fmt.Errorf("generate: %w", err)
+			if o.Out == "" {
+				return usageError(errors.New("generate: --out is empty; name the output directory"))
+			}
+			if fi, err := os.Lstat(o.Out); err == nil && !fi.IsDir() {
+				return fmt.Errorf("generate: %w", &ForeignDirError{Dir: o.Out, Entries: []string{fileKind(fi)}, Reason: "it is not a directory"})
 			}
 			out, err := o.render()
 			if err != nil {
 				return err
+			}
+			if err := checkOutDir(o.Out, out); err != nil {
+				return fmt.Errorf("generate: %w", err)
 			}
 			if err := gen.Write(o.Out, out); err != nil {
 				return err
@@ -278,6 +303,9 @@ func newCmdCheck(io *IO) *cobra.Command {
 		Short: "Exit 1 with a diff when the output tree is stale, hand-edited, or has extra or missing files",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if o.Out == "" {
+				return usageError(errors.New("check: --out is empty; name the output directory"))
+			}
 			out, err := o.render()
 			if err != nil {
 				return err
@@ -285,6 +313,9 @@ func newCmdCheck(io *IO) *cobra.Command {
 			problems, err := gen.Diff(o.Out, out)
 			if err != nil {
 				return err
+			}
+			for _, l := range gen.Leftovers(o.Out) {
+				fmt.Fprintf(io.Err, "collgen check: note: %s was left by an interrupted collgen generate; the next generate removes it once a minute old (or remove it)\n", l)
 			}
 			if len(problems) == 0 {
 				fmt.Fprintf(io.Out, "%s is up to date (%d files)\n", o.Out, len(out.Files))

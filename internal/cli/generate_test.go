@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	gen2 "github.com/collgen/collgen/gen"
 )
 
 // TestCheckOutDirTyped: what generate refuses comes back as a
@@ -15,7 +17,7 @@ func TestCheckOutDirTyped(t *testing.T) {
 	repo := t.TempDir()
 	os.Mkdir(filepath.Join(repo, ".git"), 0o755)
 	os.WriteFile(filepath.Join(repo, "main.go"), []byte("package main\n"), 0o644)
-	err := checkOutDir(repo)
+	err := checkOutDir(repo, &gen2.Output{})
 	var fe *ForeignDirError
 	if !errors.As(err, &fe) || fe.Dir != repo || strings.Join(fe.Entries, ",") != ".git,main.go" {
 		t.Fatalf("checkOutDir = %#v (%v), want a ForeignDirError naming .git and main.go", err, err)
@@ -24,7 +26,7 @@ func TestCheckOutDirTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ok := range []string{filepath.Join(repo, "missing"), t.TempDir()} {
-		if err := checkOutDir(ok); err != nil {
+		if err := checkOutDir(ok, &gen2.Output{}); err != nil {
 			t.Errorf("checkOutDir(%s) = %v, want nil", ok, err)
 		}
 	}
@@ -32,11 +34,11 @@ func TestCheckOutDirTyped(t *testing.T) {
 	os.WriteFile(filepath.Join(gen, "MANIFEST"), []byte(manifestHeader+"\nfile 00 cuda/a.cu\nfile 00 pkg/k.go\n"), 0o644)
 	os.Mkdir(filepath.Join(gen, "cuda"), 0o755)
 	os.Mkdir(filepath.Join(gen, "pkg"), 0o755)
-	if err := checkOutDir(gen); err != nil {
+	if err := checkOutDir(gen, &gen2.Output{}); err != nil {
 		t.Fatalf("a collgen tree: %v", err)
 	}
 	os.WriteFile(filepath.Join(gen, "notes.txt"), nil, 0o644)
-	if err := checkOutDir(gen); !errors.As(err, &fe) || strings.Join(fe.Entries, ",") != "notes.txt" {
+	if err := checkOutDir(gen, &gen2.Output{}); !errors.As(err, &fe) || strings.Join(fe.Entries, ",") != "notes.txt" {
 		t.Fatalf("a collgen tree with a foreign file: %v", err)
 	}
 }

@@ -26,6 +26,7 @@ type topoOptions struct {
 	JSON    bool     // print the machine as JSON instead of the report
 	Machine string   // read the machine from this JSON file instead of NVML
 	Fake    string   // hidden: use a fake machine from fakenvml instead of NVML
+	Force   bool     // with Spec: replace an existing file
 
 	// Detect reads the machine; nil means NVML, or the fake named by Fake.
 	Detect func() (*topo.Machine, error)
@@ -92,7 +93,8 @@ with collgen tune.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Spec, "spec", "", "write a spec for this machine to `FILE` (- for stdout)")
+	f.StringVar(&o.Spec, "spec", "", "write a spec for this machine to `FILE` (- for stdout); an existing FILE is refused without --force")
+	f.BoolVar(&o.Force, "force", false, "with --spec: replace FILE if it exists")
 	f.StringVar(&o.Base, "base", "", "with --spec: take package, dtypes, ops, launch parameters, select rules and host_shm topologies from this `SPEC` (file or directory)")
 	f.StringSliceVar(&o.GPUs, "gpus", nil, "classify only these GPUs, by PCI bus id, in rank order (`ID,ID,...`)")
 	f.BoolVar(&o.JSON, "json", false, "print the machine as JSON (read back with --machine) instead of the report")
@@ -160,8 +162,23 @@ func writeMachineSpec(io *IO, o *topoOptions, m *topo.Machine) error {
 		_, err := io.Out.Write(out)
 		return err
 	}
-	if err := os.WriteFile(o.Spec, out, 0o644); err != nil {
-		return err
+	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if !o.Force {
+		flag |= os.O_EXCL // --spec reads as an input elsewhere: never overwrite a hand-tuned spec by surprise
+	}
+	f, err := os.OpenFile(o.Spec, flag, 0o644)
+	if errors.Is(err, os.ErrExist) {
+		return usageError(fmt.Errorf("--spec %s exists; collgen topo writes a new spec there: pass --force to replace it, or another file", o.Spec))
+	}
+	if err != nil {
+		return fmt.Errorf("--spec: %w", err)
+	}
+	if _, err := f.Write(out); err != nil {
+		f.Close()
+		return fmt.Errorf("--spec: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--spec: %w", err)
 	}
 	fmt.Fprintf(io.Out, "\nwrote %s:", o.Spec)
 	for _, t := range s.Topologies {
