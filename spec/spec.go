@@ -124,9 +124,11 @@ type Topology struct {
 	// Generate maps each generated collective to its algorithms, in file
 	// order. Collectives not generated are absent.
 	Generate map[coll.Collective][]coll.Algorithm
-	// Select maps collectives to ordered size rules. The last rule of every
-	// list is unbounded (UpTo 0): where the file's last rule has a bound on
-	// a GPU topology, an unbounded {Use: coll.NCCL} rule is appended. A
+	// Select maps collectives to ordered size rules. The last plain rule of
+	// every list is unbounded (UpTo 0): where the file's last plain rule
+	// has a bound on a GPU topology, an unbounded {Use: coll.NCCL} rule is
+	// appended (a list of symmetric rules alone gets none; selection then
+	// falls back to NCCL for what no rule covers). A
 	// collective absent from Select always uses NCCL. A collective given
 	// per world size (a mapping under select) is absent here; see
 	// SelectByWorld.
