@@ -217,24 +217,21 @@ func (d *cudaDevice) deregisterWindow(h uintptr) error {
 
 // noRegister implements registrar.
 func (d *cudaDevice) noRegister() string {
-	lib, err := nccl.Load()
-	if err != nil {
-		return err.Error()
-	}
-	if !lib.AtLeast(2, 19) {
-		return fmt.Sprintf("NCCL %v cannot register buffers (ncclCommRegister, 2.19+)", lib.Version())
-	}
-	return ""
+	return ncclOlderThan(2, 19, "cannot register buffers (ncclCommRegister, 2.19+)")
 }
 
 // noWindows implements registrar.
-func (d *cudaDevice) noWindows() string {
+func (d *cudaDevice) noWindows() string { return ncclOlderThan(2, 27, "has no windows (2.27+)") }
+
+// ncclOlderThan says "NCCL <version> <lacks>" when the loaded NCCL is older
+// than major.minor (or why none loads), "" otherwise.
+func ncclOlderThan(major, minor int, lacks string) string {
 	lib, err := nccl.Load()
 	if err != nil {
 		return err.Error()
 	}
-	if !lib.AtLeast(2, 27) {
-		return fmt.Sprintf("NCCL %v has no windows (2.27+)", lib.Version())
+	if !lib.AtLeast(major, minor) {
+		return fmt.Sprintf("NCCL %v %s", lib.Version(), lacks)
 	}
 	return ""
 }

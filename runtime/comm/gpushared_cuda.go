@@ -20,8 +20,8 @@ func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, 
 		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", dtype)
 	}
 	if d := nccl.DataType(dt); d == nccl.F8E4M3 || d == nccl.F8E5M2 {
-		if lib, err := nccl.Load(); err == nil && !lib.AtLeast(2, 24) {
-			return errorf(ErrUnsupported, "comm: NCCL %v has no %s (fp8 types need NCCL 2.24 or newer)", lib.Version(), dtype)
+		if why := ncclOlderThan(2, 24, "has no fp8 types (2.24+)"); why != "" {
+			return errorf(ErrUnsupported, "comm: %s on %s: %s", collective, dtype, why)
 		}
 	}
 	if collective == coll.AllGather {
