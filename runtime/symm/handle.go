@@ -64,7 +64,8 @@ type rdvStatus struct{ Err string }
 // Every rank checks every rank's buffer size; a mismatch fails on every
 // rank with an error naming both sizes (wrapping ErrMismatch), and the pool
 // stays usable. If any rank cannot map a peer's memory, every rank fails
-// with that rank's reason and unmaps what it mapped. A buffer from another
+// with that rank's reason and unmaps what it mapped; the pool stays usable
+// then too (every rank saw the same reports). A buffer from another
 // pool, or freed, is an error (ErrNotFromPool, ErrFreed) without any
 // collective step, and so is a closed pool (ErrClosed) or a broken one.
 //
@@ -139,7 +140,7 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 			err = &tagged{msg: err.Error(), is: []error{err, cause}}
 		}
 		err = fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
-		if !errors.Is(err, ErrMismatch) || errors.Is(err, ErrTimeout) {
+		if agreed := errors.Is(err, ErrMismatch) || errors.Is(err, errAgreed); !agreed || errors.Is(err, ErrTimeout) {
 			p.breakWith(err)
 		}
 		return nil, err
@@ -224,8 +225,13 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer, mine rdvInfo, f *os.Fi
 		}
 		return nil
 	})
-	if err = errors.Join(failed, err); err == nil {
-		err = theirs
+	switch {
+	case err != nil:
+		err = errors.Join(failed, err)
+	case failed != nil || theirs != nil:
+		// Every rank completed both exchanges and saw the same reports:
+		// they failed together, and the pool stays usable.
+		err = &tagged{msg: errors.Join(failed, theirs).Error(), is: []error{errAgreed, errors.Join(failed, theirs)}}
 	}
 	if err != nil {
 		h.unmap()
@@ -233,6 +239,10 @@ func (p *Pool) rendezvous(ctx context.Context, b *Buffer, mine rdvInfo, f *os.Fi
 	}
 	return h, nil
 }
+
+// errAgreed marks a Rendezvous failure every rank reached together (a
+// rank's mapping failed and all reported it): the pool is not broken.
+var errAgreed = errors.New("symm: every rank failed the rendezvous together")
 
 // mapPeers maps every peer's chunk into h (through ImportLocal for peers
 // of this process, else the descriptor pulled from the peer's server),

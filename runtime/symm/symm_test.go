@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -1125,5 +1126,49 @@ func TestPersistentPeersStay(t *testing.T) {
 				}))
 			}
 		})
+	}
+}
+
+// failOnce is a host backend whose first Import fails.
+type failOnce struct {
+	Backend
+	failed atomic.Bool
+}
+
+func (f *failOnce) Import(file *os.File, size int, at uintptr) (Mapping, error) {
+	if f.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("import refused (test)")
+	}
+	return f.Backend.Import(file, size, at)
+}
+
+// TestRendezvousMappingFailureKeepsPool: a rank that cannot map a peer
+// fails every rank with its reason, and, as every rank saw the same
+// reports, the pool is not broken: the next Rendezvous works.
+func TestRendezvousMappingFailureKeepsPool(t *testing.T) {
+	pools := newPools(t, 2, func(r int, c *Config) {
+		if r == 1 {
+			c.Backend = &failOnce{Backend: NewHostBackend()}
+		}
+	})
+	rdv := func() []error {
+		return onRanks(2, func(r int) error {
+			b, err := pools[r].Alloc(4096)
+			if err != nil {
+				return err
+			}
+			_, err = pools[r].Rendezvous(context.Background(), b)
+			return err
+		})
+	}
+	for r, err := range rdv() {
+		if err == nil || !strings.Contains(err.Error(), "import refused") || errors.Is(err, ErrBroken) {
+			t.Errorf("rank %d: %v; want rank 1's import failure", r, err)
+		}
+	}
+	for r, err := range rdv() {
+		if err != nil {
+			t.Errorf("rank %d, next Rendezvous: %v; want the pool usable", r, err)
+		}
 	}
 }
