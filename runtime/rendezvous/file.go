@@ -215,7 +215,9 @@ func (f *fileStore) Add(ctx context.Context, key string, delta int64) (int64, er
 		if delta == 0 && v != nil {
 			return nil // a read: leave the file as it is
 		}
-		n += delta
+		if n, err = AddCounter(key, n, delta); err != nil {
+			return err
+		}
 		return f.write(key, strconv.AppendInt(nil, n, 10))
 	})
 	return n, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -150,12 +151,27 @@ func (m *memStore) Add(ctx context.Context, key string, delta int64) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	n += delta
+	if n, err = AddCounter(key, n, delta); err != nil {
+		return 0, err
+	}
 	if err := m.putLocked(key, strconv.AppendInt(nil, n, 10)); err != nil {
 		return 0, err
 	}
 	m.notifyLocked()
 	return n, nil
+}
+
+// ErrCounterOverflow is wrapped by Add when the sum would leave int64
+// (it wrapped around silently).
+var ErrCounterOverflow = errors.New("rendezvous: counter overflow")
+
+// AddCounter returns n+delta, or an error wrapping ErrCounterOverflow
+// naming key when the sum leaves int64. Every Store's Add uses it.
+func AddCounter(key string, n, delta int64) (int64, error) {
+	if delta > 0 && n > math.MaxInt64-delta || delta < 0 && n < math.MinInt64-delta {
+		return 0, fmt.Errorf("%w: counter %q at %d plus %d leaves int64", ErrCounterOverflow, key, n, delta)
+	}
+	return n + delta, nil
 }
 
 // parseCounter reads a counter value: absent is 0, otherwise decimal text

@@ -377,7 +377,9 @@ func (s *store) Add(ctx context.Context, key string, delta int64) (int64, error)
 				}
 				cmp = clientv3.Compare(clientv3.ModRevision(s.prefix+key), "=", kv.ModRevision)
 			}
-			n = cur + delta
+			if n, err = rendezvous.AddCounter(key, cur, delta); err != nil {
+				return err
+			}
 			txn, err := s.cli.Txn(ctx).If(cmp).
 				Then(clientv3.OpPut(s.prefix+key, strconv.FormatInt(n, 10), clientv3.WithLease(s.lease))).Commit()
 			if err != nil {

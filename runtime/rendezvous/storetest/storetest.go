@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -68,6 +70,17 @@ func testOps(t *testing.T, setup Setup) {
 	}
 	if _, err := a.Add(ctx, "k", 1); err == nil || err.Error() != `rendezvous: add to key "k": value "v1" is not a decimal integer` {
 		t.Fatalf("Add to non-counter: %v", err)
+	}
+	// Add past int64 is an error that leaves the counter as it was (it
+	// wrapped to MinInt64).
+	if n, err := a.Add(ctx, "big", math.MaxInt64); err != nil || n != math.MaxInt64 {
+		t.Fatalf("Add(MaxInt64) = %d, %v", n, err)
+	}
+	if n, err := b.Add(ctx, "big", 1); err == nil || !strings.Contains(err.Error(), "counter overflow") {
+		t.Fatalf("Add past int64 = %d, %v; want a counter overflow error", n, err)
+	}
+	if v, _ := a.Get(ctx, "big"); string(v) != strconv.FormatInt(math.MaxInt64, 10) {
+		t.Fatalf("counter after a refused Add = %q", v)
 	}
 
 	// CAS.
