@@ -55,6 +55,9 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 				if err := os.Rename(tmp, addrFile); err != nil {
 					return fmt.Errorf("store: --addr-file: %w", err)
 				}
+				// A stopped store's address must not outlive it: a script
+				// waiting for the file would dial a dead port.
+				defer os.Remove(addrFile)
 			}
 			auth := "no secret"
 			if os.Getenv(rendezvous.SecretEnv) != "" {
@@ -67,7 +70,7 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:29500", "address to listen on; a bare :PORT means loopback")
-	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0)")
+	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0); removed when the store stops")
 	cmd.Flags().IntVar(&maxFrame, "max-frame-size", rendezvous.DefaultMaxFrameSize, "largest request in bytes; bigger ones disconnect the client")
 	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow listening beyond loopback without "+rendezvous.SecretEnv+" (anyone who can connect can read and change the store)")
 	return cmd
