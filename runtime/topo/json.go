@@ -2,6 +2,7 @@ package topo
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -78,6 +79,9 @@ func ReadJSON(r io.Reader) (*Machine, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("topo: read machine: %w", err)
+	}
+	if len(m.GPUs) == 0 {
+		return nil, errors.New("topo: read machine: it holds no GPUs (write one with collgen topo --json on a GPU host)")
 	}
 	if len(m.Pairs) != len(m.GPUs) {
 		return nil, fmt.Errorf("topo: read machine: %d GPUs but %d rows of pairs", len(m.GPUs), len(m.Pairs))

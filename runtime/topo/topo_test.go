@@ -456,3 +456,13 @@ func TestJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestReadJSONNoGPUs: a machine file holding no GPUs ({}) is an error (it
+// printed a report of zero GPUs and exited 0).
+func TestReadJSONNoGPUs(t *testing.T) {
+	for _, in := range []string{`{}`, `{"GPUs": [], "Pairs": []}`} {
+		if _, err := topo.ReadJSON(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), "no GPUs") {
+			t.Errorf("ReadJSON(%s): %v; want an error saying it holds no GPUs", in, err)
+		}
+	}
+}
