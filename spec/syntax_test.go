@@ -183,3 +183,15 @@ func TestMergeFanOutIsLinear(t *testing.T) {
 		t.Errorf("%d mapping walks for a %d-byte spec; want them linear in its size", l.walks, b.Len())
 	}
 }
+
+// TestOneRuleWithoutBrackets: a select entry written as one rule without
+// its list brackets says so (it reported "key "upto" is not a world size"
+// and the same for "use").
+func TestOneRuleWithoutBrackets(t *testing.T) {
+	src := "version: 1\npackage: p\ntopologies:\n  nv:\n    kind: nvlink_full\n    world_sizes: [2]\n    generate: {allreduce: [oneshot]}\n    select: {allreduce: {upto: 1, use: oneshot}}\n"
+	_, err := Parse("one.yaml", []byte(src))
+	var list ErrorList
+	if !errors.As(err, &list) || len(list) != 1 || !strings.Contains(list[0].Error(), "is a list of rules, not one rule") {
+		t.Errorf("got %v; want one error saying the entry is a list of rules", err)
+	}
+}

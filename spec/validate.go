@@ -535,6 +535,11 @@ func (l *loader) selectPerWorld(cf field, ts *topoSrc, in string) []worldRules {
 		rk := resolve(kf.key)
 		a, b, ok := parseWorldRange(kf.name)
 		if rk == nil || (rk.Tag != "!!int" && rk.Tag != "!!str") || !ok {
+			if kf.name == "upto" || kf.name == "use" || kf.name == "symmetric" {
+				// One rule written without its list brackets.
+				l.errorf(kf.key, "%s of %s is a list of rules, not one rule; write %s: [{upto: 256KiB, use: oneshot}, {use: nccl}] (or a mapping of world sizes to such lists)", ctx, in, cf.name)
+				return nil
+			}
 			l.errorf(kf.key, "%s: key %q is not a world size; write 4 or a range such as 2-4", ctx, kf.name)
 			continue
 		}
