@@ -195,3 +195,15 @@ func TestOneRuleWithoutBrackets(t *testing.T) {
 		t.Errorf("got %v; want one error saying the entry is a list of rules", err)
 	}
 }
+
+// TestMinThreadsAfterBadThreads: a threads value out of range is the one
+// error; min_threads is not then checked against the default that stood
+// in for it (a second error told to write min_threads: 512).
+func TestMinThreadsAfterBadThreads(t *testing.T) {
+	src := "version: 1\npackage: p\nalgorithms:\n  allreduce:\n    oneshot: {threads: 2000, min_threads: 1024}\ntopologies:\n  nv:\n    kind: nvlink_full\n    world_sizes: [2]\n    generate: {allreduce: [oneshot]}\n"
+	_, err := Parse("mt.yaml", []byte(src))
+	var list ErrorList
+	if !errors.As(err, &list) || len(list) != 1 || !strings.Contains(list[0].Error(), "threads 2000") {
+		t.Errorf("got %v; want the one threads error", err)
+	}
+}

@@ -344,7 +344,9 @@ func (l *loader) algorithms(n *yaml.Node) map[coll.Collective]map[coll.Algorithm
 func (l *loader) launch(n *yaml.Node, what string) Launch {
 	lp := DefaultLaunch()
 	f := l.fields(n, what, "{threads: 512, max_blocks: 24, vector_bytes: 16}", launchFields)
+	threadsBad := false
 	if fl, ok := f["threads"]; ok && !isNull(fl.val) {
+		threadsBad = true // until read and in range
 		if v, ok := l.integer(fl.val, "threads", "threads: 512"); ok {
 			if v < 64 || v > 1024 || v%32 != 0 {
 				lo := min(max(v/32*32, 64), 1024)
@@ -355,7 +357,7 @@ func (l *loader) launch(n *yaml.Node, what string) Launch {
 				}
 				l.errorf(fl.val, "threads %d must be a multiple of 32 from 64 to 1024; write %s", v, fix)
 			} else {
-				lp.Threads = int(v)
+				lp.Threads, threadsBad = int(v), false
 			}
 		}
 	}
@@ -383,7 +385,10 @@ func (l *loader) launch(n *yaml.Node, what string) Launch {
 			}
 		}
 	}
-	if fl, ok := f["min_threads"]; ok && !isNull(fl.val) {
+	// min_threads is checked against threads: not against a default that
+	// stood in for a threads already reported wrong (a second, misleading
+	// error).
+	if fl, ok := f["min_threads"]; ok && !isNull(fl.val) && !threadsBad {
 		if v, ok := l.integer(fl.val, "min_threads", "min_threads: 256"); ok {
 			if v < 64 || v > int64(lp.Threads) || v%32 != 0 {
 				fix := min(max(v/32*32, 64), int64(lp.Threads))
