@@ -202,12 +202,12 @@ func (a *Allocator) Alloc(bytes int64, s *cuda.Stream) (*Block, error) {
 	a.collectPending(false)
 	b := a.bestFit(size, s)
 	if b == nil {
-		if _, err := a.newSegment(size, s); err != nil {
+		seg, err := a.newSegment(size, s)
+		if err != nil {
 			return nil, err
 		}
-		if b = a.bestFit(size, s); b == nil {
-			return nil, fmt.Errorf("alloc: a new segment for %d bytes has no block that fits (allocator bug)", size)
-		}
+		b = seg.blocks[0]
+		a.removeFree(b)
 	}
 	a.split(b, size)
 	// A fresh handle for the memory: one freed before and handed out again

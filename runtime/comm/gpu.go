@@ -168,17 +168,14 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 // gpuAgreement is what every GPU rank publishes in New; all must match.
 type gpuAgreement struct {
 	Topology string `json:"topology"`
-	Staging  int64  `json:"staging"`
 	// Areas is the stage slot's layout (each protocol's area and the
 	// scratch buffer): kernels address peers' areas at this rank's
 	// offsets, so every rank needs the same, not only the same total.
 	Areas string `json:"areas"`
 	// NCCLWindows (Config.NCCLWindows) decides whether Alloc registers a
-	// window, a collective NCCL call; DebugCheck (EnvDebugCheck) whether
-	// each call exchanges its fingerprint: a rank alone in either waits
-	// for peers that never come.
+	// window, a collective NCCL call: a rank alone with it waits for peers
+	// that never come.
 	NCCLWindows bool `json:"nccl_windows"`
-	DebugCheck  bool `json:"debug_check"`
 	// MaxBlocks is Config.MaxBlocks: block b of one rank's kernel meets
 	// block b of every peer's, so all must launch the same grids.
 	MaxBlocks int `json:"max_blocks"`
@@ -334,14 +331,6 @@ func (g *gpuComm) layoutString() string {
 	return b.String()
 }
 
-// onOff says on or off.
-func onOff(on bool) string {
-	if on {
-		return "on"
-	}
-	return "off"
-}
-
 // setup agrees with the other ranks on the set-up, readies the kernels of
 // this world size (unless Config.LazyKernels), opens NCCL if the rules
 // use it, and lays out the region every rank exported. It ends with a
@@ -352,9 +341,8 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	cfg := g.cfg
 	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
-	debugCheck, _ := debugCheckEnabled() // its error failed New already
-	mine := gpuAgreement{Topology: g.topology, Staging: g.slotBytes, Areas: g.layoutString(), MaxBlocks: cfg.MaxBlocks,
-		NCCLWindows: cfg.NCCLWindows, DebugCheck: debugCheck, Process: thisProcess, WorkQueues: dev.workQueues()}
+	mine := gpuAgreement{Topology: g.topology, Areas: g.layoutString(), MaxBlocks: cfg.MaxBlocks,
+		NCCLWindows: cfg.NCCLWindows, Process: thisProcess, WorkQueues: dev.workQueues()}
 	if cfg.MaxBlocks == 0 {
 		mine.SharedBlocks = sharedBlocks(g.det, dev.smCount())
 	}
@@ -374,17 +362,13 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	}
 	g.maxBlocks = cfg.MaxBlocks
 	for r, a := range all {
-		if a.Topology != mine.Topology || a.Staging != mine.Staging || a.Areas != mine.Areas {
-			return errorf(ErrMismatch, "comm: rank %d chose topology %q with %d staging bytes (%s), rank %d chose %q with %d (%s); pass the same Config.Topology, StagingBytes and StagingBudget on every rank",
-				r, a.Topology, a.Staging, a.Areas, cfg.Rank, mine.Topology, mine.Staging, mine.Areas)
+		if a.Topology != mine.Topology || a.Areas != mine.Areas {
+			return errorf(ErrMismatch, "comm: rank %d chose topology %q with stage areas (%s), rank %d chose %q with (%s); pass the same Config.Topology, StagingBytes and StagingBudget on every rank",
+				r, a.Topology, a.Areas, cfg.Rank, mine.Topology, mine.Areas)
 		}
 		if a.NCCLWindows != mine.NCCLWindows {
 			return errorf(ErrMismatch, "comm: rank %d passed Config.NCCLWindows %v, rank %d passed %v; pass the same value on every rank (window registration is collective)",
 				r, a.NCCLWindows, cfg.Rank, mine.NCCLWindows)
-		}
-		if a.DebugCheck != mine.DebugCheck {
-			return errorf(ErrMismatch, "comm: rank %d has the debug check %s, rank %d has it %s; set %s alike for every rank",
-				r, onOff(a.DebugCheck), cfg.Rank, onOff(mine.DebugCheck), EnvDebugCheck)
 		}
 		if a.MaxBlocks != mine.MaxBlocks {
 			return errorf(ErrMismatch, "comm: rank %d passed Config.MaxBlocks %d, rank %d passed %d; pass the same value on every rank",

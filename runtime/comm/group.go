@@ -50,6 +50,10 @@ type membership struct {
 	// Rules is sha256 of Config.MultiHostRules ("" when unset): a group
 	// spanning hosts selects by them, and every rank must choose alike.
 	Rules string `json:"rules"`
+	// DebugCheck (EnvDebugCheck) makes every call exchange its
+	// fingerprint, on any backend: a rank alone with it waits for peers
+	// that never come.
+	DebugCheck bool `json:"debug_check"`
 }
 
 // form joins the group: it claims the world size and this rank through the
@@ -124,7 +128,8 @@ func (c *Communicator) agree(ctx context.Context) error {
 	if err := c.waitJoined(ctx); err != nil {
 		return err
 	}
-	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest))), Host: c.hostID}
+	mine := membership{World: cfg.WorldSize, Backend: "gpu", Library: fmt.Sprintf("%x", sha256.Sum256([]byte(cfg.Library.Manifest))), Host: c.hostID,
+		DebugCheck: c.check != nil}
 	if cfg.MultiHostRules != nil {
 		b, _ := json.Marshal(cfg.MultiHostRules) // maps marshal in key order
 		mine.Rules = fmt.Sprintf("%x", sha256.Sum256(b))
@@ -151,6 +156,9 @@ func (c *Communicator) agree(ctx context.Context) error {
 		case m.Rules != mine.Rules:
 			return errorf(ErrMismatch, "comm: rank %d passed other Config.MultiHostRules than rank %d; pass the same rules (or none) on every rank",
 				r, cfg.Rank)
+		case m.DebugCheck != mine.DebugCheck:
+			return errorf(ErrMismatch, "comm: rank %d has the debug check %s, rank %d has it %s; set %s alike for every rank",
+				r, onOff(m.DebugCheck), cfg.Rank, onOff(mine.DebugCheck), EnvDebugCheck)
 		}
 		hosts[r] = m.Host
 	}
@@ -163,6 +171,14 @@ func (c *Communicator) agree(ctx context.Context) error {
 	// refusing unequal hosts).
 	c.layout, err = groupHosts(hosts)
 	return err
+}
+
+// onOff says on or off.
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }
 
 func (c *Communicator) rankKey(r int) string { return c.prefix + "rank/" + strconv.Itoa(r) }

@@ -360,11 +360,10 @@ func (c *Communicator) allocWindow(ctx context.Context, p cuda.DevicePtr, bytes 
 
 // registry returns the communicator's registry, or why there is none.
 func (c *Communicator) registry(op string) (*registry, error) {
+	if err := c.gone(op); err != nil {
+		return nil, err
+	}
 	switch {
-	case c.aborted.Load():
-		return nil, errorf(ErrAborted, "comm: rank %d: %s on an aborted communicator", c.cfg.Rank, op)
-	case c.closed.Load():
-		return nil, errorf(ErrClosed, "comm: rank %d: %s on a closed communicator", c.cfg.Rank, op)
 	case c.gpu == nil:
 		return nil, errorf(ErrInvalidArgument, "comm: rank %d: %s is for GPU communicators (NCCL registration)", c.cfg.Rank, op)
 	case c.reg == nil:
