@@ -34,7 +34,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -52,7 +52,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::st(p1, u, sp.n, x);
     }
@@ -65,7 +65,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done1;
@@ -96,7 +96,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + w0;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -114,7 +114,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + w0;
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::st(p1, u, sp.n, x);
     }
@@ -127,7 +127,7 @@ allgather_oneshot_ll128_u16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1, on)) goto done;

@@ -43,7 +43,7 @@ allgather_oneshot_ll_u16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -64,7 +64,7 @@ allgather_oneshot_ll_u16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input;
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, rank).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       const PR::P x = PR::ld(p0, u, sp.n);
       PR::st(p1, u, sp.n, x);
     }
@@ -77,7 +77,7 @@ allgather_oneshot_ll_u16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 1)) goto done;
       PR::st(p1, u, sp.n, x);
@@ -91,7 +91,7 @@ allgather_oneshot_ll_u16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 1)) goto done;
       PR::st(p1, u, sp.n, x);
@@ -105,7 +105,7 @@ allgather_oneshot_ll_u16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 1)) goto done;
       PR::st(p1, u, sp.n, x);

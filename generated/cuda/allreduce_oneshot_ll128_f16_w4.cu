@@ -78,7 +78,7 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -99,7 +99,7 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -120,7 +120,7 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -141,7 +141,7 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -170,14 +170,20 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -199,14 +205,20 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -228,14 +240,20 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table15, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -257,14 +275,20 @@ allreduce_oneshot_ll128_f16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table18, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table19, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;

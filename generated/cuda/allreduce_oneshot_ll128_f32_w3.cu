@@ -62,7 +62,7 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -81,7 +81,7 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -100,7 +100,7 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -126,13 +126,18 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      PR::L ls[3];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -152,13 +157,18 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      PR::L ls[3];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;
@@ -178,13 +188,18 @@ allreduce_oneshot_ll128_f32_w3(const CG_GRID_CONSTANT collgen_args_w3 a) {
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p3 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[3];
       bool ok = true;
-      ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
+      PR::L ls[3];
+      PR::sync();
+      PR::load(p0 + u * 16, ls[0], on);
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      ok &= PR::arrived(ls[0], flag, xs[0], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;

@@ -121,7 +121,7 @@ allreduce_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
         const bool on = u < units;
         const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
         const PR::P x = PR::ld(p0, u, sp.n);
@@ -165,18 +165,28 @@ allreduce_oneshot_ll128_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[k][rank], chunk_ll);
       const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[k][rank], chunk_ll);
       E* const p8 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
         const bool on = u < units;
         PR::P xs[8];
         bool ok = true;
-        ok &= PR::poll(p0 + u * 16, flag, xs[0], on);
-        ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-        ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-        ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
-        ok &= PR::poll(p4 + u * 16, flag, xs[4], on);
-        ok &= PR::poll(p5 + u * 16, flag, xs[5], on);
-        ok &= PR::poll(p6 + u * 16, flag, xs[6], on);
-        ok &= PR::poll(p7 + u * 16, flag, xs[7], on);
+        PR::L ls[8];
+        PR::sync();
+        PR::load(p0 + u * 16, ls[0], on);
+        PR::load(p1 + u * 16, ls[1], on);
+        PR::load(p2 + u * 16, ls[2], on);
+        PR::load(p3 + u * 16, ls[3], on);
+        PR::load(p4 + u * 16, ls[4], on);
+        PR::load(p5 + u * 16, ls[5], on);
+        PR::load(p6 + u * 16, ls[6], on);
+        PR::load(p7 + u * 16, ls[7], on);
+        ok &= PR::arrived(ls[0], flag, xs[0], on);
+        ok &= PR::arrived(ls[1], flag, xs[1], on);
+        ok &= PR::arrived(ls[2], flag, xs[2], on);
+        ok &= PR::arrived(ls[3], flag, xs[3], on);
+        ok &= PR::arrived(ls[4], flag, xs[4], on);
+        ok &= PR::arrived(ls[5], flag, xs[5], on);
+        ok &= PR::arrived(ls[6], flag, xs[6], on);
+        ok &= PR::arrived(ls[7], flag, xs[7], on);
         if (PR::any(!ok)) {
           if (!cg_push_wait<PR>(a, p0 + u * 16, flag, xs[0], 0, 1, on)) goto done;
           if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], 1, 1, on)) goto done;

@@ -50,7 +50,7 @@ allreduce_oneshot_ll_f32_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -66,7 +66,7 @@ allreduce_oneshot_ll_f32_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -88,7 +88,7 @@ allreduce_oneshot_ll_f32_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table2, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table3, rank), chunk_ll);
     E* const p2 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[2];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -110,7 +110,7 @@ allreduce_oneshot_ll_f32_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p2 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[2];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);

@@ -78,7 +78,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -98,7 +98,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -118,7 +118,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -138,7 +138,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -166,7 +166,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -194,7 +194,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -222,7 +222,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table15, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);
@@ -250,7 +250,7 @@ allreduce_oneshot_ll_f32_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table18, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table19, rank), chunk_ll);
     E* const p4 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       ok &= PR::poll(p0 + u * 16, flag, xs[0]);

@@ -121,7 +121,7 @@ allreduce_oneshot_ll_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); u < units; u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k, W), PR::units<E>(win)), stride); u < units; u += stride) {
         const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
         const PR::P x = PR::ld(p0, u, sp.n);
         const int slot = cg_ep_slot(ep);
@@ -164,7 +164,7 @@ allreduce_oneshot_ll_f32_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table7[k][rank], chunk_ll);
       const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table8[k][rank], chunk_ll);
       E* const p8 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k, W) * PR::units<E>(win), stride); u < units; u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k, W), PR::units<E>(win)), stride); u < units; u += stride) {
         PR::P xs[8];
         bool ok = true;
         ok &= PR::poll(p0 + u * 16, flag, xs[0]);

@@ -45,7 +45,7 @@ allreduce_twoshot_ll128_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -67,12 +67,15 @@ allreduce_twoshot_ll128_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
     E* const p2 = (E*)a.output + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     char* const p3 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table1, rank), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
       }
@@ -91,7 +94,7 @@ allreduce_twoshot_ll128_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table0, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2, on)) goto done;

@@ -61,7 +61,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -75,7 +75,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -89,7 +89,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -114,7 +114,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     char* const p5 = cg_inbox(a.stage[cg_rel(rank, 1, W)], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     char* const p6 = cg_inbox(a.stage[cg_rel(rank, 2, W)], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     char* const p7 = cg_inbox(a.stage[cg_rel(rank, 3, W)], slot, a.slot_bytes, cg_pick(table8, rank), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[4];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
@@ -143,7 +143,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table9, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 1, W), 2)) goto done;
       PR::st(p1, u, sp.n, x);
@@ -157,7 +157,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table10, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 2, W), 2)) goto done;
       PR::st(p1, u, sp.n, x);
@@ -171,7 +171,7 @@ allreduce_twoshot_ll_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table11, rank), chunk_ll);
     E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P x;
       if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, 3, W), 2)) goto done;
       PR::st(p1, u, sp.n, x);

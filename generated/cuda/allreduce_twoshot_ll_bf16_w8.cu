@@ -79,7 +79,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k + 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
         const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
         const PR::P x = PR::ld(p0, u, sp.n);
         const int slot = cg_ep_slot(ep);
@@ -113,7 +113,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     char* const p13 = cg_inbox(a.stage[cg_rel(rank, 5, W)], slot, a.slot_bytes, cg_pick(table12, rank), chunk_ll);
     char* const p14 = cg_inbox(a.stage[cg_rel(rank, 6, W)], slot, a.slot_bytes, cg_pick(table13, rank), chunk_ll);
     char* const p15 = cg_inbox(a.stage[cg_rel(rank, 7, W)], slot, a.slot_bytes, cg_pick(table14, rank), chunk_ll);
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(win), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(win)), stride); u < units; u += stride) {
       PR::P xs[8];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);
@@ -156,7 +156,7 @@ allreduce_twoshot_ll_bf16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const char* const p0 = cg_inbox(a.stage[rank], slot, a.slot_bytes, table15[k][rank], chunk_ll);
       E* const p1 = (E*)a.output + cg_wchunk(a.count, a.chunk, cg_rel(rank, k + 1, W), w0, win).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(win), stride); u < units; u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k + 1, W), PR::units<E>(win)), stride); u < units; u += stride) {
         PR::P x;
         if (!cg_push_wait<PR>(a, p0 + u * 16, flag, x, cg_rel(rank, k + 1, W), 2)) goto done;
         PR::st(p1, u, sp.n, x);

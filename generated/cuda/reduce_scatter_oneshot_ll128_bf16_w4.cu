@@ -43,7 +43,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -58,7 +58,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 2, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 2, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 2, W), PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -73,7 +73,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 3, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 3, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 3, W), PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -96,14 +96,19 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p4 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done1;
         if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done1;
@@ -137,7 +142,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -152,7 +157,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 2, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -167,7 +172,7 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 3, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -190,14 +195,19 @@ reduce_scatter_oneshot_ll128_bf16_w4(const CG_GRID_CONSTANT collgen_args_w4 a) {
     const char* const p2 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table4, rank), chunk_ll);
     const char* const p3 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table5, rank), chunk_ll);
     E* const p4 = (E*)a.output + w0;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[4];
       bool ok = true;
+      PR::L ls[4];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
+      PR::load(p2 + u * 16, ls[2], on);
+      PR::load(p3 + u * 16, ls[3], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
-      ok &= PR::poll(p2 + u * 16, flag, xs[2], on);
-      ok &= PR::poll(p3 + u * 16, flag, xs[3], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
+      ok &= PR::arrived(ls[2], flag, xs[2], on);
+      ok &= PR::arrived(ls[3], flag, xs[3], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
         if (!cg_push_wait<PR>(a, p2 + u * 16, flag, xs[2], cg_rel(rank, 2, W), 1, on)) goto done;

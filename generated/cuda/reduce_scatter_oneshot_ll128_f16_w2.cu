@@ -35,7 +35,7 @@ reduce_scatter_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -56,12 +56,15 @@ reduce_scatter_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p2 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done1;
       }
@@ -93,7 +96,7 @@ reduce_scatter_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(cg_round_n(sp.n, a.chunk, win));
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, cg_rel(rank, 1, W), w0, win).lo;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       const cg_u64 ep = cg_epoch(a.seq) + r;  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
@@ -114,12 +117,15 @@ reduce_scatter_oneshot_ll128_f16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const E* const p0 = (const E*)a.input + cg_wchunk(a.count, a.chunk, rank, w0, win).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p2 = (E*)a.output + w0;
-    for (cg_s64 u = cg_first((cg_s64)0 * PR::units<E>(win), stride); PR::any(u < units); u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(0, PR::units<E>(win)), stride); PR::any(u < units); u += stride) {
       const bool on = u < units;
       PR::P xs[2];
       bool ok = true;
+      PR::L ls[2];
+      PR::sync();
+      PR::load(p1 + u * 16, ls[1], on);
       xs[0] = PR::ld(p0, u, sp.n);
-      ok &= PR::poll(p1 + u * 16, flag, xs[1], on);
+      ok &= PR::arrived(ls[1], flag, xs[1], on);
       if (PR::any(!ok)) {
         if (!cg_push_wait<PR>(a, p1 + u * 16, flag, xs[1], cg_rel(rank, 1, W), 1, on)) goto done;
       }

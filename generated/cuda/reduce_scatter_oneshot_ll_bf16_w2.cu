@@ -34,7 +34,7 @@ reduce_scatter_oneshot_ll_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const cg_s64 units = PR::units<E>(sp.n);
     const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, 1, W)).lo;
-    for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, 1, W), PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
       const PR::P x = PR::ld(p0, u, sp.n);
       const int slot = cg_ep_slot(ep);
@@ -54,7 +54,7 @@ reduce_scatter_oneshot_ll_bf16_w2(const CG_GRID_CONSTANT collgen_args_w2 a) {
     const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, rank).lo;
     const char* const p1 = cg_inbox(a.stage[rank], slot, a.slot_bytes, 0, chunk_ll);
     E* const p2 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       PR::P xs[2];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);

@@ -50,7 +50,7 @@ reduce_scatter_oneshot_ll_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
       const cg_s64 units = PR::units<E>(sp.n);
       const cg_s64 stride = (cg_s64)gridDim.x * blockDim.x;
       const E* const p0 = (const E*)a.input + cg_chunk(a.count, a.chunk, cg_rel(rank, k + 1, W)).lo;
-      for (cg_s64 u = cg_first((cg_s64)cg_rel(rank, k + 1, W) * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+      for (cg_s64 u = cg_first(cg_push_shift(cg_rel(rank, k + 1, W), PR::units<E>(a.chunk)), stride); u < units; u += stride) {
         const cg_u64 ep = cg_epoch(a.seq);  // loaded before x: the two loads overlap
         const PR::P x = PR::ld(p0, u, sp.n);
         const int slot = cg_ep_slot(ep);
@@ -77,7 +77,7 @@ reduce_scatter_oneshot_ll_f16_w8(const CG_GRID_CONSTANT collgen_args_w8 a) {
     const char* const p6 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table6, rank), chunk_ll);
     const char* const p7 = cg_inbox(a.stage[rank], slot, a.slot_bytes, cg_pick(table7, rank), chunk_ll);
     E* const p8 = (E*)a.output;
-    for (cg_s64 u = cg_first((cg_s64)rank * PR::units<E>(a.chunk), stride); u < units; u += stride) {
+    for (cg_s64 u = cg_first(cg_push_shift(rank, PR::units<E>(a.chunk)), stride); u < units; u += stride) {
       PR::P xs[8];
       bool ok = true;
       xs[0] = PR::ld(p0, u, sp.n);

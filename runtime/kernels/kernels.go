@@ -218,14 +218,14 @@ func PayloadPerLine(protocol coll.Protocol) string {
 }
 
 // ThreadUnits is how many units of work one chunk of chunkElems elements
-// gives the kernel's threads: vectors rounded up to a whole warp (32) for
-// barrier kernels, whose work split starts every chunk on a warp boundary
-// (cg_shift in the device runtime), and 16-byte inbox units for push
-// kernels (an LL line, or one eighth of an LL128 line). Launches size their
-// grid from it.
+// gives the kernel's threads, rounded up to a whole warp (32), since the
+// work split starts every chunk on a warp boundary (cg_shift and
+// cg_push_shift in the device runtime): vectors for barrier kernels,
+// 16-byte inbox units for push kernels (an LL line, or one eighth of an
+// LL128 line). Launches size their grid from it.
 func (k *Kernel) ThreadUnits(chunkElems int64, elemSize int) int64 {
 	if k.Push() {
-		return InboxChunkBytes(k.Protocol, chunkElems*int64(elemSize)) / 16
+		return (InboxChunkBytes(k.Protocol, chunkElems*int64(elemSize))/16 + 31) &^ 31
 	}
 	vec := k.VecElems(elemSize)
 	return ((chunkElems+vec-1)/vec + 31) &^ 31

@@ -30,9 +30,10 @@ func TestInboxFootprint(t *testing.T) {
 		}
 	}
 	k := &Kernel{Protocol: coll.LL128, InboxChunks: 16, Launch: Launch{VectorBytes: 8}}
-	// 1000 bf16 elements: 2000 bytes, 17 lines of 8 units.
-	if got := k.ThreadUnits(1000, 2); got != 17*8 {
-		t.Errorf("LL128 ThreadUnits = %d, want %d", got, 17*8)
+	// 1000 bf16 elements: 2000 bytes, 17 lines of 8 units, rounded up to
+	// whole warps (cg_push_shift starts every chunk on a warp).
+	if got := k.ThreadUnits(1000, 2); got != 160 {
+		t.Errorf("LL128 ThreadUnits = %d, want 17*8 = 136 rounded up to 160", got)
 	}
 	if got := k.SlotBytes(8000, 2000); got != 16*17*128 {
 		t.Errorf("LL128 SlotBytes = %d, want %d", got, 16*17*128)

@@ -747,13 +747,46 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 		dst := e.ptr(w, lead.Dst, false)
 		w.B("PR::P xs[%d];", len(srcs))
 		w.B("bool ok = true;")
-		anyLL := false
-		for i, r := range lead.Srcs {
+		inboxes := 0
+		for _, r := range lead.Srcs {
 			if r.Buf == schedule.Inbox {
-				anyLL, w.usesOn = true, true
-				w.B("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
-			} else {
+				inboxes++
+			}
+		}
+		anyLL := inboxes > 0
+		split := warp && anyLL && len(lead.Srcs) > 1
+		if split {
+			// An LL128 reduce polls its inboxes in parts (PR::sync,
+			// PR::load, PR::arrived): every line's load is issued before
+			// the first flag test, and before the other sources' loads
+			// (PR::ld of an unaligned span shuffles, which waits for its
+			// data), so one latency covers them all. Polled one after
+			// another, each poll's flag shuffle waits for its load before
+			// the next poll's load issues, and an unaligned input's load
+			// before the poll's. (An LL poll's flag test is a compare:
+			// consecutive LL loads are already in flight together.)
+			w.usesOn = true
+			w.B("PR::L ls[%d];", len(srcs))
+			w.B("PR::sync();")
+			for i, r := range lead.Srcs {
+				if r.Buf == schedule.Inbox {
+					w.B("PR::load(%s + u * 16, ls[%d]%s);", srcs[i], i, on)
+				}
+			}
+		}
+		for i, r := range lead.Srcs {
+			if r.Buf != schedule.Inbox {
 				w.B("xs[%d] = PR::ld(%s, u, sp.n);", i, srcs[i])
+			}
+		}
+		for i, r := range lead.Srcs {
+			switch {
+			case r.Buf != schedule.Inbox:
+			case split:
+				w.B("ok &= PR::arrived(ls[%d], flag, xs[%d]%s);", i, i, on)
+			default:
+				w.usesOn = true
+				w.B("ok &= PR::poll(%s + u * 16, flag, xs[%d]%s);", srcs[i], i, on)
 			}
 		}
 		if anyLL {
@@ -783,7 +816,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 	if e.aligned() && e.rounds() {
 		shift = "0" // schedule.Aligned: unit u of every chunk on one thread
 	}
-	w.P("for (cg_s64 u = cg_first((cg_s64)%s * PR::units<E>(%s), stride); %s; u += stride) {", shift, win, cond)
+	w.P("for (cg_s64 u = cg_first(cg_push_shift(%s, PR::units<E>(%s)), stride); %s; u += stride) {", shift, win, cond)
 	if warp && w.usesOn {
 		w.P("  const bool on = u < units;")
 	}

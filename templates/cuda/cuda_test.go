@@ -114,6 +114,76 @@ func TestHCMPartialsStayInAccumulators(t *testing.T) {
 	}
 }
 
+// TestLL128PollsInFlightTogether: an LL128 reduce issues every inbox
+// line's load (after one PR::sync) before its first flag test
+// (PR::arrived) and before its other sources' loads, and no reduce polls
+// with PR::poll: a poll's flag shuffle waits for its load, so polls in a
+// row would each wait a memory latency for the one before (one per peer
+// at world 8), and an unaligned input's shuffles would hold the poll's
+// load back.
+func TestLL128PollsInFlightTogether(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	split := 0
+	for name, src := range files {
+		if !strings.Contains(string(src), "typedef cg_ll128 PR;") {
+			continue
+		}
+		for _, block := range strings.Split(string(src), "\n  { // ")[1:] {
+			if strings.Contains(block, "ok &= PR::poll(") {
+				t.Errorf("%s: a reduce polls an inbox in one piece:\n%s", name, block)
+			}
+			loads := strings.Count(block, "PR::load(")
+			if loads == 0 {
+				continue
+			}
+			split++
+			sync, firstLoad := strings.Index(block, "PR::sync();"), strings.Index(block, "PR::load(")
+			lastLoad, firstTest := strings.LastIndex(block, "PR::load("), strings.Index(block, "PR::arrived(")
+			ld := strings.Index(block, "= PR::ld(")
+			if sync < 0 || sync > firstLoad || firstTest < lastLoad || (ld >= 0 && ld < lastLoad) || strings.Count(block, "PR::arrived(") != loads {
+				t.Errorf("%s: %d loads, not all issued after one sync and before the other loads and the first flag test:\n%s", name, loads, block)
+			}
+		}
+	}
+	if split == 0 {
+		t.Fatal("no LL128 reduce polls an inbox in the shipped spec")
+	}
+}
+
+// TestPushLoopsStartOnWarps: every loop of a push kernel takes its first
+// unit through cg_push_shift, which starts each chunk on a warp boundary
+// (TestWorkSplitOnHost checks the function), so no warp runs two chunks'
+// loops in a row; none multiplies the chunk index by the units itself.
+func TestPushLoopsStartOnWarps(t *testing.T) {
+	s, err := spec.Load("../../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := mustRender(t, s)
+	loops := 0
+	for name, src := range files {
+		if !strings.Contains(string(src), "typedef cg_ll") {
+			continue // not a push program
+		}
+		for _, line := range strings.Split(string(src), "\n") {
+			if !strings.Contains(line, "for (cg_s64 u = cg_first(") {
+				continue
+			}
+			loops++
+			if !strings.Contains(line, "cg_first(cg_push_shift(") {
+				t.Errorf("%s: a push loop not started through cg_push_shift:\n%s", name, line)
+			}
+		}
+	}
+	if loops == 0 {
+		t.Fatal("no push loop in the shipped spec")
+	}
+}
+
 // TestProgramsServeTheirKernels checks how a program reads what its
 // kernels differ in: one serving several ops takes the op from args.op
 // (cg_op), one serving a single op uses that op's struct, and a copying

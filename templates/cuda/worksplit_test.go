@@ -51,8 +51,11 @@ func buildOnHost(t *testing.T, src string, flags ...string) string {
 // for any span length, so rounds of different lengths (a short last round)
 // keep each element in one block and the per-block barriers order them.
 // The first form of the tail spread, which gave tail element e to the
-// thread of vector nvec + e and failed the GPU proof, fails here. Needs
-// nvcc ($NVCC or on PATH; CI installs it before the tests); skips without.
+// thread of vector nvec + e and failed the GPU proof, fails here. And push
+// kernels' chunks start on warp boundaries (cg_push_shift), one after the
+// other without overlap (c times the units alone, the earlier form, fails).
+// Needs nvcc ($NVCC or on PATH; CI installs it before the tests); skips
+// without.
 func TestWorkSplitOnHost(t *testing.T) {
 	bin := buildOnHost(t, "testdata/worksplit.cu")
 	out, err := exec.Command(bin).CombinedOutput()

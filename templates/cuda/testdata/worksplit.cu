@@ -66,6 +66,18 @@ int main() {
               return 1;
             }
         }
+  // Push kernels (cg_push_shift): every chunk's loop starts on a warp
+  // boundary, and a chunk's units, from its start, end before the next
+  // chunk's start and less than a warp before it.
+  for (long long units = 1; units <= 300; units++)
+    for (int c = 0; c < 9; c++) {
+      const long long s = cg_push_shift(c, units), next = cg_push_shift(c + 1, units);
+      if (s % 32 != 0 || next - s < units || next - s >= units + 32) {
+        printf("cg_push_shift(%d, %lld) = %lld, chunk %d starts at %lld\n", c, units, s, c + 1, next);
+        return 1;
+      }
+      cases++;
+    }
   printf("ok %d\n", cases);
   return 0;
 }

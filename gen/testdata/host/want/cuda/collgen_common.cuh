@@ -262,6 +262,17 @@ __device__ __forceinline__ cg_s64 cg_first(cg_s64 shift, cg_s64 stride) {
   return cg_first_of((cg_s64)blockIdx.x * blockDim.x + threadIdx.x, shift, stride);
 }
 
+// cg_push_shift is the work-split shift of chunk c in a push kernel whose
+// chunks (or windows) have `units` inbox units: c times the units rounded
+// up to a whole number of warps, so every chunk's loop starts on a warp
+// boundary and, while the grid holds them all, no warp runs the loops of
+// two chunks one after the other (units not a multiple of 32, as LL128's
+// 8 per 120 payload bytes and world 3's chunks mostly are, put a chunk's
+// last units and the next chunk's first in one warp, which then ran both
+// loops in a row). runtime/kernels.ThreadUnits rounds the same way, so the
+// grid has a thread for every chunk's units.
+CG_HD cg_s64 cg_push_shift(cg_s64 c, cg_s64 units) { return c * ((units + 31) & ~(cg_s64)31); }
+
 // cg_shift is the work-split shift of chunk c: c times the vectors per
 // chunk rounded up to a multiple of 32 (a whole number of warps).
 CG_HD cg_s64 cg_shift(int c, cg_u64 chunk, int vec) {
@@ -692,7 +703,8 @@ __device__ __forceinline__ cg_span cg_chunk(cg_u64 count, cg_u64 chunk, int c) {
 // r+2 reuses round r's slot, and what keeps it from overwriting a line its
 // reader has not taken is the waits alone. The thread that owns unit u of
 // a window owns it in every round and phase on every rank (the shift is
-// the window's units times the chunk index), and that thread reached round
+// the chunk index times the window's units rounded up to a warp,
+// cg_push_shift), and that thread reached round
 // r+2 only after waiting for lines its peers wrote in round r+1, after
 // their own reads of round r; schedule.SimulateWindows checks this order
 // (happens-before, every interleaving) for every push schedule.
@@ -911,6 +923,14 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds, cg
 //   st<E>(p, u, n, x)      unit u's payload into a span (only elements < n)
 //   store(p, x, flag, on)  send a unit: p is its inbox address
 //   poll(p, flag, x, on)   load a unit once; true when its line carries flag
+//   L, sync(), load(p, l, on), arrived(l, flag, x, on)
+//                          poll in parts, for a step that polls several
+//                          inboxes: one sync(), every load, then every
+//                          arrived() (the flag test), so the loads are in
+//                          flight together; poll() is the three in a row,
+//                          and LL128's flag test is a shuffle that waits
+//                          for its load, so polls in a row would each wait
+//                          for the one before
 //   reduce<T>(xs, op)      elementwise reduction of NS payloads
 //   all(b), any(b)         b over the threads that decide together
 // `on` is false for a thread whose unit lies past the span: it takes part
@@ -1008,10 +1028,20 @@ struct cg_ll {
   static __device__ __forceinline__ void store(void* p, P d, unsigned flag, bool on = true) {
     asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(flag), "r"(d.y), "r"(flag) : "memory");
   }
+  typedef uint4 L;  // a line as loaded: {d0, flag, d1, flag}
+  static __device__ __forceinline__ void sync() {}
+  static __device__ __forceinline__ void load(const void* p, L& l, bool on = true) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(l.x), "=r"(l.y), "=r"(l.z), "=r"(l.w) : "l"(p) : "memory");
+  }
+  static __device__ __forceinline__ bool arrived(const L& l, unsigned flag, P& d, bool on = true) {
+    d.x = l.x;
+    d.y = l.z;
+    return l.y == flag && l.w == flag;
+  }
   static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on = true) {
-    unsigned f0, f1;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(f0), "=r"(d.y), "=r"(f1) : "l"(p) : "memory");
-    return f0 == flag && f1 == flag;
+    L l;
+    load(p, l, on);
+    return arrived(l, flag, d, on);
   }
   template <class T, class OP, int NS>
   static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 8>(x, op); }
@@ -1155,13 +1185,25 @@ struct cg_ll128 {
     if (on) asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(d.x), "r"(d.y), "r"(d.z), "r"(d.w) : "memory");
   }
   // poll: the flag thread's answer, for its whole line (lane 8k+7 holds
-  // unit 7 of its line, by the work split).
-  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on) {
-    d.x = d.y = d.z = d.w = 0u;
-    __syncwarp();
-    if (on) asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w) : "l"(p) : "memory");
-    const bool mine = !on || (d.z == flag && d.w == flag);
+  // unit 7 of its line, by the work split). In parts: sync() converges the
+  // warp once, so each load() after it (no branch between them) is one
+  // warp-wide instruction, and arrived() asks the flag thread.
+  typedef uint4 L;
+  static __device__ __forceinline__ void sync() { __syncwarp(); }
+  static __device__ __forceinline__ void load(const void* p, L& l, bool on) {
+    l.x = l.y = l.z = l.w = 0u;
+    if (on) asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(l.x), "=r"(l.y), "=r"(l.z), "=r"(l.w) : "l"(p) : "memory");
+  }
+  static __device__ __forceinline__ bool arrived(const L& l, unsigned flag, P& d, bool on) {
+    d = l;
+    const bool mine = !on || (l.z == flag && l.w == flag);
     return __shfl_sync(0xffffffffu, (int)mine, (int)(threadIdx.x & 31) | 7) != 0;
+  }
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on) {
+    L l;
+    sync();
+    load(p, l, on);
+    return arrived(l, flag, d, on);
   }
   template <class T, class OP, int NS>
   static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 16>(x, op); }
