@@ -238,6 +238,19 @@ func (l *loader) checkText(data []byte) bool {
 func (l *loader) syntaxError(data []byte, err error) {
 	msg := syntaxMessage(err)
 	line, col := locateSyntax(data, msg)
+	if line > 1 && commentLine(data, line) {
+		// A comment cannot fail: the text above it already does when cut
+		// there, so the error arose earlier (a quote opened above and
+		// closed by an apostrophe in this comment). Point at where that
+		// text starts failing.
+		prefix := data[:lineStart(data, line)]
+		if m := parseError(prefix); m != "" {
+			if l2, c2 := locateSyntax(prefix, m); l2 > 0 {
+				msg = fmt.Sprintf("%s at line %d; a quote or bracket opened here is still open there (%s)", msg, line, m)
+				line, col = l2, c2
+			}
+		}
+	}
 	if line == 0 {
 		if m := syntaxLine.FindStringSubmatch(err.Error()); m != nil && m[1] != "" {
 			line, _ = strconv.Atoi(m[1])
@@ -248,6 +261,28 @@ func (l *loader) syntaxError(data []byte, err error) {
 		line, col = 1, 1
 	}
 	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Msg: "YAML syntax error: " + msg})
+}
+
+// lineStart is the byte offset of 1-based line in data (len(data) past the end).
+func lineStart(data []byte, line int) int {
+	off := 0
+	for l := 1; l < line; l++ {
+		i := bytes.IndexByte(data[off:], '\n')
+		if i < 0 {
+			return len(data)
+		}
+		off += i + 1
+	}
+	return off
+}
+
+// commentLine reports whether 1-based line of data holds only a comment.
+func commentLine(data []byte, line int) bool {
+	rest := data[lineStart(data, line):]
+	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+		rest = rest[:i]
+	}
+	return bytes.HasPrefix(bytes.TrimSpace(rest), []byte("#"))
 }
 
 // checkFlowDepth reports the first '[' or '{' that opens a flow collection

@@ -33,6 +33,9 @@ func TestSyntaxErrorPositions(t *testing.T) {
 		{"extra bracket", head + "topologies:\n  pcie:\n    kind: pcie_p2p\n    world_sizes: [2]]\n", "7:21", "did not find expected key"},
 		{"indented key", head + "  package: x\n", "4:10", "mapping values are not allowed"},
 		{"single quote", head + "key: 'unterminated\nother: 2\n", "4:6", "found unexpected end of stream"},
+		// A quote opened in a flow mapping and closed by an apostrophe in a
+		// comment further down: the error is where the quote opened.
+		{"quote closed in a comment", head + "launch:\n  oneshot: {threads: 'x}\n  twoshot: {threads: 512}\n  # the one-shot's rule\n", "5:22", "a quote or bracket opened here is still open there"},
 		{"at sign", head + "key: @x\n", "4:6", "cannot start any token"},
 		{"backquote", head + "key: `x\n", "4:6", "cannot start any token"},
 		{"sequence after complex key", head + "? complex\n: x\n- y\n", "6:1", "did not find expected key"},
