@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/collgen/collgen/internal/pause"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/nccl"
 )
@@ -41,11 +42,16 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 }
 
 // Polling of wait: spin on cuStreamQuery for spinFor (short collectives
-// finish there, as fast as cuStreamSynchronize), then sleep, doubling up
-// to maxSleep; NCCL's asynchronous error is read every asyncEvery.
+// finish there, as fast as cuStreamSynchronize), then sleep (pause.For:
+// time.Sleep lasts a millisecond however short), doubling up to maxSleep,
+// and up to longSleep once a wait has lasted longWait, so a wait sees its
+// stream finish within about maxSleep for the first longWait;
+// NCCL's asynchronous error is read every asyncEvery.
 const (
 	spinFor    = 50 * time.Microsecond
-	maxSleep   = time.Millisecond
+	maxSleep   = 100 * time.Microsecond
+	longWait   = 10 * time.Millisecond
+	longSleep  = time.Millisecond
 	asyncEvery = time.Millisecond
 )
 
@@ -96,8 +102,12 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 			runtime.Gosched()
 			continue
 		}
-		sleep = min(max(2*sleep, 10*time.Microsecond), maxSleep)
-		time.Sleep(sleep)
+		most := maxSleep
+		if now.Sub(start) > longWait {
+			most = longSleep
+		}
+		sleep = min(max(2*sleep, 10*time.Microsecond), most)
+		pause.For(sleep)
 	}
 }
 
@@ -161,7 +171,7 @@ func (d *cudaDevice) drained(timeout time.Duration) bool {
 			if time.Now().After(deadline) {
 				return false
 			}
-			time.Sleep(100 * time.Microsecond)
+			pause.For(100 * time.Microsecond)
 		}
 	}
 	return true

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/collgen/collgen/internal/pause"
 )
 
 // ptrAt turns an address of memory outside the Go heap (a mapping made by
@@ -69,7 +71,7 @@ func spin(w *uint32, old, new uint32, deadline time.Time) bool {
 			if left <= 0 {
 				return atomic.CompareAndSwapUint32(w, old, new)
 			}
-			time.Sleep(min(sleep, left))
+			pause.For(min(sleep, left))
 			sleep = min(2*sleep, 100*time.Microsecond)
 		}
 	}
