@@ -8,7 +8,7 @@
 # default, goroutine and process ranks; the special-value and multi-host
 # tests, whose NCCL groups need a GPU per rank, are left out). BUNDLE names
 # the directory of proof.test and collgen (default .gpu; a kernel branch's
-# bundle, e.g. .gpu/llf from tests/gpu/llfast-bundle.sh).
+# bundle, e.g. .gpu/max-blocks from tests/gpu/patch-bundle.sh).
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
