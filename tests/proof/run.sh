@@ -8,12 +8,19 @@
 # default, goroutine and process ranks; the special-value and multi-host
 # tests, whose NCCL groups need a GPU per rank, are left out). BUNDLE names
 # the directory of proof.test and collgen (default .gpu; a kernel branch's
-# bundle, e.g. .gpu/max-blocks from tests/gpu/patch-bundle.sh).
+# bundle, e.g. .gpu/max-blocks from tests/gpu/patch-bundle.sh). PROOF_PARTS
+# picks the halves (default goroutines,processes,multihost), e.g.
+# PROOF_PARTS=processes for the process-rank half alone.
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$(dirname "$0")/../.."
+PROOF_PARTS=${PROOF_PARTS:-goroutines,processes,multihost}
+part() { case ",$PROOF_PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
+for p in ${PROOF_PARTS//,/ }; do
+  case $p in goroutines|processes|multihost) ;; *) echo "run.sh: PROOF_PARTS has $p; the parts are goroutines, processes, multihost" >&2; exit 2 ;; esac
+done
 OUT=${OUT:-.gpu/out}
 BUNDLE=${BUNDLE:-.gpu}
 mkdir -p "$OUT"
@@ -34,6 +41,7 @@ status=0
 
 tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
 [ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
+if part goroutines; then
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
 start=$(date +%s)
@@ -41,7 +49,9 @@ timeout ${GOROUTINE_TIMEOUT:-420} $BUNDLE/proof.test -test.v -test.timeout 0 \
   -test.run "$tests" >"$OUT/proof-goroutines.log" 2>&1 || status=1
 echo "goroutine proof: exit $status after $(( $(date +%s) - start ))s"
 grep -E '^(--- |ok|FAIL|PASS)' "$OUT/proof-goroutines.log" | tail -8
+fi
 
+if part processes; then
 echo "== process ranks (CUDA IPC, fatbin from nvcc)"
 # The fatbin is built from this tree's generated/cuda: only for its own bundle.
 if [ "$BUNDLE" != .gpu ]; then
@@ -56,7 +66,8 @@ for w in ${PROOF_WORLDS//,/ }; do
   timeout ${PROCESS_TIMEOUT:-240} $BUNDLE/collgen run -n "$w" -- $BUNDLE/proof.test -test.v -test.run TestProofProcess \
     >>"$OUT/proof-processes.log" 2>&1 || { status=1; echo "world $w: process proof failed"; }
 done
-if [ -z "$shared" ]; then # the multi-host path needs a GPU per rank
+fi
+if [ -z "$shared" ] && part multihost; then # the multi-host path needs a GPU per rank
   echo "== multi-host path on one machine (Config.HostID per rank): goroutine and process ranks"
   timeout ${MULTIHOST_TIMEOUT:-150} $BUNDLE/proof.test -test.v -test.run TestMultiHostGPU >"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host goroutine proof failed"; }
   timeout ${MULTIHOST_TIMEOUT:-150} $BUNDLE/collgen run -n 2 -- $BUNDLE/proof.test -test.v -test.run TestMultiHostProcess >>"$OUT/multihost.log" 2>&1 || { status=1; echo "multi-host process proof failed"; }
