@@ -117,14 +117,32 @@ func Plan(o Options, world int) (cases []Case, notes []string, err error) {
 
 // Bytes returns what one rank allocates for the sweep: the input and
 // output buffers Run sizes for the largest case, and with Check the
-// reference inputs of every rank that check regenerates.
+// reference inputs of every rank that check regenerates. It saturates at
+// math.MaxInt64: sizes near 2^63 must not wrap round to a figure a memory
+// check lets through.
 func Bytes(o Options, cases []Case, world int) int64 {
 	maxIn, maxOut := buffers(cases, world)
-	n := int64(maxIn) + int64(maxOut)
+	n := satAdd(int64(maxIn), int64(maxOut))
 	if o.Check {
-		n += int64(world) * int64(maxIn)
+		n = satAdd(n, satMul(int64(world), int64(maxIn)))
 	}
 	return n
+}
+
+// satAdd and satMul add and multiply non-negative sizes, saturating at
+// math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
 }
 
 // hostCannotRun says why the host backend cannot run alg for collective c

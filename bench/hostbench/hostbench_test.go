@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/collgen/collgen/coll"
 )
 
 // TestWarmUp: a cold first round that alone outlasts the warm-up does not
@@ -37,5 +39,23 @@ func TestWarmUp(t *testing.T) {
 	boom := errors.New("boom")
 	if _, err := warmUp(time.Second, func(int) (float64, float64, error) { return 0, 0, boom }); !errors.Is(err, boom) {
 		t.Errorf("error: %v", err)
+	}
+}
+
+// TestBytesHuge: a sweep of sizes near 2^63 bytes needs more than any
+// host has; Bytes says so instead of wrapping round to a negative figure
+// (which the bench's memory check let through to a panicking make).
+func TestBytesHuge(t *testing.T) {
+	const huge = int64(1<<63 - 1)
+	for _, check := range []bool{false, true} {
+		o := Options{Collectives: []coll.Collective{coll.AllReduce}, DTypes: []coll.DType{coll.F32}, Ops: []coll.Op{"sum"},
+			Sizes: []int64{huge}, Check: check}
+		cases := Cases(o, 2)
+		if len(cases) != 1 {
+			t.Fatalf("cases %v", cases)
+		}
+		if n := Bytes(o, cases, 2); n < huge/2 {
+			t.Errorf("check %v: Bytes = %d, want at least %d", check, n, huge/2)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -293,13 +294,17 @@ func (o *BenchOptions) planHost(io *IO) (int, error) {
 		return 0, usageError(fmt.Errorf("bench: %w", err))
 	}
 	per := hostbench.Bytes(sw, cases, o.World)
-	if avail, ok := meminfo.Available(); ok && per*int64(o.World) > avail {
+	all := per * int64(o.World)
+	if per > math.MaxInt64/int64(o.World) {
+		all = math.MaxInt64 // sizes near 2^63: the product would wrap round
+	}
+	if avail, ok := meminfo.Available(); ok && all > avail {
 		with := ""
 		if o.Check {
 			with = ", --check's reference inputs included"
 		}
 		return 0, usageError(fmt.Errorf("bench: the sweep's buffers take %s per rank (%s for %d ranks%s), more than the %s this host has available; lower --sizes",
-			bench.FormatBytes(per), bench.FormatBytes(per*int64(o.World)), o.World, with, bench.FormatBytes(avail)))
+			bench.FormatBytes(per), bench.FormatBytes(all), o.World, with, bench.FormatBytes(avail)))
 	}
 	return len(cases), nil
 }
