@@ -67,8 +67,9 @@ type BenchOptions struct {
 	Lanes       int      // host: Config.Lanes (0: default)
 	Timeout     time.Duration
 
-	worker     bool   // host: this process is one rank (env from collgen run or the bench itself)
-	resultFile string // worker rank 0: write JSON results here instead of printing
+	worker     bool           // host: this process is one rank (env from collgen run or the bench itself)
+	baseline   []bench.Result // Baseline's rows, read by checkOutputs
+	resultFile string         // worker rank 0: write JSON results here instead of printing
 	gpu        gpuBenchFlags
 }
 
@@ -397,8 +398,9 @@ func joinDistinct(errs []error) error {
 }
 
 // checkOutputs refuses, before a sweep, output files whose directory does
-// not exist and a --baseline that cannot be read: a GPU sweep takes
-// minutes, and its results would be lost at the end.
+// not exist and a --baseline that cannot be read as bench results (which
+// it keeps for report): a GPU sweep takes minutes, and its results would
+// be lost at the end.
 func (o *BenchOptions) checkOutputs() error {
 	for _, f := range []struct{ flag, path string }{{"json", o.JSON}, {"csv", o.CSV}, {"png", o.PNG}} {
 		if f.path == "" || f.path == "-" {
@@ -409,11 +411,34 @@ func (o *BenchOptions) checkOutputs() error {
 		}
 	}
 	if o.Baseline != "" {
-		if _, err := os.Stat(o.Baseline); err != nil {
-			return fmt.Errorf("bench: --baseline: %w", err)
+		base, err := readBaseline(o.Baseline)
+		if err != nil {
+			return err
 		}
+		o.baseline = base
 	}
 	return nil
+}
+
+// readBaseline reads a --baseline file: bench results, each naming its
+// collective, world and size (JSON of another shape decodes into rows
+// that match nothing).
+func readBaseline(path string) ([]bench.Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --baseline: %w", err)
+	}
+	defer f.Close()
+	base, err := bench.ReadJSON(f)
+	if err != nil {
+		return nil, fmt.Errorf("bench: --baseline %s: %w", path, err)
+	}
+	for i, b := range base {
+		if b.Collective == "" || b.World < 1 || b.Bytes < 1 {
+			return nil, fmt.Errorf("bench: --baseline %s: result %d: want collective, world and bytes (as collgen bench --json writes), got %+v", path, i, b)
+		}
+	}
+	return base, nil
 }
 
 // selfExe returns how to re-run this program: os.Args[0] (resolved through
@@ -550,8 +575,15 @@ func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
 // files.
 func report(io *IO, o *BenchOptions, results []bench.Result) error {
 	if o.Baseline != "" {
-		if err := applyBaseline(o.Baseline, results); err != nil {
-			return err
+		if o.baseline == nil { // a worker rank (collgen run): not read before the sweep
+			base, err := readBaseline(o.Baseline)
+			if err != nil {
+				return err
+			}
+			o.baseline = base
+		}
+		if applyBaseline(o.baseline, results) == 0 && len(results) > 0 {
+			fmt.Fprintf(io.Err, "collgen bench: note: --baseline %s has no row of a measured case (collective, dtype, op, world, size); no speed-ups\n", o.Baseline)
 		}
 	}
 	var err error
@@ -606,16 +638,9 @@ func report(io *IO, o *BenchOptions, results []bench.Result) error {
 // only row for the case (another backend, as gloo's "ring"). A case with
 // several baseline rows, none of the result's algorithm, gets no ratio:
 // which to compare with would be a guess (it used to be the last row).
-func applyBaseline(path string, results []bench.Result) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("bench: --baseline: %w", err)
-	}
-	defer f.Close()
-	base, err := bench.ReadJSON(f)
-	if err != nil {
-		return fmt.Errorf("bench: --baseline %s: %w", path, err)
-	}
+// It returns how many results got a ratio.
+func applyBaseline(base, results []bench.Result) int {
+	matched := 0
 	for i := range results {
 		r := &results[i]
 		var same, only *bench.Result
@@ -636,9 +661,10 @@ func applyBaseline(path string, results []bench.Result) error {
 		}
 		if same != nil {
 			r.Baseline, r.Ratio = same.Backend, same.MedianUS/r.MedianUS
+			matched++
 		}
 	}
-	return nil
+	return matched
 }
 
 // printMemcpy measures copy bandwidth with 1 and with World threads on a

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/rogpeppe/go-internal/testscript"
@@ -38,15 +39,6 @@ func TestApplyBaseline(t *testing.T) {
 		{Backend: "gpu", Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, Awkward: true, MedianUS: 30},
 		{Backend: "gloo", Collective: "allgather", Algorithm: "ring", DType: "bf16", World: 2, Bytes: 4096, MedianUS: 8},
 	}
-	path := filepath.Join(t.TempDir(), "base.json")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := bench.WriteJSON(f, base); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
 	results := []bench.Result{
 		{Collective: "allreduce", Algorithm: "oneshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 5},
 		{Collective: "allreduce", Algorithm: "twoshot", DType: "bf16", Op: "sum", World: 2, Bytes: 4096, MedianUS: 5},
@@ -55,8 +47,8 @@ func TestApplyBaseline(t *testing.T) {
 		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 4096, MedianUS: 4},
 		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 8192, MedianUS: 4},
 	}
-	if err := applyBaseline(path, results); err != nil {
-		t.Fatal(err)
+	if n := applyBaseline(base, results); n != 4 {
+		t.Errorf("applyBaseline matched %d results, want 4", n)
 	}
 	for i, want := range []float64{2, 4, 3, 0, 2, 0} {
 		if results[i].Ratio != want {
@@ -65,5 +57,26 @@ func TestApplyBaseline(t *testing.T) {
 	}
 	if results[4].Baseline != "gloo" {
 		t.Errorf("allgather's baseline %q, want gloo", results[4].Baseline)
+	}
+}
+
+// TestCheckOutputsBaseline: a --baseline that is not bench results
+// (truncated, foreign JSON) is refused by checkOutputs, before the sweep,
+// not after it, when its results would be lost.
+func TestCheckOutputsBaseline(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"trunc.json":   `[{"backend": "gloo", "collective": "allreduce", "algorithm": "ring",`,
+		"foreign.json": `[{"name": "allreduce", "latency": 3.5}]`,
+		"object.json":  `{"results": []}`,
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		o := &BenchOptions{Baseline: path}
+		if err := o.checkOutputs(); err == nil || !strings.Contains(err.Error(), "--baseline "+path) {
+			t.Errorf("%s: checkOutputs() = %v, want an error naming --baseline %s", name, err, path)
+		}
 	}
 }
