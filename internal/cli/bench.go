@@ -398,7 +398,7 @@ func joinDistinct(errs []error) error {
 }
 
 // checkOutputs refuses, before a sweep, output files whose directory does
-// not exist and a --baseline that cannot be read as bench results (which
+// not exist or that are directories, and a --baseline that cannot be read as bench results (which
 // it keeps for report): a GPU sweep takes minutes, and its results would
 // be lost at the end.
 func (o *BenchOptions) checkOutputs() error {
@@ -408,6 +408,9 @@ func (o *BenchOptions) checkOutputs() error {
 		}
 		if fi, err := os.Stat(filepath.Dir(f.path)); err != nil || !fi.IsDir() {
 			return fmt.Errorf("bench: --%s %s: its directory %s does not exist", f.flag, f.path, filepath.Dir(f.path))
+		}
+		if fi, err := os.Stat(f.path); err == nil && fi.IsDir() {
+			return fmt.Errorf("bench: --%s %s is a directory; name a file", f.flag, f.path)
 		}
 	}
 	if o.Baseline != "" {

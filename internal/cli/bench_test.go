@@ -80,3 +80,14 @@ func TestCheckOutputsBaseline(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckOutputsDirectory: an output path that is a directory is refused
+// before the sweep (creating the file there failed after it).
+func TestCheckOutputsDirectory(t *testing.T) {
+	dir := t.TempDir()
+	for _, o := range []*BenchOptions{{JSON: dir}, {CSV: dir}, {PNG: dir}} {
+		if err := o.checkOutputs(); err == nil || !strings.Contains(err.Error(), dir+" is a directory") {
+			t.Errorf("%+v: checkOutputs() = %v, want %s is a directory", o, err, dir)
+		}
+	}
+}
