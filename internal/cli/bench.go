@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -629,7 +630,11 @@ func report(io *IO, o *BenchOptions, results []bench.Result) error {
 		}
 	}
 	if o.Memcpy {
-		printMemcpy(io, o, results)
+		w := io.Out
+		if o.JSON == "-" {
+			w = io.Err // stdout is the JSON alone
+		}
+		printMemcpy(w, o, results)
 	}
 	return nil
 }
@@ -671,18 +676,18 @@ func applyBaseline(base, results []bench.Result) int {
 }
 
 // printMemcpy measures copy bandwidth with 1 and with World threads on a
-// 256 MiB buffer and relates the largest all-reduce to it.
-func printMemcpy(io *IO, o *BenchOptions, results []bench.Result) {
+// 256 MiB buffer and relates the largest all-reduce to it, on w.
+func printMemcpy(w io.Writer, o *BenchOptions, results []bench.Result) {
 	const size = 256 << 20
 	one := hostbench.MemcpyGBps(size, 1)
 	many := hostbench.MemcpyGBps(size, max(o.World, 1))
 	all := hostbench.MemcpyGBps(size, runtime.NumCPU())
-	fmt.Fprintf(io.Out, "memcpy bandwidth (256MiB, copied bytes per second): 1 thread %.1f GB/s, %d threads %.1f GB/s, %d threads %.1f GB/s\n",
+	fmt.Fprintf(w, "memcpy bandwidth (256MiB, copied bytes per second): 1 thread %.1f GB/s, %d threads %.1f GB/s, %d threads %.1f GB/s\n",
 		one, o.World, many, runtime.NumCPU(), all)
 	for _, r := range results {
 		if r.Collective == string(coll.AllReduce) && r.Bytes == o.Sizes[len(o.Sizes)-1] {
 			alg := float64(r.Bytes) / (r.MedianUS * 1e-6) / 1e9
-			fmt.Fprintf(io.Out, "%s %s %s: algbw %.2f GB/s, busbw %.2f GB/s = %.0f%% of 1-thread memcpy, %.0f%% of %d-thread memcpy\n",
+			fmt.Fprintf(w, "%s %s %s: algbw %.2f GB/s, busbw %.2f GB/s = %.0f%% of 1-thread memcpy, %.0f%% of %d-thread memcpy\n",
 				r.Collective, r.DType, bench.FormatBytes(r.Bytes), alg, r.BusGBps, 100*r.BusGBps/one, 100*r.BusGBps/many, o.World)
 		}
 	}

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,5 +91,22 @@ func TestCheckOutputsDirectory(t *testing.T) {
 		if err := o.checkOutputs(); err == nil || !strings.Contains(err.Error(), dir+" is a directory") {
 			t.Errorf("%+v: checkOutputs() = %v, want %s is a directory", o, err, dir)
 		}
+	}
+}
+
+// TestReportJSONStdoutMemcpy: with --json - stdout is the JSON alone;
+// --memcpy's lines go to stderr (they followed the JSON on stdout).
+func TestReportJSONStdoutMemcpy(t *testing.T) {
+	var out, errb bytes.Buffer
+	o := &BenchOptions{World: 2, JSON: "-", Memcpy: true, Sizes: []int64{4096}}
+	results := []bench.Result{{Backend: "host", Collective: "allreduce", Algorithm: "oneshot", DType: "f32", Op: "sum", World: 2, Bytes: 4096, MedianUS: 2}}
+	if err := report(&IO{Out: &out, Err: &errb}, o, results); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bench.ReadJSON(bytes.NewReader(out.Bytes())); err != nil || !json.Valid(out.Bytes()) {
+		t.Errorf("stdout is not JSON alone (%v):\n%s", err, out.String())
+	}
+	if !strings.Contains(errb.String(), "memcpy bandwidth") {
+		t.Errorf("stderr %q: want the memcpy lines", errb.String())
 	}
 }
