@@ -116,6 +116,16 @@ func runTopo(io *IO, o *topoOptions) error {
 	if o.Base != "" && o.Spec == "" {
 		return usageError(errors.New("--base needs --spec FILE: it only shapes the written spec"))
 	}
+	if o.Force && o.Spec == "" {
+		return usageError(errors.New("--force needs --spec FILE: it only lets --spec replace a file"))
+	}
+	if len(ids) > 0 && (o.JSON || o.Spec == "-") {
+		what := "--json"
+		if !o.JSON {
+			what = "--spec -"
+		}
+		return usageError(fmt.Errorf("--gpus only classifies for the report; %s writes the whole machine (with no report), so it would ignore --gpus", what))
+	}
 	m, err := o.machine()
 	if err != nil {
 		return err
