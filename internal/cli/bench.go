@@ -326,7 +326,7 @@ func (o *BenchOptions) hostConfig(rank int, st rendezvous.Store, shared bool) ho
 }
 
 func runHostBench(io *IO, o *BenchOptions) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext()
 	defer stop()
 	if o.worker {
 		return runHostWorker(ctx, io, o)
@@ -346,10 +346,31 @@ func runHostBench(io *IO, o *BenchOptions) error {
 		results, err = benchProcesses(ctx, io, o, prog)
 	}
 	prog.Finish()
+	if se, ok := context.Cause(ctx).(signalError); ok {
+		// Not the ranks' errors (context canceled) nor the SIGTERM that
+		// stopped rank processes: the signal the user sent.
+		return &ExitError{Code: 128 + int(se.sig.(syscall.Signal)), Err: fmt.Errorf("bench: %w; stopped all ranks", se)}
+	}
 	if err != nil {
 		return err
 	}
 	return report(io, o, results)
+}
+
+// interruptContext returns a context that Ctrl-C or SIGTERM cancels with
+// a signalError as its cause, and the function that stops listening.
+func interruptContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-sigs:
+			cancel(signalError{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel(nil) }
 }
 
 // benchGoroutines runs the sweep on o.World goroutine ranks.
