@@ -445,6 +445,20 @@ func (o *BenchOptions) checkOutputs() error {
 	return nil
 }
 
+// checkRank0Outputs is checkOutputs for a worker rank that collgen run
+// started: rank 0, which writes the outputs, checks them before its sweep
+// (other ranks, maybe on other hosts, need not have rank 0's paths). A
+// worker the bench started itself (resultFile) has none.
+func (o *BenchOptions) checkRank0Outputs(rank int) error {
+	if rank != 0 || o.resultFile != "" {
+		return nil
+	}
+	if err := o.checkOutputs(); err != nil {
+		return usageError(err)
+	}
+	return nil
+}
+
 // readBaseline reads a --baseline file: bench results, each naming its
 // collective, world and size (JSON of another shape decodes into rows
 // that match nothing).
@@ -563,6 +577,9 @@ func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
 	}
 	defer st.Close()
 	o.World = env.WorldSize
+	if err := o.checkRank0Outputs(env.Rank); err != nil {
+		return err
+	}
 	g, err := host.New(ctx, o.hostConfig(env.Rank, st, true))
 	if err != nil {
 		return err
@@ -599,14 +616,7 @@ func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
 // report prints the table (or JSON to stdout) and writes the requested
 // files.
 func report(io *IO, o *BenchOptions, results []bench.Result) error {
-	if o.Baseline != "" {
-		if o.baseline == nil { // a worker rank (collgen run): not read before the sweep
-			base, err := readBaseline(o.Baseline)
-			if err != nil {
-				return err
-			}
-			o.baseline = base
-		}
+	if o.Baseline != "" { // read by checkOutputs before the sweep
 		if applyBaseline(o.baseline, results) == 0 && len(results) > 0 {
 			fmt.Fprintf(io.Err, "collgen bench: note: --baseline %s has no row of a measured case (collective, dtype, op, world, size); no speed-ups\n", o.Baseline)
 		}

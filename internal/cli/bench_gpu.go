@@ -408,6 +408,9 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 		return fmt.Errorf("bench worker: %w", err)
 	}
 	defer st.Close()
+	if err := o.checkRank0Outputs(env.Rank); err != nil {
+		return err
+	}
 	var progress *os.File
 	if env.Rank == 0 && o.resultFile != "" {
 		if progress, err = os.OpenFile(o.resultFile+".progress", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
