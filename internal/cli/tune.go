@@ -193,6 +193,11 @@ func runTune(io *IO, o *tuneOptions) error {
 				fmt.Fprintf(io.Err, "tune: skipping %s at world size %d: topology %s lists world sizes %v\n", t.Collective, t.World, top.Name, top.WorldSizes)
 			}
 		}
+		if len(kept) == 0 && len(tables) > 0 {
+			// An empty select, and an --out "tuned" with nothing changed.
+			return usageError(fmt.Errorf("tune: topology %s lists none of the measured world sizes %v (it has %s); nothing to tune",
+				top.Name, measuredWorlds(samples, o.Backend), strings.Join(spec.WorldRanges(top.WorldSizes), ",")))
+		}
 		tables = kept
 	}
 	if o.World != 0 && !slices.ContainsFunc(tables, func(t tune.Table) bool { return t.World == o.World }) {
