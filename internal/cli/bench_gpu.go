@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"slices"
 	"sort"
 	"strconv"
@@ -130,7 +129,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 }
 
 func runGPUBench(io *IO, o *BenchOptions) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext()
 	defer stop()
 	g := &o.gpu
 	if o.worker {
@@ -180,6 +179,12 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 	}
 	prog.Finish()
 	io.Err.Write(logs.Bytes())
+	if se, ok := context.Cause(ctx).(signalError); ok {
+		// What was measured before the signal is reported; the exit
+		// status is the signal's, as the host bench's.
+		rerr := reportGPU(io, o, ms, awkwardNote(sweeps), nil)
+		return &ExitError{Code: 128 + int(se.sig.(syscall.Signal)), Err: errors.Join(fmt.Errorf("bench: %w; stopped all ranks", se), rerr)}
+	}
 	return reportGPU(io, o, ms, awkwardNote(sweeps), err)
 }
 

@@ -255,8 +255,8 @@ func runTune(io *IO, o *tuneOptions) error {
 	if err != nil {
 		return fmt.Errorf("tune: %w", err)
 	}
-	if err := os.WriteFile(o.Out, out, 0o644); err != nil {
-		return err
+	if err := writeFileAtomic(o.Out, out, 0o644); err != nil {
+		return fmt.Errorf("tune: --out: %w", err)
 	}
 	if o.World != 0 {
 		fmt.Fprintf(io.Out, "\nwrote %s: topology %s's select from world size %d's rules\n", o.Out, top.Name, o.World)

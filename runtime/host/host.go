@@ -186,8 +186,8 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("host: Config.Slots %d: want 1..64, or 0 for the default", cfg.Slots)
 	case cfg.Lanes < 0 || cfg.Lanes > MaxLanes:
 		return nil, fmt.Errorf("host: Config.Lanes %d: want 1..%d, or 0 for the default", cfg.Lanes, MaxLanes)
-	case cfg.SlotBytes < 0:
-		return nil, fmt.Errorf("host: Config.SlotBytes %d: want a positive size, or 0 for the default", cfg.SlotBytes)
+	case cfg.SlotBytes < 0 || cfg.SlotBytes > MaxSlotBytes:
+		return nil, fmt.Errorf("host: Config.SlotBytes %d: want a positive size up to %d, or 0 for the default", cfg.SlotBytes, MaxSlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
 		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
@@ -207,6 +207,11 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	}
 	return g, nil
 }
+
+// MaxSlotBytes bounds Config.SlotBytes: a segment holds Slots slots of
+// every rank's stage and scratch, so a larger slot would overflow its
+// size (a message larger than a slot runs through it in pieces anyway).
+const MaxSlotBytes = 1 << 36
 
 // Rank returns this rank's index.
 func (g *Group) Rank() int { return g.cfg.Rank }

@@ -14,6 +14,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // TestCorrectnessGoroutines runs every dtype x op x algorithm on sampled
@@ -336,5 +337,16 @@ func TestPortableLibraryRulesAreTheSpecs(t *testing.T) {
 	}
 	if got := PortableLibrary().Selections; !reflect.DeepEqual(got, want) {
 		t.Errorf("PortableLibrary's selections:\n%+v\nthe generated library's:\n%+v", got, want)
+	}
+}
+
+// TestConfigBounds: sizes that would overflow the segment's size are
+// refused by name, before any segment is made.
+func TestConfigBounds(t *testing.T) {
+	for _, sb := range []int{-1, MaxSlotBytes + 1, 9e18} {
+		_, err := New(context.Background(), Config{Rank: 0, World: 2, Store: rendezvous.NewMemStore(), Group: "bounds", SlotBytes: sb})
+		if err == nil || !strings.Contains(err.Error(), "Config.SlotBytes") {
+			t.Errorf("SlotBytes %d: New = %v; want an error naming Config.SlotBytes", sb, err)
+		}
 	}
 }

@@ -1,0 +1,40 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// writeFileAtomic writes data to path through a temporary file in the same
+// directory and a rename, so a failed write (a full disk, a quota) leaves
+// path as it was: tune --out may name the very spec it read. The file gets
+// path's own mode when it exists, perm otherwise. The temporary file is
+// removed on any failure.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+		perm = fi.Mode().Perm()
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Chmod(perm); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
