@@ -47,7 +47,7 @@ type tuneOptions struct {
 func newCmdTune(io *IO, o *tuneOptions, runF func(*tuneOptions) error) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tune (--from CSV... | --run --spec FILE) [--spec FILE [--topology NAME]] [--world N] [--out FILE]",
-		Short: "Turn recorded bench sweeps into size rules per collective and world size",
+		Short: "Turn bench sweeps (recorded, or run with --run) into size rules per collective and world size",
 		Long: `Tune reads sweeps recorded with collgen bench --csv or --json (every algorithm and
 nccl, one or more world sizes; several files are pooled point by point) and
 picks, per collective and world size, the algorithm for each measured size:
