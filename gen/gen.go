@@ -34,8 +34,8 @@ type Options struct {
 // Output is a rendered tree: paths relative to the output root, in slash
 // form, mapped to file contents.
 type Output struct {
-	Plan  *plan.Plan
-	Files map[string][]byte
+	Plan  *plan.Plan        // the plan the files were rendered from
+	Files map[string][]byte // path -> contents
 }
 
 // Paths returns the output's paths, sorted.

@@ -103,9 +103,9 @@ func DefaultLaunch() Launch { return Launch{Threads: 512, MaxBlocks: 24, VectorB
 // AlgorithmSpec is one (collective, algorithm) pair with its launch
 // parameters.
 type AlgorithmSpec struct {
-	Collective coll.Collective
-	Name       coll.Algorithm
-	Launch     Launch
+	Collective coll.Collective // the collective
+	Name       coll.Algorithm  // the algorithm, one schedule.Algorithms names
+	Launch     Launch          // as declared, defaults for omitted fields
 }
 
 // Topology is one interconnect to generate kernels for.

@@ -514,8 +514,8 @@ type Stats struct {
 	ReservedBytes      int64 // in segments
 	ActiveBlocks       int   // blocks handed out and not freed
 	Segments           int   // segments held
-	PeakAllocatedBytes int64
-	PeakReservedBytes  int64
+	PeakAllocatedBytes int64 // the most AllocatedBytes has been
+	PeakReservedBytes  int64 // the most ReservedBytes has been
 	NumAllocs          int64 // successful Alloc calls
 	NumFrees           int64 // successful Free calls
 	NumSegmentAllocs   int64 // driver allocations
@@ -532,18 +532,18 @@ func (a *Allocator) Stats() Stats {
 
 // Segment describes one segment (Snapshot, observers).
 type Segment struct {
-	Base   cuda.DevicePtr
-	Bytes  int64
-	Stream *cuda.Stream
-	Blocks []BlockInfo // address order, tiling the segment
+	Base   cuda.DevicePtr // its first byte
+	Bytes  int64          // its size
+	Stream *cuda.Stream   // the stream it belongs to, and its blocks too
+	Blocks []BlockInfo    // address order, tiling the segment
 }
 
 // BlockInfo describes one block of a segment.
 type BlockInfo struct {
-	Ptr       cuda.DevicePtr
-	Size      int64
-	Requested int64 // bytes asked for (0 when free)
-	Allocated bool  // handed out (including freed but held for other streams)
+	Ptr       cuda.DevicePtr // its first byte
+	Size      int64          // its size (a rounded request, or free space)
+	Requested int64          // bytes asked for (0 when free)
+	Allocated bool           // handed out (including freed but held for other streams)
 }
 
 func (s *segment) info() Segment {

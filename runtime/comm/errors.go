@@ -111,7 +111,7 @@ var deviceKinds []struct{ cause, kind error }
 // ErrInvalidArgument).
 type KernelError struct {
 	Kernel string // the kernel's name, e.g. allreduce_oneshot_bf16_sum_w4
-	Err    error
+	Err    error  // the cause
 }
 
 // Error names the kernel and the cause.
@@ -143,7 +143,7 @@ type TimeoutError struct {
 	Rank    int    // the rank that waited
 	Peer    int    // the rank it waited for
 	Barrier int    // which barrier of the kernel; for Data, the phase
-	Block   int
+	Block   int    // the thread block that waited
 	// Data: an LL kernel waited for the peer's data (there are no barriers).
 	Data bool
 	// Hint, when set, names a likely cause this process can see: the peer

@@ -35,7 +35,7 @@ type Builder struct {
 
 // Built is one program's image.
 type Built struct {
-	Image []byte
+	Image []byte // what Compile returns: a CUBIN, or PTX
 	// Compiled is true when this Builder compiled the program, false when
 	// it was read from the cache (possibly after another process built it).
 	Compiled bool
@@ -44,9 +44,9 @@ type Built struct {
 // BuildError is a program of a Build that could not be compiled (or
 // loaded, for Device.LoadSources). Index is its place in the request list.
 type BuildError struct {
-	Index int
-	Name  string
-	Err   error
+	Index int    // its place in the request list
+	Name  string // its name
+	Err   error  // the cause
 }
 
 // Error names the program and the cause.

@@ -27,10 +27,10 @@ type CompileRequest struct {
 
 // CompileError is an NVRTC compilation failure with the compiler log.
 type CompileError struct {
-	Name   string
-	Arch   int
+	Name   string // the program's name
+	Arch   int    // the target, as 90 for sm_90
 	Result string // NVRTC result name, e.g. NVRTC_ERROR_COMPILATION
-	Log    string
+	Log    string // NVRTC's program log
 }
 
 // Error gives the program, target, NVRTC result and the compile log.

@@ -44,9 +44,9 @@ var ErrForeignUser = errors.New("fdpass: peer runs as another user")
 // Cred is the identity of the process at the other end of a connection,
 // as the kernel recorded it when the connection was made (SO_PEERCRED).
 type Cred struct {
-	PID int
-	UID int
-	GID int
+	PID int // its process id
+	UID int // its user id
+	GID int // its group id
 }
 
 // CheckPeer returns an error wrapping ErrForeignUser unless c.UID is uid.

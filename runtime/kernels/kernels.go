@@ -81,9 +81,9 @@ type Field struct {
 // generated CUDA source static_asserts the same offsets, and the generated Go
 // test checks its mirror struct against them.
 type ArgLayout struct {
-	CType  string // C struct name, e.g. collgen_args_w4
-	Size   int    // sizeof, a multiple of 8
-	Fields []Field
+	CType  string  // C struct name, e.g. collgen_args_w4
+	Size   int     // sizeof, a multiple of 8
+	Fields []Field // its members
 }
 
 // Field returns the named field or panics: layouts are generated, so a
@@ -112,12 +112,12 @@ type Kernel struct {
 	Name       string // readable and stable: allreduce_oneshot_bf16_sum_w4; Symbol names the function that runs it
 	Collective coll.Collective
 	Algorithm  coll.Algorithm // a generated one
-	DType      coll.DType
-	Op         coll.Op // empty for all-gather
-	World      int
-	Launch     Launch
-	Args       *ArgLayout
-	Source     string // file name of its .cu in Library.Sources
+	DType      coll.DType     // element type
+	Op         coll.Op        // empty for all-gather
+	World      int            // the world size it is specialised for
+	Launch     Launch         // launch parameters from the spec
+	Args       *ArgLayout     // the argument struct it takes by value
+	Source     string         // file name of its .cu in Library.Sources
 	// Symbol is the extern "C" function in Source that runs the kernel.
 	// Kernels whose code is the same share a Source and Symbol (the ops
 	// of one reducing kernel, the dtypes of one element size of a copying
@@ -253,8 +253,8 @@ func (k *Kernel) SlotBytes(fullBytes, chunkBytes int64) int64 {
 // Rule maps sizes up to UpTo bytes (0: no bound) to a generated algorithm
 // or coll.NCCL.
 type Rule struct {
-	UpTo int64
-	Use  coll.Algorithm
+	UpTo int64          // inclusive bound in bytes; 0: no bound
+	Use  coll.Algorithm // a generated algorithm, or coll.NCCL
 	// Symmetric: only for calls whose input lies in symmetric memory (see
 	// spec.Rule); Choose skips it for others.
 	Symmetric bool
@@ -262,11 +262,11 @@ type Rule struct {
 
 // Selection is a topology's ordered size rules for one collective.
 type Selection struct {
-	Topology   string // topology name from the spec
-	Kind       coll.TopologyKind
-	Collective coll.Collective
-	Worlds     []int // world sizes these rules are for: all of the topology's, or those sharing a per-world rule list
-	Rules      []Rule
+	Topology   string            // topology name from the spec
+	Kind       coll.TopologyKind // the topology's kind
+	Collective coll.Collective   // the collective the rules choose for
+	Worlds     []int             // world sizes these rules are for: all of the topology's, or those sharing a per-world rule list
+	Rules      []Rule            // in order: the first that covers a size wins (Choose)
 }
 
 // Choose returns the algorithm the rules pick for a message of the given
@@ -292,15 +292,15 @@ type HostReduceFunc func(dst []byte, srcs [][]byte)
 
 // HostKey names a host reduce loop.
 type HostKey struct {
-	DType coll.DType
-	Op    coll.Op
+	DType coll.DType // element type
+	Op    coll.Op    // reduce op
 }
 
 // Library is everything a generated package provides to the runtime.
 type Library struct {
-	Package    string
-	Kernels    []Kernel
-	Selections []Selection
+	Package    string      // the generated package's name (the spec's package)
+	Kernels    []Kernel    // every generated kernel
+	Selections []Selection // the size rules: one per topology, collective and distinct rule list
 	// MultiHost are the size rules of groups spanning hosts (the spec's
 	// multi_host.select), one Selection per collective that has rules,
 	// with Topology "multi_host" and no Kind or Worlds: each rule uses
@@ -310,7 +310,8 @@ type Library struct {
 	// Sources holds, at its root, every kernel's .cu file (Kernel.Source)
 	// and the headers they include (*.cuh): the generated package embeds
 	// the files of its cuda directory, so each source exists once.
-	Sources      fs.FS
+	Sources fs.FS
+	// HostReducers are the generated host reduce loops, per dtype and op.
 	HostReducers map[HostKey]HostReduceFunc
 	Manifest     string // content hashes of the specs and templates that made it
 	// index maps kernel attributes to Kernels' entries, built on the first

@@ -93,8 +93,8 @@ type Config struct {
 // Code is the exit code to pass on: the rank's own exit status, or
 // 128+signal for a rank killed by a signal and for an interrupt.
 type ExitError struct {
-	Rank   int
-	Code   int
+	Rank   int       // the failing rank, -1 for an interrupt
+	Code   int       // the exit code to pass on
 	Signal os.Signal // the signal that killed the rank, or that interrupted the group
 	// Stopped lists, ascending, the ranks that the launcher stopped
 	// (SIGTERM/SIGKILL) and that then exited with an error: their own

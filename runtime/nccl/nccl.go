@@ -131,7 +131,7 @@ const (
 type Error struct {
 	Op     string // e.g. "ncclAllReduce(1024 f32 sum)"
 	Rank   int    // communicator rank, -1 if none yet
-	Code   Result
+	Code   Result // the ncclResult_t returned
 	Msg    string // ncclGetErrorString
 	Detail string // ncclGetLastError, when available
 }

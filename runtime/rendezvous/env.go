@@ -21,6 +21,8 @@ const (
 
 // Env is where a rank sits in its group and where the group's store is.
 type Env struct {
+	// Rank is this rank in the group, WorldSize the group's size, and
+	// LocalRank this rank's index on its host (its GPU, as a rule).
 	Rank, WorldSize, LocalRank int
 	// Store is the store address: "tcp://host:port" or "file:///path".
 	Store string

@@ -51,6 +51,7 @@ func (e *WaitError) Unwrap() error { return ErrTimeout }
 // deadline passes before every rank arrives. It wraps ErrTimeout and reads
 // "rendezvous: 3/4 ranks joined after 30s; missing rank 2".
 type MissingRanksError struct {
+	// Joined ranks had arrived, of World.
 	Joined, World int
 	// After is how long the caller waited (the ctx timeout it was given).
 	After time.Duration
