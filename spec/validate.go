@@ -495,6 +495,9 @@ func (l *loader) topology(e field, s *Spec) *topoSrc {
 	}
 	if _, ok := f["generate"]; (!ok || isNull(f["generate"].val)) && reportMissing(f, "generate") {
 		l.errorf(keyOr(f["generate"].key, e.key), "%s generates nothing; add e.g. generate: {allreduce: [oneshot]}", in)
+	} else if g := resolve(f["generate"].val); ok && g != nil && g.Kind == yaml.MappingNode && len(g.Content) == 0 {
+		// generate: {} is no different from an empty generate:.
+		l.errorf(f["generate"].val, "%s generates nothing; add e.g. generate: {allreduce: [oneshot]}", in)
 	}
 
 	// select
