@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -263,10 +264,12 @@ func (o *BenchOptions) validate() error {
 	return nil
 }
 
+// splitList splits a comma-separated flag value, dropping empty items and
+// repeats (--algorithms auto,auto measured every case twice).
 func splitList(s string) []string {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
+		if p = strings.TrimSpace(p); p != "" && !slices.Contains(out, p) {
 			out = append(out, p)
 		}
 	}

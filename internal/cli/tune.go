@@ -129,6 +129,8 @@ func runTune(io *IO, o *tuneOptions) error {
 		return usageError(fmt.Errorf("tune: --margin %g: want a fraction between 0 and 1, e.g. 0.15", o.Margin))
 	case !(o.Jitter > 0 && o.Jitter < 1):
 		return usageError(fmt.Errorf("tune: --jitter %g: want a fraction between 0 and 1, e.g. 0.05", o.Jitter))
+	case o.World < 0:
+		return usageError(fmt.Errorf("tune: --world %d: want a world size of 1 or more", o.World))
 	case o.Out != "" && o.Spec == "":
 		return usageError(errors.New("tune: --out needs --spec (the spec to copy)"))
 	case len(o.Compare) > 0 && (o.Out != "" || o.World != 0):

@@ -424,8 +424,11 @@ func rankList(ranks []int) string {
 // write leaves nothing to sweep.
 func (g *Group) recordRun() {
 	runs, removed, err := sweepDeadRuns(g.cfg.ShmDir)
-	if len(runs) > 0 {
+	switch {
+	case len(removed) > 0:
 		fmt.Fprintf(g.cfg.Stderr, "collgen run: removed %d shared-memory segment(s) of %d run(s) whose launcher was killed: %s\n", len(removed), len(runs), strings.Join(removed, ", "))
+	case len(runs) > 0:
+		fmt.Fprintf(g.cfg.Stderr, "collgen run: cleared the record of %d run(s) whose launcher was killed (their segments were gone already)\n", len(runs))
 	}
 	if err != nil {
 		fmt.Fprintf(g.cfg.Stderr, "collgen run: %v\n", err)
