@@ -43,3 +43,24 @@ func TestSleepsAtLeast(t *testing.T) {
 		t.Errorf("For of 0 and a negative duration took %v", got)
 	}
 }
+
+// TestBackoffSteps: no sleep within Spin, then 10 µs doubling up to Max,
+// then up to a millisecond once the loop is older than longWait.
+func TestBackoffSteps(t *testing.T) {
+	b := Backoff{Spin: 50 * time.Microsecond, Max: 100 * time.Microsecond}
+	us := time.Microsecond
+	steps := []struct {
+		age, want time.Duration
+	}{
+		{0, 0}, {49 * us, 0},
+		{50 * us, 10 * us}, {60 * us, 20 * us}, {80 * us, 40 * us}, {120 * us, 80 * us},
+		{200 * us, 100 * us}, {5 * time.Millisecond, 100 * us},
+		{11 * time.Millisecond, 200 * us}, {12 * time.Millisecond, 400 * us},
+		{13 * time.Millisecond, 800 * us}, {14 * time.Millisecond, time.Millisecond}, {time.Second, time.Millisecond},
+	}
+	for _, s := range steps {
+		if got := b.next(s.age); got != s.want {
+			t.Fatalf("at age %v: pause %v, want %v", s.age, got, s.want)
+		}
+	}
+}

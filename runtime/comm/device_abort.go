@@ -4,7 +4,6 @@ package comm
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,16 +41,13 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 }
 
 // Polling of wait: spin on cuStreamQuery for spinFor (short collectives
-// finish there, as fast as cuStreamSynchronize), then sleep (pause.For:
-// time.Sleep lasts a millisecond however short), doubling up to maxSleep,
-// and up to longSleep once a wait has lasted longWait, so a wait sees its
-// stream finish within about maxSleep for the first longWait;
+// finish there, as fast as cuStreamSynchronize), then sleep 10 µs doubling
+// up to maxSleep (a millisecond once the wait has lasted 10 ms:
+// pause.Backoff; time.Sleep would last a millisecond however short);
 // NCCL's asynchronous error is read every asyncEvery.
 const (
 	spinFor    = 50 * time.Microsecond
 	maxSleep   = 100 * time.Microsecond
-	longWait   = 10 * time.Millisecond
-	longSleep  = time.Millisecond
 	asyncEvery = time.Millisecond
 )
 
@@ -67,7 +63,7 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 	d.ncclMu.Unlock()
 	start := time.Now()
 	nextAsync := start.Add(asyncEvery)
-	sleep := time.Duration(0)
+	pace := pause.Backoff{Spin: spinFor, Max: maxSleep}
 	for {
 		done, err := s.Query()
 		if err != nil {
@@ -98,16 +94,7 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 			d.comm.Abort()
 			return errorf(ErrTimeout, "comm: rank %d: an NCCL collective did not finish within %v (Config.Timeout): a peer is dead, stalled or issuing a different collective; the NCCL communicator was aborted, make a new Communicator", d.cfg.Rank, d.cfg.Timeout)
 		}
-		if now.Sub(start) < spinFor {
-			runtime.Gosched()
-			continue
-		}
-		most := maxSleep
-		if now.Sub(start) > longWait {
-			most = longSleep
-		}
-		sleep = min(max(2*sleep, 10*time.Microsecond), most)
-		pause.For(sleep)
+		pace.Wait()
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 	"unsafe"
 
@@ -63,12 +62,12 @@ type Config struct {
 	Timeout time.Duration
 }
 
-// Pacing of wait's polls: it asks NCCL again at once (yielding the
-// processor) for spinFor, since NCCL's background thread finishes an
-// enqueue within microseconds, then sleeps between polls, doubling from
-// 10 µs up to pollInterval (pause.For: a time.Sleep that short lasts a
-// millisecond, and sleeps of 200 µs made every eager non-blocking call
-// at world 2 take 1.1 ms on 2 x H200).
+// Pacing of wait's polls (pause.Backoff): it asks NCCL again at once
+// (yielding the processor) for spinFor, since NCCL's background thread
+// finishes an enqueue within microseconds, then sleeps between polls, 10
+// µs doubling up to pollInterval (time.Sleep would last a millisecond
+// however short: sleeps of 200 µs made every eager non-blocking call at
+// world 2 take 1.1 ms on 2 x H200).
 const (
 	spinFor      = 100 * time.Microsecond
 	pollInterval = 200 * time.Microsecond
@@ -159,8 +158,7 @@ func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, worl
 // poll (see Comm). On a blocking communicator it returns at the first
 // poll.
 func (c *Comm) wait(ctx context.Context, op func() string, deadline time.Time) error {
-	start := time.Now()
-	sleep := time.Duration(0)
+	pace := pause.Backoff{Spin: spinFor, Max: pollInterval}
 	for {
 		if c.aborting.Load() {
 			return fmt.Errorf("nccl: %s on rank %d: %w", op(), c.rank, ErrAborted)
@@ -183,11 +181,6 @@ func (c *Comm) wait(ctx context.Context, op func() string, deadline time.Time) e
 			aerr := c.Abort()
 			return errors.Join(fmt.Errorf("nccl: %s on rank %d: not finished in time (a peer is dead, stalled or not calling); communicator aborted: %w", op(), c.rank, why), aerr)
 		}
-		if time.Since(start) < spinFor {
-			runtime.Gosched()
-		} else {
-			sleep = min(max(2*sleep, 10*time.Microsecond), pollInterval)
-			pause.For(sleep)
-		}
+		pace.Wait()
 	}
 }
