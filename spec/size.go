@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -23,6 +24,10 @@ const sizeUnitNames = "B, KiB, MiB, GiB, KB, MB, GB"
 // ParseSize parses a byte count: a non-negative integer optionally followed
 // (with or without one space) by a unit B, KiB, MiB, GiB (powers of 1024) or
 // KB, MB, GB (powers of 1000), as in "256KiB" or "10 MiB". Units are case
+// ErrSizeTooLarge is the error ParseSize wraps for a size beyond what an
+// int64 holds.
+var ErrSizeTooLarge = errors.New("the limit is 2^63-1 bytes")
+
 // sensitive. The error says what to write instead.
 func ParseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
@@ -51,7 +56,7 @@ func ParseSize(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
+		return 0, fmt.Errorf("size %q is too large (%w)", s, ErrSizeTooLarge)
 	}
 	mult := int64(0)
 	for _, u := range sizeUnits {
@@ -72,7 +77,7 @@ func ParseSize(s string) (int64, error) {
 			continue
 		}
 		if n > math.MaxInt64/u.toMult/u.per {
-			return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
+			return 0, fmt.Errorf("size %q is too large (%w)", s, ErrSizeTooLarge)
 		}
 		return 0, fmt.Errorf("bad size %q: the largest unit is %s; write %d%s", s, u.to, n*u.per, u.to)
 	}
@@ -88,7 +93,7 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("bad size %q: unknown unit %q%s (units: %s)", s, unit, hint, sizeUnitNames)
 	}
 	if n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size %q is too large (the limit is 2^63-1 bytes); leave upto out for no upper bound", s)
+		return 0, fmt.Errorf("size %q is too large (%w)", s, ErrSizeTooLarge)
 	}
 	return n * mult, nil
 }

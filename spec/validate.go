@@ -2,6 +2,7 @@ package spec
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"go/token"
 	"regexp"
@@ -811,6 +812,8 @@ func (l *loader) rule(n *yaml.Node, what string) ruleSrc {
 		case r.Kind == yaml.ScalarNode && r.Tag == "!!str":
 			v, err := ParseSize(r.Value)
 			switch {
+			case errors.Is(err, ErrSizeTooLarge):
+				l.errorf(u.val, "%v; leave upto out for no upper bound", err)
 			case err != nil:
 				l.errorf(u.val, "%v", err)
 			case v <= 0:
