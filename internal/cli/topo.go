@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -125,6 +126,18 @@ func runTopo(io *IO, o *topoOptions) error {
 			what = "--spec -"
 		}
 		return usageError(fmt.Errorf("--gpus only classifies for the report; %s writes the whole machine (with no report), so it would ignore --gpus", what))
+	}
+	if o.Spec != "" && o.Spec != "-" {
+		// Refuse a spec path that cannot be written before the report,
+		// not after it.
+		if fi, err := os.Stat(filepath.Dir(o.Spec)); err != nil || !fi.IsDir() {
+			return usageError(fmt.Errorf("--spec %s: directory %s does not exist", o.Spec, filepath.Dir(o.Spec)))
+		}
+		if fi, err := os.Stat(o.Spec); err == nil && fi.IsDir() {
+			return usageError(fmt.Errorf("--spec %s is a directory; name a file", o.Spec))
+		} else if err == nil && !o.Force {
+			return usageError(fmt.Errorf("--spec %s exists; collgen topo writes a new spec there: pass --force to replace it, or another file", o.Spec))
+		}
 	}
 	m, err := o.machine()
 	if err != nil {
