@@ -53,17 +53,19 @@ func FatbinCodes(image []byte) ([]FatbinCode, error) {
 			}
 			break // padding after the last block
 		}
+		// Sizes are checked against what is left, never added first: a
+		// corrupt size near 2^64 would wrap and send the walk backwards.
 		hs, size := int(le.Uint16(image[off+6:])), le.Uint64(image[off+8:])
-		end := uint64(off) + uint64(hs) + size
-		if hs < 16 || end > uint64(len(image)) {
+		if hs < 16 || hs > len(image)-off || size > uint64(len(image)-off-hs) {
 			return nil, fmt.Errorf("cuda: fatbin block at byte %d runs past the end (%d bytes)", off, len(image))
 		}
-		for e := off + hs; e < int(end); {
-			if int(end)-e < 32 {
+		end := off + hs + int(size)
+		for e := off + hs; e < end; {
+			if end-e < 32 {
 				return nil, fmt.Errorf("cuda: fatbin entry at byte %d is truncated", e)
 			}
 			kind, ehs, psize := le.Uint16(image[e:]), int(le.Uint32(image[e+4:])), le.Uint64(image[e+8:])
-			if ehs < 32 || uint64(e)+uint64(ehs)+psize > end {
+			if ehs < 32 || ehs > end-e || psize > uint64(end-e-ehs) {
 				return nil, fmt.Errorf("cuda: fatbin entry at byte %d runs past its block", e)
 			}
 			if kind == 1 || kind == 2 {
@@ -71,7 +73,7 @@ func FatbinCodes(image []byte) ([]FatbinCode, error) {
 			}
 			e += ehs + int(psize)
 		}
-		off = int(end)
+		off = end
 	}
 	return out, nil
 }

@@ -2,10 +2,13 @@ package cuda
 
 import (
 	_ "embed"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The testdata fatbins were built from testdata/tiny.cu with nvcc 11.8:
@@ -88,5 +91,57 @@ func TestFatbinMismatchError(t *testing.T) {
 	}
 	if fe := fatbinMismatch("k.cubin", []byte("\x7fELF"), 0, 90, cause); fe != nil {
 		t.Errorf("a non-fatbin reported as a mismatch: %v", fe)
+	}
+}
+
+// TestFatbinCodesHugeSizes: a block or entry size near 2^64 (a corrupt or
+// hostile fatbin) is an error, never a hang or a panic: the sizes must not
+// wrap around when added to an offset.
+func TestFatbinCodesHugeSizes(t *testing.T) {
+	le := binary.LittleEndian
+	block := func(size uint64, body []byte) []byte {
+		b := make([]byte, 16, 16+len(body))
+		le.PutUint32(b, fatbinMagic)
+		le.PutUint16(b[6:], 16)
+		le.PutUint64(b[8:], size)
+		return append(b, body...)
+	}
+	entry := func(psize uint64) []byte {
+		e := make([]byte, 64)
+		le.PutUint16(e, 2)
+		le.PutUint32(e[4:], 32)
+		le.PutUint64(e[8:], psize)
+		le.PutUint32(e[28:], 90)
+		return e
+	}
+	for name, img := range map[string][]byte{
+		"block size wraps to 0":       block(1<<64-16, nil),
+		"entry size wraps to itself":  block(64, entry(1<<64-32)),
+		"entry size wraps backwards":  block(64, entry(1<<64-100)),
+		"entry size wraps near start": block(64, entry(1<<64-48)),
+	} {
+		done := make(chan error, 1)
+		go func() {
+			defer func() {
+				if p := recover(); p != nil {
+					done <- fmt.Errorf("panic: %v", p)
+				}
+			}()
+			_, err := FatbinCodes(img)
+			if err == nil {
+				err = errors.New("no error")
+			} else {
+				err = nil
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v, want an error", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: FatbinCodes still running after 5 s", name)
+		}
 	}
 }
