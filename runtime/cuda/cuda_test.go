@@ -506,6 +506,28 @@ func TestCompileError(t *testing.T) {
 	t.Logf("%v", err)
 }
 
+// TestCompileUnknownArch: an architecture the loaded NVRTC does not know
+// (an NVRTC older than the GPU) fails with a *CompileError that names the
+// NVRTC version and library, the architecture, and what to do. NVRTC
+// only, no GPU.
+func TestCompileUnknownArch(t *testing.T) {
+	maj, min, path, err := cuda.NVRTCVersion()
+	if err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	_, err = cuda.Compile(context.Background(), cuda.CompileRequest{
+		Name: "k.cu", Source: "extern \"C\" __global__ void k() {}", Arch: 990})
+	var ce *cuda.CompileError
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want a *CompileError", err)
+	}
+	for _, want := range []string{fmt.Sprintf("NVRTC %d.%d", maj, min), path, "sm_990", cuda.EnvNVRTCPath, "fatbin"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
 func TestCacheHitAndCorruptRebuild(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	c := &cuda.Cache{Dir: t.TempDir()}

@@ -84,7 +84,13 @@ func compile(ctx context.Context, req CompileRequest) ([]byte, bool, error) {
 
 	arch := req.Arch
 	if r := C.cg_nvrtcCompileProgram(prog, C.int(len(opts)), carray(opts)); r != 0 {
-		return nil, false, &CompileError{Name: name, Arch: arch, Result: nvrtcErrString(r), Log: programLog(prog)}
+		ce := &CompileError{Name: name, Arch: arch, Result: nvrtcErrString(r), Log: programLog(prog)}
+		if ce.Result == "NVRTC_ERROR_INVALID_OPTION" && strings.Contains(ce.Log, "--gpu-architecture") { // NVRTC older than the GPU
+			maj, min, path, _ := NVRTCVersion()
+			ce.Hint = fmt.Sprintf("NVRTC %d.%d (%s) does not know this architecture: install a CUDA toolkit whose NVRTC does, or set %s to one, or load kernels from a fatbin built for sm_%d",
+				maj, min, path, EnvNVRTCPath, arch)
+		}
+		return nil, false, ce
 	}
 	var n C.size_t
 	if r := C.cg_nvrtcGetCUBINSize(prog, &n); r == 0 && n > 0 {

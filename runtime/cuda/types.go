@@ -31,11 +31,16 @@ type CompileError struct {
 	Arch   int    // the target, as 90 for sm_90
 	Result string // NVRTC result name, e.g. NVRTC_ERROR_COMPILATION
 	Log    string // NVRTC's program log
+	Hint   string // what to do, when known (an NVRTC that does not know Arch)
 }
 
-// Error gives the program, target, NVRTC result and the compile log.
+// Error gives the program, target, NVRTC result, hint and the compile log.
 func (e *CompileError) Error() string {
-	return fmt.Sprintf("cuda: nvrtc compile of %s for sm_%d failed: %s\n%s", e.Name, e.Arch, e.Result, strings.TrimSpace(e.Log))
+	hint := ""
+	if e.Hint != "" {
+		hint = " (" + e.Hint + ")"
+	}
+	return fmt.Sprintf("cuda: nvrtc compile of %s for sm_%d failed: %s%s\n%s", e.Name, e.Arch, e.Result, hint, strings.TrimSpace(e.Log))
 }
 
 // hasArchOption reports whether opts already choose a target architecture.
