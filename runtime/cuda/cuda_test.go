@@ -114,6 +114,13 @@ func TestMissingLibraries(t *testing.T) {
 	if err := cuda.LoadNVRTCForTest(); !errors.As(err, &le) || le.Symbol != "nvrtcVersion" {
 		t.Fatalf("libm as libnvrtc: got %v, want missing symbol nvrtcVersion", err)
 	}
+	// ... and says what to install or set, as a library not found does.
+	if err := cuda.LoadDriverForTest(); !strings.Contains(err.Error(), cuda.EnvCUDAPath) {
+		t.Errorf("libm as libcuda: %v; want the hint naming %s", err, cuda.EnvCUDAPath)
+	}
+	if err := cuda.LoadNVRTCForTest(); !strings.Contains(err.Error(), cuda.EnvNVRTCPath) {
+		t.Errorf("libm as libnvrtc: %v; want the hint naming %s", err, cuda.EnvNVRTCPath)
+	}
 }
 
 func TestCacheFileFormat(t *testing.T) {
