@@ -175,7 +175,8 @@ func decodeEntry(k CacheKey, data []byte) ([]byte, error) {
 }
 
 // Put stores image under k: written to a temporary file in Dir, synced,
-// then renamed over the final name (atomic on POSIX filesystems).
+// then renamed over the final name (atomic on POSIX filesystems). The
+// entry is readable by all (0644), so users sharing Dir share entries.
 func (c *Cache) Put(k CacheKey, image []byte) error {
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return fmt.Errorf("cuda: cache: %w", err)
@@ -197,7 +198,13 @@ func (c *Cache) Put(k CacheKey, image []byte) error {
 		return fmt.Errorf("cuda: cache: %w", err)
 	}
 	name := tmp.Name()
-	_, err = tmp.Write(hdr)
+	// CreateTemp makes the file 0600: other users of a shared cache could
+	// not read the entry, and would compile it again and rename theirs
+	// over it. Entries are 0644, as the lock files are.
+	err = tmp.Chmod(0o644)
+	if err == nil {
+		_, err = tmp.Write(hdr)
+	}
 	if err == nil {
 		_, err = tmp.Write(image)
 	}

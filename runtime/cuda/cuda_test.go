@@ -169,6 +169,25 @@ func TestCacheFileFormat(t *testing.T) {
 	}
 }
 
+// TestCachePutReadableByOthers: an entry is readable by the other users
+// of a shared cache directory (0644, as the lock files and the 0755
+// directory are), so they load it instead of compiling it again and
+// renaming their own, unreadable to the first user, over it.
+func TestCachePutReadableByOthers(t *testing.T) {
+	c := &cuda.Cache{Dir: t.TempDir()}
+	var k cuda.CacheKey
+	if err := c.Put(k, []byte("\x7fELF")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(c.Path(k))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o644 {
+		t.Errorf("cache entry mode %v, want -rw-r--r--", st.Mode().Perm())
+	}
+}
+
 // TestCacheConcurrentWriters has many writers race on one key while readers
 // read: a reader must only ever see a miss or a complete, valid entry.
 func TestCacheConcurrentWriters(t *testing.T) {
