@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 )
 
@@ -42,10 +43,23 @@ func (c *Cache) Stats() CacheStats {
 }
 
 // DefaultCacheDir is $COLLGEN_CACHE_DIR, else $XDG_CACHE_HOME/collgen, else
-// ~/.cache/collgen.
+// ~/.cache/collgen. A leading ~ in $COLLGEN_CACHE_DIR is the home
+// directory (no shell expands an env file's value), and a relative one is
+// made absolute, so a later chdir does not move the cache.
 func DefaultCacheDir() (string, error) {
 	if d := os.Getenv(EnvCacheDir); d != "" {
-		return d, nil
+		if d == "~" || strings.HasPrefix(d, "~/") {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", fmt.Errorf("cuda: $%s=%s: %w", EnvCacheDir, d, err)
+			}
+			d = filepath.Join(home, d[1:])
+		}
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return "", fmt.Errorf("cuda: $%s=%s: %w", EnvCacheDir, d, err)
+		}
+		return abs, nil
 	}
 	base, err := os.UserCacheDir() // $XDG_CACHE_HOME or ~/.cache
 	if err != nil {
