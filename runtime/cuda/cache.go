@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // EnvCacheDir overrides the NVRTC cache directory.
@@ -21,7 +22,8 @@ const EnvCacheDir = "COLLGEN_CACHE_DIR"
 // Cache is an on-disk cache of NVRTC output, one file per compile keyed by
 // a sha256 of everything that determines the output (see Key). Files are
 // written to a temporary name in Dir and renamed into place, so concurrent
-// processes filling the same cache never expose a partial file; a file
+// processes filling the same cache never expose a partial file (one a
+// killed process left is removed by the next Put of its key); a file
 // that fails its checks (bad magic, other key, bad length or checksum) is
 // treated as a miss and rewritten. Safe for concurrent use; use a *Cache.
 type Cache struct {
@@ -235,7 +237,28 @@ func (c *Cache) Put(k CacheKey, image []byte) error {
 		os.Remove(name)
 		return fmt.Errorf("cuda: cache put %s: %w", k, err)
 	}
+	c.removeStaleTemps(k)
 	return nil
+}
+
+// staleTemp is the age past which a temporary file of Put is taken for one
+// a killed process left: a Put takes milliseconds.
+const staleTemp = 10 * time.Minute
+
+// removeStaleTemps removes k's temporary files older than staleTemp (a
+// process killed inside Put leaves one; the next Put of k, which follows
+// because that entry never landed, clears it). Best effort.
+func (c *Cache) removeStaleTemps(k CacheKey) {
+	ents, _ := os.ReadDir(c.Dir) // not Glob: Dir may hold glob metacharacters
+	prefix := ".tmp-" + k.String()[:16] + "-"
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		if st, err := e.Info(); err == nil && time.Since(st.ModTime()) > staleTemp {
+			os.Remove(filepath.Join(c.Dir, e.Name()))
+		}
+	}
 }
 
 // isPTX reports whether image looks like PTX text rather than an ELF cubin
