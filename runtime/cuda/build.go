@@ -156,21 +156,32 @@ feed:
 func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built, error) {
 	key, keyed := b.key(req)
 	if keyed {
-		if img, ok := b.Cache.Get(key); ok {
+		// One program counts once in the cache's stats, however often
+		// it is looked up: a hit, or (when it is compiled here) a miss,
+		// or corrupt if either look found a bad entry.
+		img, miss := b.Cache.lookup(key)
+		if miss == nil {
+			b.Cache.count(nil)
 			return Built{Image: img}, nil
 		}
 		unlock, err := b.Cache.lock(ctx, key, wait)
 		switch {
 		case errors.Is(err, errLocked):
-			return Built{}, err
+			return Built{}, err // counted when this program is built after all
 		case ctx.Err() != nil:
 			return Built{}, ctx.Err()
 		case err == nil:
 			defer unlock()
-			if img, ok := b.Cache.Get(key); ok { // built while we waited
+			img, again := b.Cache.lookup(key)
+			if again == nil { // built while we waited
+				b.Cache.count(nil)
 				return Built{Image: img}, nil
 			}
+			if !errors.Is(miss, errCorrupt) {
+				miss = again
+			}
 		}
+		b.Cache.count(miss)
 	}
 	img, err := b.compile(ctx, req)
 	if err != nil {

@@ -101,11 +101,17 @@ func TestBuilderParallelAndWarm(t *testing.T) {
 	dir := t.TempDir()
 	reqs := fakeRequests(12)
 	f := &fakeCompiler{delay: 30 * time.Millisecond}
-	built, err := newFakeBuilder(dir, f, 4, 0).Build(context.Background(), reqs)
+	cold := newFakeBuilder(dir, f, 4, 0)
+	built, err := cold.Build(context.Background(), reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkImages(t, reqs, built)
+	// Each program counts once (it was looked up twice: before and
+	// after taking its lock).
+	if st := cold.Cache.Stats(); st != (CacheStats{Misses: int64(len(reqs))}) {
+		t.Errorf("cold build stats %+v; want %d misses", st, len(reqs))
+	}
 	for i, b := range built {
 		if !b.Compiled {
 			t.Errorf("cold build: request %d not compiled", i)
@@ -115,13 +121,17 @@ func TestBuilderParallelAndWarm(t *testing.T) {
 		t.Fatalf("cold build: %d compiles, peak %d at once; want %d and 4", f.total(), f.peak, len(reqs))
 	}
 	warm := &fakeCompiler{}
-	built, err = newFakeBuilder(dir, warm, 4, 5).Build(context.Background(), reqs)
+	warmB := newFakeBuilder(dir, warm, 4, 5)
+	built, err = warmB.Build(context.Background(), reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkImages(t, reqs, built)
 	if warm.total() != 0 {
 		t.Fatalf("warm build compiled %d programs, want 0", warm.total())
+	}
+	if st := warmB.Cache.Stats(); st != (CacheStats{Hits: int64(len(reqs))}) {
+		t.Errorf("warm build stats %+v; want %d hits", st, len(reqs))
 	}
 	for i, b := range built {
 		if b.Compiled {

@@ -156,18 +156,31 @@ var errCorrupt = errors.New("corrupt cache entry")
 // Get returns the cached image for k. ok is false on a miss or an invalid
 // file (counted as Corrupt; the caller rebuilds and Puts over it).
 func (c *Cache) Get(k CacheKey) (image []byte, ok bool) {
+	img, err := c.lookup(k)
+	c.count(err)
+	return img, err == nil
+}
+
+// lookup reads and checks k's entry without counting: errCorrupt for an
+// invalid file, the read's error for none.
+func (c *Cache) lookup(k CacheKey) ([]byte, error) {
 	data, err := os.ReadFile(c.Path(k))
 	if err != nil {
-		c.misses.Add(1)
-		return nil, false
+		return nil, err
 	}
-	img, err := decodeEntry(k, data)
-	if err != nil {
+	return decodeEntry(k, data)
+}
+
+// count records one lookup's outcome (lookup's error) in the stats.
+func (c *Cache) count(err error) {
+	switch {
+	case err == nil:
+		c.hits.Add(1)
+	case errors.Is(err, errCorrupt):
 		c.corrupt.Add(1)
-		return nil, false
+	default:
+		c.misses.Add(1)
 	}
-	c.hits.Add(1)
-	return img, true
 }
 
 func decodeEntry(k CacheKey, data []byte) ([]byte, error) {
