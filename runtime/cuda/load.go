@@ -76,21 +76,10 @@ func loadDriverFrom(spec dl.Spec) (unsafe.Pointer, *dl.Library, error) {
 		if entries[i] == nil {
 			C.free(tbl)
 			l.Close()
-			return nil, nil, missing(l, spec, C.GoString(C.cg_cu_symbol(C.int(i))), "not a usable CUDA driver library")
+			return nil, nil, l.Missing(C.GoString(C.cg_cu_symbol(C.int(i))), "not a usable CUDA driver library")
 		}
 	}
 	return tbl, l, nil
-}
-
-// missing is l.Missing with spec's hint, so a library that opens but
-// lacks a symbol (too old, or not the library) says what to install or
-// set, as one that does not open does.
-func missing(l *dl.Library, spec dl.Spec, symbol, reason string) error {
-	err := l.Missing(symbol, reason)
-	if le, ok := err.(*LibraryError); ok {
-		le.Hint = spec.Hint
-	}
-	return err
 }
 
 // driverSpec is where libcuda is looked for.
@@ -227,7 +216,7 @@ func loadNVRTCFrom(spec dl.Spec) (unsafe.Pointer, *dl.Library, error) {
 		if e == nil {
 			C.free(tbl)
 			l.Close()
-			return nil, nil, missing(l, spec, C.GoString(C.cg_nvrtc_symbol(C.int(i))), "not a usable NVRTC library")
+			return nil, nil, l.Missing(C.GoString(C.cg_nvrtc_symbol(C.int(i))), "not a usable NVRTC library")
 		}
 	}
 	preloadBuiltins(l.Path)

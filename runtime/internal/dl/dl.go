@@ -113,6 +113,7 @@ func (e *LibraryError) Error() string {
 type Library struct {
 	Lib  string // the Spec's Lib
 	Path string // the candidate that opened
+	hint string // the Spec's Hint, for Missing
 	h    unsafe.Pointer
 	refs int // guarded by mu
 }
@@ -142,7 +143,7 @@ func Open(s Spec) (*Library, error) {
 		h := C.dl_open(cs, global)
 		C.free(unsafe.Pointer(cs))
 		if h != nil {
-			l := &Library{Lib: s.Lib, Path: c, h: h, refs: 1}
+			l := &Library{Lib: s.Lib, Path: c, hint: s.Hint, h: h, refs: 1}
 			open[c] = l
 			return l, nil
 		}
@@ -171,9 +172,10 @@ func (l *Library) Sym(name string) unsafe.Pointer {
 
 // Missing returns a *LibraryError for a required symbol the library
 // lacks; reason says what the library then is not (e.g. "not a usable
-// CUDA driver library").
+// CUDA driver library"). It carries the Spec's Hint (what to install or
+// set), as a library that does not load does.
 func (l *Library) Missing(symbol, reason string) error {
-	return &LibraryError{Lib: l.Lib, Tried: []string{l.Path}, Symbol: symbol, Reason: reason}
+	return &LibraryError{Lib: l.Lib, Tried: []string{l.Path}, Symbol: symbol, Reason: reason, Hint: l.hint}
 }
 
 // Close drops one reference; the last one dlcloses the library. Function

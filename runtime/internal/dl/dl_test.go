@@ -9,7 +9,7 @@ import (
 )
 
 func TestOpenRefcountAndSymbols(t *testing.T) {
-	s := Spec{Lib: "libm", Sonames: []string{"libm.so.6"}}
+	s := Spec{Lib: "libm", Sonames: []string{"libm.so.6"}, Hint: "install libm"}
 	a, err := Open(s)
 	if err != nil {
 		t.Skipf("no libm.so.6: %v", err)
@@ -22,7 +22,7 @@ func TestOpenRefcountAndSymbols(t *testing.T) {
 		t.Error("symbol lookup: want cos present, cuInit absent")
 	}
 	var le *LibraryError
-	if err := a.Missing("cuInit", "not a usable CUDA driver library"); !errors.As(err, &le) || le.Symbol != "cuInit" || le.Lib != "libm" {
+	if err := a.Missing("cuInit", "not a usable CUDA driver library"); !errors.As(err, &le) || le.Symbol != "cuInit" || le.Lib != "libm" || !strings.HasSuffix(err.Error(), "; install libm") {
 		t.Errorf("Missing: %v", err)
 	}
 	if a.Close() != nil || a.refs != 1 || b.Close() != nil {
