@@ -21,7 +21,10 @@ func (c *Cache) lock(ctx context.Context, k CacheKey, wait bool) (unlock func(),
 	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cuda: cache: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(c.Dir, k.String()+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	// Read-only: flock needs no write access, so users sharing the
+	// directory lock each other's lock files (made 0644 by whoever came
+	// first) and share the work.
+	f, err := os.OpenFile(filepath.Join(c.Dir, k.String()+".lock"), os.O_CREATE|os.O_RDONLY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: cache: %w", err)
 	}
