@@ -301,6 +301,11 @@ func (d *cudaDevice) function(k *kernels.Kernel, id int) (*cuda.Function, error)
 	}
 	f, err := m.Function(k.Func())
 	if err != nil {
+		if m == d.fatbin {
+			// A fatbin built from another generated library (older, or
+			// of another spec) lacks this kernel's function.
+			err = fmt.Errorf("%w; the fatbin (%s) lacks %s: rebuild it from this library (collgen fatbin, docs/cold-start.md) or unset Config.FatbinPath and $COLLGEN_FATBIN", err, m.Origin, k.Func())
+		}
 		return nil, &KernelError{Kernel: k.Name, Err: err}
 	}
 	d.fns[id].Store(f)
