@@ -40,14 +40,15 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 	d.ncclMu.Unlock()
 }
 
-// Polling of wait: spin on cuStreamQuery for spinFor (short collectives
-// finish there, as fast as cuStreamSynchronize), then sleep 10 µs doubling
-// up to maxSleep (a millisecond once the wait has lasted 10 ms:
-// pause.Backoff; time.Sleep would last a millisecond however short);
-// NCCL's asynchronous error is read every asyncEvery.
+// Polling of wait: spin on cuStreamQuery for spinFor (a collective of up
+// to 200 µs ends there, seen as soon as cuStreamSynchronize, which spins
+// too), then sleep 10 µs doubling up to maxSleep, a millisecond once the
+// wait has lasted 10 ms (pause.Backoff; time.Sleep would last a
+// millisecond however short); NCCL's asynchronous error is read every
+// asyncEvery.
 const (
-	spinFor    = 50 * time.Microsecond
-	maxSleep   = 100 * time.Microsecond
+	spinFor    = 200 * time.Microsecond
+	maxSleep   = 50 * time.Microsecond
 	asyncEvery = time.Millisecond
 )
 

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/comm"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -150,5 +152,75 @@ func TestFatbinWithoutDeviceArch(t *testing.T) {
 			t.Fatalf("rank %d: New = %v; want ErrUnsupported with a *cuda.FatbinError", r, err)
 		}
 		t.Logf("rank %d: %v", r, err)
+	}
+}
+
+// TestFatbinLacksKernel: a fatbin built from only some programs (one of an
+// older or other library) fails the first call of a kernel it lacks with
+// a KernelError that names the fatbin and says to rebuild it. The fatbin
+// comes from $COLLGEN_TEST_PARTIAL_FATBIN: `collgen fatbin --only
+// 'allreduce_oneshot_ll_*_w2'` (the LL one-shots of world 2 only).
+func TestFatbinLacksKernel(t *testing.T) {
+	path := os.Getenv("COLLGEN_TEST_PARTIAL_FATBIN")
+	if path == "" {
+		t.Skip("set COLLGEN_TEST_PARTIAL_FATBIN to a fatbin of allreduce_oneshot_ll_*_w2 only (collgen fatbin --only)")
+	}
+	proofGPUs(t)
+	// Ranks sharing a GPU load every kernel at New (a first load may
+	// synchronize the shared context): New fails there, naming the fatbin.
+	// With a GPU each, kernels load on first use: the call fails.
+	named := func(err error) bool {
+		var ke *comm.KernelError
+		return errors.As(err, &ke) && strings.Contains(err.Error(), "lacks") && strings.Contains(err.Error(), path)
+	}
+	store := rendezvous.NewMemStore()
+	comms := make([]*comm.Communicator, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := comm.Config{Rank: r, WorldSize: 2, Store: store, Library: collectives.Library, DisableNCCL: true,
+				FatbinPath: path, LazyKernels: true, Group: "partial-fatbin", Timeout: 5 * time.Second}
+			place(&cfg, r)
+			comms[r], errs[r] = comm.New(ctx, cfg)
+		}()
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		for r, err := range errs {
+			if !named(err) {
+				t.Errorf("rank %d: New with a fatbin lacking kernels: %v; want a KernelError naming the fatbin", r, err)
+			}
+			if comms[r] != nil {
+				comms[r].Close()
+			}
+		}
+		t.Logf("New: %v", errs[0])
+		return
+	}
+	defer closeComms(comms)
+	// The LL one-shot is in the fatbin: it runs.
+	if err := checkedAllReduce(comms, coll.OneShotLL, "f32", 1024, 1); err != nil {
+		t.Fatalf("a kernel the fatbin holds: %v", err)
+	}
+	// The two-shot is not: every rank's call fails before any launch.
+	err := ranks(comms, func(r int, c *comm.Communicator) error {
+		dev := c.Device()
+		buf := deviceMem(t, dev, 4096)
+		defer dev.Free(buf)
+		b := comm.DeviceBuffer(buf)
+		err := c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.TwoShot})
+		if !named(err) {
+			return fmt.Errorf("rank %d: two-shot from a fatbin without it: %v; want a KernelError naming the fatbin", r, err)
+		}
+		t.Logf("rank %d: %v", r, err)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
