@@ -115,6 +115,12 @@ if [ "${FATBIN:-1}" = 1 ]; then
     status=1
   fi
   run 60 .gpu/proof.test -test.v -test.count=1 -test.run '^TestFatbinWithoutDeviceArch$'
+  step "4. a fatbin lacking kernels (the world-2 LL one-shots only) names itself"
+  if try 90 env ONLY='allreduce_oneshot_ll_*_w2' FATBIN_ARCHS="sm_$arch" NVCC="$CUDA_HOME/bin/nvcc" tests/cuda/fatbin.sh generated/cuda "$TMP/partial.fatbin"; then
+    run 60 env COLLGEN_TEST_SHARE_GPU=1 COLLGEN_TEST_WORLD=2 COLLGEN_TEST_PARTIAL_FATBIN="$TMP/partial.fatbin" .gpu/proof.test -test.v -test.count=1 -test.run '^TestFatbinLacksKernel$'
+  else
+    status=1
+  fi
 fi
 
 options "${sets[@]:1}"
