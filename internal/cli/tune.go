@@ -161,7 +161,7 @@ func runTune(io *IO, o *tuneOptions) error {
 	}
 	samples, err := readSweeps(o.From)
 	if err != nil {
-		return err
+		return fmt.Errorf("tune: --from: %w", err)
 	}
 	opts := tune.Options{Margin: o.Margin, Jitter: o.Jitter, Backend: o.Backend, DType: o.DType, Op: o.Op, Host: o.Backend == "host"}
 	if len(o.Compare) > 0 {
