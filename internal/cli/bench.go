@@ -525,7 +525,8 @@ func runWorkers(ctx context.Context, io *IO, o *BenchOptions, backend string, si
 	if err != nil {
 		return nil, nil, fmt.Errorf("bench: cannot find this program to start ranks: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "collgen-bench-")
+	sweepBenchDirs("") // of benches killed before their own clean-up
+	dir, err := os.MkdirTemp("", benchDirPrefix())
 	if err != nil {
 		return nil, nil, err
 	}
