@@ -11,9 +11,12 @@ import (
 
 // LoadSource compiles req for this device with NVRTC, through cache (nil:
 // DefaultCache; a cache that cannot be used only costs a recompile), and
-// loads the module. req.Arch 0 means this device's architecture. A cached
-// image the driver rejects is recompiled and replaced. Module.Origin says
-// "nvrtc-cache" for a hit and "nvrtc" for a fresh compile.
+// loads the module. req.Arch 0 means this device's architecture. Like
+// Builder, it takes the program's lock in the cache first, so the ranks of
+// a host loading the same program (Config.LazyKernels) compile it once. A
+// cached image the driver rejects is recompiled and replaced.
+// Module.Origin says "nvrtc-cache" for a hit and "nvrtc" for a fresh
+// compile.
 func (d *Device) LoadSource(ctx context.Context, req CompileRequest, cache *Cache) (*Module, error) {
 	if req.Arch == 0 {
 		req.Arch = d.Arch()
@@ -21,19 +24,17 @@ func (d *Device) LoadSource(ctx context.Context, req CompileRequest, cache *Cach
 	if cache == nil {
 		cache, _ = DefaultCache()
 	}
-	var key CacheKey
-	haveKey := false
-	if cache != nil {
-		if k, err := cache.Key(req); err == nil {
-			key, haveKey = k, true
-			if img, ok := cache.Get(key); ok {
-				if m, err := d.loadModule(img, "nvrtc-cache"); err == nil {
-					return m, nil
-				}
-				cache.corrupt.Add(1)
-			}
-		}
+	built, err := (&Builder{Cache: cache}).one(ctx, req, true)
+	if err != nil {
+		return nil, err
 	}
+	if built.Compiled {
+		return d.loadModule(built.Image, "nvrtc")
+	}
+	if m, err := d.loadModule(built.Image, "nvrtc-cache"); err == nil {
+		return m, nil
+	}
+	cache.corrupt.Add(1)
 	img, err := Compile(ctx, req)
 	if err != nil {
 		return nil, err
@@ -42,8 +43,8 @@ func (d *Device) LoadSource(ctx context.Context, req CompileRequest, cache *Cach
 	if err != nil {
 		return nil, err
 	}
-	if haveKey {
-		_ = cache.Put(key, img) // best effort: a read-only cache only costs time
+	if k, kerr := cache.Key(req); kerr == nil {
+		_ = cache.Put(k, img) // best effort: a read-only cache only costs time
 	}
 	return m, nil
 }

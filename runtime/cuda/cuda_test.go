@@ -976,3 +976,44 @@ func TestHostAllocZeroed(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadSourceCompilesOnce: ranks of one host loading the same program
+// on first use (Config.LazyKernels) compile it once between them:
+// LoadSource takes the program's lock in the cache as Builder does.
+func TestLoadSourceCompilesOnce(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	c := &cuda.Cache{Dir: t.TempDir()}
+	const n = 4
+	origins := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := d.LoadSource(context.Background(), testRequest(), c)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			origins[i] = m.Origin
+			m.Unload()
+		}()
+	}
+	wg.Wait()
+	compiled := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if origins[i] == "nvrtc" {
+			compiled++
+		}
+	}
+	if compiled != 1 {
+		t.Fatalf("origins %v: %d compiles, want 1", origins, compiled)
+	}
+	if st := c.Stats(); st.Misses != 1 || st.Hits != n-1 {
+		t.Errorf("stats %+v; want 1 miss and %d hits", st, n-1)
+	}
+}
