@@ -719,8 +719,16 @@ func printMemcpy(w io.Writer, o *BenchOptions, results []bench.Result) {
 	all := hostbench.MemcpyGBps(size, runtime.NumCPU())
 	fmt.Fprintf(w, "memcpy bandwidth (256MiB, copied bytes per second): 1 thread %.1f GB/s, %d threads %.1f GB/s, %d threads %.1f GB/s\n",
 		one, o.World, many, runtime.NumCPU(), all)
+	// The largest all-reduce measured (its size may be the asked one
+	// rounded down to whole elements).
+	largest := int64(0)
 	for _, r := range results {
-		if r.Collective == string(coll.AllReduce) && r.Bytes == o.Sizes[len(o.Sizes)-1] {
+		if r.Collective == string(coll.AllReduce) {
+			largest = max(largest, r.Bytes)
+		}
+	}
+	for _, r := range results {
+		if r.Collective == string(coll.AllReduce) && r.Bytes == largest {
 			alg := float64(r.Bytes) / (r.MedianUS * 1e-6) / 1e9
 			fmt.Fprintf(w, "%s %s %s: algbw %.2f GB/s, busbw %.2f GB/s = %.0f%% of 1-thread memcpy, %.0f%% of %d-thread memcpy\n",
 				r.Collective, r.DType, bench.FormatBytes(r.Bytes), alg, r.BusGBps, 100*r.BusGBps/one, 100*r.BusGBps/many, o.World)

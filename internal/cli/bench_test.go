@@ -95,10 +95,12 @@ func TestCheckOutputsDirectory(t *testing.T) {
 }
 
 // TestReportJSONStdoutMemcpy: with --json - stdout is the JSON alone;
-// --memcpy's lines go to stderr (they followed the JSON on stdout).
+// --memcpy's lines go to stderr (they followed the JSON on stdout), the
+// all-reduce's included when its size was rounded down to whole elements
+// (4098 bytes asked, 4096 measured).
 func TestReportJSONStdoutMemcpy(t *testing.T) {
 	var out, errb bytes.Buffer
-	o := &BenchOptions{World: 2, JSON: "-", Memcpy: true, Sizes: []int64{4096}}
+	o := &BenchOptions{World: 2, JSON: "-", Memcpy: true, Sizes: []int64{4098}}
 	results := []bench.Result{{Backend: "host", Collective: "allreduce", Algorithm: "oneshot", DType: "f32", Op: "sum", World: 2, Bytes: 4096, MedianUS: 2}}
 	if err := report(&IO{Out: &out, Err: &errb}, o, results); err != nil {
 		t.Fatal(err)
@@ -106,7 +108,7 @@ func TestReportJSONStdoutMemcpy(t *testing.T) {
 	if _, err := bench.ReadJSON(bytes.NewReader(out.Bytes())); err != nil || !json.Valid(out.Bytes()) {
 		t.Errorf("stdout is not JSON alone (%v):\n%s", err, out.String())
 	}
-	if !strings.Contains(errb.String(), "memcpy bandwidth") {
-		t.Errorf("stderr %q: want the memcpy lines", errb.String())
+	if !strings.Contains(errb.String(), "memcpy bandwidth") || !strings.Contains(errb.String(), "algbw") {
+		t.Errorf("stderr %q: want the memcpy lines, the all-reduce's too", errb.String())
 	}
 }
