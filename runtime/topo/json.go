@@ -72,7 +72,7 @@ func (m *Machine) WriteJSON(w io.Writer) error {
 }
 
 // ReadJSON reads a machine WriteJSON wrote, checking that its pair matrix
-// matches its GPU count.
+// matches its GPU count and that no two GPUs share a bus id.
 func ReadJSON(r io.Reader) (*Machine, error) {
 	var m Machine
 	dec := json.NewDecoder(r)
@@ -82,6 +82,11 @@ func ReadJSON(r io.Reader) (*Machine, error) {
 	}
 	if len(m.GPUs) == 0 {
 		return nil, errors.New("topo: read machine: it holds no GPUs (write one with collgen topo --json on a GPU host)")
+	}
+	for i := range m.GPUs {
+		if j := m.GPU(m.GPUs[i].BusID); j != i {
+			return nil, fmt.Errorf("topo: read machine: GPUs %d and %d both have bus id %s (a GPU without \"BusID\" has 0000:00:00.0); every GPU needs its own", j, i, m.GPUs[i].BusID)
+		}
 	}
 	if len(m.Pairs) != len(m.GPUs) {
 		return nil, fmt.Errorf("topo: read machine: %d GPUs but %d rows of pairs", len(m.GPUs), len(m.Pairs))

@@ -466,3 +466,18 @@ func TestReadJSONNoGPUs(t *testing.T) {
 		}
 	}
 }
+
+// TestReadJSONDuplicateBusIDs: a machine file naming one bus id for two
+// GPUs (hand-edited, or GPUs without a BusID, which all read as
+// 0000:00:00.0) is an error: bus ids are how ranks find their GPUs, and
+// Classify would silently take the first of the two.
+func TestReadJSONDuplicateBusIDs(t *testing.T) {
+	for _, in := range []string{
+		`{"GPUs": [{"BusID": "0000:07:00.0"}, {"BusID": "00000000:07:00.0"}], "Pairs": [[{}, {}], [{}, {}]]}`,
+		`{"GPUs": [{"Index": 0}, {"Index": 1}], "Pairs": [[{}, {}], [{}, {}]]}`,
+	} {
+		if _, err := topo.ReadJSON(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), "GPUs 0 and 1 both have bus id") {
+			t.Errorf("ReadJSON(%s): %v; want an error naming the repeated bus id", in, err)
+		}
+	}
+}
