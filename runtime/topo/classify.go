@@ -157,7 +157,7 @@ func (m *Machine) classify(idx []int) (Kind, string, []int) {
 			allSwitch = false
 		}
 		for b := a + 1; b < n; b++ {
-			if m.Pairs[idx[a]][idx[b]].NVLinks == 0 && allDirect {
+			if !m.direct(idx[a], idx[b]) && allDirect {
 				allDirect, notDirect = false, [2]int{idx[a], idx[b]}
 			}
 		}
@@ -216,10 +216,17 @@ func (m *Machine) minMaxSwitchLinks(idx []int) (lo, hi int) {
 // hybrid_cube_mesh links; a test checks the two agree).
 func cubeLinked(a, b int) bool { return a/4 == b/4 || a^4 == b }
 
+// direct reports whether GPUs i and j have a direct NVLink that both ends
+// report active (an end that reports none has it down, or cannot name its
+// peer), so that the kind does not depend on the order of the ranks.
+func (m *Machine) direct(i, j int) bool {
+	return m.Pairs[i][j].NVLinks > 0 && m.Pairs[j][i].NVLinks > 0
+}
+
 // nvlinkPeers reports whether GPUs i and j have a direct NVLink and can
 // read each other's memory.
 func (m *Machine) nvlinkPeers(i, j int) bool {
-	return m.Pairs[i][j].NVLinks > 0 && m.Pairs[i][j].Read == P2POK && m.Pairs[j][i].Read == P2POK
+	return m.direct(i, j) && m.Pairs[i][j].Read == P2POK && m.Pairs[j][i].Read == P2POK
 }
 
 // cubeCorners finds an assignment of the 8 GPUs idx (in rank order) to the

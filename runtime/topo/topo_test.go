@@ -481,3 +481,34 @@ func TestReadJSONDuplicateBusIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestAsymmetricNVLinks: where only one end of a pair reports an NVLink
+// (the other's link is down or cannot name its peer), the kind must not
+// depend on the order the ranks name the GPUs in: the pair has no working
+// NVLink either way.
+func TestAsymmetricNVLinks(t *testing.T) {
+	l := fakenvml.Layout{
+		Name:    "test GPU",
+		BusIDs:  []string{"00000000:01:00.0", "00000000:02:00.0", "00000000:03:00.0"},
+		NVLinks: [][]int{{0, 2, 2}, {2, 0, 0}, {2, 1, 0}}, // GPU 2 sees a link to GPU 1; GPU 1 does not
+		P2P:     func(i, j int) nvml.GpuP2PStatus { return nvml.P2P_STATUS_OK },
+		Level:   func(i, j int) nvml.GpuTopologyLevel { return nvml.TOPOLOGY_HOSTBRIDGE },
+	}
+	m := detect(t, fakenvml.Build(l))
+	g := func(i ...int) []topo.BusID {
+		var ids []topo.BusID
+		for _, k := range i {
+			ids = append(ids, m.GPUs[k].BusID)
+		}
+		return ids
+	}
+	for _, order := range [][]int{{0, 1, 2}, {0, 2, 1}, {2, 1}, {1, 2}} {
+		c, err := m.Classify(g(order...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Kind != topo.PCIe {
+			t.Errorf("ranks on GPUs %v: %s (%s), want %s", order, c.Kind, c.Reason, topo.PCIe)
+		}
+	}
+}
