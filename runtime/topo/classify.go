@@ -137,6 +137,13 @@ func (m *Machine) classify(idx []int) (Kind, string, []int) {
 	if n < 2 {
 		return NoPeerAccess, fmt.Sprintf("%d GPU: no peers to access", n), nil
 	}
+	// A MIG instance has no peer access to any other GPU, whatever NVML's
+	// P2P status of the whole GPU says.
+	for _, i := range idx {
+		if m.GPUs[i].MIG {
+			return NoPeerAccess, fmt.Sprintf("GPU %d (%s) has MIG enabled: its instances have no peer access to other GPUs", m.GPUs[i].Index, m.GPUs[i].BusID), nil
+		}
+	}
 	// Peer reads must work both ways between every pair, whatever the link,
 	// except on a hybrid cube mesh, which reads only over its NVLinks.
 	noPeer := ""

@@ -119,6 +119,7 @@ func Detect(lib Library) (*Machine, error) {
 	}
 	hasRemoteType := has("nvmlDeviceGetNvLinkRemoteDeviceType")
 	hasNUMA := has("nvmlDeviceGetNumaNodeId")
+	hasMIG := has("nvmlDeviceGetMigMode")
 
 	m := &Machine{}
 	if v, r := lib.SystemGetDriverVersion(); r == nvml.SUCCESS {
@@ -136,7 +137,7 @@ func Detect(lib Library) (*Machine, error) {
 			return nil, &NVMLError{Op: "nvmlDeviceGetHandleByIndex", GPU: i, Return: r}
 		}
 		devs[i] = d
-		g, err := readGPU(d, i, hasRemoteType, hasNUMA)
+		g, err := readGPU(d, i, hasRemoteType, hasNUMA, hasMIG)
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +182,7 @@ func Detect(lib Library) (*Machine, error) {
 }
 
 // readGPU reads one device's identity, NVLinks and affinity.
-func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
+func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA, hasMIG bool) (GPU, error) {
 	g := GPU{Index: i, NUMANode: -1}
 	if idx, r := d.GetIndex(); r == nvml.SUCCESS {
 		g.Index = idx
@@ -242,6 +243,11 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA bool) (GPU, error) {
 			}
 		}
 		g.Links = append(g.Links, link)
+	}
+	if hasMIG {
+		if cur, _, r := d.GetMigMode(); r == nvml.SUCCESS && cur == nvml.DEVICE_MIG_ENABLE {
+			g.MIG = true
+		}
 	}
 	if hasNUMA {
 		if node, r := d.GetNumaNodeId(); r == nvml.SUCCESS {

@@ -154,6 +154,10 @@ type GPU struct {
 	BusID BusID
 	// Links are the GPU's active NVLinks, in link order.
 	Links []Link
+	// MIG reports that MIG mode is enabled: the GPU is split into
+	// instances, which have no peer access to any other GPU (over NVLink
+	// or PCIe), so a set holding it has none.
+	MIG bool `json:",omitempty"`
 	// DownLinks counts the GPU's NVLinks that exist but are not active (a
 	// cable or bridge missing, or a link trained down): a machine with one
 	// is classified by the links that work.

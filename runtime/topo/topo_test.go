@@ -512,3 +512,45 @@ func TestAsymmetricNVLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestMIG: a GPU with MIG enabled is split into instances that have no
+// peer access to any other GPU (NVLink or PCIe), whatever NVML's P2P status
+// says of the whole GPU: a set holding it has no peer access (NCCL only),
+// and the set without it keeps its kind.
+func TestMIG(t *testing.T) {
+	lib := fakenvml.NVSwitch8()
+	d, _ := lib.DeviceGetHandleByIndex(3)
+	if _, r := d.SetMigMode(nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
+		t.Fatalf("SetMigMode: %v", r)
+	}
+	m := detect(t, lib)
+	if !m.GPUs[3].MIG || m.GPUs[2].MIG {
+		t.Errorf("MIG: GPU 3 %v, GPU 2 %v", m.GPUs[3].MIG, m.GPUs[2].MIG)
+	}
+	c, err := m.Classify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kind != topo.NoPeerAccess || !strings.Contains(c.Reason, "GPU 3 (0000:4e:00.0) has MIG enabled") {
+		t.Errorf("nvswitch8 with MIG on GPU 3: %s (%s)", c.Kind, c.Reason)
+	}
+	if c, _ := m.Classify(m.GPUs[0].BusID, m.GPUs[5].BusID); c.Kind != topo.NVSwitch {
+		t.Errorf("GPUs 0 and 5: %s (%s)", c.Kind, c.Reason)
+	}
+	// The same on a layout (and a DGX-1 whose quads would be a cube).
+	l := fakenvml.DGX1()
+	l.MIG = []bool{false, false, false, false, false, false, false, true}
+	m = detect(t, fakenvml.Build(l))
+	if c, _ := m.Classify(); c.Kind != topo.NoPeerAccess || c.Corners != nil {
+		t.Errorf("dgx1 with MIG on GPU 7: %s %v (%s)", c.Kind, c.Corners, c.Reason)
+	}
+	if got := fmt.Sprint(m.WorldKinds()[topo.NVLinkMesh]); got != "[2 3 4]" {
+		t.Errorf("dgx1 with MIG on GPU 7: nvlink_mesh at %s", got)
+	}
+	var b bytes.Buffer
+	m.WriteJSON(&b)
+	back, err := topo.ReadJSON(&b)
+	if err != nil || !back.GPUs[7].MIG {
+		t.Errorf("JSON round trip lost MIG: %v", err)
+	}
+}

@@ -47,6 +47,8 @@ type Layout struct {
 	NUMA []int
 	// CPUs lists each GPU's CPU affinity.
 	CPUs [][]int
+	// MIG[i] enables MIG mode on GPU i; nil for none.
+	MIG []bool
 	// OldDriver hides nvmlDeviceGetNvLinkRemoteDeviceType and
 	// nvmlDeviceGetNumaNodeId, as an older libnvidia-ml does.
 	OldDriver bool
@@ -349,6 +351,13 @@ func configure(l Layout, devs []*mock.Device, handles []nvml.Device) {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
 			return l.Level(i, j), nvml.SUCCESS
+		}
+		if d.GetMigModeFunc == nil || l.MIG != nil { // dgxa100's devices answer with their SetMigMode
+			mig := nvml.DEVICE_MIG_DISABLE
+			if l.MIG != nil && l.MIG[i] {
+				mig = nvml.DEVICE_MIG_ENABLE
+			}
+			d.GetMigModeFunc = func() (int, int, nvml.Return) { return mig, mig, nvml.SUCCESS }
 		}
 		d.GetNumaNodeIdFunc = func() (int, nvml.Return) {
 			if l.OldDriver {
