@@ -129,20 +129,29 @@ func Detect(lib Library) (*Machine, error) {
 	if r != nvml.SUCCESS {
 		return nil, &NVMLError{Op: "nvmlDeviceGetCount", GPU: -1, Return: r}
 	}
-	devs := make([]nvml.Device, n)
-	m.GPUs = make([]GPU, n)
-	for i := range devs {
+	// A GPU that NVML lists but cannot read (lost, or not this process's
+	// to open) is left out and named, as nvidia-smi does: the others are
+	// still usable.
+	var devs []nvml.Device
+	for i := 0; i < n; i++ {
 		d, r := lib.DeviceGetHandleByIndex(i)
 		if r != nvml.SUCCESS {
-			return nil, &NVMLError{Op: "nvmlDeviceGetHandleByIndex", GPU: i, Return: r}
+			m.Unusable = append(m.Unusable, (&NVMLError{Op: "nvmlDeviceGetHandleByIndex", GPU: i, Return: r}).Error())
+			continue
 		}
-		devs[i] = d
 		g, err := readGPU(d, i, hasRemoteType, hasNUMA, hasMIG)
+		var ne *NVMLError
+		if errors.As(err, &ne) {
+			m.Unusable = append(m.Unusable, err.Error())
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
-		m.GPUs[i] = g
+		devs = append(devs, d)
+		m.GPUs = append(m.GPUs, g)
 	}
+	n = len(devs)
 	// Without the remote device type, a link whose far end is no GPU of
 	// this machine ends at a switch (an NVSwitch has its own bus id).
 	for i := range m.GPUs {

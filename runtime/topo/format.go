@@ -68,25 +68,28 @@ func (m *Machine) WriteReport(w io.Writer, c *Classification) error {
 	fmt.Fprintf(w, "%d GPUs, NVIDIA driver %s\n\n", len(m.GPUs), driver)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "GPU\tbus id\tNUMA\tCPU affinity\tNVLinks\tname\tUUID\n")
-	for i, g := range m.GPUs {
+	for _, g := range m.GPUs {
 		links := strconv.Itoa(len(g.Links))
 		if g.DownLinks > 0 {
 			links += fmt.Sprintf(" (%d down)", g.DownLinks)
 		}
-		fmt.Fprintf(tw, "GPU%d\t%s\t%s\t%s\t%s\t%s\t%s\n", i, g.BusID, numa(g.NUMANode), CPUList(g.CPUs), links, g.Name, g.UUID)
+		fmt.Fprintf(tw, "GPU%d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.BusID, numa(g.NUMANode), CPUList(g.CPUs), links, g.Name, g.UUID)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, u := range m.Unusable {
+		fmt.Fprintf(w, "left out: %s\n", u)
+	}
 	matrix := func(title string, cell func(i, j int) string) error {
 		fmt.Fprintf(w, "\n%s\n", title)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		for j := range m.GPUs {
-			fmt.Fprintf(tw, "\tGPU%d", j)
+		for _, g := range m.GPUs {
+			fmt.Fprintf(tw, "\tGPU%d", g.Index)
 		}
 		fmt.Fprintln(tw)
-		for i := range m.GPUs {
-			fmt.Fprintf(tw, "GPU%d", i)
+		for i, g := range m.GPUs {
+			fmt.Fprintf(tw, "GPU%d", g.Index)
 			for j := range m.GPUs {
 				fmt.Fprintf(tw, "\t%s", cell(i, j))
 			}

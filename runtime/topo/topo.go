@@ -305,6 +305,10 @@ type Machine struct {
 	Pairs [][]Pair
 	// Driver is the driver version NVML reports ("" where unknown).
 	Driver string
+	// Unusable are the GPUs NVML lists but cannot read (lost, or a device
+	// this process may not open), each as the error; they are left out of
+	// GPUs and Pairs.
+	Unusable []string `json:",omitempty"`
 }
 
 // GPU returns the index in m.GPUs of the GPU at bus id b, or -1.

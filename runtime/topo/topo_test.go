@@ -554,3 +554,43 @@ func TestMIG(t *testing.T) {
 		t.Errorf("JSON round trip lost MIG: %v", err)
 	}
 }
+
+// TestLostGPU: a GPU NVML lists but cannot read (fallen off the bus,
+// ERROR_GPU_IS_LOST; or a device node this container may not open) is left
+// out of the machine and named in it, as nvidia-smi does, rather than
+// failing detection of the healthy GPUs (the communicator then fell back
+// to CUDA probing on every rank of an unrelated group).
+func TestLostGPU(t *testing.T) {
+	for _, how := range []string{"handle", "pci"} {
+		lib := fakenvml.Build(fakenvml.NVSwitch8Layout()).(*mock.Interface)
+		if get := lib.DeviceGetHandleByIndexFunc; how == "handle" {
+			lib.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+				if i == 5 {
+					return nil, nvml.ERROR_GPU_IS_LOST
+				}
+				return get(i)
+			}
+		} else {
+			d, _ := get(5)
+			d.(*mock.Device).GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, nvml.ERROR_GPU_IS_LOST }
+		}
+		m, err := topo.Detect(lib)
+		if err != nil {
+			t.Fatalf("%s: Detect: %v", how, err)
+		}
+		if len(m.GPUs) != 7 || m.GPUs[5].Index != 6 || len(m.Unusable) != 1 || !strings.Contains(m.Unusable[0], "GPU 5") ||
+			!strings.Contains(m.Unusable[0], "GPU is lost") {
+			t.Fatalf("%s: %d GPUs (GPUs[5] is NVML's %d), unusable %q", how, len(m.GPUs), m.GPUs[5].Index, m.Unusable)
+		}
+		if c, _ := m.Classify(); c.Kind != topo.NVSwitch {
+			t.Errorf("%s: the 7 healthy GPUs: %s (%s)", how, c.Kind, c.Reason)
+		}
+		var b bytes.Buffer
+		if err := m.WriteReport(&b, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), "left out: topo: nvmlDevice") || !strings.Contains(b.String(), "\nGPU6  0000:b7:00.0") {
+			t.Errorf("%s: report:\n%s", how, b.String())
+		}
+	}
+}
