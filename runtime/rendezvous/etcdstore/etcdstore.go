@@ -64,7 +64,8 @@ type Config struct {
 	// TTL is the lease of every key this handle writes (default
 	// DefaultTTL; etcd raises values below its minimum, about 2 s).
 	TTL time.Duration
-	// DialTimeout bounds connecting (default 10 s).
+	// DialTimeout bounds connecting (default 10 s; never past the
+	// deadline of the ctx given to Open).
 	DialTimeout time.Duration
 }
 
@@ -181,6 +182,11 @@ func Open(ctx context.Context, cfg Config) (rendezvous.Store, error) {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
+	}
+	// The client's context outlives Open, so the caller's deadline bounds
+	// connecting (and fetching an auth token) through DialTimeout.
+	if dl, ok := ctx.Deadline(); ok {
+		cfg.DialTimeout = max(min(cfg.DialTimeout, time.Until(dl)), time.Millisecond)
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cfg.Endpoints, TLS: cfg.TLS, Username: cfg.Username, Password: cfg.Password,

@@ -194,3 +194,20 @@ func TestOpenUnreachable(t *testing.T) {
 		t.Fatalf("Open(empty) = %v", err)
 	}
 }
+
+// TestOpenUnreachableWithAuth: with a user set the client fetches a token
+// while connecting; that too must end by the caller's deadline (not the
+// 10 s default DialTimeout), naming the endpoint and not the password.
+func TestOpenUnreachableWithAuth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ep := freeURL(t).Host
+	start := time.Now()
+	_, err := etcdstore.Open(ctx, etcdstore.Config{Endpoints: []string{ep}, Username: "bob", Password: "hunter2"})
+	if err == nil || !strings.Contains(err.Error(), ep) || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("Open on a closed port = %v, want an error naming %s", err, ep)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Open took %v past a 1s deadline", d)
+	}
+}
