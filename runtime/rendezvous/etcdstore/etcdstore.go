@@ -23,8 +23,11 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -244,8 +247,19 @@ func (s *store) op(ctx context.Context, what string, f func(ctx context.Context)
 func (s *store) Set(ctx context.Context, key string, value []byte) error {
 	return s.op(ctx, "set "+strconv.Quote(key), func(ctx context.Context) error {
 		_, err := s.cli.Put(ctx, s.prefix+key, string(value), clientv3.WithLease(s.lease))
-		return err
+		return sizeErr(value, err)
 	})
+}
+
+// sizeErr says plainly that value was too large when etcd refused the
+// request for its size: the server's "request is too large" (its
+// --max-request-bytes, 1.5 MiB by default) or the client's gRPC send
+// limit (2 MiB), which otherwise read as cryptic gRPC errors.
+func sizeErr(value []byte, err error) error {
+	if errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted {
+		return fmt.Errorf("value of %d bytes is over etcd's request limit (the server's --max-request-bytes, 1.5 MiB by default); store smaller values: %w", len(value), err)
+	}
+	return err
 }
 
 func (s *store) Get(ctx context.Context, key string) ([]byte, error) {
@@ -428,7 +442,7 @@ func (s *store) CompareAndSet(ctx context.Context, key string, old, new []byte) 
 			Then(clientv3.OpPut(k, string(new), clientv3.WithLease(s.lease))).
 			Else(clientv3.OpGet(k)).Commit()
 		if err != nil {
-			return err
+			return sizeErr(new, err)
 		}
 		if swapped = resp.Succeeded; swapped {
 			cur = append([]byte{}, new...)

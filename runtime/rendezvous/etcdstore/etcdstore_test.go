@@ -211,3 +211,27 @@ func TestOpenUnreachableWithAuth(t *testing.T) {
 		t.Fatalf("Open took %v past a 1s deadline", d)
 	}
 }
+
+// TestValueTooLarge: a value over etcd's request limit (1.5 MiB on the
+// server, 2 MiB in the client's gRPC) fails saying so, not with gRPC's
+// "ResourceExhausted" or a bare "request is too large".
+func TestValueTooLarge(t *testing.T) {
+	s := open(t, etcdstore.Config{Endpoints: []string{startEtcd(t)}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, n := range []int{1600 << 10, 3 << 20} {
+		err := s.Set(ctx, "big", make([]byte, n))
+		want := fmt.Sprintf(`rendezvous: etcd set "big": value of %d bytes is over etcd's request limit`, n)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("Set of %d bytes = %v, want %s...", n, err, want)
+		}
+		_, _, err = s.CompareAndSet(ctx, "big", nil, make([]byte, n))
+		want = fmt.Sprintf(`rendezvous: etcd compare-and-set "big": value of %d bytes is over etcd's request limit`, n)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("CompareAndSet of %d bytes = %v, want %s...", n, err, want)
+		}
+	}
+	if err := s.Set(ctx, "ok", make([]byte, 1<<20)); err != nil {
+		t.Fatalf("Set of 1 MiB: %v", err)
+	}
+}
