@@ -16,6 +16,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -84,13 +85,24 @@ func init() {
 // ParseAddr reads the part of an etcd address after "etcd://" (or
 // "etcds://" when secure): comma-separated host:port endpoints, then
 // optionally "/prefix". Credentials and TLS files come from the
-// COLLGEN_ETCD_* variables.
+// COLLGEN_ETCD_* variables; an address holding them (user:pw@host) is
+// refused, as are endpoints with a scheme or without a port.
 func ParseAddr(rest string, secure bool) (Config, error) {
+	if strings.Contains(rest, "://") {
+		return Config{}, fmt.Errorf("etcdstore: address %q: endpoints take no scheme; want etcd://host:2379[,host2:2379][/prefix] (etcds:// for TLS)", rest)
+	}
 	hosts, prefix, _ := strings.Cut(rest, "/")
+	if strings.Contains(hosts, "@") {
+		// Not quoted: every error naming an endpoint would show them.
+		return Config{}, fmt.Errorf("etcdstore: the address holds credentials (user:password@); set %s and %s instead", UserEnv, PasswordEnv)
+	}
 	var cfg Config
 	for _, h := range strings.Split(hosts, ",") {
 		if h == "" {
 			continue
+		}
+		if _, port, err := net.SplitHostPort(h); err != nil || !validPort(port) {
+			return Config{}, fmt.Errorf("etcdstore: endpoint %q: want host:port, as in etcd://host:2379[,host2:2379][/prefix]", h)
 		}
 		scheme := "http://"
 		if secure {
@@ -117,6 +129,11 @@ func ParseAddr(rest string, secure bool) (Config, error) {
 	}
 	cfg.TLS = tc
 	return cfg, nil
+}
+
+func validPort(port string) bool {
+	p, err := strconv.Atoi(port)
+	return err == nil && p >= 1 && p <= 65535
 }
 
 // tlsFromEnv builds the client TLS configuration from the COLLGEN_ETCD_*

@@ -152,6 +152,9 @@ func TestParseAddr(t *testing.T) {
 	if err != nil || strings.Join(cfg.Endpoints, " ") != "http://h1:2379 http://h2:2379" || cfg.Prefix != "/jobs/x/" || cfg.TLS != nil {
 		t.Fatalf("ParseAddr = %+v, %v", cfg, err)
 	}
+	if cfg, err = etcdstore.ParseAddr("[::1]:2379,[fe80::1]:2379", false); err != nil || strings.Join(cfg.Endpoints, " ") != "http://[::1]:2379 http://[fe80::1]:2379" {
+		t.Fatalf("ParseAddr(IPv6) = %+v, %v", cfg, err)
+	}
 	if cfg, err = etcdstore.ParseAddr("h1:2379", true); err != nil || cfg.Endpoints[0] != "https://h1:2379" || cfg.TLS == nil {
 		t.Fatalf("ParseAddr(secure) = %+v, %v", cfg, err)
 	}
@@ -165,6 +168,15 @@ func TestParseAddr(t *testing.T) {
 		{"h:1", false, map[string]string{etcdstore.CACertEnv: "/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT or COLLGEN_ETCD_CERT is set but the address is etcd://; use etcds:// for TLS"},
 		{"h:1", true, map[string]string{etcdstore.CertEnv: "/c.pem"}, "etcdstore: set both COLLGEN_ETCD_CERT and COLLGEN_ETCD_KEY for a client certificate, or neither"},
 		{"h:1", true, map[string]string{etcdstore.CACertEnv: "/nonexistent/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT: open /nonexistent/ca.pem: no such file or directory"},
+		// etcdctl-style endpoints with a scheme were split at the
+		// scheme's "//" into endpoint "http:" and prefix "//h1:2379/".
+		{"http://h1:2379,http://h2:2379", false, nil, `etcdstore: address "http://h1:2379,http://h2:2379": endpoints take no scheme; want etcd://host:2379[,host2:2379][/prefix] (etcds:// for TLS)`},
+		{"h1", false, nil, `etcdstore: endpoint "h1": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
+		{"h1:2379,h2:x", false, nil, `etcdstore: endpoint "h2:x": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
+		{"::1:2379", false, nil, `etcdstore: endpoint "::1:2379": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
+		// Credentials in the address would be echoed by every error
+		// naming the endpoint; they belong in the environment.
+		{"bob:hunter2@h1:2379", false, nil, "etcdstore: the address holds credentials (user:password@); set COLLGEN_ETCD_USER and COLLGEN_ETCD_PASSWORD instead"},
 	} {
 		for k, v := range c.env {
 			t.Setenv(k, v)
