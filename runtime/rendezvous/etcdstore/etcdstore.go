@@ -176,6 +176,7 @@ func openAddr(ctx context.Context, rest string, secure bool) (rendezvous.Store, 
 type store struct {
 	cli    *clientv3.Client
 	prefix string
+	eps    string // the endpoints, for errors
 	lease  clientv3.LeaseID
 	// stop ends the keep-alive; after it the lease expires TTL later.
 	stop      context.CancelFunc
@@ -233,7 +234,7 @@ func Open(ctx context.Context, cfg Config) (rendezvous.Store, error) {
 		for range alive { // drain the responses until stop or Close
 		}
 	}()
-	return &store{cli: cli, prefix: cfg.Prefix, lease: grant.ID, stop: stop, closed: make(chan struct{})}, nil
+	return &store{cli: cli, prefix: cfg.Prefix, eps: strings.Join(cfg.Endpoints, ","), lease: grant.ID, stop: stop, closed: make(chan struct{})}, nil
 }
 
 // op runs f with ctx bounded by the default timeout and maps errors:
@@ -256,7 +257,7 @@ func (s *store) op(ctx context.Context, what string, f func(ctx context.Context)
 	default:
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("rendezvous: etcd %s: %w", what, rendezvous.CauseErr(ctx))
+		return fmt.Errorf("rendezvous: etcd %s at %s: %w", what, s.eps, rendezvous.CauseErr(ctx))
 	}
 	return fmt.Errorf("rendezvous: etcd %s: %w", what, err)
 }
@@ -304,16 +305,18 @@ func (s *store) wait(ctx context.Context, keys []string) ([][]byte, error) {
 	}
 	ctx, cancel := rendezvous.WithDefaultTimeout(ctx, 0)
 	defer cancel()
+	last := keys // missing at the last snapshot read
 	for {
 		vals, rev, missing, err := s.snapshot(ctx, keys)
 		if err != nil {
-			return nil, s.waitErr(ctx, keys, err)
+			return nil, s.waitErr(ctx, keys, last, err)
 		}
 		if len(missing) == 0 {
 			return vals, nil
 		}
+		last = missing
 		if err := s.watchPut(ctx, missing[0], rev+1); err != nil {
-			return nil, s.waitErr(ctx, keys, err)
+			return nil, s.waitErr(ctx, keys, last, err)
 		}
 	}
 }
@@ -370,8 +373,9 @@ func (s *store) watchPut(ctx context.Context, key string, rev int64) error {
 
 // waitErr turns a failed wait into the store's errors: ErrClosed, a
 // *rendezvous.WaitError naming the keys still missing at the deadline, a
-// cancellation naming its cause, or etcd's error.
-func (s *store) waitErr(ctx context.Context, keys []string, err error) error {
+// cancellation naming its cause, or etcd's error. last holds the keys
+// missing at the last snapshot read.
+func (s *store) waitErr(ctx context.Context, keys, last []string, err error) error {
 	select {
 	case <-s.closed:
 		return rendezvous.ErrClosed
@@ -379,13 +383,16 @@ func (s *store) waitErr(ctx context.Context, keys []string, err error) error {
 	}
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		// One last look, bounded apart from the expired ctx, so the error
-		// names exactly what is still missing.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		// One last look, bounded apart from the expired ctx (briefly: the
+		// caller's deadline has passed), so the error names exactly what
+		// is still missing.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 250*time.Millisecond)
 		defer cancel()
 		_, _, missing, lerr := s.snapshot(lctx, keys)
 		if lerr != nil {
-			missing = keys
+			// etcd is not answering: say so, with what was missing when
+			// it last did.
+			return fmt.Errorf("rendezvous: etcd at %s did not answer: %w", s.eps, &rendezvous.WaitError{Missing: last})
 		}
 		if len(missing) == 0 {
 			missing = keys // arrived too late for this caller

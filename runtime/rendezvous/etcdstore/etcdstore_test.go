@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +23,14 @@ import (
 // its client endpoint (host:port).
 func startEtcd(t *testing.T) string {
 	t.Helper()
+	ep, _ := startEtcdStop(t)
+	return ep
+}
+
+// startEtcdStop is startEtcd that also returns a function stopping the
+// server early (a cluster dying under its clients).
+func startEtcdStop(t *testing.T) (string, func()) {
+	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
 	// Quiet: stopping logs its closed listeners at error level; start-up
@@ -36,10 +45,14 @@ func startEtcd(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		e.Close()
-		<-e.Server.StopNotify()
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			e.Close()
+			<-e.Server.StopNotify()
+		})
+	}
+	t.Cleanup(stop)
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
@@ -47,7 +60,7 @@ func startEtcd(t *testing.T) string {
 	case <-time.After(30 * time.Second):
 		t.Fatal("embedded etcd did not become ready in 30s")
 	}
-	return client.Host
+	return client.Host, stop
 }
 
 // freeURL returns http://127.0.0.1:<a port free a moment ago>.
@@ -245,5 +258,37 @@ func TestValueTooLarge(t *testing.T) {
 	}
 	if err := s.Set(ctx, "ok", make([]byte, 1<<20)); err != nil {
 		t.Fatalf("Set of 1 MiB: %v", err)
+	}
+}
+
+// TestEtcdDiesMidRendezvous: when the cluster stops under a waiting rank,
+// the wait ends by its deadline (not a second later), names the key still
+// missing (not every key) and the endpoint that stopped answering; so do
+// later operations.
+func TestEtcdDiesMidRendezvous(t *testing.T) {
+	ep, stop := startEtcdStop(t)
+	s := open(t, etcdstore.Config{Endpoints: []string{ep}})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := s.Set(ctx, "a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(500*time.Millisecond, stop)
+	start := time.Now()
+	err := s.Wait(ctx, "a", "b")
+	var we *rendezvous.WaitError
+	if !errors.As(err, &we) || strings.Join(we.Missing, ",") != "b" || !strings.Contains(err.Error(), ep) {
+		t.Errorf("Wait while etcd stops = %v, want a timeout naming key b and %s", err, ep)
+	}
+	if d := time.Since(start); d > 3500*time.Millisecond {
+		t.Errorf("Wait took %v past its 3s deadline", d)
+	}
+	start = time.Now()
+	err = s.Set(shortCtx(t, time.Second), "c", []byte("1"))
+	if err == nil || !strings.Contains(err.Error(), ep) {
+		t.Errorf("Set on a stopped etcd = %v, want an error naming %s", err, ep)
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Errorf("Set took %v past its 1s deadline", d)
 	}
 }
