@@ -194,7 +194,7 @@ func ParseStoreAddr(addr string) (scheme, rest string, err error) {
 	default:
 		scheme, rest, _ = strings.Cut(addr, "://")
 		if _, ok := lookupScheme(scheme); !ok {
-			return "", "", fmt.Errorf("rendezvous: store address %q: %s", addr, schemeHelp(scheme))
+			return "", "", fmt.Errorf("rendezvous: store address %q: %s", redactUser(addr), schemeHelp(scheme))
 		}
 		if rest == "" || rest[0] == '/' {
 			return "", "", fmt.Errorf("rendezvous: store address %q names no server; want %s://host:port", addr, scheme)
@@ -336,3 +336,20 @@ type hostedStore struct {
 }
 
 func (h *hostedStore) Close() error { return errors.Join(h.Store.Close(), h.srv.Close()) }
+
+// redactUser hides the user information of a scheme://user:pw@host
+// address, so an error quoting it does not print a password.
+func redactUser(addr string) string {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if !ok {
+		return addr
+	}
+	host := rest
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		host = rest[:i]
+	}
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		return scheme + "://...@" + rest[i+1:]
+	}
+	return addr
+}

@@ -45,6 +45,8 @@ func TestReadEnv(t *testing.T) {
 			Env{}, `rendezvous: store address "redis://h:1": want tcp://host:port, file:///path or etcd://host:port`},
 		{"etcd not linked", map[string]string{"COLLGEN_RANK": "0", "COLLGEN_WORLD_SIZE": "1", "COLLGEN_STORE": "etcd://h:1"},
 			Env{}, `rendezvous: store address "etcd://h:1": the etcd store is not linked into this program; import _ "github.com/collgen/collgen/runtime/rendezvous/etcdstore" (the collgen command has it unless built with -tags noetcd)`},
+		{"etcd not linked, password hidden", map[string]string{"COLLGEN_RANK": "0", "COLLGEN_WORLD_SIZE": "1", "COLLGEN_STORE": "etcd://me:secret@h:1/run"},
+			Env{}, `rendezvous: store address "etcd://...@h:1/run": the etcd store is not linked into this program; import _ "github.com/collgen/collgen/runtime/rendezvous/etcdstore" (the collgen command has it unless built with -tags noetcd)`},
 		{"torchrun without master", map[string]string{"RANK": "0", "WORLD_SIZE": "1"},
 			Env{}, "rendezvous: RANK is set but MASTER_ADDR is not; set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port"},
 	} {
