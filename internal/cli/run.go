@@ -18,6 +18,10 @@ import (
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
+// storeChecks check the rest of a --store address of a scheme whose
+// store is linked in (etcd.go), before any rank starts.
+var storeChecks = map[string]func(rest string) error{}
+
 func init() { register("run", newCmdRun) }
 
 // usageError makes err exit with code 2, like a flag error.
@@ -87,7 +91,11 @@ I*N+N-1 (docs/multihost.md).`,
 				return usageError(fmt.Errorf("run: %w", err))
 			}
 			if store != "" {
-				if _, _, err := rendezvous.ParseStoreAddr(store); err != nil {
+				scheme, rest, err := rendezvous.ParseStoreAddr(store)
+				if err == nil && storeChecks[scheme] != nil {
+					err = storeChecks[scheme](rest)
+				}
+				if err != nil {
 					return usageError(fmt.Errorf("run: --store: %w", err))
 				}
 			} else {
