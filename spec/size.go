@@ -21,13 +21,13 @@ var sizeUnits = []struct {
 // sizeUnitNames lists the accepted units, for messages.
 const sizeUnitNames = "B, KiB, MiB, GiB, KB, MB, GB"
 
-// ParseSize parses a byte count: a non-negative integer optionally followed
-// (with or without one space) by a unit B, KiB, MiB, GiB (powers of 1024) or
-// KB, MB, GB (powers of 1000), as in "256KiB" or "10 MiB". Units are case
 // ErrSizeTooLarge is the error ParseSize wraps for a size beyond what an
 // int64 holds.
 var ErrSizeTooLarge = errors.New("the limit is 2^63-1 bytes")
 
+// ParseSize parses a byte count: a non-negative integer optionally followed
+// (with or without one space) by a unit B, KiB, MiB, GiB (powers of 1024) or
+// KB, MB, GB (powers of 1000), as in "256KiB" or "10 MiB". Units are case
 // sensitive. The error says what to write instead.
 func ParseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)

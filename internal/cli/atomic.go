@@ -7,7 +7,9 @@ import (
 
 // writeFileAtomic writes data to path through a temporary file in the same
 // directory and a rename, so a failed write (a full disk, a quota) leaves
-// path as it was: tune --out may name the very spec it read. The file gets
+// path as it was (tune --out may name the very spec it read), and a reader
+// polling for path (a results file, a store's address file) never sees
+// half of it. The file gets
 // path's own mode when it exists, perm otherwise. The temporary file is
 // removed on any failure.
 func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {

@@ -352,7 +352,7 @@ func runHostBench(io *IO, o *BenchOptions) error {
 	if se, ok := context.Cause(ctx).(signalError); ok {
 		// Not the ranks' errors (context canceled) nor the SIGTERM that
 		// stopped rank processes: the signal the user sent.
-		return &ExitError{Code: 128 + int(se.sig.(syscall.Signal)), Err: fmt.Errorf("bench: %w; stopped all ranks", se)}
+		return &ExitError{Code: se.exitCode(), Err: fmt.Errorf("bench: %w; stopped all ranks", se)}
 	}
 	if err != nil {
 		return err
@@ -608,11 +608,7 @@ func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
 	if o.resultFile != "" {
 		var b bytes.Buffer
 		bench.WriteJSON(&b, results)
-		tmp := o.resultFile + ".tmp"
-		if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
-			return err
-		}
-		return os.Rename(tmp, o.resultFile)
+		return writeFileAtomic(o.resultFile, b.Bytes(), 0o600)
 	}
 	return report(io, o, results)
 }

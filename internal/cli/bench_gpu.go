@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -183,7 +182,7 @@ func runGPUBench(io *IO, o *BenchOptions) error {
 		// What was measured before the signal is reported; the exit
 		// status is the signal's, as the host bench's.
 		rerr := reportGPU(io, o, ms, awkwardNote(sweeps), nil)
-		return &ExitError{Code: 128 + int(se.sig.(syscall.Signal)), Err: errors.Join(fmt.Errorf("bench: %w; stopped all ranks", se), rerr)}
+		return &ExitError{Code: se.exitCode(), Err: errors.Join(fmt.Errorf("bench: %w; stopped all ranks", se), rerr)}
 	}
 	return reportGPU(io, o, ms, awkwardNote(sweeps), err)
 }
@@ -459,11 +458,7 @@ func runGPUWorker(ctx context.Context, io *IO, o *BenchOptions, sweeps []gpuSwee
 		if err != nil {
 			return err
 		}
-		tmp := o.resultFile + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o600); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, o.resultFile); err != nil {
+		if err := writeFileAtomic(o.resultFile, b, 0o600); err != nil {
 			return err
 		}
 		return rerr

@@ -25,9 +25,8 @@ func sweepBenchDirs(dir string) {
 	if dir == "" {
 		dir = os.TempDir()
 	}
-	ns := shm.PIDNamespace()
 	ents, err := os.ReadDir(dir)
-	if err != nil || ns == 0 {
+	if err != nil {
 		return
 	}
 	for _, e := range ents {
@@ -36,11 +35,12 @@ func sweepBenchDirs(dir string) {
 			continue
 		}
 		f := strings.SplitN(rest, "-", 3)
-		if len(f) != 3 || f[0] != strconv.FormatUint(ns, 10) {
+		if len(f) != 3 {
 			continue
 		}
-		pid, err := strconv.Atoi(f[1])
-		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+		ns, err1 := strconv.ParseUint(f[0], 10, 64)
+		pid, err2 := strconv.Atoi(f[1])
+		if err1 != nil || err2 != nil || !shm.DeadProcess(ns, pid) {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())

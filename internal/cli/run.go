@@ -147,7 +147,7 @@ I*N+N-1 (docs/multihost.md).`,
 			if err != nil {
 				var se signalError
 				if errors.As(context.Cause(ctx), &se) {
-					return &ExitError{Code: 128 + int(se.sig.(syscall.Signal))}
+					return &ExitError{Code: se.exitCode()}
 				}
 				return fmt.Errorf("run: %w", err)
 			}
@@ -179,3 +179,6 @@ I*N+N-1 (docs/multihost.md).`,
 type signalError struct{ sig os.Signal }
 
 func (e signalError) Error() string { return "interrupted by " + launch.SignalName(e.sig) }
+
+// exitCode is the shell's status for a process ended by the signal.
+func (e signalError) exitCode() int { return 128 + int(e.sig.(syscall.Signal)) }

@@ -48,11 +48,7 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 			if addrFile != "" {
 				// Write then rename so a script polling for the file never
 				// reads half an address.
-				tmp := addrFile + ".tmp"
-				if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o600); err != nil {
-					return fmt.Errorf("store: --addr-file: %w", err)
-				}
-				if err := os.Rename(tmp, addrFile); err != nil {
+				if err := writeFileAtomic(addrFile, []byte(addr+"\n"), 0o600); err != nil {
 					return fmt.Errorf("store: --addr-file: %w", err)
 				}
 				// A stopped store's address must not outlive it: a script

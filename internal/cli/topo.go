@@ -133,6 +133,8 @@ func runTopo(io *IO, o *topoOptions) error {
 		if fi, err := os.Stat(filepath.Dir(o.Spec)); err != nil || !fi.IsDir() {
 			return usageError(fmt.Errorf("--spec %s: directory %s does not exist", o.Spec, filepath.Dir(o.Spec)))
 		}
+		// --spec reads as an input elsewhere: never overwrite a hand-tuned
+		// spec by surprise.
 		if fi, err := os.Stat(o.Spec); err == nil && fi.IsDir() {
 			return usageError(fmt.Errorf("--spec %s is a directory; name a file", o.Spec))
 		} else if err == nil && !o.Force {
@@ -185,22 +187,8 @@ func writeMachineSpec(io *IO, o *topoOptions, m *topo.Machine) error {
 		_, err := io.Out.Write(out)
 		return err
 	}
-	flag := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
-	if !o.Force {
-		flag |= os.O_EXCL // --spec reads as an input elsewhere: never overwrite a hand-tuned spec by surprise
-	}
-	f, err := os.OpenFile(o.Spec, flag, 0o644)
-	if errors.Is(err, os.ErrExist) {
-		return usageError(fmt.Errorf("--spec %s exists; collgen topo writes a new spec there: pass --force to replace it, or another file", o.Spec))
-	}
-	if err != nil {
-		return fmt.Errorf("--spec: %w", err)
-	}
-	if _, err := f.Write(out); err != nil {
-		f.Close()
-		return fmt.Errorf("--spec: %w", err)
-	}
-	if err := f.Close(); err != nil {
+	// runTopo refused an existing file without --force before the report.
+	if err := writeFileAtomic(o.Spec, out, 0o644); err != nil {
 		return fmt.Errorf("--spec: %w", err)
 	}
 	fmt.Fprintf(io.Out, "\nwrote %s:", o.Spec)

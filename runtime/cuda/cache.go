@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -23,7 +24,7 @@ const EnvCacheDir = "COLLGEN_CACHE_DIR"
 // a sha256 of everything that determines the output (see Key). Files are
 // written to a temporary name in Dir and renamed into place, so concurrent
 // processes filling the same cache never expose a partial file (one a
-// killed process left is removed by the next Put of its key); a file
+// killed process left is removed by a later process's first Put); a file
 // that fails its checks (bad magic, other key, bad length or checksum) is
 // treated as a miss and rewritten. Safe for concurrent use; use a *Cache.
 type Cache struct {
@@ -250,7 +251,7 @@ func (c *Cache) Put(k CacheKey, image []byte) error {
 		os.Remove(name)
 		return fmt.Errorf("cuda: cache put %s: %w", k, err)
 	}
-	c.removeStaleTemps(k)
+	c.removeStaleTemps()
 	return nil
 }
 
@@ -258,12 +259,20 @@ func (c *Cache) Put(k CacheKey, image []byte) error {
 // a killed process left: a Put takes milliseconds.
 const staleTemp = 10 * time.Minute
 
-// removeStaleTemps removes k's temporary files older than staleTemp (a
-// process killed inside Put leaves one; the next Put of k, which follows
-// because that entry never landed, clears it). Best effort.
-func (c *Cache) removeStaleTemps(k CacheKey) {
+// sweptDirs are the cache directories whose stale temporary files this
+// process has removed: once a process is enough (they are left by dead
+// processes), and a cold build's hundreds of Puts read the directory once.
+var sweptDirs sync.Map
+
+// removeStaleTemps removes the temporary files in Dir older than staleTemp
+// (a process killed inside Put leaves one), on this process's first Put
+// there. Best effort.
+func (c *Cache) removeStaleTemps() {
+	if _, done := sweptDirs.LoadOrStore(c.Dir, true); done {
+		return
+	}
 	ents, _ := os.ReadDir(c.Dir) // not Glob: Dir may hold glob metacharacters
-	prefix := ".tmp-" + k.String()[:16] + "-"
+	const prefix = ".tmp-"
 	for _, e := range ents {
 		if !strings.HasPrefix(e.Name(), prefix) {
 			continue

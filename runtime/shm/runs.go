@@ -81,8 +81,7 @@ func SweepDeadRuns(dir string) (runs, removed []string, err error) {
 		}
 		var recNS uint64
 		var pid int
-		if n, _ := fmt.Sscanf(string(b), "%d %d", &recNS, &pid); n != 2 || ns == 0 || recNS != ns || pid <= 0 ||
-			syscall.Kill(pid, 0) != syscall.ESRCH {
+		if n, _ := fmt.Sscanf(string(b), "%d %d", &recNS, &pid); n != 2 || !deadProcess(ns, recNS, pid) {
 			continue
 		}
 		gone, err := SweepRun(dir, runID)
@@ -97,6 +96,18 @@ func SweepDeadRuns(dir string) (runs, removed []string, err error) {
 		runs = append(runs, runID)
 	}
 	return runs, removed, errors.Join(errs...)
+}
+
+// DeadProcess reports whether the process pid, recorded with pid
+// namespace ns (its PIDNamespace), has ended. A process of another
+// namespace, or of an unknown one, is never taken for dead: this process
+// cannot look it up (a reused pid reads as alive, which only delays a
+// sweep).
+func DeadProcess(ns uint64, pid int) bool { return deadProcess(PIDNamespace(), ns, pid) }
+
+// deadProcess is DeadProcess with this process's namespace as own.
+func deadProcess(own, ns uint64, pid int) bool {
+	return own != 0 && ns == own && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH
 }
 
 // PIDNamespace returns the inode of this process's pid namespace (what
