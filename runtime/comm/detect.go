@@ -230,10 +230,13 @@ func (d *Detected) runs(k coll.TopologyKind) bool {
 
 // chooseTopology picks the spec topology for the detection among names
 // (the library's GPU topologies at this world size, in spec order, with
-// their kinds): the first of the detected kind; with only a probe, the
-// first nvlink_full one, else the first in spec order (as before
-// detection); "" (NCCL only) when the GPUs lack peer access or the
-// library has no topology of their kind, with the reason added to d.
+// their kinds): the first of the detected kind; on NVLink with no
+// nvlink_full topology, the first pcie_p2p one (its kernels read every
+// pair, which NVLink serves; its rules were made for PCIe), with the
+// reason added to d; with only a probe, the first nvlink_full one, else
+// the first in spec order (as before detection); "" (NCCL only) when the
+// GPUs lack peer access or the library has no topology that runs on
+// them, with the reason added to d.
 func chooseTopology(d *Detected, names []string, kinds map[string]coll.TopologyKind) string {
 	if d == nil || d.Kind == kindProbed {
 		for _, n := range names {
@@ -251,6 +254,14 @@ func chooseTopology(d *Detected, names []string, kinds map[string]coll.TopologyK
 	for _, n := range names {
 		if kinds[n] == want {
 			return n
+		}
+	}
+	if want == coll.NVLinkFull {
+		for _, n := range names {
+			if kinds[n] == coll.PCIeP2P {
+				d.Reason += fmt.Sprintf("; the library has no %s topology at this world size, so %s's %s kernels run over NVLink (their size rules were made for PCIe): `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, n, coll.PCIeP2P)
+				return n
+			}
 		}
 	}
 	d.Reason += fmt.Sprintf("; the library has no %s topology at this world size (have %v), so every collective uses NCCL: `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, names)

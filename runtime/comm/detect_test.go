@@ -23,6 +23,7 @@ import (
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/topo"
 	"github.com/collgen/collgen/runtime/topo/fakenvml"
 	"github.com/collgen/collgen/schedule"
@@ -128,6 +129,49 @@ func TestDetectFakeMachines(t *testing.T) {
 				if d.BusIDs[r] != tc.machine.GPUs[i].BusID.String() {
 					t.Errorf("rank %d's bus id %s, want %s", r, d.BusIDs[r], tc.machine.GPUs[i].BusID)
 				}
+			}
+		})
+	}
+}
+
+// withoutTopology is the shipped library less the named topology's rules.
+func withoutTopology(name string) *kernels.Library {
+	lib := collectives.Library
+	var sels []kernels.Selection
+	for _, s := range lib.Selections {
+		if s.Topology != name {
+			sels = append(sels, s)
+		}
+	}
+	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
+		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+}
+
+// On NVLink, a library without an nvlink_full topology at the world size
+// runs its pcie_p2p kernels (they read every pair, which NVLink serves) and
+// says so; at a world size without pcie_p2p either it stays NCCL only
+// (""), and with both the nvlink_full one runs.
+func TestDetectNVLinkFallsBackToPCIe(t *testing.T) {
+	lib := withoutTopology("nvswitch")
+	for _, tc := range []struct {
+		name     string
+		lib      *kernels.Library
+		machine  string
+		gpus     []int
+		topology string
+		reason   string
+	}{
+		{"nvswitch w2", lib, "nvswitch8", identity(2), "pcie", "no nvlink_full topology at this world size, so pcie's pcie_p2p kernels run over NVLink"},
+		{"nvlink mesh w2", lib, "bridge2", identity(2), "pcie", "pcie's pcie_p2p kernels run over NVLink"},
+		{"nvswitch w8, hcm only", lib, "nvswitch8", identity(8), "", "no nvlink_full topology at this world size (have [hcm8])"},
+		{"nvswitch w2, both", collectives.Library, "nvswitch8", identity(2), "nvswitch", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms, errs := newFakeComms(t, Config{Library: tc.lib, Topology: ""}, machineDevs(fakeMachine(t, tc.machine), tc.gpus))
+			d := agreed(t, comms, errs)
+			defer closeAll(t, comms)
+			if d.Topology != tc.topology || !strings.Contains(d.Reason, tc.reason) {
+				t.Errorf("detected %+v, want topology %q, reason containing %q", d, tc.topology, tc.reason)
 			}
 		})
 	}
