@@ -63,7 +63,9 @@ type Config struct {
 	// Username and Password authenticate when the cluster has auth on.
 	Username, Password string
 	// Prefix is prepended to every key (default DefaultPrefix), so one
-	// cluster can serve other users too.
+	// cluster can serve other users too. Open ends it with "/" if it does
+	// not (Prefix "/jobs/a" keeps keys under "/jobs/a/"), so a prefix
+	// never overlaps another that merely starts with it ("/jobs/ab").
 	Prefix string
 	// TTL is the lease of every key this handle writes (default
 	// DefaultTTL; etcd raises values below its minimum, about 2 s).
@@ -194,6 +196,8 @@ func Open(ctx context.Context, cfg Config) (rendezvous.Store, error) {
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
+	} else if !strings.HasSuffix(cfg.Prefix, "/") {
+		cfg.Prefix += "/"
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultTTL

@@ -160,6 +160,28 @@ func TestOpenByAddress(t *testing.T) {
 	}
 }
 
+// Prefixes "/jobs/a" and "/jobs/ab" keep apart: Open ends a prefix with
+// "/" (before, key "bk" under "/jobs/a" was key "k" under "/jobs/ab").
+func TestPrefixesNeverOverlap(t *testing.T) {
+	ep := startEtcd(t)
+	ctx := context.Background()
+	a := open(t, etcdstore.Config{Endpoints: []string{ep}, Prefix: "/jobs/a"})
+	ab := open(t, etcdstore.Config{Endpoints: []string{ep}, Prefix: "/jobs/ab"})
+	if err := a.Set(ctx, "bk", []byte("from a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ab.Set(ctx, "k", []byte("from ab")); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := a.Get(ctx, "bk"); err != nil || string(v) != "from a" {
+		t.Fatalf("a's key bk: %q, %v", v, err)
+	}
+	slash := open(t, etcdstore.Config{Endpoints: []string{ep}, Prefix: "/jobs/a/"})
+	if v, err := slash.Get(ctx, "bk"); err != nil || string(v) != "from a" {
+		t.Fatalf(`"/jobs/a" and "/jobs/a/" differ: %q, %v`, v, err)
+	}
+}
+
 func TestParseAddr(t *testing.T) {
 	cfg, err := etcdstore.ParseAddr("h1:2379,h2:2379/jobs/x/", false)
 	if err != nil || strings.Join(cfg.Endpoints, " ") != "http://h1:2379 http://h2:2379" || cfg.Prefix != "/jobs/x/" || cfg.TLS != nil {
