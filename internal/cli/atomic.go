@@ -12,7 +12,21 @@ import (
 // half of it. The file gets
 // path's own mode when it exists, perm otherwise. The temporary file is
 // removed on any failure.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return writeFileVia(path, data, perm, true)
+}
+
+// writeFileNew is writeFileAtomic for a file that must not exist: the
+// complete temporary file is hard-linked to path, which fails with an
+// error matching fs.ErrExist if path exists by then (a check before the
+// write cannot see a file another process creates after it).
+func writeFileNew(path string, data []byte, perm os.FileMode) error {
+	return writeFileVia(path, data, perm, false)
+}
+
+// writeFileVia writes through a temporary file, then renames it over path
+// (replace) or links it to path and removes it (not replace).
+func writeFileVia(path string, data []byte, perm os.FileMode, replace bool) (err error) {
 	if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
 		perm = fi.Mode().Perm()
 	}
@@ -38,5 +52,12 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 	if err = f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(f.Name(), path)
+	if replace {
+		return os.Rename(f.Name(), path)
+	}
+	if err = os.Link(f.Name(), path); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return os.Remove(f.Name())
 }

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -42,5 +44,31 @@ func TestWriteFileAtomic(t *testing.T) {
 			names = append(names, e.Name())
 		}
 		t.Fatalf("directory holds %v; want spec.yaml and sub only", names)
+	}
+}
+
+// TestWriteFileNew: a new file lands with perm; an existing one (created
+// after any earlier check) is refused with fs.ErrExist, left as it was,
+// and no temporary file stays behind.
+func TestWriteFileNew(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "spec.yaml")
+	if err := writeFileNew(path, []byte("first"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "first" {
+		t.Fatalf("content %q, want first", b)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode %v, want 0640", fi.Mode().Perm())
+	}
+	if err := writeFileNew(path, []byte("second"), 0o644); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("writing over an existing file: %v, want fs.ErrExist", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "first" {
+		t.Fatalf("content %q after the refusal, want first", b)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("directory holds %d entries; want spec.yaml only", len(ents))
 	}
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -187,8 +188,15 @@ func writeMachineSpec(io *IO, o *topoOptions, m *topo.Machine) error {
 		_, err := io.Out.Write(out)
 		return err
 	}
-	// runTopo refused an existing file without --force before the report.
-	if err := writeFileAtomic(o.Spec, out, 0o644); err != nil {
+	// runTopo refused an existing file without --force before the report;
+	// writeFileNew refuses one created since.
+	write := writeFileAtomic
+	if !o.Force {
+		write = writeFileNew
+	}
+	if err := write(o.Spec, out, 0o644); errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("--spec %s was created while collgen topo ran; pass --force to replace it, or another file", o.Spec)
+	} else if err != nil {
 		return fmt.Errorf("--spec: %w", err)
 	}
 	fmt.Fprintf(io.Out, "\nwrote %s:", o.Spec)
