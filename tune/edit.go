@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -15,8 +17,9 @@ import (
 
 // ReplaceSelect returns a copy of the spec file data in which topology's
 // `select:` rules for the collectives in rules are replaced (other
-// collectives' rules, and everything else in the file, stay; comments
-// outside the replaced lists are kept). The rules use the list form: one
+// collectives' rules, and everything else in the file, stay: byte for byte
+// where select is a block mapping, else re-encoded with comments kept;
+// aliases of replaced rules elsewhere become copies of them). The rules use the list form: one
 // list per collective, for every world size of the topology. note, if not
 // empty, becomes a comment on the `select:` key. The result is checked with
 // spec.Parse under name before it is returned.
@@ -123,6 +126,14 @@ func replaceSelect(name string, data []byte, topology string, rules map[coll.Col
 		return nil, fmt.Errorf("%s: no topology %q", name, topology)
 	}
 	sel := lookup(top, "select")
+	var selKey *yaml.Node // the `select` key when its value is a block mapping in the file
+	if sel != nil && sel.Kind == yaml.MappingNode && sel.Style&yaml.FlowStyle == 0 {
+		for i := 0; i+1 < len(top.Content); i += 2 {
+			if top.Content[i+1] == sel && sel.Line > top.Content[i].Line {
+				selKey = top.Content[i]
+			}
+		}
+	}
 	if sel == nil || sel.Kind != yaml.MappingNode {
 		if sel != nil {
 			// `select:` with an empty value: replace the null by a mapping.
@@ -139,15 +150,23 @@ func replaceSelect(name string, data []byte, topology string, rules map[coll.Col
 			}
 		}
 	}
+	type pair struct{ key, val *yaml.Node }
+	var replaced []pair // the collectives whose rules were in the file, with their new rules
+	added := false      // a collective had no rules in the file
 	for _, c := range coll.Collectives() {
 		seq, ok := rules[c]
 		if !ok {
 			continue
 		}
-		if old := lookup(sel, string(c)); old != nil {
-			*old = *seq
+		if i := slices.IndexFunc(sel.Content, func(n *yaml.Node) bool { return n.Value == string(c) }); i >= 0 && i%2 == 0 && i+1 < len(sel.Content) {
+			if old := sel.Content[i+1]; old.Anchor != "" {
+				unalias(&doc, old) // aliases elsewhere keep the old rules
+			}
+			*sel.Content[i+1] = *seq
+			replaced = append(replaced, pair{sel.Content[i], sel.Content[i+1]})
 		} else {
 			sel.Content = append(sel.Content, scalar(string(c)), seq)
+			added = true
 		}
 	}
 	var b bytes.Buffer
@@ -159,10 +178,130 @@ func replaceSelect(name string, data []byte, topology string, rules map[coll.Col
 	if err := enc.Close(); err != nil {
 		return nil, err
 	}
-	if _, err := spec.Parse(name, b.Bytes()); err != nil {
+	want, err := spec.Parse(name, b.Bytes())
+	if err != nil {
 		return nil, fmt.Errorf("the spec with the new rules does not load:\n%w", err)
 	}
+	// Where the file's select is a block mapping, rewrite its lines only:
+	// best just the replaced collectives' entries (and the key's note),
+	// else the whole select; each kept only if it loads as want.
+	if selKey != nil {
+		lines := bytes.SplitAfter(data, []byte("\n"))
+		if !added {
+			var edits []edit
+			if note != "" {
+				edits = append(edits, edit{selKey.Line - 1, selKey.Line - 1,
+					fmt.Appendf(nil, "%s%s: # %s\n", strings.Repeat(" ", selKey.Column-1), selKey.Value, note)})
+			}
+			for _, p := range replaced {
+				edits = append(edits, blockEdit(lines, p.key, p.val))
+			}
+			if out, ok := splice(name, lines, edits, want); ok {
+				return out, nil
+			}
+		}
+		if out, ok := splice(name, lines, []edit{blockEdit(lines, selKey, sel)}, want); ok {
+			return out, nil
+		}
+	}
 	return b.Bytes(), nil
+}
+
+// edit replaces lines first..last (0-based, inclusive) of a file.
+type edit struct {
+	first, last int
+	text        []byte
+}
+
+// blockEdit replaces key's entry in a block mapping (its line and every
+// following line indented deeper than it; trailing blank and comment
+// lines are left to what follows) by the encoding of key: val at key's
+// indentation. key's head comment stays where it is in the file. text is
+// nil where key's position is unusable (splice then refuses the edit).
+func blockEdit(lines [][]byte, key, val *yaml.Node) edit {
+	first, indent := key.Line-1, key.Column-1
+	if first < 0 || first >= len(lines) || indent < 0 {
+		return edit{}
+	}
+	last := first
+	for i := first + 1; i < len(lines); i++ {
+		t := bytes.TrimLeft(lines[i], " ")
+		if len(bytes.TrimSpace(t)) == 0 || t[0] == '#' {
+			continue
+		}
+		if len(lines[i])-len(t) <= indent {
+			break
+		}
+		last = i
+	}
+	k := *key
+	k.HeadComment, k.FootComment = "", ""
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if enc.Encode(&yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Content: []*yaml.Node{&k, val}}) != nil || enc.Close() != nil {
+		return edit{}
+	}
+	pad := strings.Repeat(" ", indent)
+	var text []byte
+	for _, l := range bytes.SplitAfter(b.Bytes(), []byte("\n")) {
+		if len(l) > 0 {
+			text = append(append(text, pad...), l...)
+		}
+	}
+	return edit{first, last, text}
+}
+
+// splice applies edits (in any order, not overlapping) to the file's
+// lines. ok is false where an edit is unusable, edits overlap, or the
+// result does not load as exactly the spec want (say, an anchor defined in
+// a replaced entry and used elsewhere), so that the rest of the file keeps
+// its blank lines, comment alignment and anchors byte for byte whenever
+// ok is true.
+func splice(name string, lines [][]byte, edits []edit, want *spec.Spec) (out []byte, ok bool) {
+	edits = slices.Clone(edits)
+	slices.SortFunc(edits, func(a, b edit) int { return a.first - b.first })
+	var o bytes.Buffer
+	next := 0
+	for _, e := range edits {
+		if e.text == nil || e.first < next || e.last < e.first {
+			return nil, false
+		}
+		for _, l := range lines[next:e.first] {
+			o.Write(l)
+		}
+		o.Write(e.text)
+		next = e.last + 1
+	}
+	for _, l := range lines[next:] {
+		o.Write(l)
+	}
+	got, err := spec.Parse(name, o.Bytes())
+	if err != nil {
+		return nil, false
+	}
+	a, w := *got, *want
+	a.Sources, w.Sources = nil, nil
+	if !reflect.DeepEqual(a, w) {
+		return nil, false
+	}
+	return o.Bytes(), true
+}
+
+// unalias replaces every alias of anchored under n by a copy of anchored
+// without its anchor, so that anchored can be overwritten while what
+// aliased it keeps its value.
+func unalias(n, anchored *yaml.Node) {
+	for i, c := range n.Content {
+		if c.Kind == yaml.AliasNode && c.Alias == anchored {
+			cp := *anchored
+			cp.Anchor = ""
+			cp.HeadComment, cp.LineComment, cp.FootComment = c.HeadComment, c.LineComment, c.FootComment
+			n.Content[i] = &cp
+			continue
+		}
+		unalias(c, anchored)
+	}
 }
 
 // lookup returns the value of key in mapping m, or nil.

@@ -149,3 +149,104 @@ func TestKeepSymmetric(t *testing.T) {
 		t.Errorf("no symmetric rules: got %v, want %v", got, measured)
 	}
 }
+
+// TestReplaceSelectKeepsTheFile: tuning one collective of the shipped spec
+// rewrites that collective's entry and the select key's note only; every
+// other line (blank lines, comment alignment, the other collectives'
+// anchors and aliases) stays byte for byte (before, the whole file was
+// re-encoded).
+func TestReplaceSelectKeepsTheFile(t *testing.T) {
+	data, err := os.ReadFile("../spec/collgen.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("collgen.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(s.Topologies, func(t spec.Topology) bool { return t.Name == "nvswitch" })
+	w2 := []spec.Rule{{UpTo: 64 << 10, Use: "oneshot_ll"}, {Use: "twoshot_ll128"}}
+	rules := tune.PerWorldRules(&s.Topologies[i], []tune.Table{{Collective: "allreduce", World: 2, Rules: w2}})
+	out, err := tune.ReplaceSelectPerWorld("collgen.yaml", data, "nvswitch", rules, "tuned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// outside drops the nvswitch allreduce entry (from its key to the
+	// reduce_scatter key after it) and marks the select key.
+	outside := func(b []byte) string {
+		text := string(b)
+		sel := strings.Index(text, "    select:")
+		from := sel + strings.Index(text[sel:], "      allreduce:\n")
+		to := from + strings.Index(text[from:], "      reduce_scatter:\n")
+		end := sel + strings.Index(text[sel:], "\n")
+		return text[:sel] + "SELECT" + text[end:from] + "ALLREDUCE\n" + text[to:]
+	}
+	if a, b := outside(data), outside(out); a != b {
+		t.Errorf("lines outside the tuned entry changed:\n%s", lineDiff(a, b))
+	}
+	if !strings.Contains(string(out), "    select: # tuned\n") {
+		t.Errorf("no note on the select key")
+	}
+	got, err := spec.Parse("out.yaml", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, want := got.Topologies[i].SelectByWorld[coll.AllReduce][2], rules[coll.AllReduce][2]; fmt.Sprint(r) != fmt.Sprint(want) {
+		t.Errorf("world 2's rules %v, want %v", r, want)
+	}
+}
+
+// lineDiff lists the lines where a and b differ.
+func lineDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	var d []string
+	for i := 0; i < max(len(al), len(bl)); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			d = append(d, fmt.Sprintf("%d: -%q\n%d: +%q", i+1, x, i+1, y))
+		}
+	}
+	return strings.Join(d, "\n")
+}
+
+// An anchor on the replaced rules that another topology aliases: the
+// alias keeps the old rules (before, the anchor vanished and the output
+// did not load: "unknown anchor 'r' referenced").
+func TestReplaceSelectAnchorUsedElsewhere(t *testing.T) {
+	data := []byte(`version: 1
+package: p
+topologies:
+  a:
+    kind: nvlink_full
+    world_sizes: [2]
+    generate:
+      allreduce: [oneshot, twoshot]
+    select:
+      allreduce: &r
+        - {upto: 1MiB, use: oneshot}
+  b:
+    kind: nvlink_full
+    world_sizes: [4]
+    generate:
+      allreduce: [oneshot, twoshot]
+    select:
+      allreduce: *r
+`)
+	out, err := tune.ReplaceSelect("s.yaml", data, "a", map[coll.Collective][]spec.Rule{coll.AllReduce: {{UpTo: 4096, Use: "twoshot"}}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := spec.Parse("s.yaml", out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if a, b := s.Topologies[0].Choose(coll.AllReduce, 4096), s.Topologies[1].Choose(coll.AllReduce, 4096); a != "twoshot" || b != "oneshot" {
+		t.Errorf("a chooses %s, b %s; want twoshot and oneshot\n%s", a, b, out)
+	}
+}
