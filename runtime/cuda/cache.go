@@ -163,13 +163,18 @@ func (c *Cache) Get(k CacheKey) (image []byte, ok bool) {
 }
 
 // lookup reads and checks k's entry without counting: errCorrupt for an
-// invalid file, the read's error for none.
+// invalid file, the read's error for none. A valid entry is marked used
+// (touch), for Prune.
 func (c *Cache) lookup(k CacheKey) ([]byte, error) {
 	data, err := os.ReadFile(c.Path(k))
 	if err != nil {
 		return nil, err
 	}
-	return decodeEntry(k, data)
+	img, err := decodeEntry(k, data)
+	if err == nil {
+		c.touch(k)
+	}
+	return img, err
 }
 
 // count records one lookup's outcome (lookup's error) in the stats.
