@@ -87,6 +87,23 @@ type Detected struct {
 	NoNVML string
 }
 
+// describe is the kind and the reason, "kind: reason", or the reason
+// alone when nothing was detected.
+func (d *Detected) describe() string {
+	if d.Kind == "" {
+		return d.Reason
+	}
+	return d.Kind + ": " + d.Reason
+}
+
+// addReason appends one clause to Reason ("; " between clauses).
+func (d *Detected) addReason(s string) {
+	if d.Reason != "" {
+		d.Reason += "; "
+	}
+	d.Reason += s
+}
+
 // kindProbed is Detected.Kind when only CUDA's peer-access probe was used.
 const kindProbed = "peer_access"
 
@@ -248,7 +265,7 @@ func chooseTopology(d *Detected, names []string, kinds map[string]coll.TopologyK
 	}
 	want := d.SpecKind
 	if want == "" {
-		d.Reason += "; every collective uses NCCL"
+		d.addReason("every collective uses NCCL")
 		return ""
 	}
 	for _, n := range names {
@@ -259,12 +276,12 @@ func chooseTopology(d *Detected, names []string, kinds map[string]coll.TopologyK
 	if want == coll.NVLinkFull {
 		for _, n := range names {
 			if kinds[n] == coll.PCIeP2P {
-				d.Reason += fmt.Sprintf("; the library has no %s topology at this world size, so %s's %s kernels run over NVLink (their size rules were made for PCIe): `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, n, coll.PCIeP2P)
+				d.addReason(fmt.Sprintf("the library has no %s topology at this world size, so %s's %s kernels run over NVLink (their size rules were made for PCIe): `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, n, coll.PCIeP2P))
 				return n
 			}
 		}
 	}
-	d.Reason += fmt.Sprintf("; the library has no %s topology at this world size (have %v), so every collective uses NCCL: `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, names)
+	d.addReason(fmt.Sprintf("the library has no %s topology at this world size (have %v), so every collective uses NCCL: `collgen topo --spec FILE --base spec` writes one for this machine; regenerate with it", want, names))
 	return ""
 }
 
@@ -337,7 +354,7 @@ func (g *gpuComm) byCorner(byRank []cuda.DevicePtr) []cuda.DevicePtr {
 // corner it plays; reduce-scatter and all-gather place data by rank).
 func (g *gpuComm) kernelRefusal(cl *call) error {
 	if g.ncclOnly() {
-		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: no generated kernel runs on these GPUs (%s: %s)", cl.collective, cl.alg, g.det.Kind, g.det.Reason)
+		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: no generated kernel runs here (%s)", cl.collective, cl.alg, g.det.describe())
 	}
 	if c := g.corner; c != nil && cl.collective != coll.AllReduce {
 		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the ranks play the hybrid cube mesh's corners %v (by rank), and only all-reduce kernels run in that order; order Config.Device by corner or use nccl",

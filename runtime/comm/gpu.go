@@ -498,7 +498,15 @@ func (g *gpuComm) pickTopology() error {
 	lib, cfg := g.lib, g.cfg
 	names, kinds := gpuTopologies(lib, cfg.WorldSize)
 	if len(names) == 0 {
-		return errorf(ErrUnsupported, "comm: no GPU topology of the library generates world size %d; add it to a topology's world_sizes and regenerate", cfg.WorldSize)
+		if cfg.Topology != "" {
+			return errorf(ErrInvalidArgument, "comm: topology %q does not exist for world size %d in the library: no GPU topology generates it; add %d to a topology's world_sizes and regenerate", cfg.Topology, cfg.WorldSize, cfg.WorldSize)
+		}
+		// NCCL only, as for GPUs no topology of the library fits.
+		if g.det == nil {
+			g.det = &Detected{}
+		}
+		g.det.addReason(fmt.Sprintf("no GPU topology of the library generates world size %d, so every collective uses NCCL: add %d to a topology's world_sizes and regenerate", cfg.WorldSize, cfg.WorldSize))
+		return nil
 	}
 	topo := cfg.Topology
 	if topo == "" {
@@ -986,7 +994,7 @@ func (g *gpuComm) zcStage(cl *call) []cuda.DevicePtr {
 // alloc makes a symmetric buffer (Communicator.Alloc).
 func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) {
 	if g.ncclOnly() {
-		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the GPUs cannot map each other's memory (%s), so the communicator uses NCCL only", g.det.Reason)
+		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the communicator uses NCCL only (%s)", g.det.Reason)
 	}
 	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)
 	if err != nil {

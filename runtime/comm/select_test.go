@@ -74,7 +74,7 @@ func TestPickTopology(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{WorldSize: 5}, "no GPU topology of the library generates world size 5"},
+		{Config{WorldSize: 5, Topology: "nvswitch"}, `topology "nvswitch" does not exist for world size 5 in the library: no GPU topology generates it`},
 		{Config{WorldSize: 2, Topology: "hcm8"}, `topology "hcm8" does not exist for world size 2`},
 		{Config{WorldSize: 4, Topology: "nope"}, `topology "nope" does not exist`},
 	} {

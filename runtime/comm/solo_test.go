@@ -82,3 +82,27 @@ func TestFakeWorldOne(t *testing.T) {
 		t.Errorf("a misspelt topology at world 1: %v; want ErrInvalidArgument naming it", errs[0])
 	}
 }
+
+// TestFakeWorldSizeNotGenerated: a world size no GPU topology of the
+// library generates is NCCL only, as GPUs no topology fits, saying why
+// (Detected().Reason); an explicit algorithm and Alloc are refused with
+// that reason. Before, New failed on every rank.
+func TestFakeWorldSizeNotGenerated(t *testing.T) {
+	comms, _ := fakeComms(t, 5, Config{})
+	defer closeAll(t, comms)
+	const why = "no GPU topology of the library generates world size 5, so every collective uses NCCL: add 5 to a topology's world_sizes and regenerate"
+	c := comms[0]
+	if d := c.Detected(); d.Topology != "" || !strings.HasSuffix(d.Reason, why) {
+		t.Fatalf("detected %+v", d)
+	}
+	if a, err := c.Choose(coll.AllReduce, 1<<10, coll.BF16, coll.Sum); err != nil || a != coll.NCCL {
+		t.Errorf("auto chooses %s, %v; want nccl", a, err)
+	}
+	err := c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x2000), 512, coll.BF16, coll.Sum, Options{Algorithm: coll.OneShot})
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), why) {
+		t.Errorf("explicit one-shot: %v", err)
+	}
+	if _, err := c.Alloc(context.Background(), 1<<20); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "NCCL only (") {
+		t.Errorf("alloc: %v", err)
+	}
+}
