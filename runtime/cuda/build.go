@@ -168,9 +168,9 @@ func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built
 		switch {
 		case errors.Is(err, errLocked):
 			return Built{}, err // counted when this program is built after all
-		case ctx.Err() != nil:
-			return Built{}, ctx.Err()
 		case err == nil:
+			// Checked before ctx: a lock taken as ctx ends is still ours
+			// to give back (compile below then returns ctx's error).
 			defer unlock()
 			img, again := b.Cache.lookup(key)
 			if again == nil { // built while we waited
@@ -180,6 +180,8 @@ func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built
 			if !errors.Is(miss, errCorrupt) {
 				miss = again
 			}
+		case ctx.Err() != nil:
+			return Built{}, ctx.Err()
 		}
 		b.Cache.count(miss)
 	}

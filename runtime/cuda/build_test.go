@@ -373,3 +373,26 @@ func TestBuilderKeySeparatesCompilers(t *testing.T) {
 		t.Fatal("same key for two NVRTC versions")
 	}
 }
+
+// TestBuilderLockReleasedWhenContextEnds: a lock taken just as the
+// context ends (Build's context cancelled by another program's failure,
+// a caller's deadline) is given back. It was kept, with its file open,
+// until the garbage collector closed the file: other processes and this
+// one waited for that program meanwhile.
+func TestBuilderLockReleasedWhenContextEnds(t *testing.T) {
+	dir := t.TempDir()
+	req := fakeRequests(1)[0]
+	b := newFakeBuilder(dir, &fakeCompiler{}, 1, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, wait := range []bool{false, true} {
+		if _, err := b.one(ctx, req, wait); !errors.Is(err, context.Canceled) {
+			t.Fatalf("wait %v: err = %v, want the context's", wait, err)
+		}
+		unlock, err := b.Cache.lock(context.Background(), b.Cache.keyFor(req, "fake 1"), false)
+		if err != nil {
+			t.Fatalf("wait %v: the program's lock is still held after one returned: %v", wait, err)
+		}
+		unlock()
+	}
+}
