@@ -29,7 +29,8 @@ type Builder struct {
 	// the loaded NVRTC (see Cache.Key).
 	Compiler string
 	// Start is the index of the first program taken; ranks of one host
-	// that start at different places seldom wait for each other.
+	// that start at different places seldom wait for each other. Any
+	// value is taken modulo the number of programs (negative: 0).
 	Start int
 }
 
@@ -64,8 +65,10 @@ var errLocked = errors.New("cuda: cache entry locked by another process")
 func (b *Builder) Build(ctx context.Context, reqs []CompileRequest) ([]Built, error) {
 	out := make([]Built, len(reqs))
 	order := make([]int, len(reqs))
+	n := max(len(reqs), 1)
+	start := max(b.Start, 0) % n // before adding: Start near MaxInt would wrap negative
 	for i := range order {
-		order[i] = (i + max(b.Start, 0)) % max(len(reqs), 1)
+		order[i] = (i + start) % n
 	}
 	var mu sync.Mutex
 	var held []int // programs whose lock another process held

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -394,5 +395,18 @@ func TestBuilderLockReleasedWhenContextEnds(t *testing.T) {
 			t.Fatalf("wait %v: the program's lock is still held after one returned: %v", wait, err)
 		}
 		unlock()
+	}
+}
+
+// TestBuilderHugeStart: Start is taken modulo the programs; near MaxInt
+// it wrapped negative and indexed out of range (a panic).
+func TestBuilderHugeStart(t *testing.T) {
+	reqs := fakeRequests(3)
+	for _, start := range []int{math.MaxInt, math.MaxInt - 1, -5, 4} {
+		built, err := newFakeBuilder("", &fakeCompiler{}, 1, start).Build(context.Background(), reqs)
+		if err != nil {
+			t.Fatalf("Start %d: %v", start, err)
+		}
+		checkImages(t, reqs, built)
 	}
 }
