@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // Builder compiles many programs at once: in parallel, through a Cache
@@ -32,7 +33,20 @@ type Builder struct {
 	// that start at different places seldom wait for each other. Any
 	// value is taken modulo the number of programs (negative: 0).
 	Start int
+	// LockWait bounds how long a program waits for the cache lock another
+	// process (or Builder) holds on it, after which it is compiled here
+	// all the same (the holder's work is only repeated; entries are
+	// written atomically). 0 means DefaultLockWait. A holder that is alive
+	// but stopped (SIGSTOP, a debugger) keeps its flock, so without the
+	// bound a caller with no deadline (Device.LoadSource, a lazy kernel
+	// load, comm.New without one) would wait for it for ever.
+	LockWait time.Duration
 }
+
+// DefaultLockWait is Builder.LockWait's default: far longer than NVRTC
+// takes for one program (seconds), so a working holder is always waited
+// for.
+const DefaultLockWait = 2 * time.Minute
 
 // Built is one program's image.
 type Built struct {
@@ -167,7 +181,13 @@ func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built
 			b.Cache.count(nil)
 			return Built{Image: img}, nil
 		}
-		unlock, err := b.Cache.lock(ctx, key, wait)
+		lctx := ctx
+		if wait {
+			var cancel context.CancelFunc
+			lctx, cancel = context.WithTimeout(ctx, b.lockWait())
+			defer cancel()
+		}
+		unlock, err := b.Cache.lock(lctx, key, wait)
 		switch {
 		case errors.Is(err, errLocked):
 			return Built{}, err // counted when this program is built after all
@@ -185,6 +205,13 @@ func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built
 			}
 		case ctx.Err() != nil:
 			return Built{}, ctx.Err()
+		case lctx.Err() != nil:
+			// The holder kept the lock past LockWait: compile here
+			// without it, and look once more first.
+			if img, again := b.Cache.lookup(key); again == nil {
+				b.Cache.count(nil)
+				return Built{Image: img}, nil
+			}
 		}
 		b.Cache.count(miss)
 	}
@@ -196,6 +223,14 @@ func (b *Builder) one(ctx context.Context, req CompileRequest, wait bool) (Built
 		_ = b.Cache.Put(key, img) // best effort: a read-only cache only costs time
 	}
 	return Built{Image: img, Compiled: true}, nil
+}
+
+// lockWait is LockWait, or DefaultLockWait for 0.
+func (b *Builder) lockWait() time.Duration {
+	if b.LockWait > 0 {
+		return b.LockWait
+	}
+	return DefaultLockWait
 }
 
 // key is the request's cache key; false when there is no cache or no key

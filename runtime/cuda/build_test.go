@@ -398,6 +398,51 @@ func TestBuilderLockReleasedWhenContextEnds(t *testing.T) {
 	}
 }
 
+// TestBuilderLockWaitBounded: a holder that keeps a program's lock (a
+// process stopped by SIGSTOP or a debugger keeps its flock) holds a
+// Builder without a deadline only for LockWait; the program is then
+// compiled here, and the holder's lock is left alone.
+func TestBuilderLockWaitBounded(t *testing.T) {
+	dir := t.TempDir()
+	reqs := fakeRequests(2)
+	c := &Cache{Dir: dir}
+	key := c.keyFor(reqs[0], "fake 1")
+	unlock, err := c.lock(context.Background(), key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	f := &fakeCompiler{}
+	b := newFakeBuilder(dir, f, 2, 0)
+	b.LockWait = 200 * time.Millisecond
+	done := make(chan error, 1)
+	var built []Built
+	t0 := time.Now()
+	go func() {
+		var err error
+		built, err = b.Build(context.Background(), reqs)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Build still waits for the held lock 20 s later (LockWait 200 ms)")
+	}
+	if el := time.Since(t0); el < b.LockWait {
+		t.Fatalf("Build returned after %v, before LockWait", el)
+	}
+	checkImages(t, reqs, built)
+	if f.counts[reqs[0].Name] != 1 || !built[0].Compiled {
+		t.Fatalf("held program compiled %d times here, want once", f.counts[reqs[0].Name])
+	}
+	if _, err := c.lock(context.Background(), key, false); !errors.Is(err, errLocked) {
+		t.Fatalf("the holder's lock was taken from it: %v", err)
+	}
+}
+
 // TestBuilderHugeStart: Start is taken modulo the programs; near MaxInt
 // it wrapped negative and indexed out of range (a panic).
 func TestBuilderHugeStart(t *testing.T) {
