@@ -73,16 +73,28 @@ func (s *moduleShare[M]) fill(key moduleKey, e *sharedModule[M], mod M, err erro
 }
 
 // wait returns the module once its loader has filled it. On ctx's end it
-// drops the caller's reference itself and returns ctx's error.
+// drops the caller's reference itself and returns ctx's error. A filled
+// entry wins over an ended ctx (both may be ready at once), and the
+// reference given back is e's: after a failed load the key may already
+// name another claimant's entry, whose reference is not this caller's.
 func (s *moduleShare[M]) wait(ctx context.Context, key moduleKey, e *sharedModule[M]) (M, error) {
 	select {
 	case <-e.ready:
 		return e.mod, e.err
 	case <-ctx.Done():
-		s.drop(key)
-		var zero M
-		return zero, ctx.Err()
 	}
+	select {
+	case <-e.ready:
+		return e.mod, e.err
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m[key] == e { // else the load failed and the entry is gone
+		e.refs-- // never the last: the loader, not done, holds one
+	}
+	var zero M
+	return zero, ctx.Err()
 }
 
 // drop releases one reference to key's module and reports whether it was

@@ -142,3 +142,34 @@ func TestModuleShareRandom(t *testing.T) {
 		t.Errorf("%d loads, %d unloads, %d entries left", loads.Load(), unloads.Load(), len(s.m))
 	}
 }
+
+// TestModuleShareWaitAfterFailedLoad: a waiter whose context ends once
+// its loader's load failed (the entry is gone) and another claimant has
+// begun loading the module again gives back no reference of that
+// claimant's entry. It did (drop by key): the new entry's last reference
+// went, so its loader's module would be unloaded under its holder.
+func TestModuleShareWaitAfterFailedLoad(t *testing.T) {
+	k := moduleKey{0, "nvrtc lib prog"}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 64 { // wait's select picks at random when both are ready
+		s := newModuleShare[string]()
+		e1, _ := s.claim(k)
+		w1, _ := s.claim(k) // a waiter of the first load
+		s.fill(k, e1, "", errors.New("load failed"))
+		e2, mine := s.claim(k) // a new claimant loads again
+		if !mine || e2 == e1 {
+			t.Fatal("a claim after a failed load did not load again")
+		}
+		if _, err := s.wait(cancelled, k, w1); err == nil {
+			t.Fatalf("round %d: wait returned no error for a failed load", i)
+		}
+		s.fill(k, e2, "module", nil)
+		if e2.refs != 1 || s.m[k] != e2 {
+			t.Fatalf("round %d: the new loader's entry has %d references (want 1), in the share: %v", i, e2.refs, s.m[k] == e2)
+		}
+		if m, last := s.drop(k); !last || m != "module" {
+			t.Fatalf("round %d: the new loader's drop is not the last (%q, %v)", i, m, last)
+		}
+	}
+}
