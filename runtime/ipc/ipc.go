@@ -87,7 +87,15 @@ type Mapping struct {
 func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, world int,
 	dev *cuda.Device, ptr cuda.DevicePtr, bytes int) (*Mapping, error) {
 	if world <= 0 || rank < 0 || rank >= world {
-		return nil, fmt.Errorf("ipc: rank %d out of range for world %d", rank, world)
+		return nil, fmt.Errorf("ipc: rank %d out of range for world %d: %w", rank, world, ErrInvalidArgument)
+	}
+	if dev == nil {
+		return nil, fmt.Errorf("ipc: rank %d: no device (nil *cuda.Device): %w", rank, ErrInvalidArgument)
+	}
+	if bytes <= 0 {
+		// Checked here: a negative size wrapped the overrun check below
+		// (off+uint64(bytes)) and was published to every peer.
+		return nil, fmt.Errorf("ipc: rank %d: buffer of %d bytes: want a positive size: %w", rank, bytes, ErrInvalidArgument)
 	}
 	base, size, err := dev.AddressRange(ptr)
 	if err != nil {
@@ -187,6 +195,11 @@ func collect(ctx context.Context, peer record, rank int, h *cuda.IPCHandle) erro
 }
 
 func recordKey(key string, rank int) string { return fmt.Sprintf("%s/ipc/rank%d", key, rank) }
+
+// ErrInvalidArgument is wrapped by Exchange's refusals of its own
+// arguments (rank or world out of range, no device, a size that is not
+// positive), which no peer is told of: the caller's mistake to fix.
+var ErrInvalidArgument = errors.New("ipc: invalid argument")
 
 // errNoP2P is wrapped when two GPUs have no peer access.
 var errNoP2P = errors.New("no peer-to-peer access between the GPUs")
