@@ -19,7 +19,7 @@ import (
 // Alloc allocates bytes of device memory. The caller frees it with Free.
 func (d *Device) Alloc(bytes int) (DevicePtr, error) {
 	if bytes <= 0 {
-		return 0, fmt.Errorf("cuda: alloc of %d bytes on device %d: size must be positive", bytes, d.Ordinal)
+		return 0, fmt.Errorf("cuda: alloc of %d bytes on device %d: size must be positive: %w", bytes, d.Ordinal, ErrInvalidArgument)
 	}
 	if err := d.enter(); err != nil {
 		return 0, err
@@ -122,6 +122,9 @@ func (d *Device) Pointer(p DevicePtr) (PointerInfo, error) {
 // Memset8 sets n bytes at dst to v and waits for it (cuMemsetD8 alone
 // returns before a memset of device memory has run: see waitLegacy).
 func (d *Device) Memset8(dst DevicePtr, v byte, n int) error {
+	if err := checkSize("cuMemsetD8", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -134,6 +137,9 @@ func (d *Device) Memset8(dst DevicePtr, v byte, n int) error {
 
 // MemsetD32 sets n 32-bit words at dst (4-byte aligned) to v and waits.
 func (d *Device) MemsetD32(dst DevicePtr, v uint32, n int) error {
+	if err := checkSize("cuMemsetD32", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -160,6 +166,9 @@ func (d *Device) waitLegacy(after string) error {
 
 // Memset8Async enqueues a byte memset on s (nil: the legacy default stream).
 func (d *Device) Memset8Async(dst DevicePtr, v byte, n int, s *Stream) error {
+	if err := checkSize("cuMemsetD8Async", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -172,6 +181,9 @@ func (d *Device) Memset8Async(dst DevicePtr, v byte, n int, s *Stream) error {
 
 // MemsetD32Async enqueues a 32-bit memset of n words on s.
 func (d *Device) MemsetD32Async(dst DevicePtr, v uint32, n int, s *Stream) error {
+	if err := checkSize("cuMemsetD32Async", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -217,6 +229,9 @@ func (d *Device) CopyDtoH(dst []byte, src DevicePtr) error {
 // CopyDtoD copies n bytes between device addresses (on any devices of this
 // process, given unified addressing) and waits.
 func (d *Device) CopyDtoD(dst, src DevicePtr, n int) error {
+	if err := checkSize("cuMemcpyDtoD", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -269,6 +284,9 @@ func (d *Device) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
 
 // CopyDtoDAsync enqueues a device-to-device copy of n bytes on s.
 func (d *Device) CopyDtoDAsync(dst, src DevicePtr, n int, s *Stream) error {
+	if err := checkSize("cuMemcpyDtoDAsync", d.Ordinal, n); err != nil {
+		return err
+	}
 	if err := d.enter(); err != nil {
 		return err
 	}
@@ -307,7 +325,7 @@ type HostBuffer struct {
 // aborted one's kernel).
 func (d *Device) HostAlloc(bytes int, mapped bool) (*HostBuffer, error) {
 	if bytes <= 0 {
-		return nil, fmt.Errorf("cuda: host alloc of %d bytes on device %d: size must be positive", bytes, d.Ordinal)
+		return nil, fmt.Errorf("cuda: host alloc of %d bytes on device %d: size must be positive: %w", bytes, d.Ordinal, ErrInvalidArgument)
 	}
 	if err := d.enter(); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -177,6 +178,9 @@ func (d *Device) EarlyLaunch() bool { return d.early }
 
 func (f *Function) launch(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte, early bool) error {
 	d := f.mod.dev
+	if sharedBytes < 0 || uint64(sharedBytes) > math.MaxUint32 {
+		return fmt.Errorf("cuda: launch %s on device %d: dynamic shared memory of %d bytes: want 0 to %d: %w", f.Name, d.Ordinal, sharedBytes, uint32(math.MaxUint32), ErrInvalidArgument)
+	}
 	if s != nil && s.dev != d {
 		return fmt.Errorf("cuda: launch %s on device %d: stream belongs to device %d", f.Name, d.Ordinal, s.dev.Ordinal)
 	}

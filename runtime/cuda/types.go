@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,23 @@ import (
 // is unique across the devices of a process, so a peer's pointer can be
 // used directly once peer access is enabled.
 type DevicePtr uintptr
+
+// ErrInvalidArgument is wrapped by refusals of a call's own arguments
+// that the driver is never asked about: a negative or zero size where a
+// positive one is needed, a negative shared-memory size, a stream or
+// module used after Destroy or Unload. The message names the call, the
+// device and the value.
+var ErrInvalidArgument = errors.New("invalid argument")
+
+// checkSize refuses a negative size n (bytes, words) of call op on device
+// dev: converted to C's size_t it would reach the driver as a size near
+// 2^64.
+func checkSize(op string, dev int, n int) error {
+	if n < 0 {
+		return fmt.Errorf("cuda: %s on device %d: size %d is negative: %w", op, dev, n, ErrInvalidArgument)
+	}
+	return nil
+}
 
 // CompileRequest is one CUDA C++ translation unit for NVRTC.
 type CompileRequest struct {

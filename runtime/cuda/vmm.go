@@ -133,6 +133,12 @@ func (d *Device) MemGranularity(recommended bool) (int, error) {
 // address space, aligned to align (0: the granularity), with nothing
 // mapped. Release it with MemAddressFree once nothing is mapped in it.
 func (d *Device) MemAddressReserve(size, align int) (DevicePtr, error) {
+	if err := checkSize("cuMemAddressReserve", d.Ordinal, size); err != nil {
+		return 0, err
+	}
+	if err := checkSize("cuMemAddressReserve (alignment)", d.Ordinal, align); err != nil {
+		return 0, err
+	}
 	if err := d.vmmEnter(); err != nil {
 		return 0, err
 	}
@@ -146,6 +152,9 @@ func (d *Device) MemAddressReserve(size, align int) (DevicePtr, error) {
 
 // MemAddressFree releases a reservation from MemAddressReserve (whole).
 func (d *Device) MemAddressFree(p DevicePtr, size int) error {
+	if err := checkSize("cuMemAddressFree", d.Ordinal, size); err != nil {
+		return err
+	}
 	if err := d.vmmEnter(); err != nil {
 		return err
 	}
@@ -161,6 +170,9 @@ func (d *Device) MemAddressFree(p DevicePtr, size int) error {
 // it. Nothing can reach it until it is mapped (MemMap) and access is set
 // (MemSetAccess). Release the handle with MemRelease.
 func (d *Device) MemCreate(size int) (MemHandle, error) {
+	if err := checkSize("cuMemCreate", d.Ordinal, size); err != nil {
+		return 0, err
+	}
 	if err := d.vmmEnter(); err != nil {
 		return 0, err
 	}
@@ -189,6 +201,9 @@ func (d *Device) MemRelease(h MemHandle) error {
 // reservation. It fails when the allocation is smaller than size. The
 // range is not accessible until MemSetAccess.
 func (d *Device) MemMap(p DevicePtr, size int, h MemHandle) error {
+	if err := checkSize("cuMemMap", d.Ordinal, size); err != nil {
+		return err
+	}
 	if err := d.vmmEnter(); err != nil {
 		return err
 	}
@@ -203,6 +218,9 @@ func (d *Device) MemMap(p DevicePtr, size int, h MemHandle) error {
 // stays reserved. Work still running against the range must have
 // finished: the driver does not wait for it.
 func (d *Device) MemUnmap(p DevicePtr, size int) error {
+	if err := checkSize("cuMemUnmap", d.Ordinal, size); err != nil {
+		return err
+	}
 	if err := d.vmmEnter(); err != nil {
 		return err
 	}
@@ -217,10 +235,16 @@ func (d *Device) MemUnmap(p DevicePtr, size int) error {
 // by every device in devs (at least one, at most 64).
 func (d *Device) MemSetAccess(p DevicePtr, size int, devs ...*Device) error {
 	if len(devs) == 0 || len(devs) > 64 {
-		return fmt.Errorf("cuda: cuMemSetAccess on device %d: %d devices, want 1 to 64", d.Ordinal, len(devs))
+		return fmt.Errorf("cuda: cuMemSetAccess on device %d: %d devices, want 1 to 64: %w", d.Ordinal, len(devs), ErrInvalidArgument)
+	}
+	if err := checkSize("cuMemSetAccess", d.Ordinal, size); err != nil {
+		return err
 	}
 	ords := make([]C.int, len(devs))
 	for i, x := range devs {
+		if x == nil {
+			return fmt.Errorf("cuda: cuMemSetAccess on device %d: device %d of %d is nil: %w", d.Ordinal, i, len(devs), ErrInvalidArgument)
+		}
 		ords[i] = C.int(x.Ordinal)
 	}
 	if err := d.vmmEnter(); err != nil {
