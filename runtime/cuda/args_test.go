@@ -40,3 +40,36 @@ func TestNegativeSizesRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestUseAfterDestroyRefused: a destroyed stream's handle is 0, the
+// legacy default stream to CUDA, so work meant for it ran there and its
+// waits waited for other work; a Function of an unloaded module named
+// freed driver state. Both are refused now, with ErrInvalidArgument,
+// before the device is entered (no GPU needed; TestUseAfterDestroyGPU
+// in cuda_test.go does it with real handles).
+func TestUseAfterDestroyRefused(t *testing.T) {
+	d := &Device{Ordinal: 1}
+	st := &Stream{dev: d} // as Destroy leaves it
+	m := &Module{dev: d, funcs: map[string]*Function{}}
+	f := &Function{Name: "k", mod: m}
+	for name, call := range map[string]func() error{
+		"Synchronize":    st.Synchronize,
+		"Query":          func() error { _, err := st.Query(); return err },
+		"WaitEvent":      func() error { return st.WaitEvent(&Event{dev: d}) },
+		"BeginCapture":   st.BeginCapture,
+		"EndCapture":     func() error { _, err := st.EndCapture(); return err },
+		"Memset8Async":   func() error { return d.Memset8Async(0, 0, 4, st) },
+		"MemsetD32Async": func() error { return d.MemsetD32Async(0, 0, 1, st) },
+		"CopyDtoDAsync":  func() error { return d.CopyDtoDAsync(0, 0, 4, st) },
+		"GraphLaunch":    func() error { return (&GraphExec{dev: d}).Launch(st) },
+		"EventRecord":    func() error { return (&Event{dev: d}).Record(st) },
+		"Launch unloaded": func() error {
+			return f.Launch(Dim3(1), Dim3(32), 0, nil, nil)
+		},
+		"Function unloaded": func() error { _, err := m.Function("k"); return err },
+	} {
+		if err := call(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+}

@@ -1017,3 +1017,59 @@ func TestLoadSourceCompilesOnce(t *testing.T) {
 		t.Errorf("stats %+v; want 1 miss and %d hits", st, n-1)
 	}
 }
+
+// TestUseAfterDestroyGPU: a destroyed stream is refused, not taken for
+// the legacy default stream its 0 handle names (a launch on it ran on
+// the legacy stream; Synchronize waited for that one), and a Function of
+// an unloaded module is refused rather than launched from freed driver
+// state.
+func TestUseAfterDestroyGPU(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	m, err := d.LoadSource(context.Background(), testRequest(), &cuda.Cache{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("LoadSource: %v", err)
+	}
+	f, err := m.Function("inc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := d.Alloc(4 * 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(x)
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Destroy(); err != nil {
+		t.Fatalf("second Destroy: %v", err)
+	}
+	if err := f.Launch(cuda.Dim3(1), cuda.Dim3(64), 0, s, incArgs(x, 64, 1)); !errors.Is(err, cuda.ErrInvalidArgument) {
+		t.Errorf("launch on a destroyed stream: %v, want ErrInvalidArgument", err)
+	}
+	if err := s.Synchronize(); !errors.Is(err, cuda.ErrInvalidArgument) {
+		t.Errorf("Synchronize of a destroyed stream: %v, want ErrInvalidArgument", err)
+	}
+	if err := d.MemsetD32Async(x, 0, 64, s); !errors.Is(err, cuda.ErrInvalidArgument) {
+		t.Errorf("memset on a destroyed stream: %v, want ErrInvalidArgument", err)
+	}
+	if err := m.Unload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unload(); err != nil {
+		t.Fatalf("second Unload: %v", err)
+	}
+	if err := f.Launch(cuda.Dim3(1), cuda.Dim3(64), 0, nil, incArgs(x, 64, 1)); !errors.Is(err, cuda.ErrInvalidArgument) {
+		t.Errorf("launch from an unloaded module: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := m.Function("inc"); !errors.Is(err, cuda.ErrInvalidArgument) {
+		t.Errorf("lookup in an unloaded module: %v, want ErrInvalidArgument", err)
+	}
+	if err := d.Synchronize(); err != nil {
+		t.Fatalf("the context faulted: %v", err)
+	}
+}

@@ -166,6 +166,9 @@ func (d *Device) waitLegacy(after string) error {
 
 // Memset8Async enqueues a byte memset on s (nil: the legacy default stream).
 func (d *Device) Memset8Async(dst DevicePtr, v byte, n int, s *Stream) error {
+	if err := s.usable("cuMemsetD8Async"); err != nil {
+		return err
+	}
 	if err := checkSize("cuMemsetD8Async", d.Ordinal, n); err != nil {
 		return err
 	}
@@ -181,6 +184,9 @@ func (d *Device) Memset8Async(dst DevicePtr, v byte, n int, s *Stream) error {
 
 // MemsetD32Async enqueues a 32-bit memset of n words on s.
 func (d *Device) MemsetD32Async(dst DevicePtr, v uint32, n int, s *Stream) error {
+	if err := s.usable("cuMemsetD32Async"); err != nil {
+		return err
+	}
 	if err := checkSize("cuMemsetD32Async", d.Ordinal, n); err != nil {
 		return err
 	}
@@ -247,6 +253,9 @@ func (d *Device) CopyDtoD(dst, src DevicePtr, n int) error {
 // could be reused before the copy runs, and a captured graph would keep its
 // address.
 func (d *Device) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
+	if err := s.usable("cuMemcpyHtoDAsync"); err != nil {
+		return err
+	}
 	if len(src) == 0 {
 		return nil
 	}
@@ -266,6 +275,9 @@ func (d *Device) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
 // CopyDtoHAsync enqueues a copy from the device into pinned host memory dst
 // (which must lie inside a HostBuffer, as for CopyHtoDAsync).
 func (d *Device) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
+	if err := s.usable("cuMemcpyDtoHAsync"); err != nil {
+		return err
+	}
 	if len(dst) == 0 {
 		return nil
 	}
@@ -284,6 +296,9 @@ func (d *Device) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
 
 // CopyDtoDAsync enqueues a device-to-device copy of n bytes on s.
 func (d *Device) CopyDtoDAsync(dst, src DevicePtr, n int, s *Stream) error {
+	if err := s.usable("cuMemcpyDtoDAsync"); err != nil {
+		return err
+	}
 	if err := checkSize("cuMemcpyDtoDAsync", d.Ordinal, n); err != nil {
 		return err
 	}

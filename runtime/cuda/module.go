@@ -84,9 +84,18 @@ func (d *Device) LoadFatbin(image []byte, name string) (*Module, error) {
 // Device returns the module's device.
 func (m *Module) Device() *Device { return m.dev }
 
-// Unload releases the module; its Functions become invalid. Idempotent.
+// Unload releases the module; its Functions become invalid: launching
+// one, or looking one up, fails with ErrInvalidArgument (a cached
+// Function's CUfunction would otherwise name freed driver state).
+// Idempotent. Not safe concurrently with launches of its Functions: the
+// owner unloads once they have stopped.
 func (m *Module) Unload() error {
-	if m == nil || m.m == nil {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock() // against Function's lookups
+	defer m.mu.Unlock()
+	if m.m == nil {
 		return nil
 	}
 	if err := m.dev.enter(); err != nil {
@@ -115,6 +124,9 @@ type Function struct {
 func (m *Module) Function(name string) (*Function, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.m == nil {
+		return nil, fmt.Errorf("cuda: function %q on device %d: the module was unloaded (Module.Unload): %w", name, m.dev.Ordinal, ErrInvalidArgument)
+	}
 	if f := m.funcs[name]; f != nil {
 		return f, nil
 	}
@@ -178,6 +190,12 @@ func (d *Device) EarlyLaunch() bool { return d.early }
 
 func (f *Function) launch(grid, block [3]uint32, sharedBytes int, s *Stream, args []byte, early bool) error {
 	d := f.mod.dev
+	if f.mod.m == nil {
+		return fmt.Errorf("cuda: launch %s on device %d: its module was unloaded (Module.Unload): %w", f.Name, d.Ordinal, ErrInvalidArgument)
+	}
+	if err := s.usable("launch " + f.Name); err != nil {
+		return err
+	}
 	if sharedBytes < 0 || uint64(sharedBytes) > math.MaxUint32 {
 		return fmt.Errorf("cuda: launch %s on device %d: dynamic shared memory of %d bytes: want 0 to %d: %w", f.Name, d.Ordinal, sharedBytes, uint32(math.MaxUint32), ErrInvalidArgument)
 	}

@@ -45,8 +45,26 @@ func (s *Stream) handle() C.CUstream {
 	return s.s
 }
 
+// usable refuses a stream that Destroy released (op names the call): its
+// handle is then 0, which CUDA takes for the legacy default stream, so
+// work meant for it would run there, ordered with other work than its
+// owner expects, and waits would wait for the wrong work. The nil
+// *Stream (the legacy stream on purpose) is usable.
+func (s *Stream) usable(op string) error {
+	if s != nil && s.s == nil {
+		dev := -1
+		if s.dev != nil {
+			dev = s.dev.Ordinal
+		}
+		return fmt.Errorf("cuda: %s on device %d: the stream was destroyed (Stream.Destroy): %w", op, dev, ErrInvalidArgument)
+	}
+	return nil
+}
+
 // Handle returns the raw CUstream, e.g. for NCCL (a cudaStream_t is the
-// same object). 0 for a nil stream.
+// same object). 0 for a nil stream, and for a destroyed one: 0 is the
+// legacy default stream to CUDA and NCCL, so do not pass on the handle
+// of a stream that may have been destroyed.
 func (s *Stream) Handle() uintptr {
 	if s == nil {
 		return 0
@@ -64,6 +82,9 @@ func (s *Stream) Device() *Device {
 
 // Synchronize waits for all work queued on s.
 func (s *Stream) Synchronize() error {
+	if err := s.usable("cuStreamSynchronize"); err != nil {
+		return err
+	}
 	if err := s.dev.enter(); err != nil {
 		return err
 	}
@@ -77,6 +98,9 @@ func (s *Stream) Synchronize() error {
 // Query reports whether all work queued on s has completed, without
 // waiting (cuStreamQuery). A kernel that failed makes it an error.
 func (s *Stream) Query() (bool, error) {
+	if err := s.usable("cuStreamQuery"); err != nil {
+		return false, err
+	}
 	if err := s.dev.enter(); err != nil {
 		return false, err
 	}
@@ -99,6 +123,9 @@ func (d *Device) queryResult(r C.CUresult, op string) (bool, error) {
 // WaitEvent makes future work on s wait for e (which may be of another
 // device).
 func (s *Stream) WaitEvent(e *Event) error {
+	if err := s.usable("cuStreamWaitEvent"); err != nil {
+		return err
+	}
 	if err := s.dev.enter(); err != nil {
 		return err
 	}
@@ -109,7 +136,10 @@ func (s *Stream) WaitEvent(e *Event) error {
 	return nil
 }
 
-// Destroy releases the stream (queued work still completes). Idempotent.
+// Destroy releases the stream (queued work still completes). Idempotent;
+// later calls with the stream fail with ErrInvalidArgument. Not safe
+// concurrently with other calls on the stream: its owner destroys it
+// once nothing else uses it.
 func (s *Stream) Destroy() error {
 	if s == nil || s.s == nil {
 		return nil
@@ -138,6 +168,9 @@ const captureModeRelaxed = 2
 // make calls that are illegal during capture (synchronising s, sync copies
 // on the legacy stream).
 func (s *Stream) BeginCapture() error {
+	if err := s.usable("cuStreamBeginCapture"); err != nil {
+		return err
+	}
 	if err := s.dev.enter(); err != nil {
 		return err
 	}
@@ -151,6 +184,9 @@ func (s *Stream) BeginCapture() error {
 // EndCapture ends the capture begun by BeginCapture and returns the graph.
 // An invalidated capture is an error. Destroy the graph when done.
 func (s *Stream) EndCapture() (*Graph, error) {
+	if err := s.usable("cuStreamEndCapture"); err != nil {
+		return nil, err
+	}
 	if err := s.dev.enter(); err != nil {
 		return nil, err
 	}
@@ -210,6 +246,9 @@ type GraphExec struct {
 
 // Launch enqueues one replay of the graph on s.
 func (ge *GraphExec) Launch(s *Stream) error {
+	if err := s.usable("cuGraphLaunch"); err != nil {
+		return err
+	}
 	if err := ge.dev.enter(); err != nil {
 		return err
 	}
@@ -258,6 +297,9 @@ func (d *Device) NewEvent() (*Event, error) {
 
 // Record enqueues the event on s.
 func (e *Event) Record(s *Stream) error {
+	if err := s.usable("cuEventRecord"); err != nil {
+		return err
+	}
 	if err := e.dev.enter(); err != nil {
 		return err
 	}
