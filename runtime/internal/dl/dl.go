@@ -14,12 +14,20 @@ package dl
 #include <dlfcn.h>
 #include <stdlib.h>
 
-static void *dl_open(const char *path, int global) {
-	return dlopen(path, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+// dlerror's state is per thread, and a goroutine may move to another
+// thread between two cgo calls: each call reads it in the same C call
+// that failed (*err is NULL on success, or when dlerror has no text).
+static void *dl_open(const char *path, int global, const char **err) {
+	void *h = dlopen(path, RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
+	*err = h ? NULL : dlerror();
+	return h;
 }
-static const char *dl_error(void) { return dlerror(); }
 static void *dl_sym(void *h, const char *name) { return dlsym(h, name); }
-static int dl_close(void *h) { return dlclose(h); }
+static int dl_close(void *h, const char **err) {
+	int r = dlclose(h);
+	*err = r ? dlerror() : NULL;
+	return r;
+}
 */
 import "C"
 
@@ -140,14 +148,15 @@ func Open(s Spec) (*Library, error) {
 		if s.Global {
 			global = 1
 		}
-		h := C.dl_open(cs, global)
+		var msg *C.char
+		h := C.dl_open(cs, global, &msg)
 		C.free(unsafe.Pointer(cs))
 		if h != nil {
 			l := &Library{Lib: s.Lib, Path: c, hint: s.Hint, h: h, refs: 1}
 			open[c] = l
 			return l, nil
 		}
-		if msg := C.dl_error(); msg != nil {
+		if msg != nil {
 			reasons = append(reasons, C.GoString(msg))
 		}
 	}
@@ -190,8 +199,9 @@ func (l *Library) Close() error {
 		return nil
 	}
 	delete(open, l.Path)
-	if C.dl_close(l.h) != 0 {
-		return fmt.Errorf("dl: dlclose %s: %s", l.Path, C.GoString(C.dl_error()))
+	var msg *C.char
+	if C.dl_close(l.h, &msg) != 0 {
+		return fmt.Errorf("dl: dlclose %s: %s", l.Path, C.GoString(msg))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package dl
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -48,5 +49,37 @@ func TestCandidatesAndErrors(t *testing.T) {
 	var le *LibraryError
 	if !errors.As(err, &le) || !strings.Contains(err.Error(), "cannot load libfoo (tried /nonexistent/libfoo.so.1)") || !strings.HasSuffix(err.Error(), "; set COLLGEN_TEST_FOO") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// TestOpenReasonIsItsOwn: the reason of a failed open is dlerror's text
+// for that open, read in the same C call (dlerror's state is per thread,
+// and a goroutine may change threads between two cgo calls: the reason
+// could come back empty, "not found", or another open's). Under load
+// from many goroutines every error names its own path. The old code
+// passed this too most of the time: the race needs a thread switch
+// between the two calls.
+func TestOpenReasonIsItsOwn(t *testing.T) {
+	errs := make(chan error, 64)
+	for i := range cap(errs) {
+		go func() {
+			path := fmt.Sprintf("%s/libnone%d.so", t.TempDir(), i)
+			_, err := Open(Spec{Lib: "libnone", Extra: []string{path}})
+			var le *LibraryError
+			if !errors.As(err, &le) {
+				errs <- fmt.Errorf("open %s: %v, want a *LibraryError", path, err)
+				return
+			}
+			if !strings.Contains(le.Reason, path) {
+				errs <- fmt.Errorf("open %s: reason %q does not name it", path, le.Reason)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
