@@ -266,10 +266,19 @@ func (d *Device) MemExportFD(h MemHandle) (*os.File, error) {
 	}
 	defer runtime.UnlockOSThread()
 	var fd C.int = -1
-	if r := C.cg_vmm_export_fd(&fd, C.CUmemGenericAllocationHandle(h)); r != 0 {
+	// The driver makes the descriptor without O_CLOEXEC: hold ForkLock
+	// (as the syscall package does for such descriptors) until it is
+	// marked, so a fork and exec in another goroutine (os/exec) cannot
+	// pass the memory's descriptor on to the child.
+	syscall.ForkLock.RLock()
+	r := C.cg_vmm_export_fd(&fd, C.CUmemGenericAllocationHandle(h))
+	if r == 0 {
+		syscall.CloseOnExec(int(fd))
+	}
+	syscall.ForkLock.RUnlock()
+	if r != 0 {
 		return nil, vmmErr(r, "cuMemExportToShareableHandle(POSIX fd)", d.Ordinal)
 	}
-	syscall.CloseOnExec(int(fd))
 	return os.NewFile(uintptr(fd), "cuda-vmm-export"), nil
 }
 
