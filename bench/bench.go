@@ -21,12 +21,12 @@ import (
 
 // Result is one measured configuration.
 type Result struct {
-	Backend    string  `json:"backend"`    // host, gpu, gloo, nccl, ...
-	Collective string  `json:"collective"` // allreduce, reduce_scatter, allgather
-	Algorithm  string  `json:"algorithm"`  // oneshot, twoshot, ...
-	DType      string  `json:"dtype"`
-	Op         string  `json:"op,omitempty"` // empty for all-gather
-	World      int     `json:"world"`
+	Backend    string  `json:"backend"`            // host, gpu, gloo, nccl, ...
+	Collective string  `json:"collective"`         // allreduce, reduce_scatter, allgather
+	Algorithm  string  `json:"algorithm"`          // oneshot, twoshot, ...
+	DType      string  `json:"dtype"`              // element type: f32, bf16, ...
+	Op         string  `json:"op,omitempty"`       // empty for all-gather
+	World      int     `json:"world"`              // ranks in the group
 	Bytes      int64   `json:"bytes"`              // message size: the larger of input and output, NCCL-tests style
 	Awkward    bool    `json:"awkward,omitempty"`  // an awkward twin (collgen bench --awkward), which may have a regular size's bytes
 	Iters      int     `json:"iters"`              // timed iterations
@@ -42,9 +42,9 @@ type Result struct {
 // LateWaits is host.WaitStats per call: late waits by the phase in which
 // the peer came (busy-polling, yielding, blocked).
 type LateWaits struct {
-	Spun    float64 `json:"spun"`
-	Yielded float64 `json:"yielded"`
-	Blocked float64 `json:"blocked"`
+	Spun    float64 `json:"spun"`    // the peer came while the wait busy-polled
+	Yielded float64 `json:"yielded"` // the peer came while the wait yielded the processor
+	Blocked float64 `json:"blocked"` // the peer came after the wait had blocked (slept)
 }
 
 // BusBandwidth returns the bus bandwidth in GB/s (1e9 bytes per second) of

@@ -10,7 +10,9 @@ import (
 // size. Its offsets are computed once here; the CUDA header static_asserts
 // them and the generated Go test checks its mirror struct against them.
 type Layout struct {
-	World int
+	World int // the world size whose kernels take this struct
+	// ArgLayout is the struct's C name, size and field offsets, as the
+	// runtime packs it.
 	kernels.ArgLayout
 }
 

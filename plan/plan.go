@@ -19,8 +19,8 @@ import (
 
 // Plan is the expanded spec.
 type Plan struct {
-	Spec    *spec.Spec
-	Package string
+	Spec    *spec.Spec // the validated spec it was expanded from; not modified
+	Package string     // the generated Go package's name (Spec.Package)
 	// Kernels are the GPU kernels, sorted by name.
 	Kernels []*Kernel
 	// Programs are the CUDA programs that run them, sorted by name: one
@@ -44,14 +44,14 @@ type Plan struct {
 
 // Kernel is one fully specialised GPU kernel.
 type Kernel struct {
-	Name       string // allreduce_oneshot_bf16_sum_w4: its name in the library (Program names the file and symbol)
-	Collective coll.Collective
-	Algorithm  coll.Algorithm
-	DType      coll.DType
-	Op         coll.Op // empty for all-gather
-	World      int
-	Launch     spec.Launch
-	Schedule   *schedule.Schedule
+	Name       string             // allreduce_oneshot_bf16_sum_w4: its name in the library (Program names the file and symbol)
+	Collective coll.Collective    // the collective it runs
+	Algorithm  coll.Algorithm     // the algorithm of its schedule
+	DType      coll.DType         // element type
+	Op         coll.Op            // empty for all-gather
+	World      int                // the world size it is specialised for
+	Launch     spec.Launch        // the spec's threads, grid bound and vector width (at least one element)
+	Schedule   *schedule.Schedule // what it computes; shared with the other dtypes' and ops' kernels: read only
 	// PushRounds: a push schedule that may run in rounds
 	// (schedule.RoundsSplit, decided once per schedule); the kernel is
 	// rendered with the rounds loop and registered with
@@ -60,7 +60,7 @@ type Kernel struct {
 	// one-shot); a kernel that runs in one round keeps the Spread split.
 	PushRounds  bool
 	RoundsSplit schedule.Split
-	Layout      *Layout
+	Layout      *Layout // its world size's argument struct, shared with Plan.Layouts
 	// Program is the compiled program that runs the kernel; several
 	// kernels may share it.
 	Program *Program

@@ -8,8 +8,8 @@ import (
 
 // Topology is the set of direct links between the ranks of a group.
 type Topology struct {
-	Kind  coll.TopologyKind
-	World int
+	Kind  coll.TopologyKind // which links exist (all pairs, hybrid cube mesh, ...)
+	World int               // ranks
 	link  [][]bool
 }
 

@@ -78,9 +78,9 @@ const (
 // Index is a rank or chunk number written as a function of the executing
 // rank, so that one schedule serves all ranks.
 type Index struct {
-	Kind  IndexKind
-	K     int
-	Table []int
+	Kind  IndexKind // how to read K and Table
+	K     int       // the constant (Const) or the offset from the rank (RankPlus)
+	Table []int     // Table: the value for each rank, len W; nil otherwise
 }
 
 // ConstIndex returns the index that is always k.
@@ -140,10 +140,10 @@ func (x Index) String() string {
 
 // Ref is one chunk of one rank's buffer.
 type Ref struct {
-	Buf   Buffer
-	Rank  Index // whose buffer; always Self for Input and Output
-	Lane  Index // Inbox only: the lane, i.e. the rank that writes it
-	Chunk Index
+	Buf   Buffer // which buffer: Input, Output, Stage, Scratch or Inbox
+	Rank  Index  // whose buffer; always Self for Input and Output
+	Lane  Index  // Inbox only: the lane, i.e. the rank that writes it
+	Chunk Index  // which chunk of the buffer
 }
 
 // Equal reports whether two refs name the same chunk on every rank.
@@ -181,9 +181,9 @@ func (k StepKind) String() string { return [...]string{"copy", "reduce", "put"}[
 // Step writes one chunk, elementwise, from one or more source chunks of the
 // same length.
 type Step struct {
-	Kind StepKind
-	Dst  Ref
-	Srcs []Ref
+	Kind StepKind // copy, reduce or put
+	Dst  Ref      // the chunk written
+	Srcs []Ref    // the chunks read: one for Copy and Put; for Reduce, in reduction order
 }
 
 // Phase is a set of steps every rank runs, followed (if Sync) by a barrier
@@ -191,15 +191,15 @@ type Step struct {
 // may read a peer's chunk only if no rank writes that chunk in the same
 // phase (CheckRaces enforces it).
 type Phase struct {
-	Steps []Step
-	Sync  bool
+	Steps []Step // run in order on every rank
+	Sync  bool   // a barrier of all ranks follows the steps
 }
 
 // Schedule is one algorithm for one collective at one world size.
 type Schedule struct {
-	Collective coll.Collective
-	Algorithm  coll.Algorithm
-	World      int
+	Collective coll.Collective // the collective it computes
+	Algorithm  coll.Algorithm  // the builder's name (schedule/build.go)
+	World      int             // ranks; a RankPlus index wraps mod World
 	// InChunks and OutChunks are how many chunks the caller's input and
 	// output hold: W, or 1 for the per-rank side of reduce-scatter's output
 	// and all-gather's input.
@@ -214,7 +214,7 @@ type Schedule struct {
 	AccScratch bool
 	// Protocol is how ranks synchronise; see the package comment.
 	Protocol coll.Protocol
-	Phases   []Phase
+	Phases   []Phase // run in order; see Phase
 }
 
 // InboxChunks is how many chunk-sized Inbox areas a rank needs: the most

@@ -402,12 +402,12 @@ func checkResult(s *Schedule, bufs [][NumBuffers][]cell, n, c int) error {
 // left there: no chain of waits orders the read before it (see
 // SimulateWindows). Such a schedule runs in one round only (RoundsSafe).
 type OverwriteError struct {
-	Schedule          string
-	Rank, Phase, Step int // the put
-	Round             int
-	Dst               Ref
-	Reader            int // the rank whose read is not ordered before the put; -1: a read had not run yet
-	ReadRound         int
+	Schedule          string // the schedule's name (Schedule.Name)
+	Rank, Phase, Step int    // the put
+	Round             int    // the put's round
+	Dst               Ref    // the inbox chunk it overwrites
+	Reader            int    // the rank whose read is not ordered before the put; -1: a read had not run yet
+	ReadRound         int    // the round that left the data the read takes
 }
 
 // Error says which write would land on data a reader has not read yet.

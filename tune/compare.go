@@ -45,7 +45,7 @@ type Pick struct {
 
 // ComparedSize is one measured size of a Comparison.
 type ComparedSize struct {
-	Bytes int64
+	Bytes int64 // message size in bytes
 	// Fastest is the fastest algorithm measured (NCCL included), FastestUS
 	// its latency.
 	Fastest   string
@@ -59,9 +59,9 @@ type ComparedSize struct {
 
 // Comparison is the rule sets evaluated on one collective at one world size.
 type Comparison struct {
-	Collective string
-	World      int
-	Sizes      []ComparedSize
+	Collective string         // as the sweep names it: allreduce, reduce_scatter, allgather
+	World      int            // ranks
+	Sizes      []ComparedSize // one per measured size, ascending
 }
 
 // Compare evaluates rule sets on sweeps: at every measured size of every

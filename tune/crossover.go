@@ -85,7 +85,8 @@ type Decision struct {
 	// Pick is the chosen algorithm (or "nccl"), PickUS its latency.
 	Pick   string
 	PickUS float64
-	// Fastest is the fastest algorithm measured at this size.
+	// Fastest is the fastest algorithm measured at this size, FastestUS
+	// its latency.
 	Fastest   string
 	FastestUS float64
 	// NCCLUS is NCCL's latency, 0 where NCCL was not measured.

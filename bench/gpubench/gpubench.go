@@ -304,6 +304,9 @@ func StagingFor(lib *kernels.Library, collective coll.Collective, world int, siz
 
 // Measurement is one (size, variant) result of a sweep.
 type Measurement struct {
+	// Collective, DType, Op (empty for all-gather) and World (ranks) name
+	// the sweep the measurement belongs to (Config's fields of the same
+	// names).
 	Collective coll.Collective `json:"collective"`
 	DType      coll.DType      `json:"dtype"`
 	Op         coll.Op         `json:"op,omitempty"`
@@ -358,8 +361,8 @@ func (m *Measurement) CheckFailed() bool { return strings.HasPrefix(m.Check, "FA
 // Row is a sweep's table row: a size, and whether it is an awkward twin,
 // which may have the regular size's bytes (bench.AwkwardOffset).
 type Row struct {
-	Bytes   int64
-	Awkward bool
+	Bytes   int64 // the message size in bytes (Measurement.Bytes)
+	Awkward bool  // the row of an awkward twin, not of the regular size with these bytes
 }
 
 // Row is the row m belongs to.

@@ -14,6 +14,9 @@ import (
 // small blob, used as barrier, broadcast and error agreement. Each rank has
 // its own Peers; every rank calls AllGather the same number of times.
 type Peers interface {
+	// AllGather returns every rank's blob, indexed by rank, once all
+	// ranks have called it, or ctx's error wrapped. The result may be
+	// shared with the other ranks: read it, do not modify it.
 	AllGather(ctx context.Context, blob []byte) ([][]byte, error)
 }
 

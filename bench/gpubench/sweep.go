@@ -152,9 +152,9 @@ func (c *Config) validate() ([]Variant, error) {
 
 // Plan is the sweep's agreed set-up, the same on every rank.
 type Plan struct {
-	Variants []Variant
-	Staging  int64
-	Shapes   []Shape // one per usable size, in order
+	Variants []Variant // the columns: what is measured at every size
+	Staging  int64     // comm.Config.StagingBytes for the sweep's communicators: Config.StagingBytes, else StagingFor's (0: comm's default)
+	Shapes   []Shape   // one per usable size, in order
 }
 
 // NewPlan validates cfg and works out variants, staging and shapes.

@@ -22,22 +22,22 @@ import (
 
 // Options is the sweep.
 type Options struct {
-	Collectives []coll.Collective
-	Algorithms  []coll.Algorithm // empty: the group's automatic choice per size
-	DTypes      []coll.DType
-	Ops         []coll.Op // ignored for all-gather
-	Sizes       []int64   // message sizes in bytes (the larger of input and output)
-	Iters       int       // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
-	Check       bool      // verify every case's result against a float64 reference first
+	Collectives []coll.Collective // swept in this order
+	Algorithms  []coll.Algorithm  // empty: the group's automatic choice per size
+	DTypes      []coll.DType      // element types, swept in this order
+	Ops         []coll.Op         // ignored for all-gather
+	Sizes       []int64           // message sizes in bytes (the larger of input and output)
+	Iters       int               // timed iterations per case; 0 picks by time (about 0.25 s per case, 5..2000)
+	Check       bool              // verify every case's result against a float64 reference first
 }
 
 // Case is one configuration of the sweep.
 type Case struct {
-	Collective coll.Collective
-	Algorithm  coll.Algorithm // coll.Auto: the group's choice
-	DType      coll.DType
-	Op         coll.Op
-	Bytes      int64
+	Collective coll.Collective // what is called
+	Algorithm  coll.Algorithm  // coll.Auto: the group's choice
+	DType      coll.DType      // element type
+	Op         coll.Op         // reduce op; empty for all-gather
+	Bytes      int64           // message size in bytes: the larger of input and output
 }
 
 // Label describes the case for progress lines and errors.

@@ -49,25 +49,25 @@ var hostLibrary *kernels.Library = collectives.Library
 // BenchOptions are `collgen bench`'s flags, shared by the host and GPU
 // benches.
 type BenchOptions struct {
-	Backend     string   // host or gpu
-	World       int      // ranks
-	Sizes       []int64  // message sizes in bytes
-	DTypes      []string //
-	Ops         []string //
-	Collectives []string //
-	Algorithms  []string // empty: automatic selection per size
-	Iters       int      // 0: by time
-	Check       bool     // verify results before timing
-	Goroutines  bool     // host: ranks are goroutines of this process
-	JSON        string   // write results as JSON to this file ("-": stdout, instead of the table)
-	CSV         string   // write results as CSV to this file
-	PNG         string   // plot results into this PNG file
-	Progress    bool     // draw the progress bar even when stderr is not a terminal
-	Baseline    string   // JSON results (bench.Result) to compare with
-	Memcpy      bool     // measure and print memcpy bandwidth
-	SlotBytes   int      // host: Config.SlotBytes (0: default)
-	Lanes       int      // host: Config.Lanes (0: default)
-	Timeout     time.Duration
+	Backend     string        // host or gpu
+	World       int           // ranks
+	Sizes       []int64       // message sizes in bytes
+	DTypes      []string      // element types to sweep, as named by coll.ParseDType
+	Ops         []string      // reduce ops to sweep (ignored for all-gather)
+	Collectives []string      // collectives to sweep
+	Algorithms  []string      // empty: automatic selection per size
+	Iters       int           // 0: by time
+	Check       bool          // verify results before timing
+	Goroutines  bool          // host: ranks are goroutines of this process
+	JSON        string        // write results as JSON to this file ("-": stdout, instead of the table)
+	CSV         string        // write results as CSV to this file
+	PNG         string        // plot results into this PNG file
+	Progress    bool          // draw the progress bar even when stderr is not a terminal
+	Baseline    string        // JSON results (bench.Result) to compare with
+	Memcpy      bool          // measure and print memcpy bandwidth
+	SlotBytes   int           // host: Config.SlotBytes (0: default)
+	Lanes       int           // host: Config.Lanes (0: default)
+	Timeout     time.Duration // how long a rank waits for its peers (--timeout; host default 60s, gpu: comm.Config.Timeout)
 
 	worker     bool           // host: this process is one rank (env from collgen run or the bench itself)
 	baseline   []bench.Result // Baseline's rows, read by checkOutputs

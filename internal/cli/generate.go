@@ -101,7 +101,7 @@ func (o *genOptions) render() (*gen.Output, error) {
 // NoMatchError is returned when an --only pattern matches no kernel: an
 // empty tree is never what was meant.
 type NoMatchError struct {
-	Pattern string
+	Pattern string // the --only pattern, as given
 }
 
 // Error says the pattern matched nothing and how to see the names.

@@ -19,9 +19,9 @@ import (
 
 // IO is the streams a command reads and writes; tests pass buffers.
 type IO struct {
-	In  io.Reader
-	Out io.Writer
-	Err io.Writer
+	In  io.Reader // standard input
+	Out io.Writer // results: tables, generated listings
+	Err io.Writer // progress, notes and errors
 }
 
 // constructors holds every registered command constructor, by name.
@@ -35,8 +35,8 @@ func register(name string, newCmd func(*IO) *cobra.Command) {
 // ExitError carries a specific exit code out of a command (for example the
 // failing rank's code from `collgen run`, or 1 from a stale `collgen check`).
 type ExitError struct {
-	Code int
-	Err  error
+	Code int   // the process's exit status
+	Err  error // what failed; nil: nothing more to print than the status
 }
 
 // Error returns the wrapped error's message, or the exit status.

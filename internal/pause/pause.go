@@ -35,6 +35,9 @@ func For(d time.Duration) {
 // wake-up a millisecond). The zero value spins for nothing and sleeps up
 // to 10 µs. Not safe for concurrent use: one per loop.
 type Backoff struct {
+	// Spin is how long the loop yields before it first sleeps; Max caps
+	// the doubling sleep (at least 10 µs, and at least a millisecond once
+	// the loop is 10 ms old).
 	Spin, Max time.Duration
 	start     time.Time
 	sleep     time.Duration

@@ -6,7 +6,9 @@ import "github.com/collgen/collgen/runtime/cuda"
 
 // CUDADriver is the Driver over a real device: segments from cuMemAlloc,
 // events from cuEventRecord and cuEventQuery.
-type CUDADriver struct{ Dev *cuda.Device }
+type CUDADriver struct {
+	Dev *cuda.Device // the device segments live on; the caller keeps it open
+}
 
 // NewCUDA makes an allocator over dev.
 func NewCUDA(dev *cuda.Device, opts Options) (*Allocator, error) {

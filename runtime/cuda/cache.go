@@ -28,7 +28,7 @@ const EnvCacheDir = "COLLGEN_CACHE_DIR"
 // that fails its checks (bad magic, other key, bad length or checksum) is
 // treated as a miss and rewritten. Safe for concurrent use; use a *Cache.
 type Cache struct {
-	Dir string
+	Dir string // the cache's directory, created by the first Put
 
 	hits, misses, corrupt atomic.Int64
 }

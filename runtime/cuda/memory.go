@@ -76,9 +76,9 @@ const (
 
 // PointerInfo is what the driver knows about an address.
 type PointerInfo struct {
-	Type    MemoryType
-	Managed bool // unified (cuMemAllocManaged) memory
-	Ordinal int  // the device the memory is on (device memory only)
+	Type    MemoryType // MemoryUnknown for an address the driver does not know
+	Managed bool       // unified (cuMemAllocManaged) memory
+	Ordinal int        // the device the memory is on (device memory only)
 }
 
 // pointer attributes (cuda.h CUpointer_attribute).
@@ -324,7 +324,7 @@ const (
 // bytes; the host sees kernel writes through Bytes while kernels run (read
 // such words with LoadUint32, which is atomic).
 type HostBuffer struct {
-	Bytes  []byte
+	Bytes  []byte    // the memory, C-allocated: valid until Free
 	DevPtr DevicePtr // 0 unless allocated with mapped=true
 	dev    *Device
 	ptr    unsafe.Pointer

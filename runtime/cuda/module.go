@@ -112,7 +112,7 @@ func (m *Module) Unload() error {
 
 // Function is a kernel of a Module.
 type Function struct {
-	Name string
+	Name string // the kernel's symbol in its module
 	mod  *Module
 	f    C.CUfunction
 

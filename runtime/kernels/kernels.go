@@ -109,15 +109,15 @@ func (l *ArgLayout) Lookup(name string) (Field, bool) {
 
 // Kernel describes one generated, fully specialised CUDA kernel.
 type Kernel struct {
-	Name       string // readable and stable: allreduce_oneshot_bf16_sum_w4; Symbol names the function that runs it
-	Collective coll.Collective
-	Algorithm  coll.Algorithm // a generated one
-	DType      coll.DType     // element type
-	Op         coll.Op        // empty for all-gather
-	World      int            // the world size it is specialised for
-	Launch     Launch         // launch parameters from the spec
-	Args       *ArgLayout     // the argument struct it takes by value
-	Source     string         // file name of its .cu in Library.Sources
+	Name       string          // readable and stable: allreduce_oneshot_bf16_sum_w4; Symbol names the function that runs it
+	Collective coll.Collective // the collective it runs
+	Algorithm  coll.Algorithm  // a generated one
+	DType      coll.DType      // element type
+	Op         coll.Op         // empty for all-gather
+	World      int             // the world size it is specialised for
+	Launch     Launch          // launch parameters from the spec
+	Args       *ArgLayout      // the argument struct it takes by value
+	Source     string          // file name of its .cu in Library.Sources
 	// Symbol is the extern "C" function in Source that runs the kernel.
 	// Kernels whose code is the same share a Source and Symbol (the ops
 	// of one reducing kernel, the dtypes of one element size of a copying
@@ -364,7 +364,9 @@ func (l *Library) AlgorithmKernel(collective coll.Collective, algorithm coll.Alg
 // that run in rounds); Floor is the part rounds cannot shrink, the inbox
 // of the largest message a rule sends to a push kernel without rounds, or
 // a bounded rule to one whose rounds change its split (AlignedRounds).
-type AreaNeed struct{ Need, Floor int64 }
+type AreaNeed struct {
+	Need, Floor int64 // bytes; see AreaNeed
+}
 
 // RulesSlotBounds is, per protocol (Kernel.Protocol), what the rules of a
 // selection need of a stage slot at a world size (NCCL rules, symmetric

@@ -18,7 +18,7 @@ const DefaultDir = "/dev/shm"
 // Posix is the Provider for ranks that are processes on one host: segments
 // are files on the tmpfs at Dir (DefaultDir when empty), mapped MAP_SHARED.
 type Posix struct {
-	Dir string
+	Dir string // the tmpfs directory segments are created in; "" means DefaultDir
 }
 
 func (p Posix) dir() string {

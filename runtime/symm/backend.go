@@ -137,7 +137,7 @@ func (k SignalKind) String() string {
 // SignalOp is one signal operation, with every address resolved by the
 // Handle so that a backend only touches words.
 type SignalOp struct {
-	Kind SignalKind
+	Kind SignalKind // put, wait or barrier: which of Put and Wait are set
 	// Rank is the calling rank and Channel the channel, for errors.
 	Rank, Channel int
 	// Peers are the ranks signalled or waited for, in order.

@@ -13,12 +13,12 @@ import (
 // nvml.New() and go-nvml's generated mock (mock.Interface, and servers built
 // on it such as mock/dgxa100) satisfy it.
 type Library interface {
-	Init() nvml.Return
-	Shutdown() nvml.Return
-	SystemGetDriverVersion() (string, nvml.Return)
-	DeviceGetCount() (int, nvml.Return)
-	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return)
-	Extensions() nvml.ExtendedInterface
+	Init() nvml.Return                                     // nvmlInit; Detect pairs it with Shutdown
+	Shutdown() nvml.Return                                 // nvmlShutdown
+	SystemGetDriverVersion() (string, nvml.Return)         // the driver version, for the report
+	DeviceGetCount() (int, nvml.Return)                    // GPUs NVML sees (all of them, not CUDA_VISIBLE_DEVICES)
+	DeviceGetHandleByIndex(int) (nvml.Device, nvml.Return) // the GPU of NVML index i (not a CUDA ordinal)
+	Extensions() nvml.ExtendedInterface                    // LookupSymbol, to tell a library lacking a call from a failing one
 }
 
 // LibraryName is the shared library go-nvml dlopens.

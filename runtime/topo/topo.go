@@ -20,10 +20,10 @@ import (
 // "00000000:07:00.0", CUDA as "0000:07:00.0"; both parse to the same value,
 // and String gives the CUDA form in lower case.
 type BusID struct {
-	Domain   uint32
-	Bus      uint8
-	Device   uint8
-	Function uint8
+	Domain   uint32 // PCI domain (segment); 0 on most machines
+	Bus      uint8  // PCI bus number
+	Device   uint8  // device number on the bus (0-31)
+	Function uint8  // function number of the device (0-7)
 }
 
 // ParseBusID parses "domain:bus:device.function" (hexadecimal, either case,

@@ -361,13 +361,14 @@ func offsetDict(l *plan.Layout) jen.Dict {
 func combinationsFile(p *plan.Plan) *jen.File {
 	f := newFile(p, "")
 	f.Comment(commentText("Combination is one generated GPU kernel to prove: a test runs it against a float64 host reference."))
+	// type Combination struct { Kernel string // its name in Library ... }
 	f.Type().Id("Combination").Struct(
-		jen.Id("Kernel").String(),
-		jen.Id("Collective").Qual(collPkg, "Collective"),
-		jen.Id("Algorithm").Qual(collPkg, "Algorithm"),
-		jen.Id("DType").Qual(collPkg, "DType"),
-		jen.Id("Op").Qual(collPkg, "Op"),
-		jen.Id("World").Int(),
+		jen.Id("Kernel").String().Comment("the kernel's name in Library, e.g. allreduce_oneshot_bf16_sum_w4"),
+		jen.Id("Collective").Qual(collPkg, "Collective").Comment("the collective it runs"),
+		jen.Id("Algorithm").Qual(collPkg, "Algorithm").Comment("its schedule's algorithm"),
+		jen.Id("DType").Qual(collPkg, "DType").Comment("element type"),
+		jen.Id("Op").Qual(collPkg, "Op").Comment("reduce op; empty for all-gather"),
+		jen.Id("World").Int().Comment("the world size it is specialised for (ranks)"),
 	)
 	var rows []jen.Code
 	for _, k := range p.Kernels {

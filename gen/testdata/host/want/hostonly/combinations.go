@@ -7,12 +7,12 @@ import "github.com/collgen/collgen/coll"
 // Combination is one generated GPU kernel to prove: a test runs it against a
 // float64 host reference.
 type Combination struct {
-	Kernel     string
-	Collective coll.Collective
-	Algorithm  coll.Algorithm
-	DType      coll.DType
-	Op         coll.Op
-	World      int
+	Kernel     string          // the kernel's name in Library, e.g. allreduce_oneshot_bf16_sum_w4
+	Collective coll.Collective // the collective it runs
+	Algorithm  coll.Algorithm  // its schedule's algorithm
+	DType      coll.DType      // element type
+	Op         coll.Op         // reduce op; empty for all-gather
+	World      int             // the world size it is specialised for (ranks)
 }
 
 // Combinations lists every generated GPU kernel, sorted by name.
