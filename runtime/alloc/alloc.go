@@ -569,7 +569,8 @@ func (a *Allocator) Snapshot() []Segment {
 // (freeing nothing) while blocks are still allocated. A closed allocator
 // refuses Alloc (ErrInvalid); Free of its last blocks, Stats and Snapshot
 // still work. Its error includes the kept event errors, and names the
-// segments it could not give back because a block's event failed.
+// segments it could not give back because a block's event failed. Close
+// after a Close that returned nil does nothing and returns nil.
 func (a *Allocator) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

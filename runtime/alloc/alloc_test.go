@@ -175,6 +175,13 @@ func TestStatsAndSnapshot(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
+	frees := a.Stats().NumSegmentFrees
+	if err := a.Close(); err != nil {
+		t.Errorf("second Close: %v, want nil", err)
+	}
+	if s := a.Stats(); s.NumSegmentFrees != frees {
+		t.Errorf("second Close freed segments: %+v", s)
+	}
 }
 
 // TestObserverOrder: observers see a segment after the driver allocates

@@ -47,7 +47,9 @@ var (
 	ErrClosed = errors.New("host: group closed")
 	// ErrInvalidArgument: a call's arguments cannot describe a collective
 	// (unknown dtype or op, negative or overflowing count, buffers too
-	// small or misaligned, an algorithm the host cannot run).
+	// small or misaligned, an algorithm the host cannot run), or New's
+	// Config cannot describe a group (world size, rank, store, group name,
+	// slots, lanes or slot size out of range).
 	ErrInvalidArgument = errors.New("host: invalid argument")
 	// ErrSharedMemory: this rank's segment could not be made (a full or
 	// missing /dev/shm, its name taken by another file, out of
@@ -170,24 +172,24 @@ type schedKey struct {
 // arrive together.
 func New(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.World < 1 || cfg.World > 64 {
-		return nil, fmt.Errorf("host: world size %d out of range 1..64", cfg.World)
+		return nil, invalidConfigf("host: world size %d out of range 1..64", cfg.World)
 	}
 	if cfg.Rank < 0 || cfg.Rank >= cfg.World {
-		return nil, fmt.Errorf("host: rank %d out of range 0..%d", cfg.Rank, cfg.World-1)
+		return nil, invalidConfigf("host: rank %d out of range 0..%d", cfg.Rank, cfg.World-1)
 	}
 	if cfg.Store == nil {
-		return nil, errors.New("host: Config.Store is nil; ranks need a rendezvous store to agree on segment names")
+		return nil, invalidConfigf("host: Config.Store is nil; ranks need a rendezvous store to agree on segment names")
 	}
 	if cfg.Group == "" {
-		return nil, errors.New("host: Config.Group is empty; name the group (unique per store)")
+		return nil, invalidConfigf("host: Config.Group is empty; name the group (unique per store)")
 	}
 	switch {
 	case cfg.Slots < 0 || cfg.Slots > 64:
-		return nil, fmt.Errorf("host: Config.Slots %d: want 1..64, or 0 for the default", cfg.Slots)
+		return nil, invalidConfigf("host: Config.Slots %d: want 1..64, or 0 for the default", cfg.Slots)
 	case cfg.Lanes < 0 || cfg.Lanes > MaxLanes:
-		return nil, fmt.Errorf("host: Config.Lanes %d: want 1..%d, or 0 for the default", cfg.Lanes, MaxLanes)
+		return nil, invalidConfigf("host: Config.Lanes %d: want 1..%d, or 0 for the default", cfg.Lanes, MaxLanes)
 	case cfg.SlotBytes < 0 || cfg.SlotBytes > MaxSlotBytes:
-		return nil, fmt.Errorf("host: Config.SlotBytes %d: want a positive size up to %d, or 0 for the default", cfg.SlotBytes, MaxSlotBytes)
+		return nil, invalidConfigf("host: Config.SlotBytes %d: want a positive size up to %d, or 0 for the default", cfg.SlotBytes, MaxSlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
 		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
@@ -206,6 +208,21 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		g.timeout = DefaultTimeout
 	}
 	return g, nil
+}
+
+// configError is a Config that New refuses: its text is the message alone
+// (it names the field), and errors.Is matches ErrInvalidArgument.
+type configError struct{ msg string }
+
+// Error is the message, which names the field and what to pass instead.
+func (e *configError) Error() string { return e.msg }
+
+// Unwrap makes errors.Is(err, ErrInvalidArgument) true.
+func (e *configError) Unwrap() error { return ErrInvalidArgument }
+
+// invalidConfigf formats a configError.
+func invalidConfigf(format string, args ...any) error {
+	return &configError{msg: fmt.Sprintf(format, args...)}
 }
 
 // MaxSlotBytes bounds Config.SlotBytes: a segment holds Slots slots of

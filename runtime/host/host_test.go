@@ -350,3 +350,33 @@ func TestConfigBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigErrorsAreInvalidArgument: every Config New refuses matches
+// ErrInvalidArgument, and its message is the check's alone.
+func TestConfigErrorsAreInvalidArgument(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	ok := Config{Rank: 0, World: 2, Store: st, Group: "cfg"}
+	for name, mod := range map[string]func(*Config){
+		"world":     func(c *Config) { c.World = 0 },
+		"rank":      func(c *Config) { c.Rank = 2 },
+		"store":     func(c *Config) { c.Store = nil },
+		"group":     func(c *Config) { c.Group = "" },
+		"slots":     func(c *Config) { c.Slots = 65 },
+		"lanes":     func(c *Config) { c.Lanes = MaxLanes + 1 },
+		"slotBytes": func(c *Config) { c.SlotBytes = -1 },
+	} {
+		cfg := ok
+		mod(&cfg)
+		_, err := New(context.Background(), cfg)
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: New = %v; want an error matching ErrInvalidArgument", name, err)
+		} else if strings.Contains(err.Error(), ErrInvalidArgument.Error()) {
+			t.Errorf("%s: %q repeats the sentinel's text", name, err)
+		}
+	}
+	if g, err := New(context.Background(), ok); err != nil {
+		t.Fatalf("valid Config: %v", err)
+	} else {
+		g.Close()
+	}
+}

@@ -58,9 +58,13 @@ type Config struct {
 	// an operation NCCL has not finished (a collective whose connection
 	// set-up waits for a peer, a window registration). Past it the
 	// communicator is aborted and the call returns an error wrapping
-	// ErrTimeout. 0 means one minute.
+	// ErrTimeout. 0 means DefaultTimeout.
 	Timeout time.Duration
 }
+
+// DefaultTimeout is Config.Timeout's default, and the bound of every wait
+// on a Comm made by NewComm.
+const DefaultTimeout = time.Minute
 
 // Pacing of wait's polls (pause.Backoff): it asks NCCL again at once
 // (yielding the processor) for spinFor, since NCCL's background thread

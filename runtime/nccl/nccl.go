@@ -335,7 +335,7 @@ type Comm struct {
 // newComm makes the Comm value before its NCCL handle exists.
 func newComm(lib *Lib, dev *cuda.Device, rank, world int, nonBlocking bool, timeout time.Duration) *Comm {
 	if timeout <= 0 {
-		timeout = time.Minute
+		timeout = DefaultTimeout
 	}
 	slot := (*C.ncclWindow_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.ncclWindow_t(nil)))))
 	return &Comm{lib: lib, dev: dev, rank: rank, world: world, winSlot: slot, nonBlocking: nonBlocking, timeout: timeout}

@@ -249,7 +249,8 @@ func isLoopback(a net.Addr) bool {
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Close stops listening, disconnects every client, fails pending waits with
-// ErrClosed and waits for the server's goroutines to end.
+// ErrClosed and waits for the server's goroutines to end. A second Close
+// does nothing and returns nil.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {

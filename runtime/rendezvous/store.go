@@ -47,5 +47,7 @@ type Store interface {
 	// Delete removes key and reports whether it existed.
 	Delete(ctx context.Context, key string) (bool, error)
 	// Close releases the store's resources (connections, files it owns).
+	// Every store of this package (and etcdstore) is safe to close twice;
+	// operations on a closed store return ErrClosed.
 	Close() error
 }

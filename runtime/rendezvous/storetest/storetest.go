@@ -178,11 +178,16 @@ func testConcurrentAdd(t *testing.T, setup Setup) {
 	}
 }
 
+// testClosed: operations on a closed store return ErrClosed, and a second
+// Close is harmless (rendezvous.Store's contract).
 func testClosed(t *testing.T, setup Setup) {
 	s := setup(t)()
 	s.Close()
 	if err := s.Set(context.Background(), "k", nil); !errors.Is(err, rendezvous.ErrClosed) {
 		t.Fatalf("Set after Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v, want nil", err)
 	}
 }
 
