@@ -17,7 +17,8 @@ import (
 // TestExportedNamesDocumented fails naming every exported name of the
 // module's hand-written packages that has no doc comment: types,
 // functions, constants, variables, methods of exported types, and the
-// exported fields and interface methods of exported types.
+// exported fields and interface methods of exported types; and every
+// package without a package comment.
 func TestExportedNamesDocumented(t *testing.T) {
 	root := moduleRoot(t)
 	missing := undocumented(t, root, func(f *ast.File) bool { return !ast.IsGenerated(f) })
@@ -62,11 +63,14 @@ func moduleRoot(t *testing.T) string {
 // (all build tags: go/parser ignores constraints, so cgo-only and
 // linux-only names are checked too), skipping testdata and hidden
 // directories, and returns "path:line: kind Name" for each exported name
-// without a doc comment, sorted.
+// without a doc comment, and "dir: package name" for each package none of
+// whose files has a package comment, sorted.
 func undocumented(t *testing.T, root string, keep func(*ast.File) bool) []string {
 	t.Helper()
 	var missing []string
 	fset := token.NewFileSet()
+	pkgDoc := map[string]bool{}    // directory -> some kept file has a package comment
+	pkgName := map[string]string{} // directory -> package name
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -88,6 +92,9 @@ func undocumented(t *testing.T, root string, keep func(*ast.File) bool) []string
 		if !keep(f) {
 			return nil
 		}
+		dir, _ := filepath.Rel(root, filepath.Dir(path))
+		pkgName[dir] = f.Name.Name
+		pkgDoc[dir] = pkgDoc[dir] || documented(f.Doc)
 		c := checker{fset: fset, report: func(pos token.Pos, kind, name string) {
 			p := fset.Position(pos)
 			rel, _ := filepath.Rel(root, p.Filename)
@@ -98,6 +105,11 @@ func undocumented(t *testing.T, root string, keep func(*ast.File) bool) []string
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for dir, ok := range pkgDoc {
+		if !ok {
+			missing = append(missing, fmt.Sprintf("%s: package %s", filepath.ToSlash(dir), pkgName[dir]))
+		}
 	}
 	sort.Strings(missing)
 	return missing
