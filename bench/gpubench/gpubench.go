@@ -305,8 +305,8 @@ func StagingFor(lib *kernels.Library, collective coll.Collective, world int, siz
 // Measurement is one (size, variant) result of a sweep.
 type Measurement struct {
 	// Collective, DType, Op (empty for all-gather) and World (ranks) name
-	// the sweep the measurement belongs to (Config's fields of the same
-	// names).
+	// the sweep the measurement belongs to (Config's Collective, DType, Op
+	// and WorldSize).
 	Collective coll.Collective `json:"collective"`
 	DType      coll.DType      `json:"dtype"`
 	Op         coll.Op         `json:"op,omitempty"`

@@ -282,7 +282,7 @@ func TestStagingFor(t *testing.T) {
 }
 
 func TestPlan(t *testing.T) {
-	cfg := Config{Library: collectives.Library, World: 4, Collective: coll.ReduceScatter, DType: "f32", Op: "sum",
+	cfg := Config{Library: collectives.Library, WorldSize: 4, Collective: coll.ReduceScatter, DType: "f32", Op: "sum",
 		Sizes: []int64{8, 16, 1024, 1025}}
 	var log bytes.Buffer
 	cfg.Log = &log
@@ -324,12 +324,12 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	for _, bad := range []Config{
-		{World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
-		{Library: collectives.Library, World: 4, Collective: "broadcast", DType: "f32", Op: "sum", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "e4m3", Op: "sum", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "f32", Op: "avg", Sizes: []int64{1024}},
-		{Library: collectives.Library, World: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum"},
-		{Library: collectives.Library, World: 2, Devices: []int{0}, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}},
+		{WorldSize: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1}},
+		{Library: collectives.Library, WorldSize: 4, Collective: "broadcast", DType: "f32", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, WorldSize: 4, Collective: coll.AllReduce, DType: "e4m3", Op: "sum", Sizes: []int64{1024}},
+		{Library: collectives.Library, WorldSize: 4, Collective: coll.AllReduce, DType: "f32", Op: "avg", Sizes: []int64{1024}},
+		{Library: collectives.Library, WorldSize: 4, Collective: coll.AllReduce, DType: "f32", Op: "sum"},
+		{Library: collectives.Library, WorldSize: 2, Devices: []int{0}, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}},
 	} {
 		if _, err := NewPlan(bad); err == nil {
 			t.Errorf("NewPlan(%+v): want an error", bad)
@@ -486,7 +486,7 @@ func errString(err error) string {
 // enough GPUs it runs a tiny sweep.
 func TestRunGPU(t *testing.T) {
 	n, err := cuda.DeviceCount()
-	cfg := Config{Library: collectives.Library, World: 2, Collective: coll.AllReduce, DType: "bf16", Op: "sum",
+	cfg := Config{Library: collectives.Library, WorldSize: 2, Collective: coll.AllReduce, DType: "bf16", Op: "sum",
 		Sizes: []int64{4 << 10, 1 << 20}, Check: true, Awkward: bench.AwkwardBoth, Replays: 5}
 	if err != nil || n < 2 {
 		if _, rerr := Run(context.Background(), cfg); rerr == nil {

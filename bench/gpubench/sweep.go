@@ -26,9 +26,9 @@ import (
 type Config struct {
 	// Library is the generated kernel library (collectives.Library).
 	Library *kernels.Library
-	// World is the number of ranks (GPUs).
-	World int
-	// Devices are the CUDA ordinals of ranks 0..World-1; nil means 0..World-1.
+	// WorldSize is the number of ranks (GPUs).
+	WorldSize int
+	// Devices are the CUDA ordinals of ranks 0..WorldSize-1; nil means 0..WorldSize-1.
 	Devices []int
 	// Collective is the collective to measure.
 	Collective coll.Collective
@@ -119,10 +119,10 @@ func (c *Config) validate() ([]Variant, error) {
 	switch {
 	case c.Library == nil:
 		return nil, errors.New("gpubench: Config.Library is nil; pass the generated collectives.Library")
-	case c.World < 1:
-		return nil, fmt.Errorf("gpubench: world size %d must be at least 1", c.World)
-	case c.Devices != nil && len(c.Devices) != c.World:
-		return nil, fmt.Errorf("gpubench: %d devices for world size %d; give one per rank", len(c.Devices), c.World)
+	case c.WorldSize < 1:
+		return nil, fmt.Errorf("gpubench: world size %d must be at least 1", c.WorldSize)
+	case c.Devices != nil && len(c.Devices) != c.WorldSize:
+		return nil, fmt.Errorf("gpubench: %d devices for world size %d; give one per rank", len(c.Devices), c.WorldSize)
 	case len(c.Sizes) == 0:
 		return nil, errors.New("gpubench: no sizes to measure")
 	case !c.DType.Valid():
@@ -140,12 +140,12 @@ func (c *Config) validate() ([]Variant, error) {
 	default:
 		return nil, fmt.Errorf("gpubench: unknown collective %q (want %s, %s or %s)", c.Collective, coll.AllReduce, coll.ReduceScatter, coll.AllGather)
 	}
-	vs, missing, err := Variants(c.Library, c.Collective, c.DType, c.Op, c.World, c.Algorithms)
+	vs, missing, err := Variants(c.Library, c.Collective, c.DType, c.Op, c.WorldSize, c.Algorithms)
 	if err != nil {
 		return nil, err
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(c.Log, "note: %s %s %s at world %d has no %s kernel; left out of its sweep\n", c.Collective, c.DType, opOrDash(c.Collective, c.Op), c.World, strings.Join(missing, " or "))
+		fmt.Fprintf(c.Log, "note: %s %s %s at world %d has no %s kernel; left out of its sweep\n", c.Collective, c.DType, opOrDash(c.Collective, c.Op), c.WorldSize, strings.Join(missing, " or "))
 	}
 	return vs, nil
 }
@@ -167,9 +167,9 @@ func NewPlan(cfg Config) (*Plan, error) {
 	p := &Plan{Variants: vs}
 	var last int64 // the previous aligned shape's bytes
 	for _, b := range c.Sizes {
-		sh, ok := ShapeFor(c.Collective, c.DType, b, c.World)
+		sh, ok := ShapeFor(c.Collective, c.DType, b, c.WorldSize)
 		if !ok {
-			fmt.Fprintf(c.Log, "note: %s is less than one %s element per rank at world %d; skipped\n", FormatSize(b), c.DType, c.World)
+			fmt.Fprintf(c.Log, "note: %s is less than one %s element per rank at world %d; skipped\n", FormatSize(b), c.DType, c.WorldSize)
 			continue
 		}
 		if sh.Bytes == last {
@@ -177,7 +177,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 		}
 		last = sh.Bytes
 		p.Shapes = append(p.Shapes, sh)
-		if aw, ok := bench.Awkward(c.Collective, c.DType, sh, c.World, c.Awkward); ok {
+		if aw, ok := bench.Awkward(c.Collective, c.DType, sh, c.WorldSize, c.Awkward); ok {
 			p.Shapes = append(p.Shapes, aw)
 		}
 	}
@@ -190,7 +190,7 @@ func NewPlan(cfg Config) (*Plan, error) {
 	}
 	p.Staging = c.StagingBytes
 	if p.Staging <= 0 {
-		p.Staging = StagingFor(c.Library, c.Collective, c.World, sizes, vs, 0)
+		p.Staging = StagingFor(c.Library, c.Collective, c.WorldSize, sizes, vs, 0)
 	}
 	return p, nil
 }
@@ -213,26 +213,26 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 	}
 	devs := cfg.Devices
 	if devs == nil {
-		for r := 0; r < cfg.World; r++ {
+		for r := 0; r < cfg.WorldSize; r++ {
 			devs = append(devs, r)
 		}
 	}
 	for _, d := range devs {
 		if d >= n {
-			return nil, fmt.Errorf("gpubench: world size %d needs GPU %d, but this machine has %d GPU(s); lower -n", cfg.World, d, n)
+			return nil, fmt.Errorf("gpubench: world size %d needs GPU %d, but this machine has %d GPU(s); lower -n", cfg.WorldSize, d, n)
 		}
 	}
 	cfg.Devices = devs
 	store := rendezvous.NewMemStore()
-	peers := LocalPeers(cfg.World)
+	peers := LocalPeers(cfg.WorldSize)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		wg   sync.WaitGroup
 		res  []Measurement
-		errs = make([]error, cfg.World)
+		errs = make([]error, cfg.WorldSize)
 	)
-	for r := 0; r < cfg.World; r++ {
+	for r := 0; r < cfg.WorldSize; r++ {
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
@@ -255,7 +255,7 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 // cfg.Devices[rank] (default rank) is this process's GPU.
 func RunRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store) ([]Measurement, error) {
 	c := cfg.withDefaults()
-	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/"+c.Group+"/peers", rank, cfg.World))
+	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/"+c.Group+"/peers", rank, cfg.WorldSize))
 }
 
 // rankState is one rank's resources.
@@ -301,7 +301,7 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 			fmt.Fprintf(cfg.Log, "staging buffer: comm's default (within %s per rank)\n", FormatSize(comm.DefaultStagingBudget))
 		}
 	}
-	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.World, Device: dev, Store: store,
+	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.WorldSize, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
 		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch, MaxBlocks: cfg.MaxBlocks,
 		NCCLNonBlocking: cfg.NCCLNonBlocking})
@@ -536,7 +536,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 	for _, sh := range st.plan.Shapes {
 		var group []Measurement
 		for _, v := range st.plan.Variants {
-			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.World,
+			m := Measurement{Collective: cfg.Collective, DType: cfg.DType, Op: cfg.Op, World: cfg.WorldSize,
 				Bytes: sh.Bytes, Offset: sh.Offset, Awkward: sh.Awkward, Variant: v.Name(), Algorithm: v.Algorithm, Mode: mode}
 			p, xerr := st.explain(sh, v)
 			if xerr == nil {
@@ -546,8 +546,8 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 				}
 			}
 			var need int64 // barrier kernels run in rounds through any staging area
-			if !cfg.Library.Windowed(cfg.Collective, v.Algorithm, cfg.World) {
-				need = cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.World, sh.Bytes)
+			if !cfg.Library.Windowed(cfg.Collective, v.Algorithm, cfg.WorldSize) {
+				need = cfg.Library.SlotBound(cfg.Collective, v.Algorithm, cfg.WorldSize, sh.Bytes)
 			}
 			why := SkipReason(v, sh.Bytes, need, st.plan.Staging, ncclErr)
 			if err := st.bufErr[v.Buffers]; err != nil && why == "" {
@@ -756,7 +756,7 @@ func (st *rankState) check(sh Shape, v Variant) (string, error) {
 	if err := st.dev.CopyDtoH(got, out); err != nil {
 		return "", err
 	}
-	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.World, st.rank, sh, seed0, got, !v.Custom()); err != nil {
+	if err := Verify(st.cfg.Collective, st.cfg.DType, st.cfg.Op, st.cfg.WorldSize, st.rank, sh, seed0, got, !v.Custom()); err != nil {
 		return err.Error(), nil
 	}
 	return "", nil

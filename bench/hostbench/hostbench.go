@@ -178,7 +178,7 @@ func counts(c Case, world int) (count, inBytes, outBytes int) {
 // Run runs every case on g and returns the results (identical on every
 // rank). progress, if non-nil, is called after each case.
 func Run(ctx context.Context, g *host.Group, o Options, progress func(done int, label string)) ([]bench.Result, error) {
-	w := g.World()
+	w := g.WorldSize()
 	cases := Cases(o, w)
 	if len(cases) == 0 {
 		return nil, fmt.Errorf("bench: the sweep is empty (check --collective, --algorithms, --dtype and --sizes for world %d)", w)
@@ -277,7 +277,7 @@ const (
 )
 
 func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBuf []byte, warmup time.Duration) (bench.Result, error) {
-	w, rank := g.World(), g.Rank()
+	w, rank := g.WorldSize(), g.Rank()
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
 	numeric.Fill(c.DType, in, int(c.Bytes), rank)

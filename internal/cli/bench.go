@@ -324,7 +324,7 @@ func typed[T ~string](xs []string) []T {
 }
 
 func (o *BenchOptions) hostConfig(rank int, st rendezvous.Store, shared bool) host.Config {
-	return host.Config{Rank: rank, World: o.World, Store: st, Group: "bench", Library: hostLibrary, Shared: shared,
+	return host.Config{Rank: rank, WorldSize: o.World, Store: st, Group: "bench", Library: hostLibrary, Shared: shared,
 		Timeout: o.Timeout, SlotBytes: o.SlotBytes, Lanes: o.Lanes}
 }
 

@@ -112,7 +112,7 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 					continue
 				}
 				seen[key] = true
-				cfg := gpubench.Config{Library: collectives.Library, World: o.World, Devices: devices, Collective: coll.Collective(c),
+				cfg := gpubench.Config{Library: collectives.Library, WorldSize: o.World, Devices: devices, Collective: coll.Collective(c),
 					DType: coll.DType(dt), Op: coll.Op(op), Sizes: sizes, Algorithms: o.Algorithms, Eager: g.eager, Check: o.Check,
 					ZeroCopy: g.zeroCopy, Awkward: awkward, Replays: o.Iters, StagingBytes: staging, Timeout: timeout,
 					NoEarlyLaunch: g.noEarlyLaunch, MaxBlocks: g.maxBlocks, NCCLNonBlocking: g.ncclNonBlock}

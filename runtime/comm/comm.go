@@ -316,7 +316,7 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	} else if on {
 		c.check = &checker{}
 	}
-	hostCfg := host.Config{Rank: cfg.Rank, World: cfg.WorldSize, Store: cfg.Store,
+	hostCfg := host.Config{Rank: cfg.Rank, WorldSize: cfg.WorldSize, Store: cfg.Store,
 		Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout}
 	if cfg.Device == Host {
 		// host.New only checks its configuration (set-up is lazy), so it

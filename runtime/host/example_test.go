@@ -25,7 +25,7 @@ func Example() {
 		go func() {
 			defer wg.Done()
 			ctx := context.Background()
-			g, err := host.New(ctx, host.Config{Rank: rank, World: world, Store: store, Group: "example"})
+			g, err := host.New(ctx, host.Config{Rank: rank, WorldSize: world, Store: store, Group: "example"})
 			if err != nil {
 				panic(err)
 			}
@@ -46,7 +46,7 @@ func Example() {
 	fmt.Println(sums[0], sums[1])
 
 	// A Config New cannot use is refused before anything is set up.
-	_, err := host.New(context.Background(), host.Config{Rank: 0, World: 2, Store: store})
+	_, err := host.New(context.Background(), host.Config{Rank: 0, WorldSize: 2, Store: store})
 	fmt.Println(errors.Is(err, host.ErrInvalidArgument))
 	// Output:
 	// [10 12 14] [10 12 14]

@@ -178,9 +178,9 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 	inF, outF := int64(1), int64(1)
 	switch c.collective {
 	case coll.ReduceScatter:
-		inF = int64(g.cfg.World)
+		inF = int64(g.cfg.WorldSize)
 	case coll.AllGather:
-		outF = int64(g.cfg.World)
+		outF = int64(g.cfg.WorldSize)
 	}
 	in, ok1 := c.dtype.Bytes(int64(c.count), inF)
 	out, ok2 := c.dtype.Bytes(int64(c.count), outF)
@@ -237,7 +237,7 @@ func signature(tag uint64, c call, alg coll.Algorithm) uint64 {
 // whole area, the collective uses the halves in turn (see lane). Every
 // rank computes the same plan from the same arguments and layout.
 func (x *exec) plan() {
-	lay, w := x.g.lay, x.g.cfg.World
+	lay, w := x.g.lay, x.g.cfg.WorldSize
 	pieces := func(n int) int { return (x.c.count + n - 1) / n }
 	x.pieceN, x.scratch = x.pieceFor(lay.LaneBytes)
 	x.areaB = lay.LaneBytes
@@ -248,7 +248,7 @@ func (x *exec) plan() {
 	x.pieces = pieces(x.pieceN)
 	x.lanes = min(lay.Lanes, x.pieces)
 	// Busy-polling pays off only when every polling thread has a CPU of
-	// its own: World ranks times the lanes each one runs. Counting ranks
+	// its own: WorldSize ranks times the lanes each one runs. Counting ranks
 	// alone let 8 lanes x 4 ranks spin on 32 CPUs beside the runtime's own
 	// threads, so the lane with work to do waited for a CPU.
 	x.spin = w*x.lanes <= x.g.cpus && x.g.cfg.Shared
@@ -257,7 +257,7 @@ func (x *exec) plan() {
 // pieceFor returns the elements per piece, and the offset of Scratch, for
 // a Stage/Scratch area of areaBytes.
 func (x *exec) pieceFor(areaBytes int) (pieceN, scratch int) {
-	w, esz, lanes := x.g.cfg.World, x.esz, x.g.lay.Lanes
+	w, esz, lanes := x.g.cfg.WorldSize, x.esz, x.g.lay.Lanes
 	stageBytes := areaBytes
 	if x.s.UsesScratch {
 		stageBytes = areaBytes / 2 / 64 * 64
@@ -290,11 +290,11 @@ func usableCPUs() int { return min(runtime.NumCPU(), runtime.GOMAXPROCS(0)) }
 
 // piece is one piece's geometry: all-reduce covers elements [off, off+n)
 // in chunks of c; reduce-scatter and all-gather cover [off, off+c) of every
-// rank's block, n = World*c.
+// rank's block, n = WorldSize*c.
 type piece struct{ off, n, c int }
 
 func (x *exec) piece(p int) piece {
-	w := x.g.cfg.World
+	w := x.g.cfg.WorldSize
 	lo := p * x.pieceN
 	hi := min(lo+x.pieceN, x.c.count)
 	if x.c.collective == coll.AllReduce {

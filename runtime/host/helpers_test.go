@@ -84,7 +84,7 @@ func (g guarded) intact(what string) error {
 // against a float64 (or exact) reference computed from every rank's
 // regenerated input. It returns the output for cross-rank comparison.
 func runOp(ctx context.Context, g *Group, o op) ([]byte, error) {
-	w, rank, esz := g.World(), g.Rank(), o.dtype.Size()
+	w, rank, esz := g.WorldSize(), g.Rank(), o.dtype.Size()
 	inE, outE := o.count, o.count
 	switch o.coll {
 	case coll.ReduceScatter:
@@ -208,7 +208,7 @@ func goroutineGroup(t *testing.T, world int, cfg Config, fn func(g *Group) error
 		go func() {
 			defer wg.Done()
 			c := cfg
-			c.Rank, c.World, c.Store = r, world, st
+			c.Rank, c.WorldSize, c.Store = r, world, st
 			g, err := New(context.Background(), c)
 			if err != nil {
 				errs[r] = err

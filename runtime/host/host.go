@@ -63,8 +63,8 @@ const DefaultTimeout = 60 * time.Second
 
 // Config describes one rank's membership of a group.
 type Config struct {
-	// Rank and World: this rank's index and the group size (1..64).
-	Rank, World int
+	// Rank and WorldSize: this rank's index and the group size (1..64).
+	Rank, WorldSize int
 	// Store is the rendezvous store the ranks share; keys are prefixed
 	// with "collgen/host/<Group>/".
 	Store rendezvous.Store
@@ -85,7 +85,7 @@ type Config struct {
 	// when the context has no earlier deadline; 0 means DefaultTimeout.
 	Timeout time.Duration
 	// SlotBytes is the shared memory per slot per rank; messages larger
-	// than a slot are processed in pieces. 0 picks clamp(32 MiB / World,
+	// than a slot are processed in pieces. 0 picks clamp(32 MiB / WorldSize,
 	// 256 KiB, 8 MiB). Rank 0's value wins when others pass 0.
 	SlotBytes int
 	// Slots is how many collectives with explicit tags may be in flight at
@@ -96,7 +96,7 @@ type Config struct {
 	// with its own part of the slot and its own barrier flags): the
 	// calling goroutine and Lanes-1 helper goroutines, which the group
 	// starts with its shared memory and Close ends; 0 means
-	// clamp(3/4 of min(NumCPU, GOMAXPROCS) / World, 1, 8).
+	// clamp(3/4 of min(NumCPU, GOMAXPROCS) / WorldSize, 1, 8).
 	Lanes int
 }
 
@@ -171,11 +171,11 @@ type schedKey struct {
 // first collective (or by Setup), exactly once even when many goroutines
 // arrive together.
 func New(ctx context.Context, cfg Config) (*Group, error) {
-	if cfg.World < 1 || cfg.World > 64 {
-		return nil, invalidConfigf("host: world size %d out of range 1..64", cfg.World)
+	if cfg.WorldSize < 1 || cfg.WorldSize > 64 {
+		return nil, invalidConfigf("host: world size %d out of range 1..64", cfg.WorldSize)
 	}
-	if cfg.Rank < 0 || cfg.Rank >= cfg.World {
-		return nil, invalidConfigf("host: rank %d out of range 0..%d", cfg.Rank, cfg.World-1)
+	if cfg.Rank < 0 || cfg.Rank >= cfg.WorldSize {
+		return nil, invalidConfigf("host: rank %d out of range 0..%d", cfg.Rank, cfg.WorldSize-1)
 	}
 	if cfg.Store == nil {
 		return nil, invalidConfigf("host: Config.Store is nil; ranks need a rendezvous store to agree on segment names")
@@ -233,12 +233,12 @@ const MaxSlotBytes = 1 << 36
 // Rank returns this rank's index.
 func (g *Group) Rank() int { return g.cfg.Rank }
 
-// World returns the group size.
-func (g *Group) World() int { return g.cfg.World }
+// WorldSize returns the group size.
+func (g *Group) WorldSize() int { return g.cfg.WorldSize }
 
 // defaultLayout resolves the zero fields of the config.
 func (g *Group) defaultLayout() layout {
-	w := g.cfg.World
+	w := g.cfg.WorldSize
 	l := layout{Slots: g.cfg.Slots, Lanes: g.cfg.Lanes}
 	if l.Slots == 0 {
 		l.Slots = 4
@@ -357,7 +357,7 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	if s, ok := g.scheds[k]; ok {
 		return s, nil
 	}
-	s, err := schedule.Build(collective, algorithm, g.cfg.World)
+	s, err := schedule.Build(collective, algorithm, g.cfg.WorldSize)
 	if err != nil {
 		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
 	}
@@ -387,10 +387,10 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 // one selection function of the runtime), or an error wrapping
 // ErrInvalidArgument when the rules have no host algorithm for it.
 func (g *Group) Algorithm(collective coll.Collective, bytes int64) (coll.Algorithm, error) {
-	sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.World)
+	sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.WorldSize)
 	if !ok {
 		return "", fmt.Errorf("host: %w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
-			ErrInvalidArgument, g.lib.Package, collective, g.cfg.World)
+			ErrInvalidArgument, g.lib.Package, collective, g.cfg.WorldSize)
 	}
 	a := sel.Choose(bytes, false) // host buffers are never symmetric device memory
 	if !a.Generated() {
@@ -407,15 +407,15 @@ func (g *Group) AllReduce(ctx context.Context, in, out []byte, count int, dtype 
 	return g.run(ctx, call{collective: coll.AllReduce, in: in, out: out, count: count, dtype: dtype, op: op, opts: opts})
 }
 
-// ReduceScatter reduces World*recvCount elements across ranks and leaves
-// block Rank of the result in out: in holds World*recvCount elements, out
+// ReduceScatter reduces WorldSize*recvCount elements across ranks and leaves
+// block Rank of the result in out: in holds WorldSize*recvCount elements, out
 // recvCount. In place is out = in[Rank*recvCount*size:].
 func (g *Group) ReduceScatter(ctx context.Context, in, out []byte, recvCount int, dtype coll.DType, op coll.Op, opts Options) error {
 	return g.run(ctx, call{collective: coll.ReduceScatter, in: in, out: out, count: recvCount, dtype: dtype, op: op, opts: opts})
 }
 
 // AllGather concatenates every rank's sendCount elements in rank order into
-// out (World*sendCount elements). In place is in = out[Rank*sendCount*size:].
+// out (WorldSize*sendCount elements). In place is in = out[Rank*sendCount*size:].
 func (g *Group) AllGather(ctx context.Context, in, out []byte, sendCount int, dtype coll.DType, opts Options) error {
 	return g.run(ctx, call{collective: coll.AllGather, in: in, out: out, count: sendCount, dtype: dtype, opts: opts})
 }

@@ -96,7 +96,7 @@ func TestZeroCountAndErrors(t *testing.T) {
 // TestAlgorithmSelection checks the host_shm size rules and that an
 // explicit algorithm is honoured.
 func TestAlgorithmSelection(t *testing.T) {
-	g, err := New(context.Background(), Config{Rank: 0, World: 4, Store: nopStore{}, Group: "sel", Library: testLibrary})
+	g, err := New(context.Background(), Config{Rank: 0, WorldSize: 4, Store: nopStore{}, Group: "sel", Library: testLibrary})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestAlgorithmSelection(t *testing.T) {
 		}
 	}
 	// Above world 4 the shipped rules use two-shot at every size.
-	g8, err := New(context.Background(), Config{Rank: 0, World: 8, Store: nopStore{}, Group: "sel", Library: testLibrary})
+	g8, err := New(context.Background(), Config{Rank: 0, WorldSize: 8, Store: nopStore{}, Group: "sel", Library: testLibrary})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestAlgorithmSelection(t *testing.T) {
 	}
 	// A library without host_shm rules is an error, never a hard-coded
 	// guess beside the rules.
-	bare, err := New(context.Background(), Config{Rank: 0, World: 4, Store: nopStore{}, Group: "sel", Library: &kernels.Library{Package: "bare"}})
+	bare, err := New(context.Background(), Config{Rank: 0, WorldSize: 4, Store: nopStore{}, Group: "sel", Library: &kernels.Library{Package: "bare"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func TestPortableLibraryRulesAreTheSpecs(t *testing.T) {
 // refused by name, before any segment is made.
 func TestConfigBounds(t *testing.T) {
 	for _, sb := range []int{-1, MaxSlotBytes + 1, 9e18} {
-		_, err := New(context.Background(), Config{Rank: 0, World: 2, Store: rendezvous.NewMemStore(), Group: "bounds", SlotBytes: sb})
+		_, err := New(context.Background(), Config{Rank: 0, WorldSize: 2, Store: rendezvous.NewMemStore(), Group: "bounds", SlotBytes: sb})
 		if err == nil || !strings.Contains(err.Error(), "Config.SlotBytes") {
 			t.Errorf("SlotBytes %d: New = %v; want an error naming Config.SlotBytes", sb, err)
 		}
@@ -355,9 +355,9 @@ func TestConfigBounds(t *testing.T) {
 // ErrInvalidArgument, and its message is the check's alone.
 func TestConfigErrorsAreInvalidArgument(t *testing.T) {
 	st := rendezvous.NewMemStore()
-	ok := Config{Rank: 0, World: 2, Store: st, Group: "cfg"}
+	ok := Config{Rank: 0, WorldSize: 2, Store: st, Group: "cfg"}
 	for name, mod := range map[string]func(*Config){
-		"world":     func(c *Config) { c.World = 0 },
+		"world":     func(c *Config) { c.WorldSize = 0 },
 		"rank":      func(c *Config) { c.Rank = 2 },
 		"store":     func(c *Config) { c.Store = nil },
 		"group":     func(c *Config) { c.Group = "" },

@@ -57,7 +57,7 @@ func TestLanesMatchOneLane(t *testing.T) {
 					errs[r] = func() error {
 						groups := make([]*Group, 2)
 						for i, cfg := range []Config{multi, single} {
-							cfg.Rank, cfg.World = r, w
+							cfg.Rank, cfg.WorldSize = r, w
 							g, err := New(context.Background(), cfg)
 							if err != nil {
 								return err
@@ -94,10 +94,10 @@ func TestLanesMatchOneLane(t *testing.T) {
 	}
 }
 
-// oneRank returns a set-up group of World 1 with lanes lanes of 4 KiB.
+// oneRank returns a set-up group of WorldSize 1 with lanes lanes of 4 KiB.
 func oneRank(t *testing.T, lanes int) *Group {
 	t.Helper()
-	g, err := New(context.Background(), Config{Rank: 0, World: 1, Store: rendezvous.NewMemStore(), Group: t.Name(),
+	g, err := New(context.Background(), Config{Rank: 0, WorldSize: 1, Store: rendezvous.NewMemStore(), Group: t.Name(),
 		Library: testLibrary, Lanes: lanes, SlotBytes: lanes * 4096})
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestCPUsFollowGOMAXPROCS(t *testing.T) {
 	// planned returns the plan of a 1000-element one-shot all-reduce on
 	// rank 0 of a world-2 group of processes made now.
 	planned := func() *exec {
-		g, err := New(context.Background(), Config{Rank: 0, World: 2, Store: nopStore{}, Group: "cpus", Library: testLibrary, Shared: true})
+		g, err := New(context.Background(), Config{Rank: 0, WorldSize: 2, Store: nopStore{}, Group: "cpus", Library: testLibrary, Shared: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,7 +241,7 @@ func TestCPUsFollowGOMAXPROCS(t *testing.T) {
 		}
 		return x
 	}
-	one, err := New(context.Background(), Config{Rank: 0, World: 1, Store: nopStore{}, Group: "cpus", Library: testLibrary})
+	one, err := New(context.Background(), Config{Rank: 0, WorldSize: 1, Store: nopStore{}, Group: "cpus", Library: testLibrary})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func childMain(mode string) int {
 		return 3
 	}
 	defer st.Close()
-	cfg := Config{Rank: rank, World: world, Store: st, Group: os.Getenv(envGroup), Shared: true,
+	cfg := Config{Rank: rank, WorldSize: world, Store: st, Group: os.Getenv(envGroup), Shared: true,
 		Library: testLibrary, Timeout: timeout, Lanes: 2, SlotBytes: 2 * 8192}
 	g, err := New(context.Background(), cfg)
 	if err == nil {
@@ -91,7 +91,7 @@ func childRun(mode string, g *Group) error {
 	ctx := context.Background()
 	switch mode {
 	case "sweep":
-		for _, o := range sweep([]int{1, 7, 1000, 5000}, g.World()) {
+		for _, o := range sweep([]int{1, 7, 1000, 5000}, g.WorldSize()) {
 			if _, err := runOp(ctx, g, o); err != nil {
 				return err
 			}
@@ -407,7 +407,7 @@ func TestCloseEndsSetup(t *testing.T) {
 			st := rendezvous.NewMemStore()
 			defer st.Close()
 			group := uniqueGroup(t)
-			g, err := New(context.Background(), Config{Rank: 0, World: 2, Store: st, Group: group, Shared: shared,
+			g, err := New(context.Background(), Config{Rank: 0, WorldSize: 2, Store: st, Group: group, Shared: shared,
 				Library: testLibrary, Timeout: 10 * time.Second})
 			if err != nil {
 				t.Fatal(err)
@@ -441,7 +441,7 @@ func TestPeerClosedBeforeSetup(t *testing.T) {
 	defer st.Close()
 	group := uniqueGroup(t)
 	mk := func(r int) *Group {
-		g, err := New(context.Background(), Config{Rank: r, World: 2, Store: st, Group: group, Library: testLibrary, Timeout: 10 * time.Second})
+		g, err := New(context.Background(), Config{Rank: r, WorldSize: 2, Store: st, Group: group, Library: testLibrary, Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -165,7 +165,7 @@ func (g *Group) leftError(ctx context.Context) error {
 func (g *Group) setup(ctx context.Context) error {
 	ctx, cancel := g.waitCtx(ctx)
 	defer cancel()
-	st, w, rank := g.cfg.Store, g.cfg.World, g.cfg.Rank
+	st, w, rank := g.cfg.Store, g.cfg.WorldSize, g.cfg.Rank
 	g.hook("setup:start")
 
 	var rnd [8]byte
@@ -308,7 +308,7 @@ func (g *Group) setup(ctx context.Context) error {
 }
 
 func (g *Group) rankKeys(sub string) []string {
-	keys := make([]string, g.cfg.World)
+	keys := make([]string, g.cfg.WorldSize)
 	for r := range keys {
 		keys[r] = g.prefix + sub + "r" + strconv.Itoa(r)
 	}
@@ -340,7 +340,7 @@ func (g *Group) unlinkVerified() {
 			continue
 		}
 		_, _ = shm.RemoveStale(g.prov, n, g.lay.size(), func(m []byte) bool {
-			return loadHdr(m, hdrMagic) == 0 || loadHdr(m, hdrMagic) == magic && loadHdr(m, hdrWorld) == uint64(g.cfg.World) && loadHdr(m, hdrRank) == uint64(r)
+			return loadHdr(m, hdrMagic) == 0 || loadHdr(m, hdrMagic) == magic && loadHdr(m, hdrWorld) == uint64(g.cfg.WorldSize) && loadHdr(m, hdrRank) == uint64(r)
 		})
 	}
 }

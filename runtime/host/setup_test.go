@@ -30,7 +30,7 @@ func TestEmptyPeerSegmentRemoved(t *testing.T) {
 	defer os.Remove(peer)
 	// The peer got as far as creating its file and publishing nothing.
 	const timeout = 300 * time.Millisecond
-	g, err := New(ctx, Config{Rank: 0, World: world, Store: st, Group: group, Shared: true, Library: testLibrary, Timeout: timeout})
+	g, err := New(ctx, Config{Rank: 0, WorldSize: world, Store: st, Group: group, Shared: true, Library: testLibrary, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

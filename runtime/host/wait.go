@@ -132,7 +132,7 @@ func at(phase int) string {
 // sigOff on the line is ours (lane says when a peer at target must be
 // running this collective).
 func (x *exec) wait(lane, line int, target uint64, sigOff, phase int) error {
-	g, w, rank := x.g, x.g.cfg.World, x.g.cfg.Rank
+	g, w, rank := x.g, x.g.cfg.WorldSize, x.g.cfg.Rank
 	for i := 1; i < w; i++ {
 		p := (rank + i) % w
 		pm := g.mems[p]

@@ -206,7 +206,7 @@ func benchAllReduce(b *testing.B, shared bool) {
 					done.Add(1)
 					go func() {
 						defer done.Done()
-						g, err := New(context.Background(), Config{Rank: r, World: w, Store: st, Group: b.Name(), Library: testLibrary, Shared: shared})
+						g, err := New(context.Background(), Config{Rank: r, WorldSize: w, Store: st, Group: b.Name(), Library: testLibrary, Shared: shared})
 						if err == nil {
 							defer g.Close()
 							err = g.Setup(context.Background())

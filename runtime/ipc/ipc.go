@@ -255,8 +255,8 @@ func (m *Mapping) Peers() []cuda.DevicePtr { return m.peers }
 // Rank returns this rank.
 func (m *Mapping) Rank() int { return m.rank }
 
-// World returns the number of ranks.
-func (m *Mapping) World() int { return m.world }
+// WorldSize returns the number of ranks.
+func (m *Mapping) WorldSize() int { return m.world }
 
 // Close unmaps the handles this rank opened and drops its references to
 // peer devices. It does not free this rank's own buffer (the caller owns

@@ -377,8 +377,8 @@ func NewComm(ctx context.Context, store rendezvous.Store, key string, rank, worl
 // Rank returns the communicator rank.
 func (c *Comm) Rank() int { return c.rank }
 
-// World returns the number of ranks.
-func (c *Comm) World() int { return c.world }
+// WorldSize returns the number of ranks.
+func (c *Comm) WorldSize() int { return c.world }
 
 // Device returns the communicator's device.
 func (c *Comm) Device() *cuda.Device { return c.dev }

@@ -40,7 +40,7 @@ func onRanks(devs []*cuda.Device, fn func(r int, d *cuda.Device) error) error {
 // collectives runs all-reduce, reduce-scatter and all-gather of n f32 per
 // rank on send/recv (each holding world*n) and checks the results.
 func collectives(comm *nccl.Comm, d *cuda.Device, s *cuda.Stream, send, recv cuda.DevicePtr, n int, what string) error {
-	r, world := comm.Rank(), comm.World()
+	r, world := comm.Rank(), comm.WorldSize()
 	host := make([]byte, 4*n*world)
 	sumAll := float32(world * (world + 1) / 2)
 	step := func(name string, enqueue func() error, bytes int, check func([]byte) error) error {
@@ -138,7 +138,7 @@ func registerAndWindows(t *testing.T, lib *nccl.Lib, comm *nccl.Comm, d *cuda.De
 		return err
 	}
 	defer s.Destroy()
-	bytes := 4 * n * comm.World()
+	bytes := 4 * n * comm.WorldSize()
 	send, err := d.Alloc(bytes)
 	if err != nil {
 		return err
