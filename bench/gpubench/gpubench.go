@@ -57,7 +57,7 @@ const (
 	DefaultWarmup      = 5
 	DefaultMinReplays  = 5
 	DefaultMaxReplays  = 1000
-	DefaultTargetMs    = 20.0
+	DefaultTargetMS    = 20.0
 	DefaultSizes       = "1KiB..256MiB"
 )
 
@@ -329,11 +329,11 @@ type Measurement struct {
 	ZeroCopy bool `json:"zero_copy,omitempty"`
 	// Mode is "graph" (CUDA-graph replay) or "eager".
 	Mode string `json:"mode"`
-	// LatencyUs is the median per-op latency in microseconds; MinUs and
-	// MaxUs the fastest and slowest replay's per-op latency.
-	LatencyUs float64 `json:"latency_us,omitempty"`
-	MinUs     float64 `json:"min_us,omitempty"`
-	MaxUs     float64 `json:"max_us,omitempty"`
+	// LatencyUS is the median per-op latency in microseconds; MinUS and
+	// MaxUS the fastest and slowest replay's per-op latency.
+	LatencyUS float64 `json:"latency_us,omitempty"`
+	MinUS     float64 `json:"min_us,omitempty"`
+	MaxUS     float64 `json:"max_us,omitempty"`
 	// BusGBps is NCCL-convention bus bandwidth; AlgGBps is bytes/time.
 	BusGBps float64 `json:"bus_gbps,omitempty"`
 	AlgGBps float64 `json:"alg_gbps,omitempty"`
@@ -353,7 +353,7 @@ type Measurement struct {
 }
 
 // Measured reports whether the measurement holds a latency.
-func (m *Measurement) Measured() bool { return m.Skipped == "" && m.Error == "" && m.LatencyUs > 0 }
+func (m *Measurement) Measured() bool { return m.Skipped == "" && m.Error == "" && m.LatencyUS > 0 }
 
 // CheckFailed reports whether --check found a wrong result.
 func (m *Measurement) CheckFailed() bool { return strings.HasPrefix(m.Check, "FAIL") }
@@ -376,17 +376,17 @@ func fillDerived(ms []Measurement) {
 		if !m.Measured() {
 			continue
 		}
-		sec := m.LatencyUs * 1e-6
-		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUs)
+		sec := m.LatencyUS * 1e-6
+		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUS)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
 		if m.Variant == coll.NCCL.String() {
-			ncclAt[m.Row()] = m.LatencyUs
+			ncclAt[m.Row()] = m.LatencyUS
 		}
 	}
 	for i := range ms {
 		m := &ms[i]
 		if n, ok := ncclAt[m.Row()]; ok && m.Measured() {
-			m.VsNCCL = n / m.LatencyUs
+			m.VsNCCL = n / m.LatencyUS
 		}
 	}
 }

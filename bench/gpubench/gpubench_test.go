@@ -339,9 +339,9 @@ func TestPlan(t *testing.T) {
 
 func TestFillDerived(t *testing.T) {
 	ms := []Measurement{
-		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUs: 10},
-		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "auto", LatencyUs: 20},
-		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "nccl", LatencyUs: 30},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUS: 10},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "auto", LatencyUS: 20},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "nccl", LatencyUS: 30},
 		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "twoshot", Skipped: "too big"},
 	}
 	fillDerived(ms)

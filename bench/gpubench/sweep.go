@@ -60,10 +60,10 @@ type Config struct {
 	OpsPerGraph int
 	// Warmup is the eager collectives before capture (default 5).
 	Warmup int
-	// Replays fixes the number of timed replays; 0 adapts it to TargetMs,
+	// Replays fixes the number of timed replays; 0 adapts it to TargetMS,
 	// within [MinReplays, MaxReplays] (defaults 20 ms, 5, 1000).
 	Replays                int
-	TargetMs               float64
+	TargetMS               float64
 	MinReplays, MaxReplays int
 	// StagingBytes overrides the staging size (default StagingFor's).
 	StagingBytes int64
@@ -93,8 +93,8 @@ func (c *Config) withDefaults() Config {
 	if o.Warmup <= 0 {
 		o.Warmup = DefaultWarmup
 	}
-	if o.TargetMs <= 0 {
-		o.TargetMs = DefaultTargetMs
+	if o.TargetMS <= 0 {
+		o.TargetMS = DefaultTargetMS
 	}
 	if o.MinReplays <= 0 {
 		o.MinReplays = DefaultMinReplays
@@ -711,7 +711,7 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 		}
 		var blob [8]byte
 		if st.rank == 0 {
-			binary.LittleEndian.PutUint64(blob[:], uint64(Replays(ms[0], cfg.TargetMs, cfg.MinReplays, cfg.MaxReplays)))
+			binary.LittleEndian.PutUint64(blob[:], uint64(Replays(ms[0], cfg.TargetMS, cfg.MinReplays, cfg.MaxReplays)))
 		}
 		all, err := st.peers.AllGather(ctx, blob[:])
 		if err != nil {
@@ -728,10 +728,10 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 		for i, t := range ms {
 			per[i] = t * 1e3 / float64(cfg.OpsPerGraph)
 		}
-		m.LatencyUs = bench.Median(per)
-		m.MinUs, m.MaxUs = per[0], per[0]
+		m.LatencyUS = bench.Median(per)
+		m.MinUS, m.MaxUS = per[0], per[0]
 		for _, p := range per {
-			m.MinUs, m.MaxUs = math.Min(m.MinUs, p), math.Max(m.MaxUs, p)
+			m.MinUS, m.MaxUS = math.Min(m.MinUS, p), math.Max(m.MaxUS, p)
 		}
 		m.Replays, m.OpsPerReplay = r, cfg.OpsPerGraph
 	}
@@ -816,7 +816,7 @@ func (st *rankState) timeReplays(ctx context.Context, replay func() error, n int
 		}
 		if st.rank == 0 {
 			for i := 1; i <= n; i++ {
-				ms, err := cuda.ElapsedMs(st.events[i-1], st.events[i])
+				ms, err := cuda.ElapsedMS(st.events[i-1], st.events[i])
 				if err != nil {
 					return err
 				}

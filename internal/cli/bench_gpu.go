@@ -196,7 +196,7 @@ func measurementLine(m *gpubench.Measurement) string {
 	case m.Error != "":
 		return s + ": FAILED: " + m.Error
 	}
-	s += fmt.Sprintf(": %.2f us (min %.2f, max %.2f, %d replays)", m.LatencyUs, m.MinUs, m.MaxUs, m.Replays)
+	s += fmt.Sprintf(": %.2f us (min %.2f, max %.2f, %d replays)", m.LatencyUS, m.MinUS, m.MaxUS, m.Replays)
 	if m.Check != "" {
 		s += ", check " + m.Check
 	}
@@ -253,7 +253,7 @@ func gpuResults(ms []gpubench.Measurement) []bench.Result {
 			backend = "gpu-eager"
 		}
 		r := bench.Result{Backend: backend, Collective: string(m.Collective), Algorithm: m.Variant, DType: string(m.DType), Op: string(m.Op),
-			World: m.World, Bytes: m.Bytes, Awkward: m.Awkward, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUs, BusGBps: m.BusGBps}
+			World: m.World, Bytes: m.Bytes, Awkward: m.Awkward, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUS, BusGBps: m.BusGBps}
 		if m.VsNCCL > 0 && m.Variant != coll.NCCL.String() {
 			r.Baseline, r.Ratio = coll.NCCL.String(), m.VsNCCL
 		}
@@ -344,7 +344,7 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 				case m == nil:
 					row = append(row, "")
 				case m.Measured():
-					s := fmt.Sprintf("%.2f", m.LatencyUs)
+					s := fmt.Sprintf("%.2f", m.LatencyUS)
 					if m.CheckFailed() {
 						s += "!"
 					}
@@ -377,12 +377,12 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 				vsBest := ""
 				var best *gpubench.Measurement
 				for _, v := range variants {
-					if m := cell[at{r, v}]; coll.Algorithm(v).Generated() && m != nil && m.Measured() && (best == nil || m.LatencyUs < best.LatencyUs) {
+					if m := cell[at{r, v}]; coll.Algorithm(v).Generated() && m != nil && m.Measured() && (best == nil || m.LatencyUS < best.LatencyUS) {
 						best = m
 					}
 				}
-				if a != nil && a.Measured() && best != nil && best.LatencyUs > 0 {
-					vsBest = fmt.Sprintf("%.2f (%s)", a.LatencyUs/best.LatencyUs, best.Variant)
+				if a != nil && a.Measured() && best != nil && best.LatencyUS > 0 {
+					vsBest = fmt.Sprintf("%.2f (%s)", a.LatencyUS/best.LatencyUS, best.Variant)
 				}
 				row = append(row, vsBest)
 			}

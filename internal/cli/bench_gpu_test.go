@@ -67,10 +67,10 @@ func TestGPUSweeps(t *testing.T) {
 
 func TestGPUReport(t *testing.T) {
 	ms := []gpubench.Measurement{
-		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "oneshot", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, Replays: 10, OpsPerReplay: 20, Check: "ok"},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "oneshot", Algorithm: "oneshot", Mode: "graph", LatencyUS: 5, Replays: 10, OpsPerReplay: 20, Check: "ok"},
 		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "twoshot", Algorithm: "twoshot", Mode: "graph", Skipped: "too big"},
-		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "auto", Algorithm: "oneshot", Mode: "graph", LatencyUs: 5, VsNCCL: 3, BusGBps: 0.3},
-		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "nccl", Algorithm: "nccl", Mode: "graph", LatencyUs: 15, VsNCCL: 1},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "auto", Algorithm: "oneshot", Mode: "graph", LatencyUS: 5, VsNCCL: 3, BusGBps: 0.3},
+		{Collective: "allreduce", DType: "bf16", Op: "sum", World: 4, Bytes: 1024, Variant: "nccl", Algorithm: "nccl", Mode: "graph", LatencyUS: 15, VsNCCL: 1},
 	}
 	rs := gpuResults(ms)
 	if len(rs) != 3 || rs[0].Iters != 200 || rs[1].Ratio != 3 || rs[1].Baseline != "nccl" || rs[2].Ratio != 0 {
@@ -91,7 +91,7 @@ func TestGPUReport(t *testing.T) {
 	// row of its own, marked, with its own ratio.
 	twin := slices.Clone(ms)
 	for _, m := range ms {
-		m.Awkward, m.Offset, m.LatencyUs = true, 2, m.LatencyUs*2
+		m.Awkward, m.Offset, m.LatencyUS = true, 2, m.LatencyUS*2
 		if m.Variant == "auto" {
 			m.VsNCCL = 1.5
 		}
@@ -108,7 +108,7 @@ func TestGPUReport(t *testing.T) {
 	// Auto's ratio to the fastest forced algorithm; without forced
 	// algorithms, no such column.
 	slow := slices.Clone(ms)
-	slow[2].LatencyUs = 5.5
+	slow[2].LatencyUS = 5.5
 	b.Reset()
 	writeGPUSummary(&b, slow, bench.AwkwardBoth.Describe())
 	if out := b.String(); !strings.Contains(out, "1.10 (oneshot)") {

@@ -177,8 +177,8 @@ func (c checker) file(f *ast.File) {
 //
 // A field without a comment of its own is documented by the doc comment
 // of the field just before it when that comment names it and no blank
-// line parts them: "// LatencyUs is the median ...; MinUs and MaxUs the
-// fastest and slowest" above LatencyUs, MinUs and MaxUs.
+// line parts them: "// LatencyUS is the median ...; MinUS and MaxUS the
+// fastest and slowest" above LatencyUS, MinUS and MaxUS.
 func (c checker) typeExpr(owner string, typ ast.Expr) {
 	switch t := typ.(type) {
 	case *ast.StructType:

@@ -448,7 +448,7 @@ func TestStreamsEvents(t *testing.T) {
 	if err := end.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := cuda.ElapsedMs(start, end)
+	ms, err := cuda.ElapsedMS(start, end)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,7 +669,7 @@ func TestGraphCaptureReplay(t *testing.T) {
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	ms, _ := cuda.ElapsedMs(start, end)
+	ms, _ := cuda.ElapsedMS(start, end)
 	out := make([]byte, 4*n)
 	d.CopyDtoH(out, x)
 	for i, v := range bytesF32(out) {

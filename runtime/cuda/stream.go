@@ -349,9 +349,9 @@ func (e *Event) Destroy() error {
 	return nil
 }
 
-// ElapsedMs returns the milliseconds between two completed events recorded
+// ElapsedMS returns the milliseconds between two completed events recorded
 // on the same device (synchronize end first).
-func ElapsedMs(start, end *Event) (float32, error) {
+func ElapsedMS(start, end *Event) (float32, error) {
 	if err := start.dev.enter(); err != nil {
 		return 0, err
 	}

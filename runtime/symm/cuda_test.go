@@ -871,7 +871,7 @@ func benchSignalGraph(b *testing.B, kind string) {
 		return ords[r].Synchronize()
 	}))
 	b.StopTimer()
-	ms, err := cuda.ElapsedMs(start, end)
+	ms, err := cuda.ElapsedMS(start, end)
 	if err != nil {
 		b.Fatal(err)
 	}
