@@ -66,10 +66,11 @@ type Observer interface {
 	SegmentFreeing(seg Segment)
 }
 
-// ErrInvalid marks a misuse of the allocator: a bad size, a block freed
-// twice (also through a stale handle, whose memory Alloc handed out again
-// under a new one) or freed through another allocator, a closed allocator.
-var ErrInvalid = errors.New("alloc: invalid use")
+// ErrInvalidArgument marks a misuse of the allocator: a bad size, a block
+// freed twice (also through a stale handle, whose memory Alloc handed out
+// again under a new one) or freed through another allocator, a closed
+// allocator.
+var ErrInvalidArgument = errors.New("alloc: invalid use")
 
 // OutOfMemoryError is an allocation the driver refused even after the
 // allocator waited for the blocks held back for other streams and gave
@@ -164,7 +165,7 @@ type observerEntry struct{ o Observer }
 // New makes an allocator over drv.
 func New(drv Driver, opts Options) (*Allocator, error) {
 	if drv == nil {
-		return nil, fmt.Errorf("%w: nil Driver", ErrInvalid)
+		return nil, fmt.Errorf("%w: nil Driver", ErrInvalidArgument)
 	}
 	if opts.MinBlock == 0 {
 		opts.MinBlock = 512
@@ -174,7 +175,7 @@ func New(drv Driver, opts Options) (*Allocator, error) {
 	}
 	if opts.MinBlock < 0 || opts.MinBlock&(opts.MinBlock-1) != 0 || opts.SegmentBytes < opts.MinBlock || opts.SegmentBytes%opts.MinBlock != 0 ||
 		opts.SegmentBytes > MaxSegmentBytes {
-		return nil, fmt.Errorf("%w: MinBlock %d must be a power of two and SegmentBytes %d a multiple of it, at most %d (MaxSegmentBytes)", ErrInvalid, opts.MinBlock, opts.SegmentBytes, MaxSegmentBytes)
+		return nil, fmt.Errorf("%w: MinBlock %d must be a power of two and SegmentBytes %d a multiple of it, at most %d (MaxSegmentBytes)", ErrInvalidArgument, opts.MinBlock, opts.SegmentBytes, MaxSegmentBytes)
 	}
 	return &Allocator{drv: drv, opts: opts, free: map[*cuda.Stream][]*Block{}}, nil
 }
@@ -188,16 +189,16 @@ func roundUp(n, a int64) int64 { return (n + a - 1) / a * a }
 // and the allocation retried once.
 func (a *Allocator) Alloc(bytes int64, s *cuda.Stream) (*Block, error) {
 	if bytes <= 0 {
-		return nil, fmt.Errorf("%w: alloc of %d bytes", ErrInvalid, bytes)
+		return nil, fmt.Errorf("%w: alloc of %d bytes", ErrInvalidArgument, bytes)
 	}
 	if bytes > 1<<62 {
-		return nil, fmt.Errorf("%w: alloc of %d bytes is too large", ErrInvalid, bytes)
+		return nil, fmt.Errorf("%w: alloc of %d bytes is too large", ErrInvalidArgument, bytes)
 	}
 	size := roundUp(bytes, a.opts.MinBlock)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
-		return nil, fmt.Errorf("%w: alloc on a closed allocator", ErrInvalid)
+		return nil, fmt.Errorf("%w: alloc on a closed allocator", ErrInvalidArgument)
 	}
 	a.collectPending(false)
 	b := a.bestFit(size, s)
@@ -318,13 +319,13 @@ func (a *Allocator) RecordStream(b *Block, s *cuda.Stream) error {
 func (a *Allocator) checkLive(b *Block, op string) error {
 	switch {
 	case b == nil:
-		return fmt.Errorf("%w: %s of a nil block", ErrInvalid, op)
+		return fmt.Errorf("%w: %s of a nil block", ErrInvalidArgument, op)
 	case b.seg == nil || !slices.Contains(a.segments, b.seg):
-		return fmt.Errorf("%w: %s of block %#x: not from this allocator (or its segment was freed)", ErrInvalid, op, uintptr(b.ptr))
+		return fmt.Errorf("%w: %s of block %#x: not from this allocator (or its segment was freed)", ErrInvalidArgument, op, uintptr(b.ptr))
 	case b.retired:
-		return fmt.Errorf("%w: %s of block %#x: a stale handle (freed, and its memory handed out again under another)", ErrInvalid, op, uintptr(b.ptr))
+		return fmt.Errorf("%w: %s of block %#x: a stale handle (freed, and its memory handed out again under another)", ErrInvalidArgument, op, uintptr(b.ptr))
 	case !b.allocated || b.pending:
-		return fmt.Errorf("%w: %s of block %#x: already freed", ErrInvalid, op, uintptr(b.ptr))
+		return fmt.Errorf("%w: %s of block %#x: already freed", ErrInvalidArgument, op, uintptr(b.ptr))
 	}
 	return nil
 }
@@ -567,7 +568,7 @@ func (a *Allocator) Snapshot() []Segment {
 
 // Close waits for pending frees and gives every segment back; it fails
 // (freeing nothing) while blocks are still allocated. A closed allocator
-// refuses Alloc (ErrInvalid); Free of its last blocks, Stats and Snapshot
+// refuses Alloc (ErrInvalidArgument); Free of its last blocks, Stats and Snapshot
 // still work. Its error includes the kept event errors, and names the
 // segments it could not give back because a block's event failed. Close
 // after a Close that returned nil does nothing and returns nil.
@@ -576,7 +577,7 @@ func (a *Allocator) Close() error {
 	defer a.mu.Unlock()
 	a.collectPending(true)
 	if a.stats.ActiveBlocks > 0 {
-		return fmt.Errorf("%w: Close with %d blocks (%d bytes) still allocated; free them first", ErrInvalid, a.stats.ActiveBlocks, a.stats.AllocatedBytes)
+		return fmt.Errorf("%w: Close with %d blocks (%d bytes) still allocated; free them first", ErrInvalidArgument, a.stats.ActiveBlocks, a.stats.AllocatedBytes)
 	}
 	a.closed = true
 	err := errors.Join(a.takeEventErrs(), a.releaseCached())

@@ -168,8 +168,8 @@ func TestStatsAndSnapshot(t *testing.T) {
 	if s := a.Stats(); s.Segments != 1 || s.ReservedBytes != 4<<20 || s.NumSegmentFrees != 1 {
 		t.Errorf("after EmptyCache: %+v, want only y's segment", s)
 	}
-	if err := a.Close(); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "1 blocks") {
-		t.Errorf("Close with y allocated: %v, want ErrInvalid", err)
+	if err := a.Close(); err == nil || !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "1 blocks") {
+		t.Errorf("Close with y allocated: %v, want ErrInvalidArgument", err)
 	}
 	a.Free(y)
 	if err := a.Close(); err != nil {
@@ -247,7 +247,7 @@ func TestStreams(t *testing.T) {
 	if z.Ptr() == y.Ptr() {
 		t.Fatal("reused a block before the other stream's event passed")
 	}
-	if err := a.Free(y); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "already freed") {
+	if err := a.Free(y); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "already freed") {
 		t.Errorf("second free of a pending block: %v", err)
 	}
 	d.events[0].done = true
@@ -287,26 +287,26 @@ func TestMisuse(t *testing.T) {
 	a, _, _ := newTest(t)
 	b := mustAlloc(t, a, 10, nil)
 	for _, n := range []int64{0, -1, 1<<62 + 1} {
-		if _, err := a.Alloc(n, nil); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Alloc(%d): %v, want ErrInvalid", n, err)
+		if _, err := a.Alloc(n, nil); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Alloc(%d): %v, want ErrInvalidArgument", n, err)
 		}
 	}
 	a.Free(b)
-	if err := a.Free(b); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "already freed") {
+	if err := a.Free(b); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "already freed") {
 		t.Errorf("double free: %v", err)
 	}
 	other, _, _ := newTest(t)
 	c := mustAlloc(t, other, 10, nil)
-	if err := a.Free(c); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "not from this allocator") {
+	if err := a.Free(c); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "not from this allocator") {
 		t.Errorf("foreign free: %v", err)
 	}
-	if err := a.Free(nil); !errors.Is(err, ErrInvalid) {
+	if err := a.Free(nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("nil free: %v", err)
 	}
-	if _, err := New(nil, Options{}); !errors.Is(err, ErrInvalid) {
+	if _, err := New(nil, Options{}); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("nil driver: %v", err)
 	}
-	if _, err := New(newFake(&[]string{}), Options{MinBlock: 500}); !errors.Is(err, ErrInvalid) {
+	if _, err := New(newFake(&[]string{}), Options{MinBlock: 500}); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("MinBlock 500: %v", err)
 	}
 }

@@ -95,8 +95,8 @@ func FuzzAllocatorOps(f *testing.F) {
 						continue
 					}
 					held = held[:len(held)-1]
-					if err := a.Free(b); !errors.Is(err, ErrInvalid) {
-						t.Fatalf("second Free: %v, want ErrInvalid", err)
+					if err := a.Free(b); !errors.Is(err, ErrInvalidArgument) {
+						t.Fatalf("second Free: %v, want ErrInvalidArgument", err)
 					}
 				}
 			}

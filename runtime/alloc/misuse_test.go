@@ -23,8 +23,8 @@ func TestStaleHandleRefused(t *testing.T) {
 		t.Fatalf("the reuse: handle %p for %p, memory %#x for %#x; want new handle, same memory", y, x, uintptr(y.Ptr()), uintptr(x.Ptr()))
 	}
 	for _, op := range []func() error{func() error { return a.Free(x) }, func() error { return a.RecordStream(x, nil) }} {
-		if err := op(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "stale handle") {
-			t.Errorf("use of the stale handle: %v; want ErrInvalid naming a stale handle", err)
+		if err := op(); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "stale handle") {
+			t.Errorf("use of the stale handle: %v; want ErrInvalidArgument naming a stale handle", err)
 		}
 	}
 	z := mustAlloc(t, a, 1000, nil)
@@ -171,8 +171,8 @@ func TestOOMWithFailedRelease(t *testing.T) {
 // refused (Alloc of 1<<62 bytes returned a 0-byte block with it).
 func TestOptionsBounds(t *testing.T) {
 	for _, o := range []Options{{MinBlock: 1, SegmentBytes: 1<<63 - 1}, {SegmentBytes: 3 << 61}, {SegmentBytes: MaxSegmentBytes * 2}} {
-		if _, err := New(newFake(&[]string{}), o); !errors.Is(err, ErrInvalid) {
-			t.Errorf("New(%+v): %v; want ErrInvalid", o, err)
+		if _, err := New(newFake(&[]string{}), o); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("New(%+v): %v; want ErrInvalidArgument", o, err)
 		}
 	}
 	if _, err := New(newFake(&[]string{}), Options{SegmentBytes: MaxSegmentBytes}); err != nil {
@@ -226,7 +226,7 @@ func TestEventErrorsDoNotPoison(t *testing.T) {
 	if err := a.Close(); err == nil || !strings.Contains(err.Error(), "segment(s)") {
 		t.Errorf("Close: %v; want it to name the segment it kept", err)
 	}
-	if _, err := a.Alloc(1000, nil); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "closed") {
-		t.Errorf("Alloc after Close: %v; want ErrInvalid naming a closed allocator", err)
+	if _, err := a.Alloc(1000, nil); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("Alloc after Close: %v; want ErrInvalidArgument naming a closed allocator", err)
 	}
 }
