@@ -359,7 +359,7 @@ func (d *cudaDevice) releaseMost() (*waitingFrees, error) {
 		d.abortStream = nil
 	}
 	if d.comm != nil {
-		errs = append(errs, d.comm.Destroy())
+		errs = append(errs, d.comm.Close())
 		d.comm = nil
 	}
 	d.pools.Store(nil)

@@ -116,7 +116,7 @@ func (d *cudaHier) release() error {
 	var errs []error
 	for _, c := range []**nccl.Comm{&d.all, &d.cross} {
 		if *c != nil {
-			errs = append(errs, (*c).Destroy())
+			errs = append(errs, (*c).Close())
 			*c = nil
 		}
 	}

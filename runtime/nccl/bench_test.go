@@ -38,7 +38,7 @@ func BenchmarkEagerCall(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer c.Destroy()
+			defer c.Close()
 			s, err := dev.NewStream()
 			if err != nil {
 				b.Fatal(err)

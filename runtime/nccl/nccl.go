@@ -308,7 +308,7 @@ func (l *Lib) GroupEnd() error {
 // requires of one communicator; ncclCommGetAsyncError is an operation too
 // (it joins NCCL's finished background job, which two concurrent callers
 // would free twice). Every NCCL call on the handle also holds mu for
-// reading; Abort and Destroy take it for writing to clear the handle, so
+// reading; Abort and Close take it for writing to clear the handle, so
 // no call uses a freed communicator. They do not take opMu: waits hold mu
 // only around each poll, so Abort from another goroutine gets the lock
 // promptly; aborting is raised first so waits stop polling.
@@ -413,7 +413,7 @@ func (c *Comm) callLocked(op func() string, fn func(C.ncclComm_t) C.ncclResult_t
 }
 
 // withHandle runs fn on the handle, under the read lock (so Abort and
-// Destroy wait for it) and with the device context current.
+// Close wait for it) and with the device context current.
 func (c *Comm) withHandle(op func() string, fn func(C.ncclComm_t) error) error {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -424,12 +424,12 @@ func (c *Comm) withHandle(op func() string, fn func(C.ncclComm_t) error) error {
 	return c.dev.WithContext(func() error { return fn(h) })
 }
 
-// goneError is the error of a call on a destroyed or aborted communicator.
+// goneError is the error of a call on a closed or aborted communicator.
 func (c *Comm) goneError(op string) error {
 	if c.aborting.Load() {
 		return fmt.Errorf("nccl: %s on rank %d: %w", op, c.rank, ErrAborted)
 	}
-	return fmt.Errorf("nccl: %s on rank %d: communicator destroyed", op, c.rank)
+	return fmt.Errorf("nccl: %s on rank %d: communicator closed", op, c.rank)
 }
 
 // stream returns the CUstream handle for s (0 for nil: the legacy default
@@ -517,16 +517,16 @@ func (c *Comm) Abort() error {
 	return c.release("ncclCommAbort", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommAbort(h) })
 }
 
-// Destroy frees the communicator after its pending work completes. A
-// communicator that is not ready (an operation NCCL has not finished
-// within the timeout, or an asynchronous error) is aborted instead, and
-// Destroy returns why: ncclCommDestroy on it would return early without
-// ending the NCCL group it began (NCCL 2.28), leaving this OS thread inside
-// a group so that later NCCL calls on the thread are only queued (a
-// communicator initialised there would report success without
-// initialising). The Comm is unusable afterwards. Idempotent (with Abort
-// too).
-func (c *Comm) Destroy() error {
+// Close frees the communicator (ncclCommDestroy) after its pending work
+// completes. A communicator that is not ready (an operation NCCL has not
+// finished within the timeout, or an asynchronous error) is aborted
+// instead, and Close returns why: ncclCommDestroy on it would return early
+// without ending the NCCL group it began (NCCL 2.28), leaving this OS
+// thread inside a group so that later NCCL calls on the thread are only
+// queued (a communicator initialised there would report success without
+// initialising). The Comm is unusable afterwards. Safe to call twice, and
+// after Abort: later calls return nil.
+func (c *Comm) Close() error {
 	op := func() string { return "ncclCommDestroy" }
 	c.opMu.Lock()
 	err := c.wait(context.Background(), op, time.Now().Add(c.timeout))
@@ -535,12 +535,12 @@ func (c *Comm) Destroy() error {
 		if c.gone() {
 			return nil
 		}
-		return errors.Join(fmt.Errorf("nccl: rank %d: destroy a communicator that is not ready: aborted instead: %w", c.rank, err), c.Abort())
+		return errors.Join(fmt.Errorf("nccl: rank %d: close a communicator that is not ready: aborted instead: %w", c.rank, err), c.Abort())
 	}
 	return c.release("ncclCommDestroy", func(h C.ncclComm_t) C.ncclResult_t { return C.cgn_ncclCommDestroy(h) })
 }
 
-// gone reports whether the handle was released (Abort or Destroy).
+// gone reports whether the handle was released (Abort or Close).
 func (c *Comm) gone() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

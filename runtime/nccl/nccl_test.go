@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"sync"
@@ -17,6 +18,9 @@ import (
 	"github.com/collgen/collgen/runtime/nccl"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
+
+// A Comm is an io.Closer, as every other runtime handle is.
+var _ io.Closer = (*nccl.Comm)(nil)
 
 func TestMissingLibrary(t *testing.T) {
 	t.Setenv(nccl.EnvNCCLPath, "/nonexistent/libnccl.so.2")
@@ -74,7 +78,7 @@ func rank(lib *nccl.Lib, store rendezvous.Store, r, world int, d *cuda.Device) e
 	if err != nil {
 		return err
 	}
-	defer comm.Destroy()
+	defer comm.Close()
 	s, err := d.NewStream()
 	if err != nil {
 		return err

@@ -120,7 +120,7 @@ func TestRegisterAndWindowsMultiGPU(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				defer comm.Destroy()
+				defer comm.Close()
 				return registerAndWindows(t, lib, comm, d)
 			})
 			if err != nil {
