@@ -21,8 +21,8 @@ func TestHostScripts(t *testing.T) {
 	testscript.Run(t, testscript.Params{
 		Files: globScripts(t, "testdata/script/host_*.txtar"),
 		Setup: func(env *testscript.Env) error {
-			for _, k := range []string{rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv,
-				rendezvous.StoreEnv, rendezvous.SecretEnv, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
+			for _, k := range []string{rendezvous.EnvRank, rendezvous.EnvWorldSize, rendezvous.EnvLocalRank,
+				rendezvous.EnvStore, rendezvous.EnvSecret, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
 				env.Setenv(k, "")
 			}
 			return nil

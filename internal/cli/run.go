@@ -99,7 +99,7 @@ I*N+N-1 (docs/multihost.md).`,
 					return usageError(fmt.Errorf("run: --store: %w", err))
 				}
 			} else {
-				secret := os.Getenv(rendezvous.SecretEnv)
+				secret := os.Getenv(rendezvous.EnvSecret)
 				if secret == "" {
 					var b [16]byte
 					rand.Read(b[:])

@@ -37,8 +37,8 @@ func TestRunScripts(t *testing.T) {
 		Files: files,
 		Setup: func(env *testscript.Env) error {
 			// Scripts must not inherit a rank environment or a secret.
-			for _, k := range []string{rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv,
-				rendezvous.StoreEnv, rendezvous.SecretEnv, rendezvous.RunIDEnv, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
+			for _, k := range []string{rendezvous.EnvRank, rendezvous.EnvWorldSize, rendezvous.EnvLocalRank,
+				rendezvous.EnvStore, rendezvous.EnvSecret, rendezvous.EnvRunID, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} {
 				env.Setenv(k, "")
 			}
 			return nil
@@ -88,11 +88,11 @@ func rankHelper(args []string) int {
 		fmt.Fprintln(os.Stderr, "rankhelper: no mode")
 		return 2
 	}
-	rank := os.Getenv(rendezvous.RankEnv)
+	rank := os.Getenv(rendezvous.EnvRank)
 	switch args[0] {
 	case "env":
-		fmt.Printf("rank=%s world=%s local=%s store=%s secret-set=%v\n", rank, os.Getenv(rendezvous.WorldSizeEnv),
-			os.Getenv(rendezvous.LocalRankEnv), os.Getenv(rendezvous.StoreEnv), os.Getenv(rendezvous.SecretEnv) != "")
+		fmt.Printf("rank=%s world=%s local=%s store=%s secret-set=%v\n", rank, os.Getenv(rendezvous.EnvWorldSize),
+			os.Getenv(rendezvous.EnvLocalRank), os.Getenv(rendezvous.EnvStore), os.Getenv(rendezvous.EnvSecret) != "")
 		fmt.Fprintln(os.Stderr, "hello from stderr")
 		return 0
 	case "fail":
@@ -108,14 +108,14 @@ func rankHelper(args []string) int {
 	case "shmleak":
 		// As a rank killed during host set-up: a segment of this run left
 		// in /dev/shm; its path goes to DIR/seg.RANK for the script.
-		seg := "/dev/shm/collgen-0000000000000000-" + os.Getenv(rendezvous.RunIDEnv) + ".leak-r" + rank
+		seg := "/dev/shm/collgen-0000000000000000-" + os.Getenv(rendezvous.EnvRunID) + ".leak-r" + rank
 		if err := os.WriteFile(seg, nil, 0o600); err != nil {
 			fmt.Fprintln(os.Stderr, "rankhelper:", err)
 			return 1
 		}
 		os.WriteFile(filepath.Join(args[1], "seg."+rank), []byte(seg), 0o600)
 		// Die once every rank has made its segment.
-		world, _ := strconv.Atoi(os.Getenv(rendezvous.WorldSizeEnv))
+		world, _ := strconv.Atoi(os.Getenv(rendezvous.EnvWorldSize))
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			if m, _ := filepath.Glob(filepath.Join(args[1], "seg.*")); len(m) >= world {
 				break

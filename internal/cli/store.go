@@ -56,8 +56,8 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 				defer os.Remove(addrFile)
 			}
 			auth := "no secret"
-			if os.Getenv(rendezvous.SecretEnv) != "" {
-				auth = "secret from " + rendezvous.SecretEnv
+			if os.Getenv(rendezvous.EnvSecret) != "" {
+				auth = "secret from " + rendezvous.EnvSecret
 			}
 			fmt.Fprintf(io.Out, "collgen store: listening on %s (%s)\n", addr, auth)
 			sig := <-sigs
@@ -68,6 +68,6 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:29500", "address to listen on; a bare :PORT means loopback")
 	cmd.Flags().StringVar(&addrFile, "addr-file", "", "write the listening tcp:// address to this file once ready (useful with port 0); removed when the store stops")
 	cmd.Flags().IntVar(&maxFrame, "max-frame-size", rendezvous.DefaultMaxFrameSize, "largest request in bytes; bigger ones disconnect the client")
-	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow listening beyond loopback without "+rendezvous.SecretEnv+" (anyone who can connect can read and change the store)")
+	cmd.Flags().BoolVar(&insecure, "insecure", false, "allow listening beyond loopback without "+rendezvous.EnvSecret+" (anyone who can connect can read and change the store)")
 	return cmd
 }

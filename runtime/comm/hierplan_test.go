@@ -59,11 +59,11 @@ func TestGroupHostsUnequal(t *testing.T) {
 }
 
 func TestHostID(t *testing.T) {
-	t.Setenv(HostIDEnv, "")
+	t.Setenv(EnvHostID, "")
 	if id, err := hostID(Config{HostID: "node7"}); err != nil || id != "node7" {
 		t.Fatalf("hostID(Config.HostID) = %q, %v", id, err)
 	}
-	t.Setenv(HostIDEnv, "fromenv")
+	t.Setenv(EnvHostID, "fromenv")
 	if id, err := hostID(Config{}); err != nil || id != "fromenv" {
 		t.Fatalf("hostID(env) = %q, %v", id, err)
 	}
@@ -73,7 +73,7 @@ func TestHostID(t *testing.T) {
 	if _, err := hostID(Config{HostID: strings.Repeat("x", maxHostID+1)}); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("hostID(too long) = %v", err)
 	}
-	t.Setenv(HostIDEnv, "")
+	t.Setenv(EnvHostID, "")
 	a, err := hostID(Config{})
 	if b, _ := hostID(Config{}); err != nil || a == "" || a != b {
 		t.Fatalf("default hostID = %q, %q, %v; want the same non-empty id", a, b, err)

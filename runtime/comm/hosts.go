@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// HostIDEnv overrides the host identity of every rank of a process (as
+// EnvHostID overrides the host identity of every rank of a process (as
 // Config.HostID does for one communicator): ranks with the same id count
 // as one host, whose GPUs reach each other by CUDA IPC. Tests use it to
 // make two "hosts" on one machine.
-const HostIDEnv = "COLLGEN_HOST_ID"
+const EnvHostID = "COLLGEN_HOST_ID"
 
 // maxHostID bounds a host id, so a stray value cannot bloat the store.
 const maxHostID = 256
@@ -25,7 +25,7 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 func hostID(cfg Config) (string, error) {
 	id, from := cfg.HostID, "Config.HostID"
 	if id == "" {
-		id, from = os.Getenv(HostIDEnv), HostIDEnv
+		id, from = os.Getenv(EnvHostID), EnvHostID
 	}
 	if id != "" {
 		if len(id) > maxHostID || strings.ContainsFunc(id, func(r rune) bool { return r < ' ' || r == 0x7f }) {
@@ -35,7 +35,7 @@ func hostID(cfg Config) (string, error) {
 	}
 	name, err := os.Hostname()
 	if err != nil {
-		return "", errorf(ErrUnsupported, "comm: cannot name this host (set %s or Config.HostID): %w", HostIDEnv, err)
+		return "", errorf(ErrUnsupported, "comm: cannot name this host (set %s or Config.HostID): %w", EnvHostID, err)
 	}
 	boot, err := os.ReadFile(bootIDPath)
 	if err != nil {

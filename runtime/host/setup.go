@@ -175,7 +175,7 @@ func (g *Group) setup(ctx context.Context) error {
 	// The run id (COLLGEN_RUN_ID, set by collgen run) tags the names so
 	// the launcher can remove a killed rank's segment; an invalid one is
 	// refused by rendezvous.ReadEnv and ignored here.
-	runID := os.Getenv(rendezvous.RunIDEnv)
+	runID := os.Getenv(rendezvous.EnvRunID)
 	if rendezvous.CheckRunID(runID) != nil {
 		runID = ""
 	}

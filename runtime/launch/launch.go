@@ -186,9 +186,9 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	if base == nil {
 		base = os.Environ()
 	}
-	base = withoutVars(base, rendezvous.RankEnv, rendezvous.WorldSizeEnv, rendezvous.LocalRankEnv, rendezvous.StoreEnv, rendezvous.RunIDEnv)
+	base = withoutVars(base, rendezvous.EnvRank, rendezvous.EnvWorldSize, rendezvous.EnvLocalRank, rendezvous.EnvStore, rendezvous.EnvRunID)
 	if cfg.Secret != "" {
-		base = append(withoutVars(base, rendezvous.SecretEnv), rendezvous.SecretEnv+"="+cfg.Secret)
+		base = append(withoutVars(base, rendezvous.EnvSecret), rendezvous.EnvSecret+"="+cfg.Secret)
 	}
 	g := &Group{cfg: cfg, results: make(chan result, cfg.N), exited: make([]bool, cfg.N)}
 	if err := g.claimRunDir(); err != nil {
@@ -202,11 +202,11 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 		cmd := exec.Command(cfg.Args[0], cfg.Args[1:]...)
 		cmd.Dir = cfg.Dir
 		cmd.Env = append(append([]string(nil), base...),
-			rendezvous.RankEnv+"="+strconv.Itoa(first+r),
-			rendezvous.WorldSizeEnv+"="+strconv.Itoa(world),
-			rendezvous.LocalRankEnv+"="+strconv.Itoa(r),
-			rendezvous.StoreEnv+"="+cfg.Store,
-			rendezvous.RunIDEnv+"="+cfg.RunID,
+			rendezvous.EnvRank+"="+strconv.Itoa(first+r),
+			rendezvous.EnvWorldSize+"="+strconv.Itoa(world),
+			rendezvous.EnvLocalRank+"="+strconv.Itoa(r),
+			rendezvous.EnvStore+"="+cfg.Store,
+			rendezvous.EnvRunID+"="+cfg.RunID,
 		)
 		prefix := fmt.Sprintf("[rank %d] ", first+r)
 		stdout := &prefixWriter{mu: &outMu, w: cfg.Stdout, prefix: prefix}
@@ -586,7 +586,7 @@ func checkNodes(cfg Config) error {
 	case scheme == "file":
 		return fmt.Errorf("launch: %d nodes cannot share file store %s: each launcher removes the run's directory when its own ranks exit; use an etcd:// or tcp:// store", cfg.Nodes, cfg.Store)
 	case cfg.RunID == "":
-		return fmt.Errorf("launch: %d nodes need the same run id on every node (%s); a fresh one per launcher would split the run", cfg.Nodes, rendezvous.RunIDEnv)
+		return fmt.Errorf("launch: %d nodes need the same run id on every node (%s); a fresh one per launcher would split the run", cfg.Nodes, rendezvous.EnvRunID)
 	}
 	return nil
 }

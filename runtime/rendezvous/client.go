@@ -86,7 +86,7 @@ func DialTCP(ctx context.Context, addr string, opts ClientOptions) (Store, error
 	}
 	secret := opts.Secret
 	if secret == nil {
-		secret = []byte(os.Getenv(SecretEnv))
+		secret = []byte(os.Getenv(EnvSecret))
 	}
 	var idb [8]byte
 	rand.Read(idb[:])
@@ -174,7 +174,7 @@ func (c *tcpClient) handshake(cc *clientConn) error {
 		return fmt.Errorf("handshake: %w", err)
 	}
 	if resp.Op == statusAuth {
-		return &fatalError{fmt.Errorf("%w: tcp store at %s refused this client; give the store and every rank the same %s", ErrAuth, c.addr, SecretEnv)}
+		return &fatalError{fmt.Errorf("%w: tcp store at %s refused this client; give the store and every rank the same %s", ErrAuth, c.addr, EnvSecret)}
 	}
 	if resp.Op != statusOK {
 		return &fatalError{fmt.Errorf("rendezvous: tcp store at %s: unexpected handshake status %d", c.addr, resp.Op)}

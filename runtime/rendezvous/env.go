@@ -13,10 +13,10 @@ import (
 
 // Environment variables set by `collgen run` for every rank.
 const (
-	RankEnv      = "COLLGEN_RANK"
-	WorldSizeEnv = "COLLGEN_WORLD_SIZE"
-	LocalRankEnv = "COLLGEN_LOCAL_RANK"
-	StoreEnv     = "COLLGEN_STORE"
+	EnvRank      = "COLLGEN_RANK"
+	EnvWorldSize = "COLLGEN_WORLD_SIZE"
+	EnvLocalRank = "COLLGEN_LOCAL_RANK"
+	EnvStore     = "COLLGEN_STORE"
 )
 
 // Env is where a rank sits in its group and where the group's store is.
@@ -49,7 +49,7 @@ func ReadEnv() (Env, error) { return readEnv(os.LookupEnv) }
 func readEnv(lookup func(string) (string, bool)) (Env, error) {
 	// An empty variable counts as unset.
 	has := func(k string) bool { v, _ := lookup(k); return v != "" }
-	if has(RankEnv) || has(WorldSizeEnv) || has(StoreEnv) || has(LocalRankEnv) {
+	if has(EnvRank) || has(EnvWorldSize) || has(EnvStore) || has(EnvLocalRank) {
 		return readCollgenEnv(lookup)
 	}
 	if has("RANK") || has("WORLD_SIZE") {
@@ -78,18 +78,18 @@ func intVar(lookup func(string) (string, bool), name string, def int) (int, erro
 func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	e := Env{Source: "collgen"}
 	var err error
-	if e.Rank, err = intVar(lookup, RankEnv, -1); err != nil {
+	if e.Rank, err = intVar(lookup, EnvRank, -1); err != nil {
 		return Env{}, err
 	}
-	if e.WorldSize, err = intVar(lookup, WorldSizeEnv, -1); err != nil {
+	if e.WorldSize, err = intVar(lookup, EnvWorldSize, -1); err != nil {
 		return Env{}, err
 	}
-	if e.LocalRank, err = intVar(lookup, LocalRankEnv, e.Rank); err != nil {
+	if e.LocalRank, err = intVar(lookup, EnvLocalRank, e.Rank); err != nil {
 		return Env{}, err
 	}
-	e.Store, _ = lookup(StoreEnv)
+	e.Store, _ = lookup(EnvStore)
 	if e.Store == "" {
-		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port, file:///path or etcd://host:port)", StoreEnv)
+		return Env{}, fmt.Errorf("rendezvous: %s is not set (want tcp://host:port, file:///path or etcd://host:port)", EnvStore)
 	}
 	if _, _, err := ParseStoreAddr(e.Store); err != nil {
 		return Env{}, err
@@ -97,7 +97,7 @@ func readCollgenEnv(lookup func(string) (string, bool)) (Env, error) {
 	if err := checkRank(e.Rank, e.WorldSize); err != nil {
 		return Env{}, err
 	}
-	if err := checkLocalRank(LocalRankEnv, e.LocalRank, e.WorldSize); err != nil {
+	if err := checkLocalRank(EnvLocalRank, e.LocalRank, e.WorldSize); err != nil {
 		return Env{}, err
 	}
 	if e.RunID, err = runIDVar(lookup); err != nil {
@@ -117,7 +117,7 @@ func checkLocalRank(name string, local, world int) error {
 
 // runIDVar reads COLLGEN_RUN_ID, checked ("" when unset or empty).
 func runIDVar(lookup func(string) (string, bool)) (string, error) {
-	id, _ := lookup(RunIDEnv)
+	id, _ := lookup(EnvRunID)
 	if id == "" {
 		return "", nil
 	}
@@ -316,7 +316,7 @@ func FromEnv(ctx context.Context) (Env, Store, error) {
 	if errors.Is(err, ErrInsecure) {
 		return Env{}, nil, fmt.Errorf("rendezvous: rank 0 cannot serve the store on %s (MASTER_ADDR is not a loopback address) without a secret: "+
 			"set %s to the same random value on every rank (e.g. export %s=$(openssl rand -hex 16)), or set MASTER_ADDR=127.0.0.1 when all ranks run on this host: %w",
-			e.Store, SecretEnv, SecretEnv, err)
+			e.Store, EnvSecret, EnvSecret, err)
 	}
 	if err != nil {
 		return Env{}, nil, fmt.Errorf("rendezvous: rank 0 serving the store: %w", err)

@@ -18,7 +18,7 @@ func FuzzEnv(f *testing.F) {
 	f.Add("", "", "", "", "0", "2", "h", "65535", true)
 	f.Add("5", "2", "-1", "file:///tmp/x", "", "", "", "", false)
 	f.Fuzz(func(t *testing.T, rank, world, local, store, trank, tworld, maddr, mport string, elastic bool) {
-		env := map[string]string{RankEnv: rank, WorldSizeEnv: world, LocalRankEnv: local, StoreEnv: store,
+		env := map[string]string{EnvRank: rank, EnvWorldSize: world, EnvLocalRank: local, EnvStore: store,
 			"RANK": trank, "WORLD_SIZE": tworld, "MASTER_ADDR": maddr, "MASTER_PORT": mport}
 		if elastic {
 			env["TORCHELASTIC_RUN_ID"] = "r"

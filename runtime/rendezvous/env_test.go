@@ -67,7 +67,7 @@ func TestFromEnvTorchrunRankZeroHostsStore(t *testing.T) {
 		t.Setenv(k, "")
 		unsetenv(t, k)
 	}
-	t.Setenv(SecretEnv, "")
+	t.Setenv(EnvSecret, "")
 	srv, err := NewTCPServer("127.0.0.1:0", ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestFromEnvTorchrunOpenStoreNeedsSecret(t *testing.T) {
 		t.Setenv(k, "")
 		unsetenv(t, k)
 	}
-	t.Setenv(SecretEnv, "")
+	t.Setenv(EnvSecret, "")
 	t.Setenv("MASTER_ADDR", "0.0.0.0") // every interface: not loopback
 	t.Setenv("MASTER_PORT", "0")
 	t.Setenv("WORLD_SIZE", "1")
@@ -128,13 +128,13 @@ func TestFromEnvTorchrunOpenStoreNeedsSecret(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, s, err := FromEnv(ctx)
-	if !errors.Is(err, ErrInsecure) || !strings.Contains(err.Error(), "set "+SecretEnv) || !strings.Contains(err.Error(), "MASTER_ADDR=127.0.0.1") {
-		t.Fatalf("FromEnv = %v, want ErrInsecure naming %s", err, SecretEnv)
+	if !errors.Is(err, ErrInsecure) || !strings.Contains(err.Error(), "set "+EnvSecret) || !strings.Contains(err.Error(), "MASTER_ADDR=127.0.0.1") {
+		t.Fatalf("FromEnv = %v, want ErrInsecure naming %s", err, EnvSecret)
 	}
 	if s != nil {
 		t.Fatal("a store came back with the error")
 	}
-	t.Setenv(SecretEnv, "s3cret")
+	t.Setenv(EnvSecret, "s3cret")
 	_, s, err = FromEnv(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -218,9 +218,9 @@ func TestEnvPortsAndHosts(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "tcp://h:99999"}, "port \"99999\""},
-		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "h:http"}, "port \"http\""},
-		{map[string]string{RankEnv: "0", WorldSizeEnv: "2", StoreEnv: "tcp://h:0"}, "port \"0\""},
+		{map[string]string{EnvRank: "0", EnvWorldSize: "2", EnvStore: "tcp://h:99999"}, "port \"99999\""},
+		{map[string]string{EnvRank: "0", EnvWorldSize: "2", EnvStore: "h:http"}, "port \"http\""},
+		{map[string]string{EnvRank: "0", EnvWorldSize: "2", EnvStore: "tcp://h:0"}, "port \"0\""},
 		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "65535", "TORCHELASTIC_RUN_ID": "r"}, "MASTER_PORT+1"},
 		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT 70000"},
 		{map[string]string{"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "]", "MASTER_PORT": "29500"}, "MASTER_ADDR \"]\""},
@@ -248,12 +248,12 @@ func TestReadEnvGaps(t *testing.T) {
 		}
 		return m
 	}
-	e, err := readEnv(lookupMap(with(map[string]string{RunIDEnv: "job42abc"})))
+	e, err := readEnv(lookupMap(with(map[string]string{EnvRunID: "job42abc"})))
 	if err != nil || e.RunID != "job42abc" {
-		t.Errorf("torchrun with %s: %+v, %v; want the run id kept", RunIDEnv, e, err)
+		t.Errorf("torchrun with %s: %+v, %v; want the run id kept", EnvRunID, e, err)
 	}
-	if _, err := readEnv(lookupMap(with(map[string]string{RunIDEnv: "bad!"}))); err == nil {
-		t.Errorf("torchrun with %s=bad!: accepted", RunIDEnv)
+	if _, err := readEnv(lookupMap(with(map[string]string{EnvRunID: "bad!"}))); err == nil {
+		t.Errorf("torchrun with %s=bad!: accepted", EnvRunID)
 	}
 	if e, err := readEnv(lookupMap(with(map[string]string{"TORCHELASTIC_RUN_ID": ""}))); err != nil || e.Store != "tcp://h:29500" {
 		t.Errorf("empty TORCHELASTIC_RUN_ID: %+v, %v; want the store on MASTER_PORT", e, err)
@@ -261,7 +261,7 @@ func TestReadEnvGaps(t *testing.T) {
 	for _, c := range []map[string]string{
 		with(map[string]string{"MASTER_PORT": "0"}),
 		with(map[string]string{"LOCAL_RANK": "9"}),
-		{RankEnv: "0", WorldSizeEnv: "2", LocalRankEnv: "5", StoreEnv: "tcp://h:1"},
+		{EnvRank: "0", EnvWorldSize: "2", EnvLocalRank: "5", EnvStore: "tcp://h:1"},
 	} {
 		if e, err := readEnv(lookupMap(c)); err == nil {
 			t.Errorf("%v: accepted as %+v", c, e)

@@ -6,12 +6,12 @@ import (
 	"strings"
 )
 
-// RunIDEnv names the variable holding the run's generation: a fresh random
+// EnvRunID names the variable holding the run's generation: a fresh random
 // id that `collgen run` (and the bench parent) give every rank of one run.
 // FromEnv keys the whole store by it, so a rerun on the same store never
 // adopts a previous run's keys, and shared-memory segment names carry it
 // so the launcher can remove what a killed rank left.
-const RunIDEnv = "COLLGEN_RUN_ID"
+const EnvRunID = "COLLGEN_RUN_ID"
 
 // CheckRunID returns an error unless id is a valid run id: 8 to 16 ASCII
 // letters and digits.
@@ -21,7 +21,7 @@ func CheckRunID(id string) error {
 		ok = ok && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9')
 	}
 	if !ok {
-		return fmt.Errorf("rendezvous: %s=%q: want 8 to 16 letters and digits (collgen run sets a fresh one per run)", RunIDEnv, id)
+		return fmt.Errorf("rendezvous: %s=%q: want 8 to 16 letters and digits (collgen run sets a fresh one per run)", EnvRunID, id)
 	}
 	return nil
 }

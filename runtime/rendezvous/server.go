@@ -19,9 +19,9 @@ import (
 	"time"
 )
 
-// SecretEnv names the environment variable holding the shared secret that
+// EnvSecret names the environment variable holding the shared secret that
 // TCP servers and clients use when their options give none.
-const SecretEnv = "COLLGEN_STORE_SECRET"
+const EnvSecret = "COLLGEN_STORE_SECRET"
 
 // ErrInsecure is returned (wrapped) by NewTCPServer for a listener beyond
 // loopback without a secret, unless ServerOptions.Insecure says so.
@@ -209,7 +209,7 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 	}
 	secret := opts.Secret
 	if secret == nil {
-		secret = []byte(os.Getenv(SecretEnv))
+		secret = []byte(os.Getenv(EnvSecret))
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
@@ -217,7 +217,7 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 	}
 	if len(secret) == 0 && !isLoopback(ln.Addr()) && !opts.Insecure {
 		ln.Close()
-		return nil, fmt.Errorf("%w: %s is reachable from other hosts; set %s (the same value for the server and every rank) or listen on 127.0.0.1", ErrInsecure, ln.Addr(), SecretEnv)
+		return nil, fmt.Errorf("%w: %s is reachable from other hosts; set %s (the same value for the server and every rank) or listen on 127.0.0.1", ErrInsecure, ln.Addr(), EnvSecret)
 	}
 	data := newMemStore(DefaultTimeout)
 	data.limit = opts.MaxStoreBytes
@@ -232,7 +232,7 @@ func NewTCPServer(addr string, opts ServerOptions) (*Server, error) {
 		log:     rateLogger{logf: opts.Logf, burst: 10, every: 500 * time.Millisecond},
 	}
 	if len(secret) == 0 && !isLoopback(ln.Addr()) {
-		s.logf("rendezvous: warning: store listening on %s without a secret; any host that can reach it can read and change it (set %s)", ln.Addr(), SecretEnv)
+		s.logf("rendezvous: warning: store listening on %s without a secret; any host that can reach it can read and change it (set %s)", ln.Addr(), EnvSecret)
 	}
 	s.wg.Add(1)
 	go s.accept()

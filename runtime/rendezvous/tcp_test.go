@@ -40,7 +40,7 @@ func TestTCPAuth(t *testing.T) {
 	}
 
 	// The env variable is the fallback for a nil secret, on both sides.
-	t.Setenv(SecretEnv, "s3cret")
+	t.Setenv(EnvSecret, "s3cret")
 	s := dialTest(t, srv, ClientOptions{})
 	if err := s.Set(ctx, "k", []byte("v")); err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ func TestMultiHostGPU(t *testing.T) {
 // rank names its own host (COLLGEN_HOST_ID would make all ranks of a
 // launcher one host).
 func TestMultiHostProcess(t *testing.T) {
-	if os.Getenv(rendezvous.RankEnv) == "" {
+	if os.Getenv(rendezvous.EnvRank) == "" {
 		t.Skip("run through collgen run (tests/proof/run.sh)")
 	}
 	gpus(t)

@@ -17,16 +17,16 @@ import (
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
-// ShareEnv names the environment variable that, set to 1, puts every
+// EnvShare names the environment variable that, set to 1, puts every
 // rank of the multi-GPU tests on GPU 0 (Shared): one GPU then runs the
 // group tests at any world size. It proves the tests' and the runtime's
 // logic (mappings, descriptors, signals, timeouts, clean-up) where no
 // machine with a GPU per rank is at hand, not NVLink's ordering or speed.
-const ShareEnv = "COLLGEN_TEST_SHARE_GPU"
+const EnvShare = "COLLGEN_TEST_SHARE_GPU"
 
 // Shared reports whether $COLLGEN_TEST_SHARE_GPU=1 puts every rank on
 // GPU 0.
-func Shared() bool { return os.Getenv(ShareEnv) == "1" }
+func Shared() bool { return os.Getenv(EnvShare) == "1" }
 
 // Ordinal is the GPU of rank r: r, or 0 when ranks share one GPU. Child
 // processes of a test inherit the environment, so they agree with it.
@@ -62,9 +62,9 @@ func Devices(t testing.TB, n int) []*cuda.Device {
 	return devs
 }
 
-// WorldEnv names the environment variable that sets how many GPUs the
+// EnvWorld names the environment variable that sets how many GPUs the
 // multi-GPU tests use (World); unset, they use every visible GPU.
-const WorldEnv = "COLLGEN_TEST_WORLD"
+const EnvWorld = "COLLGEN_TEST_WORLD"
 
 // World opens the devices of a multi-GPU test: ordinals 0..w-1, where w
 // is WorldSize's.
@@ -85,7 +85,7 @@ func WorldSize(t testing.TB, min int) int {
 	if err != nil {
 		t.Skipf("no CUDA driver: %v", err)
 	}
-	w, err := worldSize(os.Getenv(WorldEnv), count, min, Shared())
+	w, err := worldSize(os.Getenv(EnvWorld), count, min, Shared())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func NCCLWorld(t testing.TB) int {
 func OwnGPUs(t testing.TB) {
 	t.Helper()
 	if Shared() {
-		t.Skipf("needs a GPU per rank (NCCL refuses two ranks on one device); %s=1 shares one", ShareEnv)
+		t.Skipf("needs a GPU per rank (NCCL refuses two ranks on one device); %s=1 shares one", EnvShare)
 	}
 }
 
@@ -136,7 +136,7 @@ func worldSize(env string, count, min int, shared bool) (int, error) {
 	}
 	w, err := strconv.Atoi(env)
 	if err != nil || w < min {
-		return 0, fmt.Errorf("%s=%q: want a number of GPUs, at least %d", WorldEnv, env, min)
+		return 0, fmt.Errorf("%s=%q: want a number of GPUs, at least %d", EnvWorld, env, min)
 	}
 	return w, nil
 }

@@ -40,11 +40,11 @@ func TestWorldSize(t *testing.T) {
 // TestSharedPlacement: with $COLLGEN_TEST_SHARE_GPU=1 every rank is on GPU
 // 0 and any number of ranks needs one GPU; unset, rank r is on GPU r.
 func TestSharedPlacement(t *testing.T) {
-	t.Setenv(ShareEnv, "")
+	t.Setenv(EnvShare, "")
 	if Shared() || Ordinal(3) != 3 || distinct(4) != 4 {
 		t.Errorf("unshared: Shared %v, Ordinal(3) %d, distinct(4) %d", Shared(), Ordinal(3), distinct(4))
 	}
-	t.Setenv(ShareEnv, "1")
+	t.Setenv(EnvShare, "1")
 	if !Shared() || Ordinal(3) != 0 || distinct(4) != 1 || distinct(0) != 0 {
 		t.Errorf("shared: Shared %v, Ordinal(3) %d, distinct(4) %d, distinct(0) %d", Shared(), Ordinal(3), distinct(4), distinct(0))
 	}

@@ -35,16 +35,16 @@ import (
 
 // Environment variables read for an "etcd://" or "etcds://" address.
 const (
-	// CACertEnv, CertEnv and KeyEnv name PEM files for TLS ("etcds://"):
+	// EnvCACert, EnvCert and EnvKey name PEM files for TLS ("etcds://"):
 	// the CA that signed the servers' certificates (default: the system
 	// pool) and a client certificate and key (optional).
-	CACertEnv = "COLLGEN_ETCD_CACERT"
-	CertEnv   = "COLLGEN_ETCD_CERT"
-	KeyEnv    = "COLLGEN_ETCD_KEY"
-	// UserEnv and PasswordEnv are etcd's user and password when the
+	EnvCACert = "COLLGEN_ETCD_CACERT"
+	EnvCert   = "COLLGEN_ETCD_CERT"
+	EnvKey    = "COLLGEN_ETCD_KEY"
+	// EnvUser and EnvPassword are etcd's user and password when the
 	// cluster has authentication enabled.
-	UserEnv     = "COLLGEN_ETCD_USER"
-	PasswordEnv = "COLLGEN_ETCD_PASSWORD"
+	EnvUser     = "COLLGEN_ETCD_USER"
+	EnvPassword = "COLLGEN_ETCD_PASSWORD"
 )
 
 // DefaultTTL is the lease of a handle's keys when Config.TTL is zero: a dead
@@ -96,7 +96,7 @@ func ParseAddr(rest string, secure bool) (Config, error) {
 	hosts, prefix, _ := strings.Cut(rest, "/")
 	if strings.Contains(hosts, "@") {
 		// Not quoted: every error naming an endpoint would show them.
-		return Config{}, fmt.Errorf("etcdstore: the address holds credentials (user:password@); set %s and %s instead", UserEnv, PasswordEnv)
+		return Config{}, fmt.Errorf("etcdstore: the address holds credentials (user:password@); set %s and %s instead", EnvUser, EnvPassword)
 	}
 	var cfg Config
 	for _, h := range strings.Split(hosts, ",") {
@@ -118,10 +118,10 @@ func ParseAddr(rest string, secure bool) (Config, error) {
 	if prefix != "" {
 		cfg.Prefix = "/" + strings.TrimSuffix(prefix, "/") + "/"
 	}
-	cfg.Username, cfg.Password = os.Getenv(UserEnv), os.Getenv(PasswordEnv)
+	cfg.Username, cfg.Password = os.Getenv(EnvUser), os.Getenv(EnvPassword)
 	if !secure {
-		if os.Getenv(CACertEnv) != "" || os.Getenv(CertEnv) != "" {
-			return Config{}, fmt.Errorf("etcdstore: %s or %s is set but the address is etcd://; use etcds:// for TLS", CACertEnv, CertEnv)
+		if os.Getenv(EnvCACert) != "" || os.Getenv(EnvCert) != "" {
+			return Config{}, fmt.Errorf("etcdstore: %s or %s is set but the address is etcd://; use etcds:// for TLS", EnvCACert, EnvCert)
 		}
 		return cfg, nil
 	}
@@ -142,19 +142,19 @@ func validPort(port string) bool {
 // file variables.
 func tlsFromEnv() (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if ca := os.Getenv(CACertEnv); ca != "" {
+	if ca := os.Getenv(EnvCACert); ca != "" {
 		pem, err := os.ReadFile(ca)
 		if err != nil {
-			return nil, fmt.Errorf("etcdstore: %s: %w", CACertEnv, err)
+			return nil, fmt.Errorf("etcdstore: %s: %w", EnvCACert, err)
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("etcdstore: %s=%s holds no PEM certificate", CACertEnv, ca)
+			return nil, fmt.Errorf("etcdstore: %s=%s holds no PEM certificate", EnvCACert, ca)
 		}
 	}
-	cert, key := os.Getenv(CertEnv), os.Getenv(KeyEnv)
+	cert, key := os.Getenv(EnvCert), os.Getenv(EnvKey)
 	if (cert == "") != (key == "") {
-		return nil, fmt.Errorf("etcdstore: set both %s and %s for a client certificate, or neither", CertEnv, KeyEnv)
+		return nil, fmt.Errorf("etcdstore: set both %s and %s for a client certificate, or neither", EnvCert, EnvKey)
 	}
 	if cert != "" {
 		pair, err := tls.LoadX509KeyPair(cert, key)

@@ -200,9 +200,9 @@ func TestParseAddr(t *testing.T) {
 		want   string
 	}{
 		{"/x", false, nil, `etcdstore: address "/x" names no endpoint; want etcd://host:2379[,host2:2379][/prefix]`},
-		{"h:1", false, map[string]string{etcdstore.CACertEnv: "/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT or COLLGEN_ETCD_CERT is set but the address is etcd://; use etcds:// for TLS"},
-		{"h:1", true, map[string]string{etcdstore.CertEnv: "/c.pem"}, "etcdstore: set both COLLGEN_ETCD_CERT and COLLGEN_ETCD_KEY for a client certificate, or neither"},
-		{"h:1", true, map[string]string{etcdstore.CACertEnv: "/nonexistent/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT: open /nonexistent/ca.pem: no such file or directory"},
+		{"h:1", false, map[string]string{etcdstore.EnvCACert: "/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT or COLLGEN_ETCD_CERT is set but the address is etcd://; use etcds:// for TLS"},
+		{"h:1", true, map[string]string{etcdstore.EnvCert: "/c.pem"}, "etcdstore: set both COLLGEN_ETCD_CERT and COLLGEN_ETCD_KEY for a client certificate, or neither"},
+		{"h:1", true, map[string]string{etcdstore.EnvCACert: "/nonexistent/ca.pem"}, "etcdstore: COLLGEN_ETCD_CACERT: open /nonexistent/ca.pem: no such file or directory"},
 		// etcdctl-style endpoints with a scheme were split at the
 		// scheme's "//" into endpoint "http:" and prefix "//h1:2379/".
 		{"http://h1:2379,http://h2:2379", false, nil, `etcdstore: address "http://h1:2379,http://h2:2379": endpoints take no scheme; want etcd://host:2379[,host2:2379][/prefix] (etcds:// for TLS)`},
