@@ -12,6 +12,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -479,5 +480,62 @@ func TestCallWithDoneContext(t *testing.T) {
 	}
 	if outs[0][0] != 3 || outs[1][0] != 3 {
 		t.Errorf("next call: %v; want 3 on both ranks", outs)
+	}
+}
+
+// withoutHostWorlds is the shipped library whose host_shm rules cover only
+// the given world sizes (none: no host_shm topology at all).
+func withoutHostWorlds(worlds ...int) *kernels.Library {
+	lib := collectives.Library
+	var sels []kernels.Selection
+	for _, s := range lib.Selections {
+		if s.Kind == coll.HostSHM {
+			if len(worlds) == 0 {
+				continue
+			}
+			s.Worlds = worlds
+		}
+		sels = append(sels, s)
+	}
+	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
+		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+}
+
+// A library whose spec has no host_shm topology, or none at the world
+// size, has no rules for host ranks: the automatic choice says that and
+// what to add to the spec, not that "the host_shm rules select nccl"
+// (there are none). A named algorithm still runs.
+func TestHostNoRulesSaysWhatToAdd(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		lib    *kernels.Library
+		want   string
+		wantNo string
+	}{
+		{"no host_shm topology", withoutHostWorlds(), `library "collectives" has no host_shm topology`, "rules select nccl"},
+		{"other world sizes", withoutHostWorlds(3, 4), `host_shm topology host has no world size 2 for allreduce (it has 3, 4): add 2 to its world_sizes`, "rules select nccl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			comms := hostComms(t, rendezvous.NewMemStore(), 2, "norules", func(c *Config) { c.Library = tc.lib })
+			defer closeAll(t, comms)
+			xs := make([]float32, 64)
+			errs := onRanks(comms, func(_ int, c *Communicator) error {
+				return AllReduceSlice(c, xs, make([]float32, 64), coll.Sum, Options{})
+			})
+			for r, err := range errs {
+				if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.wantNo) {
+					t.Errorf("rank %d: %v; want ErrUnsupported saying %q", r, err, tc.want)
+				}
+			}
+			if _, err := comms[0].Choose(coll.AllReduce, 256, coll.F32, coll.Sum); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Choose: %v; want ErrUnsupported saying %q", err, tc.want)
+			}
+			errs = onRanks(comms, func(r int, c *Communicator) error {
+				return AllReduceSlice(c, []float32{float32(r + 1)}, xs[r:r+1], coll.Sum, Options{Algorithm: coll.OneShot})
+			})
+			if err := errors.Join(errs...); err != nil || xs[0] != 3 || xs[1] != 3 {
+				t.Errorf("named oneshot: %v, got %v", err, xs[:2])
+			}
+		})
 	}
 }

@@ -1,6 +1,11 @@
 package comm
 
 import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
@@ -30,11 +35,47 @@ func (h *hostBackend) prepare(cl *call, auto bool) error {
 	if cl.alg.Generated() {
 		return nil
 	}
+	if auto && h.rules(cl.collective) == nil {
+		return errorf(ErrUnsupported, "comm: %s of %d bytes: %s; run collgen generate after the spec has it, or name a generated algorithm in Options.Algorithm",
+			cl.collective, cl.bytes, h.noRules(cl.collective))
+	}
 	if auto {
 		return errorf(ErrUnsupported, "comm: %s of %d bytes: the host_shm rules select %s, which the host backend cannot run; give the host topology a rule for this size",
 			cl.collective, cl.bytes, cl.alg)
 	}
 	return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the host backend runs generated schedules only", cl.collective, cl.alg)
+}
+
+// noRules says why the library has no host_shm rules for a collective at
+// this world size, and what to write in the spec: without them every
+// automatic choice would be NCCL, which the host cannot run.
+func (h *hostBackend) noRules(collective coll.Collective) string {
+	var worlds []int
+	var names []string
+	for _, s := range h.lib.Selections {
+		if s.Kind != coll.HostSHM {
+			continue
+		}
+		if !slices.Contains(names, s.Topology) {
+			names = append(names, s.Topology)
+		}
+		if s.Collective == collective {
+			worlds = append(worlds, s.Worlds...)
+		}
+	}
+	switch {
+	case len(names) == 0:
+		return fmt.Sprintf("library %q has no host_shm topology (its spec has none): add one (kind: host_shm, world_sizes: [1-64], generate and select for each collective; docs/spec.md)", h.lib.Package)
+	case len(worlds) == 0:
+		return fmt.Sprintf("library %q's host_shm topology %s does not generate %s: add it to its generate: and select:", h.lib.Package, strings.Join(names, ", "), collective)
+	}
+	slices.Sort(worlds)
+	worlds = slices.Compact(worlds)
+	ws := make([]string, len(worlds))
+	for i, w := range worlds {
+		ws[i] = strconv.Itoa(w)
+	}
+	return fmt.Sprintf("library %q's host_shm topology %s has no world size %d for %s (it has %s): add %d to its world_sizes", h.lib.Package, strings.Join(names, ", "), h.world, collective, strings.Join(ws, ", "), h.world)
 }
 
 func (h *hostBackend) run(cl *call) error {
