@@ -359,10 +359,10 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 	}
 	s, err := schedule.Build(collective, algorithm, g.cfg.WorldSize)
 	if err != nil {
-		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err) // ErrInvalidArgument says "host: "
 	}
 	if err := schedule.HostCanRun(s); err != nil {
-		return nil, fmt.Errorf("host: %w: %w", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
 	for _, ph := range s.Phases {
 		for _, st := range ph.Steps {
@@ -389,12 +389,12 @@ func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (
 func (g *Group) Algorithm(collective coll.Collective, bytes int64) (coll.Algorithm, error) {
 	sel, ok := g.lib.Selection(coll.HostSHM, collective, g.cfg.WorldSize)
 	if !ok {
-		return "", fmt.Errorf("host: %w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
+		return "", fmt.Errorf("%w: library %q has no host_shm rules for %s at world size %d; add them to the spec's host topology",
 			ErrInvalidArgument, g.lib.Package, collective, g.cfg.WorldSize)
 	}
 	a := sel.Choose(bytes, false) // host buffers are never symmetric device memory
 	if !a.Generated() {
-		return "", fmt.Errorf("host: %w: the host_shm rules select %s for %s of %d bytes; the host backend runs generated schedules only",
+		return "", fmt.Errorf("%w: the host_shm rules select %s for %s of %d bytes; the host backend runs generated schedules only",
 			ErrInvalidArgument, a, collective, bytes)
 	}
 	return a, nil

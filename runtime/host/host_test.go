@@ -380,3 +380,41 @@ func TestConfigErrorsAreInvalidArgument(t *testing.T) {
 		g.Close()
 	}
 }
+
+// TestErrorsSayWhatToDo: a refusal names the problem once (ErrInvalidArgument
+// already says "host: ") and, where the spec is what lacks something, what
+// to add to it.
+func TestErrorsSayWhatToDo(t *testing.T) {
+	noLoops := &kernels.Library{Package: "mine", Kernels: testLibrary.Kernels, Selections: testLibrary.Selections, Sources: testLibrary.Sources}
+	errs := goroutineGroup(t, 2, Config{Library: noLoops}, func(g *Group) error {
+		ctx := context.Background()
+		var bad []string
+		check := func(what string, err error, want string) {
+			if !errors.Is(err, ErrInvalidArgument) || strings.Contains(err.Error(), "host: host:") || !strings.Contains(err.Error(), want) {
+				bad = append(bad, fmt.Sprintf("%s: got %v, want ErrInvalidArgument saying %q once", what, err, want))
+			}
+		}
+		// all-gather needs no reduce loop: these reach the schedule checks
+		check("oneshot_ll", g.AllGather(ctx, make([]byte, 8), make([]byte, 16), 2, "f32", Options{Algorithm: "oneshot_ll"}), "host backend does not allow")
+		check("hcm", g.AllGather(ctx, make([]byte, 8), make([]byte, 16), 2, "f32", Options{Algorithm: "hcm"}), "hcm")
+		check("no loop", g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "max", Options{}),
+			`library "mine" has no host reduce loop for f32 max: its spec's host_shm topology must list f32 in dtypes.reduce and max in ops (then run collgen generate)`)
+		if len(bad) > 0 {
+			return errors.New(strings.Join(bad, "\n"))
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+	noRules := &kernels.Library{Package: "mine", HostReducers: testLibrary.HostReducers}
+	g, err := New(context.Background(), Config{Rank: 0, WorldSize: 2, Store: nopStore{}, Group: "norules", Library: noRules})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Algorithm(coll.AllReduce, 64); !errors.Is(err, ErrInvalidArgument) || strings.Contains(err.Error(), "host: host:") ||
+		!strings.Contains(err.Error(), `library "mine" has no host_shm rules for allreduce at world size 2`) {
+		t.Errorf("no rules: %v", err)
+	}
+}
