@@ -301,7 +301,13 @@ func newCmdCheck(io *IO) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Exit 1 with a diff when the output tree is stale, hand-edited, or has extra or missing files",
-		Args:  cobra.NoArgs,
+		Long: `Check renders the spec in memory exactly as generate would and compares the
+result with the tree on disk: give it the same --spec, --out, --package and
+--only as the generate that wrote the tree (--out defaults to ./generated).
+It writes nothing; on a difference it prints a diff per file and exits 1,
+naming the generate command that brings the tree up to date. Run it in CI.`,
+		Example: "  collgen check --spec collgen.yaml --out internal/gen",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if o.Out == "" {
 				return usageError(errors.New("check: --out is empty; name the output directory"))
@@ -309,6 +315,10 @@ func newCmdCheck(io *IO) *cobra.Command {
 			out, err := o.render()
 			if err != nil {
 				return err
+			}
+			regen := o.regenerateCommand(cmd)
+			if _, err := os.Stat(o.Out); errors.Is(err, fs.ErrNotExist) {
+				return &ExitError{Code: 1, Err: fmt.Errorf("%s does not exist: generate it with %s, or name the directory you generate into with --out", o.Out, regen)}
 			}
 			problems, err := gen.Diff(o.Out, out)
 			if err != nil {
@@ -324,11 +334,33 @@ func newCmdCheck(io *IO) *cobra.Command {
 			for _, p := range problems {
 				fmt.Fprintln(io.Out, p)
 			}
-			return &ExitError{Code: 1, Err: fmt.Errorf("%s is stale: %d problem(s); run collgen generate", o.Out, len(problems))}
+			return &ExitError{Code: 1, Err: fmt.Errorf("%s is stale: %d problem(s); run %s", o.Out, len(problems), regen)}
 		},
 	}
 	o.addFlags(cmd, true)
 	return cmd
+}
+
+// regenerateCommand is the collgen generate command that rewrites the tree
+// check compared: the same --spec, --out, --package and --only as given
+// (a bare "collgen generate" would write ./generated from the default spec).
+func (o *genOptions) regenerateCommand(cmd *cobra.Command) string {
+	args := []string{"collgen generate"}
+	for _, f := range []struct{ name, v string }{{"spec", o.Spec}, {"out", o.Out}, {"package", o.Package}, {"only", o.Only}} {
+		if cmd.Flags().Changed(f.name) {
+			args = append(args, "--"+f.name, shellQuote(f.v))
+		}
+	}
+	return strings.Join(args, " ")
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but plain
+// path characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func newCmdList(io *IO) *cobra.Command {
