@@ -5,6 +5,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/numeric"
 )
 
 // memKind says where a Buffer's memory lives.
@@ -58,6 +59,19 @@ type BFloat16 uint16
 
 // Float16 holds the bits of one IEEE half-precision value (coll.F16).
 type Float16 uint16
+
+// ToBFloat16 rounds f to the nearest bfloat16 (ties to even; NaN stays NaN).
+func ToBFloat16(f float32) BFloat16 { return BFloat16(numeric.F32ToBF16(f)) }
+
+// Float32 returns the value of b, exactly.
+func (b BFloat16) Float32() float32 { return numeric.BF16ToF32(uint16(b)) }
+
+// ToFloat16 rounds f to the nearest IEEE half (ties to even; out of range
+// gives +/-Inf, NaN stays NaN).
+func ToFloat16(f float32) Float16 { return Float16(numeric.F32ToF16(f)) }
+
+// Float32 returns the value of h, exactly.
+func (h Float16) Float32() float32 { return numeric.F16ToF32(uint16(h)) }
 
 // Float8E4M3 holds the bits of one fp8 e4m3 value (coll.E4M3).
 type Float8E4M3 uint8

@@ -539,3 +539,40 @@ func TestHostNoRulesSaysWhatToAdd(t *testing.T) {
 		})
 	}
 }
+
+// TestHalfSlices: bf16 and f16 slices are filled and read through comm's
+// own conversions (no import of runtime/numeric needed), rounding to
+// nearest even.
+func TestHalfSlices(t *testing.T) {
+	for _, tc := range []struct {
+		f    float32
+		bf16 float32
+		f16  float32
+	}{{1, 1, 1}, {-2.5, -2.5, -2.5}, {1.00390625, 1, 1.00390625}, {65504, 65536, 65504}, {1e6, 999424, float32(math.Inf(1))}} {
+		if got := ToBFloat16(tc.f).Float32(); got != tc.bf16 {
+			t.Errorf("ToBFloat16(%v).Float32() = %v, want %v", tc.f, got, tc.bf16)
+		}
+		if got := ToFloat16(tc.f).Float32(); got != tc.f16 {
+			t.Errorf("ToFloat16(%v).Float32() = %v, want %v", tc.f, got, tc.f16)
+		}
+	}
+	if got := ToBFloat16(float32(math.NaN())).Float32(); !math.IsNaN(float64(got)) {
+		t.Errorf("bf16 NaN: %v", got)
+	}
+	comms := hostComms(t, rendezvous.NewMemStore(), 2, "halves")
+	defer closeAll(t, comms)
+	outs := make([][]BFloat16, 2)
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		in := []BFloat16{ToBFloat16(float32(r) + 0.5), ToBFloat16(-1)}
+		outs[r] = make([]BFloat16, 2)
+		return AllReduceSlice(c, in, outs[r], coll.Sum, Options{})
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r, o := range outs {
+		if o[0].Float32() != 2 || o[1].Float32() != -2 {
+			t.Errorf("rank %d: %v %v, want 2 -2", r, o[0].Float32(), o[1].Float32())
+		}
+	}
+}
