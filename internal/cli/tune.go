@@ -13,6 +13,8 @@ import (
 
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/spec"
 	"github.com/collgen/collgen/tune"
 )
@@ -152,6 +154,11 @@ func runTune(io *IO, o *tuneOptions) error {
 		worlds := o.Worlds
 		if len(worlds) == 0 {
 			worlds = top.WorldSizes
+		}
+		if o.Backend == "gpu" {
+			for _, n := range launchNotes(o, sp, top, worlds, collectives.Library) {
+				fmt.Fprintf(io.Err, "tune: note: %s\n", n)
+			}
 		}
 		files, err := runSweeps(io, o, top, worlds)
 		if err != nil {
@@ -344,6 +351,40 @@ func pickTopology(s *spec.Spec, o *tuneOptions, ws []int) (*spec.Topology, error
 		return fits[0], nil
 	}
 	return nil, usageError(fmt.Errorf("tune: topologies %s of %s all list the measured world sizes %v; name one with --topology", strings.Join(names, ", "), o.Spec, ws))
+}
+
+// launchNotes names each algorithm the sweeps time whose launch parameters
+// in sp differ from the kernels collgen bench runs (lib, this binary's
+// built-in library, from collgen's own spec): the rules measured then hold
+// for those kernels, not exactly for the ones sp generates.
+func launchNotes(o *tuneOptions, sp *spec.Spec, top *spec.Topology, worlds []int, lib *kernels.Library) []string {
+	var notes []string
+	for _, c := range coll.Collectives() {
+		for _, a := range top.Generate[c] {
+			want := sp.Launch(c, a)
+			for _, w := range worlds {
+				k, ok := lib.AlgorithmKernel(c, a, w)
+				if !ok {
+					continue
+				}
+				got := k.Launch
+				if got.Threads != want.Threads || got.MaxBlocks != want.MaxBlocks || got.VectorBytes != want.VectorBytes || got.MinThreads != want.MinThreads {
+					notes = append(notes, fmt.Sprintf("collgen bench times its built-in kernels (collgen's own spec), and its %s %s launches %s where --spec %s has %s: the sweeps measure those launch parameters; to keep the measured rules exact, use the same ones in the spec, or time your own package with bench/gpubench (Config.Library)",
+						c, a, launchString(got.Threads, got.MaxBlocks, got.VectorBytes, got.MinThreads), o.Spec, launchString(want.Threads, want.MaxBlocks, want.VectorBytes, want.MinThreads)))
+				}
+				break
+			}
+		}
+	}
+	return notes
+}
+
+func launchString(threads, maxBlocks, vectorBytes, minThreads int) string {
+	s := fmt.Sprintf("{threads: %d, max_blocks: %d, vector_bytes: %d", threads, maxBlocks, vectorBytes)
+	if minThreads != 0 {
+		s += fmt.Sprintf(", min_threads: %d", minThreads)
+	}
+	return s + "}"
 }
 
 // runSweeps runs collgen bench, as a child process of this program (so a
