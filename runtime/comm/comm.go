@@ -73,9 +73,11 @@ type Config struct {
 	// NVLink mesh, hybrid_cube_mesh on a DGX-1-style cube, pcie_p2p), NCCL
 	// only when some GPU cannot access another's memory, and without NVML
 	// the first nvlink_full topology when CUDA finds peer access everywhere;
-	// the host_shm topology for Device: Host. A named GPU topology whose
-	// kernels cannot run on the detected GPUs fails New on every rank
-	// (ErrUnsupported).
+	// the first host_shm topology for Device: Host. A named GPU topology
+	// whose kernels cannot run on the detected GPUs fails New on every rank
+	// (ErrUnsupported). With Device: Host a name must be one of the
+	// library's host_shm topologies, whose rules then choose (any other
+	// name fails New with ErrInvalidArgument).
 	Topology string
 	// Timeout bounds every wait of a rank for a peer once the group has
 	// formed; a kernel that waits longer reports a timeout instead of
@@ -319,6 +321,9 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 	hostCfg := host.Config{Rank: cfg.Rank, WorldSize: cfg.WorldSize, Store: cfg.Store,
 		Group: cfg.Group, Library: cfg.Library, Shared: cfg.HostShared, Timeout: cfg.Timeout}
 	if cfg.Device == Host {
+		if err := checkHostTopology(cfg.Library, cfg.Topology); err != nil {
+			return nil, err
+		}
 		// host.New only checks its configuration (set-up is lazy), so it
 		// runs before the group forms: a bad one fails at once.
 		if _, err := host.New(ctx, hostCfg); err != nil {
@@ -340,7 +345,7 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		if err != nil {
 			return nil, errors.Join(errorf(ErrInvalidArgument, "comm: rank %d: %w", cfg.Rank, err), c.leave())
 		}
-		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize}
+		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize, topology: cfg.Topology}
 	} else {
 		g, err := newGPU(ctx, cfg, c.prefix, open)
 		if err != nil {

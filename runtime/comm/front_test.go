@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -573,6 +574,49 @@ func TestHalfSlices(t *testing.T) {
 	for r, o := range outs {
 		if o[0].Float32() != 2 || o[1].Float32() != -2 {
 			t.Errorf("rank %d: %v %v, want 2 -2", r, o[0].Float32(), o[1].Float32())
+		}
+	}
+}
+
+// withHostTopology is the shipped library plus a second host_shm topology,
+// name, whose rules send every size of every collective to use.
+func withHostTopology(name string, use coll.Algorithm) *kernels.Library {
+	lib := collectives.Library
+	sels := slices.Clone(lib.Selections)
+	for _, s := range lib.Selections {
+		if s.Kind == coll.HostSHM {
+			s.Topology = name
+			s.Rules = []kernels.Rule{{Use: use}}
+			sels = append(sels, s)
+		}
+	}
+	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
+		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+}
+
+// Config.Topology on host ranks picks that host_shm topology's rules; a
+// name that is no host_shm topology of the library (misspelt, or a GPU
+// one) fails New at once. Both were ignored: the first host_shm
+// topology's rules always chose.
+func TestHostNamedTopology(t *testing.T) {
+	lib := withHostTopology("host2", coll.TwoShot)
+	for _, tc := range []struct{ topology, want string }{{"", "oneshot"}, {"host", "oneshot"}, {"host2", "twoshot"}} {
+		comms := hostComms(t, rendezvous.NewMemStore(), 2, "named", func(c *Config) { c.Library, c.Topology = lib, tc.topology })
+		// 64 bytes: the shipped host rules pick the one-shot up to 2 KiB.
+		if got, err := comms[0].Choose(coll.AllReduce, 64, coll.F32, coll.Sum); err != nil || string(got) != tc.want {
+			t.Errorf("Topology %q: Choose = %v, %v; want %s", tc.topology, got, err, tc.want)
+		}
+		closeAll(t, comms)
+	}
+	for _, name := range []string{"bogus", "nvswitch"} {
+		// Refused before the group forms: no peer is needed (the deadline
+		// bounds the wait for one where the name is not checked).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := New(ctx, Config{Rank: 0, WorldSize: 2, Device: Host, Store: rendezvous.NewMemStore(), Library: lib, Topology: name})
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprintf("Config.Topology %q is not a host_shm topology", name)) ||
+			!strings.Contains(err.Error(), "[host host2]") {
+			t.Errorf("Topology %q: %v; want ErrInvalidArgument naming the host_shm topologies", name, err)
 		}
 	}
 }

@@ -17,6 +17,9 @@ type hostBackend struct {
 	g     *host.Group
 	lib   *kernels.Library
 	world int
+	// topology is Config.Topology: the host_shm topology whose rules
+	// choose ("": the library's first host_shm topology at the world size).
+	topology string
 }
 
 func (h *hostBackend) memory() memKind { return hostMemory }
@@ -25,8 +28,39 @@ func (h *hostBackend) memory() memKind { return hostMemory }
 func (h *hostBackend) symmetricInput(*call) bool { return false }
 
 func (h *hostBackend) rules(collective coll.Collective) *kernels.Selection {
-	sel, _ := h.lib.Selection(coll.HostSHM, collective, h.world)
-	return sel
+	if h.topology == "" {
+		sel, _ := h.lib.Selection(coll.HostSHM, collective, h.world)
+		return sel
+	}
+	for i := range h.lib.Selections {
+		s := &h.lib.Selections[i]
+		if s.Kind == coll.HostSHM && s.Topology == h.topology && s.Collective == collective && slices.Contains(s.Worlds, h.world) {
+			return s
+		}
+	}
+	return nil
+}
+
+// checkHostTopology refuses a Config.Topology that names none of the
+// library's host_shm topologies: host ranks run host_shm rules only, and a
+// misspelt or GPU topology name was silently ignored.
+func checkHostTopology(lib *kernels.Library, name string) error {
+	if name == "" {
+		return nil
+	}
+	var names []string
+	for _, s := range lib.Selections {
+		if s.Kind != coll.HostSHM {
+			continue
+		}
+		if s.Topology == name {
+			return nil
+		}
+		if !slices.Contains(names, s.Topology) {
+			names = append(names, s.Topology)
+		}
+	}
+	return errorf(ErrInvalidArgument, "comm: Config.Topology %q is not a host_shm topology of library %q (its host_shm topologies: %v); Device: comm.Host runs host_shm rules only: name one of those, or leave Topology empty", name, lib.Package, names)
 }
 
 // prepare refuses what the host cannot run at all; a schedule the host
@@ -53,7 +87,7 @@ func (h *hostBackend) noRules(collective coll.Collective) string {
 	var worlds []int
 	var names []string
 	for _, s := range h.lib.Selections {
-		if s.Kind != coll.HostSHM {
+		if s.Kind != coll.HostSHM || (h.topology != "" && s.Topology != h.topology) {
 			continue
 		}
 		if !slices.Contains(names, s.Topology) {
