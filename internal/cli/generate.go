@@ -334,7 +334,7 @@ naming the generate command that brings the tree up to date. Run it in CI.`,
 			for _, p := range problems {
 				fmt.Fprintln(io.Out, p)
 			}
-			return &ExitError{Code: 1, Err: fmt.Errorf("%s is stale: %d problem(s); run %s", o.Out, len(problems), regen)}
+			return &ExitError{Code: 1, Err: fmt.Errorf("%s is stale: %d problem(s)%s; run %s", o.Out, len(problems), flagHint(o.Out, out), regen)}
 		},
 	}
 	o.addFlags(cmd, true)
@@ -352,6 +352,39 @@ func (o *genOptions) regenerateCommand(cmd *cobra.Command) string {
 		}
 	}
 	return strings.Join(args, " ")
+}
+
+// flagHint says when the tree on disk was generated with another --only or
+// --package than check rendered (its MANIFEST records both): then every
+// difference may be that, not an edit or a spec change.
+func flagHint(dir string, out *gen.Output) string {
+	disk, err := os.ReadFile(filepath.Join(dir, gen.ManifestName))
+	if err != nil {
+		return ""
+	}
+	recorded := func(manifest, key string) string {
+		for _, l := range strings.Split(manifest, "\n") {
+			if v, ok := strings.CutPrefix(l, key+" "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	var hints []string
+	for _, key := range []string{"only", "package"} {
+		was, now := recorded(string(disk), key), recorded(string(out.Files[gen.ManifestName]), key)
+		switch {
+		case was == now:
+		case was == "":
+			hints = append(hints, fmt.Sprintf("without --%s", key))
+		default:
+			hints = append(hints, fmt.Sprintf("with --%s %s", key, shellQuote(was)))
+		}
+	}
+	if len(hints) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (the tree was generated %s: give check the flags generate had)", strings.Join(hints, " and "))
 }
 
 // shellQuote quotes s for a POSIX shell when it holds anything but plain
