@@ -620,3 +620,105 @@ func TestHostNamedTopology(t *testing.T) {
 		}
 	}
 }
+
+// keyStore records which keys exist in the store it wraps (every key is
+// written through it).
+type keyStore struct {
+	rendezvous.Store
+	mu   sync.Mutex
+	keys map[string]bool
+}
+
+func newKeyStore() *keyStore {
+	return &keyStore{Store: rendezvous.NewMemStore(), keys: map[string]bool{}}
+}
+
+func (s *keyStore) note(k string, live bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if live {
+		s.keys[k] = true
+	} else {
+		delete(s.keys, k)
+	}
+}
+
+func (s *keyStore) Set(ctx context.Context, k string, v []byte) error {
+	err := s.Store.Set(ctx, k, v)
+	if err == nil {
+		s.note(k, true)
+	}
+	return err
+}
+
+func (s *keyStore) Add(ctx context.Context, k string, d int64) (int64, error) {
+	n, err := s.Store.Add(ctx, k, d)
+	if err == nil {
+		s.note(k, true)
+	}
+	return n, err
+}
+
+func (s *keyStore) CompareAndSet(ctx context.Context, k string, old, new []byte) ([]byte, bool, error) {
+	cur, ok, err := s.Store.CompareAndSet(ctx, k, old, new)
+	if err == nil && ok {
+		s.note(k, new != nil)
+	}
+	return cur, ok, err
+}
+
+func (s *keyStore) Delete(ctx context.Context, k string) (bool, error) {
+	ok, err := s.Store.Delete(ctx, k)
+	if err == nil {
+		s.note(k, false)
+	}
+	return ok, err
+}
+
+func (s *keyStore) live() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for k := range s.keys {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// A group formed, used and closed leaves no keys in the store: the last
+// member to leave deletes the formation's (about a dozen per formation
+// were kept, so a process re-forming groups on one long-lived store grew
+// it without bound), for goroutine and shared-memory ranks, with the debug
+// check on too.
+func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shared bool
+		debug  bool
+	}{{"goroutines", false, false}, {"shared", true, false}, {"debug check", false, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.debug {
+				t.Setenv(EnvDebugCheck, "1")
+			}
+			st := newKeyStore()
+			for round := 0; round < 3; round++ {
+				comms := hostComms(t, st, 3, "keys", func(c *Config) { c.HostShared = tc.shared })
+				errs := onRanks(comms, func(r int, c *Communicator) error {
+					xs := []float32{float32(r), 1}
+					if err := AllReduceSlice(c, xs, xs, coll.Sum, Options{}); err != nil {
+						return err
+					}
+					return AllGatherSlice(c, xs[:1], make([]float32, 3), Options{})
+				})
+				if err := errors.Join(errs...); err != nil {
+					t.Fatal(err)
+				}
+				closeAll(t, comms)
+				if left := st.live(); len(left) > 0 {
+					t.Fatalf("round %d: %d keys left after every rank closed: %q", round, len(left), left)
+				}
+			}
+		})
+	}
+}

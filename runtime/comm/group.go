@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
@@ -274,6 +275,28 @@ func (c *Communicator) leave() error {
 		if _, same, err := st.CompareAndSet(ctx, c.base+"world", c.record, c.record); err == nil && same {
 			st.Delete(ctx, c.base+"world")
 		}
+		c.forget(ctx)
 	}
 	return nil
+}
+
+// forget deletes, once the last member has left, the keys this formation
+// left in the store (they are under its own prefix, so no other formation
+// reads them): the member counter, an unraised poison counter (a raised
+// one, and its why, stay for ranks still arriving to read), the
+// membership exchange, the debug check's, and the host group's set-up
+// keys. A process forming and closing groups on one long-lived store kept
+// about a dozen keys per formation. Best effort: a key left behind costs
+// only memory.
+func (c *Communicator) forget(ctx context.Context) {
+	st, world := c.cfg.Store, c.cfg.WorldSize
+	st.Delete(ctx, c.prefix+"members")
+	if n, err := st.Add(ctx, c.prefix+"poison", 0); err == nil && n == 0 {
+		st.Delete(ctx, c.prefix+"poison")
+	}
+	rendezvous.ForgetAllGather(ctx, st, c.prefix+"agree", world)
+	rendezvous.ForgetAllGather(ctx, st, c.prefix+"check", world)
+	if c.cfg.Device == Host && c.id != "" {
+		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
+	}
 }

@@ -192,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		return nil, invalidConfigf("host: Config.SlotBytes %d: want a positive size up to %d, or 0 for the default", cfg.SlotBytes, MaxSlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
-		prefix: "collgen/host/" + cfg.Group + "/", scheds: map[schedKey]*prepared{}}
+		prefix: keyPrefix(cfg.Group), scheds: map[schedKey]*prepared{}}
 	if g.lib == nil {
 		g.lib = PortableLibrary()
 	}

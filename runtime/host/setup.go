@@ -148,6 +148,31 @@ func (g *Group) leftError(ctx context.Context) error {
 	return fmt.Errorf("%w: ranks %v left the group before finishing set-up (their set-up failed, or they closed it)", ErrPeerFailed, left)
 }
 
+// Forget deletes the store keys of a group's set-up (nonce, layout, and
+// the created, mapped and left marks) once every rank of it has closed:
+// only set-up reads them, and a process that forms and closes groups on
+// one long-lived store would otherwise keep them all. group and world are
+// the group's Config.Group and World. It returns the first store error;
+// keys already gone are no error.
+func Forget(ctx context.Context, st rendezvous.Store, group string, world int) error {
+	prefix := keyPrefix(group)
+	keys := []string{prefix + "nonce", prefix + "layout", prefix + "left"}
+	for r := 0; r < world; r++ {
+		rk := strconv.Itoa(r)
+		keys = append(keys, prefix+"created/r"+rk, prefix+"mapped/r"+rk, prefix+"left/r"+rk)
+	}
+	var first error
+	for _, k := range keys {
+		if _, err := st.Delete(ctx, k); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// keyPrefix is where a group's store keys live.
+func keyPrefix(group string) string { return "collgen/host/" + group + "/" }
+
 // setup agrees on a nonce and layout through the store, creates this
 // rank's segment, maps every peer's, and unlinks all names once every rank
 // has mapped every segment. Store keys (under g.prefix):

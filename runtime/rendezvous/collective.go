@@ -126,6 +126,43 @@ func AllGather(ctx context.Context, s Store, name string, rank, world int, blob 
 	return gather(ctx, s, allGatherPrefix+name+"/", rank, world, blob, true)
 }
 
+// ForgetAllGather deletes the keys AllGather under name keeps between calls
+// (each rank's generation counter and last entry), and ForgetBarrier those
+// of Barrier: call it once no rank will use the name again (say, the last
+// rank to leave a group), so a long-lived store does not keep them. It
+// returns the first error of the store; keys already gone are no error.
+func ForgetAllGather(ctx context.Context, s Store, name string, world int) error {
+	return forget(ctx, s, allGatherPrefix+name+"/", world)
+}
+
+// ForgetBarrier is ForgetAllGather for Barrier's keys.
+func ForgetBarrier(ctx context.Context, s Store, name string, world int) error {
+	return forget(ctx, s, barrierPrefix+name+"/", world)
+}
+
+func forget(ctx context.Context, s Store, prefix string, world int) error {
+	var first error
+	note := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for r := 0; r < world; r++ {
+		rk := strconv.Itoa(r)
+		g, err := s.Add(ctx, prefix+"gen/"+rk, 0) // creates a missing counter, deleted below
+		note(err)
+		for _, gen := range []int64{g - 1, g} {
+			if gen > 0 {
+				_, err := s.Delete(ctx, prefix+strconv.FormatInt(gen, 10)+"/"+rk)
+				note(err)
+			}
+		}
+		_, err = s.Delete(ctx, prefix+"gen/"+rk)
+		note(err)
+	}
+	return first
+}
+
 // gather is the generation-counted exchange behind Barrier and AllGather.
 // Generation g of rank r lives at prefix+"g/r". When generation g completes,
 // every rank has finished generation g-1 (it could not have published g

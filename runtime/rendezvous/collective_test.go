@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -230,5 +232,46 @@ func TestRoundWait(t *testing.T) {
 		if got := roundWait(in); got != want {
 			t.Errorf("roundWait(%v) = %v, want %v", in, got, want)
 		}
+	}
+}
+
+// ForgetAllGather and ForgetBarrier delete every key the name kept (a
+// generation counter and the last entry per rank), and nothing else.
+func TestForgetGather(t *testing.T) {
+	s := NewMemStore().(*memStore)
+	ctx := context.Background()
+	if err := s.Set(ctx, "other", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	const world = 3
+	for i := 0; i < 3; i++ {
+		errs := make([]error, world)
+		var wg sync.WaitGroup
+		for r := 0; r < world; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := AllGather(ctx, s, "g", r, world, []byte{byte(r)}); err != nil {
+					errs[r] = err
+					return
+				}
+				errs[r] = Barrier(ctx, s, "b", r, world)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ForgetAllGather(ctx, s, "g", world); err != nil {
+		t.Fatal(err)
+	}
+	if err := ForgetBarrier(ctx, s, "b", world); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.data) != 1 || s.data["other"] == nil {
+		t.Errorf("keys left: %q", slices.Collect(maps.Keys(s.data)))
 	}
 }
