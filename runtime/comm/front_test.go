@@ -721,4 +721,20 @@ func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
 			}
 		})
 	}
+	// GPU ranks over fake devices: the formation's and the GPU set-up's
+	// own exchanges (the real device's NCCL id, IPC and symmetric keys are
+	// not modelled by the fake).
+	t.Run("fake gpu", func(t *testing.T) {
+		st := newKeyStore()
+		for round := 0; round < 2; round++ {
+			comms, errs := newFakeComms(t, Config{}, []*fakeDevice{{rank: 0}, {rank: 1}}, func(_ int, c *Config) { c.Store = st })
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			closeAll(t, comms)
+			if left := st.live(); len(left) > 0 {
+				t.Fatalf("round %d: %d keys left after every rank closed: %q", round, len(left), left)
+			}
+		}
+	})
 }

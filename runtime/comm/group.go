@@ -284,8 +284,10 @@ func (c *Communicator) leave() error {
 // left in the store (they are under its own prefix, so no other formation
 // reads them): the member counter, an unraised poison counter (a raised
 // one, and its why, stay for ranks still arriving to read), the
-// membership exchange, the debug check's, and the host group's set-up
-// keys. A process forming and closing groups on one long-lived store kept
+// membership exchange, the debug check's, the GPU set-up's exchanges and
+// barriers (detection, set-up records, UseSymmetric, ready, close), and
+// the host group's set-up keys. Keys the GPU device itself exchanges
+// (NCCL's id, IPC regions, symmetric memory) are not among them. A process forming and closing groups on one long-lived store kept
 // about a dozen keys per formation. Best effort: a key left behind costs
 // only memory.
 func (c *Communicator) forget(ctx context.Context) {
@@ -294,8 +296,12 @@ func (c *Communicator) forget(ctx context.Context) {
 	if n, err := st.Add(ctx, c.prefix+"poison", 0); err == nil && n == 0 {
 		st.Delete(ctx, c.prefix+"poison")
 	}
-	rendezvous.ForgetAllGather(ctx, st, c.prefix+"agree", world)
-	rendezvous.ForgetAllGather(ctx, st, c.prefix+"check", world)
+	for _, name := range []string{"agree", "check", "detect/bus", "detect/view", "gpu", "usesymm"} {
+		rendezvous.ForgetAllGather(ctx, st, c.prefix+name, world)
+	}
+	for _, name := range []string{"ready", "close"} {
+		rendezvous.ForgetBarrier(ctx, st, c.prefix+name, world)
+	}
 	if c.cfg.Device == Host && c.id != "" {
 		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
 	}
