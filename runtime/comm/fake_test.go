@@ -31,6 +31,7 @@ type fakeDevice struct {
 	copies    []fakeCopy
 	ncclOpen  bool // openNCCL was called
 	released  bool
+	forgot    int // forgetKeys calls
 	nextSym   cuda.DevicePtr
 	syms      []fakeSym
 	statusVal uint64
@@ -194,6 +195,11 @@ func (d *fakeDevice) status() uint64 {
 }
 func (d *fakeDevice) cudaDevice() *cuda.Device { return nil }
 func (d *fakeDevice) stream() *cuda.Stream     { return nil }
+func (d *fakeDevice) forgetKeys(context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.forgot++
+}
 func (d *fakeDevice) release() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/rendezvous/storetest"
 )
 
 // hostComms makes world goroutine-rank host communicators on store; edit,
@@ -621,71 +622,6 @@ func TestHostNamedTopology(t *testing.T) {
 	}
 }
 
-// keyStore records which keys exist in the store it wraps (every key is
-// written through it).
-type keyStore struct {
-	rendezvous.Store
-	mu   sync.Mutex
-	keys map[string]bool
-}
-
-func newKeyStore() *keyStore {
-	return &keyStore{Store: rendezvous.NewMemStore(), keys: map[string]bool{}}
-}
-
-func (s *keyStore) note(k string, live bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if live {
-		s.keys[k] = true
-	} else {
-		delete(s.keys, k)
-	}
-}
-
-func (s *keyStore) Set(ctx context.Context, k string, v []byte) error {
-	err := s.Store.Set(ctx, k, v)
-	if err == nil {
-		s.note(k, true)
-	}
-	return err
-}
-
-func (s *keyStore) Add(ctx context.Context, k string, d int64) (int64, error) {
-	n, err := s.Store.Add(ctx, k, d)
-	if err == nil {
-		s.note(k, true)
-	}
-	return n, err
-}
-
-func (s *keyStore) CompareAndSet(ctx context.Context, k string, old, new []byte) ([]byte, bool, error) {
-	cur, ok, err := s.Store.CompareAndSet(ctx, k, old, new)
-	if err == nil && ok {
-		s.note(k, new != nil)
-	}
-	return cur, ok, err
-}
-
-func (s *keyStore) Delete(ctx context.Context, k string) (bool, error) {
-	ok, err := s.Store.Delete(ctx, k)
-	if err == nil {
-		s.note(k, false)
-	}
-	return ok, err
-}
-
-func (s *keyStore) live() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for k := range s.keys {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // A group formed, used and closed leaves no keys in the store: the last
 // member to leave deletes the formation's (about a dozen per formation
 // were kept, so a process re-forming groups on one long-lived store grew
@@ -701,7 +637,7 @@ func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
 			if tc.debug {
 				t.Setenv(EnvDebugCheck, "1")
 			}
-			st := newKeyStore()
+			st := storetest.NewKeyStore(rendezvous.NewMemStore())
 			for round := 0; round < 3; round++ {
 				comms := hostComms(t, st, 3, "keys", func(c *Config) { c.HostShared = tc.shared })
 				errs := onRanks(comms, func(r int, c *Communicator) error {
@@ -715,25 +651,31 @@ func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
 					t.Fatal(err)
 				}
 				closeAll(t, comms)
-				if left := st.live(); len(left) > 0 {
+				if left := st.Live(); len(left) > 0 {
 					t.Fatalf("round %d: %d keys left after every rank closed: %q", round, len(left), left)
 				}
 			}
 		})
 	}
 	// GPU ranks over fake devices: the formation's and the GPU set-up's
-	// own exchanges (the real device's NCCL id, IPC and symmetric keys are
-	// not modelled by the fake).
+	// own exchanges; the fake writes none of the device's own keys (NCCL
+	// id, IPC records, symmetric pool: tests/proof TestClosedGroupKeysGPU
+	// counts them on GPUs), so here the last rank to leave must ask its
+	// device to forget them, once, and no other rank.
 	t.Run("fake gpu", func(t *testing.T) {
-		st := newKeyStore()
+		st := storetest.NewKeyStore(rendezvous.NewMemStore())
 		for round := 0; round < 2; round++ {
-			comms, errs := newFakeComms(t, Config{}, []*fakeDevice{{rank: 0}, {rank: 1}}, func(_ int, c *Config) { c.Store = st })
+			devs := []*fakeDevice{{rank: 0}, {rank: 1}}
+			comms, errs := newFakeComms(t, Config{}, devs, func(_ int, c *Config) { c.Store = st })
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
 			}
 			closeAll(t, comms)
-			if left := st.live(); len(left) > 0 {
+			if left := st.Live(); len(left) > 0 {
 				t.Fatalf("round %d: %d keys left after every rank closed: %q", round, len(left), left)
+			}
+			if n := devs[0].forgot + devs[1].forgot; n != 1 {
+				t.Fatalf("round %d: forgetKeys called %d times (rank 0: %d, rank 1: %d), want once, by the last rank to leave", round, n, devs[0].forgot, devs[1].forgot)
 			}
 		}
 	})

@@ -285,11 +285,14 @@ func (c *Communicator) leave() error {
 // reads them): the member counter, an unraised poison counter (a raised
 // one, and its why, stay for ranks still arriving to read), the
 // membership exchange, the debug check's, the GPU set-up's exchanges and
-// barriers (detection, set-up records, UseSymmetric, ready, close), and
-// the host group's set-up keys. Keys the GPU device itself exchanges
-// (NCCL's id, IPC regions, symmetric memory) are not among them. A process forming and closing groups on one long-lived store kept
-// about a dozen keys per formation. Best effort: a key left behind costs
-// only memory.
+// barriers (detection, set-up records, UseSymmetric, ready, close), the
+// host group's set-up keys, and the device's own (NCCL ids, the region's
+// IPC records, the pool behind Alloc: device.forgetKeys). A process
+// forming and closing groups on one long-lived store kept about a dozen
+// keys per formation, and a GPU group's device about four per rank more.
+// Best effort: a key left behind costs only memory. Left: the symmetric
+// pools' store-wide notes (one key per rank number, rewritten by every
+// pool) and a raised poison.
 func (c *Communicator) forget(ctx context.Context) {
 	st, world := c.cfg.Store, c.cfg.WorldSize
 	st.Delete(ctx, c.prefix+"members")
@@ -304,5 +307,11 @@ func (c *Communicator) forget(ctx context.Context) {
 	}
 	if c.cfg.Device == Host && c.id != "" {
 		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
+	}
+	switch {
+	case c.hier != nil:
+		c.hier.forgetKeys(ctx)
+	case c.gpu != nil:
+		c.gpu.dev.forgetKeys(ctx)
 	}
 }

@@ -37,6 +37,10 @@ type hierDevice interface {
 	cudaDevice() *cuda.Device
 	stream() *cuda.Stream
 	release() error
+	// forgetNCCL deletes, best effort, the NCCL ids published under keys
+	// (openNCCL's crossKey of every local index and its globalKey): the
+	// last rank to leave calls it, after every rank has released.
+	forgetNCCL(ctx context.Context, keys []string)
 }
 
 // hierComm is the backend of a GPU group spanning hosts (hierplan.go has
@@ -46,6 +50,7 @@ type hierDevice interface {
 // plain-NCCL sizes.
 type hierComm struct {
 	cfg    Config
+	prefix string // the formation's store prefix (openNCCL's keys are under it)
 	layout hostLayout
 	dev    hierDevice
 	intra  *Communicator // the host's ranks; nil with one rank per host
@@ -111,7 +116,7 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	if err != nil {
 		return nil, err
 	}
-	h := &hierComm{cfg: cfg, layout: l, sels: sels}
+	h := &hierComm{cfg: cfg, prefix: prefix, layout: l, sels: sels}
 	me, hi := l.local[cfg.Rank], l.host[cfg.Rank]
 	if l.perHost() > 1 {
 		sub := cfg
@@ -125,11 +130,26 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	if h.dev, err = openHier(cfg); err != nil {
 		return nil, errors.Join(err, h.closeIntra())
 	}
-	err = h.dev.openNCCL(ctx, prefix+"xhost/"+strconv.Itoa(me), hi, len(l.hosts), prefix+"nccl", cfg.Rank, cfg.WorldSize)
+	err = h.dev.openNCCL(ctx, h.crossKey(me), hi, len(l.hosts), prefix+"nccl", cfg.Rank, cfg.WorldSize)
 	if err != nil {
 		return nil, errors.Join(classify(fmt.Errorf("comm: rank %d: NCCL across hosts: %w", cfg.Rank, err)), h.dev.release(), h.closeIntra())
 	}
 	return h, nil
+}
+
+// crossKey is where the cross-host communicator of local index me keys
+// its NCCL id.
+func (h *hierComm) crossKey(me int) string { return h.prefix + "xhost/" + strconv.Itoa(me) }
+
+// forgetKeys deletes the NCCL ids of every local index's cross-host
+// communicator and of the all-rank one (the nested host communicator
+// forgets its own keys as it closes).
+func (h *hierComm) forgetKeys(ctx context.Context) {
+	keys := []string{h.prefix + "nccl"}
+	for me := range h.layout.perHost() {
+		keys = append(keys, h.crossKey(me))
+	}
+	h.dev.forgetNCCL(ctx, keys)
 }
 
 func (h *hierComm) closeIntra() error {

@@ -112,6 +112,12 @@ func (d *cudaHier) cudaDevice() *cuda.Device { return d.handle }
 
 func (d *cudaHier) stream() *cuda.Stream { return d.own }
 
+func (d *cudaHier) forgetNCCL(ctx context.Context, keys []string) {
+	for _, k := range keys {
+		nccl.ForgetID(ctx, d.cfg.Store, k)
+	}
+}
+
 func (d *cudaHier) release() error {
 	var errs []error
 	for _, c := range []**nccl.Comm{&d.all, &d.cross} {

@@ -59,6 +59,9 @@ func (d *fakeHier) ncclError() error                      { return nil }
 func (d *fakeHier) cudaDevice() *cuda.Device              { return nil }
 func (d *fakeHier) stream() *cuda.Stream                  { return nil }
 func (d *fakeHier) release() error                        { d.released = true; return nil }
+func (d *fakeHier) forgetNCCL(_ context.Context, keys []string) {
+	d.record("forget %s", strings.Join(keys, " "))
+}
 
 // hierComms makes goroutine-rank GPU communicators whose ranks sit on the
 // hosts named by ids, over fake devices; intra holds each rank's fake for
@@ -187,6 +190,23 @@ func TestHierTwoPerHost(t *testing.T) {
 		t.Fatalf("forced hierarchical, odd count = %v", err)
 	}
 	closeAll(t, comms)
+	// The last rank to leave forgets the NCCL ids: the all-rank one and
+	// both local indices' cross-host ones.
+	var forgets []string
+	for _, h := range hier {
+		for _, l := range h.log {
+			if rest, ok := strings.CutPrefix(l, "forget "); ok {
+				forgets = append(forgets, rest)
+			}
+		}
+	}
+	if len(forgets) != 1 {
+		t.Fatalf("forgetNCCL called %d times (%q), want once", len(forgets), forgets)
+	}
+	keys := strings.Fields(forgets[0])
+	if len(keys) != 3 || !strings.HasSuffix(keys[0], "/nccl") || !strings.HasSuffix(keys[1], "/xhost/0") || !strings.HasSuffix(keys[2], "/xhost/1") {
+		t.Fatalf("forgot %q, want the all-rank id and both cross-host ones", keys)
+	}
 }
 
 // TestHierRules: MultiHostRules choose per size; bad rules are refused.

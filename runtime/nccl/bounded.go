@@ -123,6 +123,19 @@ func NewCommConfig(ctx context.Context, store rendezvous.Store, key string, rank
 	return cm, nil
 }
 
+// idKey is where rank 0 publishes the unique id of the communicator made
+// under key.
+func idKey(key string) string { return key + "/nccl-id" }
+
+// ForgetID deletes the unique id NewComm or NewCommConfig published under
+// key. Call it once every rank's NewComm has returned (a rank still
+// waiting for the id would wait until its deadline): comm's last rank to
+// leave a group does. Deleting an absent id is not an error.
+func ForgetID(ctx context.Context, store rendezvous.Store, key string) error {
+	_, err := store.Delete(ctx, idKey(key))
+	return err
+}
+
 // agreeID loads NCCL and shares rank 0's unique id through the store.
 func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, world int) (*Lib, UniqueID, error) {
 	var id UniqueID
@@ -133,7 +146,7 @@ func agreeID(ctx context.Context, store rendezvous.Store, key string, rank, worl
 	if err != nil {
 		return nil, id, err
 	}
-	idKey := key + "/nccl-id"
+	idKey := idKey(key)
 	if rank == 0 {
 		if id, err = lib.NewUniqueID(); err != nil {
 			return nil, id, err

@@ -85,6 +85,35 @@ func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, wor
 	return out, g, nil
 }
 
+// forgetExchanges deletes every rank's entries and generation counter of
+// the exchanges under prefix: the last generation's entry of each rank
+// and the one before it (exchange deletes older ones as it goes, and a
+// rank may not have deleted its previous entry yet). Best effort; the
+// first store error is returned after every key was tried.
+func forgetExchanges(ctx context.Context, st rendezvous.Store, prefix string, world int) error {
+	var first error
+	note := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for r := 0; r < world; r++ {
+		rk := "/r" + strconv.Itoa(r)
+		counter := prefix + "gen" + rk
+		g, err := st.Add(ctx, counter, 0) // creates a missing counter, deleted below
+		note(err)
+		for _, gen := range []int64{g - 1, g} {
+			if gen > 0 {
+				_, err := st.Delete(ctx, prefix+strconv.FormatInt(gen, 10)+rk)
+				note(err)
+			}
+		}
+		_, err = st.Delete(ctx, counter)
+		note(err)
+	}
+	return first
+}
+
 // retract withdraws this rank's entry of generation g of prefix and takes
 // the generation back: exchange does after a failed wait, and a caller
 // whose later step failed does for an exchange that succeeded. Best

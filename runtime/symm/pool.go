@@ -482,6 +482,25 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 	return b, nil
 }
 
+// Forget deletes the group's keys from the store: the pool's forming
+// exchanges and every Rendezvous's, under "collgen/symm/<Group>/" (the
+// store-wide note of the group each rank number last formed, one key per
+// rank number, stays). Call it on one rank once every rank has closed its
+// pool and no rank is forming a pool of the same group name: a rank still
+// exchanging would wait until its deadline, and a new pool of the name
+// would meet the old one's counters reset. comm's last rank to leave a
+// group does, for the pool behind Alloc (its group name is unique to the
+// formation). Best effort: the first store error is returned after every
+// key was tried. It works on a closed pool.
+func (p *Pool) Forget(ctx context.Context) error {
+	st, world, group := p.cfg.Store, p.cfg.WorldSize, p.cfg.Group
+	return errors.Join(
+		forgetExchanges(ctx, st, "collgen/symm/"+group+"/pool/", world),
+		forgetExchanges(ctx, st, "collgen/symm/"+group+"/formed/"+p.nonce+"/", world),
+		forgetExchanges(ctx, st, p.ns+"rdv/", world),
+		forgetExchanges(ctx, st, p.ns+"mapped/", world))
+}
+
 // Close frees every live buffer (as Free), releases the persistent
 // reservations, stops serving descriptors and closes the socket. It is
 // local and does not wait for peers: memory they still map lives on until

@@ -22,6 +22,7 @@ import (
 	"github.com/collgen/collgen/internal/meminfo"
 	"github.com/collgen/collgen/runtime/fdpass"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/rendezvous/storetest"
 )
 
 func TestAllocLookupFree(t *testing.T) {
@@ -1170,5 +1171,46 @@ func TestRendezvousMappingFailureKeepsPool(t *testing.T) {
 		if err != nil {
 			t.Errorf("rank %d, next Rendezvous: %v; want the pool usable", r, err)
 		}
+	}
+}
+
+// Forget leaves, of a group formed, used and closed, only the store-wide
+// notes of the group each rank number last formed: the forming rounds'
+// and every Rendezvous's entries and counters go (a long-lived store
+// gained about four keys per rank per pool, and two per Rendezvous).
+func TestPoolForget(t *testing.T) {
+	const world = 3
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	pools := newPools(t, world, func(_ int, c *Config) { c.Store = st })
+	for range 3 {
+		bufs, _ := allocAll(t, pools, 4096)
+		for _, b := range bufs {
+			if err := b.Free(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, p := range pools {
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := len(st.Live())
+	if err := pools[world-1].Forget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for r := range world {
+		want = append(want, seenKey(r))
+	}
+	if left := st.Live(); !slices.Equal(left, want) {
+		t.Fatalf("after Forget (%d keys before): %q, want only %q", before, left, want)
+	}
+	if before <= len(want) {
+		t.Fatalf("only %d keys before Forget: the test did not exercise it", before)
+	}
+	// A second Forget finds nothing and is not an error.
+	if err := pools[0].Forget(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
