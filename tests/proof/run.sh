@@ -10,7 +10,12 @@
 # the directory of proof.test and collgen (default .gpu; a kernel branch's
 # bundle, e.g. .gpu/max-blocks from tests/gpu/patch-bundle.sh). PROOF_PARTS
 # picks the halves (default goroutines,processes,multihost), e.g.
-# PROOF_PARTS=processes for the process-rank half alone.
+# PROOF_PARTS=processes for the process-rank half alone. The process ranks
+# load a fatbin of the programs FATBIN_ONLY names (a glob over program
+# names, the .cu stems; default PROOF_ONLY): programs hold every op of an
+# element type (allreduce_oneshot_bf16_w2 holds allreduce_oneshot_bf16_sum_w2),
+# so a PROOF_ONLY naming an op matches none and they use NVRTC, as they
+# say; FATBIN_ONLY='allreduce_oneshot_bf16_w*' then keeps the fatbin.
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
@@ -39,8 +44,8 @@ PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4 ${shared:+8}; do [ "$w" -le "$ngpu
 export PROOF_WORLDS
 status=0
 
-tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
-[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
+tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
 if part goroutines; then
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
@@ -56,7 +61,7 @@ echo "== process ranks (CUDA IPC, fatbin from nvcc)"
 # The fatbin is built from this tree's generated/cuda: only for its own bundle.
 if [ "$BUNDLE" != .gpu ]; then
   echo "bundle $BUNDLE: process ranks use NVRTC (its own kernels; generated/cuda is this tree's)"
-elif /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && COLLGEN=$BUNDLE/collgen ONLY="${PROOF_ONLY:-*}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
+elif /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && COLLGEN=$BUNDLE/collgen ONLY="${FATBIN_ONLY:-${PROOF_ONLY:-*}}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
   export COLLGEN_FATBIN="$TMP/collgen.fatbin"
 else
   echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"
