@@ -522,6 +522,35 @@ __device__ __forceinline__ cg_vec<typename T::E, VB> cg_reduce_vec(const cg_vec<
   return out;
 }
 
+// cg_fold loads sources G0 and G0+1 of src (the last alone when NS is
+// odd) at element offset off, misaligned by m[j] bytes, with cg_ld_vecs
+// (on and edge as there), folds them into acc in source order (source 0
+// starts it), then the next two: cg_reduce's path for more than four
+// misaligned sources. Two at a time, not four: at world 8 four spilled in
+// the 1024-thread one-shots (64 registers), which cost their aligned path
+// up to 10% in the one-GPU loopback; two cost it nothing measurable and
+// keep most of the gain (docs/results/loopback-w8-fold-h100-2026-11-24.txt).
+template <class T, class OP, int NS, int VB, int G0>
+__device__ __forceinline__ void cg_fold(typename T::A (&acc)[VB / sizeof(typename T::E)], const typename T::E* const (&src)[NS], const int (&m)[NS], cg_s64 off, bool on, bool edge, const OP op) {
+  typedef typename T::E E;
+  constexpr int G = NS - G0 < 2 ? NS - G0 : 2;
+  const E* p[G];
+  int mg[G];
+#pragma unroll
+  for (int j = 0; j < G; j++) {
+    p[j] = src[G0 + j] + off;
+    mg[j] = m[G0 + j];
+  }
+  cg_vec<E, VB> x[G];
+  cg_ld_vecs<E, VB, G>(x, p, mg, on, edge);
+#pragma unroll
+  for (int e = 0; e < VB / (int)sizeof(E); e++) {
+#pragma unroll
+    for (int j = 0; j < G; j++) acc[e] = G0 + j == 0 ? T::up(x[j].e[e]) : op.f(acc[e], T::up(x[j].e[e]));
+  }
+  if constexpr (G0 + G < NS) cg_fold<T, OP, NS, VB, G0 + G>(acc, src, m, off, on, edge, op);
+}
+
 // cg_reduce writes dst[i] = src[0][i] OP src[1][i] OP ... in source order,
 // accumulating in T::A. All NS loads of a vector are issued before the first
 // use, so peers' latencies overlap.
@@ -545,10 +574,7 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       for (int j = 0; j < NS; j++) cg_ld(x[j].raw, src[j] + v * V);
       *(typename cg_raw<VB>::T*)(dst + v * V) = cg_reduce_vec<T, OP, NS, VB>(x, op).raw;
     }
-  } else if (NS <= 4) {
-    // Up to four sources: with more (world 8), two vectors per source at a
-    // warp's edge do not fit the register budget of 1024-thread blocks,
-    // and the kernel takes the element loop below.
+  } else if constexpr (NS <= 4) {
     const int lane = threadIdx.x & 31;
     for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
       const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
@@ -560,15 +586,19 @@ __device__ __forceinline__ void cg_reduce(typename T::E* dst, const typename T::
       cg_st_vec<E, VB>(dst + v * V, cg_reduce_vec<T, OP, NS, VB>(x, op), md, on, lane == 0, edge);
     }
   } else {
-    for (cg_s64 v = gid; v < nvec; v += stride) {
+    // More than four sources (world 8): two vectors per source at a
+    // warp's edge for all of them at once do not fit the register budget
+    // of 1024-thread blocks, so they are loaded two at a time and folded
+    // into an accumulator (cg_fold), in source order as above.
+    const int lane = threadIdx.x & 31;
+    for (cg_s64 v = gid; v - lane < nvec; v += stride) {  // warp uniform
+      const bool on = v < nvec, edge = on && (lane == 31 || v + 1 == nvec);
+      A acc[V];
+      cg_fold<T, OP, NS, VB, 0>(acc, src, m, v * V, on, edge, op);
+      cg_vec<E, VB> out;
 #pragma unroll
-      for (int e = 0; e < V; e++) {
-        const cg_s64 i = v * V + e;
-        A acc = T::up(cg_ld_elem(src[0] + i));
-#pragma unroll
-        for (int j = 1; j < NS; j++) acc = op.f(acc, T::up(cg_ld_elem(src[j] + i)));
-        dst[i] = T::down(acc);
-      }
+      for (int e = 0; e < V; e++) out.e[e] = T::down(acc[e]);
+      cg_st_vec<E, VB>(dst + v * V, out, md, on, lane == 0, edge);
     }
   }
   // The tail, one element per lane (cg_copy_tail).
