@@ -606,6 +606,10 @@ func (p *Pool) pull(ctx context.Context, peer int, seq uint64, size int, at uint
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
+	// The socket knows only the deadline: a cancelled ctx (the caller's,
+	// or Free and Close ending the Rendezvous) ends a wait for a peer
+	// that took the request and never answers (a stopped process).
+	defer context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })()
 	if err := c.Send(mustJSON(fdRequest{Nonce: p.nonce, Seq: seq, Rank: p.cfg.Rank})); err != nil {
 		return nil, err
 	}

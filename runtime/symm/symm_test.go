@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -1213,4 +1214,77 @@ func TestPoolForget(t *testing.T) {
 	if err := pools[0].Forget(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// silentPeer forms a pool of world 2 whose rank 1's descriptor server is
+// replaced by a socket that takes connections and never answers (a peer
+// process stopped, SIGSTOP or a debugger, after it published its
+// Rendezvous entry), and starts both ranks' Rendezvous. It returns rank
+// 0's pool, buffer and the result of its Rendezvous once that call waits
+// for rank 1's descriptor.
+func silentPeer(t *testing.T, ctx context.Context) (*Pool, *Buffer, chan error) {
+	t.Helper()
+	pools := newPools(t, 2, func(r int, c *Config) { c.Timeout = 20 * time.Second })
+	addr := pools[1].srv.Addr()
+	pools[1].srv.Close()
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var bufs [2]*Buffer
+	for r := range bufs {
+		if bufs[r], err = pools[r].Alloc(4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := pools[0].Rendezvous(ctx, bufs[0])
+		done <- err
+	}()
+	go pools[1].Rendezvous(context.Background(), bufs[1])
+	time.Sleep(500 * time.Millisecond) // rank 0 asked rank 1's socket, which never answers
+	select {
+	case err := <-done:
+		t.Fatalf("rank 0's Rendezvous ended before the silent peer was asked: %v", err)
+	default:
+	}
+	return pools[0], bufs[0], done
+}
+
+// TestRendezvousSilentPeerEndsAtOnce: a Rendezvous waiting for a peer's
+// descriptor that never comes ends at once when its ctx is cancelled, or
+// the buffer freed, or the pool closed, as it does while it waits for a
+// peer's entry. (Before, the descriptor request was bounded only by the
+// deadline: Free, Close and a cancelled ctx all waited for it, 20 s here,
+// 5 min by default.)
+func TestRendezvousSilentPeerEndsAtOnce(t *testing.T) {
+	end := func(t *testing.T, done chan error, want error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if !errors.Is(err, want) {
+				t.Errorf("Rendezvous: %v; want %v", err, want)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("the Rendezvous did not end")
+		}
+	}
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		_, _, done := silentPeer(t, ctx)
+		cancel()
+		end(t, done, context.Canceled)
+	})
+	t.Run("Free", func(t *testing.T) {
+		_, b, done := silentPeer(t, context.Background())
+		within(t, "Free", time.Second, func() { b.Free() })
+		end(t, done, ErrFreed)
+	})
+	t.Run("Close", func(t *testing.T) {
+		p, _, done := silentPeer(t, context.Background())
+		within(t, "Close", 3*time.Second, func() { p.Close() })
+		end(t, done, ErrClosed)
+	})
 }
