@@ -127,6 +127,9 @@ func (b *CUDABackend) HostAccessible() bool { return false }
 // Reserve reserves size bytes of the unified address space.
 func (b *CUDABackend) Reserve(size int) (uintptr, error) {
 	p, err := b.dev.MemAddressReserve(size, 0)
+	if errors.Is(err, cuda.ErrorOutOfMemory) {
+		return 0, &tagged{msg: fmt.Sprintf("symm: %v: reserve %d bytes of address space: %v", b.dev, size, err), is: []error{ErrNoMemory, err}}
+	}
 	return uintptr(p), err
 }
 

@@ -20,8 +20,9 @@ var ErrFreed = errors.New("symm: buffer freed")
 
 // ErrNoMemory is wrapped by Alloc and AllocPersistent when the memory is
 // not there: on the host twin, more than the process has left (its
-// memory cgroup and MemAvailable), checked before any is taken; on GPUs,
-// the driver's out-of-memory.
+// memory cgroup and MemAvailable), checked before any is taken, or more
+// address space than it can still map; on GPUs, the driver's
+// out-of-memory.
 var ErrNoMemory = errors.New("symm: out of memory")
 
 // ErrBroken is wrapped by Rendezvous on a pool where an earlier Rendezvous

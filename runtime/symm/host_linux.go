@@ -90,6 +90,9 @@ func (b hostBackend) Reserve(size int) (uintptr, error) {
 		return 0, err
 	}
 	addr, err := mmap(0, size, syscall.PROT_NONE, reserveFlags, -1)
+	if errors.Is(err, syscall.ENOMEM) {
+		return 0, &tagged{msg: fmt.Sprintf("symm: host: reserve %d bytes of address space: %v: more than this process has left to map; allocate less", size, err), is: []error{ErrNoMemory, err}}
+	}
 	if err != nil {
 		return 0, fmt.Errorf("symm: host: reserve %d bytes of address space: %w", size, err)
 	}

@@ -1288,3 +1288,27 @@ func TestRendezvousSilentPeerEndsAtOnce(t *testing.T) {
 		end(t, done, ErrClosed)
 	})
 }
+
+// TestAllocBeyondAddressSpace: an allocation within MaxAllocBytes that
+// needs more address space than the process has (256 TiB, or 128 TiB,
+// past x86-64's 47-bit user space) is refused with ErrNoMemory, like one
+// beyond memory, and the pool allocates as before. (Before, it failed
+// with a bare "cannot allocate memory" matching no sentinel.)
+func TestAllocBeyondAddressSpace(t *testing.T) {
+	p := newPools(t, 1, nil)[0]
+	for _, n := range []int{MaxAllocBytes, 1 << 47} {
+		b, err := p.Alloc(n)
+		if err == nil {
+			b.Free()
+			t.Fatalf("Alloc(%d) succeeded", n)
+		}
+		if !errors.Is(err, ErrNoMemory) {
+			t.Errorf("Alloc(%d): %v; want ErrNoMemory", n, err)
+		}
+	}
+	b, err := p.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Free()
+}
