@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/collgen/collgen/internal/meminfo"
 )
 
 // InProcess is the Provider for ranks that are goroutines of one process:
@@ -30,13 +32,19 @@ func (s *memSegment) Close() error  { s.mem = nil; return nil }
 // Kind returns "inprocess".
 func (InProcess) Kind() string { return "inprocess" }
 
-// Create registers a zeroed, 8-byte aligned region under name.
+// Create registers a zeroed, 8-byte aligned region under name. A size
+// beyond the memory the process has left is refused (ErrNoSpace).
 func (InProcess) Create(name string, size int) (Segment, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: segment %s: size %d must be positive", name, size)
+	}
+	// Go memory beyond what is left is a fatal out-of-memory (or, for
+	// the largest sizes, a panic in make), not an error: refuse it first.
+	if avail, ok := meminfo.Available(); ok && int64(size) > avail {
+		return nil, fmt.Errorf("%w: in-process segment %s of %d bytes: %d left to this process (MemAvailable and its memory cgroup); lower the host backend's slot size", ErrNoSpace, name, size, avail)
 	}
 	inproc.mu.Lock()
 	defer inproc.mu.Unlock()
@@ -47,7 +55,7 @@ func (InProcess) Create(name string, size int) (Segment, error) {
 		inproc.segs = map[string][]byte{}
 	}
 	// Allocate as uint64s so the start is 8-byte aligned for atomics.
-	words := make([]uint64, (size+7)/8)
+	words := make([]uint64, size/8+(size%8+7)/8) // (size+7)/8 could overflow
 	mem := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), size)
 	inproc.segs[name] = mem
 	return &memSegment{name: name, mem: mem}, nil

@@ -56,9 +56,9 @@ func (Posix) Kind() string { return "posix" }
 
 // Create makes dir/name with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600,
 // reserves size bytes with fallocate (so a too-small tmpfs fails now with
-// ENOSPC instead of SIGBUS on first touch), maps it read-write and closes
-// the descriptor (the mapping keeps the memory). On any failure it unlinks
-// what it created.
+// ENOSPC, wrapped in ErrNoSpace, instead of SIGBUS on first touch), maps
+// it read-write and closes the descriptor (the mapping keeps the memory).
+// On any failure it unlinks what it created.
 func (p Posix) Create(name string, size int) (Segment, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func (p Posix) Create(name string, size int) (Segment, error) {
 	}
 	if err := syscall.Fallocate(fd, 0, 0, int64(size)); err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
-			return fail(fmt.Errorf("shm: %s has no room for a %d-byte segment (%s): enlarge it (docker --shm-size, or mount -o remount,size=...) or lower the host backend's slot size", p.dir(), size, err))
+			return fail(fmt.Errorf("%w in %s: %d bytes asked (%s): enlarge it (docker --shm-size, or mount -o remount,size=...) or lower the host backend's slot size", ErrNoSpace, p.dir(), size, err))
 		}
 		if !errors.Is(err, syscall.EOPNOTSUPP) {
 			return fail(fmt.Errorf("shm: reserve %d bytes for %s: %w", size, path, err))

@@ -29,6 +29,11 @@ var ErrExists = errors.New("shm: segment already exists")
 // ErrNotFound is wrapped by Open and Unlink when no segment has the name.
 var ErrNotFound = errors.New("shm: no such segment")
 
+// ErrNoSpace is wrapped by Create when the segment's memory is not there:
+// a POSIX segment's tmpfs has no room for it, or an in-process segment is
+// larger than the memory the process has left. Nothing was created.
+var ErrNoSpace = errors.New("shm: no room for the segment")
+
 // Segment is one mapped shared region.
 type Segment interface {
 	// Name is the segment's name (no directory).

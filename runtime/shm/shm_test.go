@@ -3,8 +3,10 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -143,8 +145,8 @@ func TestPosixModeAndNoSpace(t *testing.T) {
 	// Far more than any tmpfs holds: must fail at create, leaving nothing.
 	if _, err := p.Create(name, 1<<46); err == nil {
 		t.Fatal("created a 64 TiB segment")
-	} else {
-		t.Log(err)
+	} else if !errors.Is(err, ErrNoSpace) {
+		t.Errorf("64 TiB segment: %v; want ErrNoSpace", err)
 	}
 	if _, err := os.Stat(p.Path(name)); !os.IsNotExist(err) {
 		t.Fatalf("failed create left %s behind: %v", name, err)
@@ -231,5 +233,28 @@ func TestSweepRun(t *testing.T) {
 	}
 	if _, err := SweepRun(dir, "x"); err == nil {
 		t.Fatal("accepted a bad run id")
+	}
+}
+
+// TestInProcessBeyondMemory: an in-process segment larger than the
+// process can hold is refused with ErrNoSpace, naming the size, and
+// nothing is registered. (Before, Create panicked in make: "len out of
+// range" for the largest sizes, a fatal out-of-memory below them.)
+func TestInProcessBeyondMemory(t *testing.T) {
+	p := InProcess{}
+	name := testName(t)
+	for _, size := range []int{math.MaxInt, 1 << 62, 1 << 46} {
+		s, err := p.Create(name, size)
+		if err == nil {
+			s.Close()
+			p.Unlink(name)
+			t.Fatalf("created an in-process segment of %d bytes", size)
+		}
+		if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), fmt.Sprint(size)) {
+			t.Errorf("Create(%d): %v; want ErrNoSpace naming the size", size, err)
+		}
+	}
+	if slices.Contains(InProcessNames(), name) {
+		t.Errorf("a refused Create left %s registered", name)
 	}
 }
