@@ -87,8 +87,12 @@ func sharedDevice(dev *cuda.Device) bool {
 // NewCUDABackend returns the backend for dev, which must support virtual
 // memory management with POSIX-descriptor handles. cache is where the
 // signal kernel's NVRTC output is kept (nil: cuda.DefaultCache). The
-// backend does not own dev: close the device after the pool.
+// backend does not own dev: close the device after the pool. A nil dev is
+// refused (ErrInvalidArgument).
 func NewCUDABackend(dev *cuda.Device, cache *cuda.Cache) (*CUDABackend, error) {
+	if dev == nil {
+		return nil, invalidf("symm: NewCUDABackend: nil device: pass a device from cuda.Open")
+	}
 	ok, err := dev.VMMSupported()
 	if err != nil {
 		return nil, err

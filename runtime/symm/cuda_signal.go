@@ -58,7 +58,7 @@ type StreamOrdering struct {
 // stream stays the caller's; Close the ordering before destroying it.
 func (b *CUDABackend) NewStreamOrdering(s *cuda.Stream) (*StreamOrdering, error) {
 	if s == nil || s.Device() != b.dev {
-		return nil, fmt.Errorf("symm: a stream ordering needs a stream of %v (the backend's device), not %v", b.dev, s.Device())
+		return nil, invalidf("symm: a stream ordering needs a stream of %v (the backend's device), not %v", b.dev, s.Device())
 	}
 	fn, err := b.signalKernel()
 	if err != nil {
@@ -210,14 +210,17 @@ func (o *StreamOrdering) launch(op *SignalOp) error {
 func (b *CUDABackend) Signal(o Ordering, op *SignalOp) error {
 	switch o := o.(type) {
 	case *StreamOrdering:
+		if o == nil {
+			return invalidf("symm: %s: nil *StreamOrdering (did NewStreamOrdering fail?): pass one from NewStreamOrdering, or symm.Now", op.Kind)
+		}
 		if o.be.dev != b.dev {
-			return fmt.Errorf("symm: %s on %v: the stream belongs to another device than the buffer's (%v)", op.Kind, o, b.dev)
+			return invalidf("symm: %s on %v: the stream belongs to another device than the buffer's (%v)", op.Kind, o, b.dev)
 		}
 		return o.launch(op)
 	case now:
 		return b.signalNow(op)
 	}
-	return fmt.Errorf("symm: the cuda backend runs signals in a *symm.StreamOrdering or symm.Now, not %v", o)
+	return invalidf("symm: the cuda backend runs signals in a *symm.StreamOrdering or symm.Now, not %v", o)
 }
 
 // signalNow runs op on the backend's private stream and waits for it.
@@ -270,10 +273,13 @@ func (b *CUDABackend) signalNow(op *SignalOp) error {
 // *TimeoutError. The arrays live until the buffer is freed.
 func (h *Handle) KernelGroup(o *StreamOrdering, timeout time.Duration) ([]byte, error) {
 	if h.ptrsDev == 0 {
-		return nil, fmt.Errorf("symm: KernelGroup: the %q backend has no device pointer arrays", h.buf.pool.be.Kind())
+		return nil, invalidf("symm: KernelGroup: the %q backend has no device pointer arrays", h.buf.pool.be.Kind())
+	}
+	if o == nil {
+		return nil, invalidf("symm: KernelGroup: nil *StreamOrdering (did NewStreamOrdering fail?): pass the ordering whose stream runs the kernel")
 	}
 	if be, ok := h.buf.pool.be.(*CUDABackend); !ok || be.dev != o.be.dev {
-		return nil, fmt.Errorf("symm: KernelGroup: %v is not on the buffer's device", o)
+		return nil, invalidf("symm: KernelGroup: %v is not on the buffer's device", o)
 	}
 	b := make([]byte, KernelGroupBytes)
 	le := binary.LittleEndian

@@ -1052,3 +1052,39 @@ func TestCUDAPersistentPeersStay(t *testing.T) {
 		checkErrs(t, onRanks(world, func(r int) error { return bufs[r].Free() }))
 	}
 }
+
+// TestCUDANilArguments (no GPU needed): a nil device, a nil stream and a
+// nil *StreamOrdering (one whose NewStreamOrdering failed) are refused
+// with ErrInvalidArgument naming them. (Before, NewCUDABackend,
+// KernelGroup and every signal operation given a nil ordering panicked
+// with a nil dereference.)
+func TestCUDANilArguments(t *testing.T) {
+	be := &CUDABackend{} // its methods below reach no driver
+	h := &Handle{ptrsDev: 1, rank: 0, world: 2, channels: 1, buf: &Buffer{pool: &Pool{be: be}}}
+	var nilOrd *StreamOrdering
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"NewCUDABackend(nil)", func() error { _, err := NewCUDABackend(nil, nil); return err }},
+		{"NewStreamOrdering(nil)", func() error { _, err := be.NewStreamOrdering(nil); return err }},
+		{"KernelGroup(nil)", func() error { _, err := h.KernelGroup(nil, 0); return err }},
+		{"Signal(nil ordering)", func() error {
+			return be.Signal(nilOrd, &SignalOp{Kind: SignalPut, Peers: []int{1}, Put: []uintptr{1}})
+		}},
+		{"Signal(nil)", func() error { return be.Signal(nil, &SignalOp{Kind: SignalPut, Peers: []int{1}, Put: []uintptr{1}}) }},
+	} {
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			err = c.call()
+		}()
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v; want ErrInvalidArgument", c.name, err)
+		}
+	}
+}
