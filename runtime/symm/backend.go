@@ -54,7 +54,8 @@ type Backend interface {
 	// need it.
 	Import(f *os.File, size int, at uintptr) (Mapping, error)
 	// Signal runs op in the ordering o. An ordering the backend cannot
-	// honour is an error; a wait past op.Timeout is a *TimeoutError
+	// honour is an error wrapping ErrInvalidArgument; a wait past
+	// op.Timeout is a *TimeoutError
 	// (possibly reported later through the ordering, on the GPU).
 	Signal(o Ordering, op *SignalOp) error
 }

@@ -50,10 +50,11 @@ func (hostBackend) Kind() string         { return "host" }
 func (b hostBackend) Granularity() int   { return b.page }
 func (hostBackend) HostAccessible() bool { return true }
 
-// checkSize accepts positive multiples of the page size.
+// checkSize accepts positive multiples of the page size; others are
+// refused with ErrInvalidArgument.
 func (b hostBackend) checkSize(n int) error {
 	if n <= 0 || n%b.page != 0 {
-		return fmt.Errorf("symm: host: size %d is not a positive multiple of the page size %d", n, b.page)
+		return invalidf("symm: host: size %d is not a positive multiple of the page size %d", n, b.page)
 	}
 	return nil
 }
@@ -201,6 +202,9 @@ func (b hostBackend) Import(f *os.File, size int, at uintptr) (Mapping, error) {
 	if err := b.checkSize(size); err != nil {
 		return nil, err
 	}
+	if f == nil {
+		return nil, invalidf("symm: host: Import of a nil file: pass a peer's Chunk.Export")
+	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -284,7 +288,7 @@ func (m *hostMapping) Unmap() error {
 // Signal runs op on the calling goroutine; only Now is accepted.
 func (hostBackend) Signal(o Ordering, op *SignalOp) error {
 	if o != Now {
-		return fmt.Errorf("symm: host: the host twin runs signals only in the Now ordering, not %v", o)
+		return invalidf("symm: host: the host twin runs signals only in the Now ordering, not %v", o)
 	}
 	return hostSignal(op)
 }

@@ -3,6 +3,7 @@
 package symm
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -55,5 +56,34 @@ func TestHostImportRefusals(t *testing.T) {
 	}
 	if _, err := be.Import(plain, page, 0); err == nil || !strings.Contains(err.Error(), "mode") {
 		t.Errorf("mode 0644 accepted: %v", err)
+	}
+}
+
+// TestHostBackendRefusalsAreTyped: the host twin's own refusals of a
+// caller's argument (a size that is no positive multiple of the page, a
+// nil descriptor, an ordering other than Now) wrap ErrInvalidArgument,
+// as the pool's do. (Before, they matched no sentinel.)
+func TestHostBackendRefusalsAreTyped(t *testing.T) {
+	be := NewHostBackend()
+	page := be.Granularity()
+	addr, err := be.Reserve(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Release(addr, page)
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"Reserve(-1)", func() error { _, err := be.Reserve(-1); return err }},
+		{"Reserve(page+1)", func() error { _, err := be.Reserve(page + 1); return err }},
+		{"Create(0 bytes)", func() error { _, err := be.Create(addr, 0); return err }},
+		{"Import(nil)", func() error { _, err := be.Import(nil, page, 0); return err }},
+		{"Import(-page)", func() error { _, err := be.Import(os.Stdin, -page, 0); return err }},
+		{"Signal(nil)", func() error { return be.Signal(nil, &SignalOp{Kind: SignalPut}) }},
+	} {
+		if err := c.call(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v; want ErrInvalidArgument", c.name, err)
+		}
 	}
 }
