@@ -2,7 +2,11 @@
 
 package alloc
 
-import "github.com/collgen/collgen/runtime/cuda"
+import (
+	"fmt"
+
+	"github.com/collgen/collgen/runtime/cuda"
+)
 
 // CUDADriver is the Driver over a real device: segments from cuMemAlloc,
 // events from cuEventRecord and cuEventQuery.
@@ -10,8 +14,12 @@ type CUDADriver struct {
 	Dev *cuda.Device // the device segments live on; the caller keeps it open
 }
 
-// NewCUDA makes an allocator over dev.
+// NewCUDA makes an allocator over dev; a nil dev is refused
+// (ErrInvalidArgument).
 func NewCUDA(dev *cuda.Device, opts Options) (*Allocator, error) {
+	if dev == nil {
+		return nil, fmt.Errorf("%w: NewCUDA of a nil device: pass a device from cuda.Open", ErrInvalidArgument)
+	}
 	return New(CUDADriver{Dev: dev}, opts)
 }
 

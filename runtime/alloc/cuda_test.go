@@ -3,6 +3,7 @@
 package alloc_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/collgen/collgen/runtime/alloc"
@@ -65,5 +66,25 @@ func TestCUDA(t *testing.T) {
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNewCUDANilDevice (no GPU needed): NewCUDA refuses a nil device with
+// ErrInvalidArgument. (Before, it made an allocator whose first Alloc
+// panicked with a nil dereference.)
+func TestNewCUDANilDevice(t *testing.T) {
+	a, err := alloc.NewCUDA(nil, alloc.Options{})
+	if !errors.Is(err, alloc.ErrInvalidArgument) {
+		t.Errorf("NewCUDA(nil): %v; want ErrInvalidArgument", err)
+	}
+	if a != nil {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("Alloc on NewCUDA(nil)'s allocator panicked: %v", r)
+				}
+			}()
+			a.Alloc(4096, nil)
+		}()
 	}
 }
