@@ -30,7 +30,8 @@ type Backend interface {
 	// Every rank of a pool must use the same kind.
 	Kind() string
 	// Granularity is the size that every reservation and chunk is a
-	// multiple of (the page size on the host).
+	// multiple of (the page size on the host); positive, or NewPool
+	// refuses the backend.
 	Granularity() int
 	// HostAccessible reports whether the CPU can load and store through
 	// the addresses this backend returns (true on the host twin).

@@ -93,3 +93,31 @@ func TestBackendKindMismatch(t *testing.T) {
 		}
 	}
 }
+
+// zeroGran is a backend that reports no granularity.
+type zeroGran struct{ Backend }
+
+func (zeroGran) Granularity() int { return 0 }
+
+// TestNewPoolRefusesBadGranularity: a Backend whose Granularity is not
+// positive is refused by NewPool with ErrInvalidArgument, before anything
+// is published. (Before, NewPool accepted it and the first Alloc panicked
+// dividing by zero.)
+func TestNewPoolRefusesBadGranularity(t *testing.T) {
+	cfg := Config{Group: uniqueGroup(t), Rank: 0, WorldSize: 1, Store: rendezvous.NewMemStore(), Backend: zeroGran{NewHostBackend()}}
+	p, err := NewPool(context.Background(), cfg)
+	if err == nil {
+		defer p.Close()
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("Alloc panicked: %v", r)
+				}
+			}()
+			p.Alloc(100)
+		}()
+	}
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "granularity") {
+		t.Errorf("NewPool with granularity 0: %v; want ErrInvalidArgument naming the granularity", err)
+	}
+}

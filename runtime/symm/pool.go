@@ -182,6 +182,9 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	if cfg.Backend == nil {
 		cfg.Backend = NewHostBackend()
 	}
+	if g := cfg.Backend.Granularity(); g <= 0 {
+		return nil, invalidf("symm: the %q backend reports a granularity of %d bytes: a Backend's Granularity must be positive", cfg.Backend.Kind(), g)
+	}
 	p := &Pool{cfg: cfg, be: cfg.Backend, gran: cfg.Backend.Granularity(), pad: 4 * cfg.Channels * cfg.WorldSize,
 		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}}
 	ctx, cancel := p.bound(ctx)
