@@ -489,8 +489,12 @@ func (a *Allocator) releaseCached() error {
 // Observe subscribes o. With replay, o.SegmentAllocated is first called
 // for every segment that exists, under the same lock, so no segment is
 // missed or seen twice. The returned function unsubscribes o (safe to call
-// twice); it does not call SegmentFreeing.
+// twice); it does not call SegmentFreeing. A nil o subscribes nothing
+// (cancel does nothing).
 func (a *Allocator) Observe(o Observer, replay bool) (cancel func()) {
+	if o == nil {
+		return func() {}
+	}
 	e := &observerEntry{o: o}
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -230,3 +230,43 @@ func TestEventErrorsDoNotPoison(t *testing.T) {
 		t.Errorf("Alloc after Close: %v; want ErrInvalidArgument naming a closed allocator", err)
 	}
 }
+
+// TestObserveNil: Observe(nil) subscribes nothing, with or without replay,
+// and its cancel is harmless; Alloc and EmptyCache work as before.
+// (Before, replay panicked at once, and without replay every later new
+// segment and every EmptyCache that freed one panicked until cancel.)
+func TestObserveNil(t *testing.T) {
+	a, _, _ := newTest(t)
+	x := mustAlloc(t, a, 1000, nil)
+	for _, replay := range []bool{true, false} {
+		var cancel func()
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("Observe(nil, %v) panicked: %v", replay, r)
+				}
+			}()
+			cancel = a.Observe(nil, replay)
+		}()
+		defer cancel()
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("with a nil observer: %v", r)
+			}
+		}()
+		y := mustAlloc(t, a, 8<<20, nil) // a new segment
+		for _, b := range []*Block{x, y} {
+			if err := a.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.EmptyCache(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if st := a.Stats(); st.Segments != 0 {
+		t.Errorf("after EmptyCache: %+v", st)
+	}
+}
