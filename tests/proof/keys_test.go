@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
@@ -35,7 +34,7 @@ func TestClosedGroupKeysGPU(t *testing.T) {
 			}
 			for round := range 2 {
 				comms := commsWith(t, world, st, func(int) comm.Config { return comm.Config{Group: "keys"} })
-				err := onComms(comms, func(r int, c *comm.Communicator) error {
+				err := ranks(comms, func(r int, c *comm.Communicator) error {
 					const count = 1 << 16
 					plain, err := c.Device().Alloc(4 * count)
 					if err != nil {
@@ -66,16 +65,4 @@ func TestClosedGroupKeysGPU(t *testing.T) {
 			}
 		})
 	}
-}
-
-// onComms runs fn on every rank's goroutine and joins the errors.
-func onComms(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) error {
-	errs := make([]error, len(comms))
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[r] = fn(r, c) }()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
