@@ -158,8 +158,13 @@ type Group struct {
 	waits [3]atomic.Uint64 // slow waits by the phase that ended them (WaitStats)
 
 	broken atomic.Pointer[error] // first fatal error, if any
-	closed atomic.Bool
-	active sync.WaitGroup // collectives in flight, for Close
+	// closeMu orders begin's registration of a call against Close: a
+	// call is added to active (read-locked) only while closed is unset,
+	// and Close sets closed (write-locked) before waiting for active, so
+	// no Add from zero can race that Wait.
+	closeMu sync.RWMutex
+	closed  atomic.Bool
+	active  sync.WaitGroup // collectives in flight, for Close
 }
 
 type schedKey struct {
@@ -297,7 +302,10 @@ func (g *Group) brokenErr() error {
 // so peers waiting in theirs fail with ErrPeerFailed naming it instead of
 // timing out. Close is idempotent.
 func (g *Group) Close() error {
-	if !g.closed.CompareAndSwap(false, true) {
+	g.closeMu.Lock()
+	closing := g.closed.CompareAndSwap(false, true)
+	g.closeMu.Unlock()
+	if !closing {
 		return nil
 	}
 	g.cancelMu.Lock()
@@ -336,11 +344,13 @@ func (g *Group) Close() error {
 // begin registers a collective in flight and returns its error if the
 // group cannot run one.
 func (g *Group) begin() error {
-	g.active.Add(1)
+	g.closeMu.RLock()
 	if g.closed.Load() {
-		g.active.Done()
+		g.closeMu.RUnlock()
 		return ErrClosed
 	}
+	g.active.Add(1)
+	g.closeMu.RUnlock()
 	if err := g.brokenErr(); err != nil {
 		g.active.Done()
 		return err

@@ -258,3 +258,44 @@ func TestCPUsFollowGOMAXPROCS(t *testing.T) {
 		}
 	}
 }
+
+// TestCallsRacingClose: collectives issued from several goroutines while
+// another closes the group each either run or return ErrClosed, and Close
+// returns once those in flight are done. Registering a call raced Close's
+// wait for the calls in flight (a sync.WaitGroup's Add from zero during
+// its Wait: the race detector's report, or at worst the WaitGroup's
+// "misuse" panic); run it with -race.
+func TestCallsRacingClose(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		g := oneRank(t, 1)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		errs := make(chan error, 4)
+		for k := 0; k < 4; k++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b := make([]byte, 64)
+				<-start
+				for {
+					err := g.AllReduce(context.Background(), b, b, len(b)/4, coll.F32, coll.Sum, Options{})
+					if err != nil {
+						if !errors.Is(err, ErrClosed) {
+							errs <- err
+						}
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("a call racing Close: %v, want nil or ErrClosed", err)
+		}
+	}
+}
