@@ -53,7 +53,8 @@ var (
 	ErrInvalidArgument = errors.New("host: invalid argument")
 	// ErrSharedMemory: this rank's segment could not be made (a full or
 	// missing /dev/shm, its name taken by another file, out of
-	// descriptors).
+	// descriptors, or a layout larger than the memory the process has
+	// left).
 	ErrSharedMemory = errors.New("host: shared memory")
 )
 

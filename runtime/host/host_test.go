@@ -13,6 +13,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/internal/meminfo"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
 )
@@ -348,6 +349,36 @@ func TestConfigBounds(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "Config.SlotBytes") {
 			t.Errorf("SlotBytes %d: New = %v; want an error naming Config.SlotBytes", sb, err)
 		}
+	}
+}
+
+// TestSegmentBeyondMemory: a layout whose segment is larger than the
+// memory the process has left (64 slots of MaxSlotBytes: 4 TiB) fails the
+// set-up with ErrSharedMemory naming the fields to shrink, for goroutine
+// ranks too, whose ordinary-memory segment used to be a Go allocation
+// that the runtime could not make: "fatal error: out of memory", which
+// ends the process and no recover catches.
+func TestSegmentBeyondMemory(t *testing.T) {
+	avail, ok := meminfo.Available()
+	if !ok {
+		t.Skip("no memory figures to compare with here")
+	}
+	g, err := New(context.Background(), Config{Rank: 0, WorldSize: 1, Store: rendezvous.NewMemStore(), Group: "huge",
+		Library: testLibrary, Slots: 64, SlotBytes: MaxSlotBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if size := g.defaultLayout().size(); int64(size) <= avail {
+		t.Skipf("a %d-byte segment fits the %d bytes available", size, avail)
+	}
+	err = g.Setup(context.Background())
+	if !errors.Is(err, ErrSharedMemory) || !strings.Contains(err.Error(), "Config.SlotBytes") {
+		t.Fatalf("Setup = %v; want ErrSharedMemory naming Config.SlotBytes", err)
+	}
+	b := make([]byte, 64)
+	if err := g.AllReduce(context.Background(), b, b, 16, coll.F32, coll.Sum, Options{}); !errors.Is(err, ErrBroken) {
+		t.Errorf("a call after the failed set-up: %v, want ErrBroken", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/collgen/collgen/internal/meminfo"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/shm"
 )
@@ -265,6 +266,15 @@ func (g *Group) setup(ctx context.Context) error {
 	}()
 
 	g.hook("setup:create")
+	// A segment is memory taken now (fallocate on /dev/shm) or a Go
+	// allocation (goroutine ranks), which Go cannot fail softly: one
+	// larger than the process has left ends it ("fatal error: out of
+	// memory"). Refuse what is plainly beyond that (a snapshot, as in
+	// symm's host twin).
+	if avail, ok := meminfo.Available(); ok && int64(lay.size()) > avail {
+		return fmt.Errorf("%w: this rank's segment needs %d bytes (%d slots x %d lanes x %d bytes) and the process has %d left (MemAvailable and its memory cgroup): pass a smaller Config.SlotBytes or Config.Slots",
+			ErrSharedMemory, lay.size(), lay.Slots, lay.Lanes, lay.LaneBytes, avail)
+	}
 	self, err := g.prov.Create(g.names[rank], lay.size())
 	if err != nil {
 		return fmt.Errorf("%w: create this rank's segment: %w", ErrSharedMemory, err)
