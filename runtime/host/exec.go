@@ -197,6 +197,29 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 			return bad("buffer is not %d-byte aligned for %s", c.dtype.Size(), c.dtype)
 		}
 	}
+	// Input and output may share memory only in the in-place layout: the
+	// schedules stage a piece's input before writing its output, so an
+	// output that runs over input of a later piece (or of another lane)
+	// would overwrite it before it is read.
+	if in > 0 && out > 0 {
+		inP := uintptr(unsafe.Pointer(unsafe.SliceData(c.in)))
+		outP := uintptr(unsafe.Pointer(unsafe.SliceData(c.out)))
+		if inP < outP+uintptr(out) && outP < inP+uintptr(in) {
+			var layout string
+			inPlace := false
+			switch c.collective {
+			case coll.AllReduce:
+				inPlace, layout = inP == outP, "out == in"
+			case coll.ReduceScatter:
+				inPlace, layout = outP == inP+uintptr(g.cfg.Rank)*uintptr(out), "out = in[Rank*recvCount*size:]"
+			case coll.AllGather:
+				inPlace, layout = inP == outP+uintptr(g.cfg.Rank)*uintptr(in), "in = out[Rank*sendCount*size:]"
+			}
+			if !inPlace {
+				return bad("input and output overlap other than in place (%s on rank %d): use separate buffers or that layout", layout, g.cfg.Rank)
+			}
+		}
+	}
 	return in, out, nil
 }
 

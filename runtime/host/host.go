@@ -47,7 +47,8 @@ var (
 	ErrClosed = errors.New("host: group closed")
 	// ErrInvalidArgument: a call's arguments cannot describe a collective
 	// (unknown dtype or op, negative or overflowing count, buffers too
-	// small or misaligned, an algorithm the host cannot run), or New's
+	// small or misaligned, input and output overlapping other than in
+	// place, an algorithm the host cannot run), or New's
 	// Config cannot describe a group (world size, rank, store, group name,
 	// slots, lanes or slot size out of range).
 	ErrInvalidArgument = errors.New("host: invalid argument")

@@ -352,6 +352,55 @@ func TestConfigBounds(t *testing.T) {
 	}
 }
 
+// TestOverlapOtherThanInPlaceRefused: an input and output that share
+// memory other than in the documented in-place layout are refused with
+// ErrInvalidArgument on every rank, before the call takes part. Such an
+// all-reduce (output 64 bytes past its input, several pieces) wrote pieces
+// of its output over input not yet staged and returned wrong sums with no
+// error.
+func TestOverlapOtherThanInPlaceRefused(t *testing.T) {
+	const n = 1 << 16 // 256 KiB of f32: four pieces of the 256 KiB slot
+	errs := goroutineGroup(t, 2, Config{Lanes: 1, SlotBytes: 256 << 10}, func(g *Group) error {
+		ctx, rank := context.Background(), g.Rank()
+		buf := make([]byte, 4*(2*n+64))
+		var bad []string
+		for _, c := range []struct {
+			name string
+			run  func() error
+		}{
+			{"allreduce, output 64 bytes on", func() error { return g.AllReduce(ctx, buf[:4*n], buf[64:], n, coll.F32, coll.Sum, Options{}) }},
+			{"allreduce, output 64 bytes before", func() error { return g.AllReduce(ctx, buf[64:], buf, n, coll.F32, coll.Sum, Options{}) }},
+			{"reduce_scatter, output at the other rank's block", func() error {
+				return g.ReduceScatter(ctx, buf[:8*n], buf[(1-rank)*4*n:], n, coll.F32, coll.Sum, Options{})
+			}},
+			{"allgather, input at the other rank's block", func() error {
+				return g.AllGather(ctx, buf[(1-rank)*4*n:], buf[:8*n], n, coll.F32, Options{})
+			}},
+		} {
+			if err := c.run(); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "in place") {
+				bad = append(bad, fmt.Sprintf("%s: got %v, want ErrInvalidArgument naming the in-place layout", c.name, err))
+			}
+		}
+		// The in-place layouts still run.
+		if err := g.AllReduce(ctx, buf[:4*n], buf[:4*n], n, coll.F32, coll.Sum, Options{}); err != nil {
+			bad = append(bad, fmt.Sprintf("in-place allreduce: %v", err))
+		}
+		if err := g.ReduceScatter(ctx, buf[:8*n], buf[rank*4*n:], n, coll.F32, coll.Sum, Options{}); err != nil {
+			bad = append(bad, fmt.Sprintf("in-place reduce_scatter: %v", err))
+		}
+		if err := g.AllGather(ctx, buf[rank*4*n:], buf[:8*n], n, coll.F32, Options{}); err != nil {
+			bad = append(bad, fmt.Sprintf("in-place allgather: %v", err))
+		}
+		if len(bad) > 0 {
+			return errors.New(strings.Join(bad, "\n"))
+		}
+		return nil
+	})
+	if err := firstErr(errs); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSegmentBeyondMemory: a layout whose segment is larger than the
 // memory the process has left (64 slots of MaxSlotBytes: 4 TiB) fails the
 // set-up with ErrSharedMemory naming the fields to shrink, for goroutine
