@@ -40,6 +40,36 @@ const MaxRanks = 1024
 // above what the file-descriptor limit allows.
 var ErrTooManyRanks = errors.New("launch: too many ranks")
 
+// ErrInvalidArgument is wrapped by Start, StartContext, Run and
+// CheckNodes when Config cannot describe a run: fewer than one rank, no
+// program, a malformed run id, or a node layout that cannot be (see
+// CheckNodes). The error's text is the check's alone.
+var ErrInvalidArgument = errors.New("launch: invalid argument")
+
+// configError is a Config that Start refuses: its text names the field,
+// and errors.Is matches ErrInvalidArgument (and the cause, if any).
+type configError struct {
+	msg   string
+	cause error
+}
+
+// Error is the message, which names the field and what to pass instead.
+func (e *configError) Error() string { return e.msg }
+
+// Unwrap makes errors.Is match ErrInvalidArgument and the cause.
+func (e *configError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{ErrInvalidArgument}
+	}
+	return []error{ErrInvalidArgument, e.cause}
+}
+
+// invalidf formats a configError; a %w verb's operand is its cause.
+func invalidf(format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return &configError{msg: err.Error(), cause: errors.Unwrap(err)}
+}
+
 // settleWindow is how long Wait, after a rank exits with a non-zero status,
 // waits for other ranks' exits before naming the cause: a rank killed by a
 // signal is usually why a peer then failed, and its exit may be reaped a
@@ -151,7 +181,7 @@ func Start(cfg Config) (*Group, error) { return StartContext(context.Background(
 // reaped, and the error wraps ctx's.
 func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 	if cfg.N < 1 {
-		return nil, fmt.Errorf("launch: %d ranks: want at least 1", cfg.N)
+		return nil, invalidf("launch: %d ranks: want at least 1", cfg.N)
 	}
 	if cfg.N > MaxRanks {
 		return nil, fmt.Errorf("%w: %d ranks, at most %d on one host", ErrTooManyRanks, cfg.N, MaxRanks)
@@ -168,10 +198,10 @@ func StartContext(ctx context.Context, cfg Config) (*Group, error) {
 		cfg.RunID = hex.EncodeToString(b[:])
 	}
 	if err := rendezvous.CheckRunID(cfg.RunID); err != nil {
-		return nil, fmt.Errorf("launch: %w", err)
+		return nil, invalidf("launch: %w", err)
 	}
 	if len(cfg.Args) == 0 {
-		return nil, errors.New("launch: no program to run")
+		return nil, invalidf("launch: no program to run")
 	}
 	if cfg.Grace <= 0 {
 		cfg.Grace = DefaultGrace
@@ -572,7 +602,7 @@ func CheckNodes(cfg Config) error { return checkNodes(cfg) }
 
 func checkNodes(cfg Config) error {
 	if cfg.Nodes < 0 || cfg.NodeRank < 0 || cfg.NodeRank >= max(cfg.Nodes, 1) {
-		return fmt.Errorf("launch: node rank %d of %d nodes: want 0 <= node rank < nodes", cfg.NodeRank, cfg.Nodes)
+		return invalidf("launch: node rank %d of %d nodes: want 0 <= node rank < nodes", cfg.NodeRank, cfg.Nodes)
 	}
 	if cfg.Nodes <= 1 {
 		return nil
@@ -580,13 +610,13 @@ func checkNodes(cfg Config) error {
 	scheme, _, err := rendezvous.ParseStoreAddr(cfg.Store)
 	switch {
 	case cfg.Store == "":
-		return fmt.Errorf("launch: %d nodes need a store every node reaches (an etcd:// or tcp:// address)", cfg.Nodes)
+		return invalidf("launch: %d nodes need a store every node reaches (an etcd:// or tcp:// address)", cfg.Nodes)
 	case err != nil:
-		return fmt.Errorf("launch: %w", err)
+		return invalidf("launch: %w", err)
 	case scheme == "file":
-		return fmt.Errorf("launch: %d nodes cannot share file store %s: each launcher removes the run's directory when its own ranks exit; use an etcd:// or tcp:// store", cfg.Nodes, cfg.Store)
+		return invalidf("launch: %d nodes cannot share file store %s: each launcher removes the run's directory when its own ranks exit; use an etcd:// or tcp:// store", cfg.Nodes, cfg.Store)
 	case cfg.RunID == "":
-		return fmt.Errorf("launch: %d nodes need the same run id on every node (%s); a fresh one per launcher would split the run", cfg.Nodes, rendezvous.EnvRunID)
+		return invalidf("launch: %d nodes need the same run id on every node (%s); a fresh one per launcher would split the run", cfg.Nodes, rendezvous.EnvRunID)
 	}
 	return nil
 }

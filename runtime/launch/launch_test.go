@@ -525,3 +525,36 @@ func TestSweepAfterKilledLauncher(t *testing.T) {
 		t.Errorf("stderr:\n%s", errb)
 	}
 }
+
+// TestConfigErrorsAreInvalidArgument: every Config that Start refuses
+// before starting anything, other than one too large for the host
+// (ErrTooManyRanks), matches ErrInvalidArgument, and CheckNodes' refusals
+// too, with the message alone (no repeated sentinel text); they were
+// plain errors a program could not tell from a failed start.
+func TestConfigErrorsAreInvalidArgument(t *testing.T) {
+	for name, mod := range map[string]func(*Config){
+		"no ranks":        func(c *Config) { c.N = 0 },
+		"no program":      func(c *Config) { c.Args = nil },
+		"bad run id":      func(c *Config) { c.RunID = "no/slashes" },
+		"node rank":       func(c *Config) { c.Nodes, c.NodeRank = 2, 2 },
+		"negative nodes":  func(c *Config) { c.Nodes = -1 },
+		"multi-node file": func(c *Config) { c.Nodes, c.RunID, c.Store = 2, "abcdefgh", "file:///tmp/x" },
+		"multi-node no id": func(c *Config) {
+			c.Nodes, c.RunID, c.Store = 2, "", "tcp://127.0.0.1:1"
+		},
+	} {
+		cfg, _, _ := config(2, "env")
+		mod(&cfg)
+		_, err := Start(cfg)
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: Start = %v; want an error matching ErrInvalidArgument", name, err)
+		} else if strings.Contains(err.Error(), ErrInvalidArgument.Error()) {
+			t.Errorf("%s: %q repeats the sentinel's text", name, err)
+		}
+		if strings.HasPrefix(name, "node") || strings.HasPrefix(name, "multi") || name == "negative nodes" {
+			if err := CheckNodes(cfg); !errors.Is(err, ErrInvalidArgument) {
+				t.Errorf("%s: CheckNodes = %v; want an error matching ErrInvalidArgument", name, err)
+			}
+		}
+	}
+}
