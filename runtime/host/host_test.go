@@ -401,6 +401,32 @@ func TestOverlapOtherThanInPlaceRefused(t *testing.T) {
 	}
 }
 
+// TestForgetRefusesBadArguments: Forget with no store, no group name or
+// a world size New would refuse is ErrInvalidArgument, not a nil-pointer
+// panic or a loop over a world of 2^40 ranks' keys.
+func TestForgetRefusesBadArguments(t *testing.T) {
+	st := rendezvous.NewMemStore()
+	defer st.Close()
+	for _, c := range []struct {
+		name  string
+		st    rendezvous.Store
+		group string
+		world int
+	}{
+		{"nil store", nil, "g", 2},
+		{"no group", st, "", 2},
+		{"world 0", st, "g", 0},
+		{"world 2^40", st, "g", 1 << 40},
+	} {
+		if err := Forget(context.Background(), c.st, c.group, c.world); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: Forget = %v, want ErrInvalidArgument", c.name, err)
+		}
+	}
+	if err := Forget(context.Background(), st, "g", 2); err != nil {
+		t.Errorf("Forget of a group never formed: %v", err)
+	}
+}
+
 // TestSegmentBeyondMemory: a layout whose segment is larger than the
 // memory the process has left (64 slots of MaxSlotBytes: 4 TiB) fails the
 // set-up with ErrSharedMemory naming the fields to shrink, for goroutine

@@ -153,9 +153,18 @@ func (g *Group) leftError(ctx context.Context) error {
 // the created, mapped and left marks) once every rank of it has closed:
 // only set-up reads them, and a process that forms and closes groups on
 // one long-lived store would otherwise keep them all. group and world are
-// the group's Config.Group and World. It returns the first store error;
-// keys already gone are no error.
+// the group's Config.Group and WorldSize; a nil store, an empty group or
+// a world size New refuses is an error wrapping ErrInvalidArgument. It
+// returns the first store error; keys already gone are no error.
 func Forget(ctx context.Context, st rendezvous.Store, group string, world int) error {
+	switch {
+	case st == nil:
+		return invalidConfigf("host: Forget: the store is nil")
+	case group == "":
+		return invalidConfigf("host: Forget: the group name is empty; pass the group's Config.Group")
+	case world < 1 || world > 64:
+		return invalidConfigf("host: Forget: world size %d out of range 1..64; pass the group's Config.WorldSize", world)
+	}
 	prefix := keyPrefix(group)
 	keys := []string{prefix + "nonce", prefix + "layout", prefix + "left"}
 	for r := 0; r < world; r++ {
