@@ -67,7 +67,7 @@ else
   echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"
 fi
 for w in ${PROOF_WORLDS//,/ }; do
-  echo "## process ranks, world $w (CUDA IPC, ${COLLGEN_FATBIN:+fatbin}${COLLGEN_FATBIN:-NVRTC})" >>"$PROOF_SUMMARY"
+  echo "## process ranks, world $w (CUDA IPC, $([ -n "${COLLGEN_FATBIN:-}" ] && echo fatbin || echo NVRTC))" >>"$PROOF_SUMMARY"
   timeout ${PROCESS_TIMEOUT:-240} $BUNDLE/collgen run -n "$w" -- $BUNDLE/proof.test -test.v -test.run TestProofProcess \
     >>"$OUT/proof-processes.log" 2>&1 || { status=1; echo "world $w: process proof failed"; }
 done
