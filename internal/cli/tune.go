@@ -81,7 +81,7 @@ every measured collective, world size and size, what each spec's topology
 the latency the sweeps measured for that pick, next to the fastest and the
 bench's own automatic selection, with a geomean per rule set.`,
 		Example: `  collgen bench --backend gpu -n 4 --csv w4.csv && collgen bench --backend gpu -n 2 --csv w2.csv
-  collgen tune --from w4.csv --from w2.csv --spec spec
+  collgen tune --from w4.csv --from w2.csv --spec spec --topology nvswitch
   collgen tune --from w4.csv --from w2.csv --spec spec --topology nvswitch --out tuned.yaml
   collgen tune --from w4.csv --spec spec --topology nvswitch --world 4 --out tuned.yaml
   collgen tune --run --spec spec --topology nvswitch --worlds 4,2 --sweeps sweeps
