@@ -482,7 +482,7 @@ func errString(err error) string {
 	return err.Error()
 }
 
-// TestRunNoGPU: without a GPU, Run fails cleanly (no hang, no panic); with
+// TestRunGPU: without two GPUs, Run fails cleanly (no hang, no panic); with
 // enough GPUs it runs a tiny sweep.
 func TestRunGPU(t *testing.T) {
 	n, err := cuda.DeviceCount()
