@@ -34,7 +34,7 @@ cd "$WT"
 git apply "$PATCH"
 go run ./cmd/collgen generate
 go test ./gen -update >/dev/null
-go test -count=1 ./templates/... ./gen ./runtime/kernels ./runtime/comm
+go test -count=1 ./spec ./tune ./templates/... ./gen ./runtime/kernels ./runtime/comm
 go run ./cmd/collgen check
 make gpu-bundle GPU_TEST_PKGS=./tests/proof GPU_DIR="$GPU_DIR"
 echo "bundle in $GPU_DIR"
