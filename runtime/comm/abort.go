@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/collgen/collgen/runtime/cuda"
@@ -179,7 +180,7 @@ func (c *Communicator) freeWhenLeft(free func() error, wait time.Duration) {
 	poll := time.Millisecond
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		n, err := c.cfg.Store.Add(ctx, c.prefix+"members", 0)
+		n, err := c.members(ctx)
 		cancel()
 		if err == nil && n <= 0 {
 			return
@@ -191,6 +192,18 @@ func (c *Communicator) freeWhenLeft(free func() error, wait time.Duration) {
 		time.Sleep(min(poll, time.Until(deadline)))
 		poll = min(2*poll, time.Second)
 	}
+}
+
+// members reads how many ranks still hold a claim on the formation
+// without writing: the last member to leave deletes the counter (forget),
+// and Add's read made it again. An absent counter is 0.
+func (c *Communicator) members(ctx context.Context) (int64, error) {
+	// Counters are decimal text: "-" never matches, so nothing is swapped.
+	cur, _, err := c.cfg.Store.CompareAndSet(ctx, c.prefix+"members", []byte("-"), []byte("-"))
+	if err != nil || cur == nil {
+		return 0, err
+	}
+	return strconv.ParseInt(string(cur), 10, 64)
 }
 
 // attachRegistry sets up NCCL registration once NCCL is open on a device

@@ -17,6 +17,7 @@ import (
 	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/rendezvous/storetest"
 )
 
 // eventLog is one ordered log shared by fake registrars and fake allocator
@@ -645,5 +646,28 @@ func TestParkBoundSaturates(t *testing.T) {
 		if got := parkBound(c.timeout); got != c.want {
 			t.Errorf("parkBound(%v) = %v, want %v", c.timeout, got, c.want)
 		}
+	}
+}
+
+// An aborted group leaves no keys in the store either: the aborted rank
+// that waits for the others to leave before freeing its region read the
+// members counter with Add, which made it again (at 0) once the last
+// member's forget had deleted it.
+func TestAbortedGroupLeavesNoStoreKeys(t *testing.T) {
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	comms, devs := regCommsWith(t, st, Config{Group: "KA", Timeout: 5 * time.Second}, 2, &eventLog{}, nil)
+	for r, c := range comms {
+		if err := c.Abort(); err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for _, d := range devs {
+		d.mu.Lock()
+		freed := d.regionFreed
+		d.mu.Unlock()
+		<-freed
+	}
+	if left := st.Live(); len(left) > 0 {
+		t.Fatalf("%d keys left after every rank aborted: %q", len(left), left)
 	}
 }
