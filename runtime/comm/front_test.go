@@ -13,6 +13,7 @@ import (
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
 	"github.com/collgen/collgen/runtime/rendezvous/storetest"
@@ -679,4 +680,48 @@ func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
 			}
 		}
 	})
+}
+
+// failSetupDevice is a fake GPU whose region set-up fails (after NCCL
+// opened: a real device has then published its NCCL id).
+type failSetupDevice struct{ worldDevice }
+
+func (d failSetupDevice) setup(context.Context, string, int64, int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
+	return nil, 0, 0, errors.New("fake: out of memory")
+}
+
+// A GPU New that fails in set-up, on every rank, after the device
+// exchanged keys of its own (NCCL id, IPC records) still has the last rank
+// to leave ask its device to forget them: the failed set-up gave no
+// backend, so the device was not asked, and those keys stayed.
+func TestFailedGPUSetUpForgetsDeviceKeys(t *testing.T) {
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	devs := []*fakeDevice{{rank: 0}, {rank: 1}}
+	var wg sync.WaitGroup
+	errs := make([]error, len(devs))
+	for r := range devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cfg := Config{Rank: r, WorldSize: len(devs), Device: r, Store: st, Library: collectives.Library, Group: t.Name()}
+			_, errs[r] = newComm(ctx, cfg, func(Config) (device, error) { return failSetupDevice{worldDevice{devs[r], len(devs)}}, nil })
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "fake: out of memory") {
+			t.Fatalf("rank %d: %v; want the set-up's failure", r, err)
+		}
+	}
+	if !devs[0].ncclOpen || !devs[0].released || !devs[1].released {
+		t.Fatalf("NCCL opened %v, released %v %v; want NCCL opened and both released", devs[0].ncclOpen, devs[0].released, devs[1].released)
+	}
+	if n := devs[0].forgot + devs[1].forgot; n != 1 {
+		t.Fatalf("forgetKeys called %d times (rank 0: %d, rank 1: %d), want once, by the last rank to leave", n, devs[0].forgot, devs[1].forgot)
+	}
+	if left := st.Live(); len(left) > 0 {
+		t.Fatalf("%d keys left: %q", len(left), left)
+	}
 }

@@ -311,7 +311,7 @@ func (c *Communicator) forget(ctx context.Context) {
 	switch {
 	case c.hier != nil:
 		c.hier.forgetKeys(ctx)
-	case c.gpu != nil:
-		c.gpu.dev.forgetKeys(ctx)
+	case c.dev != nil: // also when New failed in the device's set-up
+		c.dev.forgetKeys(ctx)
 	}
 }
