@@ -103,7 +103,9 @@ func hierRules(cfg Config) (map[coll.Collective]*kernels.Selection, error) {
 
 // newHier sets up the hierarchical backend: the nested host communicator
 // (collective over the host's ranks), then NCCL across hosts and over all
-// ranks (collective over all ranks, in that order on every rank).
+// ranks (collective over all ranks, in that order on every rank). Where
+// opening NCCL fails it returns the released h with the error, for its
+// forgetKeys.
 func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open func(Config) (device, error)) (*hierComm, error) {
 	if cfg.Device == Host {
 		return nil, errorf(ErrUnsupported, "comm: ranks span %d hosts (%s, ...), but the host backend (Config.Device = comm.Host) runs on one host only; "+
@@ -132,7 +134,9 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	}
 	err = h.dev.openNCCL(ctx, h.crossKey(me), hi, len(l.hosts), prefix+"nccl", cfg.Rank, cfg.WorldSize)
 	if err != nil {
-		return nil, errors.Join(classify(fmt.Errorf("comm: rank %d: NCCL across hosts: %w", cfg.Rank, err)), h.dev.release(), h.closeIntra())
+		// h too, released: some ranks may have published their NCCL ids,
+		// which the last rank to leave forgets (forgetKeys).
+		return h, errors.Join(classify(fmt.Errorf("comm: rank %d: NCCL across hosts: %w", cfg.Rank, err)), h.dev.release(), h.closeIntra())
 	}
 	return h, nil
 }
@@ -310,6 +314,7 @@ func (h *hierComm) close() error {
 func (c *Communicator) spanHosts(ctx context.Context, open func(Config) (device, error)) (*Communicator, error) {
 	h, err := newHier(ctx, c.cfg, c.prefix, c.layout, open)
 	if err != nil {
+		c.hier = h // nil, or released: the last to leave forgets its NCCL ids
 		var berr error
 		if c.b != nil { // the host backend, refused
 			berr = c.b.close()

@@ -15,6 +15,7 @@ import (
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
 	"github.com/collgen/collgen/runtime/rendezvous"
+	"github.com/collgen/collgen/runtime/rendezvous/storetest"
 )
 
 // fakeHier records what the hierarchical backend asks of its device.
@@ -22,6 +23,7 @@ type fakeHier struct {
 	mu       sync.Mutex
 	log      []string
 	released bool
+	openErr  error // what openNCCL returns
 }
 
 func (d *fakeHier) record(format string, args ...any) {
@@ -33,7 +35,7 @@ func (d *fakeHier) record(format string, args ...any) {
 func (d *fakeHier) openNCCL(_ context.Context, crossKey string, crossRank, crossWorld int, globalKey string, rank, world int) error {
 	d.record("open cross %s %d/%d, all %s %d/%d", crossKey[strings.LastIndex(crossKey, "/")+1:], crossRank, crossWorld,
 		globalKey[strings.LastIndex(globalKey, "/")+1:], rank, world)
-	return nil
+	return d.openErr
 }
 
 func (d *fakeHier) nccl(cross bool, c coll.Collective, in, out cuda.DevicePtr, count int64, _ coll.DType, _ coll.Op, _ *cuda.Stream) error {
@@ -297,5 +299,50 @@ func TestHierRulesFromLibrary(t *testing.T) {
 	sels, err = hierRules(Config{Library: lib, WorldSize: 4, MultiHostRules: map[coll.Collective][]kernels.Rule{coll.AllReduce: {{Use: coll.Hierarchical}}}})
 	if err != nil || sels[coll.AllReduce].Choose(1, false) != coll.Hierarchical {
 		t.Errorf("Config.MultiHostRules did not replace the library's: %v", err)
+	}
+}
+
+// A hierarchical New that fails opening NCCL across hosts (some ranks
+// may have published their ids by then) still has the last rank to leave
+// forget the NCCL ids, once: the failed set-up gave no backend, so they
+// stayed in the store.
+func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
+	saved := openHier
+	defer func() { openHier = saved }()
+	hier := []*fakeHier{{openErr: errors.New("fake: ncclCommInitRank failed")}, {openErr: errors.New("fake: ncclCommInitRank failed")}}
+	openHier = func(c Config) (hierDevice, error) { return hier[c.Rank], nil }
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	var wg sync.WaitGroup
+	errs := make([]error, len(hier))
+	for r := range hier {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cfg := Config{Rank: r, WorldSize: len(hier), Device: r, Store: st, Library: collectives.Library, Group: t.Name(), HostID: fmt.Sprint("h", r)}
+			_, errs[r] = newComm(ctx, cfg, func(sub Config) (device, error) { return worldDevice{&fakeDevice{rank: sub.Rank}, sub.WorldSize}, nil })
+		}()
+	}
+	wg.Wait()
+	var forgets int
+	for r, h := range hier {
+		if errs[r] == nil || !strings.Contains(errs[r].Error(), "ncclCommInitRank failed") {
+			t.Fatalf("rank %d: %v; want the NCCL failure", r, errs[r])
+		}
+		if !h.released {
+			t.Errorf("rank %d: device not released", r)
+		}
+		for _, l := range h.log {
+			if strings.HasPrefix(l, "forget ") {
+				forgets++
+			}
+		}
+	}
+	if forgets != 1 {
+		t.Fatalf("forgetNCCL called %d times, want once, by the last rank to leave", forgets)
+	}
+	if left := st.Live(); len(left) > 0 {
+		t.Fatalf("%d keys left: %q", len(left), left)
 	}
 }
