@@ -231,8 +231,11 @@ type Communicator struct {
 	id     string // this formation's nonce
 	prefix string // store keys of this formation: base + id + "/"
 	record []byte // the world record this formation was made under
-	b      backend
-	gpu    *gpuComm // nil on the host backend and across hosts
+	// exchanged is set once this rank took part in the membership
+	// exchange: its leave then marks the formation closing (group.go).
+	exchanged bool
+	b         backend
+	gpu       *gpuComm // nil on the host backend and across hosts
 	// hier is the backend of a GPU group spanning hosts (hier.go), nil on
 	// one host; layout groups the ranks by host (hosts.go).
 	hier *hierComm

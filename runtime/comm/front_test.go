@@ -725,3 +725,92 @@ func TestFailedGPUSetUpForgetsDeviceKeys(t *testing.T) {
 		t.Fatalf("%d keys left: %q", len(left), left)
 	}
 }
+
+// worldHook is a store that calls hook once, after the first attempt to
+// create a group's world record (a rank's New reading the record) once
+// armed.
+type worldHook struct {
+	rendezvous.Store
+	mu    sync.Mutex
+	armed bool
+	hook  func()
+}
+
+func (s *worldHook) CompareAndSet(ctx context.Context, key string, old, new []byte) ([]byte, bool, error) {
+	cur, ok, err := s.Store.CompareAndSet(ctx, key, old, new)
+	if strings.HasSuffix(key, "/world") && old == nil {
+		s.mu.Lock()
+		fire := s.armed
+		s.armed = false
+		s.mu.Unlock()
+		if fire {
+			s.hook()
+		}
+	}
+	return cur, ok, err
+}
+
+// A rank that closes a group and forms it again at once, before its peer
+// has closed, read the world record the peer had not yet removed and
+// joined the closing formation: its peer, forming again too, joined it as
+// well, and the host set-up met that formation's nonce and unlinked
+// segments ("shm: no such segment"), or the ranks waited for each other
+// in two formations until the deadline. Now it waits for the formation to
+// go and both form a new one.
+func TestReformAtOnce(t *testing.T) {
+	joined := make(chan struct{})
+	st := &worldHook{Store: rendezvous.NewMemStore(), hook: func() { close(joined) }}
+	cfg := func(r int) Config {
+		return Config{Rank: r, WorldSize: 2, Device: Host, Store: st, Library: collectives.Library, Group: "again", Timeout: 5 * time.Second}
+	}
+	comms := hostComms(t, st, 2, "again")
+	sum := func(c *Communicator) error {
+		xs := []float32{float32(c.Rank() + 1)}
+		if err := AllReduceSlice(c, xs, xs, coll.Sum, Options{}); err != nil {
+			return err
+		}
+		if xs[0] != 3 {
+			return fmt.Errorf("rank %d: sum %v, want 3", c.Rank(), xs[0])
+		}
+		return nil
+	}
+	if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error { return sum(c) })...); err != nil {
+		t.Fatal(err)
+	}
+	if err := comms[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	st.mu.Lock()
+	st.armed = true
+	st.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	again := make([]*Communicator, 2)
+	errs := make([]error, 2)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		again[0], errs[0] = New(ctx, cfg(0))
+	}()
+	<-joined // rank 0 has read the world record; rank 1 has not closed
+	if err := comms[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	again[1], errs[1] = New(ctx, cfg(1))
+	<-done
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range again {
+			if c != nil {
+				c.Close()
+			}
+		}
+		t.Fatal(err)
+	}
+	if again[0].id == comms[0].id {
+		t.Errorf("formed again under the closed formation's id %s", again[0].id)
+	}
+	if err := errors.Join(onRanks(again, func(_ int, c *Communicator) error { return sum(c) })...); err != nil {
+		t.Error(err)
+	}
+	closeAll(t, again)
+}

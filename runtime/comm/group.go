@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -31,6 +32,9 @@ import (
 //	poison     a counter, nonzero once a rank found the group cannot form
 //	why        why, set before poison is bumped
 //	agree      the all-gathered membership records
+//	closing    set by the first rank to leave once it has exchanged
+//	           anything: a rank joining then backs out and waits for a
+//	           new formation
 //
 // A group name is formed once at a time per store: a second rank with the
 // same index is refused (ErrMismatch) before it touches anything the live
@@ -61,44 +65,126 @@ type membership struct {
 // store, waits for every rank (failing fast when another rank poisons the
 // group) and then checks that every rank has the same membership record.
 // Every failure names both values and wraps ErrMismatch or ErrTimeout.
+//
+// A formation one of whose ranks has left after the membership exchange
+// (closed, aborted, or failed in set-up) is not joined: a rank that
+// closes a group and forms it again at once can read the world record
+// before its peers have all left and removed it, and would meet that
+// formation's keys (a host group's nonce and segment names, the NCCL id,
+// the IPC records). It backs out and waits for the record to change (the
+// last rank to leave removes it).
 func (c *Communicator) form(ctx context.Context) error {
+	wait := ctx // bounds waiting for a closing formation
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, rendezvous.DefaultTimeout)
+		defer cancel()
+	}
+	var stale []byte
+	for {
+		retry, err := c.join(ctx, wait, stale)
+		if !retry {
+			return err
+		}
+		stale = c.record
+	}
+}
+
+// join is one attempt of form. It reports retry where the formation it
+// found (whose record form passes back as stale) is closing; a world
+// record equal to stale is waited out, until wait ends.
+func (c *Communicator) join(ctx, wait context.Context, stale []byte) (retry bool, err error) {
 	cfg, st := c.cfg, c.cfg.Store
 	base := "collgen/comm/" + cfg.Group + "/"
 	var nonce [8]byte
 	rand.Read(nonce[:])
 	ws := strconv.Itoa(cfg.WorldSize)
-	cur, _, err := st.CompareAndSet(ctx, base+"world", nil, []byte(ws+"/"+hex.EncodeToString(nonce[:])))
-	if err != nil {
-		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+	var cur []byte
+	for {
+		cur, _, err = st.CompareAndSet(ctx, base+"world", nil, []byte(ws+"/"+hex.EncodeToString(nonce[:])))
+		if err != nil {
+			return false, classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+		}
+		if stale == nil || !bytes.Equal(cur, stale) {
+			break
+		}
+		if err := waitStale(wait); err != nil {
+			return false, errorf(ErrTimeout, "comm: rank %d: group %q did not form: an earlier formation of it is closing, and not every one of its ranks left in time (closed, aborted, or gave up forming): %w",
+				cfg.Rank, cfg.Group, err)
+		}
 	}
 	formed, id, ok := strings.Cut(string(cur), "/")
 	if !ok {
-		return errorf(ErrMismatch, "comm: rank %d: store key %sworld holds %q, not a group record; is another program using group %q?", cfg.Rank, base, cur, cfg.Group)
+		return false, errorf(ErrMismatch, "comm: rank %d: store key %sworld holds %q, not a group record; is another program using group %q?", cfg.Rank, base, cur, cfg.Group)
 	}
 	c.base, c.id, c.prefix, c.record = base, id, base+id+"/", cur
 	if formed != ws {
-		return c.poison(ctx, fmt.Sprintf("rank %d has world size %d, but group %q was formed with world size %s; start every rank with the same world size",
+		return false, c.poison(ctx, fmt.Sprintf("rank %d has world size %d, but group %q was formed with world size %s; start every rank with the same world size",
 			cfg.Rank, cfg.WorldSize, cfg.Group, formed))
 	}
 	var tok [8]byte
 	rand.Read(tok[:])
 	_, swapped, err := st.CompareAndSet(ctx, c.rankKey(cfg.Rank), nil, []byte(hex.EncodeToString(tok[:])))
 	if err != nil {
-		return classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
+		return false, classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err))
 	}
 	if !swapped {
 		// Not poisoned: the group with the first holder of this rank may
 		// be running, and this caller must not disturb it.
-		return errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank); give each rank its own Config.Rank, or name a new Config.Group",
+		return false, errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank); give each rank its own Config.Rank, or name a new Config.Group",
 			cfg.Rank, cfg.Group)
 	}
 	if _, err := st.Add(ctx, c.prefix+"members", 1); err != nil {
-		return errors.Join(classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err)), c.leave())
+		return false, errors.Join(classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err)), c.leave())
+	}
+	// Poisoned first: a late rank of a group that cannot form fails with
+	// the reason, as the ranks that stayed do.
+	if err := c.poisoned(ctx); err != nil {
+		return false, errors.Join(err, c.leave())
+	}
+	closing, err := c.closing(ctx)
+	if err != nil {
+		return false, errors.Join(classify(fmt.Errorf("comm: rank %d: join group %q: %w", cfg.Rank, cfg.Group, err)), c.leave())
+	}
+	if closing {
+		if err := c.leave(); err != nil {
+			return false, err
+		}
+		return true, nil
 	}
 	if err := c.agree(ctx); err != nil {
-		return errors.Join(err, c.leave())
+		return false, errors.Join(err, c.leave())
 	}
-	return nil
+	return false, nil
+}
+
+// closing reports whether a rank of this formation has left after
+// exchanging anything (leave marks it before giving up its claim) or its
+// world record is gone or replaced (every member left). The mark is read
+// before the record: the last rank to leave removes the record before the
+// mark (forget).
+func (c *Communicator) closing(ctx context.Context) (bool, error) {
+	st := c.cfg.Store
+	// Neither key's value is ever "-": nothing is swapped, only read.
+	left, _, err := st.CompareAndSet(ctx, c.prefix+"closing", []byte("-"), []byte("-"))
+	if err != nil || left != nil {
+		return left != nil, err
+	}
+	cur, _, err := st.CompareAndSet(ctx, c.base+"world", []byte("-"), []byte("-"))
+	return !bytes.Equal(cur, c.record), err
+}
+
+// waitStale waits one poll interval for a closing formation's ranks to
+// leave, or returns ctx's error.
+func waitStale(ctx context.Context) error {
+	t := time.NewTimer(pollEvery)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // gatherJSON exchanges one JSON record per rank under key and returns
@@ -141,6 +227,7 @@ func (c *Communicator) agree(ctx context.Context) error {
 			mine.Backend = "host-shared"
 		}
 	}
+	c.exchanged = true
 	all, err := gatherJSON(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, mine, "membership record")
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: agree on membership of group %q: %w", cfg.Rank, cfg.Group, err))
@@ -263,6 +350,14 @@ func (c *Communicator) leave() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	st := c.cfg.Store
+	// Marked before the claim goes: a rank joining now backs out (join).
+	// A rank that leaves before exchanging anything (its wait for the
+	// others ended) leaves the formation joinable: it can retry New.
+	if c.exchanged {
+		if err := st.Set(ctx, c.prefix+"closing", []byte{1}); err != nil {
+			return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
+		}
+	}
 	if _, err := st.Delete(ctx, c.rankKey(c.cfg.Rank)); err != nil {
 		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
 	}
@@ -270,7 +365,10 @@ func (c *Communicator) leave() error {
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: leave group %q: %w", c.cfg.Rank, c.cfg.Group, err))
 	}
-	if n == 0 {
+	// Below 0: the last member's forget deleted the counter after a rank
+	// joining (which then backs out, join) had counted itself; it is the
+	// last now.
+	if n <= 0 {
 		// Only this formation's record: a new one may already be forming.
 		if _, same, err := st.CompareAndSet(ctx, c.base+"world", c.record, c.record); err == nil && same {
 			st.Delete(ctx, c.base+"world")
@@ -296,6 +394,7 @@ func (c *Communicator) leave() error {
 func (c *Communicator) forget(ctx context.Context) {
 	st, world := c.cfg.Store, c.cfg.WorldSize
 	st.Delete(ctx, c.prefix+"members")
+	st.Delete(ctx, c.prefix+"closing") // after the world record (closing)
 	if n, err := st.Add(ctx, c.prefix+"poison", 0); err == nil && n == 0 {
 		st.Delete(ctx, c.prefix+"poison")
 	}
