@@ -814,3 +814,48 @@ func TestReformAtOnce(t *testing.T) {
 	}
 	closeAll(t, again)
 }
+
+// Host ranks naming different host_shm topologies chose by different
+// rules (one ran the one-shot, the other the two-shot, of one call): New
+// now fails on every rank with ErrMismatch naming Config.Topology, as GPU
+// ranks' set-up agreement does. A name and the empty default that resolve
+// to the same rules agree.
+func TestHostTopologyMismatch(t *testing.T) {
+	lib := withHostTopology("host2", coll.TwoShot)
+	for _, tc := range []struct {
+		topos [2]string
+		ok    bool
+	}{{[2]string{"host", "host2"}, false}, {[2]string{"", "host2"}, false}, {[2]string{"", "host"}, true}} {
+		var wg sync.WaitGroup
+		st := rendezvous.NewMemStore()
+		comms := make([]*Communicator, 2)
+		errs := make([]error, 2)
+		for r := range comms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				comms[r], errs[r] = New(ctx, Config{Rank: r, WorldSize: 2, Device: Host, Store: st, Library: lib,
+					Group: "topo", Topology: tc.topos[r], Timeout: 2 * time.Second})
+			}()
+		}
+		wg.Wait()
+		if tc.ok {
+			if err := errors.Join(errs...); err != nil {
+				t.Errorf("Topology %q: %v", tc.topos, err)
+			}
+		} else {
+			for r, err := range errs {
+				if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "Config.Topology") {
+					t.Errorf("Topology %q: rank %d: %v; want ErrMismatch naming Config.Topology", tc.topos, r, err)
+				}
+			}
+		}
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+}

@@ -55,6 +55,10 @@ type membership struct {
 	// Rules is sha256 of Config.MultiHostRules ("" when unset): a group
 	// spanning hosts selects by them, and every rank must choose alike.
 	Rules string `json:"rules"`
+	// HostRules names the host_shm topology whose rules choose each
+	// collective on host ranks (Config.Topology resolved; "" on GPUs,
+	// whose set-up agreement compares the topology).
+	HostRules string `json:"host_rules"`
 	// DebugCheck (EnvDebugCheck) makes every call exchange its
 	// fingerprint, on any backend: a rank alone with it waits for peers
 	// that never come.
@@ -226,6 +230,7 @@ func (c *Communicator) agree(ctx context.Context) error {
 		if cfg.HostShared {
 			mine.Backend = "host-shared"
 		}
+		mine.HostRules = hostRulesNames(cfg.Library, cfg.Topology, cfg.WorldSize)
 	}
 	c.exchanged = true
 	all, err := gatherJSON(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, mine, "membership record")
@@ -241,6 +246,9 @@ func (c *Communicator) agree(ctx context.Context) error {
 		case m.Library != mine.Library:
 			return errorf(ErrMismatch, "comm: rank %d uses a different generated library than rank %d (manifest hash %.12s, here %.12s); build every rank from the same generated code",
 				r, cfg.Rank, m.Library, mine.Library)
+		case m.HostRules != mine.HostRules:
+			return errorf(ErrMismatch, "comm: rank %d chooses by the host_shm rules of %s, rank %d by those of %s; pass the same Config.Topology on every rank (or none)",
+				r, m.HostRules, cfg.Rank, mine.HostRules)
 		case m.Rules != mine.Rules:
 			return errorf(ErrMismatch, "comm: rank %d passed other Config.MultiHostRules than rank %d; pass the same rules (or none) on every rank",
 				r, cfg.Rank)

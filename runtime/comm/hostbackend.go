@@ -28,17 +28,39 @@ func (h *hostBackend) memory() memKind { return hostMemory }
 func (h *hostBackend) symmetricInput(*call) bool { return false }
 
 func (h *hostBackend) rules(collective coll.Collective) *kernels.Selection {
-	if h.topology == "" {
-		sel, _ := h.lib.Selection(coll.HostSHM, collective, h.world)
+	return hostRules(h.lib, h.topology, h.world, collective)
+}
+
+// hostRules is the host_shm selection that chooses for collective at world
+// size world: topology's ("": the library's first host_shm topology at
+// the world size), nil where there is none.
+func hostRules(lib *kernels.Library, topology string, world int, collective coll.Collective) *kernels.Selection {
+	if topology == "" {
+		sel, _ := lib.Selection(coll.HostSHM, collective, world)
 		return sel
 	}
-	for i := range h.lib.Selections {
-		s := &h.lib.Selections[i]
-		if s.Kind == coll.HostSHM && s.Topology == h.topology && s.Collective == collective && slices.Contains(s.Worlds, h.world) {
+	for i := range lib.Selections {
+		s := &lib.Selections[i]
+		if s.Kind == coll.HostSHM && s.Topology == topology && s.Collective == collective && slices.Contains(s.Worlds, world) {
 			return s
 		}
 	}
 	return nil
+}
+
+// hostRulesNames names, for the membership record, the host_shm topology
+// whose rules choose each collective ("-" where none does): ranks that
+// name different ones would choose different schedules for one call.
+func hostRulesNames(lib *kernels.Library, topology string, world int) string {
+	var names []string
+	for _, c := range []coll.Collective{coll.AllReduce, coll.ReduceScatter, coll.AllGather} {
+		name := "-"
+		if s := hostRules(lib, topology, world, c); s != nil {
+			name = s.Topology
+		}
+		names = append(names, string(c)+"="+name)
+	}
+	return strings.Join(names, " ")
 }
 
 // checkHostTopology refuses a Config.Topology that names none of the
