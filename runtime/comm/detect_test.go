@@ -333,7 +333,7 @@ func TestDetectNoPeerAccess(t *testing.T) {
 		want string
 	}{
 		{Config{Topology: "pcie"}, `Config.Topology "pcie" (pcie_p2p) cannot run on these GPUs, detected as none`},
-		{Config{DisableNCCL: true}, "no generated kernel runs on these GPUs"},
+		{Config{DisableNCCL: true}, "no generated kernel runs here (none: "},
 	} {
 		devs := machineDevs(m, identity(4))
 		start := time.Now()

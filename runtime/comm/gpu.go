@@ -416,7 +416,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		// NCCL only (detect.go): the GPUs cannot map each other's memory,
 		// so there is no region to exchange; or one rank, which copies.
 		if g.ncclOnly() && g.ncclErr != nil {
-			return errorf(ErrUnsupported, "comm: rank %d: no generated kernel runs on these GPUs (%s), and %v", cfg.Rank, g.det.Reason, g.ncclErr)
+			return errorf(ErrUnsupported, "comm: rank %d: no generated kernel runs here (%s), and %v", cfg.Rank, g.det.describe(), g.ncclErr)
 		}
 		return classify(rendezvous.Barrier(ctx, cfg.Store, g.prefix+"ready", cfg.Rank, g.world))
 	}

@@ -106,3 +106,21 @@ func TestFakeWorldSizeNotGenerated(t *testing.T) {
 		t.Errorf("alloc: %v", err)
 	}
 }
+
+// A world size no topology generates, with NCCL disabled, fails New with
+// ErrUnsupported saying so, not that no generated kernel runs "on these
+// GPUs" (they would, at a generated world size), as Alloc's and an
+// explicit algorithm's refusals already say.
+func TestFakeWorldSizeNotGeneratedNoNCCL(t *testing.T) {
+	devs := make([]*fakeDevice, 5)
+	for r := range devs {
+		devs[r] = &fakeDevice{rank: r}
+	}
+	_, errs := newFakeComms(t, Config{DisableNCCL: true}, devs)
+	for r, err := range errs {
+		if !errors.Is(err, ErrUnsupported) || strings.Contains(err.Error(), "on these GPUs") ||
+			!strings.Contains(err.Error(), "add 5 to a topology's world_sizes") || !strings.Contains(err.Error(), "Config.DisableNCCL") {
+			t.Errorf("rank %d: %v; want ErrUnsupported naming the missing world size and DisableNCCL", r, err)
+		}
+	}
+}
