@@ -5,9 +5,14 @@
 #
 #   tests/gpu/run.sh            # logs to $OUT (default .gpu/out)
 #
-# Logs (at most 8 files, for the device tool): env.log (machine, libraries,
-# nvcc fatbin build), abi.log (tests/gpu/abi_check.c against the real
-# headers), one <pkg>.log per test binary, bench.log, summary.txt.
+# Logs: env.log (machine, libraries, nvcc fatbin build), abi.log
+# (tests/gpu/abi_check.c against the real headers), one <pkg>.log per test
+# binary, bench.log, summary.txt: 10 files with make gpu-bundle's binaries,
+# more than the device tool brings back (8), so with it set OUT to a
+# directory under /tmp and tar that into the tool's $OUT.
+# proof.test is not run here: tests/proof/run.sh runs the proof and
+# tests/gpu/groups.sh its group and fault tests (longer than one binary's
+# PER_TEST_TIMEOUT).
 # Knobs: OUT, PER_TEST_TIMEOUT (s, default 120), RUN_SERIAL_BENCH (1/0),
 # COLLGEN_CUDA_DIR (kernel set for the benchmarks).
 # Exit status: non-zero if any test binary failed.
@@ -55,6 +60,10 @@ status=0
 for bin in .gpu/*.test; do
   [ -x "$bin" ] || continue
   name=$(basename "$bin" .test)
+  if [ "$name" = proof ]; then
+    echo "== proof: not run here (tests/proof/run.sh, tests/gpu/groups.sh)" >>"$OUT/summary.txt"
+    continue
+  fi
   echo "== $bin" >"$OUT/$name.log"
   # topo.test: only the test that needs the machine's NVML; its other tests
   # are CPU tests (CI runs them) that read testdata relative to the package.
