@@ -14,13 +14,14 @@
 #     --sizes 1KiB..4MiB:x4 --algorithms auto,oneshot_ll128,twoshot_ll128
 #
 # Files in $OUT (default .gpu/ab): a1.json, b1.json, a2.json, ... and
-# ab.log (every run's table). Knobs: OUT, PASSES, RUN_TIMEOUT (s, 600).
+# ab.log (every run's table). Knobs: OUT, PASSES, RUN_TIMEOUT (s per run;
+# default 560 over the 2*PASSES runs, so all of them fit one 600 s call).
 # Exit status: non-zero if any run failed (a wrong result under --check
 # included).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ $# -lt 2 ]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 a=$1 b=$2
@@ -35,7 +36,9 @@ log=$OUT/ab.log
 : >"$log"
 status=0
 prev=""
-for i in $(seq 1 "${PASSES:-2}"); do
+PASSES=${PASSES:-2}
+RUN_TIMEOUT=${RUN_TIMEOUT:-$((560 / (2 * PASSES)))}
+for i in $(seq 1 "$PASSES"); do
   for side in a b; do
     bin=$a
     [ "$side" = b ] && bin=$b
@@ -43,7 +46,7 @@ for i in $(seq 1 "${PASSES:-2}"); do
     base=()
     [ -n "$prev" ] && base=(--baseline "$prev")
     echo "== $name: $bin bench --backend gpu $* ${base[*]}" | tee -a "$log"
-    if ! timeout "${RUN_TIMEOUT:-600}" "$bin" bench --backend gpu "$@" "${base[@]}" --json "$OUT/$name.json" >>"$log" 2>&1; then
+    if ! timeout "$RUN_TIMEOUT" "$bin" bench --backend gpu "$@" "${base[@]}" --json "$OUT/$name.json" >>"$log" 2>&1; then
       echo "$name failed (see $log)" | tee -a "$log"
       status=1
     fi
