@@ -16,7 +16,8 @@
 # w<W>.png per world.
 # Knobs: OUT, WORLDS, SIZES, DTYPE (bf16), OP (sum), COLLECTIVES
 # (allreduce,reduce_scatter,allgather), CHECK (1: --check), EXTRA (more
-# flags, e.g. "--eager" or "--processes"), PER_WORLD_TIMEOUT (s, 900).
+# flags, e.g. "--eager" or "--processes"), PER_WORLD_TIMEOUT (s; default
+# 560 over the worlds in WORLDS, so the sweeps fit one 600 s call).
 # Exit status: non-zero if any sweep failed or a check found a wrong result.
 set -uo pipefail
 
@@ -32,7 +33,8 @@ OP=${OP:-sum}
 COLLECTIVES=${COLLECTIVES:-allreduce,reduce_scatter,allgather}
 CHECK=${CHECK:-1}
 EXTRA=${EXTRA:-}
-PER_WORLD_TIMEOUT=${PER_WORLD_TIMEOUT:-900}
+nworlds=$(echo $WORLDS | wc -w)
+PER_WORLD_TIMEOUT=${PER_WORLD_TIMEOUT:-$((560 / (nworlds > 0 ? nworlds : 1)))}
 BIN=${BIN:-.gpu/collgen}
 mkdir -p "$OUT"
 LOG="$OUT/bench.log"
