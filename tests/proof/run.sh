@@ -16,6 +16,12 @@
 # element type (allreduce_oneshot_bf16_w2 holds allreduce_oneshot_bf16_sum_w2),
 # so a PROOF_ONLY naming an op matches none and they use NVRTC, as they
 # say; FATBIN_ONLY='allreduce_oneshot_bf16_w*' then keeps the fatbin.
+# Time limits (s): GOROUTINE_TIMEOUT (420), FATBIN_TIMEOUT (200: nvcc's
+# build of every program for FATBIN_ARCHS, default sm_90 and sm_80, took
+# 123 s on an H200 host; FATBIN_ARCHS=sm_90 halves it; past the limit the
+# process ranks use NVRTC), PROCESS_TIMEOUT (240 a world), MULTIHOST_TIMEOUT
+# (150 each of two steps). Their defaults add up past one 600 s device
+# call: split a long proof with PROOF_PARTS.
 #
 #   make gpu-bundle && (on the GPU machine) tests/proof/run.sh
 set -uo pipefail
@@ -63,7 +69,7 @@ echo "== process ranks (CUDA IPC, fatbin from nvcc)"
 # The fatbin is built from this tree's generated/cuda: only for its own bundle.
 if [ "$BUNDLE" != .gpu ]; then
   echo "bundle $BUNDLE: process ranks use NVRTC (its own kernels; generated/cuda is this tree's)"
-elif /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && COLLGEN=$BUNDLE/collgen ONLY="${FATBIN_ONLY:-${PROOF_ONLY:-*}}" NVCC=/usr/local/cuda/bin/nvcc tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
+elif /usr/local/cuda/bin/nvcc --version >/dev/null 2>&1 && COLLGEN=$BUNDLE/collgen ONLY="${FATBIN_ONLY:-${PROOF_ONLY:-*}}" NVCC=/usr/local/cuda/bin/nvcc timeout "${FATBIN_TIMEOUT:-200}" tests/cuda/fatbin.sh generated/cuda "$TMP/collgen.fatbin" >"$OUT/fatbin.log" 2>&1; then
   export COLLGEN_FATBIN="$TMP/collgen.fatbin"
 else
   echo "fatbin build failed (see fatbin.log); process ranks use NVRTC"
