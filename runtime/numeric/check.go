@@ -148,7 +148,9 @@ func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise
 			continue
 		}
 		tol := 2 * (float64(len(srcs))*uAcc*abs + uOut*math.Abs(want))
-		if math.Abs(g-want) > tol {
+		// Written so that a NaN got fails (a comparison with NaN is false)
+		// unless want is NaN too; an infinite want passes only exactly.
+		if !(g == want || math.Abs(g-want) <= tol || math.IsNaN(g) && math.IsNaN(want)) {
 			return fmt.Errorf("%s sum of %d: element %d is %v, want %v within %.3g", dtype, len(srcs), i, g, want, tol)
 		}
 	}
