@@ -1,7 +1,12 @@
 package hostbench
 
 import (
+	"context"
+	"strings"
+
 	"errors"
+	"github.com/collgen/collgen/runtime/host"
+	"github.com/collgen/collgen/runtime/rendezvous"
 	"testing"
 	"time"
 
@@ -56,6 +61,41 @@ func TestBytesHuge(t *testing.T) {
 		}
 		if n := Bytes(o, cases, 2); n < huge/2 {
 			t.Errorf("check %v: Bytes = %d, want at least %d", check, n, huge/2)
+		}
+	}
+}
+
+// TestCheckStaleOutput: --check of a case whose collective writes nothing
+// fails, even when the output buffer still holds the right answer from an
+// earlier case of the same collective, dtype, op and size (another
+// algorithm before it, as --sizes 1MiB --algorithms a,b runs them). The
+// output shared by every case was not cleared before the check run, so
+// such a case passed.
+func TestCheckStaleOutput(t *testing.T) {
+	ctx := context.Background()
+	g, err := host.New(ctx, host.Config{Rank: 0, WorldSize: 1, Store: rendezvous.NewMemStore(), Group: "stale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Iters: 1, Check: true}
+	for _, c := range []Case{
+		{Collective: coll.AllReduce, Algorithm: coll.Auto, DType: coll.F32, Op: coll.Sum, Bytes: 4096},
+		{Collective: coll.ReduceScatter, Algorithm: coll.Auto, DType: coll.BF16, Op: coll.Max, Bytes: 4096},
+		{Collective: coll.AllGather, Algorithm: coll.Auto, DType: coll.I32, Bytes: 4096},
+	} {
+		in, out := alignedBytes(4096), alignedBytes(4096)
+		if _, err := runCase(ctx, g, o, c, in, out, time.Millisecond); err != nil {
+			t.Fatalf("%s: a correct run: %v", c.Label(), err)
+		}
+		call = func(context.Context, *host.Group, Case, []byte, []byte, int) error { return nil }
+		_, err := runCase(ctx, g, o, c, in, out, time.Millisecond)
+		call = do
+		if err == nil || !strings.Contains(err.Error(), "wrong result") {
+			t.Errorf("%s: a collective that writes nothing passed the check (err %v)", c.Label(), err)
 		}
 	}
 }
