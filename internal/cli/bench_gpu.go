@@ -241,11 +241,15 @@ func reportGPU(io *IO, o *BenchOptions, ms []gpubench.Measurement, awkwardText s
 	return nil
 }
 
-// gpuResults converts measured rows to the shared bench.Result.
+// gpuResults converts measured rows to the shared bench.Result. A row whose
+// --check failed is left out: a Result has no check column, and in the
+// JSON and CSV (what collgen tune reads) its time would stand for a kernel
+// that computes the collective (the summary marks it "!", and the bench
+// fails).
 func gpuResults(ms []gpubench.Measurement) []bench.Result {
 	var out []bench.Result
 	for _, m := range ms {
-		if !m.Measured() {
+		if !m.Measured() || m.CheckFailed() {
 			continue
 		}
 		backend := "gpu"

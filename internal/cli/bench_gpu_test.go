@@ -128,6 +128,13 @@ func TestGPUReport(t *testing.T) {
 	if err == nil || !strings.Contains(ee.String(), "CHECK FAILED") {
 		t.Errorf("a check failure must fail loudly: %v\n%s", err, ee.String())
 	}
+	// A wrong result's time is no result: the JSON and CSV (collgen tune's
+	// input) must not carry it as a row like any other.
+	for _, r := range gpuResults(ms) {
+		if r.Algorithm == "oneshot" {
+			t.Errorf("the row whose check failed is among the results: %+v", r)
+		}
+	}
 }
 
 // TestWorkerFlags: --processes hands every GPU sweep flag to the workers
