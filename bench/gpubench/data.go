@@ -11,9 +11,11 @@ import (
 	"github.com/collgen/collgen/runtime/numeric"
 )
 
-// PatternBytes is the period of benchmark inputs: a buffer is one random
+// PatternBytes is the block of benchmark inputs: a buffer is one random
 // block of this many bytes repeated, so large inputs fill quickly and a
-// result can be checked against a reference computed over one block.
+// result can be checked against a reference computed over one block. Block
+// k is the first rotated left by k elements (see FillInput), so data moved
+// by whole blocks (a wrong round offset) does not pass --check.
 const PatternBytes = 4 << 20
 
 // Seeds of the two rotating input buffers; --check verifies buffer 0.
@@ -75,13 +77,25 @@ func makePattern(dtype coll.DType, n int64, seed, rank int) []byte {
 }
 
 // FillInput writes rank's benchmark input for seed into b: the pattern
-// block repeated (see PatternBytes). len(b) must be a multiple of the
-// element size.
+// block repeated, repetition k rotated left by k elements (see
+// PatternBytes). len(b) must be a multiple of the element size.
 func FillInput(dtype coll.DType, b []byte, seed, rank int) {
 	blk := pattern(dtype, int64(len(b)), seed, rank)
-	for o := 0; o < len(b); o += len(blk) {
-		copy(b[o:], blk)
+	es := int64(dtype.Size())
+	for o := int64(0); o < int64(len(b)); {
+		run := inputRun(blk, es, o, int64(len(b))-o)
+		o += int64(copy(b[o:], run))
 	}
+}
+
+// inputRun returns the input bytes FillInput writes from byte x on, as far
+// as they lie contiguous in blk (the block, pattern's) and at most l bytes:
+// at x in repetition k = x/len(blk) lies blk's byte (x + k*es) mod len(blk).
+func inputRun(blk []byte, es, x, l int64) []byte {
+	period := int64(len(blk))
+	k, p := x/period, x%period
+	q := (p + k%(period/es)*es) % period
+	return blk[q : q+min(l, period-p, period-q)]
 }
 
 // Verify checks rank's output got of a collective whose every rank r had
@@ -101,13 +115,12 @@ func Verify(collective coll.Collective, dtype coll.DType, op coll.Op, world, ran
 	for r := range blocks {
 		blocks[r] = pattern(dtype, sh.InBytes, seed, r)
 	}
-	period := int64(len(blocks[0]))
 	if collective == coll.AllGather {
 		for o := int64(0); o < sh.OutBytes; {
 			r, io := o/sh.InBytes, o%sh.InBytes
-			p := io % period
-			l := min(sh.OutBytes-o, period-p, sh.InBytes-io)
-			if want := blocks[r][p : p+l]; !bytes.Equal(got[o:o+l], want) {
+			want := inputRun(blocks[r], es, io, min(sh.OutBytes-o, sh.InBytes-io))
+			l := int64(len(want))
+			if !bytes.Equal(got[o:o+l], want) {
 				i := int64(0)
 				for got[o+i] == want[i] {
 					i++
@@ -126,10 +139,10 @@ func Verify(collective coll.Collective, dtype coll.DType, op coll.Op, world, ran
 	}
 	srcs := make([][]byte, world)
 	for o := int64(0); o < sh.OutBytes; {
-		p := (base + o) % period
-		l := min(sh.OutBytes-o, period-p)
+		var l int64
 		for r := range srcs {
-			srcs[r] = blocks[r][p : p+l]
+			srcs[r] = inputRun(blocks[r], es, base+o, sh.OutBytes-o)
+			l = int64(len(srcs[r])) // the same for every rank
 		}
 		win := got[o : o+l]
 		for i := 0; i < int(l/es); i++ {

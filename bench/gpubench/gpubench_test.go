@@ -370,8 +370,9 @@ func TestFillAndVerify(t *testing.T) {
 		if !bytes.Equal(small, b[:4096]) {
 			t.Errorf("%s: the fill is not prefix-consistent", dt)
 		}
-		if !bytes.Equal(b[PatternBytes:], b[:4096]) {
-			t.Errorf("%s: the fill does not repeat with period PatternBytes", dt)
+		// The second block is the first rotated by one element.
+		if !bytes.Equal(b[PatternBytes:], b[es:4096+es]) || bytes.Equal(b[PatternBytes:], b[:4096]) {
+			t.Errorf("%s: the second PatternBytes block is not the first rotated by one element", dt)
 		}
 	}
 	const world = 3
@@ -502,6 +503,59 @@ func TestRunGPU(t *testing.T) {
 		t.Logf("%+v", m)
 		if m.Skipped == "" && (!m.Measured() || m.Check != "ok") {
 			t.Errorf("%s at %d: not measured or check failed: %+v", m.Variant, m.Bytes, m)
+		}
+	}
+}
+
+// TestVerifyMisplacedBlock: --check catches data moved by a whole number
+// of pattern blocks, as a kernel running in rounds would misplace it with
+// a wrong round offset (its windows, 8 MiB by default, are whole blocks).
+// The inputs repeated one 4 MiB block exactly, so the output of such a
+// kernel equalled the right one and passed.
+func TestVerifyMisplacedBlock(t *testing.T) {
+	const world = 2
+	for _, c := range []struct {
+		coll coll.Collective
+		dt   coll.DType
+		op   coll.Op
+	}{
+		{coll.AllReduce, "bf16", "sum"}, {coll.ReduceScatter, "f32", "max"}, {coll.AllGather, "bf16", ""}, {coll.AllGather, "e4m3", ""},
+	} {
+		sh, _ := ShapeFor(c.coll, c.dt, 6*PatternBytes, world)
+		ins := make([][]byte, world)
+		for r := range ins {
+			ins[r] = make([]byte, sh.InBytes)
+			FillInput(c.dt, ins[r], seed0, r)
+		}
+		const rank = 1
+		got := make([]byte, sh.OutBytes)
+		if c.coll == coll.AllGather {
+			for r := range ins {
+				copy(got[int64(r)*sh.InBytes:], ins[r])
+			}
+		} else {
+			base := int64(0)
+			if c.coll == coll.ReduceScatter {
+				base = rank * sh.OutBytes
+			}
+			srcs := make([][]byte, world)
+			for r := range ins {
+				srcs[r] = ins[r][base : base+sh.OutBytes]
+			}
+			red, err := numeric.Reducer(c.dt, c.op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			red(got, srcs)
+		}
+		if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, got, false); err != nil {
+			t.Fatalf("%s %s: correct output rejected: %v", c.coll, c.dt, err)
+		}
+		// The second block written with the first block's result.
+		bad := append([]byte(nil), got...)
+		copy(bad[PatternBytes:2*PatternBytes], got[:PatternBytes])
+		if err := Verify(c.coll, c.dt, c.op, world, rank, sh, seed0, bad, false); err == nil {
+			t.Errorf("%s %s: output with a block moved by %d bytes accepted", c.coll, c.dt, PatternBytes)
 		}
 	}
 }
