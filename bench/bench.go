@@ -30,7 +30,7 @@ type Result struct {
 	Bytes      int64   `json:"bytes"`              // message size: the larger of input and output, NCCL-tests style
 	Awkward    bool    `json:"awkward,omitempty"`  // an awkward twin (collgen bench --awkward), which may have a regular size's bytes
 	Iters      int     `json:"iters"`              // timed iterations
-	MedianUS   float64 `json:"median_us"`          // median over iterations of the slowest rank's time
+	MedianUS   float64 `json:"median_us"`          // median over iterations: host, of the slowest rank's time; gpu, of rank 0's replay time per op (gpubench)
 	BusGBps    float64 `json:"bus_gbps"`           // bus bandwidth, see BusBandwidth
 	Baseline   string  `json:"baseline,omitempty"` // what Ratio compares with, e.g. "gloo"
 	Ratio      float64 `json:"ratio,omitempty"`    // baseline time / this time: >1 means faster than the baseline

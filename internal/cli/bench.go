@@ -102,7 +102,8 @@ func newCmdBench(io *IO) *cobra.Command {
 		Short: "Benchmark collectives over a sweep of sizes and print a latency/bandwidth table",
 		Long: `Bench times collectives for every combination of --collective, --algorithms,
 --dtype, --op and --sizes and prints one table row per case: the median over
-iterations of the slowest rank's time, and the bus bandwidth (NCCL's
+iterations of the slowest rank's time (host; on GPUs, rank 0's, see below),
+and the bus bandwidth (NCCL's
 convention: all-reduce bytes/time*2(W-1)/W, reduce-scatter and all-gather
 bytes/time*(W-1)/W).
 

@@ -43,7 +43,7 @@ func addGPUBenchHelp(cmd *cobra.Command) {
 algorithm forced, the automatic selection ("auto") and NCCL, all in the same
 run: K=20 back-to-back collectives captured in a CUDA graph (--eager: launched
 one by one), replayed until about 20 ms (or --iters times), median per-op
-latency; the ratio column is NCCL's latency over the row's. Default sizes
+latency of rank 0's replays (timed with CUDA events on its stream); the ratio column is NCCL's latency over the row's. Default sizes
 1KiB-256MiB; default algorithms: all of them. See docs/performance.md.`
 	cmd.Example += `
   collgen bench --backend gpu -n 4 --dtype bf16 --op sum --sizes 1KiB-256MiB --check --json ar.json --png ar.png
