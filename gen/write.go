@@ -1,6 +1,7 @@
 package gen
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io/fs"
@@ -114,6 +115,11 @@ type Problem struct {
 	Path string // relative to the tree root, slash form
 	Kind string // "stale" (content differs), "missing", "extra"
 	Diff string // unified diff for stale files
+	// Listed is set on an extra file, or directory, that the tree's
+	// MANIFEST lists (or lists files under): an earlier generate wrote it,
+	// and the next one removes it. generate refuses to replace a tree
+	// holding extra entries that are not listed.
+	Listed bool
 }
 
 // String describes the problem as check prints it.
@@ -122,6 +128,9 @@ func (p Problem) String() string {
 	case "missing":
 		return fmt.Sprintf("%s: missing (collgen generate would create it)", p.Path)
 	case "extra":
+		if p.Listed {
+			return fmt.Sprintf("%s: extra (no longer produced by the spec; collgen generate removes it)", p.Path)
+		}
 		return fmt.Sprintf("%s: extra (not produced by the spec; collgen generate refuses to run while it is there: remove it)", p.Path)
 	}
 	return fmt.Sprintf("%s: stale or hand-edited\n%s", p.Path, p.Diff)
@@ -132,6 +141,15 @@ func (p Problem) String() string {
 func Diff(dir string, out *Output) ([]Problem, error) {
 	var problems []Problem
 	onDisk := map[string]bool{}
+	// What the MANIFEST on disk lists, and the directories holding it,
+	// generate removes with the old tree; anything else it refuses.
+	listed, _ := ReadManifestFiles(filepath.Join(dir, ManifestName))
+	listedUnder := map[string]bool{}
+	for p := range listed {
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			listedUnder[d] = true
+		}
+	}
 	// Directories that hold no produced file (an empty one included) are
 	// extra as a whole, as generate's check of the tree counts them.
 	produced := map[string]bool{}
@@ -150,7 +168,7 @@ func Diff(dir string, out *Output) ([]Problem, error) {
 		if d.IsDir() {
 			rel, _ := filepath.Rel(dir, full)
 			if rel = filepath.ToSlash(rel); rel != "." && !produced[rel] {
-				problems = append(problems, Problem{Path: rel + "/", Kind: "extra"})
+				problems = append(problems, Problem{Path: rel + "/", Kind: "extra", Listed: listedUnder[rel]})
 				return fs.SkipDir
 			}
 			return nil
@@ -178,11 +196,35 @@ func Diff(dir string, out *Output) ([]Problem, error) {
 	}
 	for p := range onDisk {
 		if _, ok := out.Files[p]; !ok {
-			problems = append(problems, Problem{Path: p, Kind: "extra"})
+			problems = append(problems, Problem{Path: p, Kind: "extra", Listed: listed[p]})
 		}
 	}
 	sort.Slice(problems, func(i, j int) bool { return problems[i].Path < problems[j].Path })
 	return problems, nil
+}
+
+// ReadManifestFiles reads a collgen MANIFEST and returns the paths (slash
+// form, relative to the tree) of the files it lists; ok is false when path
+// is not a collgen MANIFEST (missing, unreadable, or without its header).
+func ReadManifestFiles(path string) (files map[string]bool, ok bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	if !sc.Scan() || sc.Text() != ManifestHeader {
+		return nil, false
+	}
+	files = map[string]bool{}
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 3 && fields[0] == "file" {
+			files[fields[2]] = true
+		}
+	}
+	return files, sc.Err() == nil
 }
 
 // truncate keeps the first n lines of a diff.

@@ -65,3 +65,41 @@ func TestWriteRemovesOldLeftovers(t *testing.T) {
 		}
 	}
 }
+
+// TestDiffExtraListedByManifest: a file an earlier generate wrote (its
+// MANIFEST lists it) that the spec no longer produces, as after dropping a
+// dtype or a world size, is removed by the next generate; check said
+// generate refuses to run while it is there and told the user to remove
+// it by hand. A file the MANIFEST does not list is still one generate
+// refuses.
+func TestDiffExtraListedByManifest(t *testing.T) {
+	mod := t.TempDir()
+	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte("module example.com/m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(mod, "gen")
+	both := render(t, "testdata/minimal/spec.yaml", dir, Options{})
+	if err := Write(dir, both); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "cuda", "notes.txt"), []byte("mine"), 0o644)
+	// The spec under another package name: the old package's directory is
+	// no longer produced, but the MANIFEST lists every file in it.
+	renamed := render(t, "testdata/minimal/spec.yaml", dir, Options{Package: "other"})
+	problems, err := Diff(dir, renamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, p := range problems {
+		if p.Kind == "extra" {
+			got[p.Path] = p.String()
+		}
+	}
+	if msg := got["mini/"]; !strings.Contains(msg, "collgen generate removes it") || strings.Contains(msg, "refuses") {
+		t.Errorf("mini/ (listed in the MANIFEST): %q; want generate to remove it", msg)
+	}
+	if msg := got["cuda/notes.txt"]; !strings.Contains(msg, "refuses") {
+		t.Errorf("cuda/notes.txt (not listed): %q; want generate to refuse it", msg)
+	}
+}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -129,9 +128,6 @@ func (e *ForeignDirError) Error() string {
 		e.Dir, e.Reason, strings.Join(e.Entries, ", "))
 }
 
-// manifestHeader is the first line of every MANIFEST collgen writes.
-const manifestHeader = gen.ManifestHeader
-
 // checkOutDir refuses an output directory that collgen did not make: see
 // ForeignDirError. A missing or empty directory is fine. A file the
 // MANIFEST does not list but that holds exactly what out renders at its
@@ -164,7 +160,7 @@ func checkOutDir(dir string, out *gen.Output) error {
 		}
 		return n
 	}
-	listed, ok := readManifestFiles(filepath.Join(dir, gen.ManifestName))
+	listed, ok := gen.ReadManifestFiles(filepath.Join(dir, gen.ManifestName))
 	if !ok {
 		return &ForeignDirError{Dir: dir, Entries: sample(names), Reason: "it is not empty and has no collgen MANIFEST"}
 	}
@@ -231,30 +227,6 @@ func fileKind(fi os.FileInfo) string {
 	default:
 		return "a " + t.String() + " entry"
 	}
-}
-
-// readManifestFiles reads a collgen MANIFEST and returns the paths (slash
-// form, relative to the tree) of the files it lists; ok is false when path
-// is not a collgen MANIFEST.
-func readManifestFiles(path string) (files map[string]bool, ok bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	if !sc.Scan() || sc.Text() != manifestHeader {
-		return nil, false
-	}
-	files = map[string]bool{}
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 3 && fields[0] == "file" {
-			files[fields[2]] = true
-		}
-	}
-	return files, sc.Err() == nil
 }
 
 func newCmdGenerate(io *IO) *cobra.Command {

@@ -31,7 +31,7 @@ func TestCheckOutDirTyped(t *testing.T) {
 		}
 	}
 	gen := t.TempDir()
-	os.WriteFile(filepath.Join(gen, "MANIFEST"), []byte(manifestHeader+"\nfile 00 cuda/a.cu\nfile 00 pkg/k.go\n"), 0o644)
+	os.WriteFile(filepath.Join(gen, "MANIFEST"), []byte(gen2.ManifestHeader+"\nfile 00 cuda/a.cu\nfile 00 pkg/k.go\n"), 0o644)
 	os.Mkdir(filepath.Join(gen, "cuda"), 0o755)
 	os.Mkdir(filepath.Join(gen, "pkg"), 0o755)
 	if err := checkOutDir(gen, &gen2.Output{}); err != nil {
