@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
@@ -259,6 +260,9 @@ func (l *loader) syntaxError(data []byte, err error) {
 	}
 	if line == 0 {
 		line, col = 1, 1
+	}
+	if tab := lineStart(data, line) + col - 1; tab < len(data) && data[tab] == '\t' && strings.HasPrefix(msg, "found character that cannot start any token") {
+		msg += "; a tab indents this line, and YAML indents with spaces only: replace the tab with spaces"
 	}
 	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Msg: "YAML syntax error: " + msg})
 }

@@ -210,3 +210,23 @@ func TestMinThreadsAfterBadThreads(t *testing.T) {
 		t.Errorf("got %v; want the one threads error", err)
 	}
 }
+
+// TestTabIndentSaysUseSpaces: a tab that indents a line (editors insert
+// them) is a YAML syntax error whose own message, "found character that
+// cannot start any token", does not say what to write instead; the error
+// names the tab and says to indent with spaces.
+func TestTabIndentSaysUseSpaces(t *testing.T) {
+	for _, yaml := range []string{
+		head + "topologies:\n\tpcie:\n    kind: pcie_p2p\n",
+		head + "topologies:\n  pcie:\n  \tkind: pcie_p2p\n",
+	} {
+		_, err := Parse("s.yaml", []byte(yaml))
+		var list ErrorList
+		if !errors.As(err, &list) || len(list) == 0 {
+			t.Fatalf("Parse = %v, want an ErrorList", err)
+		}
+		if msg := list[0].Error(); !strings.Contains(msg, "tab") || !strings.Contains(msg, "spaces") {
+			t.Errorf("%q: %s; want it to name the tab and say to indent with spaces", yaml, msg)
+		}
+	}
+}
