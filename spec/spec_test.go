@@ -375,9 +375,11 @@ func BenchmarkParseShipped(b *testing.B) {
 // TestCheckPackageSuggestsWorkingNames: the name CheckPackage suggests is
 // one it accepts ("Main" suggested main, which it then refused), and a
 // non-ASCII name is refused (Go accepts the identifier, not the import
-// path holding it).
+// path holding it), as is one longer than a directory name can be (the
+// spec loaded, and generate failed after rendering with "file name too
+// long", without a position or a fix).
 func TestCheckPackageSuggestsWorkingNames(t *testing.T) {
-	for _, name := range []string{"Main", "MAIN", "Cuda", "äbc", "9lives"} {
+	for _, name := range []string{"Main", "MAIN", "Cuda", "äbc", "9lives", strings.Repeat("x", 256), strings.Repeat("X", 300)} {
 		err := CheckPackage(name)
 		var pe *PackageError
 		if !errors.As(err, &pe) {

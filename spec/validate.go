@@ -190,10 +190,14 @@ type PackageError struct {
 // Error returns the message.
 func (e *PackageError) Error() string { return e.Msg }
 
+// maxPackageLen is the longest package name: it names the directory
+// <out>/<package>, and file systems allow 255 bytes a name.
+const maxPackageLen = 255
+
 // CheckPackage says what is wrong with name as the Go package name of the
 // generated glue (the spec's package, or generate's and init's --package):
 // it must be a lower-case ASCII Go identifier other than "_", "main" (a program,
-// not importable) and CUDAPackage. The error, a *PackageError, suggests a
+// not importable) and CUDAPackage, of at most 255 bytes (a directory name). The error, a *PackageError, suggests a
 // name that works.
 func CheckPackage(name string) error {
 	fix := func() string {
@@ -204,10 +208,14 @@ func CheckPackage(name string) error {
 				b.WriteRune(r)
 			}
 		}
-		if b.Len() == 0 || token.IsKeyword(b.String()) || b.String() == CUDAPackage || b.String() == "main" {
+		fixed := b.String()
+		if len(fixed) > maxPackageLen {
+			fixed = fixed[:32] // a name to start from
+		}
+		if fixed == "" || token.IsKeyword(fixed) || fixed == CUDAPackage || fixed == "main" {
 			return "collectives"
 		}
-		return b.String()
+		return fixed
 	}
 	var msg string
 	switch {
@@ -222,6 +230,9 @@ func CheckPackage(name string) error {
 		msg = fmt.Sprintf("package %q is not ASCII, and Go import paths must be; write package: %s", name, fix())
 	case strings.ToLower(name) != name:
 		msg = fmt.Sprintf("package %q must be lower case; write package: %s", name, fix())
+	case len(name) > maxPackageLen:
+		// It names the directory <out>/<package>.
+		msg = fmt.Sprintf("package name is %d bytes, and it names the directory <out>/<package>, which may have at most %d; write package: %s", len(name), maxPackageLen, fix())
 	default:
 		return nil
 	}
