@@ -30,9 +30,10 @@ func StarterSpec(pkg string) []byte {
 func newCmdInit(io *IO) *cobra.Command {
 	var pkg string
 	cmd := &cobra.Command{
-		Use:   "init [FILE]",
+		Use:   "init [FILE|DIR]",
 		Short: "Write a starter spec (commented, valid) into your project",
-		Long: `Init writes a starter spec to FILE (default collgen.yaml): all-reduce,
+		Long: `Init writes a starter spec to FILE (default collgen.yaml; DIR/collgen.yaml
+for a directory, which --spec takes alike): all-reduce,
 reduce-scatter and all-gather kernels for f32 and bf16 on NVLink-connected
 GPUs (size rules falling back to NCCL) and for CPU ranks over shared memory
 (to try it without a GPU), with comments saying what each
@@ -46,6 +47,10 @@ field does. It never overwrites an existing file. Then generate the package:
 			path := spec.DefaultFile
 			if len(args) == 1 {
 				path = args[0]
+				// A directory, as --spec takes one: the spec goes inside.
+				if fi, err := os.Stat(path); err == nil && fi.IsDir() || strings.HasSuffix(path, "/") || strings.HasSuffix(path, string(filepath.Separator)) {
+					path = filepath.Join(path, spec.DefaultFile)
+				}
 			}
 			if err := spec.CheckPackage(pkg); err != nil {
 				return usageError(fmt.Errorf("init: --package: %w", err))
