@@ -284,6 +284,11 @@ naming the generate command that brings the tree up to date. Run it in CI.`,
 			if o.Out == "" {
 				return usageError(errors.New("check: --out is empty; name the output directory"))
 			}
+			if fi, err := os.Lstat(o.Out); err == nil && !fi.IsDir() {
+				// generate refuses it (ForeignDirError): say so, rather
+				// than compare a link or file with the tree.
+				return fmt.Errorf("check: %s is %s, not a directory: collgen generate refuses it (it replaces its output directory as a whole); give --out the directory itself", o.Out, fileKind(fi))
+			}
 			out, err := o.render()
 			if err != nil {
 				return err
