@@ -331,6 +331,11 @@ type Library struct {
 // messages in rounds (Windowed). Chunks are schedule.ChunkElems's, counted
 // in bytes (vectors of VectorBytes), an upper bound for every element size.
 func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm, world int, bytes int64) int64 {
+	// A rule's upto can be any int64 the spec takes; the inbox arithmetic
+	// below overflowed from 2^62 (a rule of 1<<62 needed 0 bytes, so its
+	// push kernel never ran). No slot holds more than slotBoundCap, and the
+	// staging budget caps an area long before that.
+	bytes = min(bytes, slotBoundCap)
 	var need int64
 	for i := range l.Kernels {
 		k := &l.Kernels[i]
@@ -345,6 +350,11 @@ func (l *Library) SlotBound(collective coll.Collective, algorithm coll.Algorithm
 	}
 	return need
 }
+
+// slotBoundCap is the largest message SlotBound sizes a slot for: 1 TiB,
+// beyond any GPU's memory, and small enough that a push protocol's inbox
+// of it (twice the bytes at most) stays far below 2^63.
+const slotBoundCap = 1 << 40
 
 // AlgorithmKernel is an algorithm's first kernel at a world size (all of
 // them share a schedule, so its protocol and rounds); ok is false when it

@@ -153,6 +153,14 @@ func TestSlotBound(t *testing.T) {
 	if got := l.SlotBound(coll.AllReduce, coll.TwoShotLL128, 2, big); got != WindowBytes {
 		t.Errorf("LL128 with rounds SlotBound(64 MiB) = %d, want WindowBytes", got)
 	}
+	// A rule's upto near 2^63 (the spec takes it) needs at least what 1 TiB
+	// does: the inbox arithmetic overflowed to 0 from 2^62.
+	tib := l.SlotBound(coll.AllReduce, coll.OneShotLL, 2, 1<<40)
+	for _, huge := range []int64{1 << 62, 1<<63 - 1} {
+		if got := l.SlotBound(coll.AllReduce, coll.OneShotLL, 2, huge); got < tib || tib < 1<<40 {
+			t.Errorf("LL without rounds SlotBound(%d) = %d, want at least SlotBound(1 TiB) = %d", huge, got, tib)
+		}
+	}
 	if got := l.SlotBound(coll.AllReduce, coll.TwoShot, 2, big); got != 0 {
 		t.Errorf("SlotBound of an algorithm without kernels = %d, want 0", got)
 	}
