@@ -2,7 +2,7 @@
 GO ?= go
 NVCC ?= nvcc
 
-.PHONY: help build generate check test test-short cuda-check cuda-cost fatbin bench vet fmt ci
+.PHONY: help build generate check test test-short cuda-check cuda-cost cuda-resources fatbin bench vet fmt ci
 help:
 	@echo "build       build bin/collgen"
 	@echo "generate    regenerate generated/ from spec/"
@@ -14,6 +14,7 @@ help:
 	@echo "ci          everything CI runs (.ci/run; installs nvcc when missing)"
 	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90, side by side"
 	@echo "cuda-cost   what each generated kernel costs nvcc (CPU time per family and world size)"
+	@echo "cuda-resources registers and spills of each generated kernel (tests/cuda/resources.sh)"
 	@echo "fatbin      build .gpu/collgen.fatbin for FATBIN_ARCHS (default sm_90 sm_80): kernels load without NVRTC"
 	@echo "gpu-bundle  build GPU test binaries and collgen into .gpu/ (see docs/gpu-workflow.md)"
 	@echo "bench       generator benchmark"
@@ -47,6 +48,9 @@ cuda-check:
 
 cuda-cost:
 	NVCC=$(NVCC) tests/cuda/cost.sh generated/cuda
+
+cuda-resources:
+	NVCC=$(NVCC) tests/cuda/resources.sh generated/cuda
 
 # FATBIN_ARCHS="sm_90 sm_100" make fatbin: the architectures to build for;
 # FATBIN=path: where to write it. (collgen fatbin --help)
