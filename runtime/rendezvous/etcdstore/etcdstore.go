@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -103,12 +104,16 @@ func ParseAddr(rest string, secure bool) (Config, error) {
 		if h == "" {
 			continue
 		}
-		if _, port, err := net.SplitHostPort(h); err != nil || !validPort(port) {
-			return Config{}, fmt.Errorf("etcdstore: endpoint %q: want host:port, as in etcd://host:2379[,host2:2379][/prefix]", h)
-		}
 		scheme := "http://"
 		if secure {
 			scheme = "https://"
+		}
+		// The etcd client parses each endpoint as a URL: one that does
+		// not parse back to this host:port ("h:+1", "[fe80::1%eth0]:1")
+		// is refused here rather than failing there.
+		_, port, err := net.SplitHostPort(h)
+		if u, uerr := url.Parse(scheme + h); err != nil || !validPort(port) || uerr != nil || u.Host != h {
+			return Config{}, fmt.Errorf("etcdstore: endpoint %q: want host:port, as in etcd://host:2379[,host2:2379][/prefix]", h)
 		}
 		cfg.Endpoints = append(cfg.Endpoints, scheme+h)
 	}
@@ -133,7 +138,12 @@ func ParseAddr(rest string, secure bool) (Config, error) {
 	return cfg, nil
 }
 
+// validPort reports whether port is decimal digits naming a port from 1 to
+// 65535 (strconv.Atoi alone takes "+1", which no URL does).
 func validPort(port string) bool {
+	if port == "" || strings.Trim(port, "0123456789") != "" {
+		return false
+	}
 	p, err := strconv.Atoi(port)
 	return err == nil && p >= 1 && p <= 65535
 }

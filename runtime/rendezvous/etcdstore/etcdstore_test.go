@@ -209,6 +209,11 @@ func TestParseAddr(t *testing.T) {
 		{"h1", false, nil, `etcdstore: endpoint "h1": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
 		{"h1:2379,h2:x", false, nil, `etcdstore: endpoint "h2:x": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
 		{"::1:2379", false, nil, `etcdstore: endpoint "::1:2379": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
+		// Accepted once (strconv.Atoi takes "+1"; SplitHostPort takes a
+		// zone), then refused by the etcd client's URL parse:
+		// FuzzParseAddr's seeds.
+		{"h1:+2379", false, nil, `etcdstore: endpoint "h1:+2379": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
+		{"[fe80::1%eth0]:2379", false, nil, `etcdstore: endpoint "[fe80::1%eth0]:2379": want host:port, as in etcd://host:2379[,host2:2379][/prefix]`},
 		// Credentials in the address would be echoed by every error
 		// naming the endpoint; they belong in the environment.
 		{"bob:hunter2@h1:2379", false, nil, "etcdstore: the address holds credentials (user:password@); set COLLGEN_ETCD_USER and COLLGEN_ETCD_PASSWORD instead"},
