@@ -672,6 +672,12 @@ func (s *Server) handleWait(ctx context.Context, req *frame) (*frame, bool) {
 
 // handleMutation applies Set/Add/CAS/Delete at most once per (client, seq).
 func (s *Server) handleMutation(ctx context.Context, req *frame) (*frame, bool) {
+	// Checked before the replay cache: a request reusing a (client, seq)
+	// with other arguments reached the re-read below with none, and its
+	// index out of range took the whole server down.
+	if bad := argCountError(req); bad != nil {
+		return bad, true
+	}
 	cs := s.client(req.ID)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -744,11 +750,18 @@ func (s *Server) client(id uint64) *clientState {
 	return cs
 }
 
-func (s *Server) apply(ctx context.Context, req *frame) *frame {
+// argCountError is the error reply to a mutation with the wrong number of
+// arguments for its op, or nil.
+func argCountError(req *frame) *frame {
 	want := map[uint8]int{opSet: 2, opAdd: 1, opCAS: 3, opDelete: 1}[req.Op]
 	if len(req.Args) != want {
 		return errorFrame(fmt.Sprintf("op %d takes %d arguments, got %d", req.Op, want, len(req.Args)))
 	}
+	return nil
+}
+
+// apply applies one mutation whose arguments argCountError accepted.
+func (s *Server) apply(ctx context.Context, req *frame) *frame {
 	key := string(req.Args[0])
 	resp := &frame{Op: statusOK}
 	var err error

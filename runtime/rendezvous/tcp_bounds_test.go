@@ -146,3 +146,38 @@ func TestTCPResponseOverClientLimit(t *testing.T) {
 		t.Errorf("it took %v", d)
 	}
 }
+
+// TestTCPReplayWithOtherArgs: a request that reuses the (client, seq) of a
+// compare-and-set whose large value was not kept, but with no arguments,
+// is answered (with an error: a retry must repeat its request) and the
+// server goes on serving.
+func TestTCPReplayWithOtherArgs(t *testing.T) {
+	srv := newTestServer(t, ServerOptions{Secret: []byte{}})
+	c, r := rawConn(t, srv)
+	big := bytes.Repeat([]byte("v"), 2*replayKeep)
+	for _, f := range []*frame{
+		{Op: opSet, Seq: 1, Args: [][]byte{[]byte("k"), big}},
+		{Op: opCAS, Seq: 2, Args: [][]byte{[]byte("k"), []byte("other"), []byte("new")}},
+	} {
+		if err := writeFrame(c, f, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := readFrame(r, 1<<20); err != nil || resp.Op != statusOK {
+			t.Fatalf("op %d: %+v, %v", f.Op, resp, err)
+		}
+	}
+	for _, op := range []uint8{opDelete, opCAS, opSet} {
+		if err := writeFrame(c, &frame{Op: op, Seq: 2}, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		resp, err := readFrame(r, 1<<20)
+		if err != nil || resp.Op != statusError {
+			t.Fatalf("replay of seq 2 as op %d without arguments: %+v, %v; want an error reply", op, resp, err)
+		}
+	}
+	good := dialTest(t, srv, ClientOptions{Secret: []byte{}})
+	if v, err := good.Get(short(t, 5*time.Second), "k"); err != nil || !bytes.Equal(v, big) {
+		t.Fatalf("after the replays: %d bytes, %v", len(v), err)
+	}
+}
