@@ -342,6 +342,11 @@ func parseRights(oob []byte) ([]int, error) {
 		if msgs[i].Header.Level != syscall.SOL_SOCKET || msgs[i].Header.Type != syscall.SCM_RIGHTS {
 			continue
 		}
+		// The kernel sends whole descriptors; ParseUnixRights indexes
+		// past the end of data that is not (a panic), so refuse it here.
+		if n := len(msgs[i].Data); n%4 != 0 {
+			return fds, fmt.Errorf("fdpass: bad SCM_RIGHTS message: %d bytes of data, not a whole number of 4-byte descriptors", n)
+		}
 		got, err := syscall.ParseUnixRights(&msgs[i])
 		fds = append(fds, got...)
 		if err != nil {
