@@ -280,8 +280,8 @@ func awkwardNote(sweeps []gpuSweep) string {
 // mode): a row per size, a column per variant (latency in us), the
 // algorithm auto picked, and auto's speed-up over NCCL; when forced
 // generated algorithms were measured too, auto's latency over the fastest
-// of them ("auto vs best", 1.03 = 3% slower), the check of "auto is
-// within x% of its best algorithm" in every sweep.
+// of them ("auto vs best", 1.03 = 3% slower; see autoVsBest), the check
+// of "auto is within x% of its best algorithm" in every sweep.
 func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Measurement, awkwardText string) {
 	type key struct {
 		coll, dt, op, mode string
@@ -378,17 +378,13 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 			}
 			row = append(row, pick, abw, nbw, ratio)
 			if forced {
-				vsBest := ""
-				var best *gpubench.Measurement
+				var ms []*gpubench.Measurement
 				for _, v := range variants {
-					if m := cell[at{r, v}]; coll.Algorithm(v).Generated() && m != nil && m.Measured() && (best == nil || m.LatencyUS < best.LatencyUS) {
-						best = m
+					if coll.Algorithm(v).Generated() {
+						ms = append(ms, cell[at{r, v}])
 					}
 				}
-				if a != nil && a.Measured() && best != nil && best.LatencyUS > 0 {
-					vsBest = fmt.Sprintf("%.2f (%s)", a.LatencyUS/best.LatencyUS, best.Variant)
-				}
-				row = append(row, vsBest)
+				row = append(row, autoVsBest(a, ms))
 			}
 			fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 		}
@@ -398,6 +394,30 @@ func writeGPUSummary(w interface{ Write([]byte) (int, error) }, ms []gpubench.Me
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// autoVsBest is the summary's "auto vs best" cell of one row: auto's
+// latency over the fastest of the forced generated algorithms' (forced,
+// nil where a variant has no measurement at this size), with its name. A
+// forced row that was skipped, failed or whose --check failed is no
+// candidate: its time is not that of a kernel computing the collective.
+// When none is left the cell says so ("no valid forced"); when auto
+// itself has no valid time the cell is empty (auto's own cell says skip,
+// FAIL or !).
+func autoVsBest(auto *gpubench.Measurement, forced []*gpubench.Measurement) string {
+	if auto == nil || !auto.Measured() || auto.CheckFailed() {
+		return ""
+	}
+	var best *gpubench.Measurement
+	for _, m := range forced {
+		if m != nil && m.Measured() && !m.CheckFailed() && (best == nil || m.LatencyUS < best.LatencyUS) {
+			best = m
+		}
+	}
+	if best == nil {
+		return "no valid forced"
+	}
+	return fmt.Sprintf("%.2f (%s)", auto.LatencyUS/best.LatencyUS, best.Variant)
 }
 
 func modeText(mode string) string {

@@ -150,3 +150,48 @@ func TestWorkerFlags(t *testing.T) {
 		t.Errorf("no flags set: %q", got)
 	}
 }
+
+// TestAutoVsBest: "auto vs best" compares auto with the fastest forced
+// algorithm that gave a valid time. A faster forced row whose --check
+// failed (left out of the JSON and CSV) was once taken as the best, so auto
+// read 2x slower than a kernel that computes the wrong answer.
+func TestAutoVsBest(t *testing.T) {
+	row := func(variant string, us float64, check, skipped, failed string) gpubench.Measurement {
+		return gpubench.Measurement{Collective: "allreduce", DType: "bf16", Op: "sum", World: 2, Bytes: 1024, Variant: variant,
+			Algorithm: "oneshot", Mode: "graph", LatencyUS: us, Check: check, Skipped: skipped, Error: failed}
+	}
+	auto := row("auto", 4, "ok", "", "")
+	wrong := row("oneshot", 2, "FAIL: rank 1: element 3", "", "")
+	good := row("twoshot", 5, "ok", "", "")
+	skipped := row("oneshot_ll", 0, "", "too big", "")
+	failed := row("twoshot_ll", 0, "", "", "launch failed")
+	for _, c := range []struct {
+		name   string
+		auto   gpubench.Measurement
+		forced []gpubench.Measurement
+		want   string
+	}{
+		{"a failed check is no best", auto, []gpubench.Measurement{wrong, good, skipped, failed}, "0.80 (twoshot)"},
+		{"the fastest valid row", auto, []gpubench.Measurement{good, row("oneshot", 3.2, "", "", "")}, "1.25 (oneshot)"},
+		{"no valid forced row", auto, []gpubench.Measurement{wrong, skipped, failed}, "no valid forced"},
+		{"auto's check failed", row("auto", 4, "FAIL: rank 0: element 0", "", ""), []gpubench.Measurement{good}, ""},
+		{"auto skipped", row("auto", 0, "", "refused", ""), []gpubench.Measurement{good}, ""},
+	} {
+		ptrs := []*gpubench.Measurement{nil} // a variant not measured at this size
+		for i := range c.forced {
+			ptrs = append(ptrs, &c.forced[i])
+		}
+		if got := autoVsBest(&c.auto, ptrs); got != c.want {
+			t.Errorf("%s: auto vs best %q, want %q", c.name, got, c.want)
+		}
+		// The summary's column is this cell.
+		var b bytes.Buffer
+		writeGPUSummary(&b, append([]gpubench.Measurement{c.auto}, c.forced...), "")
+		if out := b.String(); !strings.Contains(out, "auto vs best") || c.want != "" && !strings.Contains(out, c.want) {
+			t.Errorf("%s: summary lacks %q:\n%s", c.name, c.want, out)
+		}
+	}
+	if got := autoVsBest(nil, []*gpubench.Measurement{&good}); got != "" {
+		t.Errorf("no auto row: %q", got)
+	}
+}
