@@ -368,7 +368,10 @@ type Row struct {
 // Row is the row m belongs to.
 func (m *Measurement) Row() Row { return Row{m.Bytes, m.Awkward} }
 
-// fillDerived sets bandwidths and, per size, the ratio to NCCL.
+// fillDerived sets bandwidths and, per size, the ratio to NCCL. A row
+// whose --check failed neither is NCCL's reference nor gets a ratio: its
+// time is not that of a kernel computing the collective (the bench leaves
+// it out of its results).
 func fillDerived(ms []Measurement) {
 	ncclAt := map[Row]float64{}
 	for i := range ms {
@@ -379,13 +382,13 @@ func fillDerived(ms []Measurement) {
 		sec := m.LatencyUS * 1e-6
 		m.BusGBps = bench.BusBandwidth(m.Collective, m.Bytes, m.World, m.LatencyUS)
 		m.AlgGBps = AlgBandwidthGBps(m.Bytes, sec)
-		if m.Variant == coll.NCCL.String() {
+		if m.Variant == coll.NCCL.String() && !m.CheckFailed() {
 			ncclAt[m.Row()] = m.LatencyUS
 		}
 	}
 	for i := range ms {
 		m := &ms[i]
-		if n, ok := ncclAt[m.Row()]; ok && m.Measured() {
+		if n, ok := ncclAt[m.Row()]; ok && m.Measured() && !m.CheckFailed() {
 			m.VsNCCL = n / m.LatencyUS
 		}
 	}

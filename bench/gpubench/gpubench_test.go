@@ -352,6 +352,25 @@ func TestFillDerived(t *testing.T) {
 	if math.Abs(ms[0].AlgGBps-100) > 1e-9 || math.Abs(ms[0].BusGBps-150) > 1e-9 {
 		t.Errorf("bandwidth alg %v bus %v", ms[0].AlgGBps, ms[0].BusGBps)
 	}
+	// A row whose --check failed is no reference and gets no ratio: an
+	// NCCL that computed the wrong answer once gave every row of its size
+	// a "vs nccl" (the JSON's ratio against a row the JSON leaves out).
+	bad := []Measurement{
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "oneshot", LatencyUS: 10, Check: "ok"},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "twoshot", LatencyUS: 5, Check: "FAIL: rank 0: element 1"},
+		{Collective: coll.AllReduce, World: 4, Bytes: 1e6, Variant: "nccl", LatencyUS: 30, Check: "FAIL: rank 2: element 7"},
+		{Collective: coll.AllReduce, World: 4, Bytes: 2e6, Variant: "twoshot", LatencyUS: 5, Check: "FAIL: rank 0: element 1"},
+		{Collective: coll.AllReduce, World: 4, Bytes: 2e6, Variant: "nccl", LatencyUS: 30, Check: "ok"},
+	}
+	fillDerived(bad)
+	for i, m := range bad {
+		if m.VsNCCL != 0 && i != 4 {
+			t.Errorf("%s at %d B (check %q): vs nccl %v, want none", m.Variant, m.Bytes, m.Check, m.VsNCCL)
+		}
+	}
+	if bad[4].VsNCCL != 1 {
+		t.Errorf("a valid nccl row's own ratio %v, want 1", bad[4].VsNCCL)
+	}
 }
 
 func TestFillAndVerify(t *testing.T) {
