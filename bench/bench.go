@@ -23,7 +23,8 @@ import (
 type Result struct {
 	Backend    string  `json:"backend"`            // host, gpu, gloo, nccl, ...
 	Collective string  `json:"collective"`         // allreduce, reduce_scatter, allgather
-	Algorithm  string  `json:"algorithm"`          // oneshot, twoshot, ...
+	Algorithm  string  `json:"algorithm"`          // oneshot, twoshot, ..., or "auto": the automatic selection's row, never a forced algorithm's
+	Picked     string  `json:"picked,omitempty"`   // for an "auto" row, the algorithm the selection chose (results of older host benches name it in Algorithm instead)
 	DType      string  `json:"dtype"`              // element type: f32, bf16, ...
 	Op         string  `json:"op,omitempty"`       // empty for all-gather
 	World      int     `json:"world"`              // ranks in the group
@@ -32,7 +33,7 @@ type Result struct {
 	Iters      int     `json:"iters"`              // timed iterations
 	MedianUS   float64 `json:"median_us"`          // median over iterations: host, of the slowest rank's time; gpu, of rank 0's replay time per op (gpubench)
 	BusGBps    float64 `json:"bus_gbps"`           // bus bandwidth, see BusBandwidth
-	Baseline   string  `json:"baseline,omitempty"` // what Ratio compares with, e.g. "gloo"
+	Baseline   string  `json:"baseline,omitempty"` // what Ratio compares with: a backend ("gloo"), with the algorithm of its row where that is not this row's ("gloo ring")
 	Ratio      float64 `json:"ratio,omitempty"`    // baseline time / this time: >1 means faster than the baseline
 	// LateWaits (host backend only) counts barrier waits that found a
 	// peer late, per timed call, the most of any rank.
@@ -100,9 +101,18 @@ func formatRatio(r Result) string {
 	return fmt.Sprintf("%.2fx %s", r.Ratio, r.Baseline)
 }
 
+// algorithmCell is the table's algorithm column: the algorithm, and for
+// an auto row what the selection chose ("auto:oneshot").
+func algorithmCell(r Result) string {
+	if r.Picked != "" {
+		return r.Algorithm + ":" + r.Picked
+	}
+	return r.Algorithm
+}
+
 // WriteTable writes results as an aligned text table: latency in
 // microseconds, bus bandwidth in GB/s and, where a baseline was measured,
-// the speed-up over it.
+// the speed-up over it. An auto row's algorithm reads "auto:PICKED".
 func WriteTable(w io.Writer, results []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "backend\tcollective\talgorithm\tdtype\top\tworld\tsize\titers\ttime(us)\tbusbw(GB/s)\tvs baseline\t")
@@ -115,7 +125,7 @@ func WriteTable(w io.Writer, results []Result) error {
 		if r.Awkward {
 			size += "*"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%.2f\t%.2f\t%s\t\n", r.Backend, r.Collective, r.Algorithm, r.DType, op,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%.2f\t%.2f\t%s\t\n", r.Backend, r.Collective, algorithmCell(r), r.DType, op,
 			r.World, size, r.Iters, r.MedianUS, r.BusGBps, formatRatio(r))
 	}
 	return tw.Flush()
@@ -141,7 +151,7 @@ func ReadJSON(r io.Reader) ([]Result, error) {
 }
 
 // csvHeader is WriteCSV's first row.
-var csvHeader = []string{"backend", "collective", "algorithm", "dtype", "op", "world", "bytes", "iters", "median_us", "bus_gbps", "baseline", "ratio", "awkward"}
+var csvHeader = []string{"backend", "collective", "algorithm", "dtype", "op", "world", "bytes", "iters", "median_us", "bus_gbps", "baseline", "ratio", "awkward", "picked"}
 
 // awkwardCell is the CSV awkward column: "1" for an awkward twin, else
 // empty.
@@ -159,7 +169,7 @@ func WriteCSV(w io.Writer, results []Result) error {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
 	for _, r := range results {
 		cw.Write([]string{r.Backend, r.Collective, r.Algorithm, r.DType, r.Op, strconv.Itoa(r.World),
-			strconv.FormatInt(r.Bytes, 10), strconv.Itoa(r.Iters), f(r.MedianUS), f(r.BusGBps), r.Baseline, f(r.Ratio), awkwardCell(r.Awkward)})
+			strconv.FormatInt(r.Bytes, 10), strconv.Itoa(r.Iters), f(r.MedianUS), f(r.BusGBps), r.Baseline, f(r.Ratio), awkwardCell(r.Awkward), r.Picked})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -47,6 +47,39 @@ func TestBusBandwidth(t *testing.T) {
 	}
 }
 
+// TestAutoRowOutputs: an auto row says what it picked in the table
+// ("auto:oneshot") and in the JSON and CSV ("picked"), apart from a forced
+// row of that algorithm; tune reads the CSV by its header, so a file
+// without the column still reads.
+func TestAutoRowOutputs(t *testing.T) {
+	rs := []Result{
+		{Backend: "host", Collective: "allreduce", Algorithm: "auto", Picked: "oneshot", DType: "f32", Op: "sum", World: 2, Bytes: 4096, Iters: 5, MedianUS: 3},
+		{Backend: "host", Collective: "allreduce", Algorithm: "oneshot", DType: "f32", Op: "sum", World: 2, Bytes: 4096, Iters: 5, MedianUS: 3},
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); strings.Count(out, " auto:oneshot ") != 1 || strings.Count(out, " oneshot ") != 1 {
+		t.Errorf("table: want one auto:oneshot row and one oneshot row:\n%s", out)
+	}
+	b.Reset()
+	WriteJSON(&b, rs)
+	js := b.String()
+	if back, err := ReadJSON(&b); err != nil || back[0] != rs[0] || back[1] != rs[1] {
+		t.Errorf("JSON round trip: %v %+v", err, back)
+	}
+	if !strings.Contains(js, `"picked": "oneshot"`) || strings.Count(js, `"picked"`) != 1 {
+		t.Errorf("JSON: want picked on the auto row only:\n%s", js)
+	}
+	b.Reset()
+	WriteCSV(&b, rs)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if !strings.HasSuffix(lines[0], ",awkward,picked") || !strings.HasSuffix(lines[1], ",oneshot") || !strings.Contains(lines[1], ",auto,") || !strings.HasSuffix(lines[2], ",") {
+		t.Errorf("csv:\n%s", b.String())
+	}
+}
+
 func TestOutputs(t *testing.T) {
 	rs := sample()
 	var b bytes.Buffer

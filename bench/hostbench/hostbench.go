@@ -284,13 +284,13 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	count, inB, outB := counts(c, w)
 	in, out := inBuf[:inB], outBuf[:outB]
 	numeric.Fill(c.DType, in, int(c.Bytes), rank)
-	alg := c.Algorithm
-	if alg == coll.Auto {
+	var picked coll.Algorithm // an auto row's choice: its row stays "auto", apart from a forced row of that algorithm
+	if c.Algorithm == coll.Auto {
 		a, err := g.Algorithm(c.Collective, c.Bytes)
 		if err != nil {
 			return bench.Result{}, err
 		}
-		alg = a
+		picked = a
 	}
 	if o.Check {
 		// The output is shared by every case and may hold this case's
@@ -351,7 +351,7 @@ func runCase(ctx context.Context, g *host.Group, o Options, c Case, inBuf, outBu
 	// The bytes moved: the size rounded down to whole elements (per rank,
 	// for reduce-scatter and all-gather), as the GPU bench reports.
 	sh, _ := bench.ShapeFor(c.Collective, c.DType, c.Bytes, w)
-	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: string(alg), DType: string(c.DType), Op: string(c.Op), World: w,
+	return bench.Result{Backend: "host", Collective: string(c.Collective), Algorithm: c.Algorithm.String(), Picked: string(picked), DType: string(c.DType), Op: string(c.Op), World: w,
 		Bytes: sh.Bytes, Iters: iters, MedianUS: med, BusGBps: bench.BusBandwidth(c.Collective, sh.Bytes, w, med),
 		LateWaits: &bench.LateWaits{Spun: waits[0], Yielded: waits[1], Blocked: waits[2]}}, nil
 }

@@ -99,3 +99,39 @@ func TestCheckStaleOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestAutoRowApart: the automatic selection's row reads "auto", with the
+// algorithm it picked in Picked, and a forced row of that algorithm reads
+// as that algorithm alone. Both rows once read the picked algorithm, so a
+// sweep of --algorithms auto,oneshot had two "oneshot" rows per case, and
+// --baseline could not tell which was which.
+func TestAutoRowApart(t *testing.T) {
+	ctx := context.Background()
+	g, err := host.New(ctx, host.Config{Rank: 0, WorldSize: 1, Store: rendezvous.NewMemStore(), Group: "apart"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	picked, err := g.Algorithm(coll.AllReduce, 4096)
+	if err != nil || picked == coll.Auto {
+		t.Fatalf("the selection at 4 KiB: %q, %v", picked, err)
+	}
+	in, out := alignedBytes(4096), alignedBytes(4096)
+	auto, err := runCase(ctx, g, Options{Iters: 1}, Case{Collective: coll.AllReduce, Algorithm: coll.Auto, DType: coll.F32, Op: coll.Sum, Bytes: 4096}, in, out, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forced, err := runCase(ctx, g, Options{Iters: 1}, Case{Collective: coll.AllReduce, Algorithm: picked, DType: coll.F32, Op: coll.Sum, Bytes: 4096}, in, out, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auto.Algorithm != "auto" || auto.Picked != string(picked) {
+		t.Errorf("auto's row: algorithm %q, picked %q; want auto, %s", auto.Algorithm, auto.Picked, picked)
+	}
+	if forced.Algorithm != string(picked) || forced.Picked != "" {
+		t.Errorf("the forced row: algorithm %q, picked %q; want %s, none", forced.Algorithm, forced.Picked, picked)
+	}
+}

@@ -114,9 +114,11 @@ host (bench starts them itself; or run "collgen run -n N -- collgen bench
 --baseline FILE reads results of another run or backend (JSON, as --json
 writes) and adds each row's speed-up over the baseline row of the same case
 (collective, dtype, op, world, size, awkward twin or not) and algorithm, or
-the case's only row (another backend's algorithm): an A/B of two collgen
-builds is one run with --json, the other with --baseline. --memcpy prints
-the host's copy bandwidth.`,
+the case's only row (another backend's algorithm, named in the column): an
+A/B of two collgen builds is one run with --json, the other with --baseline.
+Auto's rows (algorithm "auto:PICKED" in the table) compare with the
+baseline's auto rows, forced algorithms' rows with the same forced rows.
+--memcpy prints the host's copy bandwidth.`,
 		Example: `  collgen bench --backend host -n 4 --sizes 4KiB,64KiB,1MiB,16MiB --check
   collgen bench --backend host -n 8 --goroutines --collective allreduce,allgather --dtype f32,bf16
   collgen bench --backend host -n 4 --sizes 1KiB-64MiB --json out.json --png out.png`,
@@ -618,7 +620,11 @@ func runHostWorker(ctx context.Context, io *IO, o *BenchOptions) error {
 // files.
 func report(io *IO, o *BenchOptions, results []bench.Result) error {
 	if o.Baseline != "" { // read by checkOutputs before the sweep
-		if applyBaseline(o.baseline, results) == 0 && len(results) > 0 {
+		matched, ambiguous := applyBaseline(o.baseline, results)
+		if ambiguous > 0 {
+			fmt.Fprintf(io.Err, "collgen bench: note: --baseline %s has several rows of the same case and algorithm for %d result(s); no speed-up for them\n", o.Baseline, ambiguous)
+		}
+		if matched == 0 && ambiguous == 0 && len(results) > 0 {
 			fmt.Fprintf(io.Err, "collgen bench: note: --baseline %s has no row of a measured case (collective, dtype, op, world, size); no speed-ups\n", o.Baseline)
 		}
 	}
@@ -671,20 +677,32 @@ func report(io *IO, o *BenchOptions, results []bench.Result) error {
 	return nil
 }
 
-// applyBaseline sets Baseline and Ratio on every result from the baseline
-// row of the same collective, dtype, op, world, size and awkwardness: the
-// one of the same algorithm (an A/B of two collgen builds over the same
-// algorithms), or, where the baseline has no row of that algorithm, its
-// only row for the case (another backend, as gloo's "ring"). A case with
-// several baseline rows, none of the result's algorithm, gets no ratio:
-// which to compare with would be a guess (it used to be the last row).
-// It returns how many results got a ratio.
-func applyBaseline(base, results []bench.Result) int {
-	matched := 0
+// applyBaseline sets Baseline and Ratio on every result from the one
+// baseline row it compares with, among the rows of the same collective,
+// dtype, op, world, size and awkwardness (the case) with a time:
+//
+//   - the row of the same algorithm, where the automatic selection's row
+//     ("auto") is an algorithm of its own: an auto row compares with the
+//     baseline's auto row, never with a forced row of the algorithm auto
+//     picked, and a forced row with the baseline's forced row (an A/B of
+//     two collgen builds over the same algorithms);
+//   - else, where the case has exactly one row, that row (another
+//     backend, as gloo's "ring", or a file of an older host bench, whose
+//     auto rows named the algorithm picked); Baseline then names its
+//     algorithm too ("gloo ring").
+//
+// Several rows of the case with the result's algorithm (an older host
+// bench's --algorithms auto,oneshot, whose auto row picking oneshot read
+// "oneshot" like the forced one), or several rows none of its algorithm,
+// give no ratio: which to compare with would be a guess (it used to be
+// the last row). It returns how many results got a ratio, and how many
+// got none because the baseline had several rows of their case and
+// algorithm.
+func applyBaseline(base, results []bench.Result) (matched, ambiguous int) {
 	for i := range results {
 		r := &results[i]
 		var same, only *bench.Result
-		n := 0
+		n, nsame := 0, 0
 		for j := range base {
 			b := &base[j]
 			if b.Collective != r.Collective || b.DType != r.DType || b.Op != r.Op || b.World != r.World || b.Bytes != r.Bytes || b.Awkward != r.Awkward || b.MedianUS <= 0 {
@@ -693,18 +711,29 @@ func applyBaseline(base, results []bench.Result) int {
 			n++
 			only = b
 			if b.Algorithm == r.Algorithm {
+				nsame++
 				same = b
 			}
 		}
-		if same == nil && n == 1 {
-			same = only
+		name := ""
+		switch {
+		case nsame > 1:
+			ambiguous++
+			continue
+		case nsame == 1:
+			name = same.Backend
+		case n == 1:
+			same, name = only, only.Backend
+			if only.Algorithm != "" && only.Algorithm != only.Backend {
+				name += " " + only.Algorithm
+			}
+		default:
+			continue
 		}
-		if same != nil {
-			r.Baseline, r.Ratio = same.Backend, same.MedianUS/r.MedianUS
-			matched++
-		}
+		r.Baseline, r.Ratio = name, same.MedianUS/r.MedianUS
+		matched++
 	}
-	return matched
+	return matched, ambiguous
 }
 
 // printMemcpy measures copy bandwidth with 1 and with World threads on a

@@ -258,6 +258,9 @@ func gpuResults(ms []gpubench.Measurement) []bench.Result {
 		}
 		r := bench.Result{Backend: backend, Collective: string(m.Collective), Algorithm: m.Variant, DType: string(m.DType), Op: string(m.Op),
 			World: m.World, Bytes: m.Bytes, Awkward: m.Awkward, Iters: m.Replays * m.OpsPerReplay, MedianUS: m.LatencyUS, BusGBps: m.BusGBps}
+		if m.Variant == coll.Auto.String() {
+			r.Picked = string(m.Algorithm)
+		}
 		if m.VsNCCL > 0 && m.Variant != coll.NCCL.String() {
 			r.Baseline, r.Ratio = coll.NCCL.String(), m.VsNCCL
 		}

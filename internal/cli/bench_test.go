@@ -49,16 +49,53 @@ func TestApplyBaseline(t *testing.T) {
 		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 4096, MedianUS: 4},
 		{Collective: "allgather", Algorithm: "oneshot", DType: "bf16", World: 2, Bytes: 8192, MedianUS: 4},
 	}
-	if n := applyBaseline(base, results); n != 4 {
-		t.Errorf("applyBaseline matched %d results, want 4", n)
+	if n, amb := applyBaseline(base, results); n != 4 || amb != 0 {
+		t.Errorf("applyBaseline matched %d results (%d ambiguous), want 4 (0)", n, amb)
 	}
 	for i, want := range []float64{2, 4, 3, 0, 2, 0} {
 		if results[i].Ratio != want {
 			t.Errorf("result %d (%s %s awkward %v): ratio %v, want %v", i, results[i].Collective, results[i].Algorithm, results[i].Awkward, results[i].Ratio, want)
 		}
 	}
-	if results[4].Baseline != "gloo" {
-		t.Errorf("allgather's baseline %q, want gloo", results[4].Baseline)
+	if results[0].Baseline != "gpu" || results[4].Baseline != "gloo ring" {
+		t.Errorf("baselines %q and %q, want gpu (the same algorithm) and gloo ring (the case's only row, of another algorithm)", results[0].Baseline, results[4].Baseline)
+	}
+}
+
+// TestApplyBaselineAutoApart: auto's row and a forced row of the
+// algorithm auto picked are distinct rows. An auto row compares with the
+// baseline's auto row and a forced row with its forced row; where the
+// baseline cannot tell them apart (an older host bench named auto's row by
+// its pick: two "oneshot" rows in one case) neither gets a ratio, where
+// the last of them used to be taken.
+func TestApplyBaselineAutoApart(t *testing.T) {
+	row := func(alg, picked string, us float64) bench.Result {
+		return bench.Result{Backend: "host", Collective: "allreduce", Algorithm: alg, Picked: picked, DType: "f32", Op: "sum", World: 2, Bytes: 4096, MedianUS: us}
+	}
+	results := func() []bench.Result { return []bench.Result{row("auto", "oneshot", 10), row("oneshot", "", 10)} }
+	for _, c := range []struct {
+		name       string
+		base       []bench.Result
+		ratios     []float64
+		baselines  []string
+		matched, n int
+	}{
+		{"auto and forced apart", []bench.Result{row("auto", "oneshot", 20), row("oneshot", "", 40)}, []float64{2, 4}, []string{"host", "host"}, 2, 0},
+		{"forced first in the file", []bench.Result{row("oneshot", "", 40), row("auto", "oneshot", 20)}, []float64{2, 4}, []string{"host", "host"}, 2, 0},
+		{"an older file's auto,oneshot", []bench.Result{row("oneshot", "", 20), row("oneshot", "", 40)}, []float64{0, 0}, []string{"", ""}, 0, 1},
+		{"an older file's auto alone", []bench.Result{row("oneshot", "", 30)}, []float64{3, 3}, []string{"host oneshot", "host"}, 2, 0},
+		{"auto alone", []bench.Result{row("auto", "twoshot", 30)}, []float64{3, 3}, []string{"host", "host auto"}, 2, 0},
+	} {
+		rs := results()
+		matched, amb := applyBaseline(c.base, rs)
+		if matched != c.matched || amb != c.n {
+			t.Errorf("%s: %d matched, %d ambiguous; want %d, %d", c.name, matched, amb, c.matched, c.n)
+		}
+		for i, r := range rs {
+			if r.Ratio != c.ratios[i] || r.Baseline != c.baselines[i] {
+				t.Errorf("%s: %s row: ratio %v against %q, want %v against %q", c.name, r.Algorithm, r.Ratio, r.Baseline, c.ratios[i], c.baselines[i])
+			}
+		}
 	}
 }
 

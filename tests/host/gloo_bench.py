@@ -175,7 +175,9 @@ def cmd_report(a):
         for r in load(path):
             if r["collective"] == "allreduce" and r["dtype"] == "f32" and r.get("op", "sum") == "sum":
                 runs.setdefault((r["world"], r["bytes"]), []).append(r["median_us"])
-                algs[(r["world"], r["bytes"])] = r["algorithm"]
+                # An auto row names its choice in "picked" (older collgen
+                # binaries named it in "algorithm").
+                algs[(r["world"], r["bytes"])] = r.get("picked") or r["algorithm"]
                 # Late barrier waits per call by how they ended (spun,
                 # yielded, blocked); older collgen binaries leave them out.
                 lw = r.get("late_waits")
