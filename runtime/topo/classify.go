@@ -169,8 +169,16 @@ func (m *Machine) classify(idx []int) (Kind, string, []int) {
 			}
 		}
 	}
+	// Every GPU on the switches, but some pair kept apart on them (a
+	// partitioned fabric): peer reads, if any, go over PCIe.
+	apart := ""
+	for a := 0; a < n && allSwitch && apart == ""; a++ {
+		for b := a + 1; b < n && apart == ""; b++ {
+			apart = m.switchApart(idx[a], idx[b])
+		}
+	}
 	switch {
-	case noPeer == "" && allSwitch:
+	case noPeer == "" && allSwitch && apart == "":
 		lo, hi := m.minMaxSwitchLinks(idx)
 		links := fmt.Sprintf("%d", lo)
 		if hi != lo {
@@ -198,6 +206,9 @@ func (m *Machine) classify(idx []int) (Kind, string, []int) {
 	}
 	if noPeer != "" {
 		return NoPeerAccess, noPeer + extra, nil
+	}
+	if apart != "" {
+		return PCIe, "every pair has peer access, but not all over NVLink: " + apart + extra, nil
 	}
 	i, j := notDirect[0], notDirect[1]
 	return PCIe, fmt.Sprintf("every pair has peer access, but GPU %d (%s) and GPU %d (%s) have no NVLink between them (PCIe path %s)%s",

@@ -103,9 +103,9 @@ func notAvailable(r nvml.Return) bool {
 	return false
 }
 
-// Detect initialises NVML through lib, reads every GPU, its NVLinks, the
-// P2P status and PCIe path of every pair and each GPU's NUMA/CPU affinity,
-// and shuts NVML down again. Queries a GPU or driver does not support are
+// Detect initialises NVML through lib, reads every GPU, its NVLinks, its
+// NVLink fabric clique, the P2P status and PCIe path of every pair and
+// each GPU's NUMA/CPU affinity, and shuts NVML down again. Queries a GPU or driver does not support are
 // left at their zero values ("unknown"); symbols an older libnvidia-ml lacks
 // are looked up before use (go-nvml calls them without a check).
 func Detect(lib Library) (*Machine, error) {
@@ -120,6 +120,7 @@ func Detect(lib Library) (*Machine, error) {
 	hasRemoteType := has("nvmlDeviceGetNvLinkRemoteDeviceType")
 	hasNUMA := has("nvmlDeviceGetNumaNodeId")
 	hasMIG := has("nvmlDeviceGetMigMode")
+	hasFabric := has("nvmlDeviceGetGpuFabricInfo")
 
 	m := &Machine{}
 	if v, r := lib.SystemGetDriverVersion(); r == nvml.SUCCESS {
@@ -140,6 +141,9 @@ func Detect(lib Library) (*Machine, error) {
 			continue
 		}
 		g, err := readGPU(d, i, hasRemoteType, hasNUMA, hasMIG)
+		if err == nil && hasFabric {
+			g.Fabric = readFabric(d)
+		}
 		var ne *NVMLError
 		if errors.As(err, &ne) {
 			m.Unusable = append(m.Unusable, err.Error())
@@ -274,6 +278,18 @@ func readGPU(d nvml.Device, i int, hasRemoteType, hasNUMA, hasMIG bool) (GPU, er
 		}
 	}
 	return g, nil
+}
+
+// readFabric reads where the fabric manager registered the GPU, or nil
+// where NVML cannot tell: the call unsupported (no fabric, or a driver
+// that lacks it), registration not complete, or failed.
+func readFabric(d nvml.Device) *Fabric {
+	fi, r := d.GetGpuFabricInfo()
+	if r != nvml.SUCCESS || fi.State != nvml.GPU_FABRIC_STATE_COMPLETED || nvml.Return(fi.Status) != nvml.SUCCESS {
+		return nil
+	}
+	u := fi.ClusterUuid
+	return &Fabric{Cluster: fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), Clique: fi.CliqueId}
 }
 
 // pciBusID takes the bus id string NVML fills in, or else its numeric

@@ -167,6 +167,24 @@ type GPU struct {
 	// CPUs are the CPUs with affinity to the GPU, ascending; nil where
 	// unknown.
 	CPUs []int
+	// Fabric is where the fabric manager registered the GPU in its NVLink
+	// fabric; nil where NVML cannot tell (no fabric, as on PCIe or
+	// NVLink-bridge GPUs; a driver without nvmlDeviceGetGpuFabricInfo;
+	// registration not complete or failed). Absent from machines saved
+	// before it was read.
+	Fabric *Fabric `json:",omitempty"`
+}
+
+// Fabric is a GPU's place in an NVLink fabric, from
+// nvmlDeviceGetGpuFabricInfo once registration completed: GPUs of one
+// cluster and clique reach each other over NVLink; GPUs of different ones
+// (fabric manager partitions, the cliques of an NVL72 rack) do not, though
+// each has NVLinks into the switches.
+type Fabric struct {
+	// Cluster is the fabric's cluster UUID.
+	Cluster string
+	// Clique is the GPU's clique within the cluster.
+	Clique uint32
 }
 
 // SwitchLinks returns how many of the GPU's active NVLinks end at an
@@ -322,7 +340,30 @@ func (m *Machine) GPU(b BusID) int {
 }
 
 // viaSwitch reports whether GPUs i and j reach each other through the
-// NVSwitch fabric: both have links into it.
+// NVSwitch fabric: both have links into it, and nothing NVML says keeps
+// them apart (switchApart).
 func (m *Machine) viaSwitch(i, j int) bool {
-	return m.GPUs[i].SwitchLinks() > 0 && m.GPUs[j].SwitchLinks() > 0
+	return m.GPUs[i].SwitchLinks() > 0 && m.GPUs[j].SwitchLinks() > 0 && m.switchApart(i, j) == ""
+}
+
+// switchApart says why GPUs i and j, though both may have NVLinks into
+// NVSwitches, cannot reach each other over them, or "" where nothing says
+// so: NVML's NVLink P2P status either way is known and not OK, or both
+// GPUs' fabric registrations are complete and name different clusters or
+// cliques (a fabric split into partitions, an NVL72 rack's cliques). An
+// unknown status or fabric (older drivers, GPUs without the call) keeps
+// them together, as before either was read.
+func (m *Machine) switchApart(i, j int) string {
+	gi, gj := &m.GPUs[i], &m.GPUs[j]
+	for _, d := range [][2]int{{i, j}, {j, i}} {
+		if p := m.Pairs[d[0]][d[1]].NVLinkP2P; p != P2PUnknown && p != P2POK {
+			return fmt.Sprintf("GPU %d (%s) has no NVLink peer access to GPU %d (%s): %s (the NVSwitch fabric is split into partitions)",
+				m.GPUs[d[0]].Index, m.GPUs[d[0]].BusID, m.GPUs[d[1]].Index, m.GPUs[d[1]].BusID, p.Describe())
+		}
+	}
+	if fi, fj := gi.Fabric, gj.Fabric; fi != nil && fj != nil && *fi != *fj {
+		return fmt.Sprintf("GPU %d (%s) and GPU %d (%s) are in different NVLink fabric partitions (cluster %s clique %d, cluster %s clique %d)",
+			gi.Index, gi.BusID, gj.Index, gj.BusID, fi.Cluster, fi.Clique, fj.Cluster, fj.Clique)
+	}
+	return ""
 }

@@ -596,3 +596,148 @@ func TestLostGPU(t *testing.T) {
 		}
 	}
 }
+
+// partitions is an NVSwitch8 layout whose fabric the fabric manager split
+// into GPUs 0-3 and 4-7.
+func partitions() (fakenvml.Layout, func(i, j int) bool) {
+	apart := func(i, j int) bool { return i/4 != j/4 }
+	return fakenvml.NVSwitch8Layout(), apart
+}
+
+// TestPartitionedSwitch: GPUs of different partitions of an NVSwitch fabric
+// each have NVLinks into the switches, but not to each other: NVML's NVLink
+// P2P status between them is "not supported". Where they still read each
+// other over PCIe, the 8 GPUs were classified nvswitch (every GPU on the
+// switches, every pair reading), and nvlink_full kernels ran over PCIe; the
+// read status alone catches only partitions without PCIe peer reads.
+func TestPartitionedSwitch(t *testing.T) {
+	l, apart := partitions()
+	l.NVLinkP2P = func(i, j int) nvml.GpuP2PStatus {
+		if apart(i, j) {
+			return nvml.P2P_STATUS_NOT_SUPPORTED
+		}
+		return nvml.P2P_STATUS_OK
+	}
+	m := detect(t, fakenvml.Build(l))
+	if p := m.Pairs[0][4]; p.Read != topo.P2POK || p.NVLinkP2P != topo.P2PNotSupported {
+		t.Fatalf("GPU 0 -> 4: read %s, NVLink %s", p.Read, p.NVLinkP2P)
+	}
+	c, err := m.Classify()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Kind != topo.PCIe || !strings.Contains(c.Reason, "GPU 0 (0000:07:00.0) has no NVLink peer access to GPU 4 (0000:87:00.0): not supported") {
+		t.Errorf("two partitions reading over PCIe: %s (%s)", c.Kind, c.Reason)
+	}
+	if c, _ := m.Classify(m.GPUs[4].BusID, m.GPUs[5].BusID, m.GPUs[6].BusID, m.GPUs[7].BusID); c.Kind != topo.NVSwitch {
+		t.Errorf("one partition: %s (%s)", c.Kind, c.Reason)
+	}
+	if got := fmt.Sprint(m.WorldKinds()); got != "map[nvswitch:[2 3 4] pcie_p2p:[2 3 4 5 6 7 8]]" {
+		t.Errorf("world kinds %s", got)
+	}
+	if m.Cell(0, 1) != "SW12" || m.Cell(0, 4) != "SYS" {
+		t.Errorf("connections 0-1 %s, 0-4 %s; want SW12 and the PCIe path SYS", m.Cell(0, 1), m.Cell(0, 4))
+	}
+	// One direction alone is enough (an asymmetric answer).
+	l.NVLinkP2P = func(i, j int) nvml.GpuP2PStatus {
+		if i == 6 && j == 2 {
+			return nvml.P2P_STATUS_NOT_SUPPORTED
+		}
+		return nvml.P2P_STATUS_OK
+	}
+	if c, _ := detect(t, fakenvml.Build(l)).Classify(); c.Kind != topo.PCIe || !strings.Contains(c.Reason, "GPU 6 (0000:b7:00.0) has no NVLink peer access to GPU 2") {
+		t.Errorf("GPU 6 -> 2 not supported: %s (%s)", c.Kind, c.Reason)
+	}
+	// Partitions that do not read each other over PCIe either were caught
+	// by the read status already.
+	l.P2P = func(i, j int) nvml.GpuP2PStatus {
+		if apart(i, j) {
+			return nvml.P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED
+		}
+		return nvml.P2P_STATUS_OK
+	}
+	l.NVLinkP2P = nil
+	if c, _ := detect(t, fakenvml.Build(l)).Classify(); c.Kind != topo.NoPeerAccess {
+		t.Errorf("partitions without PCIe reads: %s (%s)", c.Kind, c.Reason)
+	}
+}
+
+// TestFabricCliques: nvmlDeviceGetGpuFabricInfo places every GPU of an
+// NVLink fabric in a cluster and clique; GPUs of different ones (fabric
+// partitions, an NVL72 rack's cliques) are no NVLink peers, even where
+// the per-pair statuses say OK. Where NVML cannot tell (no fabric, an
+// older driver, registration unfinished or failed), nothing changes.
+func TestFabricCliques(t *testing.T) {
+	info := func(cluster byte, clique uint32) nvml.GpuFabricInfo {
+		fi := nvml.GpuFabricInfo{CliqueId: clique, State: nvml.GPU_FABRIC_STATE_COMPLETED, Status: uint32(nvml.SUCCESS)}
+		fi.ClusterUuid[0], fi.ClusterUuid[15] = cluster, 0xab
+		return fi
+	}
+	l, _ := partitions()
+	l.Fabric = make([]nvml.GpuFabricInfo, 8)
+	for i := range l.Fabric {
+		l.Fabric[i] = info(1, uint32(1+i/4))
+	}
+	m := detect(t, fakenvml.Build(l))
+	if f := m.GPUs[5].Fabric; f == nil || *f != (topo.Fabric{Cluster: "01000000-0000-0000-0000-0000000000ab", Clique: 2}) {
+		t.Fatalf("GPU 5's fabric %+v", f)
+	}
+	c, _ := m.Classify()
+	if c.Kind != topo.PCIe || !strings.Contains(c.Reason, "GPU 0 (0000:07:00.0) and GPU 4 (0000:87:00.0) are in different NVLink fabric partitions (cluster 01000000-0000-0000-0000-0000000000ab clique 1, cluster 01000000-0000-0000-0000-0000000000ab clique 2)") {
+		t.Errorf("two cliques: %s (%s)", c.Kind, c.Reason)
+	}
+	if c, _ := m.Classify(m.GPUs[0].BusID, m.GPUs[3].BusID); c.Kind != topo.NVSwitch {
+		t.Errorf("one clique: %s (%s)", c.Kind, c.Reason)
+	}
+	if m.Cell(1, 2) != "SW12" || m.Cell(1, 6) != "SYS" {
+		t.Errorf("connections 1-2 %s, 1-6 %s", m.Cell(1, 2), m.Cell(1, 6))
+	}
+	// Another cluster with the same clique id is apart too.
+	l.Fabric[7] = info(2, 1)
+	for i := 4; i < 7; i++ {
+		l.Fabric[i] = info(1, 1)
+	}
+	if c, _ := detect(t, fakenvml.Build(l)).Classify(); c.Kind != topo.PCIe || !strings.Contains(c.Reason, "GPU 0 (0000:07:00.0) and GPU 7") {
+		t.Errorf("GPU 7 in another cluster: %s (%s)", c.Kind, c.Reason)
+	}
+	// Saved and read back, the fabric still splits the machine; a GPU
+	// without one writes no "Fabric" (older readers' format).
+	var b bytes.Buffer
+	m.WriteJSON(&b)
+	back, err := topo.ReadJSON(&b)
+	if err != nil || back.GPUs[6].Fabric == nil || back.GPUs[6].Fabric.Clique != 2 {
+		t.Fatalf("JSON round trip: %v", err)
+	}
+	if c, _ := back.Classify(); c.Kind != topo.PCIe {
+		t.Errorf("read back: %s (%s)", c.Kind, c.Reason)
+	}
+	b.Reset()
+	detect(t, fakenvml.NVSwitch8()).WriteJSON(&b)
+	if strings.Contains(b.String(), "Fabric") {
+		t.Errorf("a machine without fabric info writes a Fabric field")
+	}
+	// Unknown: one whole GPU (or all) keeps today's answer, nvswitch.
+	unknown := map[string]func(*fakenvml.Layout){
+		"NOT_SUPPORTED":       func(l *fakenvml.Layout) { l.Fabric = nil },
+		"older driver":        func(l *fakenvml.Layout) { l.OldDriver = true },
+		"in progress":         func(l *fakenvml.Layout) { l.Fabric[4].State = nvml.GPU_FABRIC_STATE_IN_PROGRESS },
+		"not started":         func(l *fakenvml.Layout) { l.Fabric[4].State = nvml.GPU_FABRIC_STATE_NOT_STARTED },
+		"registration failed": func(l *fakenvml.Layout) { l.Fabric[4].Status = uint32(nvml.ERROR_UNKNOWN) },
+	}
+	for name, set := range unknown {
+		l, _ := partitions()
+		l.Fabric = make([]nvml.GpuFabricInfo, 8)
+		for i := range l.Fabric {
+			l.Fabric[i] = info(1, 1)
+		}
+		l.Fabric[4] = info(1, 2) // GPU 4 alone in another clique, if NVML can tell
+		set(&l)
+		m := detect(t, fakenvml.Build(l))
+		if m.GPUs[4].Fabric != nil {
+			t.Errorf("%s: GPU 4's fabric %+v, want unknown", name, m.GPUs[4].Fabric)
+		}
+		if c, _ := m.Classify(); c.Kind != topo.NVSwitch {
+			t.Errorf("%s: %s (%s)", name, c.Kind, c.Reason)
+		}
+	}
+}

@@ -41,6 +41,13 @@ type Layout struct {
 	SwitchNoPCI bool
 	// P2P(i, j) is the read (and NVLink) P2P status from GPU i to GPU j.
 	P2P func(i, j int) nvml.GpuP2PStatus
+	// NVLinkP2P(i, j), where set, is the NVLink P2P status from GPU i to
+	// GPU j instead of P2P's (a partitioned NVSwitch fabric: reads over
+	// PCIe, no NVLink between partitions).
+	NVLinkP2P func(i, j int) nvml.GpuP2PStatus
+	// Fabric[i] is GPU i's answer to nvmlDeviceGetGpuFabricInfo; nil: the
+	// call is not supported (no fabric).
+	Fabric []nvml.GpuFabricInfo
 	// Level(i, j) is the PCIe path between GPUs i and j.
 	Level func(i, j int) nvml.GpuTopologyLevel
 	// NUMA is each GPU's NUMA node; nil: the driver cannot tell.
@@ -49,8 +56,9 @@ type Layout struct {
 	CPUs [][]int
 	// MIG[i] enables MIG mode on GPU i; nil for none.
 	MIG []bool
-	// OldDriver hides nvmlDeviceGetNvLinkRemoteDeviceType and
-	// nvmlDeviceGetNumaNodeId, as an older libnvidia-ml does.
+	// OldDriver hides nvmlDeviceGetNvLinkRemoteDeviceType,
+	// nvmlDeviceGetNumaNodeId and nvmlDeviceGetGpuFabricInfo, as an older
+	// libnvidia-ml does.
 	OldDriver bool
 }
 
@@ -240,6 +248,7 @@ func Build(l Layout) nvml.Interface {
 	if l.OldDriver {
 		missing["nvmlDeviceGetNvLinkRemoteDeviceType"] = true
 		missing["nvmlDeviceGetNumaNodeId"] = true
+		missing["nvmlDeviceGetGpuFabricInfo"] = true
 	}
 	ext := &mock.ExtendedInterface{LookupSymbolFunc: func(s string) error {
 		if missing[s] {
@@ -338,12 +347,24 @@ func configure(l Layout, devs []*mock.Device, handles []nvml.Device) {
 			}
 			return links[n].kind, nvml.SUCCESS
 		}
-		d.GetP2PStatusFunc = func(peer nvml.Device, _ nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
+		d.GetP2PStatusFunc = func(peer nvml.Device, c nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
 			j, ok := index[peer]
 			if !ok {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
+			if c == nvml.P2P_CAPS_INDEX_NVLINK && l.NVLinkP2P != nil {
+				return l.NVLinkP2P(i, j), nvml.SUCCESS
+			}
 			return l.P2P(i, j), nvml.SUCCESS
+		}
+		d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+			if l.OldDriver {
+				panic("fakenvml: nvmlDeviceGetGpuFabricInfo called though LookupSymbol said it is missing")
+			}
+			if l.Fabric == nil {
+				return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+			}
+			return l.Fabric[i], nvml.SUCCESS
 		}
 		d.GetTopologyCommonAncestorFunc = func(peer nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
 			j, ok := index[peer]
