@@ -26,6 +26,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -40,6 +41,18 @@ const MaxFiles = 16
 // end runs as another user: its connection is closed, and nothing is sent
 // to it or taken from it.
 var ErrForeignUser = errors.New("fdpass: peer runs as another user")
+
+// ErrInvalidArgument is wrapped by refusals of a caller's argument: a
+// payload or descriptor count out of range, a nil or closed file to send, a
+// nil, zero, closed or already served Listener, a nil Conn, context or
+// handler, a timeout that is not positive, a socket name prefix too long.
+// Nothing was done; the message names the value and what is allowed.
+var ErrInvalidArgument = errors.New("fdpass: invalid argument")
+
+// invalidf formats an error wrapping ErrInvalidArgument.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
 
 // Cred is the identity of the process at the other end of a connection,
 // as the kernel recorded it when the connection was made (SO_PEERCRED).
@@ -63,15 +76,24 @@ func CheckPeer(c Cred, uid int) error {
 // Listener accepts connections from processes of the caller's user on an
 // abstract Unix socket.
 type Listener struct {
-	ln   *net.UnixListener
-	addr string
+	ln     *net.UnixListener
+	addr   string
+	closed atomic.Bool // Close was called
+	served atomic.Bool // Serve took it
 }
 
+// MaxPrefix is the longest name prefix Listen takes: an abstract socket
+// name holds at most 107 bytes, 16 of which are Listen's random digits.
+const MaxPrefix = 107 - 16
+
 // Listen opens a listener on a fresh abstract socket whose name starts with
-// prefix and ends with 16 random hex digits. The name is only a rendezvous
-// point: anyone in the network namespace may connect, which is why Accept
-// checks the caller's uid.
+// prefix (at most MaxPrefix bytes) and ends with 16 random hex digits. The
+// name is only a rendezvous point: anyone in the network namespace may
+// connect, which is why Accept checks the caller's uid.
 func Listen(prefix string) (*Listener, error) {
+	if len(prefix) > MaxPrefix {
+		return nil, invalidf("Listen: prefix of %d bytes: at most %d (MaxPrefix)", len(prefix), MaxPrefix)
+	}
 	var rnd [8]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, err
@@ -93,6 +115,9 @@ func (l *Listener) Addr() string { return l.addr }
 // stays usable, so callers skip such errors. Once the listener is closed,
 // Accept returns an error wrapping net.ErrClosed.
 func (l *Listener) Accept() (*Conn, error) {
+	if err := l.check("Accept"); err != nil {
+		return nil, err
+	}
 	c, err := l.ln.AcceptUnix()
 	if err != nil {
 		return nil, err
@@ -102,7 +127,21 @@ func (l *Listener) Accept() (*Conn, error) {
 
 // Close stops listening; the abstract name is released at once.
 // Connections already accepted stay open.
-func (l *Listener) Close() error { return l.ln.Close() }
+func (l *Listener) Close() error {
+	if err := l.check("Close"); err != nil {
+		return err
+	}
+	l.closed.Store(true)
+	return l.ln.Close()
+}
+
+// check refuses a nil Listener, or one not made by Listen.
+func (l *Listener) check(op string) error {
+	if l == nil || l.ln == nil {
+		return invalidf("%s on a nil Listener (or one not made by Listen)", op)
+	}
+	return nil
+}
 
 // Server answers the connections a Listener accepts, each with a handler
 // in a goroutine of its own (Listener.Serve).
@@ -121,14 +160,29 @@ type Server struct {
 
 // Serve starts answering l's connections: each accepted connection (of
 // this user's processes only; others are refused by Accept and skipped)
-// gets a deadline timeout ahead and is handed to handle in its own
-// goroutine, and is closed when handle returns. The Server owns l from
-// now on: close the Server, not l.
-func (l *Listener) Serve(timeout time.Duration, handle func(*Conn)) *Server {
+// gets a deadline timeout (positive) ahead and is handed to handle in its
+// own goroutine, and is closed when handle returns. The Server owns l from
+// now on: close the Server, not l. A nil or closed Listener, one already
+// served, a nil handle or a timeout that is not positive is refused
+// (ErrInvalidArgument) before anything starts; l then stays the caller's.
+func (l *Listener) Serve(timeout time.Duration, handle func(*Conn)) (*Server, error) {
+	if err := l.check("Serve"); err != nil {
+		return nil, err
+	}
+	switch {
+	case handle == nil:
+		return nil, invalidf("Serve on %s: nil handler", l.addr)
+	case timeout <= 0:
+		return nil, invalidf("Serve on %s: timeout %v: want a positive per-connection deadline", l.addr, timeout)
+	case l.closed.Load():
+		return nil, invalidf("Serve on %s: the listener is closed", l.addr)
+	case !l.served.CompareAndSwap(false, true):
+		return nil, invalidf("Serve on %s: the listener is already served (a Server owns it)", l.addr)
+	}
 	s := &Server{ln: l, timeout: timeout, handle: handle, conns: map[*Conn]struct{}{}}
 	s.wg.Add(1)
 	go s.accept()
-	return s
+	return s, nil
 }
 
 // Addr is the listener's Addr.
@@ -195,8 +249,11 @@ func (s *Server) Close() error {
 }
 
 // Dial connects to a Listener's Addr and checks that the listener runs as
-// the caller's user. ctx bounds the connect.
+// the caller's user. ctx (not nil) bounds the connect.
 func Dial(ctx context.Context, addr string) (*Conn, error) {
+	if ctx == nil {
+		return nil, invalidf("Dial %s: nil context", addr)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", addr)
 	if err != nil {
@@ -247,25 +304,54 @@ type Conn struct {
 func (c *Conn) Peer() Cred { return c.peer }
 
 // SetDeadline bounds every later Send and Recv.
-func (c *Conn) SetDeadline(t time.Time) error { return c.c.SetDeadline(t) }
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.check("SetDeadline"); err != nil {
+		return err
+	}
+	return c.c.SetDeadline(t)
+}
 
 // Close closes the connection.
-func (c *Conn) Close() error { return c.c.Close() }
+func (c *Conn) Close() error {
+	if err := c.check("Close"); err != nil {
+		return err
+	}
+	return c.c.Close()
+}
 
-// Send sends payload (1..MaxPayload bytes) with files' descriptors. The
-// receiver gets duplicates; files stay open and owned by the caller.
+// check refuses a nil Conn, or one not made by Dial or Accept.
+func (c *Conn) check(op string) error {
+	if c == nil || c.c == nil {
+		return invalidf("%s on a nil Conn (or one not made by Dial or Accept)", op)
+	}
+	return nil
+}
+
+// Send sends payload (1..MaxPayload bytes) with files' descriptors (at
+// most MaxFiles, each open). The receiver gets duplicates; files stay open
+// and owned by the caller.
 func (c *Conn) Send(payload []byte, files ...*os.File) error {
+	if err := c.check("Send"); err != nil {
+		return err
+	}
 	if len(payload) == 0 || len(payload) > MaxPayload {
-		return fmt.Errorf("fdpass: payload of %d bytes: want 1..%d", len(payload), MaxPayload)
+		return invalidf("Send: payload of %d bytes: want 1..%d", len(payload), MaxPayload)
 	}
 	if len(files) > MaxFiles {
-		return fmt.Errorf("fdpass: %d descriptors in one message: at most %d", len(files), MaxFiles)
+		return invalidf("Send: %d descriptors in one message: at most %d (MaxFiles)", len(files), MaxFiles)
 	}
 	var oob []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
 		for i, f := range files {
-			fds[i] = int(f.Fd())
+			if f == nil {
+				return invalidf("Send: file %d of %d is nil", i, len(files))
+			}
+			fd := f.Fd()
+			if fd == ^uintptr(0) {
+				return invalidf("Send: file %d of %d (%s) is closed", i, len(files), f.Name())
+			}
+			fds[i] = int(fd)
 		}
 		oob = syscall.UnixRights(fds...)
 	}
@@ -286,8 +372,11 @@ func (c *Conn) Send(payload []byte, files ...*os.File) error {
 // control data did not fit, are closed and the message is an error: the
 // caller never holds a descriptor it did not ask for.
 func (c *Conn) Recv(maxFiles int) (payload []byte, files []*os.File, err error) {
+	if err := c.check("Recv"); err != nil {
+		return nil, nil, err
+	}
 	if maxFiles < 0 || maxFiles > MaxFiles {
-		return nil, nil, fmt.Errorf("fdpass: maxFiles %d: want 0..%d", maxFiles, MaxFiles)
+		return nil, nil, invalidf("Recv: maxFiles %d: want 0..%d (MaxFiles)", maxFiles, MaxFiles)
 	}
 	buf := make([]byte, MaxPayload+1)
 	// Room for more than asked, so an oversized message is seen and its

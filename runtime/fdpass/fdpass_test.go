@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -239,7 +241,7 @@ func TestServer(t *testing.T) {
 	}
 	var handled atomic.Int32
 	waiting := make(chan struct{}, 1)
-	srv := ln.Serve(5*time.Second, func(c *Conn) {
+	srv, err := ln.Serve(5*time.Second, func(c *Conn) {
 		defer handled.Add(1)
 		b, _, err := c.Recv(0)
 		if err != nil {
@@ -252,6 +254,9 @@ func TestServer(t *testing.T) {
 		}
 		c.Send(append([]byte("echo "), b...))
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i := range 3 {
@@ -296,5 +301,160 @@ func TestServer(t *testing.T) {
 	if c, err := Dial(ctx, srv.Addr()); err == nil {
 		c.Close()
 		t.Error("Dial after Close succeeded")
+	}
+}
+
+// settled waits up to 5 s for the goroutine count to fall to want and
+// returns the last count (goroutines that just returned may linger an
+// instant).
+func settled(want int) int {
+	n := runtime.NumGoroutine()
+	for deadline := time.Now().Add(5 * time.Second); n > want && time.Now().Before(deadline); n = runtime.NumGoroutine() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return n
+}
+
+// TestServeRefusesBadArguments: Serve refuses, up front and wrapping
+// ErrInvalidArgument with a message naming the argument, a nil, zero,
+// closed or already served listener, a nil handler and a timeout that is
+// not positive; nothing starts (no goroutine, no descriptor), and a
+// refused listener stays the caller's, still usable. (Before, Serve
+// started an accept loop for all of them: a nil or zero listener and a nil
+// handler panicked in its goroutine, killing the process; a closed one
+// served nothing, silently; a second Serve shared the listener between two
+// Servers; a timeout of 0 or less gave every connection a deadline already
+// past.)
+func TestServeRefusesBadArguments(t *testing.T) {
+	handle := func(*Conn) {}
+	goroutines, fds := runtime.NumGoroutine(), openFDs(t)
+	open := func(t *testing.T) *Listener {
+		ln, err := Listen("collgen-fdpass-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ln
+	}
+	for _, tc := range []struct {
+		name    string
+		ln      func(t *testing.T) *Listener
+		timeout time.Duration
+		handle  func(*Conn)
+		want    string
+	}{
+		{"nil listener", func(*testing.T) *Listener { return nil }, time.Second, handle, "nil Listener"},
+		{"zero listener", func(*testing.T) *Listener { return &Listener{} }, time.Second, handle, "nil Listener"},
+		{"closed listener", func(t *testing.T) *Listener { ln := open(t); ln.Close(); return ln }, time.Second, handle, "listener is closed"},
+		{"served listener", func(t *testing.T) *Listener {
+			ln := open(t)
+			srv, err := ln.Serve(time.Second, handle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			return ln
+		}, time.Second, handle, "already served"},
+		{"nil handler", open, time.Second, nil, "nil handler"},
+		{"zero timeout", open, 0, handle, "timeout 0s"},
+		{"negative timeout", open, -time.Second, handle, "timeout -1s"},
+		{"most negative timeout", open, math.MinInt64, handle, "timeout -2562047h"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := tc.ln(t)
+			before := runtime.NumGoroutine()
+			srv, err := ln.Serve(tc.timeout, tc.handle)
+			if srv != nil || !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+				if srv != nil {
+					srv.Close()
+				}
+				t.Fatalf("Serve: %v, %v; want ErrInvalidArgument saying %q", srv, err, tc.want)
+			}
+			if n := settled(before); n > before {
+				t.Errorf("%d goroutines after the refusal, %d before", n, before)
+			}
+			if ln == nil || ln.ln == nil || ln.closed.Load() || tc.name == "served listener" {
+				return
+			}
+			// Still the caller's: it accepts, and Close releases it.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err == nil {
+					c.Close()
+				}
+				done <- err
+			}()
+			c, err := Dial(ctx, ln.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			if err := <-done; err != nil {
+				t.Errorf("Accept on the refused listener: %v", err)
+			}
+			if err := ln.Close(); err != nil {
+				t.Errorf("Close of the refused listener: %v", err)
+			}
+		})
+	}
+	if n := settled(goroutines); n > goroutines {
+		t.Errorf("%d goroutines left, %d before", n, goroutines)
+	}
+	if n := openFDs(t); n != fds {
+		t.Errorf("%d descriptors open after the refusals, %d before", n, fds)
+	}
+}
+
+// TestArgumentErrors: every refusal of an argument by Listen, Dial, Send,
+// Recv and a nil Conn wraps ErrInvalidArgument and names the value (they
+// were untyped errors, and a nil Conn, context or file panicked or failed
+// in the kernel with EBADF), and sends nothing.
+func TestArgumentErrors(t *testing.T) {
+	srv, cli := pair(t)
+	closedFile, err := os.CreateTemp(t.TempDir(), "closed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedFile.Close()
+	files := make([]*os.File, MaxFiles+1)
+	for i := range files {
+		files[i] = os.Stdin
+	}
+	var nilConn *Conn
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"long prefix", func() error { _, err := Listen(strings.Repeat("p", MaxPrefix+1)); return err }(), "prefix of 92 bytes: at most 91"},
+		{"nil context", func() error { _, err := Dial(nil, "@x"); return err }(), "nil context"},
+		{"empty payload", cli.Send(nil), "payload of 0 bytes"},
+		{"large payload", cli.Send(make([]byte, MaxPayload+1)), fmt.Sprintf("payload of %d bytes", MaxPayload+1)},
+		{"too many files", cli.Send([]byte("x"), files...), fmt.Sprintf("%d descriptors", MaxFiles+1)},
+		{"nil file", cli.Send([]byte("x"), os.Stdin, nil), "file 1 of 2 is nil"},
+		{"closed file", cli.Send([]byte("x"), closedFile), "file 0 of 1 (" + closedFile.Name() + ") is closed"},
+		{"negative maxFiles", func() error { _, _, err := srv.Recv(-1); return err }(), "maxFiles -1"},
+		{"large maxFiles", func() error { _, _, err := srv.Recv(MaxFiles + 1); return err }(), fmt.Sprintf("maxFiles %d", MaxFiles+1)},
+		{"nil conn send", nilConn.Send([]byte("x")), "Send on a nil Conn"},
+		{"nil conn recv", func() error { _, _, err := nilConn.Recv(0); return err }(), "Recv on a nil Conn"},
+		{"nil conn deadline", nilConn.SetDeadline(time.Now()), "SetDeadline on a nil Conn"},
+		{"nil conn close", nilConn.Close(), "Close on a nil Conn"},
+		{"zero conn", (&Conn{}).Send([]byte("x")), "Send on a nil Conn"},
+		{"nil listener accept", func() error { _, err := (*Listener)(nil).Accept(); return err }(), "Accept on a nil Listener"},
+		{"nil listener close", (*Listener)(nil).Close(), "Close on a nil Listener"},
+	} {
+		if !errors.Is(tc.err, ErrInvalidArgument) || !strings.Contains(tc.err.Error(), tc.want) {
+			t.Errorf("%s: %v; want ErrInvalidArgument saying %q", tc.name, tc.err, tc.want)
+		}
+	}
+	// Nothing was sent: the next message is the first the receiver gets.
+	if err := cli.Send([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetDeadline(time.Now().Add(5 * time.Second))
+	if got, files, err := srv.Recv(0); err != nil || string(got) != "first" || len(files) != 0 {
+		t.Errorf("after the refusals the receiver got %q, %d files, %v; want \"first\"", got, len(files), err)
 	}
 }

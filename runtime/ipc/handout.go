@@ -59,7 +59,10 @@ func newHandout(rank, world int, handle []byte, timeout time.Duration) (*handout
 	}
 	h := &handout{instance: rand.Text(), rank: rank, world: world,
 		handle: handle, served: make(chan int, world), given: map[int]bool{}}
-	h.srv = ln.Serve(timeout, h.answer)
+	if h.srv, err = ln.Serve(timeout, h.answer); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	return h, nil
 }
 

@@ -115,7 +115,11 @@ func Exchange(ctx context.Context, store rendezvous.Store, key string, rank, wor
 		defer cancel()
 	}
 	dl, _ := ctx.Deadline()
-	ho, err := newHandout(rank, world, h[:], time.Until(dl))
+	left := time.Until(dl)
+	if left <= 0 { // the handout's connections need a positive bound
+		return nil, fmt.Errorf("ipc: rank %d: exchange under %q: %w", rank, key, context.DeadlineExceeded)
+	}
+	ho, err := newHandout(rank, world, h[:], left)
 	if err != nil {
 		return nil, fmt.Errorf("ipc: rank %d: serve its IPC handle: %w", rank, err)
 	}

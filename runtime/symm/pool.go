@@ -242,7 +242,10 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 	for r, in := range infos {
 		p.socks[r] = in.Sock
 	}
-	p.srv = ln.Serve(cfg.Timeout, p.answer)
+	if p.srv, err = ln.Serve(cfg.Timeout, p.answer); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("symm: rank %d: serve memory descriptors: %w", cfg.Rank, err)
+	}
 	return p, nil
 }
 
