@@ -38,8 +38,8 @@ func (InProcess) Create(name string, size int) (Segment, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if size <= 0 {
-		return nil, fmt.Errorf("shm: segment %s: size %d must be positive", name, size)
+	if err := checkSize(name, size); err != nil {
+		return nil, err
 	}
 	// Go memory beyond what is left is a fatal out-of-memory (or, for
 	// the largest sizes, a panic in make), not an error: refuse it first.
@@ -63,6 +63,12 @@ func (InProcess) Create(name string, size int) (Segment, error) {
 
 // Open returns the region registered under name after checking its size.
 func (InProcess) Open(name string, size int) (Segment, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := checkSize(name, size); err != nil {
+		return nil, err
+	}
 	inproc.mu.Lock()
 	defer inproc.mu.Unlock()
 	mem, ok := inproc.segs[name]
@@ -77,6 +83,9 @@ func (InProcess) Open(name string, size int) (Segment, error) {
 
 // Unlink removes name from the registry.
 func (InProcess) Unlink(name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
 	inproc.mu.Lock()
 	defer inproc.mu.Unlock()
 	if _, ok := inproc.segs[name]; !ok {

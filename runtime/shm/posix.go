@@ -63,8 +63,8 @@ func (p Posix) Create(name string, size int) (Segment, error) {
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if size <= 0 {
-		return nil, fmt.Errorf("shm: segment %s: size %d must be positive", name, size)
+	if err := checkSize(name, size); err != nil {
+		return nil, err
 	}
 	path := p.Path(name)
 	fd, err := syscall.Open(path, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
@@ -110,6 +110,9 @@ func (p Posix) Create(name string, size int) (Segment, error) {
 // exactly size bytes.
 func (p Posix) Open(name string, size int) (Segment, error) {
 	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := checkSize(name, size); err != nil {
 		return nil, err
 	}
 	path := p.Path(name)

@@ -34,6 +34,25 @@ var ErrNotFound = errors.New("shm: no such segment")
 // larger than the memory the process has left. Nothing was created.
 var ErrNoSpace = errors.New("shm: no room for the segment")
 
+// ErrInvalidArgument is wrapped by refusals of a caller's argument: a
+// segment name that is not a collgen name, a size that is not positive, a
+// malformed run id, a nil Provider. Nothing was done; the message names the
+// value and what is allowed.
+var ErrInvalidArgument = errors.New("shm: invalid argument")
+
+// invalidf formats an error wrapping ErrInvalidArgument.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// checkSize refuses a segment size that is not positive.
+func checkSize(name string, size int) error {
+	if size <= 0 {
+		return invalidf("segment %s: size %d must be positive", name, size)
+	}
+	return nil
+}
+
 // Segment is one mapped shared region.
 type Segment interface {
 	// Name is the segment's name (no directory).
@@ -71,8 +90,18 @@ type Provider interface {
 // bytes with contents valid accepts (nil accepts nothing of that size).
 // Anything else (another user's file, other permissions, another size) is
 // left alone, so a squatter's file is never removed. It reports whether
-// it removed the name; a name that does not exist is not an error.
+// it removed the name; a name that does not exist is not an error. A nil
+// p, a bad name or a negative size is refused (ErrInvalidArgument).
 func RemoveStale(p Provider, name string, size int, valid func([]byte) bool) (bool, error) {
+	if p == nil {
+		return false, invalidf("RemoveStale of %s: nil Provider", name)
+	}
+	if err := CheckName(name); err != nil {
+		return false, err
+	}
+	if size < 0 {
+		return false, invalidf("RemoveStale of %s: size %d must not be negative", name, size)
+	}
 	if sr, ok := p.(staleRemover); ok {
 		return sr.removeStale(name, size, valid)
 	}
@@ -107,30 +136,32 @@ func RunNonce(runID, random string) string {
 	return runID + "." + random
 }
 
-// CheckRunID returns an error unless id is a valid run id: 8 to 16
-// letters and digits (collgen run makes 16 hex digits).
+// CheckRunID returns an error wrapping ErrInvalidArgument unless id is a
+// valid run id: 8 to 16 letters and digits (collgen run makes 16 hex
+// digits).
 func CheckRunID(id string) error {
 	if len(id) < 8 || len(id) > 16 {
-		return fmt.Errorf("shm: run id %q: want 8 to 16 letters and digits", id)
+		return invalidf("run id %q: want 8 to 16 letters and digits", id)
 	}
 	for _, c := range id {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return fmt.Errorf("shm: run id %q: want 8 to 16 letters and digits", id)
+			return invalidf("run id %q: want 8 to 16 letters and digits", id)
 		}
 	}
 	return nil
 }
 
-// CheckName returns an error unless name is a valid collgen segment name:
-// it starts with Prefix and holds only [A-Za-z0-9._-].
+// CheckName returns an error wrapping ErrInvalidArgument unless name is a
+// valid collgen segment name: it starts with Prefix and holds only
+// [A-Za-z0-9._-].
 func CheckName(name string) error {
 	if !strings.HasPrefix(name, Prefix) || len(name) > 200 {
-		return fmt.Errorf("shm: bad segment name %q: must start with %q and be at most 200 bytes", name, Prefix)
+		return invalidf("bad segment name %q: must start with %q and be at most 200 bytes", name, Prefix)
 	}
 	for _, c := range name {
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 		if !ok {
-			return fmt.Errorf("shm: bad segment name %q: only letters, digits, '.', '_' and '-' are allowed", name)
+			return invalidf("bad segment name %q: only letters, digits, '.', '_' and '-' are allowed", name)
 		}
 	}
 	return nil

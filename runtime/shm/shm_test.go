@@ -111,7 +111,7 @@ func TestPosixRefusesOtherUser(t *testing.T) {
 		if _, err := (Posix{}).Create(name, 4096); !errors.Is(err, ErrExists) {
 			t.Errorf("size %d: create over another user's file: %v, want ErrExists", size, err)
 		}
-		if _, err := (Posix{}).Open(name, size); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("owned by uid %d", other)) {
+		if _, err := (Posix{}).Open(name, 4096); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("owned by uid %d", other)) {
 			t.Errorf("size %d: open: %v, want a refusal naming uid %d", size, err, other)
 		}
 		if removed, err := RemoveStale(Posix{}, name, 4096, func([]byte) bool { return true }); removed || err != nil {
@@ -256,5 +256,81 @@ func TestInProcessBeyondMemory(t *testing.T) {
 	}
 	if slices.Contains(InProcessNames(), name) {
 		t.Errorf("a refused Create left %s registered", name)
+	}
+}
+
+// TestArgumentErrors: every refusal of an argument wraps ErrInvalidArgument
+// and names the value (they were untyped errors), on both providers, and
+// creates nothing: /dev/shm and the in-process registry hold no name of
+// this test's afterwards. Posix.Open of size 0 on an empty file reached
+// mmap ("invalid argument" from the kernel), and InProcess.Open and Unlink
+// took any name, where Posix refuses it.
+func TestArgumentErrors(t *testing.T) {
+	name := testName(t)
+	type bad struct {
+		what string
+		err  error
+		want string
+	}
+	var cases []bad
+	for kind, p := range providers(t) {
+		create := func(name string, size int) error {
+			s, err := p.Create(name, size)
+			if err == nil {
+				s.Close()
+				p.Unlink(name)
+			}
+			return err
+		}
+		open := func(name string, size int) error {
+			s, err := p.Open(name, size)
+			if err == nil {
+				s.Close()
+			}
+			return err
+		}
+		cases = append(cases,
+			bad{kind + " create size 0", create(name, 0), "size 0 must be positive"},
+			bad{kind + " create size -1", create(name, -1), "size -1 must be positive"},
+			bad{kind + " create most negative size", create(name, math.MinInt), fmt.Sprintf("size %d", math.MinInt)},
+			bad{kind + " create bad name", create("x", 4096), `bad segment name "x"`},
+			bad{kind + " create name with a slash", create(Prefix+"a/b", 4096), "only letters"},
+			bad{kind + " open size 0", open(name, 0), "size 0 must be positive"},
+			bad{kind + " open size -4096", open(name, -4096), "size -4096 must be positive"},
+			bad{kind + " open bad name", open("../etc/passwd", 4096), `bad segment name "../etc/passwd"`},
+			bad{kind + " unlink bad name", p.Unlink("y"), `bad segment name "y"`},
+			bad{kind + " remove stale size -1", func() error { _, err := RemoveStale(p, name, -1, nil); return err }(), "size -1"},
+			bad{kind + " remove stale bad name", func() error { _, err := RemoveStale(p, "z", 4096, nil); return err }(), `bad segment name "z"`},
+		)
+	}
+	cases = append(cases,
+		bad{"remove stale nil provider", func() error { _, err := RemoveStale(nil, name, 4096, nil); return err }(), "nil Provider"},
+		bad{"sweep short run id", func() error { _, err := SweepRun(t.TempDir(), "x"); return err }(), `run id "x"`},
+		bad{"sweep run id with a dot", func() error { _, err := SweepRun(t.TempDir(), "abcd.efgh"); return err }(), `run id "abcd.efgh"`},
+		bad{"claim bad run id", func() error { _, err := ClaimRun(t.TempDir(), "../../x"); return err }(), `run id "../../x"`},
+		bad{"check run id", CheckRunID(strings.Repeat("a", 17)), "want 8 to 16"},
+		bad{"check name", CheckName(Prefix + strings.Repeat("n", 200)), "at most 200 bytes"},
+	)
+	for _, c := range cases {
+		if !errors.Is(c.err, ErrInvalidArgument) || !strings.Contains(c.err.Error(), c.want) {
+			t.Errorf("%s: %v; want ErrInvalidArgument saying %q", c.what, c.err, c.want)
+		}
+	}
+	// A size-0 open of an existing empty segment file is refused before
+	// the file is opened, not by mmap.
+	path := Posix{}.Path(name)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Posix{}.Open(name, 0)
+	os.Remove(path)
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("open of an empty segment with size 0: %v; want ErrInvalidArgument", err)
+	}
+	if left, err := Leftovers("", ""); err != nil || len(left) != 0 {
+		t.Errorf("left in /dev/shm: %v %v", left, err)
+	}
+	if left := InProcessNames(); len(left) != 0 {
+		t.Errorf("left in-process: %v", left)
 	}
 }
