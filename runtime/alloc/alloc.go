@@ -167,6 +167,9 @@ func New(drv Driver, opts Options) (*Allocator, error) {
 	if drv == nil {
 		return nil, fmt.Errorf("%w: nil Driver", ErrInvalidArgument)
 	}
+	if err := checkDriver(drv); err != nil {
+		return nil, err
+	}
 	if opts.MinBlock == 0 {
 		opts.MinBlock = 512
 	}

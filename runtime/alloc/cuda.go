@@ -23,6 +23,27 @@ func NewCUDA(dev *cuda.Device, opts Options) (*Allocator, error) {
 	return New(CUDADriver{Dev: dev}, opts)
 }
 
+// checkDriver refuses a CUDADriver without a device (New calls it): one
+// made directly, not by NewCUDA, would dereference the nil device at the
+// first Alloc.
+func checkDriver(drv Driver) error {
+	var dev *cuda.Device
+	switch d := drv.(type) {
+	case CUDADriver:
+		dev = d.Dev
+	case *CUDADriver:
+		if d != nil {
+			dev = d.Dev
+		}
+	default:
+		return nil
+	}
+	if dev == nil {
+		return fmt.Errorf("%w: a CUDADriver with no device (Dev is nil): set Dev to a device from cuda.Open, or use NewCUDA", ErrInvalidArgument)
+	}
+	return nil
+}
+
 // Alloc is cuMemAlloc.
 func (d CUDADriver) Alloc(bytes int64) (cuda.DevicePtr, error) { return d.Dev.Alloc(int(bytes)) }
 

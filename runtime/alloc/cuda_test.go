@@ -4,6 +4,8 @@ package alloc_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/collgen/collgen/runtime/alloc"
@@ -86,5 +88,36 @@ func TestNewCUDANilDevice(t *testing.T) {
 			}()
 			a.Alloc(4096, nil)
 		}()
+	}
+}
+
+// TestCUDADriverWithoutDevice: a CUDADriver without a device, used
+// directly rather than through NewCUDA (which refuses a nil device), is
+// refused by New with ErrInvalidArgument, by value and by pointer (also a
+// nil *CUDADriver). Before, New took it and the first Alloc dereferenced
+// the nil *cuda.Device: a panic. Runs without a GPU.
+func TestCUDADriverWithoutDevice(t *testing.T) {
+	for name, drv := range map[string]alloc.Driver{
+		"value":       alloc.CUDADriver{},
+		"pointer":     &alloc.CUDADriver{},
+		"nil pointer": (*alloc.CUDADriver)(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var a *alloc.Allocator
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("panic: %v", p)
+					}
+				}()
+				if a, err = alloc.New(drv, alloc.Options{}); err == nil {
+					_, err = a.Alloc(1024, nil)
+				}
+			}()
+			if a != nil || !errors.Is(err, alloc.ErrInvalidArgument) || !strings.Contains(err.Error(), "no device") {
+				t.Fatalf("New(%#v): %v, %v; want ErrInvalidArgument saying the driver has no device", drv, a, err)
+			}
+		})
 	}
 }
