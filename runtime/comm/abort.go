@@ -215,6 +215,12 @@ func (c *Communicator) attachRegistry() error {
 		return nil
 	}
 	c.reg = newRegistry(r, c.cfg.Rank)
+	c.reg.abortNCCL = c.gpu.abortNCCL
+	c.reg.join = func(ctx context.Context, note []byte) ([][]byte, error) {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+		return rendezvous.AllGather(ctx, c.cfg.Store, c.prefix+"window", c.cfg.Rank, c.cfg.WorldSize, note)
+	}
 	// Before 2.19 NCCL cannot register buffers: the allocator is left
 	// alone, as when NCCL is not opened, rather than New failing on the
 	// ranks whose allocator happens to hold a segment.

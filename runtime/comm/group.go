@@ -406,7 +406,7 @@ func (c *Communicator) forget(ctx context.Context) {
 	if n, err := st.Add(ctx, c.prefix+"poison", 0); err == nil && n == 0 {
 		st.Delete(ctx, c.prefix+"poison")
 	}
-	for _, name := range []string{"agree", "check", "detect/bus", "detect/view", "gpu", "usesymm"} {
+	for _, name := range []string{"agree", "check", "detect/bus", "detect/view", "gpu", "usesymm", "window"} {
 		rendezvous.ForgetAllGather(ctx, st, c.prefix+name, world)
 	}
 	for _, name := range []string{"ready", "close"} {

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/collgen/collgen/runtime/alloc"
 	"github.com/collgen/collgen/runtime/cuda"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // registrar is the NCCL side of buffer registration. The device
@@ -62,6 +65,17 @@ func (r *registration) end() cuda.DevicePtr { return r.base + cuda.DevicePtr(r.b
 type registry struct {
 	r    registrar
 	rank int
+	// join meets every rank before a window registration enters NCCL
+	// (addWindow): each rank's note in, every rank's out, or an error (a
+	// *rendezvous.MissingRanksError past Config.Timeout). abortNCCL
+	// aborts the NCCL communicator. Both are set by attachRegistry; a
+	// registry without join (fuzz tests) registers windows at once.
+	join      func(ctx context.Context, note []byte) ([][]byte, error)
+	abortNCCL func() error
+	// stop ends a join in progress when closeAll begins (its cause:
+	// ErrClosed or ErrAborted), so Close and Abort do not wait for it.
+	stopped context.Context
+	stop    context.CancelCauseFunc
 
 	mu     sync.Mutex
 	regs   map[cuda.DevicePtr]*registration
@@ -70,13 +84,18 @@ type registry struct {
 	closed bool
 	seq    int    // registrations made so far
 	detach func() // unsubscribes from the allocator
+	// failed is set once a window registration timed out and NCCL was
+	// aborted: later window calls return it at once.
+	failed error
 }
 
 // maxGone bounds the memory of deregistered bases kept for messages.
 const maxGone = 4096
 
 func newRegistry(r registrar, rank int) *registry {
-	return &registry{r: r, rank: rank, regs: map[cuda.DevicePtr]*registration{}, gone: map[cuda.DevicePtr]bool{}}
+	g := &registry{r: r, rank: rank, regs: map[cuda.DevicePtr]*registration{}, gone: map[cuda.DevicePtr]bool{}}
+	g.stopped, g.stop = context.WithCancelCause(context.Background())
+	return g
 }
 
 // attach registers every segment a has and subscribes to its hooks.
@@ -126,17 +145,31 @@ func (g *registry) add(p cuda.DevicePtr, bytes int64, window bool) error {
 }
 
 func (g *registry) addLocked(p cuda.DevicePtr, bytes int64, window, segment bool) error {
+	reg, err := g.checkLocked(p, bytes, window)
+	if err != nil {
+		return err
+	}
+	if reg != nil {
+		reg.refs++
+		reg.segment = reg.segment || segment
+		return nil
+	}
+	return g.registerLocked(p, bytes, window, segment)
+}
+
+// checkLocked is add's refusals, before any NCCL call: it returns the
+// registration a repeat of a registered range counts on, nil for a new
+// one, or why the range cannot be registered.
+func (g *registry) checkLocked(p cuda.DevicePtr, bytes int64, window bool) (*registration, error) {
 	kind := "buffer"
 	if window {
 		kind = "window"
 	}
 	if p == 0 || bytes <= 0 || p+cuda.DevicePtr(bytes) < p {
-		return errorf(ErrInvalidArgument, "comm: rank %d: register %s %#x of %d bytes: need a device address and a positive size that ends inside the address space", g.rank, kind, uintptr(p), bytes)
+		return nil, errorf(ErrInvalidArgument, "comm: rank %d: register %s %#x of %d bytes: need a device address and a positive size that ends inside the address space", g.rank, kind, uintptr(p), bytes)
 	}
 	if reg := g.regs[p]; reg != nil && reg.bytes == bytes && reg.window == window {
-		reg.refs++
-		reg.segment = reg.segment || segment
-		return nil
+		return reg, nil
 	}
 	end := p + cuda.DevicePtr(bytes)
 	for _, reg := range g.regs {
@@ -148,12 +181,18 @@ func (g *registry) addLocked(p cuda.DevicePtr, bytes int64, window, segment bool
 			case reg.segment:
 				what = "an allocator segment registered by the hook (its blocks need no registration of their own)"
 			}
-			return errorf(ErrInvalidArgument, "comm: rank %d: register %s [%#x, %#x): overlaps %s [%#x, %#x); register whole allocations, once each (a repeat of the same range is counted)",
+			return nil, errorf(ErrInvalidArgument, "comm: rank %d: register %s [%#x, %#x): overlaps %s [%#x, %#x); register whole allocations, once each (a repeat of the same range is counted)",
 				g.rank, kind, uintptr(p), uintptr(end), what, uintptr(reg.base), uintptr(reg.end()))
 		}
 	}
-	if err := g.r.checkMemory(p, bytes); err != nil {
-		return err
+	return nil, g.r.checkMemory(p, bytes)
+}
+
+// registerLocked makes a new registration checked by checkLocked.
+func (g *registry) registerLocked(p cuda.DevicePtr, bytes int64, window, segment bool) error {
+	kind := "buffer"
+	if window {
+		kind = "window"
 	}
 	g.seq++
 	reg := &registration{base: p, bytes: bytes, seq: g.seq, refs: 1, window: window, segment: segment}
@@ -169,6 +208,94 @@ func (g *registry) addLocked(p cuda.DevicePtr, bytes int64, window, segment bool
 	g.regs[p] = reg
 	delete(g.gone, p)
 	return nil
+}
+
+// addWindow registers [p, p+bytes) as a window (RegisterWindow, and Alloc
+// with Config.NCCLWindows). ncclCommWindowRegister is collective: on a
+// blocking NCCL communicator a rank waits inside it, without bound, for
+// every other rank to call it. So the ranks first meet through the store
+// (join), bounded by Config.Timeout and ctx, each saying what it is about
+// to do: a new window of its size, a repeat of one it registered, or a
+// refusal (checkLocked). Only when every rank is there and all agree does
+// any of them call NCCL; a refusal or disagreement is an error on every
+// rank (ErrMismatch on those that did not refuse) and NCCL is not called.
+// When a rank does not come in time, the call returns ErrTimeout naming
+// the missing ranks and, as when an NCCL collective times out, the NCCL
+// communicator is aborted: this rank's note is published, so a late rank
+// may get past the meeting and wait in NCCL for this one, and the abort
+// (closing this rank's NCCL connections) is what ends that wait. Later
+// window calls then fail at once (ErrAborted). A rank that dies after the
+// meeting but before its NCCL call still leaves the others in NCCL
+// (blocking communicator only; Config.NCCLNonBlocking bounds that too).
+func (g *registry) addWindow(ctx context.Context, p cuda.DevicePtr, bytes int64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return errorf(ErrClosed, "comm: rank %d: register window %#x on a closed communicator", g.rank, uintptr(p))
+	}
+	if g.failed != nil {
+		return g.failed
+	}
+	reg, refused := g.checkLocked(p, bytes, true)
+	if g.join != nil {
+		note := fmt.Sprintf("new %d", bytes)
+		switch {
+		case refused != nil:
+			note = "refused: " + refused.Error()
+		case reg != nil:
+			note = fmt.Sprintf("repeat %d", bytes)
+		}
+		jctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer context.AfterFunc(g.stopped, func() { cancel(context.Cause(g.stopped)) })()
+		notes, err := g.join(jctx, []byte(note))
+		if err != nil {
+			return g.joinFailedLocked(jctx, bytes, err)
+		}
+		if refused == nil {
+			for r, n := range notes {
+				if string(n) != note {
+					return errorf(ErrMismatch, "comm: rank %d: RegisterWindow of %d bytes: rank %d's is %q where this rank's is %q (every rank registers a window of one size, the same windows in the same order); no rank registered it", g.rank, bytes, r, n, note)
+				}
+			}
+		}
+	}
+	switch {
+	case refused != nil:
+		return refused
+	case reg != nil:
+		reg.refs++
+		return nil
+	}
+	return g.registerLocked(p, bytes, true, false)
+}
+
+// joinFailedLocked is addWindow's error when the ranks did not all meet:
+// ErrClosed or ErrAborted when Close or Abort ended the wait, otherwise
+// (a rank missing at the deadline, ctx ended, a store error) the failure
+// with the NCCL communicator aborted; see addWindow.
+func (g *registry) joinFailedLocked(ctx context.Context, bytes int64, err error) error {
+	if cause := context.Cause(g.stopped); cause != nil && errors.Is(context.Cause(ctx), cause) {
+		return errorf(cause, "comm: rank %d: RegisterWindow of %d bytes: %v while waiting for the other ranks", g.rank, bytes, cause)
+	}
+	var missing *rendezvous.MissingRanksError
+	who := "not every rank"
+	if errors.As(err, &missing) {
+		s := make([]string, len(missing.Missing))
+		for i, r := range missing.Missing {
+			s[i] = strconv.Itoa(r)
+		}
+		who = "rank " + strings.Join(s, ", ")
+		if len(s) > 1 {
+			who = "ranks " + strings.Join(s, ", ")
+		}
+	}
+	var aerr error
+	if g.abortNCCL != nil {
+		aerr = g.abortNCCL()
+	}
+	g.failed = errorf(ErrAborted, "comm: rank %d: window registration: the NCCL communicator was aborted when an earlier RegisterWindow timed out (%s did not join); make a new Communicator", g.rank, who)
+	return errors.Join(classify(fmt.Errorf("comm: rank %d: RegisterWindow of %d bytes: %s did not join it (collective: every rank calls it, in the same order): %w; the NCCL communicator was aborted (a rank arriving later would wait in NCCL for this one), make a new Communicator", g.rank, bytes, who, err)), classify(aerr))
 }
 
 // remove drops one reference to the registration at p, deregistering it
@@ -248,6 +375,11 @@ func (g *registry) closeAll(abort bool) error {
 	if g.detach != nil {
 		g.detach() // outside mu: the allocator's lock comes first
 	}
+	if abort {
+		g.stop(ErrAborted) // a window registration waiting for peers ends now
+	} else {
+		g.stop(ErrClosed)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -310,11 +442,13 @@ func (c *Communicator) DeregisterBuffer(p cuda.DevicePtr) error {
 // collective: every rank registers a buffer of the same size, in the same
 // order. The memory must come from the VMM API, such as a buffer of a
 // runtime/symm pool on the CUDA backend (NCCL refuses cuMemAlloc memory).
-// ctx is accepted for symmetry with the other collective set-up calls.
-// With Config.NCCLNonBlocking the wait is bounded by Config.Timeout; a
-// blocking NCCL communicator (the default) waits in
-// ncclCommWindowRegister for every rank without bound, and Abort waits
-// for it.
+// Ranks first meet through the store, each saying what it registers, and
+// call NCCL only when all are there and agree (a size differing between
+// ranks, or a rank refusing its window, is an error on every rank and
+// nothing is registered). A rank that does not come within Config.Timeout
+// (or ctx) makes the others return ErrTimeout naming it, with the NCCL
+// communicator aborted, as a timed-out NCCL collective leaves it; Abort
+// ends the wait at once.
 func (c *Communicator) RegisterWindow(ctx context.Context, p cuda.DevicePtr, bytes int64) error {
 	reg, err := c.registry("RegisterWindow")
 	if err != nil {
@@ -326,7 +460,7 @@ func (c *Communicator) RegisterWindow(ctx context.Context, p cuda.DevicePtr, byt
 	if err := ctx.Err(); err != nil {
 		return classify(err)
 	}
-	return classify(reg.add(p, bytes, true))
+	return classify(reg.addWindow(ctx, p, bytes))
 }
 
 // DeregisterWindow deregisters the window at p (collective, like
@@ -352,7 +486,7 @@ func (c *Communicator) allocWindow(ctx context.Context, p cuda.DevicePtr, bytes 
 	if !c.cfg.NCCLWindows || c.reg == nil || c.reg.r.noWindows() != "" {
 		return nil
 	}
-	if err := c.reg.add(p, int64(bytes), true); err != nil {
+	if err := c.reg.addWindow(ctx, p, int64(bytes)); err != nil {
 		return classify(fmt.Errorf("comm: rank %d: Alloc: the buffer was allocated, but its NCCL window registration failed: %w", c.cfg.Rank, err))
 	}
 	return nil

@@ -61,7 +61,51 @@ type regDevice struct {
 	// regionFreed is closed when the region releaseKeepingRegion kept is
 	// freed.
 	regionFreed chan struct{}
+	// coll, when set, makes registerWindow collective as NCCL's is
+	// (fakeWindowNCCL); wins counts this rank's window registrations.
+	coll *fakeWindowNCCL
+	wins int
 }
+
+// fakeWindowNCCL plays ncclCommWindowRegister's collectiveness on a
+// blocking communicator, for a group of regDevices: a rank's n-th window
+// registration waits, without bound, until every rank has made its n-th,
+// or until some rank's NCCL communicator is aborted (in NCCL that closes
+// the connections the waiting ranks read from, and their calls fail).
+type fakeWindowNCCL struct {
+	world int
+
+	mu      sync.Mutex
+	arrived map[int]int
+	done    map[int]chan struct{}
+	aborted chan struct{}
+	once    sync.Once
+}
+
+func newFakeWindowNCCL(world int) *fakeWindowNCCL {
+	return &fakeWindowNCCL{world: world, arrived: map[int]int{}, done: map[int]chan struct{}{}, aborted: make(chan struct{})}
+}
+
+// register is a rank's n-th registration.
+func (f *fakeWindowNCCL) register(n int) error {
+	f.mu.Lock()
+	if f.done[n] == nil {
+		f.done[n] = make(chan struct{})
+	}
+	ch := f.done[n]
+	if f.arrived[n]++; f.arrived[n] == f.world {
+		close(ch)
+	}
+	f.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-f.aborted:
+		return errors.New("fake NCCL: a peer's communicator was aborted (connection closed by remote peer)")
+	}
+}
+
+func (f *fakeWindowNCCL) abort() { f.once.Do(func() { close(f.aborted) }) }
 
 func (d *regDevice) checkMemory(p cuda.DevicePtr, bytes int64) error {
 	d.mu.Lock()
@@ -92,6 +136,16 @@ func (d *regDevice) deregister(h uintptr) error {
 }
 
 func (d *regDevice) registerWindow(p cuda.DevicePtr, bytes int64) (uintptr, error) {
+	if d.coll != nil {
+		d.mu.Lock()
+		d.wins++
+		n := d.wins
+		d.mu.Unlock()
+		d.log.add("%s window wait %d", d.name, n)
+		if err := d.coll.register(n); err != nil {
+			return 0, err
+		}
+	}
 	return d.handle("window", p, bytes)
 }
 
@@ -130,6 +184,9 @@ func (d *regDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 
 func (d *regDevice) abortNCCL() error {
 	d.log.add("%s nccl abort", d.name)
+	if d.coll != nil {
+		d.coll.abort()
+	}
 	return nil
 }
 
@@ -475,7 +532,9 @@ func TestAbortFake(t *testing.T) {
 	comms, devs := regComms(t, rendezvous.NewMemStore(), "X", 2, log, allocs)
 	defer comms[1].Abort() // a closing peer would wait for rank 0 at the close barrier
 	c, d := comms[0], devs[0]
-	if err := c.RegisterWindow(context.Background(), 0xa000_0000, 1<<20); err != nil {
+	if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error {
+		return c.RegisterWindow(context.Background(), 0xa000_0000, 1<<20) // collective
+	})...); err != nil {
 		t.Fatal(err)
 	}
 	d.stuck = make(chan struct{})
@@ -669,5 +728,190 @@ func TestAbortedGroupLeavesNoStoreKeys(t *testing.T) {
 	}
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left after every rank aborted: %q", len(left), left)
+	}
+}
+
+// collWindows makes a group's fake devices register windows collectively
+// (fakeWindowNCCL).
+func collWindows(world int) func(*regDevice) {
+	f := newFakeWindowNCCL(world)
+	return func(d *regDevice) { d.coll = f }
+}
+
+// within runs fn and returns its error, failing t if fn has not returned
+// after limit (fn is then left running: it hangs).
+func within(t *testing.T, limit time.Duration, what string, fn func() error) error {
+	t.Helper()
+	res := make(chan error, 1)
+	go func() { res <- fn() }()
+	select {
+	case err := <-res:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("%s still waits after %v", what, limit)
+		return nil
+	}
+}
+
+// TestRegisterWindowBounded: ncclCommWindowRegister is collective, and on
+// a blocking NCCL communicator (the default) it waits for every rank
+// without bound (the fake NCCL does too). A RegisterWindow whose peer
+// never calls it, or has aborted, now returns ErrTimeout naming the peer
+// after Config.Timeout, without entering NCCL, and leaves the NCCL
+// communicator aborted, as a timed-out NCCL collective does: later window
+// calls fail at once, and a peer arriving late, which gets past the
+// meeting and enters NCCL, is released by that abort. Abort ends a wait
+// at once. (Before, RegisterWindow entered NCCL at once and waited there
+// for ever, and Abort waited for it.)
+func TestRegisterWindowBounded(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	ctx := context.Background()
+	t.Run("absent peer", func(t *testing.T) {
+		log := &eventLog{}
+		st := storetest.NewKeyStore(rendezvous.NewMemStore())
+		comms, _ := regCommsWith(t, st, Config{Group: "T", Timeout: timeout}, 2, log, nil, collWindows(2))
+		start := time.Now()
+		err := within(t, 10*time.Second, "RegisterWindow with its peer absent", func() error {
+			return comms[0].RegisterWindow(ctx, 0xa000_0000, 1<<20)
+		})
+		el := time.Since(start)
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "RegisterWindow") || !strings.Contains(err.Error(), "rank 1 did not join") {
+			t.Fatalf("RegisterWindow without its peer: %v; want ErrTimeout naming RegisterWindow and rank 1", err)
+		}
+		if el < timeout || el > timeout+2*time.Second {
+			t.Errorf("it returned after %v; want about Config.Timeout (%v)", el, timeout)
+		}
+		got := strings.Join(log.all(), "\n")
+		if !strings.Contains(got, "T0 nccl abort") || strings.Contains(got, "T0 window") {
+			t.Errorf("log:\n%s\nwant rank 0's NCCL aborted and never entered", got)
+		}
+		if regs := comms[0].reg.registered(); len(regs) != 0 {
+			t.Errorf("registrations after the timeout: %+v", regs)
+		}
+		start = time.Now()
+		if err := comms[0].RegisterWindow(ctx, 0xb000_0000, 1<<20); !errors.Is(err, ErrAborted) || time.Since(start) > timeout/2 {
+			t.Errorf("the next RegisterWindow: %v after %v; want ErrAborted at once", err, time.Since(start))
+		}
+		// The late peer meets rank 0's note, enters NCCL and is released by
+		// rank 0's abort.
+		err = within(t, 10*time.Second, "the late peer's RegisterWindow", func() error {
+			return comms[1].RegisterWindow(ctx, 0xa000_0000, 1<<20)
+		})
+		if err == nil {
+			t.Error("the late peer registered a window its peer never registered")
+		}
+		for _, c := range comms {
+			c.Close()
+		}
+		if left := st.Live(); len(left) > 0 {
+			t.Errorf("%d keys left after Close: %q", len(left), left)
+		}
+	})
+	t.Run("aborted peer", func(t *testing.T) {
+		comms, _ := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "D", Timeout: timeout}, 2, &eventLog{}, nil, collWindows(2))
+		defer comms[0].Abort()
+		comms[1].Abort()
+		err := within(t, 10*time.Second, "RegisterWindow with its peer aborted", func() error {
+			return comms[0].RegisterWindow(ctx, 0xa000_0000, 1<<20)
+		})
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "rank 1 did not join") {
+			t.Errorf("RegisterWindow with its peer aborted: %v; want ErrTimeout naming rank 1", err)
+		}
+	})
+	t.Run("abort ends the wait", func(t *testing.T) {
+		comms, _ := regCommsWith(t, rendezvous.NewMemStore(), Config{Group: "E", Timeout: time.Minute}, 2, &eventLog{}, nil, collWindows(2))
+		defer comms[1].Abort()
+		res := make(chan error, 1)
+		go func() { res <- comms[0].RegisterWindow(ctx, 0xa000_0000, 1<<20) }()
+		time.Sleep(100 * time.Millisecond) // into the wait
+		start := time.Now()
+		if err := within(t, 10*time.Second, "Abort during RegisterWindow", comms[0].Abort); err != nil {
+			t.Error(err)
+		}
+		select {
+		case err := <-res:
+			if !errors.Is(err, ErrAborted) {
+				t.Errorf("RegisterWindow ended by Abort: %v; want ErrAborted", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("RegisterWindow still waits 10 s after Abort")
+		}
+		if el := time.Since(start); el > 2*time.Second {
+			t.Errorf("Abort and the wait's end took %v", el)
+		}
+	})
+}
+
+// TestRegisterWindowAgreement: ranks registering windows of different
+// sizes, or one registering a range again (counted, no NCCL call) where
+// another registers a new one, or one refusing its window, all return
+// errors at once without calling NCCL (before, the ranks that called it
+// waited there for ever); the communicator stays usable.
+func TestRegisterWindowAgreement(t *testing.T) {
+	ctx := context.Background()
+	log := &eventLog{}
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	comms, devs := regCommsWith(t, st, Config{Group: "G", Timeout: 5 * time.Second}, 2, log, nil, collWindows(2))
+	devs[1].refuse[0xc000_0000] = "host memory"
+	n := len(log.all())
+	for _, tc := range []struct {
+		name       string
+		p0, p1     cuda.DevicePtr
+		b0, b1     int64
+		want0      error
+		want1      error
+		say0, say1 string
+	}{
+		{"sizes", 0xa000_0000, 0xa000_0000, 4096, 8192, ErrMismatch, ErrMismatch, `rank 1's is "new 8192"`, `rank 0's is "new 4096"`},
+		{"refusal", 0xa000_0000, 0xc000_0000, 4096, 4096, ErrMismatch, ErrInvalidArgument, "refused: ", "host memory"},
+		{"nil address", 0xa000_0000, 0, 4096, 4096, ErrMismatch, ErrInvalidArgument, "need a device address", "need a device address"},
+	} {
+		start := time.Now()
+		errs := onRanks(comms, func(r int, c *Communicator) error {
+			if r == 0 {
+				return c.RegisterWindow(ctx, tc.p0, tc.b0)
+			}
+			return c.RegisterWindow(ctx, tc.p1, tc.b1)
+		})
+		if el := time.Since(start); el > 2*time.Second {
+			t.Errorf("%s: took %v; want the disagreement seen at once", tc.name, el)
+		}
+		for r, want := range []error{tc.want0, tc.want1} {
+			say := []string{tc.say0, tc.say1}[r]
+			if !errors.Is(errs[r], want) || !strings.Contains(errs[r].Error(), say) {
+				t.Errorf("%s: rank %d: %v; want %v saying %q", tc.name, r, errs[r], want, say)
+			}
+		}
+	}
+	if got := log.since(n); len(got) != 0 {
+		t.Errorf("NCCL called on a disagreement: %q", got)
+	}
+	// A repeat on one rank, a new window on the other.
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error { return c.RegisterWindow(ctx, 0xa000_0000, 4096) })...); err != nil {
+		t.Fatal(err)
+	}
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		return c.RegisterWindow(ctx, 0xa000_0000+cuda.DevicePtr(r)<<20, 4096)
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "repeat 4096") {
+			t.Errorf("repeat against new: rank %d: %v; want ErrMismatch naming the repeat", r, err)
+		}
+	}
+	// Still usable: a repeat on both counts, a new window on both registers.
+	if err := errors.Join(onRanks(comms, func(r int, c *Communicator) error {
+		return errors.Join(c.RegisterWindow(ctx, 0xa000_0000, 4096), c.RegisterWindow(ctx, 0xb000_0000, 4096))
+	})...); err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range comms {
+		regs := c.reg.registered()
+		if len(regs) != 2 || regs[0].refs != 2 || regs[1].refs != 1 {
+			t.Errorf("rank %d: registrations %+v; want 0xa0000000 twice, 0xb0000000 once", r, regs)
+		}
+	}
+	closeAll(t, comms)
+	if left := st.Live(); len(left) > 0 {
+		t.Errorf("%d keys left after Close: %q", len(left), left)
 	}
 }
