@@ -86,15 +86,60 @@ type CacheKey [32]byte
 // String returns the key in hex, as used in cache file names.
 func (k CacheKey) String() string { return hex.EncodeToString(k[:]) }
 
-// Key hashes the source, the headers (sorted by name), the effective
-// options (which include the architecture), the architecture and the NVRTC
-// version. It loads NVRTC to learn its version.
+// Key hashes everything that determines NVRTC's output for req:
+//
+//   - the program's name, source and headers (sorted by name);
+//   - the effective options, which name the target architecture
+//     (--gpu-architecture=sm_90 gives a CUBIN for that architecture only,
+//     compute_90 PTX), and req.Arch;
+//   - the compiler: NVRTC's major.minor version and the build of its
+//     library file (libraryBuild: real path, size and modification time),
+//     so two builds of one major.minor (a toolkit update such as 13.0 Update
+//     1, a patched libnvrtc) never answer for each other. It is read once,
+//     when NVRTC is loaded (a stat, no hashing of the 60 MB file).
+//
+// Whether an entry is a CUBIN or PTX is not a part: it follows from the
+// options and the NVRTC build, which are. Neither is the driver version:
+// NVRTC's output does not depend on it, a CUBIN is loaded as is, and PTX
+// is JIT-compiled by the driver at load time, after the cache (a driver too
+// old for the PTX fails the same way for a fresh compile). Key loads NVRTC;
+// one whose file cannot be found has no key.
 func (c *Cache) Key(req CompileRequest) (CacheKey, error) {
-	maj, min, _, err := NVRTCVersion()
+	compiler, err := nvrtcCompiler()
 	if err != nil {
 		return CacheKey{}, err
 	}
-	return c.keyFor(req, fmt.Sprintf("nvrtc %d.%d", maj, min)), nil
+	return c.keyFor(req, compiler), nil
+}
+
+// nvrtcName is the compiler part of the key of NVRTC major.minor whose
+// library is build (libraryBuild).
+func nvrtcName(major, minor int, build string) string {
+	return fmt.Sprintf("nvrtc %d.%d %s", major, minor, build)
+}
+
+// libraryBuild identifies the build of the shared library file: its real
+// path (symbolic links resolved, so libnvrtc.so.13 becomes the
+// libnvrtc.so.13.0.88 it points to), size and modification time in
+// nanoseconds. Two builds of a library differ in at least one of them; a
+// reinstall of one build may differ too, which costs one compile of each
+// program. "" when file is "" or cannot be read.
+func libraryBuild(file string) string {
+	if file == "" {
+		return ""
+	}
+	real, err := filepath.EvalSymlinks(file)
+	if err == nil {
+		real, err = filepath.Abs(real)
+	}
+	if err != nil {
+		return ""
+	}
+	st, err := os.Stat(real)
+	if err != nil || !st.Mode().IsRegular() {
+		return ""
+	}
+	return fmt.Sprintf("%s size %d mtime %d", real, st.Size(), st.ModTime().UnixNano())
 }
 
 // keyFor is Key for the compiler named by compiler (its name and version).

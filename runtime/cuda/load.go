@@ -164,6 +164,7 @@ var (
 	nvrtcPath   string
 	nvrtcMajor  int
 	nvrtcMinor  int
+	nvrtcBuild  string // libraryBuild of the loaded file, for cache keys
 )
 
 // nvrtcSonames lists NVRTC sonames newest first; unversioned last.
@@ -235,14 +236,30 @@ func loadNVRTC() error {
 		return err
 	}
 	path := lib.Path
+	build := libraryBuild(lib.File("nvrtcVersion"))
 	C.cg_nvrtc_commit((*unsafe.Pointer)(tbl))
 	C.free(tbl)
 	var maj, min C.int
 	if r := C.cg_nvrtcVersion(&maj, &min); r != 0 {
 		return fmt.Errorf("cuda: nvrtcVersion: %s", nvrtcErrString(r))
 	}
-	nvrtcLoaded, nvrtcPath, nvrtcMajor, nvrtcMinor = true, path, int(maj), int(min)
+	nvrtcLoaded, nvrtcPath, nvrtcMajor, nvrtcMinor, nvrtcBuild = true, path, int(maj), int(min), build
 	return nil
+}
+
+// nvrtcCompiler names the loaded NVRTC in cache keys (see Cache.Key): its
+// version and the build of its library file. An NVRTC whose file cannot
+// be identified has no key (its images are not cached).
+func nvrtcCompiler() (string, error) {
+	if err := loadNVRTC(); err != nil {
+		return "", err
+	}
+	nvrtcMu.Lock()
+	defer nvrtcMu.Unlock()
+	if nvrtcBuild == "" {
+		return "", fmt.Errorf("cuda: cannot find the file NVRTC %d.%d was loaded from (%s): its images are not cached", nvrtcMajor, nvrtcMinor, nvrtcPath)
+	}
+	return nvrtcName(nvrtcMajor, nvrtcMinor, nvrtcBuild), nil
 }
 
 // NVRTCVersion loads NVRTC if needed and returns its version and path.

@@ -43,5 +43,8 @@ func Open(ordinal int) (*Device, error) { return nil, ErrNoCgo }
 // nothing is cached).
 func NVRTCVersion() (major, minor int, path string, err error) { return 0, 0, "", ErrNoCgo }
 
+// nvrtcCompiler returns ErrNoCgo (nothing is cached).
+func nvrtcCompiler() (string, error) { return "", ErrNoCgo }
+
 // Compile returns ErrNoCgo.
 func Compile(ctx context.Context, req CompileRequest) ([]byte, error) { return nil, ErrNoCgo }

@@ -11,6 +11,7 @@ package dl
 
 /*
 #cgo LDFLAGS: -ldl
+#define _GNU_SOURCE // dladdr
 #include <dlfcn.h>
 #include <stdlib.h>
 
@@ -23,6 +24,14 @@ static void *dl_open(const char *path, int global, const char **err) {
 	return h;
 }
 static void *dl_sym(void *h, const char *name) { return dlsym(h, name); }
+// dl_file is the file of the object that defines sym (dladdr's
+// dli_fname), or NULL.
+static const char *dl_file(void *h, const char *sym) {
+	Dl_info info;
+	void *p = dlsym(h, sym);
+	if (p == NULL || dladdr(p, &info) == 0) return NULL;
+	return info.dli_fname;
+}
 static int dl_close(void *h, const char **err) {
 	int r = dlclose(h);
 	*err = r ? dlerror() : NULL;
@@ -177,6 +186,20 @@ func (l *Library) Sym(name string) unsafe.Pointer {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
 	return C.dl_sym(l.h, cs)
+}
+
+// File returns the file the library was loaded from, as the dynamic
+// linker found it: a path even when Path is a bare soname the linker
+// searched for ("libnvrtc.so.13"). symbol must be one the library itself
+// defines (it is looked up, then dladdr names its object); "" when it is
+// not found.
+func (l *Library) File(symbol string) string {
+	cs := C.CString(symbol)
+	defer C.free(unsafe.Pointer(cs))
+	if f := C.dl_file(l.h, cs); f != nil {
+		return C.GoString(f)
+	}
+	return ""
 }
 
 // Missing returns a *LibraryError for a required symbol the library

@@ -5,6 +5,8 @@ package dl
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -31,6 +33,24 @@ func TestOpenRefcountAndSymbols(t *testing.T) {
 	}
 	if err := a.Close(); err == nil {
 		t.Error("a third Close of two opens succeeded")
+	}
+}
+
+// TestFileOfSoname: a library opened by a bare soname, which the dynamic
+// linker searched for, names the file it was loaded from (the NVRTC
+// cache key identifies the library by that file).
+func TestFileOfSoname(t *testing.T) {
+	l, err := Open(Spec{Lib: "libm", Sonames: []string{"libm.so.6"}})
+	if err != nil {
+		t.Skipf("no libm.so.6: %v", err)
+	}
+	defer l.Close()
+	f := l.File("cos")
+	if st, err := os.Stat(f); !filepath.IsAbs(f) || err != nil || st.IsDir() || !strings.HasPrefix(filepath.Base(f), "libm") {
+		t.Errorf("File(cos) of %s = %q (%v); want libm's absolute path", l.Path, f, err)
+	}
+	if f := l.File("collgen_no_such_symbol"); f != "" {
+		t.Errorf("File of a missing symbol = %q, want \"\"", f)
 	}
 }
 
