@@ -113,9 +113,7 @@ func (d *cudaHier) cudaDevice() *cuda.Device { return d.handle }
 func (d *cudaHier) stream() *cuda.Stream { return d.own }
 
 func (d *cudaHier) forgetNCCL(ctx context.Context, keys []string) {
-	for _, k := range keys {
-		nccl.ForgetID(ctx, d.cfg.Store, k)
-	}
+	nccl.ForgetID(ctx, d.cfg.Store, keys...)
 }
 
 func (d *cudaHier) release() error {

@@ -154,8 +154,9 @@ func (g *Group) leftError(ctx context.Context) error {
 // only set-up reads them, and a process that forms and closes groups on
 // one long-lived store would otherwise keep them all. group and world are
 // the group's Config.Group and WorldSize; a nil store, an empty group or
-// a world size New refuses is an error wrapping ErrInvalidArgument. It
-// returns the first store error; keys already gone are no error.
+// a world size New refuses is an error wrapping ErrInvalidArgument. The
+// keys go rendezvous.KeysInFlight at a time (rendezvous.DeleteKeys): the
+// error names the first key not deleted; keys already gone are no error.
 func Forget(ctx context.Context, st rendezvous.Store, group string, world int) error {
 	switch {
 	case st == nil:
@@ -171,13 +172,7 @@ func Forget(ctx context.Context, st rendezvous.Store, group string, world int) e
 		rk := strconv.Itoa(r)
 		keys = append(keys, prefix+"created/r"+rk, prefix+"mapped/r"+rk, prefix+"left/r"+rk)
 	}
-	var first error
-	for _, k := range keys {
-		if _, err := st.Delete(ctx, k); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return rendezvous.DeleteKeys(ctx, st, keys...)
 }
 
 // keyPrefix is where a group's store keys live.

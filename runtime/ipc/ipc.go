@@ -201,16 +201,15 @@ func collect(ctx context.Context, peer record, rank int, h *cuda.IPCHandle) erro
 // Forget deletes the records Exchange published under key for ranks 0 to
 // world-1. Call it once every rank's Exchange has returned (a rank still
 // reading a record would wait until its deadline): comm's last rank to
-// leave a group does. Records already gone are not an error; the first
-// store error is returned, after every record was tried.
+// leave a group does. The records go rendezvous.KeysInFlight at a time
+// (rendezvous.DeleteKeys): records already gone are not an error, and the
+// error names the first record not deleted, after every record was tried.
 func Forget(ctx context.Context, store rendezvous.Store, key string, world int) error {
-	var first error
-	for r := 0; r < world; r++ {
-		if _, err := store.Delete(ctx, recordKey(key, r)); err != nil && first == nil {
-			first = err
-		}
+	keys := make([]string, max(world, 0))
+	for r := range keys {
+		keys[r] = recordKey(key, r)
 	}
-	return first
+	return rendezvous.DeleteKeys(ctx, store, keys...)
 }
 
 func recordKey(key string, rank int) string { return fmt.Sprintf("%s/ipc/rank%d", key, rank) }

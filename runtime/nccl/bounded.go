@@ -127,13 +127,17 @@ func NewCommConfig(ctx context.Context, store rendezvous.Store, key string, rank
 // under key.
 func idKey(key string) string { return key + "/nccl-id" }
 
-// ForgetID deletes the unique id NewComm or NewCommConfig published under
-// key. Call it once every rank's NewComm has returned (a rank still
-// waiting for the id would wait until its deadline): comm's last rank to
-// leave a group does. Deleting an absent id is not an error.
-func ForgetID(ctx context.Context, store rendezvous.Store, key string) error {
-	_, err := store.Delete(ctx, idKey(key))
-	return err
+// ForgetID deletes the unique ids NewComm or NewCommConfig published
+// under keys, rendezvous.KeysInFlight at a time (rendezvous.DeleteKeys).
+// Call it once every rank's NewComm has returned (a rank still waiting
+// for an id would wait until its deadline): comm's last rank to leave a
+// group does. Deleting an absent id is not an error.
+func ForgetID(ctx context.Context, store rendezvous.Store, keys ...string) error {
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = idKey(k)
+	}
+	return rendezvous.DeleteKeys(ctx, store, ids...)
 }
 
 // agreeID loads NCCL and shares rank 0's unique id through the store.

@@ -86,32 +86,34 @@ func exchange(ctx context.Context, st rendezvous.Store, prefix string, rank, wor
 }
 
 // forgetExchanges deletes every rank's entries and generation counter of
-// the exchanges under prefix: the last generation's entry of each rank
-// and the one before it (exchange deletes older ones as it goes, and a
-// rank may not have deleted its previous entry yet). Best effort; the
-// first store error is returned after every key was tried.
-func forgetExchanges(ctx context.Context, st rendezvous.Store, prefix string, world int) error {
-	var first error
-	note := func(err error) {
-		if err != nil && first == nil {
-			first = err
+// the exchanges under each of prefixes: the last generation's entry of
+// each rank and the one before it (exchange deletes older ones as it
+// goes, and a rank may not have deleted its previous entry yet). The
+// counters are read, then the keys deleted, rendezvous.KeysInFlight at a
+// time. Best effort; the first store error is returned after every key
+// was tried.
+func forgetExchanges(ctx context.Context, st rendezvous.Store, world int, prefixes ...string) error {
+	var counters []string
+	for _, prefix := range prefixes {
+		for r := range world {
+			counters = append(counters, prefix+"gen/r"+strconv.Itoa(r))
 		}
 	}
-	for r := 0; r < world; r++ {
-		rk := "/r" + strconv.Itoa(r)
-		counter := prefix + "gen" + rk
-		g, err := st.Add(ctx, counter, 0) // creates a missing counter, deleted below
-		note(err)
+	gens, rerr := rendezvous.Counters(ctx, st, counters...) // creates missing counters, deleted below
+	var keys []string
+	for i, g := range gens {
+		prefix, rk := prefixes[i/world], "/r"+strconv.Itoa(i%world)
 		for _, gen := range []int64{g - 1, g} {
 			if gen > 0 {
-				_, err := st.Delete(ctx, prefix+strconv.FormatInt(gen, 10)+rk)
-				note(err)
+				keys = append(keys, prefix+strconv.FormatInt(gen, 10)+rk)
 			}
 		}
-		_, err = st.Delete(ctx, counter)
-		note(err)
 	}
-	return first
+	derr := rendezvous.DeleteKeys(ctx, st, append(keys, counters...)...)
+	if rerr != nil {
+		return rerr
+	}
+	return derr
 }
 
 // retract withdraws this rank's entry of generation g of prefix and takes

@@ -500,11 +500,8 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 // key was tried. It works on a closed pool.
 func (p *Pool) Forget(ctx context.Context) error {
 	st, world, group := p.cfg.Store, p.cfg.WorldSize, p.cfg.Group
-	return errors.Join(
-		forgetExchanges(ctx, st, "collgen/symm/"+group+"/pool/", world),
-		forgetExchanges(ctx, st, "collgen/symm/"+group+"/formed/"+p.nonce+"/", world),
-		forgetExchanges(ctx, st, p.ns+"rdv/", world),
-		forgetExchanges(ctx, st, p.ns+"mapped/", world))
+	return forgetExchanges(ctx, st, world, "collgen/symm/"+group+"/pool/",
+		"collgen/symm/"+group+"/formed/"+p.nonce+"/", p.ns+"rdv/", p.ns+"mapped/")
 }
 
 // Close frees every live buffer (as Free), releases the persistent

@@ -30,6 +30,7 @@ func Run(t *testing.T, setup Setup) {
 	t.Run("Ops", func(t *testing.T) { testOps(t, setup) })
 	t.Run("WaitTimeoutNamesMissingKeys", func(t *testing.T) { testWaitTimeout(t, setup) })
 	t.Run("ConcurrentAdd", func(t *testing.T) { testConcurrentAdd(t, setup) })
+	t.Run("ConcurrentDelete", func(t *testing.T) { testConcurrentDelete(t, setup) })
 	t.Run("Closed", func(t *testing.T) { testClosed(t, setup) })
 	t.Run("CancelledWaitSaysWhy", func(t *testing.T) { testCancelledWait(t, setup) })
 }
@@ -175,6 +176,66 @@ func testConcurrentAdd(t *testing.T, setup Setup) {
 	n, err := peer().Add(context.Background(), "n", 0)
 	if err != nil || n != workers*each {
 		t.Fatalf("counter = %d, %v; want %d", n, err, workers*each)
+	}
+}
+
+// testConcurrentDelete: Deletes of the same keys at once, through one
+// handle and another (as rendezvous.DeleteKeys and a peer's may run),
+// each report the key as existing exactly once, and the keys are gone;
+// DeleteKeys deletes them again, and then finds them gone without an
+// error.
+func testConcurrentDelete(t *testing.T, setup Setup) {
+	peer := setup(t)
+	handles := []rendezvous.Store{peer(), peer()}
+	ctx := short(t, 20*time.Second)
+	const n, each = 24, 3 // each key deleted 3 times on each handle
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "del/" + strconv.Itoa(i)
+		if err := handles[0].Set(ctx, keys[i], []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	existed := map[string]int{}
+	var wg sync.WaitGroup
+	for _, s := range handles {
+		for range each {
+			for _, k := range keys {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ok, err := s.Delete(ctx, k)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ok {
+						mu.Lock()
+						existed[k]++
+						mu.Unlock()
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	for _, k := range keys {
+		if existed[k] != 1 {
+			t.Errorf("%d concurrent Deletes of %q said it existed, want 1", existed[k], k)
+		}
+		// Absent: creating it again swaps.
+		if _, swapped, err := handles[1].CompareAndSet(ctx, k, nil, []byte("w")); err != nil || !swapped {
+			t.Fatalf("%q after its Deletes: create swapped %v, %v; want the key gone", k, swapped, err)
+		}
+	}
+	for range 2 { // the second finds every key gone: no error
+		if err := rendezvous.DeleteKeys(ctx, handles[1], keys...); err != nil {
+			t.Fatalf("DeleteKeys: %v", err)
+		}
+	}
+	if n, err := handles[0].Add(ctx, "del/0", 0); err != nil || n != 0 {
+		t.Fatalf("Add to a deleted key = %d, %v; want 0 (the key gone)", n, err)
 	}
 }
 
