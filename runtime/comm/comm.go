@@ -238,11 +238,7 @@ type Communicator struct {
 	gpu       *gpuComm // nil on the host backend and across hosts
 	// hier is the backend of a GPU group spanning hosts (hier.go), nil on
 	// one host; layout groups the ranks by host (hosts.go).
-	hier *hierComm
-	// dev is the GPU device New opened on one host, kept even when set-up
-	// failed after opening it: the last rank to leave asks it to forget
-	// its own store keys (forget), which it may have published already.
-	dev    device
+	hier   *hierComm
 	hostID string
 	layout hostLayout
 	// busy is held for the whole of a GPU call: calls on one GPU
@@ -354,13 +350,7 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		}
 		c.b = &hostBackend{g: g, lib: cfg.Library, world: cfg.WorldSize, topology: cfg.Topology}
 	} else {
-		g, err := newGPU(ctx, cfg, c.prefix, func(cfg Config) (device, error) {
-			d, err := open(cfg)
-			if err == nil {
-				c.dev = d
-			}
-			return d, err
-		})
+		g, err := newGPU(ctx, cfg, c.prefix, open)
 		if err != nil {
 			// Give up the claim, so the group name can be formed again.
 			return nil, errors.Join(classify(err), c.leave())

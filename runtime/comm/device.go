@@ -86,10 +86,4 @@ type device interface {
 	// release frees what the device owns; the caller has made sure no
 	// peer still reads it (Close's barrier) or that set-up failed.
 	release() error
-	// forgetKeys deletes, best effort, the store keys of the device's own
-	// exchanges: the NCCL id, the region's IPC records, the pool behind
-	// Alloc. The last rank to leave calls it, after every rank has
-	// released (it works on a released device), also where New failed in
-	// set-up after opening the device (it forgets the keys it used).
-	forgetKeys(ctx context.Context)
 }

@@ -31,7 +31,6 @@ type fakeDevice struct {
 	copies    []fakeCopy
 	ncclOpen  bool // openNCCL was called
 	released  bool
-	forgot    int // forgetKeys calls
 	nextSym   cuda.DevicePtr
 	syms      []fakeSym
 	statusVal uint64
@@ -63,6 +62,10 @@ type fakeDevice struct {
 	counted   int
 	// early is what earlyLaunch answers (the device's support).
 	early bool
+	// store, when set, gets the keys a real device publishes: rank 0's
+	// NCCL id (openNCCL) and this rank's IPC record (worldDevice's
+	// setup), named as nccl.NewComm and ipc.Exchange name them.
+	store rendezvous.Store
 }
 
 // fakeSym is one symmetric buffer of a fake device: at offset off of every
@@ -118,10 +121,13 @@ func (d *fakeDevice) canAccessPeers(ids []string) ([]int, error) {
 }
 
 func (d *fakeDevice) ncclUnavailable() string { return "" }
-func (d *fakeDevice) openNCCL(context.Context, string, int, int) error {
+func (d *fakeDevice) openNCCL(ctx context.Context, key string, rank, _ int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.ncclOpen = true
+	if d.store != nil && rank == 0 {
+		return d.store.Set(ctx, key+"/nccl-id", make([]byte, 128))
+	}
 	return nil
 }
 
@@ -195,11 +201,6 @@ func (d *fakeDevice) status() uint64 {
 }
 func (d *fakeDevice) cudaDevice() *cuda.Device { return nil }
 func (d *fakeDevice) stream() *cuda.Stream     { return nil }
-func (d *fakeDevice) forgetKeys(context.Context) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.forgot++
-}
 func (d *fakeDevice) release() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -214,10 +215,16 @@ type worldDevice struct {
 	world int
 }
 
-func (d worldDevice) setup(context.Context, string, int64, int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
+func (d worldDevice) setup(ctx context.Context, key string, _, _ int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {
 	d.mu.Lock()
 	d.setups++
+	st := d.store
 	d.mu.Unlock()
+	if st != nil {
+		if err := st.Set(ctx, fmt.Sprintf("%s/ipc/rank%d", key, d.rank), []byte("{}")); err != nil {
+			return nil, 0, 0, err
+		}
+	}
 	regions := make([]cuda.DevicePtr, d.world)
 	for r := range regions {
 		regions[r] = fakeRegion(r)
@@ -285,6 +292,7 @@ func newFakeComms(t testing.TB, cfg Config, devs []*fakeDevice, tweaks ...func(r
 			for _, tweak := range tweaks {
 				tweak(r, &c)
 			}
+			devs[r].store = c.Store
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			comms[r], errs[r] = newComm(ctx, c, func(Config) (device, error) { return worldDevice{devs[r], world}, nil })

@@ -407,7 +407,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		}
 	}
 	if g.ncclErr == nil && wantNCCL {
-		if err := dev.openNCCL(ctx, g.prefix+"nccl", cfg.Rank, g.world); err != nil {
+		if err := dev.openNCCL(ctx, ncclKey(g.prefix), cfg.Rank, g.world); err != nil {
 			return classify(fmt.Errorf("comm: rank %d: %w", cfg.Rank, err))
 		}
 		g.ncclOK = true
@@ -425,7 +425,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	scratchBytes := g.scratchBytes
 	total := 2*g.slotBytes + scratchBytes + sigBytes
 	seqBytes := int64(g.lib.MaxBlocks+3) * 8
-	regions, seq, status, err := dev.setup(ctx, g.prefix+"region", total, seqBytes)
+	regions, seq, status, err := dev.setup(ctx, regionKey(g.prefix), total, seqBytes)
 	if err != nil {
 		return classify(fmt.Errorf("comm: rank %d: staging buffer of %d bytes: %w", cfg.Rank, total, err))
 	}
@@ -996,7 +996,7 @@ func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) 
 	if g.ncclOnly() {
 		return 0, errorf(ErrUnsupported, "comm: Alloc refused: the communicator uses NCCL only (%s)", g.det.Reason)
 	}
-	base, err := g.dev.symmetric(ctx, g.prefix+"symm", bytes)
+	base, err := g.dev.symmetric(ctx, symmGroup(g.prefix), bytes)
 	if err != nil {
 		return 0, fmt.Errorf("comm: rank %d: symmetric alloc of %d bytes: %w", g.cfg.Rank, bytes, err)
 	}

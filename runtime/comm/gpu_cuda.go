@@ -64,11 +64,6 @@ type cudaDevice struct {
 	// copy-and-swap, read without a lock on every call (lookup).
 	pools atomic.Pointer[[]*symm.Pool]
 
-	// The store keys this device's exchanges used, kept after release
-	// for forgetKeys: openNCCL's, setup's and the pool behind Alloc.
-	ncclKey, regionKey string
-	formed             *symm.Pool
-
 	abortState // device_abort.go: Abort, bounded waits
 }
 
@@ -100,7 +95,6 @@ func (d *cudaDevice) ncclUnavailable() string {
 // default, non-blocking with Config.NCCLNonBlocking (its initialisation
 // bounded by ctx and every later NCCL operation by Config.Timeout).
 func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
-	d.ncclKey = key
 	if d.cfg.NCCLNonBlocking {
 		d.comm, err = nccl.NewCommConfig(ctx, d.cfg.Store, key, rank, world, d.dev, nccl.Config{Timeout: d.cfg.Timeout})
 	} else {
@@ -129,7 +123,6 @@ func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqByte
 	if d.statusBuf, err = d.dev.HostAlloc(8, true); err != nil {
 		return nil, 0, 0, err
 	}
-	d.regionKey = key
 	if d.regionMap, err = ipc.Exchange(ctx, d.cfg.Store, key, d.cfg.Rank, d.cfg.WorldSize, d.dev, d.region, int(regionBytes)); err != nil {
 		return nil, 0, 0, err
 	}
@@ -168,7 +161,7 @@ func (d *cudaDevice) ownPool(ctx context.Context, group string) (*symm.Pool, err
 	if err != nil {
 		return nil, errors.Join(err, be.Close())
 	}
-	d.pool, d.symmBE, d.formed = pool, be, pool
+	d.pool, d.symmBE = pool, be
 	d.addPool(pool)
 	return pool, nil
 }
@@ -293,21 +286,6 @@ func (d *cudaDevice) status() uint64 {
 func (d *cudaDevice) cudaDevice() *cuda.Device { return d.handle }
 
 func (d *cudaDevice) stream() *cuda.Stream { return d.own }
-
-func (d *cudaDevice) forgetKeys(ctx context.Context) {
-	if d.ncclKey != "" {
-		nccl.ForgetID(ctx, d.cfg.Store, d.ncclKey)
-	}
-	if d.regionKey != "" {
-		ipc.Forget(ctx, d.cfg.Store, d.regionKey, d.cfg.WorldSize)
-	}
-	d.mu.Lock()
-	formed := d.formed
-	d.mu.Unlock()
-	if formed != nil {
-		formed.Forget(ctx)
-	}
-}
 
 func (d *cudaDevice) release() error {
 	w, err := d.releaseMost()

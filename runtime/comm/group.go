@@ -392,8 +392,10 @@ func (c *Communicator) leave() error {
 // one, and its why, stay for ranks still arriving to read), the
 // membership exchange, the debug check's, the GPU set-up's exchanges and
 // barriers (detection, set-up records, UseSymmetric, ready, close), the
-// host group's set-up keys, and the device's own (NCCL ids, the region's
-// IPC records, the pool behind Alloc: device.forgetKeys). A process
+// host group's set-up keys, and the devices' own (NCCL ids, the region's
+// IPC records, the pools behind Alloc: forgetDeviceKeys, forgetHierKeys),
+// named from the formation, not from what this rank's device did: the
+// last to leave may not have opened NCCL or its device at all. A process
 // forming and closing groups on one long-lived store kept about a dozen
 // keys per formation, and a GPU group's device about four per rank more.
 // Best effort: a key left behind costs only memory. Left: the symmetric
@@ -416,9 +418,9 @@ func (c *Communicator) forget(ctx context.Context) {
 		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
 	}
 	switch {
-	case c.hier != nil:
-		c.hier.forgetKeys(ctx)
-	case c.dev != nil: // also when New failed in the device's set-up
-		c.dev.forgetKeys(ctx)
+	case c.layout.multi():
+		forgetHierKeys(ctx, st, c.prefix, c.layout.perHost())
+	case c.cfg.Device != Host: // whichever ranks opened NCCL, set up or formed a pool
+		forgetDeviceKeys(ctx, st, c.prefix, world)
 	}
 }

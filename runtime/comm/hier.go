@@ -37,10 +37,6 @@ type hierDevice interface {
 	cudaDevice() *cuda.Device
 	stream() *cuda.Stream
 	release() error
-	// forgetNCCL deletes, best effort, the NCCL ids published under keys
-	// (openNCCL's crossKey of every local index and its globalKey): the
-	// last rank to leave calls it, after every rank has released.
-	forgetNCCL(ctx context.Context, keys []string)
 }
 
 // hierComm is the backend of a GPU group spanning hosts (hierplan.go has
@@ -50,7 +46,6 @@ type hierDevice interface {
 // plain-NCCL sizes.
 type hierComm struct {
 	cfg    Config
-	prefix string // the formation's store prefix (openNCCL's keys are under it)
 	layout hostLayout
 	dev    hierDevice
 	intra  *Communicator // the host's ranks; nil with one rank per host
@@ -103,9 +98,7 @@ func hierRules(cfg Config) (map[coll.Collective]*kernels.Selection, error) {
 
 // newHier sets up the hierarchical backend: the nested host communicator
 // (collective over the host's ranks), then NCCL across hosts and over all
-// ranks (collective over all ranks, in that order on every rank). Where
-// opening NCCL fails it returns the released h with the error, for its
-// forgetKeys.
+// ranks (collective over all ranks, in that order on every rank).
 func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open func(Config) (device, error)) (*hierComm, error) {
 	if cfg.Device == Host {
 		return nil, errorf(ErrUnsupported, "comm: ranks span %d hosts (%s, ...), but the host backend (Config.Device = comm.Host) runs on one host only; "+
@@ -118,7 +111,7 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	if err != nil {
 		return nil, err
 	}
-	h := &hierComm{cfg: cfg, prefix: prefix, layout: l, sels: sels}
+	h := &hierComm{cfg: cfg, layout: l, sels: sels}
 	me, hi := l.local[cfg.Rank], l.host[cfg.Rank]
 	if l.perHost() > 1 {
 		sub := cfg
@@ -132,28 +125,13 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	if h.dev, err = openHier(cfg); err != nil {
 		return nil, errors.Join(err, h.closeIntra())
 	}
-	err = h.dev.openNCCL(ctx, h.crossKey(me), hi, len(l.hosts), prefix+"nccl", cfg.Rank, cfg.WorldSize)
+	err = h.dev.openNCCL(ctx, crossKey(prefix, me), hi, len(l.hosts), ncclKey(prefix), cfg.Rank, cfg.WorldSize)
 	if err != nil {
-		// h too, released: some ranks may have published their NCCL ids,
-		// which the last rank to leave forgets (forgetKeys).
-		return h, errors.Join(classify(fmt.Errorf("comm: rank %d: NCCL across hosts: %w", cfg.Rank, err)), h.dev.release(), h.closeIntra())
+		// Some ranks may have published their NCCL ids: the last rank to
+		// leave forgets them (forgetHierKeys).
+		return nil, errors.Join(classify(fmt.Errorf("comm: rank %d: NCCL across hosts: %w", cfg.Rank, err)), h.dev.release(), h.closeIntra())
 	}
 	return h, nil
-}
-
-// crossKey is where the cross-host communicator of local index me keys
-// its NCCL id.
-func (h *hierComm) crossKey(me int) string { return h.prefix + "xhost/" + strconv.Itoa(me) }
-
-// forgetKeys deletes the NCCL ids of every local index's cross-host
-// communicator and of the all-rank one (the nested host communicator
-// forgets its own keys as it closes).
-func (h *hierComm) forgetKeys(ctx context.Context) {
-	keys := []string{h.prefix + "nccl"}
-	for me := range h.layout.perHost() {
-		keys = append(keys, h.crossKey(me))
-	}
-	h.dev.forgetNCCL(ctx, keys)
 }
 
 func (h *hierComm) closeIntra() error {
@@ -314,7 +292,6 @@ func (h *hierComm) close() error {
 func (c *Communicator) spanHosts(ctx context.Context, open func(Config) (device, error)) (*Communicator, error) {
 	h, err := newHier(ctx, c.cfg, c.prefix, c.layout, open)
 	if err != nil {
-		c.hier = h // nil, or released: the last to leave forgets its NCCL ids
 		var berr error
 		if c.b != nil { // the host backend, refused
 			berr = c.b.close()

@@ -112,10 +112,6 @@ func (d *cudaHier) cudaDevice() *cuda.Device { return d.handle }
 
 func (d *cudaHier) stream() *cuda.Stream { return d.own }
 
-func (d *cudaHier) forgetNCCL(ctx context.Context, keys []string) {
-	nccl.ForgetID(ctx, d.cfg.Store, keys...)
-}
-
 func (d *cudaHier) release() error {
 	var errs []error
 	for _, c := range []**nccl.Comm{&d.all, &d.cross} {

@@ -24,6 +24,11 @@ type fakeHier struct {
 	log      []string
 	released bool
 	openErr  error // what openNCCL returns
+	// store, when set, gets the NCCL ids openNCCL publishes as a real
+	// device's nccl.NewComm does: the cross communicator's by cross rank
+	// 0 (before an openErr: the id is out before NCCL's init fails), the
+	// all-rank one by rank 0.
+	store rendezvous.Store
 }
 
 func (d *fakeHier) record(format string, args ...any) {
@@ -35,7 +40,16 @@ func (d *fakeHier) record(format string, args ...any) {
 func (d *fakeHier) openNCCL(_ context.Context, crossKey string, crossRank, crossWorld int, globalKey string, rank, world int) error {
 	d.record("open cross %s %d/%d, all %s %d/%d", crossKey[strings.LastIndex(crossKey, "/")+1:], crossRank, crossWorld,
 		globalKey[strings.LastIndex(globalKey, "/")+1:], rank, world)
-	return d.openErr
+	publish := func(key string, r int) error {
+		if d.store == nil || r != 0 {
+			return nil
+		}
+		return d.store.Set(context.Background(), key+"/nccl-id", make([]byte, 128))
+	}
+	if err := publish(crossKey, crossRank); err != nil || d.openErr != nil {
+		return errors.Join(err, d.openErr)
+	}
+	return publish(globalKey, rank)
 }
 
 func (d *fakeHier) nccl(cross bool, c coll.Collective, in, out cuda.DevicePtr, count int64, _ coll.DType, _ coll.Op, _ *cuda.Stream) error {
@@ -61,9 +75,6 @@ func (d *fakeHier) ncclError() error                      { return nil }
 func (d *fakeHier) cudaDevice() *cuda.Device              { return nil }
 func (d *fakeHier) stream() *cuda.Stream                  { return nil }
 func (d *fakeHier) release() error                        { d.released = true; return nil }
-func (d *fakeHier) forgetNCCL(_ context.Context, keys []string) {
-	d.record("forget %s", strings.Join(keys, " "))
-}
 
 // hierComms makes goroutine-rank GPU communicators whose ranks sit on the
 // hosts named by ids, over fake devices; intra holds each rank's fake for
@@ -75,7 +86,7 @@ func hierComms(t *testing.T, store rendezvous.Store, ids []string, cfg Config) (
 	var mu sync.Mutex
 	byRank := map[int]*fakeHier{}
 	for r := range hier {
-		hier[r] = &fakeHier{}
+		hier[r] = &fakeHier{store: store}
 		byRank[r] = hier[r]
 	}
 	saved := openHier
@@ -101,7 +112,7 @@ func hierComms(t *testing.T, store rendezvous.Store, ids []string, cfg Config) (
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			open := func(sub Config) (device, error) {
-				return worldDevice{&fakeDevice{rank: sub.Rank}, sub.WorldSize}, nil
+				return worldDevice{&fakeDevice{rank: sub.Rank, store: sub.Store}, sub.WorldSize}, nil
 			}
 			comms[r], errs[r] = newComm(ctx, c, open)
 		}()
@@ -162,7 +173,8 @@ func TestHierOneRankPerHost(t *testing.T) {
 // step pairs ranks by local index, and odd all-reduce counts go to NCCL
 // over all ranks (automatic) or are refused (forced).
 func TestHierTwoPerHost(t *testing.T) {
-	comms, hier, errs := hierComms(t, rendezvous.NewMemStore(), []string{"a", "b", "a", "b"}, Config{})
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	comms, hier, errs := hierComms(t, st, []string{"a", "b", "a", "b"}, Config{})
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
@@ -193,21 +205,10 @@ func TestHierTwoPerHost(t *testing.T) {
 	}
 	closeAll(t, comms)
 	// The last rank to leave forgets the NCCL ids: the all-rank one and
-	// both local indices' cross-host ones.
-	var forgets []string
-	for _, h := range hier {
-		for _, l := range h.log {
-			if rest, ok := strings.CutPrefix(l, "forget "); ok {
-				forgets = append(forgets, rest)
-			}
-		}
-	}
-	if len(forgets) != 1 {
-		t.Fatalf("forgetNCCL called %d times (%q), want once", len(forgets), forgets)
-	}
-	keys := strings.Fields(forgets[0])
-	if len(keys) != 3 || !strings.HasSuffix(keys[0], "/nccl") || !strings.HasSuffix(keys[1], "/xhost/0") || !strings.HasSuffix(keys[2], "/xhost/1") {
-		t.Fatalf("forgot %q, want the all-rank id and both cross-host ones", keys)
+	// both local indices' cross-host ones; each host's nested
+	// communicator, its own keys.
+	if left := st.Live(); len(left) > 0 {
+		t.Fatalf("%d keys left after every rank closed: %q", len(left), left)
 	}
 }
 
@@ -304,14 +305,14 @@ func TestHierRulesFromLibrary(t *testing.T) {
 
 // A hierarchical New that fails opening NCCL across hosts (some ranks
 // may have published their ids by then) still has the last rank to leave
-// forget the NCCL ids, once: the failed set-up gave no backend, so they
-// stayed in the store.
+// forget the NCCL ids: the failed set-up gave no backend, so they stayed
+// in the store.
 func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 	saved := openHier
 	defer func() { openHier = saved }()
-	hier := []*fakeHier{{openErr: errors.New("fake: ncclCommInitRank failed")}, {openErr: errors.New("fake: ncclCommInitRank failed")}}
-	openHier = func(c Config) (hierDevice, error) { return hier[c.Rank], nil }
 	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	hier := []*fakeHier{{openErr: errors.New("fake: ncclCommInitRank failed"), store: st}, {openErr: errors.New("fake: ncclCommInitRank failed"), store: st}}
+	openHier = func(c Config) (hierDevice, error) { return hier[c.Rank], nil }
 	var wg sync.WaitGroup
 	errs := make([]error, len(hier))
 	for r := range hier {
@@ -325,7 +326,6 @@ func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	var forgets int
 	for r, h := range hier {
 		if errs[r] == nil || !strings.Contains(errs[r].Error(), "ncclCommInitRank failed") {
 			t.Fatalf("rank %d: %v; want the NCCL failure", r, errs[r])
@@ -333,14 +333,6 @@ func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 		if !h.released {
 			t.Errorf("rank %d: device not released", r)
 		}
-		for _, l := range h.log {
-			if strings.HasPrefix(l, "forget ") {
-				forgets++
-			}
-		}
-	}
-	if forgets != 1 {
-		t.Fatalf("forgetNCCL called %d times, want once, by the last rank to leave", forgets)
 	}
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left: %q", len(left), left)

@@ -494,14 +494,63 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 // rank number, stays). Call it on one rank once every rank has closed its
 // pool and no rank is forming a pool of the same group name: a rank still
 // exchanging would wait until its deadline, and a new pool of the name
-// would meet the old one's counters reset. comm's last rank to leave a
-// group does, for the pool behind Alloc (its group name is unique to the
-// formation). Best effort: the first store error is returned after every
-// key was tried. It works on a closed pool.
+// would meet the old one's counters reset. ForgetGroup does the same
+// from the store alone, for a rank without the pool. Best effort: the
+// first store error is returned after every key was tried. It works on a
+// closed pool.
 func (p *Pool) Forget(ctx context.Context) error {
-	st, world, group := p.cfg.Store, p.cfg.WorldSize, p.cfg.Group
-	return forgetExchanges(ctx, st, world, "collgen/symm/"+group+"/pool/",
-		"collgen/symm/"+group+"/formed/"+p.nonce+"/", p.ns+"rdv/", p.ns+"mapped/")
+	return forgetPools(ctx, p.cfg.Store, p.cfg.Group, p.cfg.WorldSize, p.nonce)
+}
+
+// ForgetGroup is Forget for the pools of group (Config.Group) of world
+// ranks, from the store alone: a rank whose NewPool failed, or that never
+// called it, can forget the pools its peers formed, and the forming
+// exchange's counters a failed NewPool leaves. It finds the pools by
+// rank 0's last two forming entries (a group formed more often than
+// that, on one store, keeps the earlier pools' Rendezvous keys).
+// comm's last rank to leave a group does, for the pool behind Alloc (its
+// group name is unique to the formation), whoever formed it. The same
+// conditions as Forget hold. A nil store, an empty group or a world size
+// NewPool refuses is an error wrapping ErrInvalidArgument.
+func ForgetGroup(ctx context.Context, st rendezvous.Store, group string, world int) error {
+	switch {
+	case st == nil:
+		return invalidf("symm: ForgetGroup: the store is nil")
+	case group == "":
+		return invalidf("symm: ForgetGroup: the group name is empty; pass the pools' Config.Group")
+	case world < 1 || world > MaxWorldSize:
+		return invalidf("symm: ForgetGroup: world size %d: want 1 to %d (MaxWorldSize)", world, MaxWorldSize)
+	}
+	form := "collgen/symm/" + group + "/pool/"
+	g0, err := st.Add(ctx, form+"gen/r0", 0) // creates a missing counter, deleted below
+	if err != nil {
+		return errors.Join(err, forgetPools(ctx, st, group, world))
+	}
+	var nonces []string
+	for _, g := range []int64{g0 - 1, g0} {
+		if g < 1 {
+			continue
+		}
+		// Read without waiting: a swap means the entry was gone (now
+		// empty, and deleted with the exchange's keys).
+		cur, absent, err := st.CompareAndSet(ctx, form+strconv.FormatInt(g, 10)+"/r0", nil, []byte{})
+		var in poolInfo
+		if err == nil && !absent && json.Unmarshal(cur, &in) == nil && in.Nonce != "" {
+			nonces = append(nonces, in.Nonce)
+		}
+	}
+	return forgetPools(ctx, st, group, world, nonces...)
+}
+
+// forgetPools deletes the forming exchange of group and, for each pool
+// nonce, its digest round and its Rendezvous's exchanges.
+func forgetPools(ctx context.Context, st rendezvous.Store, group string, world int, nonces ...string) error {
+	prefixes := []string{"collgen/symm/" + group + "/pool/"}
+	for _, n := range nonces {
+		ns := "collgen/symm/" + group + "/" + n + "/"
+		prefixes = append(prefixes, "collgen/symm/"+group+"/formed/"+n+"/", ns+"rdv/", ns+"mapped/")
+	}
+	return forgetExchanges(ctx, st, world, prefixes...)
 }
 
 // Close frees every live buffer (as Free), releases the persistent

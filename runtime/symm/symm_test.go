@@ -1216,6 +1216,68 @@ func TestPoolForget(t *testing.T) {
 	}
 }
 
+// ForgetGroup, from the store alone (a rank without the pool: its
+// NewPool failed, or it never called it), leaves what Forget leaves: of a
+// group formed, used and closed, and of one whose forming failed (ranks 0
+// and 1 waited for a rank 2 that never came, and withdrew: their
+// generation counters stayed at 0), only the store-wide notes.
+func TestForgetGroup(t *testing.T) {
+	ctx := context.Background()
+	st := storetest.NewKeyStore(rendezvous.NewMemStore())
+	pools := newPools(t, 3, func(_ int, c *Config) { c.Store = st })
+	for range 2 {
+		bufs, _ := allocAll(t, pools, 4096)
+		for _, b := range bufs {
+			if err := b.Free(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, p := range pools {
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{seenKey(0), seenKey(1), seenKey(2)}
+	if before := st.Live(); len(before) <= len(want) {
+		t.Fatalf("only %q before ForgetGroup: the test did not exercise it", before)
+	}
+	if err := ForgetGroup(ctx, st, pools[0].Group(), 3); err != nil {
+		t.Fatal(err)
+	}
+	if left := st.Live(); !slices.Equal(left, want) {
+		t.Fatalf("after ForgetGroup: %q, want only %q", left, want)
+	}
+
+	errs := onRanks(2, func(r int) error {
+		_, err := NewPool(ctx, Config{Group: "failed", Rank: r, WorldSize: 3, Store: st, Timeout: 200 * time.Millisecond})
+		return err
+	})
+	for r, err := range errs {
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("rank %d: NewPool without rank 2: %v, want ErrTimeout", r, err)
+		}
+	}
+	if left := st.Live(); len(left) <= len(want) {
+		t.Fatalf("the failed forming left %q: the test did not exercise it", left)
+	}
+	if err := ForgetGroup(ctx, st, "failed", 3); err != nil {
+		t.Fatal(err)
+	}
+	if left := st.Live(); !slices.Equal(left, want) {
+		t.Fatalf("after ForgetGroup of the failed forming: %q, want only %q", left, want)
+	}
+	for _, bad := range []func() error{
+		func() error { return ForgetGroup(ctx, nil, "g", 2) },
+		func() error { return ForgetGroup(ctx, st, "", 2) },
+		func() error { return ForgetGroup(ctx, st, "g", 0) },
+	} {
+		if err := bad(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%v; want ErrInvalidArgument", err)
+		}
+	}
+}
+
 // silentPeer forms a pool of world 2 whose rank 1's descriptor server is
 // replaced by a socket that takes connections and never answers (a peer
 // process stopped, SIGSTOP or a debugger, after it published its
