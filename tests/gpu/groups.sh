@@ -49,27 +49,20 @@ if [ "$ngpu" -le 1 ]; then
 else
   WORLDS=${WORLDS:-$ngpu}
 fi
+. tests/gpu/steps.sh # (the repository root is the working directory)
 status=0
 : >"$OUT/summary.txt"
 # run NAME BINARY ARGS...: one test binary, its log, its summary lines;
 # within min(T, time left before DEADLINE - 7) seconds, or skipped.
 run() {
-  local name=$1 start limit rc note=
+  local name=$1 start limit rc note
   shift
   start=$(date +%s)
-  limit=$(( DEADLINE - start - 7 ))
-  if [ "$limit" -lt "$MIN_STEP" ]; then
-    status=1
-    echo "== $name: skipped: $(( DEADLINE - start ))s left before the deadline" >>"$OUT/summary.txt"
-    return
-  fi
-  [ "$limit" -gt "$T" ] && limit=$T
+  limit=$(step_limit "$DEADLINE" "$T" "$MIN_STEP" "$name" "$OUT/summary.txt") || { status=1; return; }
   timeout -k 5 "$limit" "$@" -test.v -test.count=1 -test.timeout="$(( limit - 5 ))s" >"$OUT/$name.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ] || grep -q '^panic: test timed out' "$OUT/$name.log"; then
-    note=" (timed out: its limit was ${limit}s)"
-  fi
+  note=$(timeout_note $rc "$limit" "$OUT/$name.log")
   {
     echo "== $name: exit $rc after $(( $(date +%s) - start ))s$note"
     grep -E '^ *--- (FAIL|SKIP)|^(ok|FAIL|PASS)$' "$OUT/$name.log"

@@ -58,6 +58,7 @@ export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 timeout -k 2 20 nvidia-cuda-mps-control -d || { echo "mps.sh: the MPS control daemon did not start" >&2; exit 1; }
 trap 'echo quit | timeout -k 2 8 nvidia-cuda-mps-control; sleep 1; cp "$CUDA_MPS_LOG_DIRECTORY"/*.log "$OUT"/ 2>/dev/null; rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"' EXIT
 ls -l "$CUDA_MPS_PIPE_DIRECTORY" >"$OUT/pipes.txt"
+. tests/gpu/steps.sh # (the repository root is the working directory)
 status=0
 : >"$OUT/summary.txt"
 nworlds=$(wc -w <<<"$PROCESS_WORLDS")
@@ -66,21 +67,12 @@ CUDA_DEVICE_MAX_CONNECTIONS=32 OUT=$OUT/goroutines WORLDS="2 4" SYMM_SKIP='TestC
 [ "$(timeout -k 2 20 nvidia-smi -L | wc -l)" -le 1 ] && export COLLGEN_TEST_SHARE_GPU=1
 for w in $PROCESS_WORLDS; do
   start=$(date +%s)
-  limit=$(( END - start - 7 ))
-  if [ "$limit" -lt "$MIN_STEP" ]; then
-    status=1
-    echo "== symm process ranks, world $w: skipped: $(( END - start ))s left before the deadline" >>"$OUT/summary.txt"
-    continue
-  fi
-  [ "$limit" -gt "$PROCESS_T" ] && limit=$PROCESS_T
+  limit=$(step_limit "$END" "$PROCESS_T" "$MIN_STEP" "symm process ranks, world $w" "$OUT/summary.txt") || { status=1; continue; }
   COLLGEN_TEST_WORLD=$w timeout -k 5 "$limit" .gpu/symm.test -test.v -test.count=1 -test.timeout="$(( limit - 5 ))s" \
     -test.run 'TestCUDAProcessRanks|TestCUDAKilledRank' >"$OUT/processes-w$w.log" 2>&1
   rc=$?
-  note=
   [ $rc -ne 0 ] && status=1
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ] || grep -q '^panic: test timed out' "$OUT/processes-w$w.log"; then
-    note=" (timed out: its limit was ${limit}s)"
-  fi
+  note=$(timeout_note $rc "$limit" "$OUT/processes-w$w.log")
   { echo "== symm process ranks, world $w, the variable unset: exit $rc after $(( $(date +%s) - start ))s$note"
     grep -E '^ *--- |^(ok|FAIL|PASS)$' "$OUT/processes-w$w.log"; } >>"$OUT/summary.txt"
 done
