@@ -12,7 +12,7 @@ help:
 	@echo "fmt         gofmt -w every Go file"
 	@echo "vet         fail on unformatted files, then go vet"
 	@echo "ci          everything CI runs (.ci/run; installs nvcc when missing)"
-	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90, side by side"
+	@echo "cuda-check  compile every generated kernel with nvcc for sm_80 and sm_90, side by side (and the Lamport golden tree's)"
 	@echo "cuda-cost   what each generated kernel costs nvcc (CPU time per family and world size)"
 	@echo "cuda-resources registers and spills of each generated kernel (tests/cuda/resources.sh)"
 	@echo "fatbin      build .gpu/collgen.fatbin for FATBIN_ARCHS (default sm_90 sm_80): kernels load without NVRTC"
@@ -45,6 +45,7 @@ ci:
 
 cuda-check:
 	NVCC=$(NVCC) tests/cuda/check.sh generated/cuda sm_80 sm_90
+	NVCC=$(NVCC) tests/cuda/check.sh gen/testdata/lamport/want/cuda sm_80 sm_90
 
 cuda-cost:
 	NVCC=$(NVCC) tests/cuda/cost.sh generated/cuda

@@ -184,7 +184,11 @@ const (
 	TwoShotLL    Algorithm = "twoshot_ll"
 	OneShotLL128 Algorithm = "oneshot_ll128"
 	TwoShotLL128 Algorithm = "twoshot_ll128"
-	NCCL         Algorithm = "nccl"
+	// OneShotLamport and TwoShotLamport: the LL schedules over the Lamport
+	// protocol (16 payload bytes a line, no flag); float dtypes only.
+	OneShotLamport Algorithm = "oneshot_lamport"
+	TwoShotLamport Algorithm = "twoshot_lamport"
+	NCCL           Algorithm = "nccl"
 	// Hierarchical runs a group that spans hosts: the generated kernels
 	// within each host and NCCL across hosts (runtime/comm, hier.go). It is
 	// never generated; a multi-host group's selection rules name it.
@@ -200,7 +204,7 @@ const (
 
 // Algorithms returns every generated algorithm (not Auto, not NCCL).
 func Algorithms() []Algorithm {
-	return []Algorithm{OneShot, TwoShot, HCM, OneShotLL, TwoShotLL, OneShotLL128, TwoShotLL128}
+	return []Algorithm{OneShot, TwoShot, HCM, OneShotLL, TwoShotLL, OneShotLL128, TwoShotLL128, OneShotLamport, TwoShotLamport}
 }
 
 // ParseAlgorithm returns the algorithm named s: a generated one, "nccl",
@@ -245,10 +249,17 @@ const (
 	LL Protocol = "ll"
 	// LL128: LL's schedules over 128-byte lines of 120 payload bytes and a flag.
 	LL128 Protocol = "ll128"
+	// Lamport: LL's schedules over 16-byte lines that are all payload. The
+	// data carries its own readiness: every element is sent with its bits
+	// inverted (the all-ones NaN as another NaN), so no element on the
+	// wire is all zero bits, an inbox line is ready when none of its
+	// elements is zero, and the reader zeroes the line after it. Floats of
+	// 2 or 4 bytes only (Supports).
+	Lamport Protocol = "lamport"
 )
 
 // Protocols returns every protocol.
-func Protocols() []Protocol { return []Protocol{Barrier, LL, LL128} }
+func Protocols() []Protocol { return []Protocol{Barrier, LL, LL128, Lamport} }
 
 // String returns the protocol's name; Barrier prints as "barrier".
 func (p Protocol) String() string {
@@ -261,9 +272,21 @@ func (p Protocol) String() string {
 // Valid reports whether p is a known protocol.
 func (p Protocol) Valid() bool { return slices.Contains(Protocols(), p) }
 
-// Push reports whether p pushes data into peers' inboxes with a flag in
-// every line (LL or LL128).
-func (p Protocol) Push() bool { return p == LL || p == LL128 }
+// Push reports whether p pushes data into peers' inboxes, each line
+// carrying its own readiness (LL, LL128, Lamport).
+func (p Protocol) Push() bool { return p == LL || p == LL128 || p == Lamport }
+
+// Supports reports whether p can carry elements of dt: Lamport gives up
+// one bit pattern per element (all ones, a NaN, sent as another NaN),
+// which only floats whose reductions return the canonical NaN anyway can
+// spare (f16, bf16, f32; docs/numerics.md); the other protocols carry
+// every dtype.
+func (p Protocol) Supports(dt DType) bool {
+	if p != Lamport {
+		return true
+	}
+	return dt.IsFloat() && !dt.IsFloat8() && (dt.Size() == 2 || dt.Size() == 4)
+}
 
 // TopologyKind is the kind of interconnect a group of ranks has.
 type TopologyKind string

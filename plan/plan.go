@@ -249,7 +249,8 @@ func (b *builder) hostReducers() {
 }
 
 // kernels adds one kernel per (collective, algorithm, world, dtype, op) a
-// GPU topology generates and Options.Only keeps, once even when several
+// GPU topology generates, its protocol carries (coll.Protocol.Supports)
+// and Options.Only keeps, once even when several
 // topologies generate it, sorted by name. Layouts are set by the next pass.
 func (b *builder) kernels() error {
 	byName := map[string]bool{}
@@ -266,6 +267,9 @@ func (b *builder) kernels() error {
 					}
 					split, pushRounds := schedule.PushRounds(sched)
 					for _, dt := range dtypesFor(&t, c) {
+						if !sched.Protocol.Supports(dt) {
+							continue // Lamport: floats of 2 or 4 bytes only (spec validation says so)
+						}
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)
 							if ok, _ := path.Match(b.opts.Only, name); b.opts.Only != "" && !ok || byName[name] {

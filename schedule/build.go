@@ -10,18 +10,21 @@ import (
 // builders maps collective -> algorithm -> schedule builder.
 var builders = map[coll.Collective]map[coll.Algorithm]func(w int) (*Schedule, error){
 	coll.AllReduce: {
-		coll.OneShot:      allReduceOneShot,
-		coll.TwoShot:      allReduceTwoShot,
-		coll.HCM:          allReduceHCM,
-		coll.OneShotLL:    allReduceOneShotLL,
-		coll.TwoShotLL:    allReduceTwoShotLL,
-		coll.OneShotLL128: ll128(coll.OneShotLL128, allReduceOneShotLL),
-		coll.TwoShotLL128: ll128(coll.TwoShotLL128, allReduceTwoShotLL),
+		coll.OneShot:        allReduceOneShot,
+		coll.TwoShot:        allReduceTwoShot,
+		coll.HCM:            allReduceHCM,
+		coll.OneShotLL:      allReduceOneShotLL,
+		coll.TwoShotLL:      allReduceTwoShotLL,
+		coll.OneShotLL128:   ll128(coll.OneShotLL128, allReduceOneShotLL),
+		coll.TwoShotLL128:   ll128(coll.TwoShotLL128, allReduceTwoShotLL),
+		coll.OneShotLamport: lamport(coll.OneShotLamport, allReduceOneShotLL),
+		coll.TwoShotLamport: lamport(coll.TwoShotLamport, allReduceTwoShotLL),
 	},
 	coll.ReduceScatter: {
-		coll.OneShot:      reduceScatterOneShot,
-		coll.OneShotLL:    reduceScatterOneShotLL,
-		coll.OneShotLL128: ll128(coll.OneShotLL128, reduceScatterOneShotLL),
+		coll.OneShot:        reduceScatterOneShot,
+		coll.OneShotLL:      reduceScatterOneShotLL,
+		coll.OneShotLL128:   ll128(coll.OneShotLL128, reduceScatterOneShotLL),
+		coll.OneShotLamport: lamport(coll.OneShotLamport, reduceScatterOneShotLL),
 	},
 	coll.AllGather: {
 		coll.OneShot:      allGatherOneShot,
@@ -33,12 +36,25 @@ var builders = map[coll.Collective]map[coll.Algorithm]func(w int) (*Schedule, er
 // ll128 turns an LL schedule builder into its coll.LL128 twin: the same
 // steps under another algorithm name.
 func ll128(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
+	return twin(name, coll.LL128, build)
+}
+
+// lamport turns an LL schedule builder into its coll.Lamport twin. The
+// all-gather has none: it copies bits exactly, and Lamport sends the
+// all-ones NaN as another NaN.
+func lamport(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
+	return twin(name, coll.Lamport, build)
+}
+
+// twin is an LL schedule builder's steps under another algorithm name and
+// push protocol.
+func twin(name coll.Algorithm, p coll.Protocol, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
 	return func(w int) (*Schedule, error) {
 		s, err := build(w)
 		if err != nil {
 			return nil, err
 		}
-		s.Algorithm, s.Protocol = name, coll.LL128
+		s.Algorithm, s.Protocol = name, p
 		return s, nil
 	}
 }

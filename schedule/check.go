@@ -66,6 +66,12 @@ func (t *Topology) Linked(a, b int) bool { return a == b || t.link[a][b] }
 // reading data every peer sent in k+1, which each peer sent only after
 // finishing k, so no write of k+2 can land in a slot a peer still reads
 // for k.
+//
+// coll.Lamport adds one rule: each Inbox chunk written is read exactly
+// once per collective. The reader zeroes each line after reading it, which
+// is what makes the slot empty for the collective after next: a second
+// read would wait for data that never comes, and a chunk never read would
+// look ready to the next collective that uses the slot.
 func Validate(s *Schedule) error {
 	w := s.World
 	readsPeers := false
@@ -74,6 +80,7 @@ func Validate(s *Schedule) error {
 		return fmt.Errorf("%s: unknown protocol %q", s.Name(), s.Protocol)
 	}
 	inboxWrites := map[region]string{}
+	inboxReads := map[region]int{}
 	heard := make([]map[int]bool, w) // heard[r][s]: rank r reads a lane rank s writes
 	for r := range heard {
 		heard[r] = map[int]bool{}
@@ -155,8 +162,11 @@ func Validate(s *Schedule) error {
 								return fmt.Errorf("%s: rank %d writes lane %d chunk %d of rank %d's inbox, already written at %s; each inbox chunk may be written once per collective", where, r, lane, chunk, peer, prev)
 							}
 							inboxWrites[g] = where
-						} else if lane != r {
-							heard[r][lane] = true
+						} else {
+							inboxReads[g]++
+							if lane != r {
+								heard[r][lane] = true
+							}
 						}
 					}
 					if peer != r && !ll {
@@ -172,6 +182,18 @@ func Validate(s *Schedule) error {
 				if p != r && !heard[r][p] {
 					return fmt.Errorf("%s: rank %d never reads data rank %d sends, so two inbox slots could not keep collectives apart", s.Name(), r, p)
 				}
+			}
+		}
+	}
+	if s.Protocol == coll.Lamport {
+		for g, where := range inboxWrites {
+			if n := inboxReads[g]; n != 1 {
+				return fmt.Errorf("%s: the inbox chunk written at %s is read %d times; under the Lamport protocol each is read exactly once (the read empties it)", s.Name(), where, n)
+			}
+		}
+		for g := range inboxReads {
+			if _, ok := inboxWrites[g]; !ok {
+				return fmt.Errorf("%s: reads an inbox chunk nobody writes", s.Name())
 			}
 		}
 	}

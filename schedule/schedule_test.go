@@ -3,6 +3,7 @@ package schedule
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -314,6 +315,43 @@ func TestLLRules(t *testing.T) {
 	ph.Steps[0], ph.Steps[1] = ph.Steps[1], ph.Steps[0]
 	if err := Validate(tw); err == nil || !strings.Contains(err.Error(), "neither input nor the result") {
 		t.Errorf("put before its reduce: got %v", err)
+	}
+	// Lamport: each inbox chunk written is read exactly once (under LL the
+	// flags, not the reader, keep collectives apart).
+	for _, alg := range []coll.Algorithm{coll.OneShotLamport, coll.TwoShotLamport} {
+		for _, tc := range []struct {
+			name    string
+			breakIt func(s *Schedule)
+			want    string
+		}{
+			{"read twice", func(s *Schedule) {
+				last := &s.Phases[len(s.Phases)-1]
+				last.Steps = append(last.Steps, last.Steps[len(last.Steps)-1])
+			}, "is read 2 times"},
+			{"never read", func(s *Schedule) {
+				// The first reduce stops reading its first inbox source
+				// (every peer is still heard elsewhere).
+				for pi := range s.Phases {
+					for si := range s.Phases[pi].Steps {
+						st := &s.Phases[pi].Steps[si]
+						if i := slices.IndexFunc(st.Srcs, func(r Ref) bool { return r.Buf == Inbox }); st.Kind == Reduce && i >= 0 {
+							st.Srcs = slices.Delete(st.Srcs, i, i+1)
+							return
+						}
+					}
+				}
+			}, "is read 0 times"},
+		} {
+			s := build(coll.AllReduce, alg, 2)
+			if err := Validate(s); err != nil {
+				t.Fatalf("%s: %v", alg, err)
+			}
+			tc.breakIt(s)
+			err := Validate(s)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s %s: got %v, want an error containing %q", alg, tc.name, err, tc.want)
+			}
+		}
 	}
 }
 

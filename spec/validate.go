@@ -931,6 +931,7 @@ func (l *loader) crossCheck(ts *topoSrc, s *Spec) {
 					}
 				}
 				if len(bad) == 0 {
+					l.checkProtocolDTypes(t, c, a, ts.genItems[c][i], in)
 					continue
 				}
 				var others []coll.Algorithm
@@ -1215,4 +1216,24 @@ func (l *loader) multiHost(n *yaml.Node) map[coll.Collective][]Rule {
 		out[c] = rules
 	}
 	return out
+}
+
+// checkProtocolDTypes refuses a generated algorithm whose protocol carries
+// none of the dtypes the topology generates for its collective (a Lamport
+// algorithm on integer types): it would generate no kernel. Dtypes it does
+// not carry, beside ones it does, only get no kernel of it.
+func (l *loader) checkProtocolDTypes(t *Topology, c coll.Collective, a coll.Algorithm, at *yaml.Node, in string) {
+	sched, err := schedule.Build(c, a, t.WorldSizes[0])
+	if err != nil {
+		return // canRun has reported it
+	}
+	dts := t.DTypes.Copy
+	if c.Reduces() {
+		dts = t.DTypes.Reduce
+	}
+	if len(dts) == 0 || slices.ContainsFunc(dts, sched.Protocol.Supports) {
+		return
+	}
+	l.errorf(at, "%s generates %s %q, whose %s protocol carries only f16, bf16 and f32, but none of its %s dtypes (%s); remove it from generate.%s or add one of those dtypes",
+		in, c, a, sched.Protocol, map[bool]string{true: "reduce", false: "copy"}[c.Reduces()], strings.Join(strs(dts), ", "), c)
 }

@@ -186,33 +186,41 @@ func (k *Kernel) VecElems(elemSize int) int64 {
 	return 1
 }
 
-// Push reports whether the kernel writes into peers' inboxes (an LL or
-// LL128 kernel): it never reads its input in place from a peer, and its
+// Push reports whether the kernel writes into peers' inboxes (an LL,
+// LL128 or Lamport kernel): it never reads its input in place from a peer, and its
 // stage-slot need is its inbox.
 func (k *Kernel) Push() bool { return k.Protocol.Push() }
 
 // InboxChunkBytes is the inbox footprint of a chunk of chunkBytes payload
-// bytes under a push protocol: one 16-byte LL line per 8 payload bytes, or
+// bytes under a push protocol: one 16-byte LL line per 8 payload bytes,
 // one 128-byte LL128 line per 120 payload bytes (always a multiple of 128,
-// so every LL128 line stays 128-byte aligned).
+// so every LL128 line stays 128-byte aligned), or one 16-byte Lamport line
+// per 16.
 func InboxChunkBytes(protocol coll.Protocol, chunkBytes int64) int64 {
 	line, payload := LineBytes(protocol)
 	return (chunkBytes + payload - 1) / payload * line
 }
 
 // LineBytes is a push protocol's line: its bytes in the inbox and the
-// payload bytes it carries (LL 16 and 8, LL128 128 and 120).
+// payload bytes it carries (LL 16 and 8, LL128 128 and 120, Lamport 16
+// and 16).
 func LineBytes(protocol coll.Protocol) (line, payload int64) {
-	if protocol == coll.LL128 {
+	switch protocol {
+	case coll.LL128:
 		return 128, 120
+	case coll.Lamport:
+		return 16, 16
 	}
 	return 16, 8
 }
 
 // PayloadPerLine describes a push protocol's line for error messages.
 func PayloadPerLine(protocol coll.Protocol) string {
-	if protocol == coll.LL128 {
+	switch protocol {
+	case coll.LL128:
 		return "LL128 lines carry 120 payload bytes in 128"
+	case coll.Lamport:
+		return "Lamport lines carry 16 payload bytes in 16"
 	}
 	return "LL lines carry 8 payload bytes in 16"
 }
@@ -221,8 +229,8 @@ func PayloadPerLine(protocol coll.Protocol) string {
 // gives the kernel's threads, rounded up to a whole warp (32), since the
 // work split starts every chunk on a warp boundary (cg_shift and
 // cg_push_shift in the device runtime): vectors for barrier kernels,
-// 16-byte inbox units for push kernels (an LL line, or one eighth of an
-// LL128 line). Launches size their grid from it.
+// 16-byte inbox units for push kernels (an LL or Lamport line, or one
+// eighth of an LL128 line). Launches size their grid from it.
 func (k *Kernel) ThreadUnits(chunkElems int64, elemSize int) int64 {
 	if k.Push() {
 		return (InboxChunkBytes(k.Protocol, chunkElems*int64(elemSize))/16 + 31) &^ 31

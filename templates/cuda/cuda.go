@@ -148,7 +148,7 @@ type kernelContext struct {
 	AccScratch bool
 	// LL: the schedule uses a push protocol (coll.Protocol.Push); its
 	// steps are rendered as fused unit loops (see llGroups) with no
-	// barriers, over the protocol struct Proto (cg_ll or cg_ll128).
+	// barriers, over the protocol struct Proto (cg_ll, cg_ll128 or cg_lamport<E>).
 	LL    bool
 	Proto string
 	// PushRounds: a push schedule that runs in rounds (plan.Kernel's);
@@ -300,6 +300,9 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	var err error
 	if s.Protocol.Push() {
 		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), k.PushRounds
+		if s.Protocol == coll.Lamport {
+			c.Proto += "<E>" // its line format depends on the element size
+		}
 		c.Aligned = e.aligned()
 		if c.Aligned {
 			e.oneRound = true
@@ -537,7 +540,7 @@ func (e *kernelEmitter) copiesStep(g []schedule.Step) (stepContext, error) {
 	return w.sc, nil
 }
 
-// pushPhases emits a push (LL, LL128) schedule: each phase's steps in
+// pushPhases emits a push (LL, LL128, Lamport) schedule: each phase's steps in
 // fused groups (llGroups), one loop each.
 func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 	var phases []phaseContext
@@ -551,6 +554,15 @@ func (e *kernelEmitter) pushPhases() ([]phaseContext, error) {
 		phases = append(phases, pc)
 	}
 	return phases, nil
+}
+
+// clear empties, under the Lamport protocol, the inbox unit the loop body
+// has just read at p (cg_lamport::clear); the other protocols' flags need
+// no clearing.
+func (e *kernelEmitter) clear(w *stepWriter, p string) {
+	if e.s.Protocol == coll.Lamport {
+		w.B("PR::clear(%s + u * 16);", p)
+	}
 }
 
 // stepWriter accumulates one step's C lines: P appends a line to the
@@ -732,6 +744,7 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 			w.usesOn = true
 			w.B("PR::P x;")
 			w.B("if (!cg_push_wait<PR>(a, %s + u * 16, flag, x, %s, %d%s)) goto %s;", src, e.index(lead.Srcs[0].Lane), phase, on, e.done())
+			e.clear(w, src)
 		} else {
 			w.B("const PR::P x = PR::ld(%s, u, sp.n);", src)
 		}
@@ -797,6 +810,11 @@ func (e *kernelEmitter) pushGroup(g []schedule.Step, phase int) (stepContext, er
 				}
 			}
 			w.B("}")
+			for i, r := range lead.Srcs {
+				if r.Buf == schedule.Inbox {
+					e.clear(w, srcs[i])
+				}
+			}
 		}
 		w.B("const PR::P x = PR::reduce<T>(xs, op);")
 		w.B("PR::st(%s, u, sp.n, x);", dst)

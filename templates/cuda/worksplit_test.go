@@ -65,6 +65,23 @@ func TestWorkSplitOnHost(t *testing.T) {
 	t.Logf("%s", strings.TrimSpace(string(out)))
 }
 
+// TestLamportWordsOnHost compiles testdata/lamport.cu against the header
+// rendered from the shipped spec and runs it on the CPU: the Lamport
+// protocol's encoding (cg_lamport_encode, cg_lamport_empty), the very
+// functions the kernels call, never sends an element as zero bits (which
+// a reader would take for not arrived, and wait on forever), decodes
+// every 16-bit pattern and 32-bit edge to itself except the all-ones NaN
+// (to another NaN), and finds a word with an element not yet arrived
+// empty. Needs nvcc; skips without.
+func TestLamportWordsOnHost(t *testing.T) {
+	bin := buildOnHost(t, "testdata/lamport.cu")
+	out, err := exec.Command(bin).CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "ok ") {
+		t.Fatalf("lamport words: %v\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(string(out)))
+}
+
 // TestGPUProbesCompile: the one-GPU probe that calls the header's own
 // functions (tests/gpu/ll128_offset_probe.cu) still compiles against the
 // rendered header for sm_90, so a header change that breaks it shows here

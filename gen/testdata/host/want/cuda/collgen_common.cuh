@@ -945,8 +945,8 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds, cg
 // shift c * PR::units<E>(chunk)), so a thread that computes a unit's value
 // is the thread that sends it.
 //
-// The two protocols, cg_ll and cg_ll128, share one interface, which the
-// generated kernels use through `typedef cg_ll PR;` (or cg_ll128):
+// The protocols, cg_ll, cg_ll128 and cg_lamport<E>, share one interface,
+// which the generated kernels use through `typedef cg_ll PR;` (or another):
 //   P                      a unit's payload, in registers
 //   units<E>(n)            16-byte inbox units of an n-element span
 //   ld<E>(p, u, n)         unit u's payload from an n-element span (zero past n)
@@ -962,6 +962,7 @@ __device__ __forceinline__ void cg_collective_end(cg_u64* seq, cg_u64 rounds, cg
 //                          for its load, so polls in a row would each wait
 //                          for the one before
 //   reduce<T>(xs, op)      elementwise reduction of NS payloads
+//   clear(p)               Lamport only: empty a line once read
 //   all(b), any(b)         b over the threads that decide together
 // `on` is false for a thread whose unit lies past the span: it takes part
 // in the collective calls but touches no memory (its poll is true). For
@@ -1239,6 +1240,114 @@ struct cg_ll128 {
   static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 16>(x, op); }
   static __device__ __forceinline__ bool all(bool b) { return __all_sync(0xffffffffu, b) != 0; }
   static __device__ __forceinline__ bool any(bool b) { return __any_sync(0xffffffffu, b) != 0; }
+};
+
+// cg_lamport<E> (coll.Lamport): a unit is a line of 16 payload bytes and
+// no flag: the data says itself whether it has arrived. The sender sends
+// every element's bits inverted, except that an element of all one bits
+// (a NaN) goes as another NaN (sign bit clear), so no element it sends is
+// all zero bits, and a line is ready when none of its elements is zero.
+// Reductions of f16, bf16 and f32 give the canonical NaN for any NaN in
+// (docs/numerics.md), so results keep every bit NCCL gives, -0.0
+// included. The reader zeroes the line after reading it (clear), which
+// empties the slot for the collective after next: schedule.Validate
+// requires every inbox chunk written to be read exactly once per
+// collective, and the slot alternation of the LL protocols (above) orders
+// that collective's writes after the reads. Between collectives the
+// kernel boundary orders a reader's clears before its next puts; between
+// rounds of one kernel, round_fence does (a release fence once a round, so
+// a peer that has seen this thread's next put writes the cleared line
+// after the clear). The inbox area starts zeroed (the region is), so the
+// first collective finds it empty. Elements of 2 or 4 bytes
+// (coll.Protocol.Supports). Every element carries its own readiness, so a
+// line need not arrive whole: an element that has not arrived is zero,
+// and the reader waits for it (cg_ll needs each 8-byte half whole,
+// cg_ll128 the whole 128-byte line).
+
+// cg_lamport_empty_mask has, for a 4-byte word of elements of ES bytes,
+// each element's top bit set where the element is all zero bits, and
+// nothing else; cg_lamport_empty reports whether some element is;
+// cg_lamport_encode is a word as sent (see cg_lamport), and ~ decodes it.
+// Branch-free bit arithmetic, callable from host code
+// (templates/cuda/testdata/lamport.cu checks every 16-bit pattern).
+template <int ES>
+CG_HD unsigned cg_lamport_empty_mask(unsigned w) {
+  // (x & low) + low, or x, has an element's top bit set exactly where
+  // some bit of the element is set.
+  const unsigned top = ES == 2 ? 0x80008000u : 0x80000000u, low = ~top;
+  return ~(((w & low) + low) | w) & top;
+}
+template <int ES>
+CG_HD bool cg_lamport_empty(unsigned w) { return cg_lamport_empty_mask<ES>(w) != 0u; }
+template <int ES>
+CG_HD unsigned cg_lamport_encode(unsigned w) { return ~w | cg_lamport_empty_mask<ES>(~w); }
+
+template <class E>
+struct cg_lamport {
+  typedef uint4 P;
+  static_assert(sizeof(E) == 2 || sizeof(E) == 4, "Lamport lines carry elements of 2 or 4 bytes");
+  static constexpr int ES = (int)sizeof(E);
+  static __device__ __forceinline__ unsigned enc(unsigned w) { return cg_lamport_encode<ES>(w); }
+  static __device__ __forceinline__ bool empty(unsigned w) { return cg_lamport_empty<ES>(w); }
+  template <class F>
+  static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(F) + 15) / 16; }
+  template <class F>
+  static __device__ __forceinline__ P ld(const F* p, cg_s64 u, cg_s64 n) {
+    constexpr int V = 16 / sizeof(F);
+    if ((u + 1) * V <= n && cg_misalign<16>(p) == 0) {
+      P x;
+      cg_ld(x, p + u * V);
+      return x;
+    }
+    const cg_line lo = cg_line_ld(p, 2 * u, n), hi = cg_line_ld(p, 2 * u + 1, n);
+    P x = {lo.x, lo.y, hi.x, hi.y};
+    return x;
+  }
+  template <class F>
+  static __device__ __forceinline__ void st(F* p, cg_s64 u, cg_s64 n, P x) {
+    constexpr int V = 16 / sizeof(F);
+    if ((u + 1) * V <= n && cg_misalign<16>(p) == 0) {
+      *(P*)(p + u * V) = x;
+      return;
+    }
+    const cg_line lo = {x.x, x.y}, hi = {x.z, x.w};
+    cg_line_st(p, 2 * u, n, lo);
+    cg_line_st(p, 2 * u + 1, n, hi);
+  }
+  // store sends a line (the flag is the LL protocols' and unused here).
+  static __device__ __forceinline__ void store(void* p, P d, unsigned flag, bool on = true) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(enc(d.x)), "r"(enc(d.y)), "r"(enc(d.z)), "r"(enc(d.w))
+                 : "memory");
+  }
+  typedef uint4 L;  // a line as loaded (encoded)
+  static __device__ __forceinline__ void sync() {}
+  static __device__ __forceinline__ void load(const void* p, L& l, bool on = true) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(l.x), "=r"(l.y), "=r"(l.z), "=r"(l.w) : "l"(p) : "memory");
+  }
+  static __device__ __forceinline__ bool arrived(const L& l, unsigned flag, P& d, bool on = true) {
+    d.x = ~l.x;
+    d.y = ~l.y;
+    d.z = ~l.z;
+    d.w = ~l.w;
+    return !(empty(l.x) || empty(l.y) || empty(l.z) || empty(l.w));
+  }
+  static __device__ __forceinline__ bool poll(const void* p, unsigned flag, P& d, bool on = true) {
+    L l;
+    load(p, l, on);
+    return arrived(l, flag, d, on);
+  }
+  // round_fence orders the thread's clears of one round before its puts
+  // of the next (see above).
+  static __device__ __forceinline__ void round_fence() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+  // clear empties a line the thread has read (see above); p is the read's
+  // pointer, const in the generated loop, to the rank's own inbox.
+  static __device__ __forceinline__ void clear(const void* p) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(p), "r"(0u) : "memory");
+  }
+  template <class T, class OP, int NS>
+  static __device__ __forceinline__ P reduce(const P (&x)[NS], const OP op) { return cg_words_reduce<T, 16>(x, op); }
+  static __device__ __forceinline__ bool all(bool b) { return b; }
+  static __device__ __forceinline__ bool any(bool b) { return b; }
 };
 
 // cg_inbox is where the inbox chunk at place `place` of a rank whose stage
