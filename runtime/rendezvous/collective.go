@@ -38,6 +38,15 @@ func checkRank(rank, world int) error {
 	return nil
 }
 
+// checkStore refuses a nil store, naming op, with an error wrapping
+// ErrInvalidArgument (the store's methods would panic on it).
+func checkStore(op string, s Store) error {
+	if s == nil {
+		return fmt.Errorf("%w: %s: the store is nil", ErrInvalidArgument, op)
+	}
+	return nil
+}
+
 // Join registers rank in group and waits until all world ranks have joined.
 // It refuses a rank that already joined (ErrDuplicateRank) and a world size
 // different from the one the first rank registered (ErrWorldSizeMismatch,
@@ -45,8 +54,12 @@ func checkRank(rank, world int) error {
 // store, so ranks already waiting in Join fail at once with the same error
 // instead of waiting out their deadline. On timeout it returns a
 // *MissingRanksError. A group name is joined once; use a fresh name (or a
-// run id, see OpenRun) to re-form it.
+// run id, see OpenRun) to re-form it. A nil store is an error wrapping
+// ErrInvalidArgument.
 func Join(ctx context.Context, s Store, group string, rank, world int) error {
+	if err := checkStore("Join", s); err != nil {
+		return err
+	}
 	if err := checkRank(rank, world); err != nil {
 		return err
 	}
@@ -113,16 +126,23 @@ func waitJoin(ctx context.Context, s Store, prefix string, keys []string, after 
 // Barrier returns once all world ranks have called it with the same name
 // (for the same number of times). It may be called any number of times with
 // one name. On timeout it returns a *MissingRanksError naming the ranks that
-// had not arrived.
+// had not arrived. A nil store is an error wrapping ErrInvalidArgument.
 func Barrier(ctx context.Context, s Store, name string, rank, world int) error {
+	if err := checkStore("Barrier", s); err != nil {
+		return err
+	}
 	_, err := gather(ctx, s, barrierPrefix+name+"/", rank, world, nil, false)
 	return err
 }
 
 // AllGather contributes blob from rank and returns every rank's blob,
 // indexed by rank. Like Barrier it is reusable with one name and names the
-// missing ranks on timeout.
+// missing ranks on timeout. A nil store is an error wrapping
+// ErrInvalidArgument.
 func AllGather(ctx context.Context, s Store, name string, rank, world int, blob []byte) ([][]byte, error) {
+	if err := checkStore("AllGather", s); err != nil {
+		return nil, err
+	}
 	return gather(ctx, s, allGatherPrefix+name+"/", rank, world, blob, true)
 }
 
@@ -131,21 +151,29 @@ func AllGather(ctx context.Context, s Store, name string, rank, world int, blob 
 // of Barrier: call it once no rank will use the name again (say, the last
 // rank to leave a group), so a long-lived store does not keep them. The
 // keys go KeysInFlight at a time (Counters, DeleteKeys): keys already
-// gone are no error, and the error names the first key that failed.
+// gone are no error, and the error names the first key that failed. A
+// nil store or a world size below 1 is an error wrapping
+// ErrInvalidArgument.
 func ForgetAllGather(ctx context.Context, s Store, name string, world int) error {
-	return forget(ctx, s, allGatherPrefix+name+"/", world)
+	return forget(ctx, "ForgetAllGather", s, allGatherPrefix+name+"/", world)
 }
 
 // ForgetBarrier is ForgetAllGather for Barrier's keys.
 func ForgetBarrier(ctx context.Context, s Store, name string, world int) error {
-	return forget(ctx, s, barrierPrefix+name+"/", world)
+	return forget(ctx, "ForgetBarrier", s, barrierPrefix+name+"/", world)
 }
 
 // forget deletes every rank's generation counter under prefix and its
 // last two entries: counters read, then keys deleted, KeysInFlight at a
 // time (one round trip per key at world 64 made closing a group take
-// hundreds of them in a row).
-func forget(ctx context.Context, s Store, prefix string, world int) error {
+// hundreds of them in a row). op names the caller in a refusal.
+func forget(ctx context.Context, op string, s Store, prefix string, world int) error {
+	if err := checkStore(op, s); err != nil {
+		return err
+	}
+	if world < 1 {
+		return fmt.Errorf("%w: %s: world size %d: want at least 1", ErrInvalidArgument, op, world)
+	}
 	counters := make([]string, world)
 	for r := range counters {
 		counters[r] = prefix + "gen/" + strconv.Itoa(r)

@@ -275,3 +275,42 @@ func TestForgetGather(t *testing.T) {
 		t.Errorf("keys left: %q", slices.Collect(maps.Keys(s.data)))
 	}
 }
+
+// A nil store given to the collectives, or a world size below 1 given to
+// the Forget functions, is an error wrapping ErrInvalidArgument that names
+// the function and the argument, not a panic.
+func TestCollectivesInvalidArgument(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemStore()
+	for _, tc := range []struct {
+		want string
+		call func() error
+	}{
+		{"Join: the store is nil", func() error { return Join(ctx, nil, "g", 0, 1) }},
+		{"Barrier: the store is nil", func() error { return Barrier(ctx, nil, "b", 0, 1) }},
+		{"AllGather: the store is nil", func() error {
+			out, err := AllGather(ctx, nil, "ag", 0, 1, []byte("x"))
+			if out != nil {
+				t.Errorf("AllGather, nil store: out = %q, want nil", out)
+			}
+			return err
+		}},
+		{"ForgetAllGather: the store is nil", func() error { return ForgetAllGather(ctx, nil, "ag", 1) }},
+		{"ForgetBarrier: the store is nil", func() error { return ForgetBarrier(ctx, nil, "b", 1) }},
+		{"ForgetAllGather: world size -1: want at least 1", func() error { return ForgetAllGather(ctx, s, "ag", -1) }},
+		{"ForgetBarrier: world size 0: want at least 1", func() error { return ForgetBarrier(ctx, s, "b", 0) }},
+	} {
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			err = tc.call()
+		}()
+		if want := "rendezvous: invalid argument: " + tc.want; !errors.Is(err, ErrInvalidArgument) || err.Error() != want {
+			t.Errorf("got %v; want ErrInvalidArgument reading %q", err, want)
+		}
+	}
+}

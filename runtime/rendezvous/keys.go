@@ -9,8 +9,9 @@ import (
 	"sync"
 )
 
-// ErrInvalidArgument is wrapped by DeleteKeys and Counters when they are
-// given no store.
+// ErrInvalidArgument is wrapped by DeleteKeys, Counters, Join, Barrier,
+// AllGather, ForgetAllGather and ForgetBarrier when they are given no
+// store, and by the Forget functions given a world size below 1.
 var ErrInvalidArgument = errors.New("rendezvous: invalid argument")
 
 // KeysInFlight is how many store operations DeleteKeys and Counters keep
