@@ -49,6 +49,9 @@ type registration struct {
 	refs    int  // RegisterBuffer calls (and the allocator's hook, which counts once)
 	window  bool // an NCCL window (RegisterWindow)
 	segment bool // registered by the allocator's hook
+	// pending marks a window addWindow holds the range for while the
+	// ranks meet: no NCCL handle yet, nothing to deregister.
+	pending bool
 }
 
 func (r *registration) end() cuda.DevicePtr { return r.base + cuda.DevicePtr(r.bytes) }
@@ -61,7 +64,12 @@ func (r *registration) end() cuda.DevicePtr { return r.base + cuda.DevicePtr(r.b
 //
 // Locking: mu guards everything. The allocator calls the hook with its own
 // lock held, so the registry never calls the allocator while holding mu
-// (detach runs outside it).
+// (detach runs outside it). win, taken before mu, keeps window
+// registrations one at a time, meeting and NCCL call together (every rank
+// makes them in one order); mu is released for the meeting itself, which
+// may wait up to Config.Timeout, so the hook, buffer registrations and
+// deregistrations (a window's exchanges nothing with peers) go on
+// meanwhile.
 type registry struct {
 	r    registrar
 	rank int
@@ -77,6 +85,7 @@ type registry struct {
 	stopped context.Context
 	stop    context.CancelCauseFunc
 
+	win    sync.Mutex
 	mu     sync.Mutex
 	regs   map[cuda.DevicePtr]*registration
 	gone   map[cuda.DevicePtr]bool // deregistered bases, for the error message
@@ -168,7 +177,7 @@ func (g *registry) checkLocked(p cuda.DevicePtr, bytes int64, window bool) (*reg
 	if p == 0 || bytes <= 0 || p+cuda.DevicePtr(bytes) < p {
 		return nil, errorf(ErrInvalidArgument, "comm: rank %d: register %s %#x of %d bytes: need a device address and a positive size that ends inside the address space", g.rank, kind, uintptr(p), bytes)
 	}
-	if reg := g.regs[p]; reg != nil && reg.bytes == bytes && reg.window == window {
+	if reg := g.regs[p]; reg != nil && !reg.pending && reg.bytes == bytes && reg.window == window {
 		return reg, nil
 	}
 	end := p + cuda.DevicePtr(bytes)
@@ -176,6 +185,8 @@ func (g *registry) checkLocked(p cuda.DevicePtr, bytes int64, window bool) (*reg
 		if reg.base < end && reg.end() > p {
 			what := "a registered buffer"
 			switch {
+			case reg.pending:
+				what = "a window being registered (RegisterWindow waits for the other ranks)"
 			case reg.window:
 				what = "a registered window"
 			case reg.segment:
@@ -227,7 +238,16 @@ func (g *registry) registerLocked(p cuda.DevicePtr, bytes int64, window, segment
 // window calls then fail at once (ErrAborted). A rank that dies after the
 // meeting but before its NCCL call still leaves the others in NCCL
 // (blocking communicator only; Config.NCCLNonBlocking bounds that too).
+//
+// The registry's lock is released for the meeting (the range held by a
+// pending registration, so nothing else registers over it) and the state
+// checked again after it: Close or Abort meanwhile is ErrClosed or
+// ErrAborted; the range gone (the allocator freed its memory) fails the
+// call, and, where the peers go on into NCCL, aborts the NCCL communicator
+// as a timeout does.
 func (g *registry) addWindow(ctx context.Context, p cuda.DevicePtr, bytes int64) error {
+	g.win.Lock()
+	defer g.win.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -245,10 +265,25 @@ func (g *registry) addWindow(ctx context.Context, p cuda.DevicePtr, bytes int64)
 		case reg != nil:
 			note = fmt.Sprintf("repeat %d", bytes)
 		}
+		var held *registration
+		if refused == nil && reg == nil {
+			held = &registration{base: p, bytes: bytes, window: true, pending: true}
+			g.regs[p] = held
+		}
 		jctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		defer context.AfterFunc(g.stopped, func() { cancel(context.Cause(g.stopped)) })()
+		g.mu.Unlock()
 		notes, err := g.join(jctx, []byte(note))
+		g.mu.Lock()
+		lost := (held != nil && g.regs[p] != held) || (reg != nil && g.regs[p] != reg)
+		if held != nil && g.regs[p] == held {
+			delete(g.regs, p)
+		}
+		if g.closed { // Close or Abort meanwhile: no NCCL call now
+			cause := context.Cause(g.stopped)
+			return errorf(cause, "comm: rank %d: RegisterWindow of %d bytes: %v while waiting for the other ranks", g.rank, bytes, cause)
+		}
 		if err != nil {
 			return g.joinFailedLocked(jctx, bytes, err)
 		}
@@ -259,6 +294,14 @@ func (g *registry) addWindow(ctx context.Context, p cuda.DevicePtr, bytes int64)
 				}
 			}
 		}
+		switch {
+		case refused != nil:
+		case lost && reg != nil: // a repeat: no rank calls NCCL
+			return errorf(ErrInvalidArgument, "comm: rank %d: RegisterWindow of %d bytes at %#x: the window was deregistered (its memory freed) while the ranks met; no rank counted it again", g.rank, bytes, uintptr(p))
+		case lost:
+			return g.abortWindowsLocked(errorf(ErrInvalidArgument, "comm: rank %d: RegisterWindow of %d bytes at %#x: its memory was freed while the ranks met (the allocator's hook dropped the range); the NCCL communicator was aborted (the other ranks go on into NCCL and would wait there for this one), make a new Communicator", g.rank, bytes, uintptr(p)),
+				"an earlier RegisterWindow's memory was freed while the ranks met")
+		}
 	}
 	switch {
 	case refused != nil:
@@ -268,6 +311,19 @@ func (g *registry) addWindow(ctx context.Context, p cuda.DevicePtr, bytes int64)
 		return nil
 	}
 	return g.registerLocked(p, bytes, true, false)
+}
+
+// abortWindowsLocked aborts the NCCL communicator after a window
+// registration the other ranks may have gone on with failed on this one,
+// so that later window calls fail at once (ErrAborted, saying why), and
+// returns err with the abort's error.
+func (g *registry) abortWindowsLocked(err error, why string) error {
+	var aerr error
+	if g.abortNCCL != nil {
+		aerr = g.abortNCCL()
+	}
+	g.failed = errorf(ErrAborted, "comm: rank %d: window registration: the NCCL communicator was aborted when %s; make a new Communicator", g.rank, why)
+	return errors.Join(err, classify(aerr))
 }
 
 // joinFailedLocked is addWindow's error when the ranks did not all meet:
@@ -290,12 +346,8 @@ func (g *registry) joinFailedLocked(ctx context.Context, bytes int64, err error)
 			who = "ranks " + strings.Join(s, ", ")
 		}
 	}
-	var aerr error
-	if g.abortNCCL != nil {
-		aerr = g.abortNCCL()
-	}
-	g.failed = errorf(ErrAborted, "comm: rank %d: window registration: the NCCL communicator was aborted when an earlier RegisterWindow timed out (%s did not join); make a new Communicator", g.rank, who)
-	return errors.Join(classify(fmt.Errorf("comm: rank %d: RegisterWindow of %d bytes: %s did not join it (collective: every rank calls it, in the same order): %w; the NCCL communicator was aborted (a rank arriving later would wait in NCCL for this one), make a new Communicator", g.rank, bytes, who, err)), classify(aerr))
+	return g.abortWindowsLocked(classify(fmt.Errorf("comm: rank %d: RegisterWindow of %d bytes: %s did not join it (collective: every rank calls it, in the same order): %w; the NCCL communicator was aborted (a rank arriving later would wait in NCCL for this one), make a new Communicator", g.rank, bytes, who, err)),
+		"an earlier RegisterWindow timed out ("+who+" did not join)")
 }
 
 // remove drops one reference to the registration at p, deregistering it
@@ -309,6 +361,9 @@ func (g *registry) remove(p cuda.DevicePtr, window bool) error {
 		kind = "window"
 	}
 	reg := g.regs[p]
+	if reg != nil && reg.pending { // a window not registered yet
+		reg = nil
+	}
 	switch {
 	case g.closed:
 		return errorf(ErrClosed, "comm: rank %d: deregister %s %#x on a closed communicator (Close and Abort deregister everything)", g.rank, kind, uintptr(p))
@@ -335,6 +390,9 @@ func (g *registry) remove(p cuda.DevicePtr, window bool) error {
 // keeping Abort from being prompt; a window's is collective besides.
 func (g *registry) dropLocked(reg *registration, abort bool) error {
 	delete(g.regs, reg.base)
+	if reg.pending { // addWindow sees it gone
+		return nil
+	}
 	if len(g.gone) >= maxGone {
 		clear(g.gone)
 	}
@@ -400,7 +458,9 @@ func (g *registry) registered() []registration {
 	defer g.mu.Unlock()
 	var out []registration
 	for _, reg := range g.sortedLocked() {
-		out = append(out, *reg)
+		if !reg.pending {
+			out = append(out, *reg)
+		}
 	}
 	return out
 }

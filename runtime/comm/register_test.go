@@ -915,3 +915,172 @@ func TestRegisterWindowAgreement(t *testing.T) {
 		t.Errorf("%d keys left after Close: %q", len(left), left)
 	}
 }
+
+// TestWindowMeetingLeavesRegistryFree: while a RegisterWindow waits in
+// its store meeting for a peer (up to Config.Timeout), the rank's other
+// registrations go on: the allocator's hook registers a new segment and
+// deregisters it at its free, and RegisterBuffer and DeregisterBuffer of
+// another range, and DeregisterWindow of another window, return at once;
+// a buffer over the window being registered is refused. When the peer comes, the window is registered on both.
+// (Before, the meeting held the registry's lock, so the allocator, whose
+// hook runs under its own lock, and every registration waited for it.)
+func TestWindowMeetingLeavesRegistryFree(t *testing.T) {
+	ctx := context.Background()
+	log := &eventLog{}
+	allocs := newAllocs(t, 2, log)
+	st := rendezvous.NewMemStore()
+	comms, _ := regCommsWith(t, st, Config{Group: "Q", Timeout: 10 * time.Second}, 2, log, allocs, collWindows(2))
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Abort() // ends a meeting left waiting by a failure
+		}
+	})
+	const win, old = cuda.DevicePtr(0xa000_0000), cuda.DevicePtr(0xb000_0000)
+	if err := errors.Join(onRanks(comms, func(_ int, c *Communicator) error { return c.RegisterWindow(ctx, old, 4096) })...); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() { res <- comms[0].RegisterWindow(ctx, win, 1<<20) }()
+	// Rank 0's note is in: it waits for rank 1.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := st.Get(wctx, "collgen/allgather/"+comms[0].prefix+"window/2/0"); err != nil {
+		t.Fatalf("rank 0's meeting note: %v", err)
+	}
+	const limit = 5 * time.Second
+	n := len(log.all())
+	var blk *alloc.Block
+	if err := within(t, limit, "the allocator (its hook) during a window meeting", func() (err error) {
+		blk, err = allocs[0].Alloc(100, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	seg := uintptr(0x5000_0000_0000)
+	wantLines(t, "the hook registers the new segment", log.since(n), []string{
+		fmt.Sprintf("dev0 driver alloc %#x %d", seg, 2<<20),
+		fmt.Sprintf("Q0 register %#x %d -> h2", seg, 2<<20),
+	})
+	if err := within(t, limit, "RegisterBuffer during a window meeting", func() error {
+		return errors.Join(comms[0].RegisterBuffer(0x9000_0000, 4096), comms[0].DeregisterBuffer(0x9000_0000))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, limit, "DeregisterWindow of another window during a window meeting", func() error { return comms[0].DeregisterWindow(ctx, old) }); err != nil {
+		t.Fatal(err)
+	}
+	err := within(t, limit, "RegisterBuffer over the window being registered", func() error { return comms[0].RegisterBuffer(win, 4096) })
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "overlaps a window being registered") {
+		t.Errorf("a buffer over the window being registered: %v; want ErrInvalidArgument saying so", err)
+	}
+	n = len(log.all())
+	if err := within(t, limit, "the allocator's free during a window meeting", func() error {
+		return errors.Join(allocs[0].Free(blk), allocs[0].EmptyCache())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	wantLines(t, "the hook deregisters the segment before its free", log.since(n), []string{"Q0 deregister h2", fmt.Sprintf("dev0 driver free %#x", seg)})
+	select {
+	case err := <-res:
+		t.Fatalf("rank 0's RegisterWindow returned without its peer: %v", err)
+	default:
+	}
+	if err := within(t, limit, "rank 1's RegisterWindow", func() error { return comms[1].RegisterWindow(ctx, win, 1<<20) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, limit, "rank 0's RegisterWindow once rank 1 came", func() error { return <-res }); err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range comms {
+		want := []cuda.DevicePtr{old, win}[1-r:] // rank 0 deregistered old
+		regs := c.reg.registered()
+		var got []cuda.DevicePtr
+		for _, reg := range regs {
+			if reg.window {
+				got = append(got, reg.base)
+			}
+		}
+		if len(regs) != 1+r || !slices.Equal(got, want) {
+			t.Errorf("rank %d: registrations %+v; want windows at %#x", r, regs, want)
+		}
+	}
+	closeAll(t, comms)
+}
+
+// TestWindowMeetingStateChecked: the registry's state is checked again
+// after a window meeting, which runs without its lock. The range freed by
+// the allocator meanwhile fails the call (a new window: the peers go on
+// into NCCL, so this rank's NCCL communicator is aborted and later window
+// calls fail at once; a repeat: no rank calls NCCL, nothing is aborted),
+// and a Close meanwhile is ErrClosed without an NCCL call, even where the
+// meeting itself succeeded.
+func TestWindowMeetingStateChecked(t *testing.T) {
+	const p, bytes = cuda.DevicePtr(0x1_0000_0000), 4096
+	// slowReg returns a registry whose meeting, once entered, waits for
+	// release and then succeeds (every rank's note its own) whatever its
+	// ctx; *aborts counts NCCL aborts.
+	slowReg := func() (g *registry, h *handleRegistrar, entered chan struct{}, release chan struct{}, aborts *int) {
+		h = &handleRegistrar{live: map[uintptr]bool{}, ranges: map[uintptr][2]cuda.DevicePtr{}}
+		g = newRegistry(h, 0)
+		entered, release, aborts = make(chan struct{}, 1), make(chan struct{}), new(int)
+		g.abortNCCL = func() error { *aborts++; return nil }
+		g.join = func(_ context.Context, note []byte) ([][]byte, error) {
+			entered <- struct{}{}
+			<-release
+			return [][]byte{note, note}, nil
+		}
+		return
+	}
+	// during runs addWindow, calls fn while it meets, then ends the
+	// meeting and returns addWindow's error.
+	during := func(t *testing.T, g *registry, entered, release chan struct{}, fn func()) error {
+		t.Helper()
+		res := make(chan error, 1)
+		go func() { res <- g.addWindow(context.Background(), p, bytes) }()
+		<-entered
+		within(t, 5*time.Second, "a registry call during a window meeting", func() error { fn(); return nil })
+		close(release)
+		return within(t, 5*time.Second, "addWindow", func() error { return <-res })
+	}
+	freeSeg := alloc.Segment{Base: p, Bytes: 1 << 20}
+	t.Run("new window freed", func(t *testing.T) {
+		g, h, entered, release, aborts := slowReg()
+		err := during(t, g, entered, release, func() { g.SegmentFreeing(freeSeg) })
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "freed while the ranks met") || *aborts != 1 {
+			t.Errorf("addWindow: %v, %d NCCL aborts; want ErrInvalidArgument saying the memory was freed, and NCCL aborted", err, *aborts)
+		}
+		if len(h.live) != 0 || len(g.registered()) != 0 {
+			t.Errorf("registered: %v, %+v; want nothing", h.live, g.registered())
+		}
+		if err := g.addWindow(context.Background(), p+1<<20, bytes); !errors.Is(err, ErrAborted) || !strings.Contains(err.Error(), "memory was freed") {
+			t.Errorf("the next window: %v; want ErrAborted saying why", err)
+		}
+	})
+	t.Run("repeat freed", func(t *testing.T) {
+		g, h, entered, release, aborts := slowReg()
+		slow := g.join
+		g.join = func(_ context.Context, note []byte) ([][]byte, error) { return [][]byte{note, note}, nil }
+		if err := g.addWindow(context.Background(), p, bytes); err != nil {
+			t.Fatal(err)
+		}
+		g.join = slow
+		err := during(t, g, entered, release, func() { g.SegmentFreeing(freeSeg) })
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "deregistered (its memory freed) while the ranks met") || *aborts != 0 {
+			t.Errorf("addWindow: %v, %d NCCL aborts; want ErrInvalidArgument saying the window went, NCCL not aborted", err, *aborts)
+		}
+		if len(h.live) != 0 || len(h.faults) != 0 {
+			t.Errorf("registrar: live %v, faults %v; want the window deregistered once", h.live, h.faults)
+		}
+	})
+	t.Run("closed", func(t *testing.T) {
+		g, h, entered, release, aborts := slowReg()
+		err := during(t, g, entered, release, func() {
+			if err := g.closeAll(false); err != nil {
+				t.Error(err)
+			}
+		})
+		if !errors.Is(err, ErrClosed) || *aborts != 0 || len(h.live) != 0 || h.next != 0 {
+			t.Errorf("addWindow: %v, %d NCCL aborts, %d registrations; want ErrClosed and no NCCL call", err, *aborts, h.next)
+		}
+	})
+}
