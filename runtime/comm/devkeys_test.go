@@ -3,7 +3,6 @@ package comm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -187,12 +186,7 @@ func TestLastLeaverForgetsPeersDeviceKeys(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				cfg := Config{Rank: r, WorldSize: 2, Device: r, Store: st, Library: collectives.Library, Group: t.Name(), HostID: fmt.Sprint("h", r)}
-				_, errs[r] = newComm(ctx, cfg, func(sub Config) (device, error) {
-					return worldDevice{&fakeDevice{rank: sub.Rank, store: st}, sub.WorldSize}, nil
-				})
+				errs[r] = newHostRank(t, st, r, 2)
 				if r == 0 {
 					close(gate)
 				}

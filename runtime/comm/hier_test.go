@@ -121,6 +121,19 @@ func hierComms(t *testing.T, store rendezvous.Store, ids []string, cfg Config) (
 	return comms, hier, errs
 }
 
+// newHostRank forms rank r of a group of world ranks named for t on st,
+// one rank per host (host "h<r>"), its device a fake that publishes its
+// keys in st as a real one does; openHier gives the cross-host side.
+func newHostRank(t *testing.T, st rendezvous.Store, r, world int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := Config{Rank: r, WorldSize: world, Device: r, Store: st, Library: collectives.Library, Group: t.Name(), HostID: fmt.Sprint("h", r)}
+	_, err := newComm(ctx, cfg, func(sub Config) (device, error) {
+		return worldDevice{&fakeDevice{rank: sub.Rank, store: st}, sub.WorldSize}, nil
+	})
+	return err
+}
+
 // TestHierOneRankPerHost: two hosts of one GPU each; the host steps are
 // copies and the cross step is NCCL between the two ranks.
 func TestHierOneRankPerHost(t *testing.T) {
@@ -319,10 +332,7 @@ func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			cfg := Config{Rank: r, WorldSize: len(hier), Device: r, Store: st, Library: collectives.Library, Group: t.Name(), HostID: fmt.Sprint("h", r)}
-			_, errs[r] = newComm(ctx, cfg, func(sub Config) (device, error) { return worldDevice{&fakeDevice{rank: sub.Rank}, sub.WorldSize}, nil })
+			errs[r] = newHostRank(t, st, r, len(hier))
 		}()
 	}
 	wg.Wait()

@@ -1175,15 +1175,15 @@ func TestRendezvousMappingFailureKeepsPool(t *testing.T) {
 	}
 }
 
-// Forget leaves, of a group formed, used and closed, only the store-wide
-// notes of the group each rank number last formed: the forming rounds'
-// and every Rendezvous's entries and counters go (a long-lived store
-// gained about four keys per rank per pool, and two per Rendezvous).
-func TestPoolForget(t *testing.T) {
-	const world = 3
+// closedGroup forms world pools on one KeyStore, allocates and frees a
+// buffer on every rank rounds times and closes the pools. It returns them,
+// the store and what a forget leaves of the group (the store-wide notes,
+// one per rank number), failing t unless more than that is live.
+func closedGroup(t *testing.T, world, rounds int) ([]*Pool, *storetest.KeyStore, []string) {
+	t.Helper()
 	st := storetest.NewKeyStore(rendezvous.NewMemStore())
 	pools := newPools(t, world, func(_ int, c *Config) { c.Store = st })
-	for range 3 {
+	for range rounds {
 		bufs, _ := allocAll(t, pools, 4096)
 		for _, b := range bufs {
 			if err := b.Free(); err != nil {
@@ -1196,19 +1196,28 @@ func TestPoolForget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := len(st.Live())
-	if err := pools[world-1].Forget(context.Background()); err != nil {
-		t.Fatal(err)
-	}
 	var want []string
 	for r := range world {
 		want = append(want, seenKey(r))
 	}
-	if left := st.Live(); !slices.Equal(left, want) {
-		t.Fatalf("after Forget (%d keys before): %q, want only %q", before, left, want)
+	if before := st.Live(); len(before) <= len(want) {
+		t.Fatalf("only %q live before the forget: the test does not exercise it", before)
 	}
-	if before <= len(want) {
-		t.Fatalf("only %d keys before Forget: the test did not exercise it", before)
+	return pools, st, want
+}
+
+// Forget leaves, of a group formed, used and closed, only the store-wide
+// notes of the group each rank number last formed: the forming rounds'
+// and every Rendezvous's entries and counters go (a long-lived store
+// gained about four keys per rank per pool, and two per Rendezvous).
+func TestPoolForget(t *testing.T) {
+	const world = 3
+	pools, st, want := closedGroup(t, world, 3)
+	if err := pools[world-1].Forget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if left := st.Live(); !slices.Equal(left, want) {
+		t.Fatalf("after Forget: %q, want only %q", left, want)
 	}
 	// A second Forget finds nothing and is not an error.
 	if err := pools[0].Forget(context.Background()); err != nil {
@@ -1223,25 +1232,7 @@ func TestPoolForget(t *testing.T) {
 // generation counters stayed at 0), only the store-wide notes.
 func TestForgetGroup(t *testing.T) {
 	ctx := context.Background()
-	st := storetest.NewKeyStore(rendezvous.NewMemStore())
-	pools := newPools(t, 3, func(_ int, c *Config) { c.Store = st })
-	for range 2 {
-		bufs, _ := allocAll(t, pools, 4096)
-		for _, b := range bufs {
-			if err := b.Free(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, p := range pools {
-		if err := p.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want := []string{seenKey(0), seenKey(1), seenKey(2)}
-	if before := st.Live(); len(before) <= len(want) {
-		t.Fatalf("only %q before ForgetGroup: the test did not exercise it", before)
-	}
+	pools, st, want := closedGroup(t, 3, 2)
 	if err := ForgetGroup(ctx, st, pools[0].Group(), 3); err != nil {
 		t.Fatal(err)
 	}

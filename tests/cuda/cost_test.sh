@@ -5,22 +5,16 @@
 # fails the script, naming it. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/cuda" "$work/bin"
-for k in allreduce_oneshot_f32_sum_w2 allreduce_oneshot_bf16_max_w4 allgather_oneshot_ll_e4m3_w2; do
-  echo '// kernel' >"$work/cuda/$k.cu"
-done
+. tests/cuda/fake_nvcc.sh # (the repository root is the working directory)
+fake_work cost_test allreduce_oneshot_f32_sum_w2 allreduce_oneshot_bf16_max_w4 allgather_oneshot_ll_e4m3_w2
 echo '// header' >"$work/cuda/collgen_common.cuh"
-cat >"$work/bin/nvcc" <<'FAKE'
-#!/usr/bin/env bash
+fake_nvcc <<'FAKE'
 out=; prev=
 for a in "$@"; do [ "$prev" = -o ] && out=$a; prev=$a; done
-case "${*: -1}" in *"${FAIL:-none}"*) echo "error: broken kernel" >&2; exit 2;; esac
 echo '// ptx' >"$out"
 FAKE
 printf '#!/usr/bin/env bash\nexit 0\n' >"$work/bin/ptxas"
-chmod +x "$work/bin/nvcc" "$work/bin/ptxas"
-fail() { echo "cost_test: $*" >&2; exit 1; }
+chmod +x "$work/bin/ptxas"
 
 NVCC="$work/bin/nvcc" COST_OUT="$work/ok" bash tests/cuda/cost.sh "$work/cuda" >"$work/ok.out" 2>&1 || fail "cost.sh failed: $(cat "$work/ok.out")"
 [ "$(wc -l <"$work/ok/files.txt")" -eq 3 ] || fail "want 3 lines in files.txt: $(cat "$work/ok/files.txt")"
@@ -29,8 +23,6 @@ for want in 'allreduce_oneshot +2 ' 'allgather_oneshot_ll +1 ' 'w2 +2 ' 'w4 +1 '
   grep -Eq "^$want" "$work/ok/summary.txt" || fail "summary has no line '$want': $(cat "$work/ok/summary.txt")"
 done
 
-if FAIL=allgather NVCC="$work/bin/nvcc" COST_OUT="$work/bad" bash tests/cuda/cost.sh "$work/cuda" >"$work/bad.out" 2>&1; then
-  fail "a kernel that fails to compile did not fail cost.sh"
-fi
-grep -q 'allgather_oneshot_ll_e4m3_w2 failed' "$work/bad.out" || fail "the failure does not name the kernel: $(cat "$work/bad.out")"
+fails_naming "a kernel that fails to compile did not fail cost.sh" 'allgather_oneshot_ll_e4m3_w2 failed' "$work/bad.out" \
+  env FAIL=allgather NVCC="$work/bin/nvcc" COST_OUT="$work/bad" bash tests/cuda/cost.sh "$work/cuda"
 echo "cost_test: ok"

@@ -7,18 +7,13 @@
 # naming it. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/cuda" "$work/bin"
-for k in allreduce_oneshot_f32_w2 allreduce_twoshot_ll128_bf16_w4 allgather_oneshot_ll_u32_w3; do
-  echo '// kernel' >"$work/cuda/$k.cu"
-done
+. tests/cuda/fake_nvcc.sh # (the repository root is the working directory)
+fake_work resources_test allreduce_oneshot_f32_w2 allreduce_twoshot_ll128_bf16_w4 allgather_oneshot_ll_u32_w3
 # The fake prints what ptxas 11.8 and 13.0 print: the entry function's
 # properties, then a device function's (with other numbers).
-cat >"$work/bin/nvcc" <<'FAKE'
-#!/usr/bin/env bash
+fake_nvcc <<'FAKE'
 [ "$1" = --version ] && { echo "Cuda compilation tools, release 99.1, V99.1.0"; exit 0; }
 k=$(basename "${*: -1}" .cu)
-case "$k" in *"${FAIL:-none}"*) echo "error: broken kernel" >&2; exit 2;; esac
 case "$k" in *"${NOENTRY:-none}"*) k=other;; esac
 spill=0; regs=40; case "$k" in *ll128*) spill=80; regs=128;; esac
 cat <<OUT
@@ -31,8 +26,6 @@ ptxas info    : Function properties for _Z12cg_push_spinI8cg_ll128E
     8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
 OUT
 FAKE
-chmod +x "$work/bin/nvcc"
-fail() { echo "resources_test: $*" >&2; exit 1; }
 
 NVCC="$work/bin/nvcc" RES_OUT="$work/ok" bash tests/cuda/resources.sh "$work/cuda" >"$work/ok.out" 2>&1 || fail "resources.sh failed: $(cat "$work/ok.out")"
 want='allgather_oneshot_ll_u32_w3 40 0 0 4
@@ -45,12 +38,8 @@ $want"
 [ "$(cat "$work/ok/spills.txt")" = "$want" ] || fail "spills.txt (spill loads count too): $(cat "$work/ok/spills.txt")"
 grep -q '3 kernels for sm_90 with release 99.1; 3 spill' "$work/ok.out" || fail "summary: $(cat "$work/ok.out")"
 
-if FAIL=allgather NVCC="$work/bin/nvcc" RES_OUT="$work/bad" bash tests/cuda/resources.sh "$work/cuda" >"$work/bad.out" 2>&1; then
-  fail "a kernel that fails to compile did not fail resources.sh"
-fi
-grep -q 'allgather_oneshot_ll_u32_w3 failed to compile' "$work/bad.out" || fail "the failure does not name the kernel: $(cat "$work/bad.out")"
-if NOENTRY=twoshot NVCC="$work/bin/nvcc" RES_OUT="$work/none" bash tests/cuda/resources.sh "$work/cuda" >"$work/none.out" 2>&1; then
-  fail "a kernel whose entry function ptxas does not report did not fail resources.sh"
-fi
-grep -q "no entry function 'allreduce_twoshot_ll128_bf16_w4'" "$work/none.out" || fail "the failure does not name the kernel: $(cat "$work/none.out")"
+fails_naming "a kernel that fails to compile did not fail resources.sh" 'allgather_oneshot_ll_u32_w3 failed to compile' "$work/bad.out" \
+  env FAIL=allgather NVCC="$work/bin/nvcc" RES_OUT="$work/bad" bash tests/cuda/resources.sh "$work/cuda"
+fails_naming "a kernel whose entry function ptxas does not report did not fail resources.sh" "no entry function 'allreduce_twoshot_ll128_bf16_w4'" "$work/none.out" \
+  env NOENTRY=twoshot NVCC="$work/bin/nvcc" RES_OUT="$work/none" bash tests/cuda/resources.sh "$work/cuda"
 echo "resources_test: ok"
