@@ -66,8 +66,9 @@ func atLeast(t *testing.T, min int) int {
 // where there is one GPU): the kernels' logic and the runtime's paths
 // (peer pointers, CUDA IPC, VMM, graphs, timeouts, aborts) at every count
 // and layout; not NVLink's ordering or speed. NCCL refuses two ranks on
-// one GPU, so the tests of NCCL groups (registration, windows, special
-// values, multi-host) still need a GPU per rank and skip.
+// one GPU, so the tests of NCCL groups (registration, windows,
+// multi-host) still need a GPU per rank and skip; the special values
+// compare with a generated reference instead (TestSpecialValues).
 func sharedGPU() bool { return cudatest.Shared() }
 
 // proofGPUs is gpus for the tests that run shared: with

@@ -5,8 +5,9 @@
 # and the logs. Worlds: PROOF_WORLDS (default 2,3,4 as the GPUs allow);
 # kernels: PROOF_ONLY, a glob over kernel names (default all). On one GPU
 # every rank shares it (COLLGEN_TEST_SHARE_GPU=1: worlds 2,3,4,8 by
-# default, goroutine and process ranks; the special-value and multi-host
-# tests, whose NCCL groups need a GPU per rank, are left out). BUNDLE names
+# default, goroutine and process ranks; the multi-host tests, whose NCCL
+# groups need a GPU per rank, are left out, and the special values compare
+# with the barrier one-shot instead of NCCL). BUNDLE names
 # the directory of proof.test and collgen (default .gpu; a kernel branch's
 # bundle, e.g. .gpu/max-blocks from tests/gpu/patch-bundle.sh). PROOF_PARTS
 # picks the halves (default goroutines,processes,multihost), e.g.
@@ -51,7 +52,7 @@ export PROOF_WORLDS
 status=0
 
 tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
-[ -n "$shared" ] && tests='TestProofGoroutines|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestSpecialValues|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
 if part goroutines; then
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"
