@@ -1369,12 +1369,17 @@ struct cg_lamport {
   template <class F>
   static __device__ __forceinline__ P ld(const F* p, cg_s64 u, cg_s64 n) {
     constexpr int V = 16 / sizeof(F);
-    if ((u + 1) * V <= n) {
-      const int m = cg_misalign<16>(p);
+    const bool full = (u + 1) * V <= n;
+    const int m = cg_misalign<16>(p);
+    if (full && m == 0) {
+      P x;
+      cg_ld(x, p + u * V);
+      return x;
+    }
+    if (full) {
       cg_vec<F, 16> lo, hi, x;
       const char* const b = (const char*)(p + u * V) - m;
       cg_ld(lo.raw, b);
-      if (m == 0) return lo.raw;
       cg_ld(hi.raw, b + 16);
       cg_funnel<4>(x.w, lo.w, hi.w, m);
       return x.raw;
@@ -1386,12 +1391,15 @@ struct cg_lamport {
   template <class F>
   static __device__ __forceinline__ void st(F* p, cg_s64 u, cg_s64 n, P x) {
     constexpr int V = 16 / sizeof(F);
-    if ((u + 1) * V <= n) {
+    const bool full = (u + 1) * V <= n;
+    const int m = cg_misalign<16>(p);
+    if (full && m == 0) {
+      *(P*)(p + u * V) = x;
+      return;
+    }
+    if (full) {
       char* const q = (char*)(p + u * V);
-      const int m = cg_misalign<16>(p);
-      if (m == 0) {
-        *(P*)q = x;
-      } else if ((m & 3) == 0) {
+      if ((m & 3) == 0) {
         unsigned* const w = (unsigned*)q;
         w[0] = x.x;
         w[1] = x.y;

@@ -120,6 +120,8 @@ func TestSpecialValues(t *testing.T) {
 		ref = specialRef
 	}
 	var report strings.Builder
+	compared := 0 // algorithm runs held to the reference
+	defer func() { t.Logf("%d algorithm runs compared with %s, worlds %v", compared, ref, worlds(ngpu)) }()
 	for _, w := range worlds(ngpu) {
 		comms := newComms(t, w, comm.Config{Library: collectives.Library, StagingBytes: specialStaging, Group: fmt.Sprintf("special-w%d", w)})
 		for _, collective := range []coll.Collective{coll.AllReduce, coll.ReduceScatter} {
@@ -148,6 +150,7 @@ func TestSpecialValues(t *testing.T) {
 						writeSemantics(&report, d, op, want[0])
 					}
 					for _, alg := range algs {
+						compared++
 						got, err := runSpecial(comms, collective, d, op, alg, n)
 						if err != nil {
 							t.Errorf("w%d %s %s %s %s: %v", w, collective, d, op, alg, err)
