@@ -1325,30 +1325,22 @@ struct cg_lamport {
   static __device__ __forceinline__ bool empty(unsigned w) { return cg_lamport_empty<ES>(w); }
   template <class F>
   static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(F) + 15) / 16; }
-  // ld and st move a unit of a span; lines are per thread (no shuffles),
-  // so a whole unit off its 16-byte boundary by m bytes is read as the two
-  // aligned vectors that hold it and a funnel shift (the second holds the
-  // unit's last byte, so it lies inside the allocation), and written in
-  // 4-byte words, with a 2-byte head and tail where m is 2 mod 4. A unit
-  // not wholly inside the span moves as 8-byte words (cg_line_ld,
-  // cg_line_st: zero past n, nothing written past n).
+  // ld and st move a unit of a span, per thread (no shuffles). A whole
+  // aligned unit is one 16-byte access; ld reads any other as two 8-byte
+  // words (cg_line_ld: aligned loads and a funnel shift, zero past n). st
+  // writes a whole unit off its 16-byte boundary in 4-byte words, with a
+  // 2-byte head and tail where it is off by 2 mod 4, and one not wholly
+  // inside the span as cg_line_st does. (Reading an off-boundary unit as
+  // two aligned 16-byte vectors and a funnel shift halved the offset
+  // penalty on one H100 but made the aligned bf16 reduce-scatter 1.13x
+  // slower at 4 MiB, for reasons not found: docs/performance.md.)
   template <class F>
   static __device__ __forceinline__ P ld(const F* p, cg_s64 u, cg_s64 n) {
     constexpr int V = 16 / sizeof(F);
-    const bool full = (u + 1) * V <= n;
-    const int m = cg_misalign<16>(p);
-    if (full && m == 0) {
+    if ((u + 1) * V <= n && cg_misalign<16>(p) == 0) {
       P x;
       cg_ld(x, p + u * V);
       return x;
-    }
-    if (full) {
-      cg_vec<F, 16> lo, hi, x;
-      const char* const b = (const char*)(p + u * V) - m;
-      cg_ld(lo.raw, b);
-      cg_ld(hi.raw, b + 16);
-      cg_funnel<4>(x.w, lo.w, hi.w, m);
-      return x.raw;
     }
     const cg_line lo = cg_line_ld(p, 2 * u, n), hi = cg_line_ld(p, 2 * u + 1, n);
     P x = {lo.x, lo.y, hi.x, hi.y};
@@ -1357,15 +1349,12 @@ struct cg_lamport {
   template <class F>
   static __device__ __forceinline__ void st(F* p, cg_s64 u, cg_s64 n, P x) {
     constexpr int V = 16 / sizeof(F);
-    const bool full = (u + 1) * V <= n;
-    const int m = cg_misalign<16>(p);
-    if (full && m == 0) {
-      *(P*)(p + u * V) = x;
-      return;
-    }
-    if (full) {
+    if ((u + 1) * V <= n) {
       char* const q = (char*)(p + u * V);
-      if ((m & 3) == 0) {
+      const int m = cg_misalign<16>(p);
+      if (m == 0) {
+        *(P*)q = x;
+      } else if ((m & 3) == 0) {
         unsigned* const w = (unsigned*)q;
         w[0] = x.x;
         w[1] = x.y;
