@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -8,7 +9,7 @@ import (
 )
 
 // TestInboxFootprint pins the inbox sizes the CUDA header computes
-// (cg_ll::units, cg_ll128::units times 16 bytes): the runtime sizes stage
+// (cg_ll::units, cg_ll128::units, cg_lamport::units times 16 bytes): the runtime sizes stage
 // slots and grids from them, so a mismatch would overrun a slot.
 func TestInboxFootprint(t *testing.T) {
 	for _, c := range []struct {
@@ -24,6 +25,11 @@ func TestInboxFootprint(t *testing.T) {
 		{coll.LL128, 120, 128},
 		{coll.LL128, 121, 256},
 		{coll.LL128, 1 << 20, 8739 * 128},
+		{coll.Lamport, 0, 0},
+		{coll.Lamport, 1, 16},
+		{coll.Lamport, 16, 16},
+		{coll.Lamport, 17, 32},
+		{coll.Lamport, 1 << 20, 1 << 20},
 	} {
 		if got := InboxChunkBytes(c.protocol, c.bytes); got != c.want {
 			t.Errorf("InboxChunkBytes(%q, %d) = %d, want %d", c.protocol, c.bytes, got, c.want)
@@ -44,6 +50,18 @@ func TestInboxFootprint(t *testing.T) {
 	}
 	if got := b.SlotBytes(8000, 2000); got != 8000 {
 		t.Errorf("barrier SlotBytes = %d, want 8000", got)
+	}
+	// Lamport: one thread per 16 payload bytes, an inbox as large as the
+	// payload (LL's is twice it).
+	lp := &Kernel{Protocol: coll.Lamport, InboxChunks: 4, Launch: Launch{VectorBytes: 16}}
+	if got, ll := lp.SlotBytes(8000, 2000), (&Kernel{Protocol: coll.LL, InboxChunks: 4}).SlotBytes(8000, 2000); got != 4*2000 || ll != 2*got || !lp.Push() {
+		t.Errorf("Lamport SlotBytes = %d (LL %d), Push %v; want 8000, half of LL's", got, ll, lp.Push())
+	}
+	if got := lp.ThreadUnits(1000, 2); got != 128 {
+		t.Errorf("Lamport ThreadUnits = %d, want 125 lines rounded up to 128", got)
+	}
+	if got := PayloadPerLine(coll.Lamport); !strings.Contains(got, "16 payload bytes in 16") {
+		t.Errorf("PayloadPerLine(lamport) = %q", got)
 	}
 }
 
