@@ -79,7 +79,7 @@ func classify(err error) error {
 		// Before the others: it wraps the failure that broke the group
 		// (a mismatch, a timeout), but this call was refused for it.
 		kind = ErrAborted
-	case errors.Is(err, host.ErrInvalidArgument):
+	case errors.Is(err, host.ErrInvalidArgument), errors.Is(err, rendezvous.ErrInvalidArgument):
 		kind = ErrInvalidArgument
 	case errors.Is(err, host.ErrMismatch), errors.Is(err, rendezvous.ErrWorldSizeMismatch), errors.Is(err, rendezvous.ErrDuplicateRank):
 		kind = ErrMismatch

@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/collgen/collgen/generated/collectives"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/kernels"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // newTestGPU builds the pure state of a GPU communicator without a GPU.
@@ -354,5 +356,15 @@ func TestFakeHCMTopologyOnAllPairs(t *testing.T) {
 		if err != nil || p.Algorithm != coll.HCM {
 			t.Errorf("%d bytes, algorithm %q: plan %+v, %v; want hcm", c.bytes, c.alg, p, err)
 		}
+	}
+}
+
+// TestClassifyRendezvousArgument: a rendezvous refusal of its arguments (a
+// nil store, a rank out of range) reaches the caller as ErrInvalidArgument,
+// not as a device error.
+func TestClassifyRendezvousArgument(t *testing.T) {
+	err := rendezvous.Barrier(context.Background(), rendezvous.NewMemStore(), "b", 3, 2)
+	if got := classify(err); !errors.Is(got, ErrInvalidArgument) || errors.Is(got, ErrDevice) {
+		t.Errorf("classify(%v) = %v, want ErrInvalidArgument", err, got)
 	}
 }

@@ -30,13 +30,22 @@ const (
 
 func checkRank(rank, world int) error {
 	if world < 1 {
-		return fmt.Errorf("rendezvous: world size %d: want at least 1", world)
+		return argError(fmt.Sprintf("rendezvous: world size %d: want at least 1", world))
 	}
 	if rank < 0 || rank >= world {
-		return fmt.Errorf("rendezvous: rank %d is out of range for world size %d (want 0..%d)", rank, world, world-1)
+		return argError(fmt.Sprintf("rendezvous: rank %d is out of range for world size %d (want 0..%d)", rank, world, world-1))
 	}
 	return nil
 }
+
+// argError is a refused rank or world size: it matches ErrInvalidArgument
+// (errors.Is) and reads as its own text alone, as these errors always have.
+type argError string
+
+func (e argError) Error() string { return string(e) }
+
+// Is makes errors.Is(err, ErrInvalidArgument) hold.
+func (e argError) Is(target error) bool { return target == ErrInvalidArgument }
 
 // checkStore refuses a nil store, naming op, with an error wrapping
 // ErrInvalidArgument (the store's methods would panic on it).

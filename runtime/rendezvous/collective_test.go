@@ -314,3 +314,23 @@ func TestCollectivesInvalidArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestRankErrorsInvalidArgument: a rank out of range or a world size below
+// 1, refused by Join, Barrier, AllGather and FromEnv's checks, matches
+// ErrInvalidArgument too, its text unchanged.
+func TestRankErrorsInvalidArgument(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemStore()
+	for _, tc := range []struct {
+		want string
+		call func() error
+	}{
+		{"rendezvous: rank 2 is out of range for world size 2 (want 0..1)", func() error { return Barrier(ctx, s, "b", 2, 2) }},
+		{"rendezvous: rank -1 is out of range for world size 3 (want 0..2)", func() error { return Join(ctx, s, "j", -1, 3) }},
+		{"rendezvous: world size 0: want at least 1", func() error { _, err := AllGather(ctx, s, "ag", 0, 0, nil); return err }},
+	} {
+		if err := tc.call(); !errors.Is(err, ErrInvalidArgument) || err.Error() != tc.want {
+			t.Errorf("got %v; want ErrInvalidArgument reading %q", err, tc.want)
+		}
+	}
+}
