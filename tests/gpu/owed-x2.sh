@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The runs owed on nvidia-h200-x2 (docs/gpu-workflow.md, "Owed on
+# nvidia-h200-x2"), one step per device call, each bounded to fit the
+# call's 600 s and leaving everything in $OUT/STEP.tgz. Build where Go is
+# first (the carry column), then on the machine, from the repository root:
+#
+#   tests/gpu/owed-x2.sh STEP
+#
+#   step              carry                                  builds (here)
+#   peers             .gpu/collgen                           make gpu-bundle
+#   max-blocks        .gpu/collgen .gpu/max-blocks           + tests/gpu/patch-bundle.sh tests/gpu/patches/max-blocks.patch
+#   lamport           .gpu/lamport                           tests/gpu/patch-bundle.sh tests/gpu/patches/lamport.patch
+#   nonblocking       .gpu/collgen                           make gpu-bundle
+#   proof-goroutines  .gpu/proof.test .gpu/collgen           make gpu-bundle
+#   proof-processes   .gpu/proof.test .gpu/collgen           make gpu-bundle
+#
+# `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
+# (non-zero if any part failed, timed out or found a wrong result).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -eq 1 ] || usage
+STEP=$1
+case $STEP in
+  list) sed -n '9,15p' "$0" | sed 's/^# *//'; exit 0 ;;
+  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes) ;;
+  *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
+esac
+cd "$(dirname "$0")/../.." || exit 2
+OUT=${OUT:-.gpu/out}
+R=/tmp/owed-$STEP
+rm -rf "$R"
+mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/$STEP.tgz" -C "$R" --exclude=cache . 2>/dev/null' EXIT
+status=0
+# part RC WHAT: a part's exit status; a failed part fails the step.
+part() { echo "$2: exit $1"; [ "$1" -eq 0 ] || status=1; }
+need() { for f in "$@"; do [ -e "$f" ] || { echo "owed-x2.sh: $STEP needs $f (carry it; see list)" >&2; exit 2; }; done; }
+BENCH=(bench --backend gpu -n 2 --processes --dtype bf16 --op sum --check)
+
+case $STEP in
+  peers)
+    need .gpu/collgen
+    OUT=$R timeout 580 tests/gpu/peers.sh >"$R/peers.log" 2>&1
+    part $? peers
+    ;;
+  max-blocks)
+    need .gpu/collgen .gpu/max-blocks/collgen .gpu/max-blocks/proof.test
+    OUT=$R/proof BUNDLE=.gpu/max-blocks PROOF_WORLDS=2 PROOF_ONLY='allreduce_twoshot_ll128*_w2' \
+      GOROUTINE_TIMEOUT=150 PROCESS_TIMEOUT=90 MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    OUT=$R/ab RUN_TIMEOUT=60 tests/gpu/ab.sh .gpu/collgen .gpu/max-blocks/collgen -n 2 --processes \
+      --dtype bf16 --op sum --check --collective allreduce \
+      --sizes 768KiB,896KiB,960KiB,1MiB,1088KiB,1152KiB,1536KiB,2MiB,4MiB,16MiB \
+      --algorithms auto,twoshot_ll128 --awkward=both >"$R/ab.log" 2>&1
+    part $? ab
+    ;;
+  lamport)
+    need .gpu/lamport/collgen .gpu/lamport/proof.test
+    OUT=$R/proof BUNDLE=.gpu/lamport PROOF_WORLDS=2 PROOF_ONLY='*lamport*_w2' PROOF_PARTS=goroutines,processes \
+      GOROUTINE_TIMEOUT=200 PROCESS_TIMEOUT=90 tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    export COLLGEN_CACHE_DIR=$R/cache
+    timeout 120 .gpu/lamport/collgen "${BENCH[@]}" --collective allreduce \
+      --sizes 1KiB,16KiB,64KiB,256KiB,512KiB,768KiB,1MiB,2MiB,4MiB,8MiB --awkward=both \
+      --algorithms auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot_lamport,twoshot_lamport \
+      --json "$R/allreduce.json" >"$R/allreduce.txt" 2>&1
+    part $? "bench allreduce"
+    timeout 90 .gpu/lamport/collgen "${BENCH[@]}" --collective reduce_scatter \
+      --sizes 1KiB,16KiB,64KiB,256KiB,1MiB,4MiB,8MiB --awkward=both \
+      --algorithms auto,oneshot_ll,oneshot_ll128,oneshot_lamport \
+      --json "$R/reduce_scatter.json" >"$R/reduce_scatter.txt" 2>&1
+    part $? "bench reduce_scatter"
+    ;;
+  nonblocking)
+    need .gpu/collgen
+    export COLLGEN_CACHE_DIR=$R/cache
+    B=(.gpu/collgen bench --backend gpu -n 2 --processes --dtype bf16 --op sum
+       --collective "allreduce,reduce_scatter,allgather" --sizes 1KiB..256MiB:x4 --algorithms nccl --eager)
+    for i in 1 2; do
+      timeout 120 "${B[@]}" --json "$R/blocking$i.json" >"$R/blocking$i.txt" 2>&1
+      part $? "blocking $i"
+      timeout 120 "${B[@]}" --nccl-nonblocking --json "$R/nonblocking$i.json" >"$R/nonblocking$i.txt" 2>&1
+      part $? "non-blocking $i"
+    done
+    ;;
+  proof-goroutines)
+    need .gpu/proof.test .gpu/collgen
+    OUT=$R/proof PROOF_WORLDS=2 PROOF_PARTS=goroutines GOROUTINE_TIMEOUT=540 tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    ;;
+  proof-processes)
+    need .gpu/proof.test .gpu/collgen
+    OUT=$R/proof PROOF_WORLDS=2 PROOF_PARTS=processes,multihost FATBIN_ARCHS=sm_90 MULTIHOST_TIMEOUT=60 \
+      tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    ;;
+esac
+exit $status
