@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -48,10 +49,14 @@ func (e argError) Error() string { return string(e) }
 func (e argError) Is(target error) bool { return target == ErrInvalidArgument }
 
 // checkStore refuses a nil store, naming op, with an error wrapping
-// ErrInvalidArgument (the store's methods would panic on it).
+// ErrInvalidArgument (the store's methods would panic on it): an interface
+// holding nothing, or a nil pointer (a `var s *MemStore` passed as a Store).
 func checkStore(op string, s Store) error {
 	if s == nil {
 		return fmt.Errorf("%w: %s: the store is nil", ErrInvalidArgument, op)
+	}
+	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("%w: %s: the store is a nil %T", ErrInvalidArgument, op, s)
 	}
 	return nil
 }

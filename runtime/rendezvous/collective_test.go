@@ -298,6 +298,8 @@ func TestCollectivesInvalidArgument(t *testing.T) {
 		{"ForgetAllGather: the store is nil", func() error { return ForgetAllGather(ctx, nil, "ag", 1) }},
 		{"ForgetBarrier: the store is nil", func() error { return ForgetBarrier(ctx, nil, "b", 1) }},
 		{"ForgetAllGather: world size -1: want at least 1", func() error { return ForgetAllGather(ctx, s, "ag", -1) }},
+		{"Barrier: the store is a nil *rendezvous.memStore", func() error { var ms *memStore; return Barrier(ctx, ms, "b", 0, 1) }},
+		{"Join: the store is a nil *rendezvous.memStore", func() error { var ms *memStore; return Join(ctx, ms, "g", 0, 1) }},
 		{"ForgetBarrier: world size 0: want at least 1", func() error { return ForgetBarrier(ctx, s, "b", 0) }},
 	} {
 		var err error
