@@ -28,8 +28,11 @@ type registrar interface {
 	register(p cuda.DevicePtr, bytes int64) (handle uintptr, err error)
 	deregister(handle uintptr) error
 	// registerWindow and deregisterWindow are ncclCommWindowRegister
-	// (NCCL_WIN_COLL_SYMMETRIC) and ncclCommWindowDeregister: collective,
-	// every rank in the same order.
+	// (NCCL_WIN_COLL_SYMMETRIC), collective, every rank in the same order,
+	// and ncclCommWindowDeregister, which in NCCL 2.27-2.28 unmaps the
+	// peers' mappings and deregisters locally, exchanging nothing
+	// (docs/registration.md); ranks still deregister windows in
+	// registration order (sortedLocked), should a later NCCL need it.
 	registerWindow(p cuda.DevicePtr, bytes int64) (handle uintptr, err error)
 	deregisterWindow(handle uintptr) error
 	// noWindows says why the NCCL library has no windows (before 2.27),
