@@ -29,7 +29,7 @@ type registrar interface {
 	deregister(handle uintptr) error
 	// registerWindow and deregisterWindow are ncclCommWindowRegister
 	// (NCCL_WIN_COLL_SYMMETRIC), collective, every rank in the same order,
-	// and ncclCommWindowDeregister, which in NCCL 2.27-2.28 unmaps the
+	// and ncclCommWindowDeregister, which in NCCL 2.27's source unmaps the
 	// peers' mappings and deregisters locally, exchanging nothing
 	// (docs/registration.md); ranks still deregister windows in
 	// registration order (sortedLocked), should a later NCCL need it.
