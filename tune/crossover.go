@@ -134,7 +134,7 @@ type curve struct {
 // margin of the fastest, the one with the lowest mean latency relative to
 // the fastest over this and the next two sizes; where several are within
 // half the margin of that one, the first in the tie order (NCCL, then
-// barrier, LL and LL128 algorithms by name), so that near-ties are settled
+// barrier, LL, LL128 and Lamport algorithms by name), so that near-ties are settled
 // by the order and not by the noise. No pick is ever more than the margin
 // slower than NCCL. Then hysteresis merges runs of a single size into a
 // neighbour that is within twice the margin of the fastest there (and
@@ -244,8 +244,8 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// algs returns the algorithms measured, barrier before LL before LL128,
-// NCCL last: the order ties fall back on.
+// algs returns the algorithms measured, barrier before LL before LL128
+// before Lamport, NCCL last: the order ties fall back on.
 func (cv *curve) algs() []string {
 	var out []string
 	for a := range cv.lat {
@@ -302,7 +302,7 @@ func (cv *curve) tune(o Options) Table {
 		return !ok || lat <= nt*(1+m)
 	}
 	// order is the tie order: NCCL first (no kernel of ours), then
-	// barrier, LL and LL128 algorithms by name.
+	// barrier, LL, LL128 and Lamport algorithms by name.
 	order := []string{nccl}
 	for _, a := range algs {
 		if a != nccl {

@@ -47,11 +47,14 @@ type machineTopology struct {
 	base     *spec.Topology
 }
 
-// algOrder sorts algorithm names barrier first, then LL, then LL128, and by
-// name within a protocol (the shipped spec's order).
+// algOrder sorts algorithm names barrier first, then LL, then LL128, then
+// Lamport, and by name within a protocol (the shipped spec's order; in
+// crossovers' near-ties, the longer-proven protocol first).
 func algOrder[T ~string](a, b T) int {
 	rank := func(s T) int {
 		switch {
+		case strings.HasSuffix(string(s), "_lamport"):
+			return 3
 		case strings.HasSuffix(string(s), "_ll128"):
 			return 2
 		case strings.HasSuffix(string(s), "_ll"):
