@@ -19,7 +19,7 @@
 // collective, 0 all-reduce (default), 1 reduce-scatter, 2 all-gather;
 // DTYPE the element type, 0 bf16 (default; all-gather: u16), 1 f16, 2
 // f32 (all-gather: u32); PROTO its protocol, 0 barrier (default), 1 LL,
-// 2 LL128, for the grid: as the runtime's (gridFor), a thread per unit of
+// 2 LL128, 3 Lamport, for the grid: as the runtime's (gridFor), a thread per unit of
 // every chunk, each chunk's units rounded up to a warp (as
 // kernels.ThreadUnits does for barrier kernels, and for push kernels on
 // the branch warp-chunks; where it does not, a kernel gets a few spare
@@ -155,9 +155,10 @@ static double run(long long count, int off, int reps, int per) {
     a[r].rank = r;
     a[r].op = CG_OP_SUM;
   }
-  // A chunk's units: 16-byte vectors, LL lines (8 payload bytes) or LL128
-  // eighths of a line (120 payload bytes a line), rounded up to a warp.
-  long long units = PROTO == 1 ? (chunk * esz + 7) / 8 : PROTO == 2 ? (chunk * esz + 119) / 120 * 8 : (chunk * esz + 15) / 16;
+  // A chunk's units: 16-byte vectors or Lamport lines (16 payload bytes),
+  // LL lines (8 payload bytes) or LL128 eighths of a line (120 payload
+  // bytes a line), rounded up to a warp.
+  long long units = PROTO == 1 ? (chunk * esz + 7) / 8 : PROTO == 2 ? (chunk * esz + 119) / 120 * 8 : (chunk * esz + 15) / 16;  // 0, 3
   units = (units + 31) / 32 * 32;
   long long grid = (WORLD * units + THREADS - 1) / THREADS;
   grid = grid < 1 ? 1 : grid > GRID_CAP ? GRID_CAP : grid;

@@ -45,7 +45,7 @@ for d in "${DIRS[@]}"; do
   for p in $PROGRAMS; do
     w=${p##*_w}
     case $p in reduce_scatter_*) coll=1 ;; allgather_*) coll=2 ;; *) coll=0 ;; esac
-    case $p in *_ll128_*) proto=2 ;; *_ll_*) proto=1 ;; *) proto=0 ;; esac
+    case $p in *_lamport_*) proto=3 ;; *_ll128_*) proto=2 ;; *_ll_*) proto=1 ;; *) proto=0 ;; esac
     case $p in *_f16_*) dtype=1 ;; *_f32_* | *_u32_*) dtype=2 ;; *) dtype=0 ;; esac
     th=$(grep -o '__launch_bounds__([0-9]*)' "$d/$p.cu" | head -1 | tr -dc '0-9')
     tag=$(echo "$d" | tr '/' '_')
