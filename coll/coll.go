@@ -237,6 +237,21 @@ func (a Algorithm) Valid() bool { return a == Auto || a == NCCL || a == Hierarch
 // Generated reports whether a names a generated schedule.
 func (a Algorithm) Generated() bool { return slices.Contains(Algorithms(), a) }
 
+// Protocol is the protocol a generated algorithm's kernels synchronise
+// with (its schedule's, which package schedule holds to it): Barrier for
+// the pull algorithms and for names that are not generated.
+func (a Algorithm) Protocol() Protocol {
+	switch a {
+	case OneShotLL, TwoShotLL:
+		return LL
+	case OneShotLL128, TwoShotLL128:
+		return LL128
+	case OneShotLamport, TwoShotLamport:
+		return Lamport
+	}
+	return Barrier
+}
+
 // Protocol names how a kernel's ranks synchronise (see package schedule).
 type Protocol string
 

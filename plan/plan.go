@@ -268,7 +268,7 @@ func (b *builder) kernels() error {
 					split, pushRounds := schedule.PushRounds(sched)
 					for _, dt := range dtypesFor(&t, c) {
 						if !sched.Protocol.Supports(dt) {
-							continue // Lamport: floats of 2 or 4 bytes only (spec validation says so)
+							continue // Lamport: f16, bf16, f32 only (spec validation refuses a topology with none)
 						}
 						for _, op := range opsFor(b.s, c) {
 							name := KernelName(c, alg, dt, op, w)

@@ -15,46 +15,35 @@ var builders = map[coll.Collective]map[coll.Algorithm]func(w int) (*Schedule, er
 		coll.HCM:            allReduceHCM,
 		coll.OneShotLL:      allReduceOneShotLL,
 		coll.TwoShotLL:      allReduceTwoShotLL,
-		coll.OneShotLL128:   ll128(coll.OneShotLL128, allReduceOneShotLL),
-		coll.TwoShotLL128:   ll128(coll.TwoShotLL128, allReduceTwoShotLL),
-		coll.OneShotLamport: lamport(coll.OneShotLamport, allReduceOneShotLL),
-		coll.TwoShotLamport: lamport(coll.TwoShotLamport, allReduceTwoShotLL),
+		coll.OneShotLL128:   twin(coll.OneShotLL128, allReduceOneShotLL),
+		coll.TwoShotLL128:   twin(coll.TwoShotLL128, allReduceTwoShotLL),
+		coll.OneShotLamport: twin(coll.OneShotLamport, allReduceOneShotLL),
+		coll.TwoShotLamport: twin(coll.TwoShotLamport, allReduceTwoShotLL),
 	},
 	coll.ReduceScatter: {
 		coll.OneShot:        reduceScatterOneShot,
 		coll.OneShotLL:      reduceScatterOneShotLL,
-		coll.OneShotLL128:   ll128(coll.OneShotLL128, reduceScatterOneShotLL),
-		coll.OneShotLamport: lamport(coll.OneShotLamport, reduceScatterOneShotLL),
+		coll.OneShotLL128:   twin(coll.OneShotLL128, reduceScatterOneShotLL),
+		coll.OneShotLamport: twin(coll.OneShotLamport, reduceScatterOneShotLL),
 	},
 	coll.AllGather: {
 		coll.OneShot:      allGatherOneShot,
 		coll.OneShotLL:    allGatherOneShotLL,
-		coll.OneShotLL128: ll128(coll.OneShotLL128, allGatherOneShotLL),
+		coll.OneShotLL128: twin(coll.OneShotLL128, allGatherOneShotLL),
 	},
 }
 
-// ll128 turns an LL schedule builder into its coll.LL128 twin: the same
-// steps under another algorithm name.
-func ll128(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
-	return twin(name, coll.LL128, build)
-}
-
-// lamport turns an LL schedule builder into its coll.Lamport twin. The
-// all-gather has none: it copies bits exactly, and Lamport sends the
-// all-ones NaN as another NaN.
-func lamport(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
-	return twin(name, coll.Lamport, build)
-}
-
-// twin is an LL schedule builder's steps under another algorithm name and
-// push protocol.
-func twin(name coll.Algorithm, p coll.Protocol, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
+// twin turns an LL schedule builder into its twin under another push
+// protocol (coll.LL128, coll.Lamport: the algorithm name's): the same
+// steps, another name. The all-gather has no Lamport twin: it copies bits
+// exactly, and Lamport sends the all-ones NaN as another NaN.
+func twin(name coll.Algorithm, build func(w int) (*Schedule, error)) func(w int) (*Schedule, error) {
 	return func(w int) (*Schedule, error) {
 		s, err := build(w)
 		if err != nil {
 			return nil, err
 		}
-		s.Algorithm, s.Protocol = name, p
+		s.Algorithm, s.Protocol = name, name.Protocol()
 		return s, nil
 	}
 }

@@ -186,14 +186,11 @@ func Validate(s *Schedule) error {
 		}
 	}
 	if s.Protocol == coll.Lamport {
+		// A chunk read but never written is a read with no put, which
+		// Simulate reports as a deadlock; here, the reads of what is written.
 		for g, where := range inboxWrites {
 			if n := inboxReads[g]; n != 1 {
 				return fmt.Errorf("%s: the inbox chunk written at %s is read %d times; under the Lamport protocol each is read exactly once (the read empties it)", s.Name(), where, n)
-			}
-		}
-		for g := range inboxReads {
-			if _, ok := inboxWrites[g]; !ok {
-				return fmt.Errorf("%s: reads an inbox chunk nobody writes", s.Name())
 			}
 		}
 	}

@@ -487,3 +487,20 @@ func TestRoundsSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestProtocolOfAlgorithm: every schedule's protocol is the one its
+// algorithm's name says (coll.Algorithm.Protocol), which the generator,
+// spec validation and tune go by without building the schedule.
+func TestProtocolOfAlgorithm(t *testing.T) {
+	for _, c := range coll.Collectives() {
+		for _, a := range Algorithms(c) {
+			s, err := Build(c, a, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Protocol != a.Protocol() {
+				t.Errorf("%s %s: schedule protocol %s, but %s.Protocol() is %s", c, a, s.Protocol, a, a.Protocol())
+			}
+		}
+	}
+}

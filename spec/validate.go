@@ -1223,17 +1223,14 @@ func (l *loader) multiHost(n *yaml.Node) map[coll.Collective][]Rule {
 // algorithm on integer types): it would generate no kernel. Dtypes it does
 // not carry, beside ones it does, only get no kernel of it.
 func (l *loader) checkProtocolDTypes(t *Topology, c coll.Collective, a coll.Algorithm, at *yaml.Node, in string) {
-	sched, err := schedule.Build(c, a, t.WorldSizes[0])
-	if err != nil {
-		return // canRun has reported it
-	}
-	dts := t.DTypes.Copy
+	dts, kind := t.DTypes.Copy, "copy"
 	if c.Reduces() {
-		dts = t.DTypes.Reduce
+		dts, kind = t.DTypes.Reduce, "reduce"
 	}
-	if len(dts) == 0 || slices.ContainsFunc(dts, sched.Protocol.Supports) {
+	p := a.Protocol()
+	if len(dts) == 0 || slices.ContainsFunc(dts, p.Supports) {
 		return
 	}
 	l.errorf(at, "%s generates %s %q, whose %s protocol carries only f16, bf16 and f32, but none of its %s dtypes (%s); remove it from generate.%s or add one of those dtypes",
-		in, c, a, sched.Protocol, map[bool]string{true: "reduce", false: "copy"}[c.Reduces()], strings.Join(strs(dts), ", "), c)
+		in, c, a, p, kind, strings.Join(strs(dts), ", "), c)
 }

@@ -51,17 +51,7 @@ type machineTopology struct {
 // Lamport, and by name within a protocol (the shipped spec's order; in
 // crossovers' near-ties, the longer-proven protocol first).
 func algOrder[T ~string](a, b T) int {
-	rank := func(s T) int {
-		switch {
-		case strings.HasSuffix(string(s), "_lamport"):
-			return 3
-		case strings.HasSuffix(string(s), "_ll128"):
-			return 2
-		case strings.HasSuffix(string(s), "_ll"):
-			return 1
-		}
-		return 0
-	}
+	rank := func(s T) int { return slices.Index(coll.Protocols(), coll.Algorithm(s).Protocol()) }
 	if ra, rb := rank(a), rank(b); ra != rb {
 		return ra - rb
 	}
@@ -72,10 +62,7 @@ func algOrder[T ~string](a, b T) int {
 // Lamport algorithms, which the shipped spec does not generate either
 // until their speed on GPUs of their own is measured
 // (tests/gpu/patches/lamport.patch); a spec may still name them.
-func optIn(c coll.Collective, a coll.Algorithm) bool {
-	s, err := schedule.Build(c, a, 2)
-	return err == nil && s.Protocol == coll.Lamport
-}
+func optIn(a coll.Algorithm) bool { return a.Protocol() == coll.Lamport }
 
 // machineTopologies finds the spec topologies of m: one per spec kind that
 // some set of its GPUs has, with the world sizes at which it does and
@@ -120,7 +107,7 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 		t.generate = map[coll.Collective][]coll.Algorithm{}
 		for _, c := range coll.Collectives() {
 			for _, a := range schedule.Algorithms(c) {
-				if optIn(c, a) {
+				if optIn(a) {
 					continue
 				}
 				ok := true

@@ -151,6 +151,9 @@ type kernelContext struct {
 	// barriers, over the protocol struct Proto (cg_ll, cg_ll128 or cg_lamport<E>).
 	LL    bool
 	Proto string
+	// Lamport: the push protocol is coll.Lamport (its schedule comment
+	// and the fence between rounds; see cg_lamport).
+	Lamport bool
 	// PushRounds: a push schedule that runs in rounds (plan.Kernel's);
 	// other push kernels keep whole chunks, in one round. Aligned: its
 	// rounds use schedule.Aligned (no work-split shift), and a message that
@@ -300,7 +303,7 @@ func (e *kernelEmitter) context() (*kernelContext, error) {
 	var err error
 	if s.Protocol.Push() {
 		c.LL, c.Proto, c.PushRounds = true, "cg_"+string(s.Protocol), k.PushRounds
-		if s.Protocol == coll.Lamport {
+		if c.Lamport = s.Protocol == coll.Lamport; c.Lamport {
 			c.Proto += "<E>" // its line format depends on the element size
 		}
 		c.Aligned = e.aligned()

@@ -1039,6 +1039,24 @@ __device__ __forceinline__ void cg_line_st(E* p, cg_s64 line, cg_s64 n, cg_line 
   }
 }
 
+// cg_words_ld and cg_words_st move 8-byte word w of an n-element span,
+// and with two the word after it too, one word at a time (cg_line_ld,
+// cg_line_st), as the two halves of a 16-byte unit: LL128's lanes and
+// Lamport's lines off their boundary or past the span's end.
+template <class E>
+__device__ __forceinline__ uint4 cg_words_ld(const E* p, cg_s64 w, bool two, cg_s64 n) {
+  const cg_line lo = cg_line_ld(p, w, n);
+  cg_line hi = {0u, 0u};
+  if (two) hi = cg_line_ld(p, w + 1, n);
+  uint4 x = {lo.x, lo.y, hi.x, hi.y};
+  return x;
+}
+template <class E>
+__device__ __forceinline__ void cg_words_st(E* p, cg_s64 w, bool two, cg_s64 n, cg_line lo, cg_line hi) {
+  cg_line_st(p, w, n, lo);
+  if (two) cg_line_st(p, w + 1, n, hi);
+}
+
 // cg_words_reduce combines NS payloads of VB bytes elementwise in source
 // order, accumulating in T::A (as cg_reduce does).
 template <class T, int VB, class OP, int NS, class R>
@@ -1123,21 +1141,13 @@ struct cg_ll128 {
   static __device__ __forceinline__ cg_s64 units(cg_s64 n) { return (n * (cg_s64)sizeof(E) + 119) / 120 * 8; }
   static __device__ __forceinline__ bool flag_unit(cg_s64 u) { return (u & 7) == 7; }
   static __device__ __forceinline__ cg_s64 word(cg_s64 u) { return (u >> 3) * 15 + (u & 7) * 2; }
-  // ld_words and st_words move a unit's word or two one at a time
-  // (cg_line_ld, cg_line_st): an aligned span, or a lane whose words are
-  // not all inside the span.
+  // ld_words and st_words (cg_words_ld, cg_words_st): an aligned span,
+  // or a lane whose words are not all inside the span.
   template <class E>
-  static __device__ __forceinline__ P ld_words(const E* p, cg_s64 w, bool two, cg_s64 n) {
-    const cg_line lo = cg_line_ld(p, w, n);
-    cg_line hi = {0u, 0u};
-    if (two) hi = cg_line_ld(p, w + 1, n);
-    P x = {lo.x, lo.y, hi.x, hi.y};
-    return x;
-  }
+  static __device__ __forceinline__ P ld_words(const E* p, cg_s64 w, bool two, cg_s64 n) { return cg_words_ld(p, w, two, n); }
   template <class E>
   static __device__ __forceinline__ void st_words(E* p, cg_s64 w, bool two, cg_s64 n, cg_line lo, cg_line hi) {
-    cg_line_st(p, w, n, lo);
-    if (two) cg_line_st(p, w + 1, n, hi);
+    cg_words_st(p, w, two, n, lo, hi);
   }
   // ld: a span misaligned by m bytes (warp uniform, as for st) is read as
   // the aligned words that hold the lane's bytes: the first two are the
@@ -1325,9 +1335,7 @@ struct cg_lamport {
       cg_ld(x, p + u * V);
       return x;
     }
-    const cg_line lo = cg_line_ld(p, 2 * u, n), hi = cg_line_ld(p, 2 * u + 1, n);
-    P x = {lo.x, lo.y, hi.x, hi.y};
-    return x;
+    return cg_words_ld(p, 2 * u, true, n);
   }
   template <class F>
   static __device__ __forceinline__ void st(F* p, cg_s64 u, cg_s64 n, P x) {
@@ -1355,8 +1363,7 @@ struct cg_lamport {
       return;
     }
     const cg_line lo = {x.x, x.y}, hi = {x.z, x.w};
-    cg_line_st(p, 2 * u, n, lo);
-    cg_line_st(p, 2 * u + 1, n, hi);
+    cg_words_st(p, 2 * u, true, n, lo, hi);
   }
   // store sends a line (the flag is the LL protocols' and unused here).
   static __device__ __forceinline__ void store(void* p, P d, unsigned flag, bool on = true) {
