@@ -125,6 +125,7 @@ func (g *gpuComm) abortWord() cuda.DevicePtr {
 // waiting for peers (aborter.releaseKernels).
 func (g *gpuComm) releaseKernels() error {
 	g.setBroken(errorf(ErrAborted, "comm: rank %d: the communicator was aborted (Communicator.Abort); make a new one", g.cfg.Rank))
+	g.stop() // a diagnose waiting for a peer gives up
 	a, ok := g.dev.(aborter)
 	if !ok || len(g.signal) == 0 {
 		return nil

@@ -97,6 +97,9 @@ func (c *Communicator) do(in call) error {
 		*cl = in
 	}
 	err := c.resolve(cl)
+	if c.gpu != nil {
+		c.gpu.calls.add(fingerprintOf(cl, err))
+	}
 	if c.check != nil {
 		if cerr := c.check.compare(c, cl, err); cerr != nil {
 			return cerr

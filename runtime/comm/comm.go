@@ -516,8 +516,11 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 	return nil
 }
 
-// Err returns the first error a kernel reported without waiting, or nil;
-// after Close or Abort, ErrClosed or ErrAborted.
+// Err returns the first error a kernel reported without waiting for the
+// stream, or nil; after Close or Abort, ErrClosed or ErrAborted. The first
+// report of a kernel's timeout (by Err, a call or Synchronize, whichever
+// sees it first) takes up to 2 seconds more: it asks the peer that was
+// waited for what it issued (TimeoutError.Calls).
 func (c *Communicator) Err() error {
 	c.waiting.RLock() // the status word lives until Close or Abort
 	defer c.waiting.RUnlock()

@@ -143,8 +143,7 @@ func withoutTopology(name string) *kernels.Library {
 			sels = append(sels, s)
 		}
 	}
-	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
-		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+	return shippedWith(nil, sels)
 }
 
 // On NVLink, a library without an nvlink_full topology at the world size
@@ -204,6 +203,7 @@ func TestDetectExplicitTopology(t *testing.T) {
 // the corner as its rank and its peer tables in corner order, so every
 // read the hcm schedule makes is over an NVLink.
 func TestDetectCubeCorners(t *testing.T) {
+	diagnoseFor(t, 50*time.Millisecond) // rank 3 is not waiting
 	m := fakeMachine(t, "dgx1")
 	cube, err := schedule.NewTopology(coll.HybridCubeMesh, 8)
 	if err != nil {
@@ -292,6 +292,12 @@ func TestDetectCubeCorners(t *testing.T) {
 		remapped := !slices.Equal(d.Corners, identity(8))
 		if remapped != (errors.Is(err, ErrUnsupported) && strings.Contains(err.Error(), "corners")) {
 			t.Errorf("GPUs %v (remapped %v): reduce-scatter oneshot: %v", gpus, remapped, err)
+		}
+		// A kernel's timeout reports corners; the error names ranks.
+		devs[0].statusVal = timeoutWord(d.Corners[0], d.Corners[3])
+		var te *TimeoutError
+		if err := comms[0].Err(); !errors.As(err, &te) || te.Rank != 0 || te.Peer != 3 {
+			t.Errorf("GPUs %v: rank 0 (corner %d) timed out waiting for rank 3 (corner %d): %v", gpus, d.Corners[0], d.Corners[3], err)
 		}
 		closeAll(t, comms)
 	}

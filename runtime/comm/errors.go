@@ -149,6 +149,12 @@ type TimeoutError struct {
 	// Hint, when set, names a likely cause this process can see: the peer
 	// shares this rank's CUDA context (case 39).
 	Hint string
+	// Calls, when set, is what the peer said of its calls, asked through
+	// the store once the deadline passed: the first call it issued
+	// differently (a staged input where this rank's was symmetric, another
+	// count, a call it refused), a call it has not issued, that it issued
+	// the same, or that it gave no account (dead or stalled).
+	Calls string
 }
 
 // Error names the kernel, both ranks and where the wait was.
@@ -161,6 +167,9 @@ func (e *TimeoutError) Error() string {
 		e.Kernel, e.Rank, e.Peer, at, e.Block)
 	if e.Hint != "" {
 		msg += "; " + e.Hint
+	}
+	if e.Calls != "" {
+		msg += "; " + e.Calls
 	}
 	return msg
 }

@@ -596,6 +596,7 @@ func TestFakeGPUDebugCheck(t *testing.T) {
 // TestFakeGPUTimeoutStatus checks that a status word a kernel wrote comes
 // back as a *TimeoutError matching ErrTimeout, and that it sticks.
 func TestFakeGPUTimeoutStatus(t *testing.T) {
+	diagnoseFor(t, 50*time.Millisecond) // rank 1 is not waiting
 	comms, devs := fakeComms(t, 2, Config{})
 	defer closeAll(t, comms)
 	id := 5

@@ -500,8 +500,7 @@ func withoutHostWorlds(worlds ...int) *kernels.Library {
 		}
 		sels = append(sels, s)
 	}
-	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
-		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+	return shippedWith(nil, sels)
 }
 
 // A library whose spec has no host_shm topology, or none at the world
@@ -592,8 +591,7 @@ func withHostTopology(name string, use coll.Algorithm) *kernels.Library {
 			sels = append(sels, s)
 		}
 	}
-	return &kernels.Library{Package: lib.Package, Kernels: lib.Kernels, Selections: sels, MultiHost: lib.MultiHost,
-		Sources: lib.Sources, HostReducers: lib.HostReducers, Manifest: lib.Manifest, MaxBlocks: lib.MaxBlocks}
+	return shippedWith(nil, sels)
 }
 
 // Config.Topology on host ranks picks that host_shm topology's rules; a

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/collgen/collgen/coll"
@@ -106,6 +107,16 @@ type gpuComm struct {
 	// is unusable (a kernel's timeout, or Abort). It is set once, by the
 	// first setBroken, and read without a lock on every call.
 	broken atomic.Pointer[error]
+	// breaking is held by the statusErr that turns a kernel's timeout
+	// into broken (diagnose waits inside it), so concurrent callers
+	// return its error rather than diagnose again.
+	breaking sync.Mutex
+	// calls are the latest calls, for diagnose (calllog.go).
+	calls callLog
+	// stopped is cancelled by Abort (releaseKernels): diagnose stops
+	// waiting for the peer.
+	stopped context.Context
+	stop    context.CancelFunc
 }
 
 // zeroCopy is a call whose input peers read in place: the input lies at
@@ -281,6 +292,7 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix, det: det,
 		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
 		inPlace: map[*kernels.Kernel]stageMap{}, zcBuf: make([]cuda.DevicePtr, cfg.WorldSize)}
+	g.stopped, g.stop = context.WithCancel(context.Background())
 	if cfg.WorldSize == 1 {
 		// One rank: every call is a copy (prepare), so there is no
 		// topology, kernel, staging region or NCCL to set up. A topology
@@ -1005,7 +1017,10 @@ func (g *gpuComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error) 
 
 // statusErr decodes the status word (see CG_STATUS_TIMEOUT in the CUDA
 // header). After a timeout, barrier sequences differ between ranks, so the
-// communicator stays broken: every later call returns the same error.
+// communicator stays broken: every later call returns the same error. The
+// kernel reports kernel ranks; the error names communicator ranks. The
+// first caller to see the timeout asks the peer what it issued
+// (diagnose, up to diagnoseWait); callers meanwhile wait for its error.
 func (g *gpuComm) statusErr() error {
 	if err := g.broken.Load(); err != nil {
 		return *err
@@ -1014,7 +1029,12 @@ func (g *gpuComm) statusErr() error {
 	if uint32(v) == 0 {
 		return nil
 	}
-	e := &TimeoutError{Rank: int(v >> 8 & 0xff), Peer: int(v >> 16 & 0xff), Barrier: int(v >> 24 & 0xff), Block: int(v >> 32 & 0xffff),
+	g.breaking.Lock()
+	defer g.breaking.Unlock()
+	if err := g.broken.Load(); err != nil {
+		return *err
+	}
+	e := &TimeoutError{Rank: g.rankOf(int(v >> 8 & 0xff)), Peer: g.rankOf(int(v >> 16 & 0xff)), Barrier: int(v >> 24 & 0xff), Block: int(v >> 32 & 0xffff),
 		Data: v&0xff == 2} // CG_STATUS_LL_TIMEOUT
 	if id := int(v >> 48); id < len(g.lib.Kernels) {
 		e.Kernel = g.lib.Kernels[id].Name
@@ -1022,7 +1042,17 @@ func (g *gpuComm) statusErr() error {
 	if e.Peer < len(g.sameContext) && g.sameContext[e.Peer] {
 		e.Hint = fmt.Sprintf("rank %d shares this GPU's CUDA context (ranks of one process on one GPU): if it did call, a call of its that waits for the whole context while this kernel waited (cuMemFree, cuMemFreeHost, a module load or unload, cuCtxSynchronize, freeing a symmetric buffer) held it back until this deadline (docs/reliability.md, case 39)", e.Peer)
 	}
+	e.Calls = g.diagnose(e.Peer)
 	return g.setBroken(e)
+}
+
+// rankOf is the communicator rank of kernel rank k as a status word
+// reports it (rankAt), k itself where it is out of range.
+func (g *gpuComm) rankOf(k int) int {
+	if k < 0 || k >= g.world {
+		return k
+	}
+	return g.rankAt(k)
 }
 
 // setBroken makes err the communicator's lasting error unless one is set
@@ -1051,6 +1081,9 @@ func (g *gpuComm) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
 	defer cancel()
 	serr := g.dev.synchronize(nil)
+	// Best effort, for a peer whose kernel waits for a call this rank
+	// never issued (diagnose); a store that fails fails the barrier too.
+	g.tell(ctx, true)
 	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
 	return errors.Join(serr, berr, g.dev.release())
 }

@@ -392,7 +392,8 @@ func (c *Communicator) leave() error {
 // one, and its why, stay for ranks still arriving to read), the
 // membership exchange, the debug check's, the GPU set-up's exchanges and
 // barriers (detection, set-up records, UseSymmetric, ready, close), the
-// host group's set-up keys, and the devices' own (NCCL ids, the region's
+// ranks' accounts of their calls (forgetCalls), the host group's set-up
+// keys, and the devices' own (NCCL ids, the region's
 // IPC records, the pools behind Alloc: forgetDeviceKeys, forgetHierKeys),
 // named from the formation, not from what this rank's device did: the
 // last to leave may not have opened NCCL or its device at all. A process
@@ -422,5 +423,6 @@ func (c *Communicator) forget(ctx context.Context) {
 		forgetHierKeys(ctx, st, c.prefix, c.layout.perHost())
 	case c.cfg.Device != Host: // whichever ranks opened NCCL, set up or formed a pool
 		forgetDeviceKeys(ctx, st, c.prefix, world)
+		forgetCalls(ctx, st, c.prefix, world)
 	}
 }

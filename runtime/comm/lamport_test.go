@@ -2,6 +2,7 @@ package comm
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
@@ -15,9 +16,7 @@ import (
 func lamportLibrary(t *testing.T) *kernels.Library {
 	t.Helper()
 	src := collectives.Library
-	lib := &kernels.Library{Package: src.Package, Selections: src.Selections, MultiHost: src.MultiHost, Sources: src.Sources,
-		HostReducers: src.HostReducers, Manifest: src.Manifest, MaxBlocks: src.MaxBlocks}
-	lib.Kernels = append(lib.Kernels, src.Kernels...)
+	ks := slices.Clone(src.Kernels)
 	for _, k := range src.Kernels {
 		twin := map[coll.Algorithm]coll.Algorithm{coll.OneShotLL128: coll.OneShotLamport, coll.TwoShotLL128: coll.TwoShotLamport}[k.Algorithm]
 		if k.Collective != coll.AllReduce || k.World != 4 || twin == "" || !coll.Lamport.Supports(k.DType) {
@@ -25,12 +24,12 @@ func lamportLibrary(t *testing.T) *kernels.Library {
 		}
 		k.Algorithm, k.Protocol, k.Name = twin, coll.Lamport, k.Name+"_lamport"
 		k.Launch.VectorBytes = 16
-		lib.Kernels = append(lib.Kernels, k)
+		ks = append(ks, k)
 	}
-	if len(lib.Kernels) == len(src.Kernels) {
+	if len(ks) == len(src.Kernels) {
 		t.Fatal("the shipped library has no world-4 LL128 all-reduce kernels to twin")
 	}
-	return lib
+	return shippedWith(ks, nil)
 }
 
 // TestLamportArea: a library with Lamport kernels gives the protocol an

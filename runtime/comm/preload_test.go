@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
@@ -206,6 +207,7 @@ func TestSharedGPUWorkQueues(t *testing.T) {
 // held back (reliability case 39); waiting for a rank on another GPU, it
 // does not.
 func TestTimeoutHintSharedContext(t *testing.T) {
+	diagnoseFor(t, 50*time.Millisecond) // the peers are not waiting
 	buses := []string{"0000:10:00.0", "0000:10:00.0", "0000:11:00.0"}
 	devs := make([]*fakeDevice, len(buses))
 	for r, b := range buses {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -280,17 +281,23 @@ func withoutPushRounds(c coll.Collective) *kernels.Library {
 
 // shippedWith is the shipped library with its kernels or its selections
 // replaced (nil keeps the shipped ones): a new Library, since one holds
-// its lookup index (it must not be copied).
+// its lookup index (it must not be copied), with every other exported
+// field the shipped one's, a field added to Library later included.
 func shippedWith(ks []kernels.Kernel, sels []kernels.Selection) *kernels.Library {
-	g := collectives.Library
-	if ks == nil {
-		ks = g.Kernels
+	lib := new(kernels.Library)
+	src, dst := reflect.ValueOf(collectives.Library).Elem(), reflect.ValueOf(lib).Elem()
+	for i := range src.NumField() {
+		if src.Type().Field(i).IsExported() {
+			dst.Field(i).Set(src.Field(i))
+		}
 	}
-	if sels == nil {
-		sels = g.Selections
+	if ks != nil {
+		lib.Kernels = ks
 	}
-	return &kernels.Library{Package: g.Package, Kernels: ks, Selections: sels, MultiHost: g.MultiHost,
-		Sources: g.Sources, HostReducers: g.HostReducers, Manifest: g.Manifest, MaxBlocks: g.MaxBlocks}
+	if sels != nil {
+		lib.Selections = sels
+	}
+	return lib
 }
 
 // TestFakeInPlaceSymmetricStaged: in-place calls on symmetric memory that

@@ -711,6 +711,52 @@ func TestTimeoutReported(t *testing.T) {
 	}
 }
 
+// TestMismatchReportedGPU checks that ranks issuing different collectives
+// (after a first call they agree on, rank 1 runs the LL one-shot where rank
+// 0 runs the barrier one-shot, so neither signals what the other waits
+// for) both time out, and that each error names the call that differs
+// from the peer's own account of its calls (reliability case 5).
+func TestMismatchReportedGPU(t *testing.T) {
+	proofGPUs(t)
+	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 500 * time.Millisecond, Group: "mismatch"})
+	defer closeComms(comms)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev := c.Device()
+			buf := deviceMem(t, dev, 4096)
+			defer dev.Free(buf)
+			b := comm.DeviceBuffer(buf)
+			if errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.OneShot}); errs[r] != nil {
+				return
+			}
+			alg := coll.OneShot
+			if r == 1 {
+				alg = coll.OneShotLL
+			}
+			errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		var te *comm.TimeoutError
+		if !errors.As(err, &te) || te.Peer != 1-r {
+			t.Fatalf("rank %d: got %v, want a *comm.TimeoutError waiting for rank %d", r, err, 1-r)
+		}
+		theirs, mine := "oneshot_ll (runs oneshot_ll)", "oneshot (runs oneshot)"
+		if r == 1 {
+			theirs, mine = mine, theirs
+		}
+		if want := fmt.Sprintf("rank %d issued a different call 2: allreduce of 1024 f32 sum, algorithm %s, where this rank issued allreduce of 1024 f32 sum, algorithm %s", 1-r, theirs, mine); !strings.Contains(te.Calls, want) {
+			t.Errorf("rank %d: %v\nwant its account to say %q", r, err, want)
+		}
+		t.Logf("rank %d: %v", r, err)
+	}
+}
+
 // deviceMem allocates bytes on dev for a test and fails it if that fails.
 // The caller frees it (defer dev.Free), so it goes before what was
 // deferred earlier, such as the communicators' Close.

@@ -51,8 +51,8 @@ PROOF_WORLDS=${PROOF_WORLDS:-$(for w in 2 3 4 ${shared:+8}; do [ "$w" -le "$ngpu
 export PROOF_WORLDS
 status=0
 
-tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
-[ -n "$shared" ] && tests='TestProofGoroutines|TestSpecialValues|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
+tests='TestProofGoroutines|TestProofWindows|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestMismatchReportedGPU|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestSpecialValues|TestProofHCMTopology'
+[ -n "$shared" ] && tests='TestProofGoroutines|TestSpecialValues|TestProofZeroCopy|TestClosedGroupKeysGPU|TestTimeoutReported|TestMismatchReportedGPU|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestProofHCMTopology'
 if part goroutines; then
 echo "== goroutine ranks (peer access, NVRTC), worlds $PROOF_WORLDS${shared:+, all on one GPU}"
 echo "## goroutine ranks (peer access, kernels compiled with NVRTC)${shared:+, all on one GPU}" >>"$PROOF_SUMMARY"

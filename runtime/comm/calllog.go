@@ -1,0 +1,166 @@
+package comm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/collgen/collgen/runtime/rendezvous"
+)
+
+// callLogLen is how many of its latest calls a GPU communicator keeps for
+// diagnose.
+const callLogLen = 64
+
+// diagnoseWait bounds how long a rank whose kernel timed out waits for the
+// peer's account of its calls (and Config.Timeout bounds it too): a peer
+// that mismatched a call times out at about the same moment and answers
+// within milliseconds; a dead one never does. A variable for tests.
+var diagnoseWait = 2 * time.Second
+
+// callLog holds a GPU communicator's latest calls, numbered from 1 in the
+// order Communicator.do resolved them (refused calls included: a call one
+// rank refused and its peers ran is the commonest mismatch). Ranks issue
+// collectives in one order, so call i of one rank pairs with call i of
+// every other. do adds under Communicator.busy; the lock is for diagnose,
+// which may read from another goroutine (Err).
+type callLog struct {
+	mu   sync.Mutex
+	n    int64 // calls so far; call i is at ring[(i-1)%callLogLen]
+	ring [callLogLen]fingerprint
+}
+
+// add records the next call.
+func (l *callLog) add(f fingerprint) {
+	l.mu.Lock()
+	l.ring[l.n%callLogLen] = f
+	l.n++
+	l.mu.Unlock()
+}
+
+// account returns the calls the log still holds, oldest first.
+func (l *callLog) account() callAccount {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first := max(l.n-callLogLen, 0) + 1
+	a := callAccount{First: first, Calls: make([]fingerprint, 0, l.n-first+1)}
+	for i := first; i <= l.n; i++ {
+		a.Calls = append(a.Calls, l.ring[(i-1)%callLogLen])
+	}
+	return a
+}
+
+// callAccount is what a rank tells its peers of its latest calls (in the
+// store, under callsKey): after its kernel timed out, and at Close.
+type callAccount struct {
+	First  int64         `json:"first"` // the number of Calls[0]
+	Calls  []fingerprint `json:"calls"`
+	Closed bool          `json:"closed,omitempty"` // told by Close: the rank issues no more
+}
+
+// last is the number of the latest call, 0 before any.
+func (a callAccount) last() int64 { return a.First + int64(len(a.Calls)) - 1 }
+
+// at returns call i, if the account holds it.
+func (a callAccount) at(i int64) (fingerprint, bool) {
+	if i < a.First || i > a.last() {
+		return fingerprint{}, false
+	}
+	return a.Calls[i-a.First], true
+}
+
+// callsKey is the store key of rank r's account.
+func callsKey(prefix string, r int) string { return prefix + "calls/" + strconv.Itoa(r) }
+
+// forgetCalls deletes every rank's account (Communicator.forget).
+func forgetCalls(ctx context.Context, st rendezvous.Store, prefix string, world int) {
+	for r := range world {
+		st.Delete(ctx, callsKey(prefix, r))
+	}
+}
+
+// tell publishes this rank's account of its calls.
+func (g *gpuComm) tell(ctx context.Context, closed bool) error {
+	a := g.calls.account()
+	a.Closed = closed
+	blob, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return g.cfg.Store.Set(ctx, callsKey(g.prefix, g.cfg.Rank), blob)
+}
+
+// diagnose runs when a kernel's timeout first breaks the communicator,
+// before the error is returned: it tells this rank's account of its calls
+// and waits, for at most diagnoseWait (or Config.Timeout, if shorter, or
+// until Abort), for the account of peer, the rank the kernel waited for,
+// then says how the two differ (explain). It returns "" when Abort cut it
+// short. The wait is paid once per communicator, on the failure path.
+func (g *gpuComm) diagnose(peer int) string {
+	if peer < 0 || peer >= g.world || peer == g.cfg.Rank {
+		return ""
+	}
+	wait := min(diagnoseWait, g.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(g.stopped, wait)
+	defer cancel()
+	if err := g.tell(ctx, false); err != nil {
+		if g.stopped.Err() != nil {
+			return ""
+		}
+		return fmt.Sprintf("asking rank %d what it issued failed: %v", peer, err)
+	}
+	blob, err := g.cfg.Store.Get(ctx, callsKey(g.prefix, peer))
+	switch {
+	case g.stopped.Err() != nil:
+		return ""
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout):
+		return fmt.Sprintf("rank %d gave no account of its calls within %v (it is dead, stalled outside collgen, or not yet past its own deadline)", peer, wait)
+	case err != nil:
+		return fmt.Sprintf("asking rank %d what it issued failed: %v", peer, err)
+	}
+	var theirs callAccount
+	if err := json.Unmarshal(blob, &theirs); err != nil {
+		return fmt.Sprintf("rank %d's account of its calls is malformed: %v", peer, err)
+	}
+	return explain(peer, g.calls.account(), theirs)
+}
+
+// explain says how peer's account of its calls differs from this rank's:
+// the first call both hold that differs, else which rank issued more
+// calls, else that they agree. Only the last callLogLen calls of each are
+// compared.
+func explain(peer int, mine, theirs callAccount) string {
+	closed := ""
+	if theirs.Closed {
+		closed = "; it then closed its communicator"
+	}
+	for i := max(mine.First, theirs.First); i <= min(mine.last(), theirs.last()); i++ {
+		m, _ := mine.at(i)
+		t, _ := theirs.at(i)
+		if m != t {
+			return fmt.Sprintf("rank %d issued a different call %d: %s, where this rank issued %s%s", peer, i, t, m, closed)
+		}
+	}
+	switch ml, tl := mine.last(), theirs.last(); {
+	case tl < ml:
+		next := fmt.Sprintf("call %d", tl+1)
+		if m, ok := mine.at(tl + 1); ok {
+			next += " (" + m.String() + " here)"
+		}
+		if tl == 0 {
+			return fmt.Sprintf("rank %d has issued no collective%s; this rank is at call %d: rank %d has not issued %s", peer, closed, ml, peer, next)
+		}
+		t, _ := theirs.at(tl)
+		return fmt.Sprintf("rank %d's latest call is %d, %s%s; this rank is at call %d: rank %d has not issued %s", peer, tl, t, closed, ml, peer, next)
+	case tl > ml:
+		return fmt.Sprintf("rank %d has issued %d calls and this rank %d, the same ones up to call %d%s", peer, tl, ml, ml, closed)
+	case ml == 0:
+		return fmt.Sprintf("neither this rank nor rank %d has issued a collective%s", peer, closed)
+	}
+	m, _ := mine.at(mine.last())
+	return fmt.Sprintf("rank %d issued the same calls as this rank, up to call %d (%s)%s: not a different collective; it stalled, or itself waited for another rank", peer, mine.last(), m, closed)
+}
