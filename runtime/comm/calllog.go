@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -104,36 +105,104 @@ func (g *gpuComm) diagnose(peer int) string {
 	if peer < 0 || peer >= g.world || peer == g.cfg.Rank {
 		return ""
 	}
+	replies, failed := g.ask([]int{peer})
+	if replies == nil {
+		return failed
+	}
+	return replies[0].msg
+}
+
+// diagnoseAll is diagnose for a wait that names no peer (an NCCL
+// collective past Config.Timeout): it asks every other rank and names
+// those whose calls differ from this rank's or that gave no account, or
+// says that every rank issued the same calls.
+func (g *gpuComm) diagnoseAll() string {
+	var peers []int
+	for r := range g.world {
+		if r != g.cfg.Rank {
+			peers = append(peers, r)
+		}
+	}
+	if len(peers) == 0 {
+		return ""
+	}
+	replies, failed := g.ask(peers)
+	if replies == nil {
+		return failed
+	}
+	var differ []string
+	for _, r := range replies {
+		if !r.same {
+			differ = append(differ, r.msg)
+		}
+	}
+	switch {
+	case len(differ) > 0:
+		return strings.Join(differ, "; ")
+	case len(replies) == 1:
+		return replies[0].msg
+	}
+	return fmt.Sprintf("every rank issued the same calls as this rank, up to call %d: not a different collective", g.calls.account().last())
+}
+
+// reply is what ask learnt of one peer: explain's message (or why the
+// peer could not tell), and whether its calls are the same as this rank's.
+type reply struct {
+	msg  string
+	same bool
+}
+
+// ask tells this rank's account and reads each peer's, all within one
+// deadline (min(diagnoseWait, Config.Timeout)), and returns a reply per
+// peer, in order. Replies are nil when Abort cut it short (failed "") or
+// when the tell failed (failed says why).
+func (g *gpuComm) ask(peers []int) (replies []reply, failed string) {
 	wait := min(diagnoseWait, g.cfg.Timeout)
 	ctx, cancel := context.WithTimeout(g.stopped, wait)
 	defer cancel()
 	if err := g.tell(ctx, false); err != nil {
 		if g.stopped.Err() != nil {
-			return ""
+			return nil, ""
 		}
-		return fmt.Sprintf("asking rank %d what it issued failed: %v", peer, err)
+		return nil, fmt.Sprintf("telling the peers what this rank issued failed: %v", err)
 	}
-	blob, err := g.cfg.Store.Get(ctx, callsKey(g.prefix, peer))
-	switch {
-	case g.stopped.Err() != nil:
-		return ""
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout):
-		return fmt.Sprintf("rank %d gave no account of its calls within %v (it is dead, stalled outside collgen, or not yet past its own deadline)", peer, wait)
-	case err != nil:
-		return fmt.Sprintf("asking rank %d what it issued failed: %v", peer, err)
+	blobs := make([][]byte, len(peers))
+	errs := make([]error, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers { // at once: a dead peer must not eat the others' wait
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			blobs[i], errs[i] = g.cfg.Store.Get(ctx, callsKey(g.prefix, p))
+		}()
 	}
-	var theirs callAccount
-	if err := json.Unmarshal(blob, &theirs); err != nil {
-		return fmt.Sprintf("rank %d's account of its calls is malformed: %v", peer, err)
+	wg.Wait()
+	if g.stopped.Err() != nil {
+		return nil, ""
 	}
-	return explain(peer, g.calls.account(), theirs)
+	mine := g.calls.account()
+	replies = make([]reply, len(peers))
+	for i, p := range peers {
+		var theirs callAccount
+		switch err := errs[i]; {
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout):
+			replies[i].msg = fmt.Sprintf("rank %d gave no account of its calls within %v (it is dead, stalled outside collgen, or not yet past its own deadline)", p, wait)
+		case err != nil:
+			replies[i].msg = fmt.Sprintf("asking rank %d what it issued failed: %v", p, err)
+		case json.Unmarshal(blobs[i], &theirs) != nil:
+			replies[i].msg = fmt.Sprintf("rank %d's account of its calls is malformed", p)
+		default:
+			replies[i].msg, replies[i].same = explain(p, mine, theirs)
+		}
+	}
+	return replies, ""
 }
 
 // explain says how peer's account of its calls differs from this rank's:
 // the first call both hold that differs, else which rank issued more
-// calls, else that they agree. Only the last callLogLen calls of each are
-// compared.
-func explain(peer int, mine, theirs callAccount) string {
+// calls, else that they agree (same). Only the last callLogLen calls of
+// each are compared.
+func explain(peer int, mine, theirs callAccount) (msg string, same bool) {
 	closed := ""
 	if theirs.Closed {
 		closed = "; it then closed its communicator"
@@ -142,7 +211,7 @@ func explain(peer int, mine, theirs callAccount) string {
 		m, _ := mine.at(i)
 		t, _ := theirs.at(i)
 		if m != t {
-			return fmt.Sprintf("rank %d issued a different call %d: %s, where this rank issued %s%s", peer, i, t, m, closed)
+			return fmt.Sprintf("rank %d issued a different call %d: %s, where this rank issued %s%s", peer, i, t, m, closed), false
 		}
 	}
 	switch ml, tl := mine.last(), theirs.last(); {
@@ -152,15 +221,15 @@ func explain(peer int, mine, theirs callAccount) string {
 			next += " (" + m.String() + " here)"
 		}
 		if tl == 0 {
-			return fmt.Sprintf("rank %d has issued no collective%s; this rank is at call %d: rank %d has not issued %s", peer, closed, ml, peer, next)
+			return fmt.Sprintf("rank %d has issued no collective%s; this rank is at call %d: rank %d has not issued %s", peer, closed, ml, peer, next), false
 		}
 		t, _ := theirs.at(tl)
-		return fmt.Sprintf("rank %d's latest call is %d, %s%s; this rank is at call %d: rank %d has not issued %s", peer, tl, t, closed, ml, peer, next)
+		return fmt.Sprintf("rank %d's latest call is %d, %s%s; this rank is at call %d: rank %d has not issued %s", peer, tl, t, closed, ml, peer, next), false
 	case tl > ml:
-		return fmt.Sprintf("rank %d has issued %d calls and this rank %d, the same ones up to call %d%s", peer, tl, ml, ml, closed)
+		return fmt.Sprintf("rank %d has issued %d calls and this rank %d, the same ones up to call %d%s", peer, tl, ml, ml, closed), false
 	case ml == 0:
-		return fmt.Sprintf("neither this rank nor rank %d has issued a collective%s", peer, closed)
+		return fmt.Sprintf("neither this rank nor rank %d has issued a collective%s", peer, closed), true
 	}
 	m, _ := mine.at(mine.last())
-	return fmt.Sprintf("rank %d issued the same calls as this rank, up to call %d (%s)%s: not a different collective; it stalled, or itself waited for another rank", peer, mine.last(), m, closed)
+	return fmt.Sprintf("rank %d issued the same calls as this rank, up to call %d (%s)%s: not a different collective; it stalled, or itself waited for another rank", peer, mine.last(), m, closed), true
 }

@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +63,10 @@ func TestExplain(t *testing.T) {
 		{"outside the window", calls(10, 55), older, []string{"the same calls as this rank, up to call 64"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := explain(1, tc.mine, tc.theirs)
+			got, same := explain(1, tc.mine, tc.theirs)
+			if want := strings.Contains(tc.name, "same") || tc.name == "none at all" || tc.name == "outside the window"; same != want {
+				t.Errorf("explain says same %v, want %v: %s", same, want, got)
+			}
 			for _, w := range tc.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("explain: %q\nwant it to contain %q", got, w)
@@ -156,6 +160,58 @@ func TestTimeoutNamesTheCallThatDiffers(t *testing.T) {
 		}
 		if err := errors.Join(comms[0].Close(), <-closed); err != nil {
 			t.Error(err)
+		}
+	})
+}
+
+// An NCCL collective past Config.Timeout names no peer: the rank asks every
+// other rank and names those whose calls differ (here rank 2, which
+// issued another count and closed), or says that all issued the same.
+func TestNCCLTimeoutAsksEveryRank(t *testing.T) {
+	diagnoseFor(t, 5*time.Second)
+	ncclTimeout := errorf(ErrTimeout, "fake: an NCCL collective did not finish")
+	t.Run("one differs", func(t *testing.T) {
+		comms, devs := fakeComms(t, 3, Config{})
+		devs[0].syncErr, devs[1].syncErr = ncclTimeout, ncclTimeout
+		calls := make([]error, 3)
+		closes := onRanks(comms, func(r int, c *Communicator) error {
+			n := 64
+			if r == 2 {
+				n = 128
+			}
+			calls[r] = c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{Algorithm: coll.NCCL})
+			devs[r].mu.Lock()
+			devs[r].syncErr = nil // Close waits for the stream too
+			devs[r].mu.Unlock()
+			return c.Close()
+		})
+		if err := errors.Join(append(closes, calls[2])...); err != nil {
+			t.Fatal(err)
+		}
+		for r := range 2 {
+			err := calls[r]
+			want := "fake: an NCCL collective did not finish; rank 2 issued a different call 1: allreduce of 128 f32 sum, algorithm nccl (runs nccl), where this rank issued allreduce of 64 f32 sum, algorithm nccl (runs nccl); it then closed its communicator"
+			if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), fmt.Sprintf("rank %d ", 1-r)) {
+				t.Errorf("rank %d: %v\nwant %q, and nothing of rank %d", r, err, want, 1-r)
+			}
+		}
+	})
+	t.Run("all the same", func(t *testing.T) {
+		comms, devs := fakeComms(t, 3, Config{})
+		defer closeAll(t, comms)
+		for _, d := range devs {
+			d.syncErr = ncclTimeout
+		}
+		errs := onRanks(comms, func(r int, c *Communicator) error {
+			return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.F32, coll.Sum, Options{Algorithm: coll.NCCL})
+		})
+		for r, err := range errs {
+			if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "every rank issued the same calls as this rank, up to call 1") {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+		for _, d := range devs {
+			d.syncErr = nil // Close waits for the stream too
 		}
 	})
 }

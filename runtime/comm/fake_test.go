@@ -34,6 +34,8 @@ type fakeDevice struct {
 	nextSym   cuda.DevicePtr
 	syms      []fakeSym
 	statusVal uint64
+	// syncErr is what synchronize returns (an NCCL timeout, say).
+	syncErr error
 
 	// preloaded are the kernels preload was given; preloadErr is what it
 	// returns.
@@ -192,8 +194,12 @@ func (d *fakeDevice) copy(dst, src cuda.DevicePtr, bytes int64, _ *cuda.Stream) 
 	return nil
 }
 
-func (d *fakeDevice) synchronize(*cuda.Stream) error { return nil }
-func (d *fakeDevice) ncclError() error               { return nil }
+func (d *fakeDevice) synchronize(*cuda.Stream) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.syncErr
+}
+func (d *fakeDevice) ncclError() error { return nil }
 func (d *fakeDevice) status() uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -1067,6 +1067,14 @@ func (g *gpuComm) setBroken(err error) error {
 // asynchronous error.
 func (g *gpuComm) synchronize(s *cuda.Stream) error {
 	if err := g.dev.synchronize(s); err != nil {
+		if errors.Is(err, ErrTimeout) {
+			// An NCCL collective past Config.Timeout (generated kernels
+			// report theirs in the status word): it names no peer, so
+			// every rank is asked what it issued.
+			if calls := g.diagnoseAll(); calls != "" {
+				return errorf(ErrTimeout, "%w; %s", err, calls)
+			}
+		}
 		return err
 	}
 	if err := g.statusErr(); err != nil {
