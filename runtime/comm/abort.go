@@ -75,6 +75,11 @@ func (c *Communicator) Abort() error {
 			freeRegion func() error
 		)
 		if c.gpu != nil {
+			// Peers whose kernels wait for this rank learn why
+			// (diagnose); best effort, as leave below.
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+			c.gpu.tell(ctx, "aborted")
+			cancel()
 			freeRegion, err = c.gpu.teardown()
 		} else {
 			err = c.b.close()

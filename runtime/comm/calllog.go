@@ -60,7 +60,9 @@ func (l *callLog) account() callAccount {
 type callAccount struct {
 	First  int64         `json:"first"` // the number of Calls[0]
 	Calls  []fingerprint `json:"calls"`
-	Closed bool          `json:"closed,omitempty"` // told by Close: the rank issues no more
+	// Ended is "closed" or "aborted" when Close or Abort told it: the
+	// rank issues no more.
+	Ended string `json:"ended,omitempty"`
 }
 
 // last is the number of the latest call, 0 before any.
@@ -84,10 +86,11 @@ func forgetCalls(ctx context.Context, st rendezvous.Store, prefix string, world 
 	}
 }
 
-// tell publishes this rank's account of its calls.
-func (g *gpuComm) tell(ctx context.Context, closed bool) error {
+// tell publishes this rank's account of its calls; ended is "" while the
+// communicator lives, else "closed" or "aborted".
+func (g *gpuComm) tell(ctx context.Context, ended string) error {
 	a := g.calls.account()
-	a.Closed = closed
+	a.Ended = ended
 	blob, err := json.Marshal(a)
 	if err != nil {
 		return err
@@ -160,7 +163,7 @@ func (g *gpuComm) ask(peers []int) (replies []reply, failed string) {
 	wait := min(diagnoseWait, g.cfg.Timeout)
 	ctx, cancel := context.WithTimeout(g.stopped, wait)
 	defer cancel()
-	if err := g.tell(ctx, false); err != nil {
+	if err := g.tell(ctx, ""); err != nil {
 		if g.stopped.Err() != nil {
 			return nil, ""
 		}
@@ -204,8 +207,8 @@ func (g *gpuComm) ask(peers []int) (replies []reply, failed string) {
 // each are compared.
 func explain(peer int, mine, theirs callAccount) (msg string, same bool) {
 	closed := ""
-	if theirs.Closed {
-		closed = "; it then closed its communicator"
+	if theirs.Ended != "" {
+		closed = "; it then " + theirs.Ended + " its communicator"
 	}
 	for i := max(mine.First, theirs.First); i <= min(mine.last(), theirs.last()); i++ {
 		m, _ := mine.at(i)

@@ -43,7 +43,7 @@ func TestExplain(t *testing.T) {
 	refused := calls(1, 3)
 	refused.Calls[2].Err = "comm: allreduce: the input is DeviceBuffer(0)"
 	closed := calls(1, 2)
-	closed.Closed = true
+	closed.Ended = "closed"
 	older := calls(1, 64) // a call before the window of the other differs: not seen
 	older.Calls[0].Count = 8
 	for _, tc := range []struct {
@@ -214,6 +214,26 @@ func TestNCCLTimeoutAsksEveryRank(t *testing.T) {
 			d.syncErr = nil // Close waits for the stream too
 		}
 	})
+}
+
+// A peer that aborted after its first call: the rank whose second call
+// timed out says so.
+func TestTimeoutNamesAnAbortedPeer(t *testing.T) {
+	diagnoseFor(t, 5*time.Second)
+	comms, devs := fakeComms(t, 2, Config{})
+	defer comms[0].Abort() // rank 1 meets no close barrier
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.F32, coll.Sum, Options{})
+	})
+	if err := errors.Join(append(errs, comms[1].Abort())...); err != nil {
+		t.Fatal(err)
+	}
+	devs[0].statusVal = timeoutWord(0, 1)
+	err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.F32, coll.Sum, Options{})
+	want := "rank 1's latest call is 1, allreduce of 64 f32 sum, algorithm auto (runs oneshot_ll); it then aborted its communicator; this rank is at call 2: rank 1 has not issued call 2"
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%v\nwant it to contain %q", err, want)
+	}
 }
 
 // A peer that never answers costs diagnoseWait and is named; Abort cuts

@@ -1091,7 +1091,7 @@ func (g *gpuComm) close() error {
 	serr := g.dev.synchronize(nil)
 	// Best effort, for a peer whose kernel waits for a call this rank
 	// never issued (diagnose); a store that fails fails the barrier too.
-	g.tell(ctx, true)
+	g.tell(ctx, "closed")
 	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
 	return errors.Join(serr, berr, g.dev.release())
 }
