@@ -45,10 +45,15 @@ type aborter interface {
 // the error says so), except the staging region peers' kernels signal
 // into and read, which stays until every rank has left the group or
 // parkFactor x Config.Timeout have passed (freeWhenLeft). Later calls fail
-// at once with ErrAborted. Peers are not told: they reach their own
-// timeouts (never a fault), or abort too. A new
+// at once with ErrAborted. Peers are not told to stop: they reach their
+// own timeouts (never a fault), or abort too; a peer whose kernel timed
+// out waiting for this rank reads that it aborted (TimeoutError.Calls). A new
 // communicator (on a fresh store or group name) works afterwards. Abort is
 // idempotent; after Close it only marks the communicator aborted.
+//
+// Across hosts, Abort aborts the host's communicator as above and both NCCL
+// communicators (a wait for them returns at once), and frees the device
+// once its streams have drained (within Config.Timeout, else it is left).
 //
 // On the host backend, Abort closes the group; a host call in flight ends
 // at its own deadline (Config.Timeout) or its Options.Context.
@@ -57,10 +62,16 @@ func (c *Communicator) Abort() error {
 		return nil
 	}
 	var errs []error
+	if b := c.book(); b != nil {
+		b.stop() // a diagnosis waiting for a peer gives up
+	}
 	if c.gpu != nil {
 		errs = append(errs, c.gpu.releaseKernels())
 		// Before the NCCL communicator goes: deregistration needs it.
 		errs = append(errs, c.reg.closeAll(true), c.gpu.abortNCCL())
+	}
+	if c.hier != nil {
+		errs = append(errs, c.hier.abort())
 	}
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
@@ -74,13 +85,14 @@ func (c *Communicator) Abort() error {
 			err        error
 			freeRegion func() error
 		)
+		if b := c.book(); b != nil {
+			// Peers whose kernels wait for this rank learn why.
+			b.tellEnd("aborted")
+		}
 		if c.gpu != nil {
-			// Peers whose kernels wait for this rank learn why
-			// (diagnose); best effort, as leave below.
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-			c.gpu.tell(ctx, "aborted")
-			cancel()
 			freeRegion, err = c.gpu.teardown()
+		} else if c.hier != nil {
+			err = c.hier.teardown()
 		} else {
 			err = c.b.close()
 		}
@@ -130,7 +142,6 @@ func (g *gpuComm) abortWord() cuda.DevicePtr {
 // waiting for peers (aborter.releaseKernels).
 func (g *gpuComm) releaseKernels() error {
 	g.setBroken(errorf(ErrAborted, "comm: rank %d: the communicator was aborted (Communicator.Abort); make a new one", g.cfg.Rank))
-	g.stop() // a diagnose waiting for a peer gives up
 	a, ok := g.dev.(aborter)
 	if !ok || len(g.signal) == 0 {
 		return nil

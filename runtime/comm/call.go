@@ -97,8 +97,8 @@ func (c *Communicator) do(in call) error {
 		*cl = in
 	}
 	err := c.resolve(cl)
-	if c.gpu != nil {
-		c.gpu.calls.add(fingerprintOf(cl, err))
+	if b := c.book(); b != nil {
+		b.log.add(fingerprintOf(cl, err))
 	}
 	if c.check != nil {
 		if cerr := c.check.compare(c, cl, err); cerr != nil {
@@ -113,6 +113,18 @@ func (c *Communicator) do(in call) error {
 			return c.abortedError(string(cl.collective))
 		}
 		return classify(err)
+	}
+	return nil
+}
+
+// book is the GPU backend's call book (calllog.go), nil on the host
+// backend.
+func (c *Communicator) book() *callBook {
+	switch {
+	case c.gpu != nil:
+		return c.gpu.calls
+	case c.hier != nil:
+		return c.hier.calls
 	}
 	return nil
 }

@@ -58,8 +58,8 @@ func (l *callLog) account() callAccount {
 // callAccount is what a rank tells its peers of its latest calls (in the
 // store, under callsKey): after its kernel timed out, and at Close.
 type callAccount struct {
-	First  int64         `json:"first"` // the number of Calls[0]
-	Calls  []fingerprint `json:"calls"`
+	First int64         `json:"first"` // the number of Calls[0]
+	Calls []fingerprint `json:"calls"`
 	// Ended is "closed" or "aborted" when Close or Abort told it: the
 	// rank issues no more.
 	Ended string `json:"ended,omitempty"`
@@ -86,16 +86,45 @@ func forgetCalls(ctx context.Context, st rendezvous.Store, prefix string, world 
 	}
 }
 
+// callBook is a GPU backend's log of its calls and how it shares it:
+// through the store, under the formation's prefix, with this rank's
+// peers. gpuComm and hierComm each keep one; Communicator.do adds to it.
+type callBook struct {
+	log         callLog
+	store       rendezvous.Store
+	prefix      string
+	rank, world int
+	timeout     time.Duration // Config.Timeout: bounds every wait, with diagnoseWait
+	// stopped is cancelled by Abort (stop): a diagnosis stops waiting.
+	stopped context.Context
+	stop    context.CancelFunc
+}
+
+// newCallBook makes the call book of a formation (prefix) of cfg's group.
+func newCallBook(cfg Config, prefix string) *callBook {
+	b := &callBook{store: cfg.Store, prefix: prefix, rank: cfg.Rank, world: cfg.WorldSize, timeout: cfg.Timeout}
+	b.stopped, b.stop = context.WithCancel(context.Background())
+	return b
+}
+
 // tell publishes this rank's account of its calls; ended is "" while the
 // communicator lives, else "closed" or "aborted".
-func (g *gpuComm) tell(ctx context.Context, ended string) error {
-	a := g.calls.account()
+func (b *callBook) tell(ctx context.Context, ended string) error {
+	a := b.log.account()
 	a.Ended = ended
 	blob, err := json.Marshal(a)
 	if err != nil {
 		return err
 	}
-	return g.cfg.Store.Set(ctx, callsKey(g.prefix, g.cfg.Rank), blob)
+	return b.store.Set(ctx, callsKey(b.prefix, b.rank), blob)
+}
+
+// tellEnd is tell at Close or Abort, bounded by the timeout; best effort
+// (a store that fails fails what follows, a barrier or leave, too).
+func (b *callBook) tellEnd(ended string) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	b.tell(ctx, ended)
 }
 
 // diagnose runs when a kernel's timeout first breaks the communicator,
@@ -104,11 +133,11 @@ func (g *gpuComm) tell(ctx context.Context, ended string) error {
 // until Abort), for the account of peer, the rank the kernel waited for,
 // then says how the two differ (explain). It returns "" when Abort cut it
 // short. The wait is paid once per communicator, on the failure path.
-func (g *gpuComm) diagnose(peer int) string {
-	if peer < 0 || peer >= g.world || peer == g.cfg.Rank {
+func (b *callBook) diagnose(peer int) string {
+	if peer < 0 || peer >= b.world || peer == b.rank {
 		return ""
 	}
-	replies, failed := g.ask([]int{peer})
+	replies, failed := b.ask([]int{peer})
 	if replies == nil {
 		return failed
 	}
@@ -119,17 +148,17 @@ func (g *gpuComm) diagnose(peer int) string {
 // collective past Config.Timeout): it asks every other rank and names
 // those whose calls differ from this rank's or that gave no account, or
 // says that every rank issued the same calls.
-func (g *gpuComm) diagnoseAll() string {
+func (b *callBook) diagnoseAll() string {
 	var peers []int
-	for r := range g.world {
-		if r != g.cfg.Rank {
+	for r := range b.world {
+		if r != b.rank {
 			peers = append(peers, r)
 		}
 	}
 	if len(peers) == 0 {
 		return ""
 	}
-	replies, failed := g.ask(peers)
+	replies, failed := b.ask(peers)
 	if replies == nil {
 		return failed
 	}
@@ -145,7 +174,7 @@ func (g *gpuComm) diagnoseAll() string {
 	case len(replies) == 1:
 		return replies[0].msg
 	}
-	return fmt.Sprintf("every rank issued the same calls as this rank, up to call %d: not a different collective", g.calls.account().last())
+	return fmt.Sprintf("every rank issued the same calls as this rank, up to call %d: not a different collective", b.log.account().last())
 }
 
 // reply is what ask learnt of one peer: explain's message (or why the
@@ -159,12 +188,12 @@ type reply struct {
 // deadline (min(diagnoseWait, Config.Timeout)), and returns a reply per
 // peer, in order. Replies are nil when Abort cut it short (failed "") or
 // when the tell failed (failed says why).
-func (g *gpuComm) ask(peers []int) (replies []reply, failed string) {
-	wait := min(diagnoseWait, g.cfg.Timeout)
-	ctx, cancel := context.WithTimeout(g.stopped, wait)
+func (b *callBook) ask(peers []int) (replies []reply, failed string) {
+	wait := min(diagnoseWait, b.timeout)
+	ctx, cancel := context.WithTimeout(b.stopped, wait)
 	defer cancel()
-	if err := g.tell(ctx, ""); err != nil {
-		if g.stopped.Err() != nil {
+	if err := b.tell(ctx, ""); err != nil {
+		if b.stopped.Err() != nil {
 			return nil, ""
 		}
 		return nil, fmt.Sprintf("telling the peers what this rank issued failed: %v", err)
@@ -176,14 +205,14 @@ func (g *gpuComm) ask(peers []int) (replies []reply, failed string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			blobs[i], errs[i] = g.cfg.Store.Get(ctx, callsKey(g.prefix, p))
+			blobs[i], errs[i] = b.store.Get(ctx, callsKey(b.prefix, p))
 		}()
 	}
 	wg.Wait()
-	if g.stopped.Err() != nil {
+	if b.stopped.Err() != nil {
 		return nil, ""
 	}
-	mine := g.calls.account()
+	mine := b.log.account()
 	replies = make([]reply, len(peers))
 	for i, p := range peers {
 		var theirs callAccount

@@ -40,18 +40,6 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 	d.ncclMu.Unlock()
 }
 
-// Polling of wait: spin on cuStreamQuery for spinFor (a collective of up
-// to 200 µs ends there, seen as soon as cuStreamSynchronize, which spins
-// too), then sleep 10 µs doubling up to maxSleep, a millisecond once the
-// wait has lasted 10 ms (pause.Backoff; time.Sleep would last a
-// millisecond however short); NCCL's asynchronous error is read every
-// asyncEvery.
-const (
-	spinFor    = 200 * time.Microsecond
-	maxSleep   = 50 * time.Microsecond
-	asyncEvery = time.Millisecond
-)
-
 // wait waits for s like cuStreamSynchronize, but it can be cut short:
 // Abort makes it return ErrAborted at once; NCCL's asynchronous error
 // (such as a remote rank's failure) aborts the NCCL communicator and
@@ -62,41 +50,21 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 	d.ncclMu.Lock()
 	ncclPending := d.comm != nil && d.ncclStream == s
 	d.ncclMu.Unlock()
-	start := time.Now()
-	nextAsync := start.Add(asyncEvery)
-	pace := pause.Backoff{Spin: spinFor, Max: maxSleep}
-	for {
-		done, err := s.Query()
-		if err != nil {
-			return err
-		}
-		if done {
-			if ncclPending {
-				d.ncclMu.Lock()
-				if d.ncclStream == s {
-					d.ncclStream = nil
-				}
-				d.ncclMu.Unlock()
-			}
-			return nil
-		}
-		if d.aborted.Load() {
-			return errorf(ErrAborted, "comm: rank %d: aborted (Communicator.Abort) while waiting for the stream", d.cfg.Rank)
-		}
-		now := time.Now()
-		if ncclPending && now.After(nextAsync) {
-			nextAsync = now.Add(asyncEvery)
-			if aerr := d.comm.AsyncError(); aerr != nil {
-				d.comm.Abort()
-				return errorf(ErrAborted, "comm: rank %d: NCCL failed (a peer died or failed?): %w; the NCCL communicator was aborted, make a new Communicator", d.cfg.Rank, aerr)
-			}
-		}
-		if ncclPending && now.Sub(start) > d.cfg.Timeout {
-			d.comm.Abort()
-			return errorf(ErrTimeout, "comm: rank %d: an NCCL collective did not finish within %v (Config.Timeout): a peer is dead, stalled or issuing a different collective; the NCCL communicator was aborted, make a new Communicator", d.cfg.Rank, d.cfg.Timeout)
-		}
-		pace.Wait()
+	var watch *ncclWatch
+	if ncclPending {
+		watch = &ncclWatch{asyncErr: d.comm.AsyncError, abort: func() { d.comm.Abort() }, timeout: d.cfg.Timeout, what: "an NCCL collective"}
 	}
+	if err := waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch); err != nil {
+		return err
+	}
+	if ncclPending {
+		d.ncclMu.Lock()
+		if d.ncclStream == s {
+			d.ncclStream = nil
+		}
+		d.ncclMu.Unlock()
+	}
+	return nil
 }
 
 // prepareAbort makes the stream releaseKernels raises the abort word on,

@@ -112,11 +112,7 @@ type gpuComm struct {
 	// return its error rather than diagnose again.
 	breaking sync.Mutex
 	// calls are the latest calls, for diagnose (calllog.go).
-	calls callLog
-	// stopped is cancelled by Abort (releaseKernels): diagnose stops
-	// waiting for the peer.
-	stopped context.Context
-	stop    context.CancelFunc
+	calls *callBook
 }
 
 // zeroCopy is a call whose input peers read in place: the input lies at
@@ -292,7 +288,7 @@ func newGPUState(cfg Config, prefix string, det *Detected) (*gpuComm, error) {
 	g := &gpuComm{cfg: cfg, lib: cfg.Library, world: cfg.WorldSize, prefix: prefix, det: det,
 		sels: map[coll.Collective]*kernels.Selection{}, packers: map[*kernels.Kernel]*packer{},
 		inPlace: map[*kernels.Kernel]stageMap{}, zcBuf: make([]cuda.DevicePtr, cfg.WorldSize)}
-	g.stopped, g.stop = context.WithCancel(context.Background())
+	g.calls = newCallBook(cfg, prefix)
 	if cfg.WorldSize == 1 {
 		// One rank: every call is a copy (prepare), so there is no
 		// topology, kernel, staging region or NCCL to set up. A topology
@@ -1042,7 +1038,7 @@ func (g *gpuComm) statusErr() error {
 	if e.Peer < len(g.sameContext) && g.sameContext[e.Peer] {
 		e.Hint = fmt.Sprintf("rank %d shares this GPU's CUDA context (ranks of one process on one GPU): if it did call, a call of its that waits for the whole context while this kernel waited (cuMemFree, cuMemFreeHost, a module load or unload, cuCtxSynchronize, freeing a symmetric buffer) held it back until this deadline (docs/reliability.md, case 39)", e.Peer)
 	}
-	e.Calls = g.diagnose(e.Peer)
+	e.Calls = g.calls.diagnose(e.Peer)
 	return g.setBroken(e)
 }
 
@@ -1071,7 +1067,7 @@ func (g *gpuComm) synchronize(s *cuda.Stream) error {
 			// An NCCL collective past Config.Timeout (generated kernels
 			// report theirs in the status word): it names no peer, so
 			// every rank is asked what it issued.
-			if calls := g.diagnoseAll(); calls != "" {
+			if calls := g.calls.diagnoseAll(); calls != "" {
 				return errorf(ErrTimeout, "%w; %s", err, calls)
 			}
 		}
@@ -1089,9 +1085,8 @@ func (g *gpuComm) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
 	defer cancel()
 	serr := g.dev.synchronize(nil)
-	// Best effort, for a peer whose kernel waits for a call this rank
-	// never issued (diagnose); a store that fails fails the barrier too.
-	g.tell(ctx, "closed")
+	// For a peer whose kernel waits for a call this rank never issued.
+	g.calls.tellEnd("closed")
 	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
 	return errors.Join(serr, berr, g.dev.release())
 }

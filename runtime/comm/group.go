@@ -418,11 +418,13 @@ func (c *Communicator) forget(ctx context.Context) {
 	if c.cfg.Device == Host && c.id != "" {
 		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
 	}
+	if c.cfg.Device != Host {
+		forgetCalls(ctx, st, c.prefix, world)
+	}
 	switch {
 	case c.layout.multi():
 		forgetHierKeys(ctx, st, c.prefix, c.layout.perHost())
 	case c.cfg.Device != Host: // whichever ranks opened NCCL, set up or formed a pool
 		forgetDeviceKeys(ctx, st, c.prefix, world)
-		forgetCalls(ctx, st, c.prefix, world)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/cuda"
@@ -30,8 +31,15 @@ type hierDevice interface {
 	scratch(bytes int64) (cuda.DevicePtr, error)
 	// alloc returns a plain device buffer freed by release.
 	alloc(bytes int) (cuda.DevicePtr, error)
-	// synchronize waits for s (nil: the device's own stream).
+	// synchronize waits for s (nil: the device's own stream), bounded by
+	// Config.Timeout: NCCL's kernels across hosts have no deadline.
 	synchronize(s *cuda.Stream) error
+	// abort makes synchronize return ErrAborted at once and aborts the
+	// NCCL communicators (their kernels stop); safe from any goroutine.
+	abort()
+	// drained waits up to timeout for the device's streams to finish
+	// after abort, reporting whether they did.
+	drained(timeout time.Duration) bool
 	// ncclError returns either communicator's asynchronous error.
 	ncclError() error
 	cudaDevice() *cuda.Device
@@ -50,6 +58,7 @@ type hierComm struct {
 	dev    hierDevice
 	intra  *Communicator // the host's ranks; nil with one rank per host
 	sels   map[coll.Collective]*kernels.Selection
+	calls  *callBook // the calls across hosts, for a diagnosis (calllog.go)
 }
 
 // openHier opens the hierarchical backend's device (hier_cuda.go,
@@ -111,7 +120,7 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	if err != nil {
 		return nil, err
 	}
-	h := &hierComm{cfg: cfg, layout: l, sels: sels}
+	h := &hierComm{cfg: cfg, layout: l, sels: sels, calls: newCallBook(cfg, prefix)}
 	me, hi := l.local[cfg.Rank], l.host[cfg.Rank]
 	if l.perHost() > 1 {
 		sub := cfg
@@ -261,6 +270,11 @@ func (h *hierComm) statusErr() error {
 // asynchronous error.
 func (h *hierComm) synchronize(s *cuda.Stream) error {
 	if err := h.dev.synchronize(s); err != nil {
+		if errors.Is(err, ErrTimeout) { // NCCL across hosts: no peer named
+			if calls := h.calls.diagnoseAll(); calls != "" {
+				return errorf(ErrTimeout, "%w; %s", err, calls)
+			}
+		}
 		return err
 	}
 	if err := h.statusErr(); err != nil {
@@ -279,10 +293,32 @@ func (h *hierComm) alloc(ctx context.Context, bytes int) (cuda.DevicePtr, error)
 	return h.dev.alloc(bytes)
 }
 
+// abort stops the backend now (Communicator.Abort): the device's waits
+// return and its NCCL communicators are aborted, and the host's
+// communicator is aborted (its kernels released, its device torn down).
+func (h *hierComm) abort() error {
+	h.dev.abort()
+	if h.intra == nil {
+		return nil
+	}
+	return h.intra.Abort()
+}
+
+// teardown frees the device after abort, once its streams have drained
+// (within Config.Timeout; otherwise its memory is left, and the error
+// says so: freeing it would wait for the work).
+func (h *hierComm) teardown() error {
+	if !h.dev.drained(h.cfg.Timeout) {
+		return errorf(ErrTimeout, "comm: rank %d: work across hosts still runs %v after Abort; the hierarchical backend's device memory is left allocated", h.cfg.Rank, h.cfg.Timeout)
+	}
+	return h.dev.release()
+}
+
 // close closes the host's communicator (collective over the host) and
 // then frees the NCCL communicators and buffers.
 func (h *hierComm) close() error {
 	serr := h.dev.synchronize(nil)
+	h.calls.tellEnd("closed")
 	return errors.Join(serr, h.closeIntra(), h.dev.release())
 }
 

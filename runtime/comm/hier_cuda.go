@@ -6,8 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/collgen/collgen/coll"
+	"github.com/collgen/collgen/internal/pause"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/nccl"
 )
@@ -25,6 +30,16 @@ type cudaHier struct {
 	tmp        cuda.DevicePtr
 	tmpBytes   int64
 	allocs     []cuda.DevicePtr
+
+	// aborted is set by abort: synchronize returns at once.
+	aborted atomic.Bool
+	// commMu orders abortNCCL, which Abort calls from any goroutine,
+	// against release's clearing of cross and all.
+	commMu sync.Mutex
+	// streamMu guards streams: every stream NCCL work was enqueued on
+	// (the own one and callers'), which drained waits for.
+	streamMu sync.Mutex
+	streams  []*cuda.Stream
 }
 
 // openHierDevice opens Config.Device and a stream for the hierarchical
@@ -50,6 +65,14 @@ func (d *cudaHier) nccl(cross bool, collective coll.Collective, in, out cuda.Dev
 	if cross {
 		c = d.cross
 	}
+	if s == nil {
+		s = d.own
+	}
+	d.streamMu.Lock()
+	if !slices.Contains(d.streams, s) {
+		d.streams = append(d.streams, s)
+	}
+	d.streamMu.Unlock()
 	return ncclCall(c, collective, in, out, count, dtype, op, s)
 }
 
@@ -88,6 +111,11 @@ func (d *cudaHier) alloc(bytes int) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
+// synchronize waits for s like cudaDevice.wait: Config.Timeout bounds it
+// (NCCL work across hosts may be on any stream the steps use; a dead
+// host's NCCL kernels would otherwise wait forever), NCCL's asynchronous
+// error ends it, and abort cuts it short; the first two abort both NCCL
+// communicators.
 func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		s = d.own
@@ -95,7 +123,49 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		return nil
 	}
-	return s.Synchronize()
+	watch := &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
+	return waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch)
+}
+
+// abort makes synchronize return ErrAborted at once and aborts both NCCL
+// communicators (ncclCommAbort: their kernels stop); release still frees
+// the rest.
+func (d *cudaHier) abort() {
+	d.aborted.Store(true)
+	d.abortNCCL()
+}
+
+// abortNCCL aborts the cross-host and all-rank NCCL communicators.
+func (d *cudaHier) abortNCCL() {
+	d.commMu.Lock()
+	defer d.commMu.Unlock()
+	for _, c := range []*nccl.Comm{d.cross, d.all} {
+		if c != nil {
+			c.Abort()
+		}
+	}
+}
+
+// drained waits up to timeout for every stream NCCL work went on to
+// finish, reporting whether they did.
+func (d *cudaHier) drained(timeout time.Duration) bool {
+	d.streamMu.Lock()
+	streams := slices.Clone(d.streams)
+	d.streamMu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for _, s := range streams {
+		for {
+			done, err := s.Query()
+			if done || err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			pause.For(100 * time.Microsecond)
+		}
+	}
+	return true
 }
 
 func (d *cudaHier) ncclError() error {
@@ -114,12 +184,14 @@ func (d *cudaHier) stream() *cuda.Stream { return d.own }
 
 func (d *cudaHier) release() error {
 	var errs []error
+	d.commMu.Lock()
 	for _, c := range []**nccl.Comm{&d.all, &d.cross} {
 		if *c != nil {
 			errs = append(errs, (*c).Close())
 			*c = nil
 		}
 	}
+	d.commMu.Unlock()
 	if d.dev == nil {
 		return errors.Join(errs...)
 	}

@@ -29,6 +29,14 @@ type fakeHier struct {
 	// 0 (before an openErr: the id is out before NCCL's init fails), the
 	// all-rank one by rank 0.
 	store rendezvous.Store
+	// hang, when set, makes synchronize wait until abort (a collective
+	// across hosts whose peer is dead); abortCh is closed by abort.
+	hang    bool
+	abortCh chan struct{}
+	// busy is what drained reports as still running.
+	busy bool
+	// syncErr is what synchronize returns (an NCCL timeout, say).
+	syncErr error
 }
 
 func (d *fakeHier) record(format string, args ...any) {
@@ -70,11 +78,29 @@ const fakeTmp = cuda.DevicePtr(0x9000)
 
 func (d *fakeHier) scratch(int64) (cuda.DevicePtr, error) { return fakeTmp, nil }
 func (d *fakeHier) alloc(int) (cuda.DevicePtr, error)     { return 0xa000, nil }
-func (d *fakeHier) synchronize(*cuda.Stream) error        { return nil }
-func (d *fakeHier) ncclError() error                      { return nil }
-func (d *fakeHier) cudaDevice() *cuda.Device              { return nil }
-func (d *fakeHier) stream() *cuda.Stream                  { return nil }
-func (d *fakeHier) release() error                        { d.released = true; return nil }
+func (d *fakeHier) synchronize(*cuda.Stream) error {
+	if !d.hang {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.syncErr
+	}
+	<-d.abortCh
+	return errorf(ErrAborted, "fake: aborted while waiting")
+}
+
+func (d *fakeHier) abort() {
+	d.record("abort")
+	if d.abortCh != nil {
+		close(d.abortCh)
+	}
+}
+
+func (d *fakeHier) drained(time.Duration) bool { return !d.busy }
+
+func (d *fakeHier) ncclError() error         { return nil }
+func (d *fakeHier) cudaDevice() *cuda.Device { return nil }
+func (d *fakeHier) stream() *cuda.Stream     { return nil }
+func (d *fakeHier) release() error           { d.released = true; return nil }
 
 // hierComms makes goroutine-rank GPU communicators whose ranks sit on the
 // hosts named by ids, over fake devices; intra holds each rank's fake for
@@ -86,7 +112,7 @@ func hierComms(t *testing.T, store rendezvous.Store, ids []string, cfg Config) (
 	var mu sync.Mutex
 	byRank := map[int]*fakeHier{}
 	for r := range hier {
-		hier[r] = &fakeHier{store: store}
+		hier[r] = &fakeHier{store: store, abortCh: make(chan struct{})}
 		byRank[r] = hier[r]
 	}
 	saved := openHier
@@ -347,4 +373,77 @@ func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left: %q", len(left), left)
 	}
+}
+
+// Abort ends a collective across hosts that waits for a dead peer: the
+// device's wait returns, its NCCL communicators are aborted, the host's
+// communicator is aborted, and the device is released once its streams
+// drained (left allocated, and said so, when they do not). Before, a
+// collective across hosts waited in cuStreamSynchronize with no bound and
+// Abort waited behind it.
+func TestHierAbortWhileWaiting(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		t.Run(fmt.Sprint("busy ", busy), func(t *testing.T) {
+			comms, hier, errs := hierComms(t, rendezvous.NewMemStore(), []string{"a", "b", "a", "b"}, Config{})
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			hier[0].hang, hier[0].busy = true, busy
+			done := make(chan error)
+			go func() {
+				done <- comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x5000), 1<<10, coll.F32, coll.Sum, Options{})
+			}()
+			time.Sleep(50 * time.Millisecond)
+			start := time.Now()
+			aerr := comms[0].Abort()
+			if err := <-done; !errors.Is(err, ErrAborted) {
+				t.Errorf("the waiting all-reduce returned %v, want ErrAborted", err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("Abort took %v", took)
+			}
+			if busy != errors.Is(aerr, ErrTimeout) || busy == hier[0].released {
+				t.Errorf("streams still busy %v: Abort returned %v, device released %v", busy, aerr, hier[0].released)
+			}
+			if !slices.Contains(hier[0].log, "abort") {
+				t.Errorf("the device was not aborted: %v", hier[0].log)
+			}
+			if err := comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x5000), 8, coll.F32, coll.Sum, Options{}); !errors.Is(err, ErrAborted) {
+				t.Errorf("a call after Abort: %v", err)
+			}
+			for _, c := range comms[1:] {
+				if err := c.Abort(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
+
+// A collective across hosts past Config.Timeout asks every rank what it
+// issued: here the two hosts' ranks passed different counts.
+func TestHierTimeoutNamesTheCallThatDiffers(t *testing.T) {
+	diagnoseFor(t, 5*time.Second)
+	comms, hier, errs := hierComms(t, rendezvous.NewMemStore(), []string{"a", "b"}, Config{})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hier {
+		h.syncErr = errorf(ErrTimeout, "fake: NCCL across hosts did not finish")
+	}
+	errs = onRanks(comms, func(r int, c *Communicator) error {
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x5000), 8*(r+1), coll.F32, coll.Sum, Options{})
+	})
+	for r, err := range errs {
+		want := fmt.Sprintf("rank %d issued a different call 1: allreduce of %d f32 sum, algorithm auto (runs hierarchical), where this rank issued allreduce of %d f32 sum", 1-r, 8*(2-r), 8*(r+1))
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), want) {
+			t.Errorf("rank %d: %v\nwant it to contain %q", r, err, want)
+		}
+	}
+	for _, h := range hier {
+		h.mu.Lock()
+		h.syncErr = nil
+		h.mu.Unlock()
+	}
+	closeAll(t, comms)
 }
