@@ -85,9 +85,18 @@ func (d *cudaHier) scratch(bytes int64) (cuda.DevicePtr, error) {
 		return d.tmp, nil
 	}
 	if d.tmp != 0 {
-		// Enqueued steps may still use the old buffer.
-		if err := d.dev.Synchronize(); err != nil {
-			return 0, err
+		// Enqueued steps may still use the old buffer. Every collective's
+		// steps include NCCL work, so the streams they went on are those
+		// NCCL work went on; wait for each as synchronize does (bounded:
+		// a context-wide cuCtxSynchronize would wait for good behind a
+		// dead host's NCCL kernels).
+		d.streamMu.Lock()
+		streams := slices.Clone(d.streams)
+		d.streamMu.Unlock()
+		for _, s := range streams {
+			if err := d.synchronize(s); err != nil {
+				return 0, err
+			}
 		}
 		if err := d.dev.Free(d.tmp); err != nil {
 			return 0, err
