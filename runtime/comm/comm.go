@@ -173,7 +173,8 @@ type Config struct {
 	// like sglang's symmetric-memory option. Off by default: sglang
 	// measured windows slower than plain NCCL at 64-256 MiB on H200.
 	NCCLWindows bool
-	// NCCLNonBlocking opens the NCCL communicator non-blocking
+	// NCCLNonBlocking opens the NCCL communicator non-blocking (across
+	// hosts, both: the cross-host and the all-rank one)
 	// (ncclCommInitRankConfig with blocking = 0): its initialisation is
 	// then bounded by New's context and every later NCCL operation by
 	// Timeout, including a first collective whose connection set-up waits

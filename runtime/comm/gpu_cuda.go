@@ -95,12 +95,17 @@ func (d *cudaDevice) ncclUnavailable() string {
 // default, non-blocking with Config.NCCLNonBlocking (its initialisation
 // bounded by ctx and every later NCCL operation by Config.Timeout).
 func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
-	if d.cfg.NCCLNonBlocking {
-		d.comm, err = nccl.NewCommConfig(ctx, d.cfg.Store, key, rank, world, d.dev, nccl.Config{Timeout: d.cfg.Timeout})
-	} else {
-		d.comm, err = nccl.NewComm(ctx, d.cfg.Store, key, rank, world, d.dev)
-	}
+	d.comm, err = newNCCL(ctx, d.cfg, key, rank, world, d.dev)
 	return err
+}
+
+// newNCCL makes one NCCL communicator of cfg's group on dev, blocking or
+// non-blocking as Config.NCCLNonBlocking says.
+func newNCCL(ctx context.Context, cfg Config, key string, rank, world int, dev *cuda.Device) (*nccl.Comm, error) {
+	if cfg.NCCLNonBlocking {
+		return nccl.NewCommConfig(ctx, cfg.Store, key, rank, world, dev, nccl.Config{Timeout: cfg.Timeout})
+	}
+	return nccl.NewComm(ctx, cfg.Store, key, rank, world, dev)
 }
 
 func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqBytes int64) ([]cuda.DevicePtr, cuda.DevicePtr, cuda.DevicePtr, error) {

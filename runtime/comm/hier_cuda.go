@@ -53,10 +53,10 @@ func openHierDevice(cfg Config) (hierDevice, error) {
 }
 
 func (d *cudaHier) openNCCL(ctx context.Context, crossKey string, crossRank, crossWorld int, globalKey string, rank, world int) (err error) {
-	if d.cross, err = nccl.NewComm(ctx, d.cfg.Store, crossKey, crossRank, crossWorld, d.dev); err != nil {
+	if d.cross, err = newNCCL(ctx, d.cfg, crossKey, crossRank, crossWorld, d.dev); err != nil {
 		return err
 	}
-	d.all, err = nccl.NewComm(ctx, d.cfg.Store, globalKey, rank, world, d.dev)
+	d.all, err = newNCCL(ctx, d.cfg, globalKey, rank, world, d.dev)
 	return err
 }
 
