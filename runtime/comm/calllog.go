@@ -56,7 +56,7 @@ func (l *callLog) account() callAccount {
 }
 
 // callAccount is what a rank tells its peers of its latest calls (in the
-// store, under callsKey): after its kernel timed out, and at Close.
+// store, under callsKey): after a timeout, and at Close or Abort.
 type callAccount struct {
 	First int64         `json:"first"` // the number of Calls[0]
 	Calls []fingerprint `json:"calls"`
