@@ -79,11 +79,14 @@ func (a callAccount) at(i int64) (fingerprint, bool) {
 // callsKey is the store key of rank r's account.
 func callsKey(prefix string, r int) string { return prefix + "calls/" + strconv.Itoa(r) }
 
-// forgetCalls deletes every rank's account (Communicator.forget).
+// forgetCalls deletes every rank's account (Communicator.forget), best
+// effort, rendezvous.KeysInFlight at a time.
 func forgetCalls(ctx context.Context, st rendezvous.Store, prefix string, world int) {
-	for r := range world {
-		st.Delete(ctx, callsKey(prefix, r))
+	keys := make([]string, world)
+	for r := range keys {
+		keys[r] = callsKey(prefix, r)
 	}
+	rendezvous.DeleteKeys(ctx, st, keys...)
 }
 
 // callBook is a GPU backend's log of its calls and how it shares it:
