@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,10 +35,11 @@ type cudaHier struct {
 	// commMu orders abortNCCL, which Abort calls from any goroutine,
 	// against release's clearing of cross and all.
 	commMu sync.Mutex
-	// streamMu guards streams: every stream NCCL work was enqueued on
-	// (the own one and callers'), which drained waits for.
-	streamMu sync.Mutex
-	streams  []*cuda.Stream
+	// streamMu guards ncclStream: the stream NCCL work was last enqueued
+	// on (the own one or a caller's), which drained waits for with the
+	// own one (as cudaDevice's).
+	streamMu   sync.Mutex
+	ncclStream *cuda.Stream
 }
 
 // openHierDevice opens Config.Device and a stream for the hierarchical
@@ -69,9 +69,7 @@ func (d *cudaHier) nccl(cross bool, collective coll.Collective, in, out cuda.Dev
 		s = d.own
 	}
 	d.streamMu.Lock()
-	if !slices.Contains(d.streams, s) {
-		d.streams = append(d.streams, s)
-	}
+	d.ncclStream = s
 	d.streamMu.Unlock()
 	return ncclCall(c, collective, in, out, count, dtype, op, s)
 }
@@ -85,18 +83,9 @@ func (d *cudaHier) scratch(bytes int64) (cuda.DevicePtr, error) {
 		return d.tmp, nil
 	}
 	if d.tmp != 0 {
-		// Enqueued steps may still use the old buffer. Every collective's
-		// steps include NCCL work, so the streams they went on are those
-		// NCCL work went on; wait for each as synchronize does (bounded:
-		// a context-wide cuCtxSynchronize would wait for good behind a
-		// dead host's NCCL kernels).
-		d.streamMu.Lock()
-		streams := slices.Clone(d.streams)
-		d.streamMu.Unlock()
-		for _, s := range streams {
-			if err := d.synchronize(s); err != nil {
-				return 0, err
-			}
+		// Steps enqueued on any stream may still use the old buffer.
+		if err := d.syncAll(); err != nil {
+			return 0, err
 		}
 		if err := d.dev.Free(d.tmp); err != nil {
 			return 0, err
@@ -109,6 +98,27 @@ func (d *cudaHier) scratch(bytes int64) (cuda.DevicePtr, error) {
 	}
 	d.tmp, d.tmpBytes = p, bytes
 	return p, nil
+}
+
+// syncAll waits for all of the device's work (cuCtxSynchronize: the steps
+// may be on any stream) as synchronize waits for one stream: bounded by
+// Config.Timeout, after which both NCCL communicators are aborted (their
+// kernels stop, and the synchronize left behind then returns), and cut
+// short by abort.
+func (d *cudaHier) syncAll() error {
+	done := make(chan error, 1)
+	go func() { done <- d.dev.Synchronize() }()
+	var res error
+	query := func() (bool, error) {
+		select {
+		case res = <-done:
+			return true, res
+		default:
+			return false, nil
+		}
+	}
+	watch := &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "the work before a larger scratch buffer (collectives across hosts, NCCL)"}
+	return waitStream(d.cfg.Rank, query, d.aborted.Load, watch)
 }
 
 func (d *cudaHier) alloc(bytes int) (cuda.DevicePtr, error) {
@@ -133,7 +143,15 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 		return nil
 	}
 	watch := &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
-	return waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch)
+	if err := waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch); err != nil {
+		return err
+	}
+	d.streamMu.Lock()
+	if d.ncclStream == s { // done: drained need not look at it (the caller may destroy it)
+		d.ncclStream = nil
+	}
+	d.streamMu.Unlock()
+	return nil
 }
 
 // abort makes synchronize return ErrAborted at once and aborts both NCCL
@@ -155,14 +173,17 @@ func (d *cudaHier) abortNCCL() {
 	}
 }
 
-// drained waits up to timeout for every stream NCCL work went on to
-// finish, reporting whether they did.
+// drained waits up to timeout for the own stream and the one NCCL work
+// last went on to finish, reporting whether they did.
 func (d *cudaHier) drained(timeout time.Duration) bool {
 	d.streamMu.Lock()
-	streams := slices.Clone(d.streams)
+	streams := []*cuda.Stream{d.own, d.ncclStream}
 	d.streamMu.Unlock()
 	deadline := time.Now().Add(timeout)
 	for _, s := range streams {
+		if s == nil {
+			continue
+		}
 		for {
 			done, err := s.Query()
 			if done || err != nil {
