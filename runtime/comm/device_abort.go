@@ -114,6 +114,12 @@ func (d *cudaDevice) drained(timeout time.Duration) bool {
 	d.ncclMu.Lock()
 	streams := []*cuda.Stream{d.own, d.ncclStream}
 	d.ncclMu.Unlock()
+	return drainStreams(timeout, streams...)
+}
+
+// drainStreams polls each stream (nil ones skipped) until it is done or
+// fails, for up to timeout in all, reporting whether every one ended.
+func drainStreams(timeout time.Duration, streams ...*cuda.Stream) bool {
 	deadline := time.Now().Add(timeout)
 	for _, s := range streams {
 		if s == nil {

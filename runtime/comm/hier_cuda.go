@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/collgen/collgen/coll"
-	"github.com/collgen/collgen/internal/pause"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/nccl"
 )
@@ -179,23 +178,7 @@ func (d *cudaHier) drained(timeout time.Duration) bool {
 	d.streamMu.Lock()
 	streams := []*cuda.Stream{d.own, d.ncclStream}
 	d.streamMu.Unlock()
-	deadline := time.Now().Add(timeout)
-	for _, s := range streams {
-		if s == nil {
-			continue
-		}
-		for {
-			done, err := s.Query()
-			if done || err != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return false
-			}
-			pause.For(100 * time.Microsecond)
-		}
-	}
-	return true
+	return drainStreams(timeout, streams...)
 }
 
 func (d *cudaHier) ncclError() error {
