@@ -27,8 +27,9 @@ var diagnoseWait = 2 * time.Second
 // order Communicator.do resolved them (refused calls included: a call one
 // rank refused and its peers ran is the commonest mismatch). Ranks issue
 // collectives in one order, so call i of one rank pairs with call i of
-// every other. do adds under Communicator.busy; the lock is for diagnose,
-// which may read from another goroutine (Err).
+// every other. A call captured in a CUDA graph counts once, when captured,
+// not at each replay. do adds under Communicator.busy; the lock is for
+// diagnose, which may read from another goroutine (Err).
 type callLog struct {
 	mu   sync.Mutex
 	n    int64 // calls so far; call i is at ring[(i-1)%callLogLen]
