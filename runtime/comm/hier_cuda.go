@@ -129,11 +129,11 @@ func (d *cudaHier) alloc(bytes int) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
-// synchronize waits for s like cudaDevice.wait: Config.Timeout bounds it
-// (NCCL work across hosts may be on any stream the steps use; a dead
-// host's NCCL kernels would otherwise wait forever), NCCL's asynchronous
-// error ends it, and abort cuts it short; the first two abort both NCCL
-// communicators.
+// synchronize waits for s like cudaDevice.wait: where NCCL work was last
+// enqueued on s, Config.Timeout bounds the wait (a dead host's NCCL
+// kernels would otherwise wait forever) and NCCL's asynchronous error ends
+// it, both aborting the two NCCL communicators; abort cuts any wait short.
+// A stream with no NCCL work of the last call is the caller's to bound.
 func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		s = d.own
@@ -141,15 +141,23 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		return nil
 	}
-	watch := &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
+	d.streamMu.Lock()
+	pending := d.ncclStream == s
+	d.streamMu.Unlock()
+	var watch *ncclWatch
+	if pending {
+		watch = &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
+	}
 	if err := waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch); err != nil {
 		return err
 	}
-	d.streamMu.Lock()
-	if d.ncclStream == s { // done: drained need not look at it (the caller may destroy it)
-		d.ncclStream = nil
+	if pending {
+		d.streamMu.Lock()
+		if d.ncclStream == s { // done: drained need not look at it (the caller may destroy it)
+			d.ncclStream = nil
+		}
+		d.streamMu.Unlock()
 	}
-	d.streamMu.Unlock()
 	return nil
 }
 
