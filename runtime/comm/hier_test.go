@@ -33,6 +33,7 @@ type fakeHier struct {
 	// across hosts whose peer is dead); abortCh is closed by abort.
 	hang    bool
 	abortCh chan struct{}
+	waiting chan struct{} // closed when a hanging synchronize begins
 	// busy is what drained reports as still running.
 	busy bool
 	// syncErr is what synchronize returns (an NCCL timeout, say).
@@ -84,6 +85,7 @@ func (d *fakeHier) synchronize(*cuda.Stream) error {
 		defer d.mu.Unlock()
 		return d.syncErr
 	}
+	close(d.waiting)
 	<-d.abortCh
 	return errorf(ErrAborted, "fake: aborted while waiting")
 }
@@ -388,12 +390,12 @@ func TestHierAbortWhileWaiting(t *testing.T) {
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
 			}
-			hier[0].hang, hier[0].busy = true, busy
+			hier[0].hang, hier[0].busy, hier[0].waiting = true, busy, make(chan struct{})
 			done := make(chan error)
 			go func() {
 				done <- comms[0].AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x5000), 1<<10, coll.F32, coll.Sum, Options{})
 			}()
-			time.Sleep(50 * time.Millisecond)
+			<-hier[0].waiting
 			start := time.Now()
 			aerr := comms[0].Abort()
 			if err := <-done; !errors.Is(err, ErrAborted) {
