@@ -50,8 +50,9 @@ type doctorProbes struct {
 	underMPS func() bool
 	// cache returns the kernel cache's directory and its usage line.
 	cache func() (dir, usage string, err error)
-	// getenv reads the environment.
-	getenv func(string) string
+	// getenv and lookupEnv read the environment.
+	getenv    func(string) string
+	lookupEnv func(string) (string, bool)
 }
 
 // shmLow is the /dev/shm free space below which doctor warns: the host
@@ -65,12 +66,19 @@ func (p doctorProbes) diagnose() []doctorCheck {
 	add := func(verdict, name, format string, args ...any) {
 		out = append(out, doctorCheck{verdict, name, fmt.Sprintf(format, args...)})
 	}
+	// Read before the driver loads: loading it sets the variable to 32
+	// where the process left it unset.
+	queues := p.getenv(cuda.EnvMaxConnections)
+	visible := ""
+	if v, ok := p.lookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		visible = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", v)
+	}
 	path, version, gpus, err := p.driver()
 	switch {
 	case err != nil:
-		add(checkFail, "driver", "%v", err)
+		add(checkFail, "driver", "%v%s", err, visible)
 	case gpus == 0:
-		add(checkFail, "driver", "%s (CUDA %s) sees no GPU: check CUDA_VISIBLE_DEVICES and nvidia-smi", path, cudaVersion(version))
+		add(checkFail, "driver", "%s (CUDA %s) sees no GPU%s: check CUDA_VISIBLE_DEVICES and nvidia-smi", path, cudaVersion(version), visible)
 	default:
 		add(checkOK, "driver", "%s, CUDA %s, %d GPU(s)", path, cudaVersion(version), gpus)
 	}
@@ -104,7 +112,7 @@ func (p doctorProbes) diagnose() []doctorCheck {
 	} else {
 		add(checkOK, "/dev/shm", "%s free", fmtBytes(free))
 	}
-	switch q := p.getenv(cuda.EnvMaxConnections); {
+	switch q := queues; {
 	case p.underMPS():
 		add(checkOK, "work queues", "an MPS control daemon runs: collgen leaves %s as it is (%q); run one process per rank", cuda.EnvMaxConnections, q)
 	case q == "":
@@ -174,7 +182,8 @@ func realProbes() doctorProbes {
 			}
 			return dir, u.String(), nil
 		},
-		getenv: os.Getenv,
+		getenv:    os.Getenv,
+		lookupEnv: os.LookupEnv,
 	}
 }
 

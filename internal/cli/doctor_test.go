@@ -19,10 +19,11 @@ func healthy() doctorProbes {
 		topology: func() (*topo.Classification, error) {
 			return &topo.Classification{Kind: topo.NVSwitch, GPUs: []topo.BusID{{Bus: 0x18}, {Bus: 0x2a}}, Reason: "every pair through NVSwitch"}, nil
 		},
-		shmFree:  func() (int64, error) { return 64 << 30, nil },
-		underMPS: func() bool { return false },
-		cache:    func() (string, string, error) { return "/c", "3 entries", nil },
-		getenv:   func(string) string { return "" },
+		shmFree:   func() (int64, error) { return 64 << 30, nil },
+		underMPS:  func() bool { return false },
+		cache:     func() (string, string, error) { return "/c", "3 entries", nil },
+		getenv:    func(string) string { return "" },
+		lookupEnv: func(string) (string, bool) { return "", false },
 	}
 }
 
@@ -47,6 +48,20 @@ func TestDoctor(t *testing.T) {
 			p.driver = func() (string, int, int, error) { return "libcuda.so.1", 12040, 0, nil }
 		},
 			"driver", checkFail, "CUDA 12.4) sees no GPU", 1},
+		{"no GPU visible", func(p *doctorProbes) {
+			p.driver = func() (string, int, int, error) { return "", 0, 0, errors.New("cuda: cuInit: CUDA_ERROR_NO_DEVICE") }
+			p.lookupEnv = func(string) (string, bool) { return "", true }
+		}, "driver", checkFail, `CUDA_ERROR_NO_DEVICE (CUDA_VISIBLE_DEVICES="")`, 1},
+		{"work queues set by the driver's load", func(p *doctorProbes) {
+			set := false
+			p.driver = func() (string, int, int, error) { set = true; return "libcuda.so.1", 13000, 2, nil }
+			p.getenv = func(string) string {
+				if set {
+					return "32"
+				}
+				return ""
+			}
+		}, "work queues", checkOK, "unset: collgen sets 32", 0},
 		{"no NVRTC", func(p *doctorProbes) {
 			p.nvrtc = func() (int, int, string, error) { return 0, 0, "", errors.New("cuda: cannot load libnvrtc") }
 		}, "nvrtc", checkWarn, "kernels load only from a fatbin", 0},
