@@ -188,10 +188,11 @@ type reply struct {
 	same bool
 }
 
-// ask tells this rank's account and reads each peer's, all within one
-// deadline (min(diagnoseWait, Config.Timeout)), and returns a reply per
-// peer, in order. Replies are nil when Abort cut it short (failed "") or
-// when the tell failed (failed says why).
+// ask tells this rank's account and waits for the peers' (one store Wait
+// for all of them, min(diagnoseWait, Config.Timeout) at most), then reads
+// those that came, and returns a reply per peer, in order. Replies are nil
+// when Abort cut it short (failed "") or when the tell failed (failed
+// says why).
 func (b *callBook) ask(peers []int) (replies []reply, failed string) {
 	wait := min(diagnoseWait, b.timeout)
 	ctx, cancel := context.WithTimeout(b.stopped, wait)
@@ -202,30 +203,47 @@ func (b *callBook) ask(peers []int) (replies []reply, failed string) {
 		}
 		return nil, fmt.Sprintf("telling the peers what this rank issued failed: %v", err)
 	}
-	blobs := make([][]byte, len(peers))
-	errs := make([]error, len(peers))
-	var wg sync.WaitGroup
-	for i, p := range peers { // at once: a dead peer must not eat the others' wait
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			blobs[i], errs[i] = b.store.Get(ctx, callsKey(b.prefix, p))
-		}()
+	keys := make([]string, len(peers))
+	for i, p := range peers {
+		keys[i] = callsKey(b.prefix, p)
 	}
-	wg.Wait()
+	missing := map[string]bool{}
+	werr := b.store.Wait(ctx, keys...)
 	if b.stopped.Err() != nil {
 		return nil, ""
 	}
+	var we *rendezvous.WaitError
+	switch {
+	case errors.As(werr, &we):
+		for _, k := range we.Missing {
+			missing[k] = true
+		}
+	case werr != nil:
+		for _, k := range keys {
+			missing[k] = true
+		}
+	}
 	mine := b.log.account()
 	replies = make([]reply, len(peers))
+	// The accounts that came exist: reading them does not wait (a fresh
+	// bound, since the wait may have used up ctx).
+	rctx, rcancel := context.WithTimeout(b.stopped, wait)
+	defer rcancel()
 	for i, p := range peers {
+		if missing[keys[i]] {
+			if we == nil {
+				replies[i].msg = fmt.Sprintf("asking rank %d what it issued failed: %v", p, werr)
+			} else {
+				replies[i].msg = fmt.Sprintf("rank %d gave no account of its calls within %v (it is dead, stalled outside collgen, or not yet past its own deadline)", p, wait)
+			}
+			continue
+		}
 		var theirs callAccount
-		switch err := errs[i]; {
-		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rendezvous.ErrTimeout):
-			replies[i].msg = fmt.Sprintf("rank %d gave no account of its calls within %v (it is dead, stalled outside collgen, or not yet past its own deadline)", p, wait)
+		blob, err := b.store.Get(rctx, keys[i])
+		switch {
 		case err != nil:
 			replies[i].msg = fmt.Sprintf("asking rank %d what it issued failed: %v", p, err)
-		case json.Unmarshal(blobs[i], &theirs) != nil:
+		case json.Unmarshal(blob, &theirs) != nil:
 			replies[i].msg = fmt.Sprintf("rank %d's account of its calls is malformed", p)
 		default:
 			replies[i].msg, replies[i].same = explain(p, mine, theirs)

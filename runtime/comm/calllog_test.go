@@ -196,6 +196,23 @@ func TestNCCLTimeoutAsksEveryRank(t *testing.T) {
 			}
 		}
 	})
+	t.Run("one silent", func(t *testing.T) {
+		diagnoseFor(t, 200*time.Millisecond)
+		comms, devs := fakeComms(t, 3, Config{})
+		defer closeAll(t, comms)
+		devs[0].syncErr, devs[1].syncErr = ncclTimeout, ncclTimeout
+		errs := onRanks(comms[:2], func(r int, c *Communicator) error {
+			return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 64, coll.F32, coll.Sum, Options{Algorithm: coll.NCCL})
+		})
+		for r, err := range errs {
+			if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "; rank 2 gave no account of its calls within 200ms") || strings.Contains(err.Error(), fmt.Sprintf("rank %d ", 1-r)) {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+		for _, d := range devs {
+			d.syncErr = nil // Close waits for the stream too
+		}
+	})
 	t.Run("all the same", func(t *testing.T) {
 		comms, devs := fakeComms(t, 3, Config{})
 		defer closeAll(t, comms)
