@@ -39,6 +39,10 @@ type cudaHier struct {
 	// own one (as cudaDevice's).
 	streamMu   sync.Mutex
 	ncclStream *cuda.Stream
+	// syncing is closed when the cuCtxSynchronize of the last syncAll
+	// has returned (nil before any): one that outlived its deadline may
+	// still run, and release must not close the device under it.
+	syncing chan struct{}
 }
 
 // openHierDevice opens Config.Device and a stream for the hierarchical
@@ -105,8 +109,13 @@ func (d *cudaHier) scratch(bytes int64) (cuda.DevicePtr, error) {
 // kernels stop, and the synchronize left behind then returns), and cut
 // short by abort.
 func (d *cudaHier) syncAll() error {
-	done := make(chan error, 1)
-	go func() { done <- d.dev.Synchronize() }()
+	done, synced := make(chan error, 1), make(chan struct{})
+	d.syncing = synced
+	dev := d.dev
+	go func() {
+		done <- dev.Synchronize()
+		close(synced)
+	}()
 	var res error
 	query := func() (bool, error) {
 		select {
@@ -215,6 +224,16 @@ func (d *cudaHier) release() error {
 	d.commMu.Unlock()
 	if d.dev == nil {
 		return errors.Join(errs...)
+	}
+	if d.syncing != nil {
+		// NCCL is closed or aborted above, so its kernels end and a
+		// syncAll's cuCtxSynchronize past its deadline returns; wait for
+		// it, bounded, before freeing what it waits on.
+		select {
+		case <-d.syncing:
+		case <-time.After(d.cfg.Timeout):
+			return errors.Join(append(errs, errorf(ErrTimeout, "comm: rank %d: a wait for the device's work still runs %v after its deadline; the hierarchical backend's buffers and device are left", d.cfg.Rank, d.cfg.Timeout))...)
+		}
 	}
 	for _, p := range d.allocs {
 		errs = append(errs, d.dev.Free(p))
