@@ -135,8 +135,10 @@ func (b *callBook) tellEnd(ended string) {
 // before the error is returned: it tells this rank's account of its calls
 // and waits, for at most diagnoseWait (or Config.Timeout, if shorter, or
 // until Abort), for the account of peer, the rank the kernel waited for,
-// then says how the two differ (explain). It returns "" when Abort cut it
-// short. The wait is paid once per communicator, on the failure path.
+// then says how the two differ (explain). Where the peer issued the same
+// calls (it may itself have waited for a third rank), every rank is asked
+// too (diagnoseAll). It returns "" when Abort cut it short. The wait is
+// paid once per communicator, on the failure path.
 func (b *callBook) diagnose(peer int) string {
 	if peer < 0 || peer >= b.world || peer == b.rank {
 		return ""
@@ -145,7 +147,13 @@ func (b *callBook) diagnose(peer int) string {
 	if replies == nil {
 		return failed
 	}
-	return replies[0].msg
+	msg := replies[0].msg
+	if replies[0].same && b.world > 2 {
+		if all := b.diagnoseAll(); all != "" {
+			msg += "; asked every rank: " + all
+		}
+	}
+	return msg
 }
 
 // diagnoseAll is diagnose for a wait that names no peer (an NCCL

@@ -233,6 +233,35 @@ func TestNCCLTimeoutAsksEveryRank(t *testing.T) {
 	})
 }
 
+// At world 3, rank 0 waits for rank 1, which issued the same calls and
+// itself waits for rank 2, whose count differs: rank 0 asks every rank and
+// names rank 2.
+func TestTimeoutAsksEveryRankWhenThePeerAgrees(t *testing.T) {
+	diagnoseFor(t, 5*time.Second)
+	comms, devs := fakeComms(t, 3, Config{})
+	defer closeAll(t, comms)
+	errs := onRanks(comms, func(r int, c *Communicator) error {
+		n := 64
+		if r == 2 {
+			n = 128
+		}
+		return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), n, coll.F32, coll.Sum, Options{})
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	devs[0].statusVal, devs[1].statusVal, devs[2].statusVal = timeoutWord(0, 1), timeoutWord(1, 2), timeoutWord(2, 0)
+	errs = onRanks(comms, func(r int, c *Communicator) error { return c.Err() })
+	want := "rank 1 issued the same calls as this rank, up to call 1"
+	also := "; asked every rank: rank 2 issued a different call 1: allreduce of 128 f32 sum"
+	if err := errs[0]; !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), also) {
+		t.Errorf("rank 0: %v\nwant %q and %q", err, want, also)
+	}
+	if err := errs[1]; !strings.Contains(err.Error(), "rank 2 issued a different call 1") || strings.Contains(err.Error(), "asked every rank") {
+		t.Errorf("rank 1: %v", err)
+	}
+}
+
 // A peer that aborted after its first call: the rank whose second call
 // timed out says so.
 func TestTimeoutNamesAnAbortedPeer(t *testing.T) {

@@ -521,7 +521,8 @@ func (c *Communicator) Synchronize(s *cuda.Stream) error {
 // stream, or nil; after Close or Abort, ErrClosed or ErrAborted. The first
 // report of a kernel's timeout (by Err, a call or Synchronize, whichever
 // sees it first) takes up to 2 seconds more: it asks the peer that was
-// waited for what it issued (TimeoutError.Calls).
+// waited for what it issued (TimeoutError.Calls), and, where that peer
+// issued the same calls, every rank, for up to 2 seconds again.
 func (c *Communicator) Err() error {
 	c.waiting.RLock() // the status word lives until Close or Abort
 	defer c.waiting.RUnlock()
