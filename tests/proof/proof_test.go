@@ -712,15 +712,31 @@ func TestTimeoutReported(t *testing.T) {
 }
 
 // TestMismatchReportedGPU checks that ranks issuing different collectives
-// (after a first call they agree on, rank 1 runs the LL one-shot where rank
-// 0 runs the barrier one-shot, so neither signals what the other waits
-// for) both time out, and that each error names the call that differs
-// from the peer's own account of its calls (reliability case 5).
+// (after a first call they agree on, the last rank runs the LL one-shot
+// where the others run the barrier one-shot, so neither kind signals what
+// the other waits for) all time out, and that each error names the call
+// that differs from the peer's own account of its calls (reliability case
+// 95). At world 3 the two barrier ranks meet each other's barriers and
+// time out on the last rank; the last rank names whichever it waited for.
 func TestMismatchReportedGPU(t *testing.T) {
-	proofGPUs(t)
-	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 500 * time.Millisecond, Group: "mismatch"})
+	ngpu := proofGPUs(t)
+	for _, world := range []int{2, 3} {
+		t.Run(fmt.Sprintf("world%d", world), func(t *testing.T) {
+			if world > ngpu {
+				t.Skipf("needs %d GPUs (or COLLGEN_TEST_SHARE_GPU=1)", world)
+			}
+			mismatchReported(t, world)
+		})
+	}
+}
+
+// mismatchReported is TestMismatchReportedGPU at one world size.
+func mismatchReported(t *testing.T, world int) {
+	comms := newComms(t, world, comm.Config{Library: collectives.Library, DisableNCCL: true, Timeout: 500 * time.Millisecond,
+		Group: fmt.Sprintf("mismatch-w%d", world)})
 	defer closeComms(comms)
-	errs := make([]error, 2)
+	last := world - 1
+	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r, c := range comms {
 		wg.Add(1)
@@ -734,23 +750,24 @@ func TestMismatchReportedGPU(t *testing.T) {
 				return
 			}
 			alg := coll.OneShot
-			if r == 1 {
+			if r == last {
 				alg = coll.OneShotLL
 			}
 			errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
 		}()
 	}
 	wg.Wait()
+	const ll, barrier = "oneshot_ll (runs oneshot_ll)", "oneshot (runs oneshot)"
 	for r, err := range errs {
 		var te *comm.TimeoutError
-		if !errors.As(err, &te) || te.Peer != 1-r {
-			t.Fatalf("rank %d: got %v, want a *comm.TimeoutError waiting for rank %d", r, err, 1-r)
+		if !errors.As(err, &te) {
+			t.Fatalf("rank %d: got %v, want a *comm.TimeoutError", r, err)
 		}
-		theirs, mine := "oneshot_ll (runs oneshot_ll)", "oneshot (runs oneshot)"
-		if r == 1 {
-			theirs, mine = mine, theirs
+		want := fmt.Sprintf("rank %d issued a different call 2: allreduce of 1024 f32 sum, algorithm %s, where this rank issued allreduce of 1024 f32 sum, algorithm %s", last, ll, barrier)
+		if r == last {
+			want = fmt.Sprintf("rank %d issued a different call 2: allreduce of 1024 f32 sum, algorithm %s, where this rank issued allreduce of 1024 f32 sum, algorithm %s", te.Peer, barrier, ll)
 		}
-		if want := fmt.Sprintf("rank %d issued a different call 2: allreduce of 1024 f32 sum, algorithm %s, where this rank issued allreduce of 1024 f32 sum, algorithm %s", 1-r, theirs, mine); !strings.Contains(te.Calls, want) {
+		if !strings.Contains(te.Calls, want) {
 			t.Errorf("rank %d: %v\nwant its account to say %q", r, err, want)
 		}
 		t.Logf("rank %d: %v", r, err)
