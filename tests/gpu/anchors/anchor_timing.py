@@ -9,7 +9,13 @@ import torch
 # the ranks' skew is timed. ANCHOR_TIMING=per-replay times each replay
 # between its own events with a synchronize after it, the method of the
 # figures made before 2026-11-24 (it adds that launch gap and skew).
-def replay_times(replay, reps, per=20):
+# OPS is how many collectives each replay (a graph, or an eager batch)
+# holds, $ANCHOR_OPS (default 20; NCCL graphs time slower with more, for a
+# reason not found: tests/gpu/anchors/README.md).
+OPS = int(os.environ.get("ANCHOR_OPS", "20"))
+
+def replay_times(replay, reps, per=None):
+    per = per or OPS
     if os.environ.get("ANCHOR_TIMING") == "per-replay":
         s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True); ts = []
         for _ in range(reps):
