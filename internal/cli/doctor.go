@@ -40,8 +40,9 @@ type doctorProbes struct {
 	driver func() (path string, version, gpus int, err error)
 	// nvrtc returns NVRTC's version and path.
 	nvrtc func() (major, minor int, path string, err error)
-	// nccl returns libnccl's version and path.
-	nccl func() (major, minor, patch int, path string, err error)
+	// nccl returns libnccl's version, path and what it can do beyond
+	// collectives (nccl.Lib.Registers, HasWindows).
+	nccl func() (nccl ncclFound, err error)
 	// topology classifies every GPU of the machine through NVML.
 	topology func() (*topo.Classification, error)
 	// shmFree returns the bytes free in /dev/shm.
@@ -53,6 +54,12 @@ type doctorProbes struct {
 	// getenv and lookupEnv read the environment.
 	getenv    func(string) string
 	lookupEnv func(string) (string, bool)
+}
+
+// ncclFound is the NCCL library doctor loaded.
+type ncclFound struct {
+	version, path      string // e.g. "2.28.3", "libnccl.so.2"
+	registers, windows bool   // nccl.Lib.Registers, HasWindows
 }
 
 // shmLow is the /dev/shm free space below which doctor warns: the host
@@ -87,14 +94,14 @@ func (p doctorProbes) diagnose() []doctorCheck {
 	} else {
 		add(checkOK, "nvrtc", "NVRTC %d.%d (%s)", major, minor, path)
 	}
-	if major, minor, patch, path, err := p.nccl(); err != nil {
+	if n, err := p.nccl(); err != nil {
 		add(checkWarn, "nccl", "%v", err)
 	} else {
-		v := fmt.Sprintf("NCCL %d.%d.%d (%s)", major, minor, patch, path)
-		switch at := func(a, b int) bool { return major > a || major == a && minor >= b }; {
-		case !at(2, 19):
+		v := fmt.Sprintf("NCCL %s (%s)", n.version, n.path)
+		switch {
+		case !n.registers:
 			add(checkWarn, "nccl", "%s: collectives only; buffer registration needs 2.19, windows 2.27", v)
-		case !at(2, 27):
+		case !n.windows:
 			add(checkOK, "nccl", "%s: collectives and buffer registration; windows (Config.NCCLWindows) need 2.27", v)
 		default:
 			add(checkOK, "nccl", "%s: collectives, buffer registration and windows", v)

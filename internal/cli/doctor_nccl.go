@@ -5,11 +5,10 @@ package cli
 import "github.com/collgen/collgen/runtime/nccl"
 
 // ncclProbe loads libnccl as the communicator would.
-func ncclProbe() (major, minor, patch int, path string, err error) {
+func ncclProbe() (ncclFound, error) {
 	lib, err := nccl.Load()
 	if err != nil {
-		return 0, 0, 0, "", err
+		return ncclFound{}, err
 	}
-	v := lib.Version()
-	return v.Major, v.Minor, v.Patch, lib.Path, nil
+	return ncclFound{version: lib.Version().String(), path: lib.Path, registers: lib.Registers(), windows: lib.HasWindows()}, nil
 }

@@ -4,7 +4,7 @@ package cli
 
 import "errors"
 
-// ncclProbe: this build loads no NCCL (runtime/nccl needs cgo on Linux).
-func ncclProbe() (major, minor, patch int, path string, err error) {
-	return 0, 0, 0, "", errors.New("nccl: this build of collgen loads no NCCL (it needs cgo, on Linux)")
+// ncclProbe: this build loads no NCCL (runtime/nccl needs cgo, on Linux).
+func ncclProbe() (ncclFound, error) {
+	return ncclFound{}, errors.New("nccl: this build of collgen loads no NCCL (it needs cgo, on Linux)")
 }

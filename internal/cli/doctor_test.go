@@ -15,7 +15,9 @@ func healthy() doctorProbes {
 	return doctorProbes{
 		driver: func() (string, int, int, error) { return "libcuda.so.1", 13000, 2, nil },
 		nvrtc:  func() (int, int, string, error) { return 13, 0, "libnvrtc.so.13", nil },
-		nccl:   func() (int, int, int, string, error) { return 2, 28, 3, "libnccl.so.2", nil },
+		nccl: func() (ncclFound, error) {
+			return ncclFound{version: "2.28.3", path: "libnccl.so.2", registers: true, windows: true}, nil
+		},
 		topology: func() (*topo.Classification, error) {
 			return &topo.Classification{Kind: topo.NVSwitch, GPUs: []topo.BusID{{Bus: 0x18}, {Bus: 0x2a}}, Reason: "every pair through NVSwitch"}, nil
 		},
@@ -66,13 +68,15 @@ func TestDoctor(t *testing.T) {
 			p.nvrtc = func() (int, int, string, error) { return 0, 0, "", errors.New("cuda: cannot load libnvrtc") }
 		}, "nvrtc", checkWarn, "kernels load only from a fatbin", 0},
 		{"no NCCL", func(p *doctorProbes) {
-			p.nccl = func() (int, int, int, string, error) { return 0, 0, 0, "", errors.New("cannot load libnccl") }
+			p.nccl = func() (ncclFound, error) { return ncclFound{}, errors.New("cannot load libnccl") }
 		}, "nccl", checkWarn, "cannot load libnccl", 0},
 		{"old NCCL", func(p *doctorProbes) {
-			p.nccl = func() (int, int, int, string, error) { return 2, 18, 1, "libnccl.so.2", nil }
+			p.nccl = func() (ncclFound, error) { return ncclFound{version: "2.18.1", path: "libnccl.so.2"}, nil }
 		}, "nccl", checkWarn, "collectives only; buffer registration needs 2.19", 0},
 		{"NCCL without windows", func(p *doctorProbes) {
-			p.nccl = func() (int, int, int, string, error) { return 2, 21, 5, "libnccl.so.2", nil }
+			p.nccl = func() (ncclFound, error) {
+				return ncclFound{version: "2.21.5", path: "libnccl.so.2", registers: true}, nil
+			}
 		}, "nccl", checkOK, "windows (Config.NCCLWindows) need 2.27", 0},
 		{"no NVML", func(p *doctorProbes) {
 			p.topology = func() (*topo.Classification, error) { return nil, errors.New("topo: nvmlInit: not found") }

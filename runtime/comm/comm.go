@@ -580,6 +580,11 @@ func (c *Communicator) Close() error {
 		if c.gpu != nil {
 			c.gpu.dev.synchronize(nil)
 		}
+		if b := c.book(); b != nil {
+			// For a peer whose kernel waits for a call this rank never
+			// issued; before the backend's close barrier.
+			b.tellEnd("closed")
+		}
 		c.closeErr = errors.Join(classify(c.reg.closeAll(false)), classify(c.b.close()), c.leave())
 	})
 	return c.closeErr

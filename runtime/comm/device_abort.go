@@ -189,20 +189,22 @@ func (d *cudaDevice) deregisterWindow(h uintptr) error {
 
 // noRegister implements registrar.
 func (d *cudaDevice) noRegister() string {
-	return ncclOlderThan(2, 19, "cannot register buffers (ncclCommRegister, 2.19+)")
+	return ncclLacks((*nccl.Lib).Registers, "cannot register buffers (ncclCommRegister, 2.19+)")
 }
 
 // noWindows implements registrar.
-func (d *cudaDevice) noWindows() string { return ncclOlderThan(2, 27, "has no windows (2.27+)") }
+func (d *cudaDevice) noWindows() string {
+	return ncclLacks((*nccl.Lib).HasWindows, "has no windows (2.27+)")
+}
 
-// ncclOlderThan says "NCCL <version> <lacks>" when the loaded NCCL is older
-// than major.minor (or why none loads), "" otherwise.
-func ncclOlderThan(major, minor int, lacks string) string {
+// ncclLacks says "NCCL <version> <lacks>" when the loaded NCCL has not
+// what has reports (or why none loads), "" otherwise.
+func ncclLacks(has func(*nccl.Lib) bool, lacks string) string {
 	lib, err := nccl.Load()
 	if err != nil {
 		return err.Error()
 	}
-	if !lib.AtLeast(major, minor) {
+	if !has(lib) {
 		return fmt.Sprintf("NCCL %v %s", lib.Version(), lacks)
 	}
 	return ""

@@ -1085,8 +1085,6 @@ func (g *gpuComm) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
 	defer cancel()
 	serr := g.dev.synchronize(nil)
-	// For a peer whose kernel waits for a call this rank never issued.
-	g.calls.tellEnd("closed")
 	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
 	return errors.Join(serr, berr, g.dev.release())
 }

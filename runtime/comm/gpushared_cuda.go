@@ -20,7 +20,7 @@ func ncclCall(c *nccl.Comm, collective coll.Collective, in, out cuda.DevicePtr, 
 		return errorf(ErrUnsupported, "comm: NCCL has no type for %s", dtype)
 	}
 	if d := nccl.DataType(dt); d == nccl.F8E4M3 || d == nccl.F8E5M2 {
-		if why := ncclOlderThan(2, 24, "has no fp8 types (2.24+)"); why != "" {
+		if why := ncclLacks((*nccl.Lib).HasFP8, "has no fp8 types (2.24+)"); why != "" {
 			return errorf(ErrUnsupported, "comm: %s on %s: %s", collective, dtype, why)
 		}
 	}

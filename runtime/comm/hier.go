@@ -318,7 +318,6 @@ func (h *hierComm) teardown() error {
 // then frees the NCCL communicators and buffers.
 func (h *hierComm) close() error {
 	serr := h.dev.synchronize(nil)
-	h.calls.tellEnd("closed")
 	return errors.Join(serr, h.closeIntra(), h.dev.release())
 }
 

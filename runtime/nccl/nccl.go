@@ -208,6 +208,18 @@ func (l *Lib) AtLeast(major, minor int) bool {
 	return v.Major > major || (v.Major == major && v.Minor >= minor)
 }
 
+// Registers reports whether the library can register buffers
+// (ncclCommRegister, NCCL 2.19 and newer).
+func (l *Lib) Registers() bool { return l.AtLeast(2, 19) }
+
+// HasFP8 reports whether the library reduces and gathers fp8 (e4m3,
+// e5m2: NCCL 2.24 and newer).
+func (l *Lib) HasFP8() bool { return l.AtLeast(2, 24) }
+
+// HasWindows reports whether the library has windows
+// (ncclCommWindowRegister, NCCL 2.27 and newer).
+func (l *Lib) HasWindows() bool { return l.AtLeast(2, 27) }
+
 var (
 	loadMu sync.Mutex
 	loaded *Lib
