@@ -97,12 +97,15 @@ func (c *Communicator) do(in call) error {
 		*cl = in
 	}
 	err := c.resolve(cl)
-	if b := c.book(); b != nil {
-		b.log.add(fingerprintOf(cl, err))
-	}
-	if c.check != nil {
-		if cerr := c.check.compare(c, cl, err); cerr != nil {
-			return cerr
+	if b, k := c.book(), c.check; b != nil || k != nil {
+		f := fingerprintOf(cl, err)
+		if b != nil {
+			b.log.add(f)
+		}
+		if k != nil {
+			if cerr := k.compare(c, cl, f); cerr != nil {
+				return cerr
+			}
 		}
 	}
 	if err != nil || cl.n == 0 {

@@ -89,11 +89,10 @@ func fingerprintOf(cl *call, err error) fingerprint {
 // compare exchanges the call's fingerprint with every rank. It returns an
 // ErrMismatch error naming each rank whose call differs from rank 0's,
 // refusals included (every rank returns it, so none runs the call); nil
-// when all agree. resolveErr is this rank's own refusal, which the caller
-// returns after the exchange.
-func (k *checker) compare(c *Communicator, cl *call, resolveErr error) error {
+// when all agree. mine is the call's fingerprint (fingerprintOf), with
+// this rank's own refusal, which the caller returns after the exchange.
+func (k *checker) compare(c *Communicator, cl *call, mine fingerprint) error {
 	n := k.calls.Add(1)
-	mine := fingerprintOf(cl, resolveErr)
 	name := c.prefix + "check"
 	if cl.o.Tag != 0 {
 		// Explicitly tagged host calls may run concurrently: the tag, not
