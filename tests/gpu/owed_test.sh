@@ -9,7 +9,7 @@ S=tests/gpu/owed-x2.sh
 fail() { echo "owed_test: $*" >&2; exit 1; }
 bash -n "$S" || fail "syntax"
 out=$("$S" list) || fail "list exited $?"
-for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes; do
+for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults; do
   grep -q "^$step " <<<"$out" || fail "list lacks $step: $out"
 done
 "$S" nosuch >/dev/null 2>&1; [ $? -eq 2 ] || fail "an unknown step did not exit 2"
@@ -17,11 +17,22 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # A copy of the tree's scripts with no bundle beside it: every step must
 # stop at its missing carry.
 mkdir -p "$tmp/tests/gpu" && cp "$S" "$tmp/tests/gpu/"
-for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes; do
+for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults; do
   msg=$(OUT=$tmp/out "$tmp/tests/gpu/owed-x2.sh" "$step" 2>&1); rc=$?
   if [ $rc -ne 2 ] || ! grep -q "needs .gpu/" <<<"$msg"; then fail "$step without its carry: exit $rc, $msg"; fi
 done
 # The patches the steps build from exist, and the flags they pass exist.
 for p in max-blocks lamport; do [ -f "tests/gpu/patches/$p.patch" ] || fail "no tests/gpu/patches/$p.patch"; done
 for f in tests/gpu/peers.sh tests/gpu/ab.sh tests/proof/run.sh; do [ -x "$f" ] || fail "$f is not executable"; done
+for f in graph_gaps.py nccl_window_bench.py torch_anchor_bench.py anchor_timing.py; do
+  [ -f "tests/gpu/anchors/$f" ] || fail "no tests/gpu/anchors/$f"
+done
+# The peers' scripts parse (where python3 is), and ANCHOR_SIZES reaches the
+# ones peers-why restricts.
+command -v python3 >/dev/null && for f in tests/gpu/anchors/*.py; do python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$f" || fail "$f does not parse"; done
+for f in nccl_window_bench.py torch_anchor_bench.py; do
+  grep -q "anchor_sizes(" "tests/gpu/anchors/$f" || fail "$f ignores ANCHOR_SIZES"
+done
+# host-faults runs TestPeerFaultGPU's cases across hosts.
+grep -q '"hier-kill"' tests/proof/fault_test.go || fail "TestPeerFaultGPU has no hier-kill case"
 echo "owed_test: ok"

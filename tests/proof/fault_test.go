@@ -26,18 +26,28 @@ const envFaultChild = "COLLGEN_TEST_FAULT_STORE"
 
 // peerFaults are TestPeerFaultGPU's cases: how the peer process fails
 // (SIGKILL, or SIGSTOP and SIGKILL once the survivor has failed), under
-// which algorithm, at which size (bf16 elements).
+// which algorithm, at which size (bf16 elements). The hier cases put each
+// rank on a "host" of its own (Config.HostID), so the group runs the
+// hierarchical backend and its NCCL across hosts, whose kernels have no
+// deadline: only the backend's bounded waits (reliability case 96) stand
+// between the survivor and a hang; nonBlocking opens that NCCL
+// non-blocking (Config.NCCLNonBlocking).
 var peerFaults = []struct {
-	name   string
-	alg    coll.Algorithm
-	n      int
-	signal syscall.Signal
+	name        string
+	alg         coll.Algorithm
+	n           int
+	signal      syscall.Signal
+	hosts       bool
+	nonBlocking bool
 }{
-	{"nccl-kill", coll.NCCL, 32 << 20, syscall.SIGKILL},
-	{"oneshot-kill", coll.OneShot, 1 << 20, syscall.SIGKILL},
-	{"oneshot_ll-kill", coll.OneShotLL, 64 << 10, syscall.SIGKILL},
-	{"twoshot-stop", coll.TwoShot, 4 << 20, syscall.SIGSTOP},
-	{"oneshot_ll-stop", coll.OneShotLL, 64 << 10, syscall.SIGSTOP},
+	{name: "nccl-kill", alg: coll.NCCL, n: 32 << 20, signal: syscall.SIGKILL},
+	{name: "oneshot-kill", alg: coll.OneShot, n: 1 << 20, signal: syscall.SIGKILL},
+	{name: "oneshot_ll-kill", alg: coll.OneShotLL, n: 64 << 10, signal: syscall.SIGKILL},
+	{name: "twoshot-stop", alg: coll.TwoShot, n: 4 << 20, signal: syscall.SIGSTOP},
+	{name: "oneshot_ll-stop", alg: coll.OneShotLL, n: 64 << 10, signal: syscall.SIGSTOP},
+	{name: "hier-kill", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGKILL, hosts: true},
+	{name: "hier-stop", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGSTOP, hosts: true},
+	{name: "hier-kill-nonblocking", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGKILL, hosts: true, nonBlocking: true},
 }
 
 // TestPeerFaultGPU (reliability cases 6 and 7 on GPUs): two process ranks
@@ -50,18 +60,18 @@ func TestPeerFaultGPU(t *testing.T) {
 	proofGPUs(t)
 	for _, tc := range peerFaults {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.alg == coll.NCCL {
+			if tc.alg == coll.NCCL || tc.hosts {
 				cudatest.OwnGPUs(t)
 				if _, err := nccl.Load(); err != nil {
 					t.Skipf("NCCL: %v", err)
 				}
 			}
-			peerFault(t, tc.alg, tc.n, tc.signal)
+			peerFault(t, tc.alg, tc.n, tc.signal, tc.hosts, tc.nonBlocking)
 		})
 	}
 }
 
-func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
+func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal, hosts, nonBlocking bool) {
 	const timeout = 5 * time.Second
 	dir := os.Getenv(envFaultChild)
 	child := dir != ""
@@ -95,7 +105,10 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := comm.Config{Rank: rank, WorldSize: 2, Store: store, Library: collectives.Library, Group: "peer-fault", Timeout: timeout,
-		DisableNCCL: alg != coll.NCCL && sharedGPU()}
+		DisableNCCL: alg != coll.NCCL && !hosts && sharedGPU(), NCCLNonBlocking: nonBlocking}
+	if hosts {
+		cfg.HostID = fmt.Sprintf("host%d", rank)
+	}
 	place(&cfg, rank)
 	c, err := comm.New(ctx, cfg)
 	if err != nil {

@@ -14,6 +14,12 @@ import torch
 # reason not found: tests/gpu/anchors/README.md).
 OPS = int(os.environ.get("ANCHOR_OPS", "20"))
 
+
+def sizes(default):
+    """The byte sizes to measure: $ANCHOR_SIZES (bytes, comma-separated) or default."""
+    env = os.environ.get("ANCHOR_SIZES")
+    return [int(x) for x in env.split(",")] if env else default
+
 def replay_times(replay, reps, per=None):
     per = per or OPS
     if os.environ.get("ANCHOR_TIMING") == "per-replay":
