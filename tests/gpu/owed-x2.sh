@@ -124,6 +124,8 @@ case $STEP in
     part $? "nccl window, per replay"
     ANCHOR_OPS=1 ANCHOR_SIZES=$S timeout 90 python3 $A/nccl_window_bench.py "$R/win-ops1.json" 2 >"$R/win-ops1.txt" 2>&1
     part $? "nccl window, one op a graph"
+    ANCHOR_STREAM=side ANCHOR_SIZES=$S timeout 90 python3 $A/nccl_window_bench.py "$R/win-side.json" 2 >"$R/win-side.txt" 2>&1
+    part $? "nccl window, replays on a side stream"
     grep -h "rank\|ops per graph" "$R"/gaps-*.txt
     grep -h " B " "$R"/win-*.txt
     grep -h -A6 "per-op latency" "$R"/collgen-*.txt
