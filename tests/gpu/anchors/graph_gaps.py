@@ -30,6 +30,30 @@ def summary(kernels, ops):
             "per_op_us": round(span / len(kernels), 2) if kernels else None}
 
 
+def cuda_kernels(prof, name=""):
+    """(start us, duration us) of the profiled CUDA kernels whose name holds name."""
+    return [(e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and name in e.name.lower()]
+
+
+def control():
+    # Does the profiler see kernels inside graph replays? A graph of OPS
+    # small additions, replayed REPS times: it should report OPS*REPS.
+    x = torch.zeros(1024, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x.add_(1)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(OPS): x.add_(1)
+    g.replay(); torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS): g.replay()
+        torch.cuda.synchronize()
+    return {"kernels_seen": len(cuda_kernels(prof)), "kernels_replayed": OPS * REPS}
+
+
 def worker(rank, world, sizes, port, q):
     torch.cuda.set_device(rank)
     import torch.distributed as dist
@@ -47,7 +71,7 @@ def worker(rank, world, sizes, port, q):
     ck(L.ncclMemAlloc(ctypes.byref(win_ptr), 2 * maxb), "memalloc")
     ck(L.ncclCommWindowRegister(comm, win_ptr, 2 * maxb, ctypes.byref(win), 1), "winreg")
     plain = torch.empty(maxb, dtype=torch.bfloat16, device="cuda")
-    res = {}
+    res = {"control": control()}
     for nb in sizes:
         n = nb // 2
         for kind, (sb, rb) in (("plain", (plain.data_ptr(), plain.data_ptr() + nb)), ("window", (win_ptr.value, win_ptr.value + maxb))):
@@ -67,9 +91,7 @@ def worker(rank, world, sizes, port, q):
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(REPS): g.replay()
                 torch.cuda.synchronize()
-            ks = [(e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
-                  if e.device_type == torch.autograd.DeviceType.CUDA and "nccl" in e.name.lower()]
-            res[f"{nb} {kind}"] = summary(ks, OPS)
+            res[f"{nb} {kind}"] = summary(cuda_kernels(prof, "nccl"), OPS)
             del g
             torch.cuda.synchronize()
     q.put((rank, res))
