@@ -15,7 +15,7 @@
 #   proof-processes   .gpu/proof.test .gpu/collgen           make gpu-bundle
 #   peers-why         .gpu/collgen                           make gpu-bundle
 #   host-faults       .gpu/proof.test                        make gpu-bundle
-#   twoshot-grow      .gpu/collgen .gpu/twoshot-grow         + tests/gpu/patch-bundle.sh tests/gpu/patches/twoshot-grow.patch
+#   ll128-grow        .gpu/collgen .gpu/ll128-grow           + tests/gpu/patch-bundle.sh tests/gpu/patches/ll128-grow.patch
 #
 # `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
 # (non-zero if any part failed, timed out or found a wrong result).
@@ -26,7 +26,7 @@ usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 STEP=$1
 case $STEP in
   list) sed -n '9,18p' "$0" | sed 's/^# *//'; exit 0 ;;
-  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | twoshot-grow) ;;
+  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow) ;;
   *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
 esac
 cd "$(dirname "$0")/../.." || exit 2
@@ -47,15 +47,30 @@ case $STEP in
     OUT=$R timeout 580 tests/gpu/peers.sh >"$R/peers.log" 2>&1
     part $? peers
     ;;
-  max-blocks | twoshot-grow)
-    need .gpu/collgen .gpu/$STEP/collgen .gpu/$STEP/proof.test
-    OUT=$R/proof BUNDLE=.gpu/$STEP PROOF_WORLDS=2 PROOF_ONLY='allreduce_twoshot_ll128*_w2' \
+  max-blocks)
+    need .gpu/collgen .gpu/max-blocks/collgen .gpu/max-blocks/proof.test
+    OUT=$R/proof BUNDLE=.gpu/max-blocks PROOF_WORLDS=2 PROOF_ONLY='allreduce_twoshot_ll128*_w2' \
       GOROUTINE_TIMEOUT=150 PROCESS_TIMEOUT=90 MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
     part $? proof
-    OUT=$R/ab RUN_TIMEOUT=60 tests/gpu/ab.sh .gpu/collgen .gpu/$STEP/collgen -n 2 --processes \
+    OUT=$R/ab RUN_TIMEOUT=60 tests/gpu/ab.sh .gpu/collgen .gpu/max-blocks/collgen -n 2 --processes \
       --dtype bf16 --op sum --check --collective allreduce \
-      --sizes 256KiB,512KiB,768KiB,896KiB,960KiB,1MiB,1088KiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
+      --sizes 768KiB,896KiB,960KiB,1MiB,1088KiB,1152KiB,1536KiB,2MiB,4MiB,16MiB \
       --algorithms auto,twoshot_ll128 --awkward=both >"$R/ab.log" 2>&1
+    part $? ab
+    ;;
+  ll128-grow)
+    # The all-reduce's LL128 kernels compiled for 640 threads, their blocks
+    # growing by warps above 128 blocks of 512 (docs/performance.md, "The
+    # 1 MiB step"); the code changes at every size, so the A/B runs from
+    # 256 KiB, both kernels forced beside auto.
+    need .gpu/collgen .gpu/ll128-grow/collgen .gpu/ll128-grow/proof.test
+    OUT=$R/proof BUNDLE=.gpu/ll128-grow PROOF_WORLDS=2 PROOF_ONLY='allreduce_*_ll128_*_w2' \
+      GOROUTINE_TIMEOUT=200 PROCESS_TIMEOUT=90 MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    OUT=$R/ab RUN_TIMEOUT=80 tests/gpu/ab.sh .gpu/collgen .gpu/ll128-grow/collgen -n 2 --processes \
+      --dtype bf16 --op sum --check --collective allreduce \
+      --sizes 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
+      --algorithms auto,oneshot_ll128,twoshot_ll128 --awkward=offset >"$R/ab.log" 2>&1
     part $? ab
     ;;
   lamport)
