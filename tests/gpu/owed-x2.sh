@@ -142,8 +142,14 @@ case $STEP in
     part $? "nccl window, one op a graph"
     ANCHOR_STREAM=side ANCHOR_SIZES=$S timeout 90 python3 $A/nccl_window_bench.py "$R/win-side.json" 2 >"$R/win-side.txt" 2>&1
     part $? "nccl window, replays on a side stream"
+    # What else differs from collgen's processes: they ask for 32 work
+    # queues (runtime/cuda), and NCCL registers the captured buffers.
+    CUDA_DEVICE_MAX_CONNECTIONS=32 ANCHOR_SIZES=$S timeout 90 python3 $A/nccl_window_bench.py "$R/win-queues32.json" 2 >"$R/win-queues32.txt" 2>&1
+    part $? "nccl window, 32 work queues"
+    NCCL_GRAPH_REGISTER=0 ANCHOR_SIZES=$S timeout 90 python3 $A/nccl_window_bench.py "$R/win-noreg.json" 2 >"$R/win-noreg.txt" 2>&1
+    part $? "nccl window, NCCL_GRAPH_REGISTER=0"
     grep -h "rank\|ops per graph" "$R"/gaps-*.txt
-    grep -h " B " "$R"/win-*.txt
+    for f in "$R"/win-*.txt; do echo "${f##*/}"; grep -h " B " "$f"; done
     grep -h -A6 "per-op latency" "$R"/collgen-*.txt
     ;;
   host-faults)
