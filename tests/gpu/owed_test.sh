@@ -35,4 +35,24 @@ for f in nccl_window_bench.py torch_anchor_bench.py; do
 done
 # host-faults runs TestPeerFaultGPU's cases across hosts.
 grep -q '"hier-kill"' tests/proof/fault_test.go || fail "TestPeerFaultGPU has no hier-kill case"
+# The same for tests/gpu/owed-x4.sh: every step listed, an unknown one
+# refused, a missing carry named before anything runs, and without four
+# GPUs (here: none) a step refuses to start.
+X=tests/gpu/owed-x4.sh
+bash -n "$X" || fail "owed-x4.sh: syntax"
+out=$("$X" list) || fail "owed-x4.sh list exited $?"
+steps="proof-goroutines proof-processes bench groups peers"
+for step in $steps; do grep -q "^$step " <<<"$out" || fail "owed-x4.sh list lacks $step: $out"; done
+"$X" nosuch >/dev/null 2>&1; [ $? -eq 2 ] || fail "owed-x4.sh: an unknown step did not exit 2"
+cp "$X" "$tmp/tests/gpu/"
+for step in $steps; do
+  msg=$(OUT=$tmp/out "$tmp/tests/gpu/owed-x4.sh" "$step" 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -q "needs .gpu/" <<<"$msg"; then fail "owed-x4.sh $step without its carry: exit $rc, $msg"; fi
+done
+mkdir -p "$tmp/.gpu" && for f in collgen proof.test symm.test nccl.test ipc.test cuda.test; do : >"$tmp/.gpu/$f"; done
+for step in $steps; do
+  msg=$(OUT=$tmp/out "$tmp/tests/gpu/owed-x4.sh" "$step" 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -q "needs four GPUs" <<<"$msg"; then fail "owed-x4.sh $step without four GPUs: exit $rc, $msg"; fi
+done
+for f in tests/gpu/bench.sh tests/gpu/groups.sh; do [ -x "$f" ] || fail "$f is not executable"; done
 echo "owed_test: ok"
