@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/collgen/collgen/internal/pause"
 	"github.com/collgen/collgen/runtime/cuda"
 	"github.com/collgen/collgen/runtime/nccl"
 )
@@ -28,16 +27,13 @@ type abortState struct {
 	relMu       sync.Mutex   // release and releaseKernels exclude each other
 	abortStream *cuda.Stream // made by setup (prepareAbort), freed by release
 
-	ncclMu     sync.Mutex
-	ncclStream *cuda.Stream // where NCCL work was last enqueued; nil when none is pending
+	ncclPending pendingNCCL // the streams NCCL work went on, not yet seen done
 }
 
 // noteNCCL records that NCCL work was enqueued on s, so a wait on s is
 // bounded by Config.Timeout (NCCL kernels have no deadline of their own).
 func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
-	d.ncclMu.Lock()
-	d.ncclStream = s
-	d.ncclMu.Unlock()
+	d.ncclPending.note(s)
 }
 
 // wait waits for s like cuStreamSynchronize, but it can be cut short:
@@ -47,9 +43,7 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 // wait, after which the NCCL communicator is aborted (its kernels stop)
 // and the error is ErrTimeout. Generated kernels bound themselves.
 func (d *cudaDevice) wait(s *cuda.Stream) error {
-	d.ncclMu.Lock()
-	ncclPending := d.comm != nil && d.ncclStream == s
-	d.ncclMu.Unlock()
+	ncclPending := d.comm != nil && d.ncclPending.has(s)
 	var watch *ncclWatch
 	if ncclPending {
 		watch = &ncclWatch{asyncErr: d.comm.AsyncError, abort: func() { d.comm.Abort() }, timeout: d.cfg.Timeout, what: "an NCCL collective"}
@@ -58,11 +52,7 @@ func (d *cudaDevice) wait(s *cuda.Stream) error {
 		return err
 	}
 	if ncclPending {
-		d.ncclMu.Lock()
-		if d.ncclStream == s {
-			d.ncclStream = nil
-		}
-		d.ncclMu.Unlock()
+		d.ncclPending.finished(s)
 	}
 	return nil
 }
@@ -107,36 +97,19 @@ func (d *cudaDevice) abortNCCL() error {
 	return d.comm.Abort()
 }
 
-// drained implements aborter: it polls the device's own stream and the
-// last NCCL stream (a user's stream with a generated kernel on it is the
-// user's to drain, and the kernel ends by its deadline anyway).
+// drained implements aborter: it polls the device's own stream and every
+// stream NCCL work went on (a user's stream with a generated kernel on it
+// is the user's to drain, and the kernel ends by its deadline anyway).
 func (d *cudaDevice) drained(timeout time.Duration) bool {
-	d.ncclMu.Lock()
-	streams := []*cuda.Stream{d.own, d.ncclStream}
-	d.ncclMu.Unlock()
-	return drainStreams(timeout, streams...)
+	return drainStreams(timeout, ownAnd(d.own, d.ncclPending.all())...)
 }
 
-// drainStreams polls each stream (nil ones skipped) until it is done or
-// fails, for up to timeout in all, reporting whether every one ended.
-func drainStreams(timeout time.Duration, streams ...*cuda.Stream) bool {
-	deadline := time.Now().Add(timeout)
-	for _, s := range streams {
-		if s == nil {
-			continue
-		}
-		for {
-			done, err := s.Query()
-			if done || err != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return false
-			}
-			pause.For(100 * time.Microsecond)
-		}
+// ownAnd puts a device's own stream (when it has one) before the others.
+func ownAnd(own *cuda.Stream, others []queryable) []queryable {
+	if own == nil {
+		return others
 	}
-	return true
+	return append([]queryable{own}, others...)
 }
 
 // checkMemory implements registrar: device memory of this rank's GPU

@@ -34,11 +34,11 @@ type cudaHier struct {
 	// commMu orders abortNCCL, which Abort calls from any goroutine,
 	// against release's clearing of cross and all.
 	commMu sync.Mutex
-	// streamMu guards ncclStream: the stream NCCL work was last enqueued
-	// on (the own one or a caller's), which drained waits for with the
-	// own one (as cudaDevice's).
-	streamMu   sync.Mutex
-	ncclStream *cuda.Stream
+	// ncclPending holds the streams NCCL work went on (the own one or a
+	// caller's) that no synchronize has seen done: waits on them are
+	// bounded, and drained waits for them with the own one (as
+	// cudaDevice's).
+	ncclPending pendingNCCL
 	// syncing is closed when the cuCtxSynchronize of the last syncAll
 	// has returned (nil before any): one that outlived its deadline may
 	// still run, and release must not close the device under it.
@@ -71,9 +71,7 @@ func (d *cudaHier) nccl(cross bool, collective coll.Collective, in, out cuda.Dev
 	if s == nil {
 		s = d.own
 	}
-	d.streamMu.Lock()
-	d.ncclStream = s
-	d.streamMu.Unlock()
+	d.ncclPending.note(s)
 	return ncclCall(c, collective, in, out, count, dtype, op, s)
 }
 
@@ -150,9 +148,7 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		return nil
 	}
-	d.streamMu.Lock()
-	pending := d.ncclStream == s
-	d.streamMu.Unlock()
+	pending := d.ncclPending.has(s)
 	var watch *ncclWatch
 	if pending {
 		watch = &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
@@ -161,11 +157,7 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 		return err
 	}
 	if pending {
-		d.streamMu.Lock()
-		if d.ncclStream == s { // done: drained need not look at it (the caller may destroy it)
-			d.ncclStream = nil
-		}
-		d.streamMu.Unlock()
+		d.ncclPending.finished(s) // done: drained need not look at it (the caller may destroy it)
 	}
 	return nil
 }
@@ -189,13 +181,10 @@ func (d *cudaHier) abortNCCL() {
 	}
 }
 
-// drained waits up to timeout for the own stream and the one NCCL work
-// last went on to finish, reporting whether they did.
+// drained waits up to timeout for the own stream and every stream NCCL
+// work went on to finish, reporting whether they did.
 func (d *cudaHier) drained(timeout time.Duration) bool {
-	d.streamMu.Lock()
-	streams := []*cuda.Stream{d.own, d.ncclStream}
-	d.streamMu.Unlock()
-	return drainStreams(timeout, streams...)
+	return drainStreams(timeout, ownAnd(d.own, d.ncclPending.all())...)
 }
 
 func (d *cudaHier) ncclError() error {

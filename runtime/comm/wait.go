@@ -1,6 +1,8 @@
 package comm
 
 import (
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/collgen/collgen/internal/pause"
@@ -64,4 +66,85 @@ func waitStream(rank int, query func() (bool, error), aborted func() bool, nccl 
 		}
 		pace.Wait()
 	}
+}
+
+// queryable is a stream as pendingNCCL sees it (*cuda.Stream; a fake in
+// tests): Query reports whether its work is done, and fails once the
+// stream is destroyed.
+type queryable interface {
+	Query() (bool, error)
+}
+
+// maxPendingNCCL is how many streams pendingNCCL holds before it drops the
+// finished ones.
+const maxPendingNCCL = 16
+
+// pendingNCCL is the set of streams NCCL work was enqueued on that no wait
+// of the communicator has since seen finish. A wait on any of them is
+// bounded by Config.Timeout (NCCL kernels have no deadline of their own)
+// and Abort drains them all, however many streams the caller spreads its
+// NCCL work over; remembering only the last one left a wait on an earlier
+// call's stream unbounded. A caller that waits for its streams elsewhere
+// (cuStreamSynchronize of its own) never clears them here, so past
+// maxPendingNCCL streams the finished and destroyed ones are dropped. Safe
+// for concurrent use.
+type pendingNCCL struct {
+	mu      sync.Mutex
+	streams []queryable
+}
+
+// note records NCCL work enqueued on s.
+func (p *pendingNCCL) note(s queryable) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if slices.Contains(p.streams, s) {
+		return
+	}
+	if len(p.streams) >= maxPendingNCCL {
+		p.streams = slices.DeleteFunc(p.streams, func(q queryable) bool {
+			done, err := q.Query()
+			return done || err != nil
+		})
+	}
+	p.streams = append(p.streams, s)
+}
+
+// has reports whether NCCL work on s may be unfinished.
+func (p *pendingNCCL) has(s queryable) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Contains(p.streams, s)
+}
+
+// finished forgets s after a wait saw it done (the caller may destroy it).
+func (p *pendingNCCL) finished(s queryable) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.streams = slices.DeleteFunc(p.streams, func(q queryable) bool { return q == s })
+}
+
+// all returns a copy of the streams, for draining.
+func (p *pendingNCCL) all() []queryable {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.streams)
+}
+
+// drainStreams polls each stream until it is done or fails, for up to
+// timeout in all, reporting whether every one ended.
+func drainStreams(timeout time.Duration, streams ...queryable) bool {
+	deadline := time.Now().Add(timeout)
+	for _, s := range streams {
+		for {
+			done, err := s.Query()
+			if done || err != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			pause.For(100 * time.Microsecond)
+		}
+	}
+	return true
 }

@@ -154,6 +154,23 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal, h
 		cmd.Wait()
 	}
 	hit := time.Now()
+	if alg == coll.NCCL || hosts {
+		// NCCL work on s, then on a second stream, after the fault: the
+		// wait below is on s, not on the stream NCCL work last went on,
+		// which a communicator that remembered only the last such stream
+		// waited for without a bound (reliability case 96). An enqueue
+		// may already fail (NCCL saw the peer go); then nothing is pending.
+		s2, err := d.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Destroy()
+		err = c.AllReduce(b, b, n, coll.BF16, coll.Sum, so)
+		if err == nil {
+			err = c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg, Stream: s2})
+		}
+		t.Logf("NCCL work on two streams after the %v: %v", signal, err)
+	}
 	var ferr error
 	for ferr == nil && time.Since(hit) < 10*timeout {
 		if ferr = c.Synchronize(s); ferr == nil {
