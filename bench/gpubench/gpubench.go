@@ -262,6 +262,34 @@ func RefusalReason(v Variant, err error) string {
 	return err.Error()
 }
 
+// SharedGPU reports whether devices puts two or more ranks on one GPU (a
+// sweep on one GPU, every rank on it). NCCL refuses two ranks of a
+// communicator on one GPU, so such a sweep runs without NCCL
+// (comm.Config.DisableNCCL), and its times are the kernels' on one GPU,
+// not link speeds.
+func SharedGPU(devices []int) bool {
+	seen := map[int]bool{}
+	for _, d := range devices {
+		if seen[d] {
+			return true
+		}
+		seen[d] = true
+	}
+	return false
+}
+
+// SharedGPUSkip is why an auto row is skipped in a sweep whose ranks share
+// a GPU (SharedGPU), or "": where the rules give the size to NCCL, which
+// is off there, the communicator refuses it (err from
+// Communicator.Explain), and that is the configuration's answer, not a
+// failure of the run.
+func SharedGPUSkip(v Variant, err error) string {
+	if v.Algorithm != coll.Auto || !errors.Is(err, comm.ErrUnsupported) {
+		return ""
+	}
+	return err.Error() + " (ranks share a GPU, so NCCL is off)"
+}
+
 // StagingFor returns the staging size (comm.Config.StagingBytes) a sweep
 // of a collective needs, or 0 for comm's default sizing, which holds what
 // the rules send to generated kernels within the staging budget (kernels

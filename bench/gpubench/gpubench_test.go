@@ -578,3 +578,36 @@ func TestVerifyMisplacedBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedGPU: a device list with a GPU twice is a sweep on a shared GPU
+// (NCCL off); distinct GPUs, one GPU for one rank, or none are not.
+func TestSharedGPU(t *testing.T) {
+	for _, tc := range []struct {
+		devs []int
+		want bool
+	}{{nil, false}, {[]int{0}, false}, {[]int{0, 1, 2}, false}, {[]int{0, 0}, true}, {[]int{1, 0, 1}, true}} {
+		if got := SharedGPU(tc.devs); got != tc.want {
+			t.Errorf("SharedGPU(%v) = %v, want %v", tc.devs, got, tc.want)
+		}
+	}
+}
+
+// TestSharedGPUSkip: on a shared GPU, auto's refusal of a size the rules
+// give to NCCL is skipped with the reason; a forced algorithm's is left to
+// RefusalReason, and auto's other errors stay failures.
+func TestSharedGPUSkip(t *testing.T) {
+	auto := Variant{Algorithm: coll.Auto}
+	off := fmt.Errorf("%w: comm: allreduce of 268435456 bytes (bf16) selects nccl, but NCCL is disabled by Config.DisableNCCL", comm.ErrUnsupported)
+	if r := SharedGPUSkip(auto, off); !strings.Contains(r, "selects nccl") || !strings.Contains(r, "share a GPU") {
+		t.Errorf("auto at an NCCL size: %q", r)
+	}
+	if r := SharedGPUSkip(Variant{Algorithm: coll.OneShot}, off); r != "" {
+		t.Errorf("a forced algorithm: %q", r)
+	}
+	if r := SharedGPUSkip(auto, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout)); r != "" {
+		t.Errorf("auto's timeout skipped: %q", r)
+	}
+	if r := SharedGPUSkip(auto, nil); r != "" {
+		t.Errorf("auto accepted: %q", r)
+	}
+}

@@ -187,7 +187,7 @@ baseline's auto rows, forced algorithms' rows with the same forced rows.
 	f.IntVar(&o.gpu.maxBlocks, "max-blocks", 0, "gpu: at most this many blocks per kernel launch (comm.Config.MaxBlocks: SMs left to other work; default each kernel's spec max_blocks)")
 	f.BoolVar(&o.gpu.ncclNonBlock, "nccl-nonblocking", false, "gpu: open NCCL non-blocking (comm.Config.NCCLNonBlocking: every NCCL wait bounded by --timeout), to compare its NCCL rows with the default blocking communicator's")
 	f.StringVar(&o.gpu.staging, "staging", "", "gpu: staging buffer per rank (default: the largest size a generated algorithm is forced at)")
-	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1)")
+	f.StringVar(&o.gpu.devices, "devices", "", "gpu: CUDA ordinals of ranks 0..N-1, comma separated (default 0..N-1); a GPU named twice holds several ranks: NCCL is off and the times are the kernels' on one GPU")
 	for _, add := range benchHelp {
 		add(cmd)
 	}
