@@ -84,8 +84,8 @@ func gpuSweeps(o *BenchOptions, g *gpuBenchFlags) ([]gpuSweep, error) {
 	}
 	var devices []int
 	if g.devices != "" {
-		for _, s := range splitList(g.devices) {
-			d, err := strconv.Atoi(s)
+		for _, s := range strings.Split(g.devices, ",") { // not splitList: a GPU may hold several ranks
+			d, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil || d < 0 {
 				return nil, usageError(fmt.Errorf("bench: --devices %q: want CUDA ordinals such as 0,1,2,3", g.devices))
 			}

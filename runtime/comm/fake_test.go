@@ -622,8 +622,10 @@ func TestFakeGPUTimeoutStatus(t *testing.T) {
 }
 
 // TestFakeEarlyLaunch: kernels are launched early (programmatic dependent
-// launch) exactly where the device supports it and Config.NoEarlyLaunch
-// is unset; a rank decides alone, so ranks that differ still run.
+// launch) exactly where the device supports it, Config.NoEarlyLaunch is
+// unset and no other rank is on the GPU (there the early blocks could
+// take a peer's SMs: reliability case 97); a rank decides alone, so
+// ranks that differ still run.
 func TestFakeEarlyLaunch(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -634,9 +636,14 @@ func TestFakeEarlyLaunch(t *testing.T) {
 		{"turned off", []bool{true, true}, true},
 		{"unsupported", []bool{false, false}, false},
 		{"one rank without", []bool{true, false}, false},
+		{"ranks sharing a GPU", []bool{true, true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			devs := []*fakeDevice{{rank: 0, early: tc.support[0]}, {rank: 1, early: tc.support[1]}}
+			shared := tc.name == "ranks sharing a GPU"
+			if shared {
+				devs[0].bus, devs[1].bus = "0000:10:00.0", "0000:10:00.0"
+			}
 			comms, errs := newFakeComms(t, Config{NoEarlyLaunch: tc.off}, devs)
 			if err := errors.Join(errs...); err != nil {
 				t.Fatal(err)
@@ -652,8 +659,8 @@ func TestFakeEarlyLaunch(t *testing.T) {
 				if len(d.launches) != 1 {
 					t.Fatalf("rank %d: %d launches, want 1", r, len(d.launches))
 				}
-				if want := tc.support[r] && !tc.off; d.launches[0].early != want {
-					t.Errorf("rank %d: early launch %v, want %v (device support %v, NoEarlyLaunch %v)", r, d.launches[0].early, want, tc.support[r], tc.off)
+				if want := tc.support[r] && !tc.off && !shared; d.launches[0].early != want {
+					t.Errorf("rank %d: early launch %v, want %v (device support %v, NoEarlyLaunch %v, GPU shared %v)", r, d.launches[0].early, want, tc.support[r], tc.off, shared)
 				}
 			}
 		})

@@ -347,7 +347,14 @@ func (g *gpuComm) layoutString() string {
 func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	g.dev = dev
 	cfg := g.cfg
-	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch()
+	// Early launch puts a kernel's blocks on the SMs, waiting, while the
+	// kernel ahead of them still runs. Where another rank of the group is
+	// on this GPU, those waiting blocks can take the SMs a peer's kernel
+	// needs to be resident beside this rank's (sharedBlocks' cap counts
+	// one kernel a rank), and the kernels wait for each other until
+	// Config.Timeout (back-to-back push collectives, goroutine ranks on
+	// one H100, worlds 3, 4 and 8): so not there.
+	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch() && !gpuShared(g.det, cfg.Rank)
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := gpuAgreement{Topology: g.topology, Areas: g.layoutString(), MaxBlocks: cfg.MaxBlocks,
 		NCCLWindows: cfg.NCCLWindows, Process: thisProcess, WorkQueues: dev.workQueues()}
@@ -924,6 +931,20 @@ func (g *gpuComm) run(cl *call) error {
 		return g.synchronize(nil)
 	}
 	return nil
+}
+
+// gpuShared reports whether another rank of the group is on rank me's GPU
+// (false without detection: one rank).
+func gpuShared(det *Detected, me int) bool {
+	if det == nil || me >= len(det.BusIDs) {
+		return false
+	}
+	for r, id := range det.BusIDs {
+		if r != me && id == det.BusIDs[me] {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedBlocks is the grid cap for ranks that share a GPU (several ranks
