@@ -48,6 +48,13 @@ func TestGPUSweeps(t *testing.T) {
 	if err != nil || len(sw[0].plan.Shapes) != 1 || sw[0].plan.Staging != 64<<20 || sw[0].cfg.MaxBlocks != 16 || !sw[0].cfg.NCCLNonBlocking {
 		t.Errorf("--sizes/--staging/--max-blocks/--nccl-nonblocking not used: %v", err)
 	}
+	// A GPU named twice holds several ranks (a sweep on one GPU): the list
+	// keeps every entry.
+	if sw, err = gpuSweeps(o, &gpuBenchFlags{devices: "0, 0,0,0"}); err != nil {
+		t.Errorf("--devices 0,0,0,0: %v", err)
+	} else if !slices.Equal(sw[0].cfg.Devices, []int{0, 0, 0, 0}) || !gpubench.SharedGPU(sw[0].cfg.Devices) {
+		t.Errorf("--devices 0,0,0,0: devices %v", sw[0].cfg.Devices)
+	}
 	// The summary's footnote says what the flag's twins depart in.
 	for flag, want := range map[string]bench.AwkwardKind{"offset": bench.AwkwardOffset, "count": bench.AwkwardCount, "both": bench.AwkwardBoth} {
 		sw, err := gpuSweeps(o, &gpuBenchFlags{sizesSet: true, awkward: flag})
