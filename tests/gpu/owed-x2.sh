@@ -30,15 +30,10 @@ case $STEP in
   *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
 esac
 cd "$(dirname "$0")/../.." || exit 2
-OUT=${OUT:-.gpu/out}
-R=/tmp/owed-$STEP
-rm -rf "$R"
-mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/$STEP.tgz" -C "$R" --exclude=cache . 2>/dev/null' EXIT
-status=0
-# part RC WHAT: a part's exit status; a failed part fails the step.
-part() { echo "$2: exit $1"; [ "$1" -eq 0 ] || status=1; }
-need() { for f in "$@"; do [ -e "$f" ] || { echo "owed-x2.sh: $STEP needs $f (carry it; see list)" >&2; exit 2; }; done; }
+# shellcheck source=steps.sh
+. tests/gpu/steps.sh
+owed_begin owed-x2.sh "$STEP"
+need() { need_files "$@"; }
 BENCH=(bench --backend gpu -n 2 --processes --dtype bf16 --op sum --check)
 
 case $STEP in

@@ -29,17 +29,12 @@ case $STEP in
   *) echo "owed-x4.sh: unknown step $STEP" >&2; usage ;;
 esac
 cd "$(dirname "$0")/../.." || exit 2
-OUT=${OUT:-.gpu/out}
-R=/tmp/owed-$STEP
-rm -rf "$R"
-mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/$STEP.tgz" -C "$R" --exclude=cache . 2>/dev/null' EXIT
-status=0
-# part RC WHAT: a part's exit status; a failed part fails the step.
-part() { echo "$2: exit $1"; [ "$1" -eq 0 ] || status=1; }
+# shellcheck source=steps.sh
+. tests/gpu/steps.sh
+owed_begin owed-x4.sh "$STEP"
 # need FILES...: the step's carry is here, and so are four GPUs.
 need() {
-  for f in "$@"; do [ -e "$f" ] || { echo "owed-x4.sh: $STEP needs $f (carry it; see list)" >&2; exit 2; }; done
+  need_files "$@"
   local ngpu
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   [ "${ngpu:-0}" -ge 4 ] || { echo "owed-x4.sh: $STEP needs four GPUs, this machine has ${ngpu:-0}" >&2; exit 2; }

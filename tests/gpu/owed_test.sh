@@ -16,7 +16,7 @@ done
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # A copy of the tree's scripts with no bundle beside it: every step must
 # stop at its missing carry.
-mkdir -p "$tmp/tests/gpu" && cp "$S" "$tmp/tests/gpu/"
+mkdir -p "$tmp/tests/gpu" && cp "$S" tests/gpu/steps.sh "$tmp/tests/gpu/"
 for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults ll128-grow; do
   msg=$(OUT=$tmp/out "$tmp/tests/gpu/owed-x2.sh" "$step" 2>&1); rc=$?
   if [ $rc -ne 2 ] || ! grep -q "needs .gpu/" <<<"$msg"; then fail "$step without its carry: exit $rc, $msg"; fi

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Sourced by groups.sh and mps.sh: how long a step of a script bounded by
-# a deadline may run, and how its end is reported.
+# a deadline may run, and how its end is reported; and by owed-x2.sh and
+# owed-x4.sh: the set-up their steps share (owed_begin, below).
 
 # step_limit DEADLINE CAP MIN_STEP NAME SUMMARY: prints the seconds the
 # step NAME may run, min(CAP, DEADLINE - now - 7) (7 s for the test's own
@@ -24,4 +25,26 @@ timeout_note() {
   if [ "$1" -eq 124 ] || [ "$1" -eq 137 ] || grep -q '^panic: test timed out' "$3"; then
     echo " (timed out: its limit was ${2}s)"
   fi
+}
+
+# Sourced by owed-x2.sh and owed-x4.sh too, from the repository root:
+# owed_begin SCRIPT STEP empties $R (/tmp/owed-STEP), where the step puts
+# its files, tarred into $OUT/STEP.tgz at exit, and sets status, the
+# step's exit status, which part RC WHAT fails when RC is not 0;
+# need_files FILES... stops the script (exit 2) naming a missing carry.
+owed_begin() {
+  OWED_SCRIPT=$1 STEP=$2
+  OUT=${OUT:-.gpu/out}
+  R=/tmp/owed-$STEP
+  rm -rf "$R"
+  mkdir -p "$R" "$OUT"
+  trap 'tar czf "$OUT/$STEP.tgz" -C "$R" --exclude=cache . 2>/dev/null' EXIT
+  status=0
+}
+part() { echo "$2: exit $1"; [ "$1" -eq 0 ] || status=1; }
+need_files() {
+  local f
+  for f in "$@"; do
+    [ -e "$f" ] || { echo "$OWED_SCRIPT: $STEP needs $f (carry it; see list)" >&2; exit 2; }
+  done
 }
