@@ -264,9 +264,8 @@ func RefusalReason(v Variant, err error) string {
 
 // SharedGPU reports whether devices puts two or more ranks on one GPU (a
 // sweep on one GPU, every rank on it). NCCL refuses two ranks of a
-// communicator on one GPU, so such a sweep runs without NCCL
-// (comm.Config.DisableNCCL), and its times are the kernels' on one GPU,
-// not link speeds.
+// communicator on one GPU, so comm runs such a group without it, and the
+// times are the kernels' on one GPU, not link speeds.
 func SharedGPU(devices []int) bool {
 	seen := map[int]bool{}
 	for _, d := range devices {
@@ -278,16 +277,17 @@ func SharedGPU(devices []int) bool {
 	return false
 }
 
-// SharedGPUSkip is why an auto row is skipped in a sweep whose ranks share
-// a GPU (SharedGPU), or "": where the rules give the size to NCCL, which
-// is off there, the communicator refuses it (err from
-// Communicator.Explain), and that is the configuration's answer, not a
-// failure of the run.
-func SharedGPUSkip(v Variant, err error) string {
-	if v.Algorithm != coll.Auto || !errors.Is(err, comm.ErrUnsupported) {
+// AutoNCCLSkip is why an auto row is skipped where NCCL is unavailable
+// (ncclErr, agreed by every rank: no libnccl, Config.DisableNCCL, ranks
+// sharing a GPU), or "": where the rules give the size to NCCL, the
+// communicator refuses it (err from Communicator.Explain, the same on
+// every rank), and that is the configuration's answer, not a failure of
+// the run.
+func AutoNCCLSkip(v Variant, err, ncclErr error) string {
+	if v.Algorithm != coll.Auto || ncclErr == nil || !errors.Is(err, comm.ErrUnsupported) {
 		return ""
 	}
-	return err.Error() + " (ranks share a GPU, so NCCL is off)"
+	return err.Error()
 }
 
 // StagingFor returns the staging size (comm.Config.StagingBytes) a sweep

@@ -592,22 +592,26 @@ func TestSharedGPU(t *testing.T) {
 	}
 }
 
-// TestSharedGPUSkip: on a shared GPU, auto's refusal of a size the rules
-// give to NCCL is skipped with the reason; a forced algorithm's is left to
-// RefusalReason, and auto's other errors stay failures.
-func TestSharedGPUSkip(t *testing.T) {
+// TestAutoNCCLSkip: where NCCL is unavailable, auto's refusal of a size
+// the rules give to NCCL is skipped with the reason; with NCCL available,
+// a forced algorithm's refusal, or auto's other errors, it is not.
+func TestAutoNCCLSkip(t *testing.T) {
 	auto := Variant{Algorithm: coll.Auto}
-	off := fmt.Errorf("%w: comm: allreduce of 268435456 bytes (bf16) selects nccl, but NCCL is disabled by Config.DisableNCCL", comm.ErrUnsupported)
-	if r := SharedGPUSkip(auto, off); !strings.Contains(r, "selects nccl") || !strings.Contains(r, "share a GPU") {
+	off := fmt.Errorf("%w: comm: allreduce of 268435456 bytes (bf16) selects nccl, but NCCL is unavailable on rank 0: ranks share a GPU", comm.ErrUnsupported)
+	unavailable := errors.New("NCCL is unavailable on rank 0: ranks share a GPU")
+	if r := AutoNCCLSkip(auto, off, unavailable); !strings.Contains(r, "selects nccl") {
 		t.Errorf("auto at an NCCL size: %q", r)
 	}
-	if r := SharedGPUSkip(Variant{Algorithm: coll.OneShot}, off); r != "" {
+	if r := AutoNCCLSkip(auto, off, nil); r != "" {
+		t.Errorf("NCCL available: %q", r)
+	}
+	if r := AutoNCCLSkip(Variant{Algorithm: coll.OneShot}, off, unavailable); r != "" {
 		t.Errorf("a forced algorithm: %q", r)
 	}
-	if r := SharedGPUSkip(auto, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout)); r != "" {
+	if r := AutoNCCLSkip(auto, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout), unavailable); r != "" {
 		t.Errorf("auto's timeout skipped: %q", r)
 	}
-	if r := SharedGPUSkip(auto, nil); r != "" {
+	if r := AutoNCCLSkip(auto, nil, unavailable); r != "" {
 		t.Errorf("auto accepted: %q", r)
 	}
 }

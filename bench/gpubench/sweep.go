@@ -279,8 +279,6 @@ type rankState struct {
 	// registeredBufs are registered with NCCL (deregistered before freed).
 	registeredBufs []cuda.DevicePtr
 	warmed         bool // the clock warm-up has run
-	// sharedGPU: ranks share a GPU (SharedGPU), so NCCL is off.
-	sharedGPU bool
 }
 
 func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, peers Peers) (ms []Measurement, err error) {
@@ -296,11 +294,7 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	if cfg.Devices != nil {
 		dev = cfg.Devices[rank]
 	}
-	shared := SharedGPU(cfg.Devices)
 	if rank == 0 {
-		if shared {
-			fmt.Fprintf(cfg.Log, "note: ranks share a GPU (devices %v): NCCL is off (it refuses two ranks on one GPU), and these times are the kernels' on one GPU, not link speeds\n", cfg.Devices)
-		}
 		if plan.Staging > 0 {
 			fmt.Fprintf(cfg.Log, "staging buffer: %s per area (forced generated algorithms above it are skipped)\n", FormatSize(plan.Staging))
 		} else {
@@ -310,11 +304,11 @@ func runRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store, 
 	c, err := comm.New(ctx, comm.Config{Rank: rank, WorldSize: cfg.WorldSize, Device: dev, Store: store,
 		Library: cfg.Library, Group: cfg.Group, Topology: cfg.Topology, Timeout: cfg.Timeout,
 		StagingBytes: plan.Staging, FatbinPath: cfg.FatbinPath, NoEarlyLaunch: cfg.NoEarlyLaunch, MaxBlocks: cfg.MaxBlocks,
-		NCCLNonBlocking: cfg.NCCLNonBlocking, DisableNCCL: shared})
+		NCCLNonBlocking: cfg.NCCLNonBlocking})
 	if err != nil {
 		return nil, err
 	}
-	st := &rankState{cfg: cfg, plan: plan, rank: rank, c: c, dev: c.Device(), peers: peers, sharedGPU: shared}
+	st := &rankState{cfg: cfg, plan: plan, rank: rank, c: c, dev: c.Device(), peers: peers}
 	defer func() {
 		err = errors.Join(err, st.release())
 	}()
@@ -562,8 +556,8 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 			if why == "" {
 				why = RefusalReason(v, xerr)
 			}
-			if why == "" && st.sharedGPU {
-				why = SharedGPUSkip(v, xerr)
+			if why == "" {
+				why = AutoNCCLSkip(v, xerr, ncclErr)
 			}
 			if why != "" {
 				m.Skipped = why

@@ -812,3 +812,45 @@ func TestFakeMultiHostRulesAgree(t *testing.T) {
 	comms, _ = fakeComms(t, 2, Config{MultiHostRules: rules})
 	closeAll(t, comms)
 }
+
+// TestFakeSharedGPUWithoutNCCL: ranks sharing a GPU never open NCCL (it
+// refuses two ranks of a communicator on one GPU, so New failed there
+// unless Config.DisableNCCL was set): New succeeds on every rank, the
+// generated kernels run, and a size the rules give to NCCL is refused
+// with the reason. With a GPU per rank NCCL opens as before.
+func TestFakeSharedGPUWithoutNCCL(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			devs := make([]*fakeDevice, 3)
+			for r := range devs {
+				devs[r] = &fakeDevice{rank: r, bus: fmt.Sprintf("0000:%02x:00.0", 0x10+r), sms: 132}
+				if shared {
+					devs[r].bus = "0000:10:00.0"
+				}
+			}
+			comms, errs := newFakeComms(t, Config{}, devs)
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			defer closeAll(t, comms)
+			for r, d := range devs {
+				if d.ncclOpen == shared {
+					t.Errorf("rank %d: NCCL opened %v with the GPU shared %v", r, d.ncclOpen, shared)
+				}
+			}
+			errs = onRanks(comms, func(r int, c *Communicator) error {
+				return c.AllReduce(DeviceBuffer(0x1000), DeviceBuffer(0x9000), 512, coll.BF16, coll.Sum, Options{})
+			})
+			if err := errors.Join(errs...); err != nil {
+				t.Fatalf("a small all-reduce: %v", err)
+			}
+			_, err := comms[0].Choose(coll.AllReduce, 1<<40, coll.BF16, coll.Sum)
+			switch {
+			case shared && (!errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "ranks share a GPU")):
+				t.Errorf("a size the rules give to NCCL, GPU shared: %v, want ErrUnsupported naming the shared GPU", err)
+			case !shared && err != nil:
+				t.Errorf("a size the rules give to NCCL, a GPU per rank: %v", err)
+			}
+		})
+	}
+}

@@ -368,6 +368,9 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		mine.NCCL = "a communicator of one rank runs every collective as a copy"
 	case !wantNCCL:
 		mine.NCCL = "no selection rule uses it"
+	case mostOnOneGPU(g.det) > 1:
+		// Every rank detects the same GPUs, so every rank says so.
+		mine.NCCL = "ranks share a GPU, and NCCL refuses two ranks of a communicator on one GPU"
 	default:
 		mine.NCCL = dev.ncclUnavailable()
 	}
@@ -953,19 +956,26 @@ func gpuShared(det *Detected, me int) bool {
 // wait for their peers' blocks need (any kernel's block fits on one SM).
 // 0 when every rank has its own GPU.
 func sharedBlocks(det *Detected, sms int) int {
-	if det == nil {
+	most := mostOnOneGPU(det)
+	if most == 1 {
 		return 0
 	}
+	return max(sms/most, 1)
+}
+
+// mostOnOneGPU is the most ranks of the group on one GPU (1 without
+// detection: one rank).
+func mostOnOneGPU(det *Detected) int {
 	most := 1
+	if det == nil {
+		return most
+	}
 	n := map[string]int{}
 	for _, id := range det.BusIDs {
 		n[id]++
 		most = max(most, n[id])
 	}
-	if most == 1 {
-		return 0
-	}
-	return max(sms/most, 1)
+	return most
 }
 
 // gridFor sizes a kernel launch: enough threads for one unit (vector or
