@@ -3,6 +3,7 @@ package proof
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"testing"
 	"time"
@@ -25,10 +26,14 @@ import (
 // every GPU's world) with early launch, as shipped. World 8 on one shared
 // GPU is left out: its first back-to-back calls still time out now and
 // then, for a reason not found (docs/reliability.md, "Cases still open").
+// envBackToBackW8, set to anything, puts world 8 back into
+// TestBackToBackGPU on a shared GPU (the open case's investigation).
+const envBackToBackW8 = "COLLGEN_TEST_BACK_TO_BACK_W8"
+
 func TestBackToBackGPU(t *testing.T) {
 	ngpu := proofGPUs(t)
 	for _, w := range []int{2, 3, 4, 8} {
-		if w > ngpu || (!sharedGPU() && w != ngpu) || (sharedGPU() && w == 8) {
+		if w > ngpu || (!sharedGPU() && w != ngpu) || (sharedGPU() && w == 8 && os.Getenv(envBackToBackW8) == "") {
 			continue
 		}
 		t.Run(fmt.Sprintf("w%d", w), func(t *testing.T) {
