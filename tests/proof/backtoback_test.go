@@ -27,11 +27,23 @@ import (
 // GPU is left out: its first back-to-back calls still time out now and
 // then, for a reason not found (docs/reliability.md, "Cases still open").
 // envBackToBackW8, set to anything, puts world 8 back into
-// TestBackToBackGPU on a shared GPU (the open case's investigation).
-const envBackToBackW8 = "COLLGEN_TEST_BACK_TO_BACK_W8"
+// TestBackToBackGPU on a shared GPU (the open case's investigation);
+// envBackToBackStagger (a duration) starts rank r's calls r times that
+// late, to tell a race of the ranks' first launches from the rest.
+const (
+	envBackToBackW8      = "COLLGEN_TEST_BACK_TO_BACK_W8"
+	envBackToBackStagger = "COLLGEN_TEST_BACK_TO_BACK_STAGGER"
+)
 
 func TestBackToBackGPU(t *testing.T) {
 	ngpu := proofGPUs(t)
+	var stagger time.Duration
+	if v := os.Getenv(envBackToBackStagger); v != "" {
+		var err error
+		if stagger, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("%s=%q: %v", envBackToBackStagger, v, err)
+		}
+	}
 	for _, w := range []int{2, 3, 4, 8} {
 		if w > ngpu || (!sharedGPU() && w != ngpu) || (sharedGPU() && w == 8 && os.Getenv(envBackToBackW8) == "") {
 			continue
@@ -69,6 +81,7 @@ func TestBackToBackGPU(t *testing.T) {
 						t.Logf("%s, %d bf16: still running after 8s; goroutines:\n%s", alg, count, buf[:runtime.Stack(buf, true)])
 					})
 					err := ranks(comms, func(r int, c *comm.Communicator) error {
+						time.Sleep(time.Duration(r) * stagger)
 						o := comm.Options{Algorithm: alg, Stream: streams[r]}
 						b := comm.DeviceBuffer(bufs[r])
 						for i := 0; i < 64; i++ {
