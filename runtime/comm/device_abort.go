@@ -28,6 +28,7 @@ type abortState struct {
 	abortStream *cuda.Stream // made by setup (prepareAbort), freed by release
 
 	ncclPending pendingNCCL // the streams NCCL work went on, not yet seen done
+	watch       *ncclWatch  // how a wait for NCCL work is bounded; nil until NCCL opens
 }
 
 // noteNCCL records that NCCL work was enqueued on s, so a wait on s is
@@ -43,18 +44,7 @@ func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
 // wait, after which the NCCL communicator is aborted (its kernels stop)
 // and the error is ErrTimeout. Generated kernels bound themselves.
 func (d *cudaDevice) wait(s *cuda.Stream) error {
-	ncclPending := d.comm != nil && d.ncclPending.has(s)
-	var watch *ncclWatch
-	if ncclPending {
-		watch = &ncclWatch{asyncErr: d.comm.AsyncError, abort: func() { d.comm.Abort() }, timeout: d.cfg.Timeout, what: "an NCCL collective"}
-	}
-	if err := waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch); err != nil {
-		return err
-	}
-	if ncclPending {
-		d.ncclPending.finished(s)
-	}
-	return nil
+	return d.ncclPending.waitFor(d.cfg.Rank, s, d.aborted.Load, d.watch)
 }
 
 // prepareAbort makes the stream releaseKernels raises the abort word on,

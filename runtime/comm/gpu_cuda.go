@@ -95,8 +95,11 @@ func (d *cudaDevice) ncclUnavailable() string {
 // default, non-blocking with Config.NCCLNonBlocking (its initialisation
 // bounded by ctx and every later NCCL operation by Config.Timeout).
 func (d *cudaDevice) openNCCL(ctx context.Context, key string, rank, world int) (err error) {
-	d.comm, err = newNCCL(ctx, d.cfg, key, rank, world, d.dev)
-	return err
+	if d.comm, err = newNCCL(ctx, d.cfg, key, rank, world, d.dev); err != nil {
+		return err
+	}
+	d.watch = &ncclWatch{asyncErr: d.comm.AsyncError, abort: func() { d.comm.Abort() }, timeout: d.cfg.Timeout, what: "an NCCL collective"}
+	return nil
 }
 
 // newNCCL makes one NCCL communicator of cfg's group on dev, blocking or
@@ -365,7 +368,7 @@ func (d *cudaDevice) releaseMost() (*waitingFrees, error) {
 	}
 	if d.comm != nil {
 		errs = append(errs, d.comm.Close())
-		d.comm = nil
+		d.comm, d.watch = nil, nil
 	}
 	d.pools.Store(nil)
 	if d.regionMap != nil {

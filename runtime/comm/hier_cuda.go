@@ -39,6 +39,9 @@ type cudaHier struct {
 	// bounded, and drained waits for them with the own one (as
 	// cudaDevice's).
 	ncclPending pendingNCCL
+	// watch bounds a wait for NCCL work (synchronize), made with the
+	// communicators by openNCCL.
+	watch *ncclWatch
 	// syncing is closed when the cuCtxSynchronize of the last syncAll
 	// has returned (nil before any): one that outlived its deadline may
 	// still run, and release must not close the device under it.
@@ -59,8 +62,11 @@ func (d *cudaHier) openNCCL(ctx context.Context, crossKey string, crossRank, cro
 	if d.cross, err = newNCCL(ctx, d.cfg, crossKey, crossRank, crossWorld, d.dev); err != nil {
 		return err
 	}
-	d.all, err = newNCCL(ctx, d.cfg, globalKey, rank, world, d.dev)
-	return err
+	if d.all, err = newNCCL(ctx, d.cfg, globalKey, rank, world, d.dev); err != nil {
+		return err
+	}
+	d.watch = &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
+	return nil
 }
 
 func (d *cudaHier) nccl(cross bool, collective coll.Collective, in, out cuda.DevicePtr, count int64, dtype coll.DType, op coll.Op, s *cuda.Stream) error {
@@ -136,11 +142,12 @@ func (d *cudaHier) alloc(bytes int) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
-// synchronize waits for s like cudaDevice.wait: where NCCL work was last
-// enqueued on s, Config.Timeout bounds the wait (a dead host's NCCL
-// kernels would otherwise wait forever) and NCCL's asynchronous error ends
-// it, both aborting the two NCCL communicators; abort cuts any wait short.
-// A stream with no NCCL work of the last call is the caller's to bound.
+// synchronize waits for s like cudaDevice.wait: where NCCL work went on s
+// and no wait has seen it done, Config.Timeout bounds the wait (a dead
+// host's NCCL kernels would otherwise wait forever) and NCCL's
+// asynchronous error ends it, both aborting the two NCCL communicators;
+// abort cuts any wait short. A stream without such work is the caller's
+// to bound.
 func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		s = d.own
@@ -148,18 +155,7 @@ func (d *cudaHier) synchronize(s *cuda.Stream) error {
 	if s == nil {
 		return nil
 	}
-	pending := d.ncclPending.has(s)
-	var watch *ncclWatch
-	if pending {
-		watch = &ncclWatch{asyncErr: d.ncclError, abort: d.abortNCCL, timeout: d.cfg.Timeout, what: "a collective across hosts (NCCL)"}
-	}
-	if err := waitStream(d.cfg.Rank, s.Query, d.aborted.Load, watch); err != nil {
-		return err
-	}
-	if pending {
-		d.ncclPending.finished(s) // done: drained need not look at it (the caller may destroy it)
-	}
-	return nil
+	return d.ncclPending.waitFor(d.cfg.Rank, s, d.aborted.Load, d.watch)
 }
 
 // abort makes synchronize return ErrAborted at once and aborts both NCCL

@@ -109,6 +109,23 @@ func (p *pendingNCCL) note(s queryable) {
 	p.streams = append(p.streams, s)
 }
 
+// waitFor waits for s (waitStream): where NCCL work on s may be
+// unfinished, bounded as watch says (nil: no NCCL, nothing bounded); s is
+// forgotten once a wait has seen it done, so the caller may destroy it.
+func (p *pendingNCCL) waitFor(rank int, s queryable, aborted func() bool, watch *ncclWatch) error {
+	pending := watch != nil && p.has(s)
+	if !pending {
+		watch = nil
+	}
+	if err := waitStream(rank, s.Query, aborted, watch); err != nil {
+		return err
+	}
+	if pending {
+		p.finished(s)
+	}
+	return nil
+}
+
 // has reports whether NCCL work on s may be unfinished.
 func (p *pendingNCCL) has(s queryable) bool {
 	p.mu.Lock()
