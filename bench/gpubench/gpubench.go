@@ -262,21 +262,6 @@ func RefusalReason(v Variant, err error) string {
 	return err.Error()
 }
 
-// SharedGPU reports whether devices puts two or more ranks on one GPU (a
-// sweep on one GPU, every rank on it). NCCL refuses two ranks of a
-// communicator on one GPU, so comm runs such a group without it, and the
-// times are the kernels' on one GPU, not link speeds.
-func SharedGPU(devices []int) bool {
-	seen := map[int]bool{}
-	for _, d := range devices {
-		if seen[d] {
-			return true
-		}
-		seen[d] = true
-	}
-	return false
-}
-
 // AutoNCCLSkip is why an auto row is skipped where NCCL is unavailable
 // (ncclErr, agreed by every rank: no libnccl, Config.DisableNCCL, ranks
 // sharing a GPU), or "": where the rules give the size to NCCL, the

@@ -579,19 +579,6 @@ func TestVerifyMisplacedBlock(t *testing.T) {
 	}
 }
 
-// TestSharedGPU: a device list with a GPU twice is a sweep on a shared GPU
-// (NCCL off); distinct GPUs, one GPU for one rank, or none are not.
-func TestSharedGPU(t *testing.T) {
-	for _, tc := range []struct {
-		devs []int
-		want bool
-	}{{nil, false}, {[]int{0}, false}, {[]int{0, 1, 2}, false}, {[]int{0, 0}, true}, {[]int{1, 0, 1}, true}} {
-		if got := SharedGPU(tc.devs); got != tc.want {
-			t.Errorf("SharedGPU(%v) = %v, want %v", tc.devs, got, tc.want)
-		}
-	}
-}
-
 // TestAutoNCCLSkip: where NCCL is unavailable, auto's refusal of a size
 // the rules give to NCCL is skipped with the reason; with NCCL available,
 // a forced algorithm's refusal, or auto's other errors, it is not.

@@ -939,15 +939,7 @@ func (g *gpuComm) run(cl *call) error {
 // gpuShared reports whether another rank of the group is on rank me's GPU
 // (false without detection: one rank).
 func gpuShared(det *Detected, me int) bool {
-	if det == nil || me >= len(det.BusIDs) {
-		return false
-	}
-	for r, id := range det.BusIDs {
-		if r != me && id == det.BusIDs[me] {
-			return true
-		}
-	}
-	return false
+	return det != nil && me < len(det.BusIDs) && ranksPerGPU(det)[det.BusIDs[me]] > 1
 }
 
 // sharedBlocks is the grid cap for ranks that share a GPU (several ranks
@@ -967,15 +959,22 @@ func sharedBlocks(det *Detected, sms int) int {
 // detection: one rank).
 func mostOnOneGPU(det *Detected) int {
 	most := 1
-	if det == nil {
-		return most
-	}
-	n := map[string]int{}
-	for _, id := range det.BusIDs {
-		n[id]++
-		most = max(most, n[id])
+	for _, n := range ranksPerGPU(det) {
+		most = max(most, n)
 	}
 	return most
+}
+
+// ranksPerGPU counts the group's ranks on each GPU, by bus id (none
+// without detection).
+func ranksPerGPU(det *Detected) map[string]int {
+	n := map[string]int{}
+	if det != nil {
+		for _, id := range det.BusIDs {
+			n[id]++
+		}
+	}
+	return n
 }
 
 // gridFor sizes a kernel launch: enough threads for one unit (vector or
