@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -76,10 +75,7 @@ func TestBackToBackGPU(t *testing.T) {
 					start := time.Now()
 					// Where a rank is 8 s into the 10 s deadline: every
 					// goroutine's stack, so a stalled host call shows.
-					stacks := time.AfterFunc(8*time.Second, func() {
-						buf := make([]byte, 1<<20)
-						t.Logf("%s, %d bf16: still running after 8s; goroutines:\n%s", alg, count, buf[:runtime.Stack(buf, true)])
-					})
+					stacks := stacksAfter(t, 8*time.Second, fmt.Sprintf("%s, %d bf16: still running after 8s", alg, count))
 					err := ranks(comms, func(r int, c *comm.Communicator) error {
 						time.Sleep(time.Duration(r) * stagger)
 						o := comm.Options{Algorithm: alg, Stream: streams[r]}

@@ -32,14 +32,7 @@ const envFaultChild = "COLLGEN_TEST_FAULT_STORE"
 // deadline: only the backend's bounded waits (reliability case 96) stand
 // between the survivor and a hang; nonBlocking opens that NCCL
 // non-blocking (Config.NCCLNonBlocking).
-var peerFaults = []struct {
-	name        string
-	alg         coll.Algorithm
-	n           int
-	signal      syscall.Signal
-	hosts       bool
-	nonBlocking bool
-}{
+var peerFaults = []peerFaultCase{
 	{name: "nccl-kill", alg: coll.NCCL, n: 32 << 20, signal: syscall.SIGKILL},
 	{name: "oneshot-kill", alg: coll.OneShot, n: 1 << 20, signal: syscall.SIGKILL},
 	{name: "oneshot_ll-kill", alg: coll.OneShotLL, n: 64 << 10, signal: syscall.SIGKILL},
@@ -48,6 +41,16 @@ var peerFaults = []struct {
 	{name: "hier-kill", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGKILL, hosts: true},
 	{name: "hier-stop", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGSTOP, hosts: true},
 	{name: "hier-kill-nonblocking", alg: coll.Hierarchical, n: 8 << 20, signal: syscall.SIGKILL, hosts: true, nonBlocking: true},
+}
+
+// peerFaultCase is one of peerFaults.
+type peerFaultCase struct {
+	name        string
+	alg         coll.Algorithm
+	n           int
+	signal      syscall.Signal
+	hosts       bool
+	nonBlocking bool
 }
 
 // TestPeerFaultGPU (reliability cases 6 and 7 on GPUs): two process ranks
@@ -66,12 +69,13 @@ func TestPeerFaultGPU(t *testing.T) {
 					t.Skipf("NCCL: %v", err)
 				}
 			}
-			peerFault(t, tc.alg, tc.n, tc.signal, tc.hosts, tc.nonBlocking)
+			peerFault(t, tc)
 		})
 	}
 }
 
-func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal, hosts, nonBlocking bool) {
+func peerFault(t *testing.T, tc peerFaultCase) {
+	alg, n, signal, hosts := tc.alg, tc.n, tc.signal, tc.hosts
 	const timeout = 5 * time.Second
 	dir := os.Getenv(envFaultChild)
 	child := dir != ""
@@ -105,7 +109,7 @@ func peerFault(t *testing.T, alg coll.Algorithm, n int, signal syscall.Signal, h
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := comm.Config{Rank: rank, WorldSize: 2, Store: store, Library: collectives.Library, Group: "peer-fault", Timeout: timeout,
-		DisableNCCL: alg != coll.NCCL && !hosts && sharedGPU(), NCCLNonBlocking: nonBlocking}
+		DisableNCCL: alg != coll.NCCL && !hosts && sharedGPU(), NCCLNonBlocking: tc.nonBlocking}
 	if hosts {
 		cfg.HostID = fmt.Sprintf("host%d", rank)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -282,10 +281,7 @@ func TestAbortGPU(t *testing.T) {
 			time.Sleep(time.Second)
 			start := time.Now()
 			// A call still blocked 10 s after Abort shows where it waits.
-			stuck := time.AfterFunc(10*time.Second, func() {
-				buf := make([]byte, 1<<20)
-				t.Logf("the call is still blocked 10s after Abort; goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-			})
+			stuck := stacksAfter(t, 10*time.Second, "the call is still blocked 10s after Abort")
 			aerr := comms[0].Abort()
 			abortTook := time.Since(start)
 			err := <-res

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -737,26 +738,26 @@ func mismatchReported(t *testing.T, world int) {
 	defer closeComms(comms)
 	last := world - 1
 	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			dev := c.Device()
-			buf := deviceMem(t, dev, 4096)
-			defer dev.Free(buf)
-			b := comm.DeviceBuffer(buf)
-			if errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.OneShot}); errs[r] != nil {
-				return
-			}
-			alg := coll.OneShot
-			if r == last {
-				alg = coll.OneShotLL
-			}
-			errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
-		}()
-	}
-	wg.Wait()
+	// Each rank's error goes to errs, checked one by one below.
+	ranks(comms, func(r int, c *comm.Communicator) error {
+		dev := c.Device()
+		buf, err := dev.Alloc(4096)
+		if err != nil {
+			errs[r] = err
+			return nil
+		}
+		defer dev.Free(buf)
+		b := comm.DeviceBuffer(buf)
+		if errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.OneShot}); errs[r] != nil {
+			return nil
+		}
+		alg := coll.OneShot
+		if r == last {
+			alg = coll.OneShotLL
+		}
+		errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
+		return nil
+	})
 	const ll, barrier = "oneshot_ll (runs oneshot_ll)", "oneshot (runs oneshot)"
 	for r, err := range errs {
 		var te *comm.TimeoutError
@@ -772,6 +773,16 @@ func mismatchReported(t *testing.T, world int) {
 		}
 		t.Logf("rank %d: %v", r, err)
 	}
+}
+
+// stacksAfter logs every goroutine's stack once d has passed, prefixed by
+// what, unless the returned timer is stopped first: where a call that
+// should have ended still waits.
+func stacksAfter(t *testing.T, d time.Duration, what string) *time.Timer {
+	return time.AfterFunc(d, func() {
+		buf := make([]byte, 1<<20)
+		t.Logf("%s; goroutines:\n%s", what, buf[:runtime.Stack(buf, true)])
+	})
 }
 
 // deviceMem allocates bytes on dev for a test and fails it if that fails.
