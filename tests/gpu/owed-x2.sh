@@ -35,6 +35,19 @@ cd "$(dirname "$0")/../.." || exit 2
 owed_begin owed-x2.sh "$STEP"
 need() { need_files "$@"; }
 BENCH=(bench --backend gpu -n 2 --processes --dtype bf16 --op sum --check)
+# patch_ab ONLY GOROUTINE_TIMEOUT RUN_TIMEOUT SIZES ALGORITHMS AWKWARD: a
+# kernel patch's step (its bundle .gpu/$STEP): the world-2 proof of the
+# kernels ONLY names, then the A/B of its all-reduce against main's
+# collgen, interleaved (tests/gpu/ab.sh).
+patch_ab() {
+  need .gpu/collgen ".gpu/$STEP/collgen" ".gpu/$STEP/proof.test"
+  OUT=$R/proof BUNDLE=.gpu/$STEP PROOF_WORLDS=2 PROOF_ONLY=$1 GOROUTINE_TIMEOUT=$2 PROCESS_TIMEOUT=90 \
+    MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
+  part $? proof
+  OUT=$R/ab RUN_TIMEOUT=$3 tests/gpu/ab.sh .gpu/collgen ".gpu/$STEP/collgen" -n 2 --processes \
+    --dtype bf16 --op sum --check --collective allreduce --sizes "$4" --algorithms "$5" --awkward="$6" >"$R/ab.log" 2>&1
+  part $? ab
+}
 
 case $STEP in
   peers)
@@ -43,30 +56,16 @@ case $STEP in
     part $? peers
     ;;
   max-blocks)
-    need .gpu/collgen .gpu/max-blocks/collgen .gpu/max-blocks/proof.test
-    OUT=$R/proof BUNDLE=.gpu/max-blocks PROOF_WORLDS=2 PROOF_ONLY='allreduce_twoshot_ll128*_w2' \
-      GOROUTINE_TIMEOUT=150 PROCESS_TIMEOUT=90 MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
-    part $? proof
-    OUT=$R/ab RUN_TIMEOUT=60 tests/gpu/ab.sh .gpu/collgen .gpu/max-blocks/collgen -n 2 --processes \
-      --dtype bf16 --op sum --check --collective allreduce \
-      --sizes 768KiB,896KiB,960KiB,1MiB,1088KiB,1152KiB,1536KiB,2MiB,4MiB,16MiB \
-      --algorithms auto,twoshot_ll128 --awkward=both >"$R/ab.log" 2>&1
-    part $? ab
+    patch_ab 'allreduce_twoshot_ll128*_w2' 150 60 768KiB,896KiB,960KiB,1MiB,1088KiB,1152KiB,1536KiB,2MiB,4MiB,16MiB \
+      auto,twoshot_ll128 both
     ;;
   ll128-grow)
     # The all-reduce's LL128 kernels compiled for 640 threads, their blocks
     # growing by warps above 128 blocks of 512 (docs/performance.md, "The
     # 1 MiB step"); the code changes at every size, so the A/B runs from
     # 256 KiB, both kernels forced beside auto.
-    need .gpu/collgen .gpu/ll128-grow/collgen .gpu/ll128-grow/proof.test
-    OUT=$R/proof BUNDLE=.gpu/ll128-grow PROOF_WORLDS=2 PROOF_ONLY='allreduce_*_ll128_*_w2' \
-      GOROUTINE_TIMEOUT=200 PROCESS_TIMEOUT=90 MULTIHOST_TIMEOUT=30 tests/proof/run.sh >"$R/proof.log" 2>&1
-    part $? proof
-    OUT=$R/ab RUN_TIMEOUT=80 tests/gpu/ab.sh .gpu/collgen .gpu/ll128-grow/collgen -n 2 --processes \
-      --dtype bf16 --op sum --check --collective allreduce \
-      --sizes 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
-      --algorithms auto,oneshot_ll128,twoshot_ll128 --awkward=offset >"$R/ab.log" 2>&1
-    part $? ab
+    patch_ab 'allreduce_*_ll128_*_w2' 200 80 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
+      auto,oneshot_ll128,twoshot_ll128 offset
     ;;
   lamport)
     need .gpu/lamport/collgen .gpu/lamport/proof.test
