@@ -210,10 +210,13 @@ func TestFatbinLacksKernel(t *testing.T) {
 	// The two-shot is not: every rank's call fails before any launch.
 	err := ranks(comms, func(r int, c *comm.Communicator) error {
 		dev := c.Device()
-		buf := deviceMem(t, dev, 4096)
+		buf, err := dev.Alloc(4096) // not deviceMem: t.Fatal belongs to the test's goroutine
+		if err != nil {
+			return err
+		}
 		defer dev.Free(buf)
 		b := comm.DeviceBuffer(buf)
-		err := c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.TwoShot})
+		err = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.TwoShot})
 		if !named(err) {
 			return fmt.Errorf("rank %d: two-shot from a fatbin without it: %v; want a KernelError naming the fatbin", r, err)
 		}

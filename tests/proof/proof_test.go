@@ -785,7 +785,8 @@ func stacksAfter(t *testing.T, d time.Duration, what string) *time.Timer {
 	})
 }
 
-// deviceMem allocates bytes on dev for a test and fails it if that fails.
+// deviceMem allocates bytes on dev for a test and fails it if that fails;
+// only from the test's own goroutine (t.Fatal), never from a rank's.
 // The caller frees it (defer dev.Free), so it goes before what was
 // deferred earlier, such as the communicators' Close.
 func deviceMem(t *testing.T, dev *cuda.Device, bytes int) cuda.DevicePtr {
