@@ -167,8 +167,9 @@ type Config struct {
 	// are visible, before touching memory; in a CUDA graph the capture
 	// records a programmatic edge. That hides most of the launch gap
 	// between back-to-back kernels (about 0.4 us of a 1 KiB all-reduce on
-	// H200; docs/performance.md). A rank whose GPU holds another rank of
-	// the group never launches early: the waiting blocks could take the
+	// H200; docs/performance.md). A rank whose CUDA context holds another
+	// rank of the group (goroutine ranks on one GPU; under MPS, any ranks
+	// on one GPU) never launches early: the waiting blocks could take the
 	// SMs its peers' kernels need (docs/reliability.md, case 97).
 	NoEarlyLaunch bool
 	// NCCLWindows registers Alloc's buffers as NCCL windows (see Alloc),

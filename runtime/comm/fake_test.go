@@ -623,7 +623,7 @@ func TestFakeGPUTimeoutStatus(t *testing.T) {
 
 // TestFakeEarlyLaunch: kernels are launched early (programmatic dependent
 // launch) exactly where the device supports it, Config.NoEarlyLaunch is
-// unset and no other rank is on the GPU (there the early blocks could
+// unset and no other rank shares its context (there the early blocks could
 // take a peer's SMs: reliability case 97); a rank decides alone, so
 // ranks that differ still run.
 func TestFakeEarlyLaunch(t *testing.T) {

@@ -347,14 +347,7 @@ func (g *gpuComm) layoutString() string {
 func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	g.dev = dev
 	cfg := g.cfg
-	// Early launch puts a kernel's blocks on the SMs, waiting, while the
-	// kernel ahead of them still runs. Where another rank of the group is
-	// on this GPU, those waiting blocks can take the SMs a peer's kernel
-	// needs to be resident beside this rank's (sharedBlocks' cap counts
-	// one kernel a rank), and the kernels wait for each other until
-	// Config.Timeout (back-to-back push collectives, goroutine ranks on
-	// one H100, worlds 3, 4 and 8): so not there.
-	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch() && !gpuShared(g.det, cfg.Rank)
+	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch() // and see below, where ranks share a context
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := gpuAgreement{Topology: g.topology, Areas: g.layoutString(), MaxBlocks: cfg.MaxBlocks,
 		NCCLWindows: cfg.NCCLWindows, Process: thisProcess, WorkQueues: dev.workQueues()}
@@ -408,6 +401,20 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		// context (CUDA's lazy loading), which would wait for a peer's
 		// kernel waiting for this rank, until Config.Timeout.
 		shared := sharesContext(g.det, cfg.Rank, all)
+		// Early launch puts a kernel's blocks on the SMs, waiting, while
+		// the kernel ahead of them still runs. Where ranks share this
+		// context (or, under MPS, this GPU), their kernels run at once,
+		// and those waiting blocks can take the SMs a peer's kernel needs
+		// to be resident beside this rank's (sharedBlocks' cap counts one
+		// kernel a rank): the kernels waited for each other until
+		// Config.Timeout (back-to-back push collectives, goroutine ranks
+		// on one H100, worlds 3, 4 and 8; case 97), so not there. Process
+		// ranks on one GPU without MPS take turns on it (contexts are
+		// time-sliced) and keep it: without it Abort's word did not reach
+		// their kernels through one work queue (TestAbortQueuesGPU).
+		if shared || cuda.UnderMPS() && gpuShared(g.det, cfg.Rank) {
+			g.early = false
+		}
 		if shared {
 			g.sameContext = make([]bool, len(all))
 			for r := range all {

@@ -20,7 +20,7 @@ import (
 // early launch put the blocks of each rank's next kernel on the SMs while
 // a peer's kernel still needed them, and the kernels waited for each
 // other until Config.Timeout (worlds 3, 4 and 8 on one H100, `collgen
-// bench --devices 0,0,0`); a rank whose GPU holds another rank of the
+// bench --devices 0,0,0`); a rank whose context holds another rank of the
 // group now launches plainly. With a GPU per rank it runs world 2 (or
 // every GPU's world) with early launch, as shipped. World 8 on one shared
 // GPU is left out: its first back-to-back calls still time out now and
