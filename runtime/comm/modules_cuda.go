@@ -105,17 +105,39 @@ func (d *cudaDevice) keep(source string, key moduleKey, m *cuda.Module) {
 // through the cache (cuda.Builder: ranks of one host compile each program
 // once between them; kernels sharing a program compile it once) and loads
 // them; then function looks every kernel up, in the fatbin or in those
-// modules.
+// modules; then, where ranks share the context (shareContext), its
+// local memory is grown for the kernel that uses the most. A first launch
+// needing more would grow it itself, and that growth waits for every
+// kernel of the context: there, for peers' kernels waiting for the very
+// kernel behind it, until Config.Timeout (case 99). Here, in New, none of
+// the group's kernels runs yet (a rank leaves New only after every rank's
+// preload). With a context of its own a rank lets its first launch grow
+// it, as a group that never launches such a kernel then costs nothing.
 func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []int) error {
 	if d.fatbin == nil {
 		if err := d.build(ctx, ks); err != nil {
 			return err
 		}
 	}
+	need, most := 0, ""
 	for i, k := range ks {
-		if _, err := d.function(k, ids[i]); err != nil {
+		f, err := d.function(k, ids[i])
+		if err != nil {
 			return err
 		}
+		if !d.sharing {
+			continue
+		}
+		n, err := f.LocalBytes()
+		if err != nil {
+			return &KernelError{Kernel: k.Name, Err: err}
+		}
+		if n > need {
+			need, most = n, k.Name
+		}
+	}
+	if err := d.dev.ReserveStack(need); err != nil {
+		return fmt.Errorf("reserve the %d bytes of local memory a thread that kernel %s uses: %w", need, most, err)
 	}
 	return nil
 }

@@ -177,6 +177,15 @@ CUresult cg_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
 CUresult cg_cuFuncSetAttribute(CUfunction f, int attr, int value) {
   CU_CALL(cuFuncSetAttribute, (CUfunction, int, int), f, attr, value);
 }
+CUresult cg_cuFuncGetAttribute(int *value, int attr, CUfunction f) {
+  CU_CALL(cuFuncGetAttribute, (int *, int, CUfunction), value, attr, f);
+}
+CUresult cg_cuCtxGetLimit(size_t *value, int limit) {
+  CU_CALL(cuCtxGetLimit, (size_t *, int), value, limit);
+}
+CUresult cg_cuCtxSetLimit(int limit, size_t value) {
+  CU_CALL(cuCtxSetLimit, (int, size_t), limit, value);
+}
 CUresult cg_cuIpcGetMemHandle(void *handle64, CUdeviceptr p) {
   CU_CALL(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr), (CUipcMemHandle *)handle64, p);
 }

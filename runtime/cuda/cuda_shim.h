@@ -110,6 +110,9 @@ typedef struct _nvrtcProgram *nvrtcProgram;
   X(cuModuleUnload, "cuModuleUnload")                                          \
   X(cuModuleGetFunction, "cuModuleGetFunction")                                \
   X(cuFuncSetAttribute, "cuFuncSetAttribute")                                  \
+  X(cuFuncGetAttribute, "cuFuncGetAttribute")                                  \
+  X(cuCtxGetLimit, "cuCtxGetLimit")                                            \
+  X(cuCtxSetLimit, "cuCtxSetLimit")                                            \
   X(cuLaunchKernel, "cuLaunchKernel")                                          \
   X(cuLaunchKernelEx, "cuLaunchKernelEx")                                      \
   X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                                    \
@@ -199,6 +202,9 @@ CUresult cg_cuModuleLoadData(CUmodule *m, const void *image);
 CUresult cg_cuModuleUnload(CUmodule m);
 CUresult cg_cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
 CUresult cg_cuFuncSetAttribute(CUfunction f, int attr, int value);
+CUresult cg_cuFuncGetAttribute(int *value, int attr, CUfunction f);
+CUresult cg_cuCtxGetLimit(size_t *value, int limit);
+CUresult cg_cuCtxSetLimit(int limit, size_t value);
 CUresult cg_cuIpcGetMemHandle(void *handle64, CUdeviceptr p);
 CUresult cg_cuIpcOpenMemHandle(CUdeviceptr *p, const void *handle64, unsigned flags);
 CUresult cg_cuIpcCloseMemHandle(CUdeviceptr p);

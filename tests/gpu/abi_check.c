@@ -79,6 +79,9 @@ CHECK_TYPE(cuModuleLoadData, CUresult (*)(CUmodule *, const void *));
 CHECK_TYPE(cuModuleUnload, CUresult (*)(CUmodule));
 CHECK_TYPE(cuModuleGetFunction, CUresult (*)(CUfunction *, CUmodule, const char *));
 CHECK_TYPE(cuFuncSetAttribute, CUresult (*)(CUfunction, CUfunction_attribute, int));
+CHECK_TYPE(cuFuncGetAttribute, CUresult (*)(int *, CUfunction_attribute, CUfunction));
+CHECK_TYPE(cuCtxGetLimit, CUresult (*)(size_t *, CUlimit));
+CHECK_TYPE(cuCtxSetLimit, CUresult (*)(CUlimit, size_t));
 CHECK_TYPE(cuLaunchKernelEx, CUresult (*)(const CUlaunchConfig *, CUfunction, void **, void **));
 CHECK_TYPE(cuLaunchKernel, CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                         unsigned, CUstream, void **, void **));
@@ -182,6 +185,7 @@ _Static_assert(CU_MEMHOSTALLOC_PORTABLE == 1 && CU_MEMHOSTALLOC_DEVICEMAP == 2, 
 _Static_assert(CU_STREAM_NON_BLOCKING == 1, "stream flag");
 _Static_assert(CU_STREAM_CAPTURE_MODE_RELAXED == 2, "capture mode");
 _Static_assert(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == 8, "func attr");
+_Static_assert(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES == 3 && CU_LIMIT_STACK_SIZE == 0, "local memory: func attr, ctx limit");
 _Static_assert(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == 1, "ipc flag");
 _Static_assert(CUDA_ERROR_INVALID_VALUE == 1 && CUDA_ERROR_OUT_OF_MEMORY == 2 && CUDA_ERROR_NOT_INITIALIZED == 3, "err");
 _Static_assert(CUDA_ERROR_NO_DEVICE == 100 && CUDA_ERROR_INVALID_DEVICE == 101, "err dev");
