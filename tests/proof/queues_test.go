@@ -105,6 +105,8 @@ const (
 	envAbortQDir  = "COLLGEN_TEST_ABORTQ_DIR"
 	envAbortQRank = "COLLGEN_TEST_ABORTQ_RANK"
 	envAbortQAlg  = "COLLGEN_TEST_ABORTQ_ALG"
+	// envAbortQPlain, set to anything, launches plainly (Config.NoEarlyLaunch).
+	envAbortQPlain = "COLLGEN_TEST_ABORTQ_PLAIN"
 )
 
 // TestAbortQueuesGPU: two process ranks; after a first all-reduce
@@ -112,9 +114,14 @@ const (
 // one stream, whose first kernel waits for rank 1; then rank 0 calls
 // Abort, which raises the abort word, and the stream must drain long
 // before Config.Timeout: every kernel leaves at once. Run with the
-// contexts' hardware work queues at 32 (runtime/cuda's default) and at 1
+// contexts' hardware work queues at 32 (runtime/cuda's default), 8 and 1
 // (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-style programs set it),
-// where every stream of the context shares one queue.
+// where every stream of the context shares one queue, each with early
+// launch (sm_90's default) and plain launches (before sm_90, or
+// Config.NoEarlyLaunch). With one queue and plain launches the abort
+// word's write waited behind the queued kernels, which left at the
+// timeout (19.5 s after Abort, one H100), until the kernels also read
+// Abort's host word (reliability case 35).
 func TestAbortQueuesGPU(t *testing.T) {
 	if os.Getenv(envAbortQDir) != "" {
 		abortQueuesChild(t)
@@ -125,29 +132,41 @@ func TestAbortQueuesGPU(t *testing.T) {
 		gpus(t)
 	}
 	for _, queues := range []string{"32", "8", "1"} {
-		for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
-			t.Run(fmt.Sprintf("queues=%s/%s", queues, alg), func(t *testing.T) {
-				dir := t.TempDir()
-				outs := make([]bytes.Buffer, 2)
-				cmds := make([]*exec.Cmd, 2)
-				for r := range cmds {
-					cmds[r] = exec.Command(os.Args[0], "-test.run", "^TestAbortQueuesGPU$", "-test.v")
-					cmds[r].Env = append(os.Environ(), envAbortQDir+"="+dir, fmt.Sprintf("%s=%d", envAbortQRank, r),
-						cuda.EnvMaxConnections+"="+queues, envAbortQAlg+"="+string(alg))
-					cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
-					if err := cmds[r].Start(); err != nil {
-						t.Fatal(err)
-					}
-				}
-				err := cmds[0].Wait()
-				cmds[1].Process.Kill()
-				cmds[1].Wait()
-				t.Logf("rank 0:\n%s", outs[0].String())
-				if err != nil || !strings.Contains(outs[0].String(), "--- PASS: TestAbortQueuesGPU") {
-					t.Errorf("rank 0 with %s=%s: %v; rank 1:\n%s", cuda.EnvMaxConnections, queues, err, outs[1].String())
-				}
-			})
+		for _, launch := range []string{"early", "plain"} {
+			for _, alg := range []coll.Algorithm{coll.OneShot, coll.OneShotLL} {
+				t.Run(fmt.Sprintf("queues=%s/%s/%s", queues, launch, alg), func(t *testing.T) {
+					abortQueues(t, queues, launch == "plain", alg)
+				})
+			}
 		}
+	}
+}
+
+// abortQueues runs TestAbortQueuesGPU's two child processes with the
+// given work queues, launch mode (plain: Config.NoEarlyLaunch) and
+// algorithm, and checks rank 0's result.
+func abortQueues(t *testing.T, queues string, plain bool, alg coll.Algorithm) {
+	dir := t.TempDir()
+	outs := make([]bytes.Buffer, 2)
+	cmds := make([]*exec.Cmd, 2)
+	for r := range cmds {
+		cmds[r] = exec.Command(os.Args[0], "-test.run", "^TestAbortQueuesGPU$", "-test.v")
+		cmds[r].Env = append(os.Environ(), envAbortQDir+"="+dir, fmt.Sprintf("%s=%d", envAbortQRank, r),
+			cuda.EnvMaxConnections+"="+queues, envAbortQAlg+"="+string(alg))
+		if plain {
+			cmds[r].Env = append(cmds[r].Env, envAbortQPlain+"=1")
+		}
+		cmds[r].Stdout, cmds[r].Stderr = &outs[r], &outs[r]
+		if err := cmds[r].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := cmds[0].Wait()
+	cmds[1].Process.Kill()
+	cmds[1].Wait()
+	t.Logf("rank 0:\n%s", outs[0].String())
+	if err != nil || !strings.Contains(outs[0].String(), "--- PASS: TestAbortQueuesGPU") {
+		t.Errorf("rank 0 with %s=%s: %v; rank 1:\n%s", cuda.EnvMaxConnections, queues, err, outs[1].String())
 	}
 }
 
@@ -168,7 +187,7 @@ func abortQueuesChild(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cfg := comm.Config{Rank: rank, WorldSize: 2, Store: store, Library: collectives.Library, Group: "abort-queues",
-		Timeout: timeout, DisableNCCL: true, LazyKernels: true}
+		Timeout: timeout, DisableNCCL: true, LazyKernels: true, NoEarlyLaunch: os.Getenv(envAbortQPlain) != ""}
 	place(&cfg, rank)
 	c, err := comm.New(ctx, cfg)
 	if err != nil {
