@@ -136,6 +136,9 @@ func (d *cudaDevice) preload(ctx context.Context, ks []*kernels.Kernel, ids []in
 			need, most = n, k.Name
 		}
 	}
+	if need == 0 {
+		return nil
+	}
 	if err := d.dev.ReserveStack(need); err != nil {
 		return fmt.Errorf("reserve the %d bytes of local memory a thread that kernel %s uses: %w", need, most, err)
 	}

@@ -13,9 +13,10 @@ import (
 	"github.com/collgen/collgen/runtime/cuda/cudatest"
 )
 
-// stackKernels: wait_flag spins (one thread) until the_flag kernel sets
-// a word or its deadline passes; deep_set uses LOCAL_WORDS words of local
-// memory a thread (a volatile array) and sets the word.
+// stackKernels: wait_flag spins (one thread) until another kernel sets a
+// word or its deadline passes; plain_set sets the word; deep_set uses
+// LOCAL_WORDS words of local memory a thread (a volatile array) and sets
+// it.
 const stackKernels = `
 struct wait_args { volatile unsigned *flags; unsigned long long ns; };
 struct set_args { volatile unsigned *flags; int k; };
@@ -85,8 +86,9 @@ func deepSet(t *testing.T, d *cuda.Device) (*cuda.Function, *cuda.Module, int) {
 }
 
 // waitThenSet runs wait_flag (deadline wait) on one stream and, once it
-// runs, deep_set on another; it reports whether wait_flag saw deep_set's
-// word before its deadline, and how long that took.
+// runs, between (if not nil), then set on another stream; it reports
+// whether wait_flag saw set's word before its deadline, and how long that
+// took.
 func waitThenSet(t *testing.T, d *cuda.Device, m *cuda.Module, set *cuda.Function, wait time.Duration, between func()) (bool, time.Duration) {
 	t.Helper()
 	hb, err := d.HostAlloc(64, true)

@@ -26,12 +26,13 @@ import (
 //
 // Each rank first makes one call and waits for it: the very first
 // back-to-back launches of ranks sharing a context still time out about
-// one run in 25, at worlds 4 and 8 on one H100, for a reason not
-// found (case 99, docs/reliability.md "Cases still open"); after one
-// waited call of any algorithm, a do-nothing kernel on the rank's stream
-// or a buffer write the rank waited for, they never did (0 of 140 runs). envBackToBackCold, set to anything,
-// leaves that call out (the open case), and envBackToBackStagger (a
-// duration) then starts rank r's calls r times that late.
+// one run in 25, at worlds 4 and 8 on one H100, for a reason not found
+// (case 99, docs/reliability.md "Cases still open"); after one waited
+// call of any algorithm, a do-nothing kernel on the rank's stream or a
+// buffer write the rank waited for, they never did (0 of 140 runs).
+// envBackToBackCold, set to anything, leaves that call out (the open
+// case), and envBackToBackStagger (a duration) starts rank r's calls r
+// times that late.
 const (
 	envBackToBackCold    = "COLLGEN_TEST_BACK_TO_BACK_COLD"
 	envBackToBackStagger = "COLLGEN_TEST_BACK_TO_BACK_STAGGER"
