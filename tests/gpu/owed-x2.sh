@@ -16,17 +16,18 @@
 #   peers-why         .gpu/collgen                           make gpu-bundle
 #   host-faults       .gpu/proof.test                        make gpu-bundle
 #   ll128-grow        .gpu/collgen .gpu/ll128-grow           + tests/gpu/patch-bundle.sh tests/gpu/patches/ll128-grow.patch
+#   host-abort        .gpu/collgen .gpu/no-host-abort        + tests/gpu/patch-bundle.sh tests/gpu/patches/no-host-abort.patch
 #
 # `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
 # (non-zero if any part failed, timed out or found a wrong result).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -eq 1 ] || usage
 STEP=$1
 case $STEP in
-  list) sed -n '9,18p' "$0" | sed 's/^# *//'; exit 0 ;;
-  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow) ;;
+  list) sed -n '9,19p' "$0" | sed 's/^# *//'; exit 0 ;;
+  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow | host-abort) ;;
   *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
 esac
 cd "$(dirname "$0")/../.." || exit 2
@@ -66,6 +67,15 @@ case $STEP in
     # 256 KiB, both kernels forced beside auto.
     patch_ab 'allreduce_*_ll128_*_w2' 200 80 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
       auto,oneshot_ll128,twoshot_ll128 offset
+    ;;
+  host-abort)
+    # Main's kernels read Abort's host word in waits that last a
+    # millisecond (reliability case 35); the patch takes that out again.
+    # Its proof part proves the old kernels (one, briefly); the A/B is
+    # main (A) over the kernels without it (B), every push kernel and the
+    # barrier one-shot beside auto, 1 KiB to 16 MiB.
+    STEP=no-host-abort patch_ab 'allreduce_oneshot_ll_bf16_sum_w2' 90 60 1KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB \
+      auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot both
     ;;
   lamport)
     need .gpu/lamport/collgen .gpu/lamport/proof.test
