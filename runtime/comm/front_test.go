@@ -627,6 +627,7 @@ func TestHostNamedTopology(t *testing.T) {
 // it without bound), for goroutine and shared-memory ranks, with the debug
 // check on too.
 func TestClosedGroupLeavesNoStoreKeys(t *testing.T) {
+	needForgottenDeviceKeys(t)
 	for _, tc := range []struct {
 		name   string
 		shared bool
@@ -713,6 +714,7 @@ func TestFailedGPUSetUpForgetsDeviceKeys(t *testing.T) {
 	if !devs[0].ncclOpen || !devs[0].released || !devs[1].released {
 		t.Fatalf("NCCL opened %v, released %v %v; want NCCL opened and both released", devs[0].ncclOpen, devs[0].released, devs[1].released)
 	}
+	needForgottenDeviceKeys(t)
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left: %q", len(left), left)
 	}

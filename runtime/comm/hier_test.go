@@ -248,6 +248,7 @@ func TestHierTwoPerHost(t *testing.T) {
 	// The last rank to leave forgets the NCCL ids: the all-rank one and
 	// both local indices' cross-host ones; each host's nested
 	// communicator, its own keys.
+	needForgottenDeviceKeys(t)
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left after every rank closed: %q", len(left), left)
 	}
@@ -372,6 +373,7 @@ func TestHierFailedOpenForgetsNCCLIDs(t *testing.T) {
 			t.Errorf("rank %d: device not released", r)
 		}
 	}
+	needForgottenDeviceKeys(t)
 	if left := st.Live(); len(left) > 0 {
 		t.Fatalf("%d keys left: %q", len(left), left)
 	}
