@@ -5,6 +5,7 @@ package cuda_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -215,4 +216,82 @@ func TestReserveStackGPU(t *testing.T) {
 			d.Free(p)
 		}
 	})
+}
+
+// TestWorkQueuesApartGPU: the streams a process makes one after another
+// take hardware work queues of their own up to WorkQueues (what
+// comm.sharedQueues counts on for ranks sharing a context). For each
+// stream i after the first, stream 0 runs wait_flag and then a kernel
+// queued behind it; stream i then runs plain_set, which wait_flag waits
+// for. On a queue of their own plain_set runs at once; on stream 0's
+// queue it waits behind the queued kernel, which waits for wait_flag,
+// until wait_flag's deadline. Logs where the streams first share a queue.
+func TestWorkQueuesApartGPU(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	_, m, _ := deepSet(t, d)
+	set, err := m.Function("plain_set")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queues := cuda.WorkQueues()
+	n := queues + 8
+	streams := make([]*cuda.Stream, n)
+	for i := range streams {
+		if streams[i], err = d.NewStream(); err != nil {
+			t.Fatal(err)
+		}
+		defer streams[i].Destroy()
+	}
+	hb, err := d.HostAlloc(64, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hb.Free()
+	other, err := d.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(other)
+	const wait = 300 * time.Millisecond
+	first := -1
+	for i := 1; i < n; i++ {
+		for w := 0; w < 3; w++ {
+			hb.StoreUint32(4*w, 0)
+		}
+		wa := make([]byte, 16)
+		binary.LittleEndian.PutUint64(wa, uint64(hb.DevPtr))
+		binary.LittleEndian.PutUint64(wa[8:], uint64(wait.Nanoseconds()))
+		if err := m.Launch("wait_flag", cuda.Dim3(1), cuda.Dim3(32), 0, streams[0], wa); err != nil {
+			t.Fatal(err)
+		}
+		behind := make([]byte, 16) // sets a word nobody reads
+		binary.LittleEndian.PutUint64(behind, uint64(other))
+		binary.LittleEndian.PutUint32(behind[8:], 1)
+		if err := set.Launch(cuda.Dim3(1), cuda.Dim3(32), 0, streams[0], behind); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		for hb.LoadUint32(0) != 1 {
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("wait_flag did not start")
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+		sa := make([]byte, 16)
+		binary.LittleEndian.PutUint64(sa, uint64(hb.DevPtr))
+		binary.LittleEndian.PutUint32(sa[8:], 7)
+		if err := set.Launch(cuda.Dim3(1), cuda.Dim3(32), 0, streams[i], sa); err != nil {
+			t.Fatal(err)
+		}
+		if err := errors.Join(streams[0].Synchronize(), streams[i].Synchronize()); err != nil {
+			t.Fatal(err)
+		}
+		if hb.LoadUint32(8) == 2 && first < 0 {
+			first = i
+		}
+	}
+	t.Logf("%d work queues (%s); stream 0 and stream %d (of %d made in a row) first shared a queue", queues, cuda.EnvMaxConnections, first, n)
+	if first >= 0 && first < queues {
+		t.Errorf("stream %d already shares stream 0's work queue, within the first %d streams: comm's sharedQueues counts on them taking queues of their own", first, queues)
+	}
 }
