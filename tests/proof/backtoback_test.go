@@ -26,7 +26,7 @@ import (
 //
 // Each rank first makes one call and waits for it: the very first
 // back-to-back launches of ranks sharing a context still time out about
-// one run in 25, at worlds 4 and 8 on one H100, for a reason not found
+// one run in 30, at worlds 4 and 8 on one H100, for a reason not found
 // (case 99, docs/reliability.md "Cases still open"); after one waited
 // call of any algorithm, a do-nothing kernel on the rank's stream or a
 // buffer write the rank waited for, they never did (0 of 140 runs).
