@@ -18,10 +18,7 @@ type aborter interface {
 	// releaseKernels frees generated kernels waiting for a peer without
 	// touching them: on a stream of its own it raises the abort word,
 	// which every wait of the kernels polls beside its deadline (barrier
-	// waits and LL/LL128 line waits), and it sets the host word beside the
-	// status word, which a wait reads once it has lasted a millisecond
-	// (for when the stream's write waits behind queued kernels: one work
-	// queue and plain launches, case 35); a kernel that finds either raised
+	// waits and LL/LL128 line waits); a kernel that finds it raised
 	// returns at once, without signalling any later barrier, so its live
 	// peers time out rather than read data it never computed. From then
 	// on synchronize returns promptly instead of waiting for the stream.

@@ -71,13 +71,6 @@ func (d *cudaDevice) releaseKernels(abortWord cuda.DevicePtr) error {
 	if d.dev == nil || d.abortStream == nil { // released, or set-up never launched a kernel
 		return nil
 	}
-	// The host word first: it needs no work queue. The device word's
-	// write may wait behind the kernels queued after the waiting one (one
-	// queue, plain launches: case 35); where it does not, it is faster
-	// (the kernels read the host word only after a millisecond of waiting).
-	if d.statusBuf != nil { // nil where set-up failed before making it
-		d.statusBuf.StoreUint32(8, 1)
-	}
 	if err := d.dev.MemsetD32Async(abortWord, 1, 2, d.abortStream); err != nil {
 		return fmt.Errorf("comm: rank %d: abort: raise the abort word: %w", d.cfg.Rank, err)
 	}

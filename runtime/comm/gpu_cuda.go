@@ -35,9 +35,6 @@ type cudaDevice struct {
 	region    cuda.DevicePtr
 	regionMap *ipc.Mapping
 	seq       cuda.DevicePtr
-	// statusBuf is host-mapped: the kernels' status word (bytes 0-7,
-	// status), then Abort's host word (bytes 8-15: releaseKernels), which
-	// a kernel's wait reads once it has lasted a millisecond.
 	statusBuf *cuda.HostBuffer
 	// sharing: another rank of this process shares the GPU's context
 	// (shareContext); release then lets gpuGate park its frees.
@@ -131,7 +128,7 @@ func (d *cudaDevice) setup(ctx context.Context, key string, regionBytes, seqByte
 	if err := d.prepareAbort(); err != nil {
 		return nil, 0, 0, err
 	}
-	if d.statusBuf, err = d.dev.HostAlloc(16, true); err != nil {
+	if d.statusBuf, err = d.dev.HostAlloc(8, true); err != nil {
 		return nil, 0, 0, err
 	}
 	if d.regionMap, err = ipc.Exchange(ctx, d.cfg.Store, key, d.cfg.Rank, d.cfg.WorldSize, d.dev, d.region, int(regionBytes)); err != nil {

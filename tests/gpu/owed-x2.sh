@@ -16,18 +16,19 @@
 #   peers-why         .gpu/collgen                           make gpu-bundle
 #   host-faults       .gpu/proof.test                        make gpu-bundle
 #   ll128-grow        .gpu/collgen .gpu/ll128-grow           + tests/gpu/patch-bundle.sh tests/gpu/patches/ll128-grow.patch
-#   host-abort        .gpu/collgen .gpu/no-host-abort        + tests/gpu/patch-bundle.sh tests/gpu/patches/no-host-abort.patch
+#   host-abort-proof  .gpu/host-abort                        tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
+#   host-abort        .gpu/collgen .gpu/host-abort           + tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
 #
 # `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
 # (non-zero if any part failed, timed out or found a wrong result).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -eq 1 ] || usage
 STEP=$1
 case $STEP in
-  list) sed -n '9,19p' "$0" | sed 's/^# *//'; exit 0 ;;
-  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow | host-abort) ;;
+  list) sed -n '9,20p' "$0" | sed 's/^# *//'; exit 0 ;;
+  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow | host-abort-proof | host-abort) ;;
   *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
 esac
 cd "$(dirname "$0")/../.." || exit 2
@@ -68,14 +69,24 @@ case $STEP in
     patch_ab 'allreduce_*_ll128_*_w2' 200 80 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
       auto,oneshot_ll128,twoshot_ll128 offset
     ;;
+  host-abort-proof)
+    # Reliability case 35's fix (waits that have lasted a millisecond read
+    # Abort's host word) touches every kernel through the common header:
+    # the goroutine-rank proof of every world-2 kernel of its bundle.
+    need .gpu/host-abort/proof.test .gpu/host-abort/collgen
+    OUT=$R/proof BUNDLE=.gpu/host-abort PROOF_WORLDS=2 PROOF_PARTS=goroutines GOROUTINE_TIMEOUT=540 \
+      tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    ;;
   host-abort)
-    # Main's kernels read Abort's host word in waits that last a
-    # millisecond (reliability case 35); the patch takes that out again.
-    # Its proof part proves the old kernels (one, briefly); the A/B is
-    # main (A) over the kernels without it (B), every push kernel and the
-    # barrier one-shot beside auto, 1 KiB to 16 MiB.
-    STEP=no-host-abort patch_ab 'allreduce_oneshot_ll_bf16_sum_w2' 90 60 1KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB \
+    # Then its process-rank proof of one kernel, the A/B of every push
+    # kernel and the barrier one-shot beside auto, 1 KiB to 16 MiB, and
+    # its TestAbortQueuesGPU (early and plain launches at 32, 8 and 1
+    # work queues) with a GPU per rank.
+    patch_ab 'allreduce_oneshot_ll_bf16_sum_w2' 90 60 1KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB \
       auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot both
+    timeout 200 .gpu/host-abort/proof.test -test.v -test.count=1 -test.run 'TestAbortQueuesGPU' >"$R/abort-queues.log" 2>&1
+    part $? abort-queues
     ;;
   lamport)
     need .gpu/lamport/collgen .gpu/lamport/proof.test

@@ -61,20 +61,6 @@ __device__ __forceinline__ void cg_grid_begin() {
 // device memory, so spinning threads may poll it.
 __device__ __forceinline__ volatile cg_u64* cg_abort_word(cg_u64* seq) { return seq + CG_MAX_BLOCKS + 2; }
 
-// cg_host_abort reads Communicator.Abort's word in host memory, the
-// word after the status word (args.status + 1). Abort raises the device
-// abort word with a write on a stream of its own; where every stream
-// shares one hardware work queue (CUDA_DEVICE_MAX_CONNECTIONS=1) and
-// kernels launch plainly (no early launch: before sm_90, or
-// Config.NoEarlyLaunch), that write waits behind the kernels queued after
-// the waiting one, which would leave only at their timeout (reliability
-// case 35). The host word needs no queue, so a wait that has lasted
-// CG_HOST_ABORT_NS reads it, once every CG_HOST_ABORT_NS, and raises the
-// device word when it is set. PCIe reads of host memory are slow, so no
-// wait of a running collective (microseconds) ever reads it.
-#define CG_HOST_ABORT_NS 1000000ull
-__device__ __forceinline__ bool cg_host_abort(const cg_u64* status) { return *((volatile const cg_u64*)status + 1) != 0; }
-
 // Status word codes, written to args.status by the first thread that gives
 // up. Bits: [0,8) code, [8,16) waiting rank, [16,24) awaited peer,
 // [24,32) barrier index, [32,48) block, [48,64) kernel id.
@@ -887,29 +873,18 @@ __device__ __forceinline__ bool cg_barrier(const collgen_args<W>& a, cg_u64 seq,
       const cg_u64* mine = a.signal[a.rank] + (cg_u64)blockIdx.x * W + p;
       if (cg_ld_acquire(mine) < seq) {
         volatile cg_u64* abort = cg_abort_word(a.seq);
-        const cg_u64 start = cg_now_ns();
-        const cg_u64 deadline = start + a.timeout_ns;
-        cg_u64 host = start + CG_HOST_ABORT_NS;
+        const cg_u64 deadline = cg_now_ns() + a.timeout_ns;
         for (unsigned it = 1; cg_ld_acquire(mine) < seq; it++) {
           if ((it & 15) != 0) continue;
           if (*abort != 0) {
             left = 1;
             break;
           }
-          const cg_u64 now = cg_now_ns();
-          if (now > deadline) {
+          if (cg_now_ns() > deadline) {
             cg_report_timeout(a.status, CG_STATUS_TIMEOUT, a.rank, p, index, a.kernel_id);
             *abort = 1;  // the other blocks leave too: one timeout, not one per block
             left = 1;
             break;
-          }
-          if (now > host) {
-            host = now + CG_HOST_ABORT_NS;
-            if (cg_host_abort(a.status)) {
-              *abort = 1;
-              left = 1;
-              break;
-            }
           }
         }
       }
@@ -1461,9 +1436,7 @@ __device__ __forceinline__ unsigned cg_ep_flag(cg_u64 epoch) { return (unsigned)
 // timeout, not one per line. Threads that decide together (PR::all,
 // PR::any) return together. The spin never reads the host-mapped status
 // word: PCIe reads of host memory serialise, and thousands of spinning
-// threads reading it cost milliseconds; only a spin that has lasted
-// CG_HOST_ABORT_NS reads Abort's host word (cg_host_abort), once every
-// CG_HOST_ABORT_NS. Out of line: it is the slow path;
+// threads reading it cost milliseconds. Out of line: it is the slow path;
 // scalar arguments and a by-value result keep the caller's lines in
 // registers and its argument struct in constant memory.
 template <class PR>
@@ -1474,9 +1447,7 @@ __device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned 
   cg_push_result<PR> r;
   r.ok = false;
   volatile cg_u64* abort = cg_abort_word(seq);
-  const cg_u64 start = cg_now_ns();
-  const cg_u64 deadline = start + timeout_ns;
-  cg_u64 host = start + CG_HOST_ABORT_NS;
+  const cg_u64 deadline = cg_now_ns() + timeout_ns;
   for (unsigned it = 1;; it++) {
     if (PR::all(PR::poll(p, flag, r.d, on))) {
       r.ok = true;
@@ -1484,17 +1455,8 @@ __device__ __noinline__ cg_push_result<PR> cg_push_spin(const void* p, unsigned 
     }
     if ((it & 63) == 0) {
       if (PR::any(*abort != 0)) return r;
-      // One decision for the deadline and Abort's host word, so a spin
-      // that goes on costs the same two votes (warp-wide PR) as before.
-      const cg_u64 now = cg_now_ns();
-      const bool late = now > deadline;
-      bool aborted = false;
-      if (now > host) {
-        host = now + CG_HOST_ABORT_NS;
-        aborted = cg_host_abort(status);
-      }
-      if (PR::any(late || aborted)) {
-        if (PR::any(late)) cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
+      if (PR::any(cg_now_ns() > deadline)) {
+        cg_report_timeout(status, CG_STATUS_LL_TIMEOUT, rank, peer, phase, kernel_id);
         *abort = 1;
         return r;
       }
