@@ -31,12 +31,6 @@ type abortState struct {
 	watch       *ncclWatch  // how a wait for NCCL work is bounded; nil until NCCL opens
 }
 
-// noteNCCL records that NCCL work was enqueued on s, so a wait on s is
-// bounded by Config.Timeout (NCCL kernels have no deadline of their own).
-func (d *cudaDevice) noteNCCL(s *cuda.Stream) {
-	d.ncclPending.note(s)
-}
-
 // wait waits for s like cuStreamSynchronize, but it can be cut short:
 // Abort makes it return ErrAborted at once; NCCL's asynchronous error
 // (such as a remote rank's failure) aborts the NCCL communicator and

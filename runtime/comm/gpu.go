@@ -78,7 +78,8 @@ type gpuComm struct {
 	ncclErr error // why NCCL cannot be used, agreed by all ranks
 
 	// early: kernels are launched with programmatic dependent launch
-	// (Config.NoEarlyLaunch unset and the device supports it). A rank's
+	// (Config.NoEarlyLaunch unset, the device supports it, and no other
+	// rank shares the context; set in setup). A rank's
 	// choice is its own: the kernels wait for the kernel ahead of them on
 	// their own stream only (cg_grid_begin), so ranks need not agree.
 	early bool
@@ -347,7 +348,6 @@ func (g *gpuComm) layoutString() string {
 func (g *gpuComm) setup(ctx context.Context, dev device) error {
 	g.dev = dev
 	cfg := g.cfg
-	g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch() // and see below, where ranks share a context
 	wantNCCL := !cfg.DisableNCCL && g.usesNCCL()
 	mine := gpuAgreement{Topology: g.topology, Areas: g.layoutString(), MaxBlocks: cfg.MaxBlocks,
 		NCCLWindows: cfg.NCCLWindows, Process: thisProcess, WorkQueues: dev.workQueues()}
@@ -412,9 +412,7 @@ func (g *gpuComm) setup(ctx context.Context, dev device) error {
 		// ranks on one GPU without MPS take turns on it (contexts are
 		// time-sliced) and keep it: without it Abort's word did not reach
 		// their kernels through one work queue (TestAbortQueuesGPU).
-		if shared || cuda.UnderMPS() && gpuShared(g.det, cfg.Rank) {
-			g.early = false
-		}
+		g.early = !cfg.NoEarlyLaunch && dev.earlyLaunch() && !shared && !(cuda.UnderMPS() && gpuShared(g.det, cfg.Rank))
 		if shared {
 			g.sameContext = make([]bool, len(all))
 			for r := range all {

@@ -5,7 +5,6 @@ package cuda_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -86,27 +85,31 @@ func deepSet(t *testing.T, d *cuda.Device) (*cuda.Function, *cuda.Module, int) {
 	return f, m, local
 }
 
-// waitThenSet runs wait_flag (deadline wait) on one stream and, once it
-// runs, between (if not nil), then set on another stream; it reports
-// whether wait_flag saw set's word before its deadline, and how long that
-// took.
-func waitThenSet(t *testing.T, d *cuda.Device, m *cuda.Module, set *cuda.Function, wait time.Duration, between func()) (bool, time.Duration) {
+// newStreams makes n streams on d, destroyed when the test ends.
+func newStreams(t *testing.T, d *cuda.Device, n int) []*cuda.Stream {
+	t.Helper()
+	streams := make([]*cuda.Stream, n)
+	for i := range streams {
+		s, err := d.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Destroy() })
+		streams[i] = s
+	}
+	return streams
+}
+
+// waitThenSet runs wait_flag (deadline wait) on s1 and, once it runs,
+// between (if not nil), then set on s2; it reports whether wait_flag saw
+// set's word before its deadline, and how long that took.
+func waitThenSet(t *testing.T, d *cuda.Device, m *cuda.Module, set *cuda.Function, wait time.Duration, s1, s2 *cuda.Stream, between func()) (bool, time.Duration) {
 	t.Helper()
 	hb, err := d.HostAlloc(64, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hb.Free()
-	s1, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s1.Destroy()
-	s2, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Destroy()
 	wa := make([]byte, 16)
 	binary.LittleEndian.PutUint64(wa, uint64(hb.DevPtr))
 	binary.LittleEndian.PutUint64(wa[8:], uint64(wait.Nanoseconds()))
@@ -154,12 +157,13 @@ func waitThenSet(t *testing.T, d *cuda.Device, m *cuda.Module, set *cuda.Functio
 func TestReserveStackGPU(t *testing.T) {
 	d := cudatest.Devices(t, 1)[0]
 	const wait = 2 * time.Second
+	ss := newStreams(t, d, 2)
 	t.Run("grown at launch", func(t *testing.T) {
 		// The driver's behaviour that ReserveStack avoids, logged rather
 		// than asserted: it is CUDA's, not collgen's.
 		set, m, local := deepSet(t, d)
 		before, _ := d.StackBytes()
-		saw, took := waitThenSet(t, d, m, set, wait, nil)
+		saw, took := waitThenSet(t, d, m, set, wait, ss[0], ss[1], nil)
 		after, _ := d.StackBytes()
 		t.Logf("deep_set needs %d bytes a thread, the context reserved %d, then %d after its launch; the spinning kernel saw its word: %v after %v", local, before, after, saw, took)
 	})
@@ -181,7 +185,7 @@ func TestReserveStackGPU(t *testing.T) {
 		if again, _ := d.StackBytes(); again != have {
 			t.Fatalf("ReserveStack of less changed the reservation from %d to %d", have, again)
 		}
-		saw, took := waitThenSet(t, d, m, set, wait, nil)
+		saw, took := waitThenSet(t, d, m, set, wait, ss[0], ss[1], nil)
 		if !saw {
 			t.Fatalf("deep_set (%d bytes of local memory a thread, %d reserved) ran only after the spinning kernel's %v deadline (%v): its launch still waited for the context's kernels", local, have, wait, took)
 		}
@@ -198,13 +202,13 @@ func TestReserveStackGPU(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if saw, took := waitThenSet(t, d, m, set, wait, nil); !saw { // warms both kernels
+		if saw, took := waitThenSet(t, d, m, set, wait, ss[0], ss[1], nil); !saw { // warms both kernels
 			t.Fatalf("plain_set did not run beside the spinning kernel (%v) with nothing between", took)
 		}
 		for _, bytes := range []int{4 << 10, 64 << 20} {
 			var p cuda.DevicePtr
 			var allocTook time.Duration
-			saw, took := waitThenSet(t, d, m, set, wait, func() {
+			saw, took := waitThenSet(t, d, m, set, wait, ss[0], ss[1], func() {
 				start := time.Now()
 				var err error
 				if p, err = d.Alloc(bytes); err != nil {
@@ -235,58 +239,23 @@ func TestWorkQueuesApartGPU(t *testing.T) {
 	}
 	queues := cuda.WorkQueues()
 	n := queues + 8
-	streams := make([]*cuda.Stream, n)
-	for i := range streams {
-		if streams[i], err = d.NewStream(); err != nil {
-			t.Fatal(err)
-		}
-		defer streams[i].Destroy()
-	}
-	hb, err := d.HostAlloc(64, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hb.Free()
+	streams := newStreams(t, d, n)
 	other, err := d.Alloc(64)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Free(other)
-	const wait = 300 * time.Millisecond
+	behind := make([]byte, 16) // plain_set of a word nobody reads
+	binary.LittleEndian.PutUint64(behind, uint64(other))
+	binary.LittleEndian.PutUint32(behind[8:], 1)
 	first := -1
 	for i := 1; i < n; i++ {
-		for w := 0; w < 3; w++ {
-			hb.StoreUint32(4*w, 0)
-		}
-		wa := make([]byte, 16)
-		binary.LittleEndian.PutUint64(wa, uint64(hb.DevPtr))
-		binary.LittleEndian.PutUint64(wa[8:], uint64(wait.Nanoseconds()))
-		if err := m.Launch("wait_flag", cuda.Dim3(1), cuda.Dim3(32), 0, streams[0], wa); err != nil {
-			t.Fatal(err)
-		}
-		behind := make([]byte, 16) // sets a word nobody reads
-		binary.LittleEndian.PutUint64(behind, uint64(other))
-		binary.LittleEndian.PutUint32(behind[8:], 1)
-		if err := set.Launch(cuda.Dim3(1), cuda.Dim3(32), 0, streams[0], behind); err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		for hb.LoadUint32(0) != 1 {
-			if time.Since(start) > 5*time.Second {
-				t.Fatalf("wait_flag did not start")
+		saw, _ := waitThenSet(t, d, m, set, 300*time.Millisecond, streams[0], streams[i], func() {
+			if err := set.Launch(cuda.Dim3(1), cuda.Dim3(32), 0, streams[0], behind); err != nil {
+				t.Fatal(err)
 			}
-			time.Sleep(10 * time.Microsecond)
-		}
-		sa := make([]byte, 16)
-		binary.LittleEndian.PutUint64(sa, uint64(hb.DevPtr))
-		binary.LittleEndian.PutUint32(sa[8:], 7)
-		if err := set.Launch(cuda.Dim3(1), cuda.Dim3(32), 0, streams[i], sa); err != nil {
-			t.Fatal(err)
-		}
-		if err := errors.Join(streams[0].Synchronize(), streams[i].Synchronize()); err != nil {
-			t.Fatal(err)
-		}
-		if hb.LoadUint32(8) == 2 && first < 0 {
+		})
+		if !saw && first < 0 {
 			first = i
 		}
 	}

@@ -75,13 +75,7 @@ func TestBackToBackGPU(t *testing.T) {
 				return errors.Join(streams[r].Destroy(), c.Device().Free(bufs[r]))
 			})
 			if os.Getenv(envBackToBackCold) == "" {
-				if err := ranks(comms, func(r int, c *comm.Communicator) error {
-					b := comm.DeviceBuffer(bufs[r])
-					if err := c.AllReduce(b, b, 32<<10, coll.BF16, coll.Sum, comm.Options{Algorithm: coll.OneShotLL, Stream: streams[r]}); err != nil {
-						return err
-					}
-					return c.Synchronize(streams[r])
-				}); err != nil {
+				if err := allReduceAlone(comms, bufs, streams, 32<<10, coll.OneShotLL); err != nil {
 					t.Fatalf("the first call, alone: %v", err)
 				}
 			}
@@ -148,13 +142,7 @@ func TestStackReservedGPU(t *testing.T) {
 	}
 	defer ranks(comms, func(r int, c *comm.Communicator) error { return c.Device().Free(bufs[r]) })
 	for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128, coll.TwoShotLL128} {
-		if err := ranks(comms, func(r int, c *comm.Communicator) error {
-			b := comm.DeviceBuffer(bufs[r])
-			if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg}); err != nil {
-				return err
-			}
-			return c.Synchronize(nil)
-		}); err != nil {
+		if err := allReduceAlone(comms, bufs, nil, n, alg); err != nil {
 			t.Fatalf("%s: %v", alg, err)
 		}
 		now, err := dev.StackBytes()
@@ -166,4 +154,21 @@ func TestStackReservedGPU(t *testing.T) {
 		}
 	}
 	t.Logf("New reserved %d bytes of local memory a thread; no launch grew it", reserved)
+}
+
+// allReduceAlone has every rank make one in-place bf16 sum all-reduce of
+// n elements of its buffer with alg, on its stream (the communicator's
+// where streams is nil), and wait for it.
+func allReduceAlone(comms []*comm.Communicator, bufs []cuda.DevicePtr, streams []*cuda.Stream, n int, alg coll.Algorithm) error {
+	return ranks(comms, func(r int, c *comm.Communicator) error {
+		var s *cuda.Stream
+		if streams != nil {
+			s = streams[r]
+		}
+		b := comm.DeviceBuffer(bufs[r])
+		if err := c.AllReduce(b, b, n, coll.BF16, coll.Sum, comm.Options{Algorithm: alg, Stream: s}); err != nil {
+			return err
+		}
+		return c.Synchronize(s)
+	})
 }
