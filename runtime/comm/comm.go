@@ -170,7 +170,9 @@ type Config struct {
 	// H200; docs/performance.md). A rank whose CUDA context holds another
 	// rank of the group (goroutine ranks on one GPU; under MPS, any ranks
 	// on one GPU) never launches early: the waiting blocks could take the
-	// SMs its peers' kernels need (docs/reliability.md, case 97).
+	// SMs its peers' kernels need (docs/reliability.md, case 97). With
+	// plain launches and CUDA_DEVICE_MAX_CONNECTIONS=1, Abort releases
+	// kernels waiting for a peer only at Config.Timeout (case 35, open).
 	NoEarlyLaunch bool
 	// NCCLWindows registers Alloc's buffers as NCCL windows (see Alloc),
 	// like sglang's symmetric-memory option. Off by default: sglang
