@@ -249,27 +249,24 @@ func SkipReason(v Variant, bytes, need, stagingBytes int64, ncclErr error) strin
 	return ""
 }
 
-// RefusalReason is why a forced variant is skipped when the communicator
-// refuses it for this call (err from Communicator.Explain: an algorithm
-// without a kernel for the dtype, an inbox or scratch area too small for
-// the size), or "" to measure it: a refusal is the configuration's answer,
-// not a failure of the run. Auto is never skipped; its errors are
-// failures.
-func RefusalReason(v Variant, err error) string {
-	if err == nil || v.Algorithm == coll.Auto || !errors.Is(err, comm.ErrInvalidArgument) && !errors.Is(err, comm.ErrUnsupported) {
+// RefusalReason is why a variant is skipped when the communicator
+// refuses it for this call (err from Communicator.Explain, the same on
+// every rank), or "" to measure it: a refusal is the configuration's
+// answer, not a failure of the run. A forced variant is skipped when
+// refused (an algorithm without a kernel for the dtype, an inbox or
+// scratch area too small for the size); auto only where NCCL is
+// unavailable (ncclErr, agreed by every rank: no libnccl,
+// Config.DisableNCCL, ranks sharing a GPU) and the rules give the size to
+// NCCL (ErrUnsupported). Auto's other errors are failures.
+func RefusalReason(v Variant, err, ncclErr error) string {
+	switch {
+	case err == nil:
 		return ""
-	}
-	return err.Error()
-}
-
-// AutoNCCLSkip is why an auto row is skipped where NCCL is unavailable
-// (ncclErr, agreed by every rank: no libnccl, Config.DisableNCCL, ranks
-// sharing a GPU), or "": where the rules give the size to NCCL, the
-// communicator refuses it (err from Communicator.Explain, the same on
-// every rank), and that is the configuration's answer, not a failure of
-// the run.
-func AutoNCCLSkip(v Variant, err, ncclErr error) string {
-	if v.Algorithm != coll.Auto || ncclErr == nil || !errors.Is(err, comm.ErrUnsupported) {
+	case v.Algorithm == coll.Auto:
+		if ncclErr == nil || !errors.Is(err, comm.ErrUnsupported) {
+			return ""
+		}
+	case !errors.Is(err, comm.ErrInvalidArgument) && !errors.Is(err, comm.ErrUnsupported):
 		return ""
 	}
 	return err.Error()

@@ -227,20 +227,20 @@ func TestSkipReason(t *testing.T) {
 func TestRefusalReason(t *testing.T) {
 	two := Variant{Algorithm: coll.TwoShot}
 	refused := fmt.Errorf("%w: comm: allreduce with algorithm twoshot refused: 268435456 bytes exceed the 8388608-byte scratch area", comm.ErrInvalidArgument)
-	if r := RefusalReason(two, refused); !strings.Contains(r, "scratch area") {
+	if r := RefusalReason(two, refused, nil); !strings.Contains(r, "scratch area") {
 		t.Errorf("refused forced twoshot: %q", r)
 	}
 	noKernel := fmt.Errorf("%w: comm: allreduce with algorithm hcm refused: the library has no kernel", comm.ErrUnsupported)
-	if r := RefusalReason(Variant{Algorithm: coll.HCM}, noKernel); r == "" {
+	if r := RefusalReason(Variant{Algorithm: coll.HCM}, noKernel, nil); r == "" {
 		t.Error("a forced algorithm without a kernel is not skipped")
 	}
-	if r := RefusalReason(Variant{Algorithm: coll.Auto}, refused); r != "" {
+	if r := RefusalReason(Variant{Algorithm: coll.Auto}, refused, nil); r != "" {
 		t.Errorf("auto skipped: %q", r)
 	}
-	if r := RefusalReason(two, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout)); r != "" {
+	if r := RefusalReason(two, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout), nil); r != "" {
 		t.Errorf("a timeout skipped: %q", r)
 	}
-	if r := RefusalReason(two, nil); r != "" {
+	if r := RefusalReason(two, nil, nil); r != "" {
 		t.Errorf("an accepted call skipped: %q", r)
 	}
 }
@@ -579,26 +579,24 @@ func TestVerifyMisplacedBlock(t *testing.T) {
 	}
 }
 
-// TestAutoNCCLSkip: where NCCL is unavailable, auto's refusal of a size
-// the rules give to NCCL is skipped with the reason; with NCCL available,
-// a forced algorithm's refusal, or auto's other errors, it is not.
-func TestAutoNCCLSkip(t *testing.T) {
+// TestRefusalReasonAutoWithoutNCCL: where NCCL is unavailable, auto's
+// refusal of a size the rules give to NCCL is skipped with the reason;
+// with NCCL available, or auto's other errors, it is not (a forced
+// algorithm's refusals: TestRefusalReason).
+func TestRefusalReasonAutoWithoutNCCL(t *testing.T) {
 	auto := Variant{Algorithm: coll.Auto}
 	off := fmt.Errorf("%w: comm: allreduce of 268435456 bytes (bf16) selects nccl, but NCCL is unavailable on rank 0: ranks share a GPU", comm.ErrUnsupported)
 	unavailable := errors.New("NCCL is unavailable on rank 0: ranks share a GPU")
-	if r := AutoNCCLSkip(auto, off, unavailable); !strings.Contains(r, "selects nccl") {
+	if r := RefusalReason(auto, off, unavailable); !strings.Contains(r, "selects nccl") {
 		t.Errorf("auto at an NCCL size: %q", r)
 	}
-	if r := AutoNCCLSkip(auto, off, nil); r != "" {
+	if r := RefusalReason(auto, off, nil); r != "" {
 		t.Errorf("NCCL available: %q", r)
 	}
-	if r := AutoNCCLSkip(Variant{Algorithm: coll.OneShot}, off, unavailable); r != "" {
-		t.Errorf("a forced algorithm: %q", r)
-	}
-	if r := AutoNCCLSkip(auto, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout), unavailable); r != "" {
+	if r := RefusalReason(auto, fmt.Errorf("%w: peer 1 never arrived", comm.ErrTimeout), unavailable); r != "" {
 		t.Errorf("auto's timeout skipped: %q", r)
 	}
-	if r := AutoNCCLSkip(auto, nil, unavailable); r != "" {
+	if r := RefusalReason(auto, nil, unavailable); r != "" {
 		t.Errorf("auto accepted: %q", r)
 	}
 }

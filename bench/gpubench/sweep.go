@@ -554,10 +554,7 @@ func (st *rankState) sweep(ctx context.Context) ([]Measurement, error) {
 				why = fmt.Sprintf("%s buffers could not be registered: %v", v.Name(), err)
 			}
 			if why == "" {
-				why = RefusalReason(v, xerr)
-			}
-			if why == "" {
-				why = AutoNCCLSkip(v, xerr, ncclErr)
+				why = RefusalReason(v, xerr, ncclErr)
 			}
 			if why != "" {
 				m.Skipped = why
