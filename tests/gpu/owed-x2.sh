@@ -23,17 +23,10 @@
 # (non-zero if any part failed, timed out or found a wrong result).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-[ $# -eq 1 ] || usage
-STEP=$1
-case $STEP in
-  list) sed -n '9,20p' "$0" | sed 's/^# *//'; exit 0 ;;
-  peers | max-blocks | lamport | nonblocking | proof-goroutines | proof-processes | peers-why | host-faults | ll128-grow | host-abort-proof | host-abort) ;;
-  *) echo "owed-x2.sh: unknown step $STEP" >&2; usage ;;
-esac
-cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=steps.sh
-. tests/gpu/steps.sh
+. "$(dirname "$0")/steps.sh"
+owed_step "$0" "$@"
+cd "$(dirname "$0")/../.." || exit 2
 owed_begin owed-x2.sh "$STEP"
 need() { need_files "$@"; }
 BENCH=(bench --backend gpu -n 2 --processes --dtype bf16 --op sum --check)

@@ -20,17 +20,10 @@
 # (non-zero if any part failed, timed out or found a wrong result).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-[ $# -eq 1 ] || usage
-STEP=$1
-case $STEP in
-  list) sed -n '12,17p' "$0" | sed 's/^# *//'; exit 0 ;;
-  proof-goroutines | proof-processes | bench | groups | peers) ;;
-  *) echo "owed-x4.sh: unknown step $STEP" >&2; usage ;;
-esac
-cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=steps.sh
-. tests/gpu/steps.sh
+. "$(dirname "$0")/steps.sh"
+owed_step "$0" "$@"
+cd "$(dirname "$0")/../.." || exit 2
 owed_begin owed-x4.sh "$STEP"
 # need FILES...: the step's carry is here, and so are four GPUs.
 need() {

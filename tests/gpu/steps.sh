@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Sourced by groups.sh and mps.sh: how long a step of a script bounded by
 # a deadline may run, and how its end is reported; and by owed-x2.sh and
-# owed-x4.sh: the set-up their steps share (owed_begin, below).
+# owed-x4.sh: their argument and the set-up their steps share (owed_step,
+# owed_begin, below).
 
 # step_limit DEADLINE CAP MIN_STEP NAME SUMMARY: prints the seconds the
 # step NAME may run, min(CAP, DEADLINE - now - 7) (7 s for the test's own
@@ -47,4 +48,25 @@ need_files() {
   for f in "$@"; do
     [ -e "$f" ] || { echo "$OWED_SCRIPT: $STEP needs $f (carry it; see list)" >&2; exit 2; }
   done
+}
+
+# owed_step SCRIPT ARGS...: SCRIPT's step, from the table in its header
+# comment (the "#   step" line and the rows under it, up to a bare "#";
+# a row's first word is a step): `list` prints the table and exits 0; no
+# argument, more than one, or a step the table lacks prints the header
+# (usage) and exits 2. Sets STEP. The table is the one list of steps.
+owed_step() {
+  local script=$1 table
+  shift
+  table=$(awk '/^#   step /{on=1} on && /^#$/{exit} on' "$script" | sed 's/^# *//')
+  if [ $# -eq 1 ] && [ "$1" = list ]; then
+    echo "$table"
+    exit 0
+  fi
+  if [ $# -ne 1 ] || ! sed 1d <<<"$table" | awk '{print $1}' | grep -qxF -- "$1"; then
+    [ $# -eq 1 ] && echo "$(basename "$script"): unknown step $1" >&2
+    awk 'NR == 1 {next} /^#/ {print; next} {exit}' "$script" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+  fi
+  STEP=$1
 }
