@@ -673,25 +673,12 @@ func (st *rankState) measure(ctx context.Context, sh Shape, v Variant, m *Measur
 	// of a sweep warms much longer, so an idle GPU's clocks have ramped up
 	// before the smallest sizes are timed (a fixed count, not a time, so
 	// every rank issues the same collectives).
-	// Before it, every rank issues one collective alone and waits for it:
-	// the first back-to-back launches of ranks sharing a CUDA context
-	// (`--devices 0,0,0`, goroutine ranks) time out now and then, and
-	// after one waited call they were never seen to (reliability case 99,
-	// still open).
-	n, alone := cfg.Warmup, !st.warmed
-	if alone {
+	n := cfg.Warmup
+	if !st.warmed {
 		st.warmed = true
 		n = max(n, clockWarmup)
 	}
 	err := func() error {
-		if alone {
-			if err := st.issue(sh, v, 0); err != nil {
-				return err
-			}
-			if err := st.c.Synchronize(st.s); err != nil {
-				return err
-			}
-		}
 		for i := 0; i < n; i++ {
 			if err := st.issue(sh, v, i); err != nil {
 				return err

@@ -176,7 +176,9 @@ func (d *Device) Memset8Async(dst DevicePtr, v byte, n int, s *Stream) error {
 		return err
 	}
 	defer runtime.UnlockOSThread()
-	if r := C.cg_cuMemsetD8Async(C.CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.handle()); r != 0 {
+	if r := s.issue(func() C.CUresult {
+		return C.cg_cuMemsetD8Async(C.CUdeviceptr(dst), C.uchar(v), C.size_t(n), s.handle())
+	}); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemsetD8Async(%d bytes)", n))
 	}
 	return nil
@@ -194,7 +196,9 @@ func (d *Device) MemsetD32Async(dst DevicePtr, v uint32, n int, s *Stream) error
 		return err
 	}
 	defer runtime.UnlockOSThread()
-	if r := C.cg_cuMemsetD32Async(C.CUdeviceptr(dst), C.uint(v), C.size_t(n), s.handle()); r != 0 {
+	if r := s.issue(func() C.CUresult {
+		return C.cg_cuMemsetD32Async(C.CUdeviceptr(dst), C.uint(v), C.size_t(n), s.handle())
+	}); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemsetD32Async(%d words)", n))
 	}
 	return nil
@@ -266,7 +270,9 @@ func (d *Device) CopyHtoDAsync(dst DevicePtr, src []byte, s *Stream) error {
 		return err
 	}
 	defer runtime.UnlockOSThread()
-	if r := C.cg_cuMemcpyHtoDAsync(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.handle()); r != 0 {
+	if r := s.issue(func() C.CUresult {
+		return C.cg_cuMemcpyHtoDAsync(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), s.handle())
+	}); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemcpyHtoDAsync(%d bytes)", len(src)))
 	}
 	return nil
@@ -288,7 +294,9 @@ func (d *Device) CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error {
 		return err
 	}
 	defer runtime.UnlockOSThread()
-	if r := C.cg_cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), s.handle()); r != 0 {
+	if r := s.issue(func() C.CUresult {
+		return C.cg_cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), s.handle())
+	}); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemcpyDtoHAsync(%d bytes)", len(dst)))
 	}
 	return nil
@@ -306,7 +314,9 @@ func (d *Device) CopyDtoDAsync(dst, src DevicePtr, n int, s *Stream) error {
 		return err
 	}
 	defer runtime.UnlockOSThread()
-	if r := C.cg_cuMemcpyDtoDAsync(C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.handle()); r != 0 {
+	if r := s.issue(func() C.CUresult {
+		return C.cg_cuMemcpyDtoDAsync(C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), s.handle())
+	}); r != 0 {
 		return d.err(r, fmt.Sprintf("cuMemcpyDtoDAsync(%d bytes)", n))
 	}
 	return nil

@@ -229,9 +229,11 @@ func (f *Function) launch(grid, block [3]uint32, sharedBytes int, s *Stream, arg
 	if len(args) > 0 {
 		argp = unsafe.Pointer(&args[0])
 	}
-	r := C.cg_launch(f.f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes),
-		s.handle(), argp, C.size_t(len(args)), C.int(boolInt(early)))
+	r := s.issue(func() C.CUresult {
+		return C.cg_launch(f.f, C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes),
+			s.handle(), argp, C.size_t(len(args)), C.int(boolInt(early)))
+	})
 	if r != 0 {
 		call := "cuLaunchKernel"
 		if early {

@@ -6,6 +6,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -263,4 +266,156 @@ func TestWorkQueuesApartGPU(t *testing.T) {
 	if first >= 0 && first < queues {
 		t.Errorf("stream %d already shares stream 0's work queue, within the first %d streams: comm's sharedQueues counts on them taking queues of their own", first, queues)
 	}
+}
+
+// meetKernel: meet, with a stack frame of LOCAL_WORDS words a thread,
+// counts itself in and spins (one thread) until n kernels have, or its
+// deadline passes; it writes 1 at its slot of seen if all n met before
+// the deadline, else 2.
+const meetKernel = `
+struct meet_args { unsigned *count; unsigned *seen; unsigned n; unsigned slot; unsigned long long ns; };
+
+__device__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+extern "C" __global__ void meet(const meet_args a) {
+  volatile unsigned buf[LOCAL_WORDS]; // a stack frame, as collectives have
+  for (int i = 0; i < LOCAL_WORDS; i++) buf[i] = i + a.slot;
+  if (threadIdx.x != 0 || blockIdx.x != 0 || buf[a.slot % LOCAL_WORDS] == ~0u) return;
+  atomicAdd(a.count, 1u);
+  unsigned long long end = now_ns() + a.ns;
+  while (atomicAdd(a.count, 0u) < a.n && now_ns() < end) __nanosleep(1000);
+  a.seen[a.slot] = atomicAdd(a.count, 0u) >= a.n ? 1 : 2;
+  __threadfence_system();
+}
+`
+
+// TestFirstLaunchesMeetGPU (reliability case 99): kernels launched back
+// to back on new streams, from eight OS threads with the context current
+// at once, run beside each other's: kernel k of each stream waits until
+// kernel k of all eight has started, as goroutine ranks' collectives wait
+// for each other, with a stack frame the context reserves. Each round
+// loads the kernel afresh and makes new streams. A build without
+// Stream.issue's serialised first works failed 10 of 12 runs on one H100
+// (kernels of a stream queued behind another stream's until their
+// deadline); with it, 12 of 12 passed.
+func TestFirstLaunchesMeetGPU(t *testing.T) {
+	d := cudatest.Devices(t, 1)[0]
+	const per, calls, rounds = 8, 16, 6
+	const deadline = 200 * time.Millisecond
+	if q := cuda.WorkQueues(); q < per {
+		t.Skipf("%d work queues (%s): eight streams share them anyway", q, cuda.EnvMaxConnections)
+	}
+	req := cuda.CompileRequest{Name: "meet.cu", Source: meetKernel, Options: []string{"-DLOCAL_WORDS=576"}} // 2304 bytes, as world 8's LL one-shots
+	cache := &cuda.Cache{Dir: t.TempDir()}
+	// load loads meet afresh (compiled once, through the cache), so each
+	// round's launches are its function's first as well as its streams'.
+	load := func() (*cuda.Module, *cuda.Function) {
+		m, err := d.LoadSource(context.Background(), req, cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := m.Function("meet")
+		if err != nil {
+			m.Unload()
+			t.Fatal(err)
+		}
+		return m, f
+	}
+	m, meet := load()
+	local, err := meet.LocalBytes()
+	m.Unload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if local == 0 {
+		t.Fatal("meet has no stack frame")
+	}
+	if err := d.ReserveStack(local); err != nil { // no launch grows it (TestReserveStackGPU)
+		t.Fatal(err)
+	}
+	const nwords = calls + calls*per // a count a call, then seen
+	words, err := d.Alloc(4 * nwords)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(words)
+	got := make([]byte, 4*nwords)
+	var late []string
+	for round := 0; round < rounds; round++ {
+		if err := d.MemsetD32(words, 0, nwords); err != nil {
+			t.Fatal(err)
+		}
+		m, meet := load()
+		defer m.Unload()
+		streams := make([]*cuda.Stream, per) // new each round: their first work
+		for i := range streams {
+			if streams[i], err = d.NewStream(); err != nil {
+				t.Fatal(err)
+			}
+			defer streams[i].Destroy()
+		}
+		var ready, done sync.WaitGroup
+		ready.Add(per)
+		release := make(chan struct{})
+		for i, s := range streams {
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				runtime.LockOSThread() // a thread of its own, the context current on it
+				defer runtime.UnlockOSThread()
+				_, err := d.StackBytes()
+				ready.Done()
+				<-release
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for k := 0; k < calls; k++ { // back to back, as collectives
+					args := make([]byte, 32)
+					binary.LittleEndian.PutUint64(args, uint64(words)+uint64(4*k))
+					binary.LittleEndian.PutUint64(args[8:], uint64(words)+4*calls)
+					binary.LittleEndian.PutUint32(args[16:], per)
+					binary.LittleEndian.PutUint32(args[20:], uint32(k*per+i))
+					binary.LittleEndian.PutUint64(args[24:], uint64(deadline.Nanoseconds()))
+					if err := meet.Launch(cuda.Dim3(16), cuda.Dim3(256), 0, s, args); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		ready.Wait()
+		close(release)
+		done.Wait()
+		for _, s := range streams {
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Destroy(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Unload(); err != nil {
+			t.Fatal(err)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+		if err := d.CopyDtoH(got, words); err != nil {
+			t.Fatal(err)
+		}
+		for slot := 0; slot < calls*per; slot++ {
+			if v := binary.LittleEndian.Uint32(got[4*(calls+slot):]); v != 1 {
+				late = append(late, fmt.Sprintf("round %d: stream %d's kernel %d (result %d)", round, slot%per, slot/per, v))
+			}
+		}
+	}
+	if len(late) > 0 {
+		t.Fatalf("first kernels of streams launched at once did not all run at once (%d missed the %v deadline): %s", len(late), deadline, strings.Join(late, "; "))
+	}
+	t.Logf("%d rounds of %d new streams' first %d kernels of a newly loaded function, launched at once from %d threads: all met every time", rounds, per, calls, per)
 }

@@ -3,7 +3,8 @@ package proof
 import (
 	"errors"
 	"fmt"
-	"os"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,29 +25,14 @@ import (
 // group now launches plainly. With a GPU per rank it runs world 2 (or
 // every GPU's world) with early launch, as shipped.
 //
-// Each rank first makes one call and waits for it: the very first
-// back-to-back launches of ranks sharing a context still time out about
-// one run in 30, at worlds 4 and 8 on one H100, for a reason not found
-// (case 99, docs/reliability.md "Cases still open"); after one waited
-// call of any algorithm, a do-nothing kernel on the rank's stream or a
-// buffer write the rank waited for, they never did (0 of 140 runs).
-// envBackToBackCold, set to anything, leaves that call out (the open
-// case), and envBackToBackStagger (a duration) starts rank r's calls r
-// times that late.
-const (
-	envBackToBackCold    = "COLLGEN_TEST_BACK_TO_BACK_COLD"
-	envBackToBackStagger = "COLLGEN_TEST_BACK_TO_BACK_STAGGER"
-)
-
+// The ranks' first calls start at once, each from an OS thread of its own
+// with the context current: the driver gives a stream its hardware work
+// queue at its first work, and first works racing each other in one
+// context could be given one queue, so that one rank's kernels waited
+// behind a peer's until the deadline (case 99; eight ranks on one H100
+// timed out so in 23 of 31 runs before cuda serialised first works).
 func TestBackToBackGPU(t *testing.T) {
 	ngpu := proofGPUs(t)
-	var stagger time.Duration
-	if v := os.Getenv(envBackToBackStagger); v != "" {
-		var err error
-		if stagger, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("%s=%q: %v", envBackToBackStagger, v, err)
-		}
-	}
 	for _, w := range []int{2, 3, 4, 8} {
 		if w > ngpu || (!sharedGPU() && w != ngpu) {
 			continue
@@ -74,11 +60,13 @@ func TestBackToBackGPU(t *testing.T) {
 			defer ranks(comms, func(r int, c *comm.Communicator) error {
 				return errors.Join(streams[r].Destroy(), c.Device().Free(bufs[r]))
 			})
-			if os.Getenv(envBackToBackCold) == "" {
-				if err := allReduceAlone(comms, bufs, streams, 32<<10, coll.OneShotLL); err != nil {
-					t.Fatalf("the first call, alone: %v", err)
-				}
-			}
+			// Every rank's goroutine on a thread of its own with the
+			// context current, released at once for its first call.
+			var ready sync.WaitGroup
+			ready.Add(w)
+			release := make(chan struct{})
+			go func() { ready.Wait(); close(release) }()
+			first := make([]bool, w)
 			for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128, coll.TwoShotLL128} {
 				for _, count := range []int{32 << 10, n} {
 					start := time.Now()
@@ -86,7 +74,17 @@ func TestBackToBackGPU(t *testing.T) {
 					// goroutine's stack, so a stalled host call shows.
 					stacks := stacksAfter(t, 8*time.Second, fmt.Sprintf("%s, %d bf16: still running after 8s", alg, count))
 					err := ranks(comms, func(r int, c *comm.Communicator) error {
-						time.Sleep(time.Duration(r) * stagger)
+						if !first[r] {
+							first[r] = true
+							runtime.LockOSThread()
+							defer runtime.UnlockOSThread()
+							_, err := c.Device().StackBytes() // the context current here
+							ready.Done()
+							<-release
+							if err != nil {
+								return err
+							}
+						}
 						o := comm.Options{Algorithm: alg, Stream: streams[r]}
 						b := comm.DeviceBuffer(bufs[r])
 						for i := 0; i < 64; i++ {
