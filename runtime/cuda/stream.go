@@ -42,8 +42,12 @@ type Stream struct {
 // so in 23 of 31 runs; TestFirstLaunchesMeetGPU failed 10 of 12 runs).
 // With the first works serialised, neither ever did (0 of 30, 12 of 12
 // passed). A first work cannot block on a full queue, so holding the lock
-// across it never holds a peer for long. Work issued on a stream outside
-// this package (NCCL, a library given Handle) is not seen here.
+// across it holds another thread's first work only briefly, unless it is
+// a launch that grows the context's local memory, which waits for every
+// kernel of the context: programs whose kernels wait for each other
+// reserve it first (Device.ReserveStack; comm does where ranks share a
+// context). Work issued on a stream outside this package (NCCL, a library
+// given Handle) is not seen here.
 var firstWorkMu sync.Mutex
 
 // issue runs fn, which issues work on s from a thread with s's context
