@@ -26,11 +26,10 @@ import (
 // every GPU's world) with early launch, as shipped.
 //
 // The ranks' first calls start at once, each from an OS thread of its own
-// with the context current: the driver gives a stream its hardware work
-// queue at its first work, and first works racing each other in one
-// context could be given one queue, so that one rank's kernels waited
-// behind a peer's until the deadline (case 99; eight ranks on one H100
-// timed out so in 23 of 31 runs before cuda serialised first works).
+// with the context current: first works of new streams racing each other
+// in one context left one rank's kernels queued behind a peer's until the
+// deadline (case 99; eight ranks on one H100 timed out so in 23 of 31
+// runs before cuda.Stream serialised first works).
 func TestBackToBackGPU(t *testing.T) {
 	ngpu := proofGPUs(t)
 	for _, w := range []int{2, 3, 4, 8} {
