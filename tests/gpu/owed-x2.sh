@@ -18,6 +18,7 @@
 #   ll128-grow        .gpu/collgen .gpu/ll128-grow           + tests/gpu/patch-bundle.sh tests/gpu/patches/ll128-grow.patch
 #   host-abort-proof  .gpu/host-abort                        tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
 #   host-abort        .gpu/collgen .gpu/host-abort           + tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
+#   zc-mode           .gpu/collgen .gpu/zc-mode              + tests/gpu/patch-bundle.sh tests/gpu/patches/zc-mode.patch
 #
 # `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
 # (non-zero if any part failed, timed out or found a wrong result).
@@ -80,6 +81,16 @@ case $STEP in
       auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot both
     timeout 200 .gpu/host-abort/proof.test -test.v -test.count=1 -test.run 'TestAbortQueuesGPU' >"$R/abort-queues.log" 2>&1
     part $? abort-queues
+    ;;
+  zc-mode)
+    # Reliability case 12's fix (a barrier's flag carries whether its
+    # launch reads inputs in place) changes cg_barrier, so every barrier
+    # kernel: their world-2 proof (goroutine and process ranks), the A/B
+    # of the barrier algorithms beside auto where rules pick them, and
+    # the mixed-mode test with zero-copy's own.
+    patch_ab '*shot_[bfe]*_w2' 200 60 64KiB,1MiB,4MiB,16MiB,64MiB,256MiB auto,oneshot,twoshot both
+    timeout 60 .gpu/zc-mode/proof.test -test.v -test.count=1 -test.run 'TestZeroCopyMixGPU|TestProofZeroCopy$' >"$R/zc-mix.log" 2>&1
+    part $? zc-mix
     ;;
   lamport)
     need .gpu/lamport/collgen .gpu/lamport/proof.test
