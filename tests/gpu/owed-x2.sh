@@ -88,7 +88,7 @@ case $STEP in
     # kernel: their world-2 proof (goroutine and process ranks), the A/B
     # of the barrier algorithms beside auto where rules pick them, and
     # the mixed-mode test with zero-copy's own.
-    patch_ab '*shot_[bfe]*_w2' 150 50 64KiB,1MiB,4MiB,16MiB,64MiB,256MiB auto,oneshot,twoshot both
+    patch_ab '*shot_[bfe]*_w2' 150 50 64KiB,1MiB,4MiB,16MiB,64MiB auto,oneshot,twoshot both
     timeout 60 .gpu/zc-mode/proof.test -test.v -test.count=1 -test.run 'TestZeroCopyMixGPU|TestProofZeroCopy$' >"$R/zc-mix.log" 2>&1
     part $? zc-mix
     ;;
