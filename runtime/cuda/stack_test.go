@@ -19,10 +19,13 @@ import (
 // stackKernels: wait_flag spins (one thread) until another kernel sets a
 // word or its deadline passes; plain_set sets the word; deep_set uses
 // LOCAL_WORDS words of local memory a thread (a volatile array) and sets
-// it.
+// it; meet, with a stack frame of LOCAL_WORDS words a thread too, counts
+// itself in and spins (one thread) until n kernels have, or its deadline
+// passes, and writes 1 at its slot of seen if all n met in time, else 2.
 const stackKernels = `
 struct wait_args { volatile unsigned *flags; unsigned long long ns; };
 struct set_args { volatile unsigned *flags; int k; };
+struct meet_args { unsigned *count; unsigned *seen; unsigned n; unsigned slot; unsigned long long ns; };
 
 __device__ unsigned long long now_ns() {
   unsigned long long t;
@@ -53,6 +56,17 @@ extern "C" __global__ void deep_set(const set_args a) {
   for (int i = 0; i < LOCAL_WORDS; i++) buf[i] = i * a.k;
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   a.flags[1] = buf[a.k % LOCAL_WORDS] + 1;
+  __threadfence_system();
+}
+
+extern "C" __global__ void meet(const meet_args a) {
+  volatile unsigned buf[LOCAL_WORDS]; // a stack frame, as collectives have
+  for (int i = 0; i < LOCAL_WORDS; i++) buf[i] = i + a.slot;
+  if (threadIdx.x != 0 || blockIdx.x != 0 || buf[a.slot % LOCAL_WORDS] == ~0u) return;
+  atomicAdd(a.count, 1u);
+  unsigned long long end = now_ns() + a.ns;
+  while (atomicAdd(a.count, 0u) < a.n && now_ns() < end) __nanosleep(1000);
+  a.seen[a.slot] = atomicAdd(a.count, 0u) >= a.n ? 1 : 2;
   __threadfence_system();
 }
 `
@@ -268,31 +282,6 @@ func TestWorkQueuesApartGPU(t *testing.T) {
 	}
 }
 
-// meetKernel: meet, with a stack frame of LOCAL_WORDS words a thread,
-// counts itself in and spins (one thread) until n kernels have, or its
-// deadline passes; it writes 1 at its slot of seen if all n met before
-// the deadline, else 2.
-const meetKernel = `
-struct meet_args { unsigned *count; unsigned *seen; unsigned n; unsigned slot; unsigned long long ns; };
-
-__device__ unsigned long long now_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-extern "C" __global__ void meet(const meet_args a) {
-  volatile unsigned buf[LOCAL_WORDS]; // a stack frame, as collectives have
-  for (int i = 0; i < LOCAL_WORDS; i++) buf[i] = i + a.slot;
-  if (threadIdx.x != 0 || blockIdx.x != 0 || buf[a.slot % LOCAL_WORDS] == ~0u) return;
-  atomicAdd(a.count, 1u);
-  unsigned long long end = now_ns() + a.ns;
-  while (atomicAdd(a.count, 0u) < a.n && now_ns() < end) __nanosleep(1000);
-  a.seen[a.slot] = atomicAdd(a.count, 0u) >= a.n ? 1 : 2;
-  __threadfence_system();
-}
-`
-
 // TestFirstLaunchesMeetGPU (reliability case 99): kernels launched back
 // to back on new streams, from eight OS threads with the context current
 // at once, run beside each other's: kernel k of each stream waits until
@@ -309,7 +298,7 @@ func TestFirstLaunchesMeetGPU(t *testing.T) {
 	if q := cuda.WorkQueues(); q < per {
 		t.Skipf("%d work queues (%s): eight streams share them anyway", q, cuda.EnvMaxConnections)
 	}
-	req := cuda.CompileRequest{Name: "meet.cu", Source: meetKernel, Options: []string{"-DLOCAL_WORDS=576"}} // 2304 bytes, as world 8's LL one-shots
+	req := cuda.CompileRequest{Name: "stack_kernels.cu", Source: stackKernels, Options: []string{"--std=c++17", "-DLOCAL_WORDS=576"}} // 2304 bytes, as world 8's LL one-shots
 	cache := &cuda.Cache{Dir: t.TempDir()}
 	// load loads meet afresh (compiled once, through the cache), so each
 	// round's launches are its function's first as well as its streams'.
