@@ -65,7 +65,7 @@ func TestBackToBackGPU(t *testing.T) {
 			ready.Add(w)
 			release := make(chan struct{})
 			go func() { ready.Wait(); close(release) }()
-			first := make([]bool, w)
+			first := true // the first ranks() below; read by its goroutines, set after it returns
 			for _, alg := range []coll.Algorithm{coll.OneShotLL, coll.OneShotLL128, coll.TwoShotLL128} {
 				for _, count := range []int{32 << 10, n} {
 					start := time.Now()
@@ -73,8 +73,7 @@ func TestBackToBackGPU(t *testing.T) {
 					// goroutine's stack, so a stalled host call shows.
 					stacks := stacksAfter(t, 8*time.Second, fmt.Sprintf("%s, %d bf16: still running after 8s", alg, count))
 					err := ranks(comms, func(r int, c *comm.Communicator) error {
-						if !first[r] {
-							first[r] = true
+						if first {
 							runtime.LockOSThread()
 							defer runtime.UnlockOSThread()
 							_, err := c.Device().StackBytes() // the context current here
@@ -94,6 +93,7 @@ func TestBackToBackGPU(t *testing.T) {
 						return c.Synchronize(streams[r])
 					})
 					stacks.Stop()
+					first = false
 					if err != nil {
 						t.Fatalf("%s, %d bf16, 64 back to back: %v", alg, count, err)
 					}
