@@ -3,10 +3,8 @@ package proof
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
-	"sync"
 	"testing"
 
 	"github.com/collgen/collgen/coll"
@@ -30,17 +28,7 @@ func TestProofZeroCopyInPlace(t *testing.T) {
 	w := len(comms)
 	const count = 4 << 20 // f32 per rank: 16 MiB all-reduce, 32 MiB gathered at world 2
 	bufs := make([]cuda.DevicePtr, w)
-	errs := make([]error, w)
-	var wg sync.WaitGroup
-	onRanks := func(fn func(r int, c *comm.Communicator) error) error {
-		for r, c := range comms {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[r] = fn(r, c) }()
-		}
-		wg.Wait()
-		return errors.Join(errs...)
-	}
-	if err := onRanks(func(r int, c *comm.Communicator) (err error) {
+	if err := ranks(comms, func(r int, c *comm.Communicator) (err error) {
 		bufs[r], err = c.Alloc(context.Background(), 4*count*w)
 		return err
 	}); err != nil {
@@ -66,7 +54,7 @@ func TestProofZeroCopyInPlace(t *testing.T) {
 		return nil
 	}
 	// All-gather: rank r's input is block r of its output.
-	err := onRanks(func(r int, c *comm.Communicator) error {
+	err := ranks(comms, func(r int, c *comm.Communicator) error {
 		in := bufs[r] + cuda.DevicePtr(4*count*r)
 		if err := put(c, in, func(i int) float32 { return float32(1000*(r+1) + i%13) }, count); err != nil {
 			return err
@@ -92,7 +80,7 @@ func TestProofZeroCopyInPlace(t *testing.T) {
 	// All-reduce in place, three times (the race was timing-dependent).
 	n := count * w
 	for round := range 3 {
-		err := onRanks(func(r int, c *comm.Communicator) error {
+		err := ranks(comms, func(r int, c *comm.Communicator) error {
 			if err := put(c, bufs[r], func(i int) float32 { return float32(i%7 + r + 1) }, n); err != nil {
 				return err
 			}

@@ -29,6 +29,13 @@ var ncclModes = []struct {
 
 // ranks runs fn on every rank concurrently.
 func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) error {
+	return errors.Join(rankErrs(comms, fn)...)
+}
+
+// rankErrs runs fn for every rank at once, as ranks does, and returns each
+// rank's error (nil where it succeeded), for tests that check them one by
+// one.
+func rankErrs(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) error) []error {
 	errs := make([]error, len(comms))
 	var wg sync.WaitGroup
 	for r, c := range comms {
@@ -36,7 +43,7 @@ func ranks(comms []*comm.Communicator, fn func(r int, c *comm.Communicator) erro
 		go func() { defer wg.Done(); errs[r] = fn(r, c) }()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return errs
 }
 
 // checkedAllReduce runs one in-place sum all-reduce of n elements of dt

@@ -426,15 +426,9 @@ func commsWith(t *testing.T, world int, store rendezvous.Store, cfg func(r int) 
 	return comms
 }
 
+// closeComms closes every rank's communicator at once (Close is collective).
 func closeComms(comms []*comm.Communicator) error {
-	errs := make([]error, len(comms))
-	var wg sync.WaitGroup
-	for r, c := range comms {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[r] = c.Close() }()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return ranks(comms, func(_ int, c *comm.Communicator) error { return c.Close() })
 }
 
 // TestProofGoroutines proves every combination with goroutine ranks (peer
@@ -737,26 +731,22 @@ func mismatchReported(t *testing.T, world int) {
 		Group: fmt.Sprintf("mismatch-w%d", world)})
 	defer closeComms(comms)
 	last := world - 1
-	errs := make([]error, world)
-	// Each rank's error goes to errs, checked one by one below.
-	ranks(comms, func(r int, c *comm.Communicator) error {
+	errs := rankErrs(comms, func(r int, c *comm.Communicator) error {
 		dev := c.Device()
 		buf, err := dev.Alloc(4096)
 		if err != nil {
-			errs[r] = err
-			return nil
+			return err
 		}
 		defer dev.Free(buf)
 		b := comm.DeviceBuffer(buf)
-		if errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.OneShot}); errs[r] != nil {
-			return nil
+		if err := c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: coll.OneShot}); err != nil {
+			return err
 		}
 		alg := coll.OneShot
 		if r == last {
 			alg = coll.OneShotLL
 		}
-		errs[r] = c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
-		return nil
+		return c.AllReduce(b, b, 1024, "f32", "sum", comm.Options{Algorithm: alg})
 	})
 	const ll, barrier = "oneshot_ll (runs oneshot_ll)", "oneshot (runs oneshot)"
 	for r, err := range errs {
