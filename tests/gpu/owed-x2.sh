@@ -16,9 +16,8 @@
 #   peers-why         .gpu/collgen                           make gpu-bundle
 #   host-faults       .gpu/proof.test                        make gpu-bundle
 #   ll128-grow        .gpu/collgen .gpu/ll128-grow           + tests/gpu/patch-bundle.sh tests/gpu/patches/ll128-grow.patch
-#   host-abort-proof  .gpu/host-abort                        tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
-#   host-abort        .gpu/collgen .gpu/host-abort           + tests/gpu/patch-bundle.sh tests/gpu/patches/host-abort.patch
-#   zc-mode           .gpu/collgen .gpu/zc-mode              + tests/gpu/patch-bundle.sh tests/gpu/patches/zc-mode.patch
+#   abort-zc-proof    .gpu/abort-zc                          tests/gpu/patch-bundle.sh tests/gpu/patches/abort-zc.patch
+#   abort-zc          .gpu/collgen .gpu/abort-zc             + tests/gpu/patch-bundle.sh tests/gpu/patches/abort-zc.patch
 #
 # `tests/gpu/owed-x2.sh list` prints this table. Exit status: the step's
 # (non-zero if any part failed, timed out or found a wrong result).
@@ -63,34 +62,34 @@ case $STEP in
     patch_ab 'allreduce_*_ll128_*_w2' 200 80 256KiB,512KiB,768KiB,960KiB,1MiB,1152KiB,1536KiB,2MiB,4MiB,8MiB,16MiB,64MiB \
       auto,oneshot_ll128,twoshot_ll128 offset
     ;;
-  host-abort-proof)
-    # Reliability case 35's fix (waits that have lasted a millisecond read
-    # Abort's host word) touches every kernel through the common header:
-    # the goroutine-rank proof of every world-2 kernel of its bundle.
-    need .gpu/host-abort/proof.test .gpu/host-abort/collgen
-    OUT=$R/proof BUNDLE=.gpu/host-abort PROOF_WORLDS=2 PROOF_PARTS=goroutines GOROUTINE_TIMEOUT=540 \
+  abort-zc-proof)
+    # Reliability cases 35 and 12 (tests/gpu/patches/abort-zc.patch): a
+    # wait that has lasted a millisecond reads Abort's host word, and a
+    # barrier's flag carries whether its launch reads inputs in place.
+    # Every kernel waits through the common header: the goroutine-rank
+    # proof of every world-2 kernel of its bundle.
+    need .gpu/abort-zc/proof.test .gpu/abort-zc/collgen
+    OUT=$R/proof BUNDLE=.gpu/abort-zc PROOF_WORLDS=2 PROOF_PARTS=goroutines GOROUTINE_TIMEOUT=540 \
       tests/proof/run.sh >"$R/proof.log" 2>&1
     part $? proof
     ;;
-  host-abort)
-    # Then its process-rank proof of one kernel, the A/B of every push
-    # kernel and the barrier one-shot beside auto, 1 KiB to 16 MiB, and
-    # its TestAbortQueuesGPU (early and plain launches at 32, 8 and 1
-    # work queues) with a GPU per rank.
-    patch_ab 'allreduce_oneshot_ll_bf16_sum_w2' 90 60 1KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB \
-      auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot both
-    timeout 200 .gpu/host-abort/proof.test -test.v -test.count=1 -test.run 'TestAbortQueuesGPU' >"$R/abort-queues.log" 2>&1
-    part $? abort-queues
-    ;;
-  zc-mode)
-    # Reliability case 12's fix (a barrier's flag carries whether its
-    # launch reads inputs in place) changes cg_barrier, so every barrier
-    # kernel: their world-2 proof (goroutine and process ranks), the A/B
-    # of the barrier algorithms beside auto where rules pick them, and
-    # the mixed-mode test with zero-copy's own.
-    patch_ab '*shot_[bfe]*_w2' 150 50 64KiB,1MiB,4MiB,16MiB,64MiB auto,oneshot,twoshot both
-    timeout 60 .gpu/zc-mode/proof.test -test.v -test.count=1 -test.run 'TestZeroCopyMixGPU|TestProofZeroCopy$' >"$R/zc-mix.log" 2>&1
-    part $? zc-mix
+  abort-zc)
+    # Then its process-rank proof of every world-2 kernel (the multi-host
+    # proof has none at world 2, one rank a host), the A/B against main's
+    # collgen of the world-2 rules' algorithms and the barrier two-shot
+    # beside auto (1 KiB to 64 MiB), and TestAbortQueuesGPU (early and
+    # plain launches at 32, 8 and 1 work queues) and the mixed-mode test
+    # with a GPU per rank.
+    need .gpu/collgen .gpu/abort-zc/collgen .gpu/abort-zc/proof.test
+    OUT=$R/proof BUNDLE=.gpu/abort-zc PROOF_WORLDS=2 PROOF_ONLY='*_w2' PROOF_PARTS=processes \
+      PROCESS_TIMEOUT=180 tests/proof/run.sh >"$R/proof.log" 2>&1
+    part $? proof
+    OUT=$R/ab RUN_TIMEOUT=60 tests/gpu/ab.sh .gpu/collgen .gpu/abort-zc/collgen -n 2 --processes --dtype bf16 --op sum \
+      --check --collective allreduce --sizes 1KiB,64KiB,1MiB,4MiB,16MiB,64MiB \
+      --algorithms auto,oneshot_ll,oneshot_ll128,twoshot_ll128,oneshot,twoshot --awkward=both >"$R/ab.log" 2>&1
+    part $? ab
+    timeout 90 .gpu/abort-zc/proof.test -test.v -test.count=1 -test.run 'TestAbortQueuesGPU|TestZeroCopyMixGPU' >"$R/tests.log" 2>&1
+    part $? "abort queues, zero-copy mix"
     ;;
   lamport)
     need .gpu/lamport/collgen .gpu/lamport/proof.test

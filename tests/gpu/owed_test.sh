@@ -9,7 +9,7 @@ S=tests/gpu/owed-x2.sh
 fail() { echo "owed_test: $*" >&2; exit 1; }
 bash -n "$S" || fail "syntax"
 out=$("$S" list) || fail "list exited $?"
-for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults ll128-grow host-abort-proof host-abort; do
+for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults ll128-grow abort-zc-proof abort-zc; do
   grep -q "^$step " <<<"$out" || fail "list lacks $step: $out"
 done
 "$S" nosuch >/dev/null 2>&1; [ $? -eq 2 ] || fail "an unknown step did not exit 2"
@@ -17,12 +17,12 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # A copy of the tree's scripts with no bundle beside it: every step must
 # stop at its missing carry.
 mkdir -p "$tmp/tests/gpu" && cp "$S" tests/gpu/steps.sh "$tmp/tests/gpu/"
-for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults ll128-grow host-abort-proof host-abort; do
+for step in peers max-blocks lamport nonblocking proof-goroutines proof-processes peers-why host-faults ll128-grow abort-zc-proof abort-zc; do
   msg=$(OUT=$tmp/out "$tmp/tests/gpu/owed-x2.sh" "$step" 2>&1); rc=$?
   if [ $rc -ne 2 ] || ! grep -q "needs .gpu/" <<<"$msg"; then fail "$step without its carry: exit $rc, $msg"; fi
 done
 # The patches the steps build from exist, and the flags they pass exist.
-for p in max-blocks lamport ll128-grow host-abort; do [ -f "tests/gpu/patches/$p.patch" ] || fail "no tests/gpu/patches/$p.patch"; done
+for p in max-blocks lamport ll128-grow abort-zc; do [ -f "tests/gpu/patches/$p.patch" ] || fail "no tests/gpu/patches/$p.patch"; done
 for f in tests/gpu/peers.sh tests/gpu/ab.sh tests/proof/run.sh; do [ -x "$f" ] || fail "$f is not executable"; done
 for f in graph_gaps.py nccl_window_bench.py torch_anchor_bench.py anchor_timing.py; do
   [ -f "tests/gpu/anchors/$f" ] || fail "no tests/gpu/anchors/$f"

@@ -104,7 +104,7 @@ func queuesChild(t *testing.T) {
 // Config.NoEarlyLaunch) and one work queue, Abort's write of the abort
 // word waits behind the queued kernels, which leave at their timeout
 // (19.5 s after Abort on one H100: reliability case 35, open);
-// tests/gpu/patches/host-abort.patch, the fix owed its proof on 2 x H200,
+// tests/gpu/patches/abort-zc.patch, the fix owed its proof on 2 x H200,
 // adds "plain". COLLGEN_TEST_ABORTQ_PLAIN=1 set for the test makes every
 // case plain.
 var abortLaunches = []string{"early"}
