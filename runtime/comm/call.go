@@ -2,6 +2,7 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -70,10 +71,16 @@ func (c *Communicator) do(in call) error {
 	if err := c.gone(string(in.collective)); err != nil {
 		return err
 	}
-	if in.o.Context != nil && in.o.Context.Err() != nil {
+	if ctx := in.o.Context; ctx != nil && ctx.Err() != nil {
 		// Take no part at all: half a collective (inputs offered, then
 		// the wait refused) could let peers finish while this rank fails.
-		return classify(fmt.Errorf("comm: rank %d: %s not started: its Options.Context is done: %w", c.cfg.Rank, in.collective, context.Cause(in.o.Context)))
+		// The cause says why; ctx.Err (cancelled, or past the deadline)
+		// gives the kind even where a cause of the caller's replaces it.
+		done := ctx.Err()
+		if cause := context.Cause(ctx); !errors.Is(cause, done) {
+			done = fmt.Errorf("%w (%w)", cause, done)
+		}
+		return classify(fmt.Errorf("comm: rank %d: %s not started: its Options.Context is done: %w", c.cfg.Rank, in.collective, done))
 	}
 	var cl *call
 	if c.gpu != nil || c.hier != nil {

@@ -590,7 +590,22 @@ func (c *Communicator) Close() error {
 			// issued; before the backend's close barrier.
 			b.tellEnd("closed")
 		}
-		c.closeErr = errors.Join(classify(c.reg.closeAll(false)), classify(c.b.close()), c.leave())
+		rerr := classify(c.reg.closeAll(false))
+		var (
+			berr       error
+			freeRegion func() error
+		)
+		if c.gpu != nil {
+			// Abort meanwhile ends the close barrier's wait for peers; the
+			// region then stays for them, as after Abort (freeWhenLeft).
+			freeRegion, berr = c.gpu.closeOrPark()
+		} else {
+			berr = c.b.close()
+		}
+		c.closeErr = errors.Join(rerr, classify(berr), c.leave())
+		if freeRegion != nil {
+			go c.freeWhenLeft(freeRegion, parkBound(c.cfg.Timeout))
+		}
 	})
 	return c.closeErr
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -34,6 +35,43 @@ func debugCheckEnabled() (bool, error) {
 // checker is the debug check mode's state.
 type checker struct {
 	calls atomic.Int64 // calls checked so far, for messages
+	// tags are the explicit Options.Tag values whose calls exchanged
+	// their fingerprints under a name of their own (compare): the last
+	// rank to leave forgets those names too (Communicator.forget).
+	mu   sync.Mutex
+	tags map[uint64]struct{}
+}
+
+// checkName is the store name a call's fingerprints are exchanged under:
+// explicitly tagged host calls may run concurrently, so the tag, not the
+// issue order, pairs them.
+func checkName(prefix string, tag uint64) string {
+	name := prefix + "check"
+	if tag != 0 {
+		name += "/tag" + strconv.FormatUint(tag, 10)
+	}
+	return name
+}
+
+// usedTag records an explicit tag whose exchange has a name of its own.
+func (k *checker) usedTag(tag uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.tags == nil {
+		k.tags = map[uint64]struct{}{}
+	}
+	k.tags[tag] = struct{}{}
+}
+
+// names returns the store names of the tagged exchanges this rank made.
+func (k *checker) names(prefix string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]string, 0, len(k.tags))
+	for tag := range k.tags {
+		out = append(out, checkName(prefix, tag))
+	}
+	return out
 }
 
 // fingerprint is what ranks compare in the debug check mode.
@@ -93,11 +131,9 @@ func fingerprintOf(cl *call, err error) fingerprint {
 // this rank's own refusal, which the caller returns after the exchange.
 func (k *checker) compare(c *Communicator, cl *call, mine fingerprint) error {
 	n := k.calls.Add(1)
-	name := c.prefix + "check"
+	name := checkName(c.prefix, cl.o.Tag)
 	if cl.o.Tag != 0 {
-		// Explicitly tagged host calls may run concurrently: the tag, not
-		// the issue order, pairs them.
-		name += "/tag" + strconv.FormatUint(cl.o.Tag, 10)
+		k.usedTag(cl.o.Tag)
 	}
 	ctx, cancel := context.WithTimeout(cl.o.ctx(), c.cfg.Timeout)
 	defer cancel()

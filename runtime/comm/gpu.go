@@ -1117,9 +1117,27 @@ func (g *gpuComm) synchronize(s *cuda.Stream) error {
 // close is collective: ranks meet at a store barrier before the device
 // frees memory a peer may still read.
 func (g *gpuComm) close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	free, err := g.closeOrPark()
+	if free != nil {
+		err = errors.Join(err, free())
+	}
+	return err
+}
+
+// closeOrPark is close as Communicator.Close runs it: an Abort from
+// another goroutine (which stops the call book) ends the wait at the
+// close barrier at once, and the device is then torn down as Abort tears
+// it down, the staging region kept for peers that may still read it:
+// closeOrPark returns the function that frees it (see freeWhenLeft), nil
+// when the barrier passed and everything is freed.
+func (g *gpuComm) closeOrPark() (freeRegion func() error, err error) {
+	ctx, cancel := context.WithTimeout(g.calls.stopped, g.cfg.Timeout)
 	defer cancel()
 	serr := g.dev.synchronize(nil)
 	berr := rendezvous.Barrier(ctx, g.cfg.Store, g.prefix+"close", g.cfg.Rank, g.world)
-	return errors.Join(serr, berr, g.dev.release())
+	if berr != nil && g.calls.stopped.Err() != nil {
+		free, terr := g.teardown()
+		return free, errors.Join(serr, errorf(ErrAborted, "comm: rank %d: Close: Abort ended the wait for the other ranks to close (%v); the staging region stays until they leave", g.cfg.Rank, berr), terr)
+	}
+	return nil, errors.Join(serr, berr, g.dev.release())
 }

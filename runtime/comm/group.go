@@ -415,6 +415,13 @@ func (c *Communicator) forget(ctx context.Context) {
 	for _, name := range []string{"ready", "close"} {
 		rendezvous.ForgetBarrier(ctx, st, c.prefix+name, world)
 	}
+	if c.check != nil {
+		// The debug check's exchanges of explicitly tagged calls, one
+		// name per tag: every rank's calls carry the same tags.
+		for _, name := range c.check.names(c.prefix) {
+			rendezvous.ForgetAllGather(ctx, st, name, world)
+		}
+	}
 	if c.cfg.Device == Host && c.id != "" {
 		host.Forget(ctx, st, c.cfg.Group+"/"+c.id, world)
 	}
