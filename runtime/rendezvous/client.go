@@ -324,10 +324,27 @@ func (c *tcpClient) roundTrip(ctx context.Context, cc *clientConn, req *frame, i
 		if !strings.HasPrefix(msg, "rendezvous: ") {
 			msg = "rendezvous: " + msg
 		}
-		return nil, &fatalError{errors.New(msg)}
+		se := &serverError{msg: msg}
+		switch resp.Num {
+		case errCodeStoreFull:
+			se.is = ErrStoreFull
+		case errCodeCounterOverflow:
+			se.is = ErrCounterOverflow
+		}
+		return nil, &fatalError{se}
 	}
 	return resp, nil
 }
+
+// serverError is a refusal the server sent: its message, wrapping the
+// sentinel the server's error wrapped (nil for none).
+type serverError struct {
+	msg string
+	is  error
+}
+
+func (e *serverError) Error() string { return e.msg }
+func (e *serverError) Unwrap() error { return e.is }
 
 func (c *tcpClient) Set(ctx context.Context, key string, value []byte) error {
 	_, err := c.do(ctx, &frame{Op: opSet, Args: [][]byte{[]byte(key), value}})

@@ -293,8 +293,12 @@ func OpenRun(ctx context.Context, addr, runID string) (Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Scoped(s, "collgen/run/"+runID+"/"), nil
+	return Scoped(s, runPrefix(runID)), nil
 }
+
+// runPrefix is the key prefix of a run's keys on a shared store (OpenRun;
+// rank 0's hosted store in FromEnv keys its own handle the same way).
+func runPrefix(runID string) string { return "collgen/run/" + runID + "/" }
 
 // FromEnv reads the rank environment (see ReadEnv) and opens its store,
 // keyed by the run id when COLLGEN_RUN_ID is set (see OpenRun). When
@@ -325,6 +329,9 @@ func FromEnv(ctx context.Context) (Env, Store, error) {
 	if err != nil {
 		srv.Close()
 		return Env{}, nil, err
+	}
+	if e.RunID != "" { // keyed as OpenRun keys the other ranks' handles
+		s = Scoped(s, runPrefix(e.RunID))
 	}
 	return e, &hostedStore{Store: s, srv: srv}, nil
 }

@@ -12,7 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,10 +22,16 @@ import (
 // CompareAndSet, Delete) hold an exclusive flock on dir/.lock so that
 // read-modify-write ops are atomic across processes.
 type fileStore struct {
-	dir     string
-	mu      sync.Mutex // serialises this process's writers; flock is per open file
-	lock    *os.File
-	closed  bool
+	dir string
+	// writer (capacity 1) serialises this process's writers (flock is per
+	// open file); it is taken with the writer's ctx, so a writer waiting
+	// for a lock held by a stopped process blocks no reader, and no other
+	// writer past its own deadline.
+	writer chan struct{}
+	lock   *os.File
+	closed atomic.Bool
+	// done is closed by Close: writers waiting for the lock stop at once.
+	done    chan struct{}
 	timeout time.Duration
 }
 
@@ -53,7 +59,7 @@ func NewFileStore(dir string) (Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: file store: %w", err)
 	}
-	return &fileStore{dir: dir, lock: lock, timeout: DefaultTimeout}, nil
+	return &fileStore{dir: dir, writer: make(chan struct{}, 1), lock: lock, done: make(chan struct{}), timeout: DefaultTimeout}, nil
 }
 
 func (f *fileStore) path(key string) string {
@@ -74,9 +80,21 @@ func (f *fileStore) path(key string) string {
 func (f *fileStore) locked(ctx context.Context, fn func() error) error {
 	ctx, cancel := WithDefaultTimeout(ctx, f.timeout)
 	defer cancel()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
+	if f.closed.Load() {
+		return ErrClosed
+	}
+	select {
+	case f.writer <- struct{}{}:
+	case <-f.done:
+		return ErrClosed
+	case <-ctx.Done():
+		if ctx.Err() == context.Canceled {
+			return fmt.Errorf("rendezvous: file store: lock %s: %w", f.lock.Name(), CauseErr(ctx))
+		}
+		return fmt.Errorf("%w: file store: lock %s still held by another writer of this process at the deadline (waiting for a stopped or hung rank?)", ErrTimeout, f.lock.Name())
+	}
+	defer func() { <-f.writer }()
+	if f.closed.Load() {
 		return ErrClosed
 	}
 	for delay := filePollMin; ; delay = min(delay*2, filePollMax) {
@@ -90,6 +108,9 @@ func (f *fileStore) locked(ctx context.Context, fn func() error) error {
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
+		case <-f.done:
+			t.Stop()
+			return ErrClosed
 		case <-ctx.Done():
 			t.Stop()
 			if ctx.Err() == context.Canceled {
@@ -133,11 +154,7 @@ func (f *fileStore) read(key string) ([]byte, error) {
 	return present(v), nil
 }
 
-func (f *fileStore) isClosed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.closed
-}
+func (f *fileStore) isClosed() bool { return f.closed.Load() }
 
 func (f *fileStore) Set(ctx context.Context, key string, value []byte) error {
 	return f.locked(ctx, func() error { return f.write(key, value) })
@@ -259,12 +276,13 @@ func (f *fileStore) Delete(ctx context.Context, key string) (bool, error) {
 	return existed, err
 }
 
+// Close ends writers waiting for the lock with ErrClosed at once, waits
+// for a writer holding it to finish (a rename), and closes the lock file.
 func (f *fileStore) Close() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
+	if !f.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	f.closed = true
+	close(f.done)
+	f.writer <- struct{}{} // never given back: no writer runs after this
 	return f.lock.Close()
 }

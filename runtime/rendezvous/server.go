@@ -45,7 +45,7 @@ const (
 
 	statusOK      uint8 = 0 // Args/Num/Flags: op results
 	statusTimeout uint8 = 1 // Args: missing keys
-	statusError   uint8 = 2 // Args[0]: message
+	statusError   uint8 = 2 // Args[0]: message; Num: the sentinel it wraps (errCode*), 0 for none
 	statusAuth    uint8 = 3 // Args[0]: message; the server then hangs up
 )
 
@@ -632,6 +632,25 @@ func errorFrame(msg string) *frame {
 	return &frame{Op: statusError, Args: [][]byte{[]byte(msg)}}
 }
 
+// Error codes of a statusError reply (its Num): the sentinel the server's
+// error wraps, so the client's error wraps it too (0: none).
+const (
+	errCodeStoreFull       int64 = 1 // ErrStoreFull
+	errCodeCounterOverflow int64 = 2 // ErrCounterOverflow
+)
+
+// errorReply is the statusError reply for err, coded with its sentinel.
+func errorReply(err error) *frame {
+	f := errorFrame(err.Error())
+	switch {
+	case errors.Is(err, ErrStoreFull):
+		f.Num = errCodeStoreFull
+	case errors.Is(err, ErrCounterOverflow):
+		f.Num = errCodeCounterOverflow
+	}
+	return f
+}
+
 func (s *Server) handleWait(ctx context.Context, req *frame) (*frame, bool) {
 	if req.Op == opGet && len(req.Args) != 1 {
 		return errorFrame("get takes one key"), true
@@ -795,7 +814,7 @@ func (s *Server) apply(ctx context.Context, req *frame) *frame {
 		}
 	}
 	if err != nil {
-		return errorFrame(err.Error())
+		return errorReply(err)
 	}
 	return resp
 }

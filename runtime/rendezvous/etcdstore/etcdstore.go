@@ -335,26 +335,51 @@ func (s *store) wait(ctx context.Context, keys []string) ([][]byte, error) {
 	}
 }
 
-// snapshot reads keys at one revision.
+// maxTxnOps is the most operations snapshot puts in one transaction:
+// etcd's --max-txn-ops default, which refuses larger transactions with
+// "too many operations in txn request" (a rendezvous waits for one key
+// per rank, so a group of more than 128 ranks needs several).
+const maxTxnOps = 128
+
+// snapshot reads keys at one revision: the first maxTxnOps in one
+// transaction, any others at that transaction's revision (all again if
+// it is compacted meanwhile).
 func (s *store) snapshot(ctx context.Context, keys []string) (vals [][]byte, rev int64, missing []string, err error) {
-	ops := make([]clientv3.Op, len(keys))
-	for i, k := range keys {
-		ops[i] = clientv3.OpGet(s.prefix + k)
-	}
-	resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, 0, nil, err
-	}
 	vals = make([][]byte, len(keys))
-	for i, r := range resp.Responses {
-		kvs := r.GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			missing = append(missing, keys[i])
-			continue
+	for start := 0; ; start += maxTxnOps {
+		end := min(start+maxTxnOps, len(keys))
+		ops := make([]clientv3.Op, end-start)
+		for i, k := range keys[start:end] {
+			if rev != 0 {
+				ops[i] = clientv3.OpGet(s.prefix+k, clientv3.WithRev(rev))
+			} else {
+				ops[i] = clientv3.OpGet(s.prefix + k)
+			}
 		}
-		vals[i] = append([]byte{}, kvs[0].Value...)
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if rev != 0 && errors.Is(err, rpctypes.ErrCompacted) {
+			// The revision was compacted between two transactions: read
+			// all the keys again at a newer one.
+			return s.snapshot(ctx, keys)
+		}
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for i, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				missing = append(missing, keys[start+i])
+				continue
+			}
+			vals[start+i] = append([]byte{}, kvs[0].Value...)
+		}
+		if end == len(keys) {
+			return vals, rev, missing, nil
+		}
 	}
-	return vals, resp.Header.Revision, missing, nil
 }
 
 // watchPut returns when key is written at or after revision rev.
