@@ -126,6 +126,19 @@ func replaceSelect(name string, data []byte, topology string, rules map[coll.Col
 		return nil, fmt.Errorf("%s: no topology %q", name, topology)
 	}
 	sel := lookup(top, "select")
+	switch {
+	case sel != nil && sel.Kind == yaml.AliasNode && sel.Alias != nil && sel.Alias.Kind == yaml.MappingNode:
+		// `select: *rules`: the topology gets its own copy to edit (the
+		// anchored mapping, and every other alias of it, keep theirs).
+		*sel = *ownCopy(sel.Alias)
+	case sel == nil:
+		// A select merged in (`<<: *other`): this topology's own select
+		// must keep the merged collectives, since it overrides the merge.
+		if m := merged(top, "select"); m != nil && m.Kind == yaml.MappingNode {
+			sel = ownCopy(m)
+			top.Content = append(top.Content, scalar("select"), sel)
+		}
+	}
 	var selKey *yaml.Node // the `select` key when its value is a block mapping in the file
 	if sel != nil && sel.Kind == yaml.MappingNode && sel.Style&yaml.FlowStyle == 0 {
 		for i := 0; i+1 < len(top.Content); i += 2 {
@@ -302,6 +315,54 @@ func unalias(n, anchored *yaml.Node) {
 		}
 		unalias(c, anchored)
 	}
+}
+
+// merged returns the value of key that mapping m gets through its merge
+// keys (`<<: *a` or `<<: [*a, *b]`, the first source holding key winning,
+// as YAML merges), or nil.
+func merged(m *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if k := m.Content[i]; k.Kind != yaml.ScalarNode || k.Value != "<<" || k.Tag != "!!merge" && k.Style != 0 {
+			continue
+		}
+		srcs := []*yaml.Node{m.Content[i+1]}
+		if v := m.Content[i+1]; v.Kind == yaml.SequenceNode {
+			srcs = v.Content
+		}
+		for _, src := range srcs {
+			if src.Kind == yaml.AliasNode {
+				src = src.Alias
+			}
+			if src == nil || src.Kind != yaml.MappingNode {
+				continue
+			}
+			if v := lookup(src, key); v != nil {
+				if v.Kind == yaml.AliasNode {
+					v = v.Alias
+				}
+				return v
+			}
+			if v := merged(src, key); v != nil {
+				return v
+			}
+		}
+	}
+	return nil
+}
+
+// ownCopy is a deep copy of n without anchors (aliases in it stay aliases
+// of the anchors they name), which can be changed without changing n.
+func ownCopy(n *yaml.Node) *yaml.Node {
+	cp := *n
+	cp.Anchor = ""
+	if n.Kind == yaml.AliasNode {
+		return &cp
+	}
+	cp.Content = make([]*yaml.Node, len(n.Content))
+	for i, c := range n.Content {
+		cp.Content[i] = ownCopy(c)
+	}
+	return &cp
 }
 
 // lookup returns the value of key in mapping m, or nil.

@@ -31,7 +31,9 @@ type SpecOptions struct {
 	// parameters and, for each topology, the select rules of the base's
 	// first topology of the same kind (rules using algorithms the machine
 	// cannot run are dropped; the next rule then covers their sizes); its
-	// host_shm topologies are copied as they are.
+	// host_shm topologies are copied as they are. The machine's topologies
+	// generate only the collectives the base's dtypes and ops serve (none
+	// that reduces where it has no reduce dtypes or no ops).
 	Base *spec.Spec
 	// BaseName names the base in the file's header comment.
 	BaseName string
@@ -106,6 +108,9 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 		t.why = strings.TrimPrefix(t.why, "; ")
 		t.generate = map[coll.Collective][]coll.Algorithm{}
 		for _, c := range coll.Collectives() {
+			if base != nil && !baseServes(base, c) {
+				continue // the spec's checks would refuse its kernels
+			}
 			for _, a := range schedule.Algorithms(c) {
 				if optIn(a) {
 					continue
@@ -123,6 +128,9 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 			}
 			slices.SortFunc(t.generate[c], algOrder)
 		}
+		if len(t.generate) == 0 {
+			continue // a base whose dtypes and ops allow no collective
+		}
 		if base != nil {
 			for i := range base.Topologies {
 				if base.Topologies[i].Kind == sk {
@@ -134,6 +142,16 @@ func machineTopologies(m *topo.Machine, base *spec.Spec) []machineTopology {
 		out = append(out, *t)
 	}
 	return out
+}
+
+// baseServes reports whether kernels of c have what they need from the
+// base's dtypes and ops, which a machine spec takes: reduce dtypes and an
+// op for a reducing collective, copy dtypes for all-gather.
+func baseServes(base *spec.Spec, c coll.Collective) bool {
+	if c.Reduces() {
+		return len(base.DTypes.Reduce) > 0 && len(base.Ops) > 0
+	}
+	return len(base.DTypes.Copy) > 0
 }
 
 // intList formats world sizes compactly, "2-4, 8".
@@ -157,6 +175,9 @@ func flowList[T any](v []T) string {
 // no GPUs reach each other gets ErrNoPeerAccess.
 func MachineSpec(m *topo.Machine, o SpecOptions) ([]byte, error) {
 	tops := machineTopologies(m, o.Base)
+	if len(tops) == 0 && o.Base != nil && len(machineTopologies(m, nil)) > 0 {
+		return nil, fmt.Errorf("%s has no top-level dtypes and ops that a collective's kernels could use (reduce dtypes and ops, or copy dtypes): list some in dtypes and ops", o.BaseName)
+	}
 	if len(tops) == 0 {
 		return nil, ErrNoPeerAccess
 	}

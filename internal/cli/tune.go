@@ -246,7 +246,10 @@ func runTune(io *IO, o *tuneOptions) error {
 		rules := map[coll.Collective][]spec.Rule{}
 		for _, t := range tables {
 			if t.World == o.World {
-				rules[coll.Collective(t.Collective)] = tune.KeepSymmetric(t.Rules, top.Select[coll.Collective(t.Collective)])
+				// SelectByWorld: where select is given per world size,
+				// Select lacks the collective, and its symmetric rules.
+				c := coll.Collective(t.Collective)
+				rules[c] = tune.KeepSymmetric(t.Rules, top.SelectByWorld[c][o.World])
 			}
 		}
 		note := fmt.Sprintf("tuned by collgen tune at world size %d from %s", o.World, strings.Join(o.From, ", "))
