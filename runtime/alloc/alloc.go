@@ -206,12 +206,10 @@ func (a *Allocator) Alloc(bytes int64, s *cuda.Stream) (*Block, error) {
 	a.collectPending(false)
 	b := a.bestFit(size, s)
 	if b == nil {
-		seg, err := a.newSegment(size, s)
-		if err != nil {
+		var err error
+		if b, err = a.newSegment(size, s); err != nil {
 			return nil, err
 		}
-		b = seg.blocks[0]
-		a.removeFree(b)
 	}
 	a.split(b, size)
 	// A fresh handle for the memory: one freed before and handed out again
@@ -241,21 +239,34 @@ func (a *Allocator) bestFit(size int64, s *cuda.Stream) *Block {
 	return b
 }
 
-// newSegment obtains a segment for size on s, puts its one block in s's
-// free pool and tells the observers.
-func (a *Allocator) newSegment(size int64, s *cuda.Stream) (*segment, error) {
+// newSegment obtains a segment for size on s, tells the observers and
+// returns its one block, out of s's free pool. When the driver refuses, it
+// waits for the blocks held back for other streams and gives back what
+// the cache holds; a block of s released by that wait that holds size (in
+// a segment that stays, as others of its blocks are in use) is returned
+// instead of a new segment.
+func (a *Allocator) newSegment(size int64, s *cuda.Stream) (*Block, error) {
 	bytes := roundUp(size, a.opts.SegmentBytes)
 	p, err := a.drv.Alloc(bytes)
 	if err != nil {
 		// Wait for the blocks held back for other streams, give back what
 		// the cache holds, and try once more.
-		cerr := errors.Join(a.collectPending(true), a.releaseCached())
+		// collectPending keeps its errors itself; releaseCached's are
+		// kept here when the allocation succeeds after all.
+		perr := a.collectPending(true)
+		rerr := a.releaseCached()
 		a.stats.NumOOMRetries++
-		if p, err = a.drv.Alloc(bytes); err != nil {
-			return nil, &OutOfMemoryError{Bytes: bytes, Reserved: a.stats.ReservedBytes, Err: errors.Join(err, cerr)}
+		if b := a.bestFit(size, s); b != nil {
+			if rerr != nil {
+				a.eventErrs = append(a.eventErrs, rerr)
+			}
+			return b, nil
 		}
-		if cerr != nil {
-			a.eventErrs = append(a.eventErrs, cerr)
+		if p, err = a.drv.Alloc(bytes); err != nil {
+			return nil, &OutOfMemoryError{Bytes: bytes, Reserved: a.stats.ReservedBytes, Err: errors.Join(err, perr, rerr)}
+		}
+		if rerr != nil {
+			a.eventErrs = append(a.eventErrs, rerr)
 		}
 	}
 	seg := &segment{base: p, bytes: bytes, stream: s}
@@ -271,7 +282,8 @@ func (a *Allocator) newSegment(size int64, s *cuda.Stream) (*segment, error) {
 	for _, e := range a.observers {
 		e.o.SegmentAllocated(info)
 	}
-	return seg, nil
+	a.removeFree(seg.blocks[0])
+	return seg.blocks[0], nil
 }
 
 // split cuts b to size, returning the rest to the free pool when it is at

@@ -4,6 +4,7 @@ package symm
 
 import (
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -152,6 +153,11 @@ type SignalOp struct {
 	Wait []uintptr
 	// Timeout bounds the whole operation.
 	Timeout time.Duration
+
+	// stop, set by the Handle, becomes non-zero when the buffer's Free or
+	// its pool's Close starts: the host twin's waits then end at once
+	// (errSignalStopped) instead of holding Free back until Timeout.
+	stop *atomic.Int32
 }
 
 // LocalSharer is an optional Backend interface for memory that another

@@ -35,10 +35,14 @@ type Buffer struct {
 	// finish (never while it waits for peers), and for reading by signal
 	// operations, so Free never unmaps memory a signal operation of this
 	// process is touching.
-	mu      sync.RWMutex
-	chunk   Chunk
-	freed   bool
-	byClose bool // freed by the pool's Close
+	mu    sync.RWMutex
+	chunk Chunk
+	// stopping is set (stopByFree, stopByClose) by free before it takes
+	// mu, so a signal operation holding mu's read lock while it waits for
+	// a peer ends at once instead of holding Free back until its timeout.
+	stopping atomic.Int32
+	freed    bool
+	byClose  bool // freed by the pool's Close
 	// rdv serialises Rendezvous calls on the buffer; cancelRdv (under mu)
 	// ends the one waiting for peers, for Free and Close.
 	rdv       sync.Mutex
@@ -84,13 +88,20 @@ func (b *Buffer) Handle() *Handle { return b.handle.Load() }
 // and removes it from Lookup. The buffer and its Handle report ErrFreed
 // afterwards (and ErrClosed too once the pool's Close freed it), and a
 // persistent id becomes free for AllocPersistent. A Rendezvous of the
-// buffer still waiting for peers ends at once with ErrFreed. The Handle's
+// buffer still waiting for peers ends at once with ErrFreed, and so does a
+// host twin signal operation of its Handle waiting for a peer (on the GPU,
+// a Now signal's kernel runs to its end or deadline first). The Handle's
 // addresses (BufferPtrs, SignalPadPtrs, Peer, the device arrays) are no
 // longer mapped in this process after Free.
 func (b *Buffer) Free() error { return b.free(false) }
 
 // free is Free, and Close's free of a live buffer (byClose).
 func (b *Buffer) free(byClose bool) error {
+	stop := int32(stopByFree)
+	if byClose {
+		stop = stopByClose
+	}
+	b.stopping.CompareAndSwap(0, stop)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.freed {
@@ -126,6 +137,12 @@ func (b *Buffer) free(byClose bool) error {
 	p.mu.Unlock()
 	return errors.Join(errs...)
 }
+
+// Values of Buffer.stopping: what is freeing the buffer.
+const (
+	stopByFree  = 1
+	stopByClose = 2
+)
 
 // freedErr is the error of an operation (what) on a freed buffer, nil if
 // it is not freed; b.mu is held. It wraps ErrFreed, and ErrClosed when the

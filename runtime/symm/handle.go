@@ -121,10 +121,28 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	defer p.rdvs.Done()
 	b.mu.Unlock()
 
-	p.rdvMu.Lock()
-	defer p.rdvMu.Unlock()
-	p.rdvCount++
-	h, err = p.rendezvous(ctx, b, mine, f)
+	// Queued behind this pool's earlier Rendezvous calls: Free, Close and
+	// ctx end the wait at once. A call given up here took no collective
+	// step, but this rank's calls no longer meet its peers' in order, so
+	// it breaks the pool like any other.
+	what := "rendezvous waiting for an earlier one"
+	select {
+	case p.rdvSem <- struct{}{}:
+		defer func() { <-p.rdvSem }()
+		p.rdvCount++
+		what = fmt.Sprintf("rendezvous %d", p.rdvCount)
+		if err = p.usable(); err != nil { // broken by the one before
+			f.Close()
+		} else {
+			h, err = p.rendezvous(ctx, b, mine, f)
+		}
+	case <-ctx.Done():
+		f.Close()
+		err = context.Cause(ctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = &tagged{msg: "the deadline passed while an earlier rendezvous of the pool ran", is: []error{ErrTimeout, err}}
+		}
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -139,7 +157,7 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
 			err = &tagged{msg: err.Error(), is: []error{err, cause}}
 		}
-		err = fmt.Errorf("symm: group %q rank %d, rendezvous %d (%d bytes): %w", p.cfg.Group, p.cfg.Rank, p.rdvCount, b.size, err)
+		err = fmt.Errorf("symm: group %q rank %d, %s (%d bytes): %w", p.cfg.Group, p.cfg.Rank, what, b.size, err)
 		if agreed := errors.Is(err, ErrMismatch) || errors.Is(err, errAgreed); !agreed || errors.Is(err, ErrTimeout) {
 			p.breakWith(err)
 		}
@@ -170,7 +188,7 @@ func (p *Pool) share(b *Buffer) (rdvInfo, *os.File, error) {
 }
 
 // rendezvous is Rendezvous's collective part: it offers f (and closes it),
-// exchanges mine, maps every peer and agrees on the outcome. p.rdvMu and
+// exchanges mine, maps every peer and agrees on the outcome. p.rdvSem and
 // b.rdv are held, b.mu is not: it reads only b's fixed fields.
 func (p *Pool) rendezvous(ctx context.Context, b *Buffer, mine rdvInfo, f *os.File) (*Handle, error) {
 	ctx, cancel := p.bound(ctx)
@@ -508,5 +526,14 @@ func (h *Handle) signal(o Ordering, op *SignalOp) error {
 	if err := h.buf.freedErr("signal " + op.Kind.String()); err != nil {
 		return err
 	}
-	return h.buf.pool.be.Signal(o, op)
+	op.stop = &h.buf.stopping
+	err := h.buf.pool.be.Signal(o, op)
+	if errors.Is(err, errSignalStopped) {
+		what := fmt.Sprintf("symm: rank %d %s on channel %d of the buffer at %#x", op.Rank, op.Kind, op.Channel, h.buf.addr)
+		if h.buf.stopping.Load() == stopByClose {
+			return &tagged{msg: what + ": ended by its pool's Close", is: []error{ErrClosed, ErrFreed}}
+		}
+		return fmt.Errorf("%w: %s: ended by the buffer's Free", ErrFreed, what)
+	}
+	return err
 }

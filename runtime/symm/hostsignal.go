@@ -3,6 +3,7 @@
 package symm
 
 import (
+	"errors"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -35,14 +36,18 @@ func hostSignal(op *SignalOp) error {
 	}
 	if op.Kind == SignalPut || op.Kind == SignalBarrier {
 		for i, a := range op.Put {
-			if !spin(word(a), 0, 1, deadline) {
+			if ok, stopped := spin(word(a), 0, 1, deadline, op.stop); stopped {
+				return errSignalStopped
+			} else if !ok {
 				return timeout(i, true)
 			}
 		}
 	}
 	if op.Kind == SignalWait || op.Kind == SignalBarrier {
 		for i, a := range op.Wait {
-			if !spin(word(a), 1, 0, deadline) {
+			if ok, stopped := spin(word(a), 1, 0, deadline, op.stop); stopped {
+				return errSignalStopped
+			} else if !ok {
 				return timeout(i, false)
 			}
 		}
@@ -50,17 +55,25 @@ func hostSignal(op *SignalOp) error {
 	return nil
 }
 
+// errSignalStopped is hostSignal's error when the buffer's Free or its
+// pool's Close ended a wait (SignalOp.stop); Handle.signal reports it as
+// ErrFreed.
+var errSignalStopped = errors.New("symm: signal operation ended by the buffer's free")
+
 // spin swaps *w from old to new, retrying until deadline: first busily (a
 // peer on another core answers within microseconds), then yielding, then
 // sleeping up to 100µs between tries so that waiting ranks do not starve
 // the ones they wait for on a machine with fewer cores than ranks. It makes
 // one last try at the deadline, so a signal that arrived during the final
-// sleep still counts.
-func spin(w *uint32, old, new uint32, deadline time.Time) bool {
+// sleep still counts. It gives up (stopped) once *stop is non-zero.
+func spin(w *uint32, old, new uint32, deadline time.Time, stop *atomic.Int32) (ok, stopped bool) {
 	sleep := time.Microsecond
 	for i := 0; ; i++ {
 		if atomic.CompareAndSwapUint32(w, old, new) {
-			return true
+			return true, false
+		}
+		if stop != nil && stop.Load() != 0 {
+			return false, true
 		}
 		switch {
 		case i < 64:
@@ -69,7 +82,7 @@ func spin(w *uint32, old, new uint32, deadline time.Time) bool {
 		default:
 			left := time.Until(deadline)
 			if left <= 0 {
-				return atomic.CompareAndSwapUint32(w, old, new)
+				return atomic.CompareAndSwapUint32(w, old, new), false
 			}
 			pause.For(min(sleep, left))
 			sleep = min(2*sleep, 100*time.Microsecond)

@@ -87,9 +87,11 @@ type Pool struct {
 	ns    string // store prefix of this pool instance
 	socks []string
 
-	// rdvMu serialises Rendezvous calls, so the order they meet in is the
-	// order they were made in; rdvCount numbers them for errors.
-	rdvMu    sync.Mutex
+	// rdvSem (one slot) serialises Rendezvous calls, so the order they
+	// meet in is the order they were made in, and a call waiting for it
+	// still ends with its ctx (Free, Close); rdvCount, guarded by it,
+	// numbers them for errors.
+	rdvSem   chan struct{}
 	rdvCount int
 
 	mu     sync.Mutex
@@ -186,7 +188,7 @@ func NewPool(ctx context.Context, cfg Config) (*Pool, error) {
 		return nil, invalidf("symm: the %q backend reports a granularity of %d bytes: a Backend's Granularity must be positive", cfg.Backend.Kind(), g)
 	}
 	p := &Pool{cfg: cfg, be: cfg.Backend, gran: cfg.Backend.Granularity(), pad: 4 * cfg.Channels * cfg.WorldSize,
-		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}}
+		live: map[*Buffer]struct{}{}, persist: map[uint64]*slot{}, exports: map[uint64]*os.File{}, rdvSem: make(chan struct{}, 1)}
 	ctx, cancel := p.bound(ctx)
 	defer cancel()
 
