@@ -123,6 +123,14 @@ func (g *Group) run(ctx context.Context, c call) error {
 	if err := g.acquireSlot(ctx, slot); err != nil {
 		return fmt.Errorf("%s: %w", callName(g.cfg.Rank, c, alg, tag, slot), err)
 	}
+	// A collective that held the slot while this call waited for it may
+	// have failed (it breaks the group before letting the slot go): its
+	// peers may still be in it, reading this slot's Stage and counting
+	// our arrivals, so running here now would hand them our data as its.
+	if err := g.brokenErr(); err != nil {
+		<-g.slotLock[slot]
+		return err
+	}
 	// The slot's lock makes us the only user of execs[slot] on this rank.
 	x := &g.execs[slot]
 	*x = exec{g: g, c: c, s: s, red: red, esz: c.dtype.Size(), tag: tag, slot: slot, ctx: ctx, sig: signature(tag, c, alg)}

@@ -141,8 +141,12 @@ type Group struct {
 	claims []claims
 	help   helpers
 
-	setupMu sync.Mutex // serialises lazy set-up; held only while setting up
-	ready   atomic.Bool
+	// setupSem (capacity 1) serialises lazy set-up and Close's teardown;
+	// held only while setting up or tearing down. A channel, not a
+	// mutex, so a call waiting for another call's set-up stops waiting
+	// when its own context ends.
+	setupSem chan struct{}
+	ready    atomic.Bool
 	// cancelSetup (under cancelMu) ends the set-up in progress, for
 	// Close; nil when none runs.
 	cancelMu    sync.Mutex
@@ -199,7 +203,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		return nil, invalidConfigf("host: Config.SlotBytes %d: want a positive size up to %d, or 0 for the default", cfg.SlotBytes, MaxSlotBytes)
 	}
 	g := &Group{cfg: cfg, lib: cfg.Library, prov: cfg.Provider, timeout: cfg.Timeout, cpus: usableCPUs(),
-		prefix: keyPrefix(cfg.Group), scheds: map[schedKey]*prepared{}}
+		prefix: keyPrefix(cfg.Group), scheds: map[schedKey]*prepared{}, setupSem: make(chan struct{}, 1)}
 	if g.lib == nil {
 		g.lib = PortableLibrary()
 	}
@@ -319,8 +323,8 @@ func (g *Group) Close() error {
 		g.markLeft()
 	}
 	g.active.Wait()
-	g.setupMu.Lock()
-	defer g.setupMu.Unlock()
+	g.setupSem <- struct{}{}
+	defer func() { <-g.setupSem }()
 	if g.self == nil {
 		return nil
 	}

@@ -49,8 +49,22 @@ func (g *Group) ensureSetup(ctx context.Context) error {
 	if g.ready.Load() {
 		return nil
 	}
-	g.setupMu.Lock()
-	defer g.setupMu.Unlock()
+	select {
+	case g.setupSem <- struct{}{}:
+	default:
+		// Another call of this rank is setting up: wait for it, but only
+		// as long as this call's context allows (the set-up goes on).
+		select {
+		case g.setupSem <- struct{}{}:
+		case <-ctx.Done():
+			err := fmt.Errorf("host: rank %d: waiting for the set-up of group %q that another call began: %w", g.cfg.Rank, g.cfg.Group, ctx.Err())
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %w", ErrTimeout, err)
+			}
+			return err
+		}
+	}
+	defer func() { <-g.setupSem }()
 	if g.ready.Load() {
 		return nil
 	}
