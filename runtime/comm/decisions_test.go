@@ -60,9 +60,11 @@ func TestSlotNeed(t *testing.T) {
 	}
 }
 
-// TestInPlaceStagedBounds: an all-reduce is staged only when its output
-// overlaps its input, not when they merely touch; an all-gather only when
-// its input is this rank's block of its output.
+// TestInPlaceStagedBounds: an all-reduce or all-gather is staged only when
+// its output overlaps its input, not when they merely touch (an
+// all-gather's input at another rank's block, or anywhere in the output,
+// would be overwritten while peers read it in place); a reduce-scatter
+// only when its output overlaps its input other than at this rank's chunk.
 func TestInPlaceStagedBounds(t *testing.T) {
 	ar := func(in, out, n int64) *call {
 		c := &call{collective: coll.AllReduce, inBytes: n, outBytes: n}
@@ -89,7 +91,7 @@ func TestInPlaceStagedBounds(t *testing.T) {
 	for _, c := range []struct {
 		in   int64
 		want bool
-	}{{2048, true}, {1024, false}, {0, false}} {
+	}{{2048, true}, {1024, true}, {0, true}, {4096, false}, {1 << 20, false}} {
 		ag.in.dev = 0x10000 + cuda.DevicePtr(c.in)
 		if got := inPlaceStaged(ag, 2); got != c.want {
 			t.Errorf("rank 2's all-gather with input at output+%d: staged %v, want %v", c.in, got, c.want)
@@ -99,6 +101,9 @@ func TestInPlaceStagedBounds(t *testing.T) {
 	rs.collective = coll.ReduceScatter
 	if inPlaceStaged(rs, 0) {
 		t.Error("an in-place reduce-scatter is staged; it reads in place safely")
+	}
+	if !inPlaceStaged(rs, 1) {
+		t.Error("rank 1's reduce-scatter writing chunk 0 of its input is not staged; rank 0 reads that chunk in place")
 	}
 }
 

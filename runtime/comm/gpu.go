@@ -897,20 +897,19 @@ func (g *gpuComm) symmetricInput(cl *call) bool {
 // inPlaceStaged reports in-place calls whose symmetric input must still be
 // staged. An in-place all-gather's input (out + rank*inBytes) lies at a
 // different offset of the buffer on every rank, where zero-copy kernels
-// read every peer at this rank's offset (wrong data). An all-reduce whose
-// output overlaps its input would be written while peers still read that
-// input in place (its one-shot writes output without waiting for them).
+// read every peer at this rank's offset (wrong data). An output that
+// overlaps the input otherwise would be written while peers still read
+// that input in place (the one-shot writes output after its first barrier
+// without waiting for them): any overlap of an all-reduce or all-gather.
 // An in-place reduce-scatter is safe: a rank writes only its own chunk,
-// which no peer reads.
+// which no peer reads; any other overlap writes a chunk a peer reads.
 func inPlaceStaged(cl *call, rank int) bool {
 	in, out := cl.in.dev, cl.out.dev
-	switch cl.collective {
-	case coll.AllGather:
-		return in == out+cuda.DevicePtr(int64(rank)*cl.inBytes)
-	case coll.AllReduce:
-		return in < out+cuda.DevicePtr(cl.outBytes) && out < in+cuda.DevicePtr(cl.inBytes)
+	overlap := in < out+cuda.DevicePtr(cl.outBytes) && out < in+cuda.DevicePtr(cl.inBytes)
+	if cl.collective == coll.ReduceScatter {
+		return overlap && out != in+cuda.DevicePtr(int64(rank)*cl.outBytes)
 	}
-	return false
+	return overlap
 }
 
 // run executes a prepared call; with no stream it waits for completion.

@@ -211,7 +211,10 @@ func (d *cudaDevice) lookup(p cuda.DevicePtr, n int64) (zeroCopy, bool) {
 		return zeroCopy{}, false
 	}
 	b, off, ok := symm.Lookup(uintptr(p))
-	if !ok || int64(off)+n > int64(b.Size()) || !slices.Contains(*pools, b.Pool()) {
+	// n is the call's input bytes, any int64 the front end's overflow
+	// check lets through (a DeviceBuffer has no length): compared as
+	// off+n, a count near 2^63 wrapped negative and counted as inside.
+	if !ok || n > int64(b.Size())-int64(off) || !slices.Contains(*pools, b.Pool()) {
 		return zeroCopy{}, false
 	}
 	h := b.Handle()

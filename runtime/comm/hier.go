@@ -159,9 +159,11 @@ func (h *hierComm) rules(collective coll.Collective) *kernels.Selection { return
 func (h *hierComm) symmetricInput(*call) bool { return false }
 
 // prepare refuses what cannot run across hosts: a generated algorithm
-// (kernels reach one host), a type or op NCCL lacks, and a hierarchical
-// all-reduce whose count does not split over the host's ranks (the
-// automatic choice sends that to NCCL over all ranks instead).
+// (kernels reach one host), a type or op NCCL lacks, a hierarchical
+// all-reduce whose count does not split over the host's ranks, and a
+// hierarchical reduce-scatter or all-gather whose scratch (hierPlan:
+// WorldSize plus hosts blocks) has more bytes than an int64 holds (the
+// automatic choice sends those two to NCCL over all ranks instead).
 func (h *hierComm) prepare(cl *call, auto bool) error {
 	if _, ok := cl.dtype.NCCL(); !ok {
 		return errorf(ErrUnsupported, "comm: %s of %s across hosts: NCCL has no type for %s", cl.collective, cl.dtype, cl.dtype)
@@ -179,12 +181,27 @@ func (h *hierComm) prepare(cl *call, auto bool) error {
 		}
 		return errorf(ErrInvalidArgument, "comm: allreduce with algorithm hierarchical refused: %d elements do not split over the %d ranks of each host; use a multiple of %d or nccl",
 			cl.n, L, L)
+	case cl.alg == coll.Hierarchical && cl.collective != coll.AllReduce && !h.scratchFits(cl):
+		if auto {
+			cl.alg = coll.NCCL
+			return nil
+		}
+		return errorf(ErrInvalidArgument, "comm: %s with algorithm hierarchical refused: its scratch of %d x %d %s elements (world size plus hosts) overflows a byte size; use a smaller count or nccl",
+			cl.collective, int64(h.cfg.WorldSize+len(h.layout.hosts)), cl.count, cl.dtype)
 	case cl.alg == coll.Hierarchical:
 	default:
 		return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the ranks span %d hosts and generated kernels reach one host; use hierarchical (they run within each host) or nccl",
 			cl.collective, cl.alg, len(h.layout.hosts))
 	}
 	return nil
+}
+
+// scratchFits reports whether the scratch bytes of cl's hierarchical plan
+// (reduce-scatter and all-gather: (WorldSize+hosts)*count elements, see
+// hierPlan) fit in an int64.
+func (h *hierComm) scratchFits(cl *call) bool {
+	_, ok := cl.dtype.Bytes(cl.count, int64(h.cfg.WorldSize+len(h.layout.hosts)))
+	return ok
 }
 
 // run executes a prepared call on one stream (the caller's, else the

@@ -123,10 +123,22 @@ func checkHostTopology(lib *kernels.Library, name string) error {
 	return errorf(ErrInvalidArgument, "comm: Config.Topology %q is not a host_shm topology of library %q (its host_shm topologies: %v); Device: comm.Host runs host_shm rules only: name one of those, or leave Topology empty", name, lib.Package, names)
 }
 
-// prepare refuses what the host cannot run: an algorithm that is not
-// generated, and a schedule the host cannot build or execute (hcm at
-// another world size, LL: canRun, host.Group's own refusal).
+// prepare refuses what the host cannot run, as host.Group would (so that
+// Explain refuses it too): input and output overlapping other than in
+// place, a reduction the library has no host reduce loop for, an
+// algorithm that is not generated, and a schedule the host cannot build
+// or execute (hcm at another world size, LL: canRun, host.Group's own
+// refusal).
 func (h *hostBackend) prepare(cl *call, auto bool) error {
+	if err := h.checkOverlap(cl); err != nil {
+		return err
+	}
+	if cl.collective.Reduces() {
+		if _, ok := h.lib.HostReducer(cl.dtype, cl.op); !ok {
+			return errorf(ErrInvalidArgument, "comm: %s: library %q has no host reduce loop for %s %s: its spec's host_shm topology must list %s in dtypes.reduce and %s in ops (then run collgen generate)",
+				cl.collective, h.lib.Package, cl.dtype, cl.op, cl.dtype, cl.op)
+		}
+	}
 	if cl.alg.Generated() {
 		return h.canRun(cl.collective, cl.alg)
 	}
@@ -139,6 +151,19 @@ func (h *hostBackend) prepare(cl *call, auto bool) error {
 			cl.collective, cl.bytes, cl.alg)
 	}
 	return errorf(ErrUnsupported, "comm: %s with algorithm %s refused: the host backend runs generated schedules only", cl.collective, cl.alg)
+}
+
+// checkOverlap refuses input and output that share memory other than in
+// the in-place layout, as host.Group does. The text names no rank: the
+// debug check compares refusals across ranks.
+func (h *hostBackend) checkOverlap(cl *call) error {
+	if cl.inBytes == 0 || cl.outBytes == 0 {
+		return nil
+	}
+	if layout, bad := host.OverlapNotInPlace(cl.collective, cl.in.host[:cl.inBytes], cl.out.host[:cl.outBytes], h.g.Rank()); bad {
+		return errorf(ErrInvalidArgument, "comm: %s: input and output overlap other than in place (%s): use separate buffers or that layout", cl.collective, layout)
+	}
+	return nil
 }
 
 // noRules says why the library has no host_shm rules for a collective at

@@ -205,30 +205,38 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 			return bad("buffer is not %d-byte aligned for %s", c.dtype.Size(), c.dtype)
 		}
 	}
-	// Input and output may share memory only in the in-place layout: the
-	// schedules stage a piece's input before writing its output, so an
-	// output that runs over input of a later piece (or of another lane)
-	// would overwrite it before it is read.
-	if in > 0 && out > 0 {
-		inP := uintptr(unsafe.Pointer(unsafe.SliceData(c.in)))
-		outP := uintptr(unsafe.Pointer(unsafe.SliceData(c.out)))
-		if inP < outP+uintptr(out) && outP < inP+uintptr(in) {
-			var layout string
-			inPlace := false
-			switch c.collective {
-			case coll.AllReduce:
-				inPlace, layout = inP == outP, "out == in"
-			case coll.ReduceScatter:
-				inPlace, layout = outP == inP+uintptr(g.cfg.Rank)*uintptr(out), "out = in[Rank*recvCount*size:]"
-			case coll.AllGather:
-				inPlace, layout = inP == outP+uintptr(g.cfg.Rank)*uintptr(in), "in = out[Rank*sendCount*size:]"
-			}
-			if !inPlace {
-				return bad("input and output overlap other than in place (%s on rank %d): use separate buffers or that layout", layout, g.cfg.Rank)
-			}
-		}
+	if layout, ok := OverlapNotInPlace(c.collective, c.in[:in], c.out[:out], g.cfg.Rank); ok {
+		return bad("input and output overlap other than in place (%s on rank %d): use separate buffers or that layout", layout, g.cfg.Rank)
 	}
 	return in, out, nil
+}
+
+// OverlapNotInPlace reports whether a collective's input and output (of
+// exactly the bytes it reads and writes) share memory other than in the
+// in-place layout, which a Group refuses, and names that layout for the
+// error. Input and output may share memory only in place: the schedules
+// stage a piece's input before writing its output, so an output that runs
+// over input of a later piece (or of another lane) would overwrite it
+// before it is read.
+func OverlapNotInPlace(collective coll.Collective, in, out []byte, rank int) (inPlaceLayout string, refused bool) {
+	if len(in) == 0 || len(out) == 0 {
+		return "", false
+	}
+	inP := uintptr(unsafe.Pointer(unsafe.SliceData(in)))
+	outP := uintptr(unsafe.Pointer(unsafe.SliceData(out)))
+	if inP >= outP+uintptr(len(out)) || outP >= inP+uintptr(len(in)) {
+		return "", false
+	}
+	inPlace := false
+	switch collective {
+	case coll.AllReduce:
+		inPlace, inPlaceLayout = inP == outP, "out == in"
+	case coll.ReduceScatter:
+		inPlace, inPlaceLayout = outP == inP+uintptr(rank)*uintptr(len(out)), "out = in[Rank*recvCount*size:]"
+	case coll.AllGather:
+		inPlace, inPlaceLayout = inP == outP+uintptr(rank)*uintptr(len(in)), "in = out[Rank*sendCount*size:]"
+	}
+	return inPlaceLayout, !inPlace
 }
 
 // name describes the collective for errors.
