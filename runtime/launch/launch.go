@@ -593,8 +593,9 @@ next:
 }
 
 // checkNodes checks a multi-node configuration: a node rank within Nodes,
-// a store every node can reach other than a file store, and a run id
-// shared by every node (a fresh one per launcher would split the run).
+// a world (N × Nodes) of at most rendezvous.MaxWorldSize ranks, a store
+// every node can reach other than a file store, and a run id shared by
+// every node (a fresh one per launcher would split the run).
 // CheckNodes checks the multi-node part of cfg (Nodes, NodeRank, Store,
 // RunID) as StartContext does, so that a CLI can report it as a usage
 // error before starting anything.
@@ -603,6 +604,12 @@ func CheckNodes(cfg Config) error { return checkNodes(cfg) }
 func checkNodes(cfg Config) error {
 	if cfg.Nodes < 0 || cfg.NodeRank < 0 || cfg.NodeRank >= max(cfg.Nodes, 1) {
 		return invalidf("launch: node rank %d of %d nodes: want 0 <= node rank < nodes", cfg.NodeRank, cfg.Nodes)
+	}
+	// N × Nodes is the world every rank gets: past what a rank takes (and
+	// before it overflows to a world of 0 or less).
+	if cfg.N > 0 && max(cfg.Nodes, 1) > rendezvous.MaxWorldSize/cfg.N {
+		return invalidf("launch: %d nodes of %d ranks each: a world of more than %d ranks (rendezvous.MaxWorldSize); want at most %d nodes",
+			cfg.Nodes, cfg.N, rendezvous.MaxWorldSize, rendezvous.MaxWorldSize/cfg.N)
 	}
 	if cfg.Nodes <= 1 {
 		return nil

@@ -128,8 +128,29 @@ func (c *tcpClient) sleep(ctx context.Context, d time.Duration, lastErr error) e
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("rendezvous: tcp store at %s unreachable: %v: %w", c.addr, lastErr, CauseErr(ctx))
+		return ctxEnded(ctx, fmt.Sprintf("rendezvous: tcp store at %s unreachable: %v", c.addr, lastErr))
 	}
+}
+
+// ctxEndedError is a call ended by its ctx: it matches ctx's error and,
+// past a deadline, ErrTimeout, as the Store interface promises.
+type ctxEndedError struct {
+	msg string
+	is  []error
+}
+
+func (e *ctxEndedError) Error() string   { return e.msg }
+func (e *ctxEndedError) Unwrap() []error { return e.is }
+
+// ctxEnded is the error of a call (what) that ctx ended: its text is
+// what, then CauseErr(ctx).
+func ctxEnded(ctx context.Context, what string) error {
+	err := CauseErr(ctx)
+	e := &ctxEndedError{msg: what + ": " + err.Error(), is: []error{err}}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		e.is = append(e.is, ErrTimeout)
+	}
+	return e
 }
 
 func (c *tcpClient) dial(ctx context.Context) (*clientConn, error) {
@@ -252,8 +273,8 @@ func (c *tcpClient) do(ctx context.Context, req *frame) (*frame, error) {
 	req.ID = c.id
 	delay := retryMin
 	for {
-		if err := ctx.Err(); err != nil && !isWait {
-			return nil, fmt.Errorf("rendezvous: tcp store at %s: %w", c.addr, err)
+		if ctx.Err() != nil && !isWait {
+			return nil, ctxEnded(ctx, "rendezvous: tcp store at "+c.addr)
 		}
 		cc, err := c.get(ctx)
 		if err == nil {

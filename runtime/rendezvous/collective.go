@@ -29,9 +29,21 @@ const (
 	allGatherPrefix = "collgen/allgather/"
 )
 
+// MaxWorldSize bounds the world sizes that Join, Barrier, AllGather,
+// ForgetAllGather, ForgetBarrier and ReadEnv take (1,048,576 ranks): every
+// rendezvous names one store key per rank, so a world size from a typo
+// (WORLD_SIZE=10000000000) would take the process's memory before any
+// store could refuse it. It is far beyond what a store serves (a TCP
+// server takes 1024 connections by default) and what the kernels are
+// generated for (4096 ranks at most).
+const MaxWorldSize = 1 << 20
+
 func checkRank(rank, world int) error {
 	if world < 1 {
 		return argError(fmt.Sprintf("rendezvous: world size %d: want at least 1", world))
+	}
+	if world > MaxWorldSize {
+		return argError(fmt.Sprintf("rendezvous: world size %d: want at most %d (MaxWorldSize)", world, MaxWorldSize))
 	}
 	if rank < 0 || rank >= world {
 		return argError(fmt.Sprintf("rendezvous: rank %d is out of range for world size %d (want 0..%d)", rank, world, world-1))
@@ -166,8 +178,8 @@ func AllGather(ctx context.Context, s Store, name string, rank, world int, blob 
 // rank to leave a group), so a long-lived store does not keep them. The
 // keys go KeysInFlight at a time (Counters, DeleteKeys): keys already
 // gone are no error, and the error names the first key that failed. A
-// nil store or a world size below 1 is an error wrapping
-// ErrInvalidArgument.
+// nil store or a world size below 1 or above MaxWorldSize is an error
+// wrapping ErrInvalidArgument.
 func ForgetAllGather(ctx context.Context, s Store, name string, world int) error {
 	return forget(ctx, "ForgetAllGather", s, allGatherPrefix+name+"/", world)
 }
@@ -187,6 +199,9 @@ func forget(ctx context.Context, op string, s Store, prefix string, world int) e
 	}
 	if world < 1 {
 		return fmt.Errorf("%w: %s: world size %d: want at least 1", ErrInvalidArgument, op, world)
+	}
+	if world > MaxWorldSize {
+		return fmt.Errorf("%w: %s: world size %d: want at most %d (MaxWorldSize)", ErrInvalidArgument, op, world, MaxWorldSize)
 	}
 	counters := make([]string, world)
 	for r := range counters {

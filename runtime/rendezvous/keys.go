@@ -11,7 +11,8 @@ import (
 
 // ErrInvalidArgument is wrapped by DeleteKeys, Counters, Join, Barrier,
 // AllGather, ForgetAllGather and ForgetBarrier when they are given no
-// store, and by the Forget functions given a world size below 1.
+// store, and by the Forget functions given a world size below 1 or above
+// MaxWorldSize.
 var ErrInvalidArgument = errors.New("rendezvous: invalid argument")
 
 // KeysInFlight is how many store operations DeleteKeys and Counters keep

@@ -43,9 +43,10 @@ type Buffer struct {
 	stopping atomic.Int32
 	freed    bool
 	byClose  bool // freed by the pool's Close
-	// rdv serialises Rendezvous calls on the buffer; cancelRdv (under mu)
-	// ends the one waiting for peers, for Free and Close.
-	rdv       sync.Mutex
+	// rdv (one slot) serialises Rendezvous calls on the buffer, a wait for
+	// it ending with the caller's ctx; cancelRdv (under mu) ends the one
+	// waiting for peers, for Free and Close.
+	rdv       chan struct{}
 	cancelRdv context.CancelCauseFunc
 	// handle is set once, under mu, by the first Rendezvous, and read
 	// without a lock (Handle runs on every collective's zero-copy check).

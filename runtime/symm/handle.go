@@ -94,8 +94,23 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	// One Rendezvous of the buffer at a time; b.mu is held only to start
 	// and to finish, so Free, Close, Bytes and signals never wait for
 	// peers (Free and Close end the collective through cancel).
-	b.rdv.Lock()
-	defer b.rdv.Unlock()
+	// A wait for another Rendezvous of the buffer (the buffer's collective
+	// step, whose handle this call would return) ends with this call's
+	// ctx, and breaks nothing.
+	select {
+	case b.rdv <- struct{}{}:
+	default:
+		select {
+		case b.rdv <- struct{}{}:
+		case <-ctx.Done():
+			err := context.Cause(ctx)
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = &tagged{msg: "the deadline passed while another Rendezvous of the buffer ran", is: []error{ErrTimeout, err}}
+			}
+			return nil, fmt.Errorf("symm: group %q rank %d, rendezvous of the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
+		}
+	}
+	defer func() { <-b.rdv }()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	b.mu.Lock()
@@ -114,7 +129,11 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	mine, f, err := p.share(b)
 	if err != nil {
 		b.mu.Unlock()
-		return nil, fmt.Errorf("symm: group %q rank %d: share the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
+		// The peers go on to this Rendezvous without this rank: its next
+		// call would meet their n-th, so the pool breaks as documented.
+		err = fmt.Errorf("symm: group %q rank %d: share the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
+		p.breakWith(err)
+		return nil, err
 	}
 	b.cancelRdv = cancel
 	p.rdvs.Add(1)

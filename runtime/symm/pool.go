@@ -477,7 +477,7 @@ func (p *Pool) alloc(n int, id uint64, persistent bool) (*Buffer, error) {
 		}
 		return nil, err
 	}
-	b := &Buffer{pool: p, addr: addr, size: n, chunkSize: chunk, padOff: padOff, id: id, persistent: persistent, chunk: c}
+	b := &Buffer{pool: p, addr: addr, size: n, chunkSize: chunk, padOff: padOff, id: id, persistent: persistent, chunk: c, rdv: make(chan struct{}, 1)}
 	if persistent {
 		if s == nil {
 			s = &slot{addr: addr, bytes: n, chunk: chunk}
