@@ -19,8 +19,11 @@ import (
 // zero-copy one-shot, give right results. Zero-copy read an in-place
 // all-gather's peers at this rank's offset (wrong data, no error) and the
 // one-shot all-reduce wrote its output while peers still read it; both
-// are staged now (comm's inPlaceStaged). World: every GPU, or all ranks on
-// one shared GPU; NCCL off (the staged rules at world 2 use none).
+// are staged now (comm's inPlaceStaged). So is an all-gather whose input
+// is the start of its output on every rank (in place on rank 0 only: rank
+// 1 read zero-copy, case 116), while a reduce-scatter in NCCL's in-place
+// layout may stay zero-copy and must be right. World: every GPU, or all
+// ranks on one shared GPU; NCCL off (the staged rules at world 2 use none).
 func TestProofZeroCopyInPlace(t *testing.T) {
 	proofGPUs(t)
 	comms := newComms(t, 2, comm.Config{Library: collectives.Library, DisableNCCL: true, Group: "inplace"})
@@ -76,6 +79,54 @@ func TestProofZeroCopyInPlace(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("in-place all-gather: %v", err)
+	}
+	// All-gather with its input at the start of its output on every rank
+	// (reliability case 116): in place on rank 0 only, so zero-copy read
+	// rank 1's input while rank 1 overwrote it; every rank stages now.
+	err = ranks(comms, func(r int, c *comm.Communicator) error {
+		if err := put(c, bufs[r], func(i int) float32 { return float32(2000*(r+1) + i%11) }, count); err != nil {
+			return err
+		}
+		p, err := c.Explain(coll.AllGather, comm.DeviceBuffer(bufs[r]), comm.DeviceBuffer(bufs[r]), count, coll.F32, "", comm.Options{})
+		if err != nil {
+			return err
+		}
+		if p.ZeroCopy {
+			return fmt.Errorf("rank %d: an all-gather whose output overlaps its symmetric input is read in place: %+v", r, p)
+		}
+		if err := c.AllGather(comm.DeviceBuffer(bufs[r]), comm.DeviceBuffer(bufs[r]), count, coll.F32, comm.Options{}); err != nil {
+			return err
+		}
+		for q := range w {
+			if err := check(c, bufs[r]+cuda.DevicePtr(4*count*q), func(i int) float32 { return float32(2000*(q+1) + i%11) }, count); err != nil {
+				return fmt.Errorf("rank %d, block of rank %d: %w", r, q, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("all-gather with in == out: %v", err)
+	}
+	// Reduce-scatter in NCCL's in-place layout (out = in + rank's chunk):
+	// no peer reads a rank's own chunk, so it may stay zero-copy.
+	err = ranks(comms, func(r int, c *comm.Communicator) error {
+		if err := put(c, bufs[r], func(i int) float32 { return float32(i%5 + r + 1) }, count*w); err != nil {
+			return err
+		}
+		out := bufs[r] + cuda.DevicePtr(4*count*r)
+		p, err := c.Explain(coll.ReduceScatter, comm.DeviceBuffer(bufs[r]), comm.DeviceBuffer(out), count, coll.F32, coll.Sum, comm.Options{})
+		if err != nil {
+			return err
+		}
+		t.Logf("rank %d, in-place reduce-scatter of %d bytes: %+v", r, 4*count*w, p)
+		if err := c.ReduceScatter(comm.DeviceBuffer(bufs[r]), comm.DeviceBuffer(out), count, coll.F32, coll.Sum, comm.Options{}); err != nil {
+			return err
+		}
+		// Element i of chunk r is input element r*count+i on every rank.
+		return check(c, out, func(i int) float32 { return float32(w*((r*count+i)%5) + w*(w+1)/2) }, count)
+	})
+	if err != nil {
+		t.Errorf("in-place reduce-scatter: %v", err)
 	}
 	// All-reduce in place, three times (the race was timing-dependent).
 	n := count * w
