@@ -277,10 +277,10 @@ func RefusalReason(v Variant, err, ncclErr error) string {
 // the rules send to generated kernels within the staging budget (kernels
 // with rounds running more of them): a sweep of the automatic choice or of
 // algorithms with rounds then measures what users get. A forced push
-// algorithm without rounds needs its inbox for the sweep's largest size;
-// when that is more than the default gives its protocol (the rules'
-// floor), the result is that need, at least what the rules need, and at
-// most limit when limit > 0.
+// algorithm without rounds needs its inbox for the sweep's largest size
+// (sizes in any order); when that is more than the default gives its
+// protocol (the rules' floor), the result is that need, at least what the
+// rules need, and at most limit when limit > 0.
 func StagingFor(lib *kernels.Library, collective coll.Collective, world int, sizes []int64, variants []Variant, limit int64) int64 {
 	var rules int64
 	floor := map[coll.Protocol]int64{}
@@ -302,7 +302,14 @@ func StagingFor(lib *kernels.Library, collective coll.Collective, world int, siz
 		if !ok || k.Rounds() {
 			continue
 		}
-		if need := lib.SlotBound(collective, v.Algorithm, world, sizes[len(sizes)-1]); need > floor[k.Protocol] {
+		// The largest size's need, whatever the order of sizes (the last
+		// is an awkward twin, one element less per rank, or any size
+		// Config.Sizes ends with).
+		var need int64
+		for _, b := range sizes {
+			need = max(need, lib.SlotBound(collective, v.Algorithm, world, b))
+		}
+		if need > floor[k.Protocol] {
 			s = max(s, need, rules)
 		}
 	}

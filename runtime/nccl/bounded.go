@@ -30,6 +30,8 @@ var (
 // since names the NCCL release that introduced each symbol collgen may
 // use, for the error when the loaded library lacks one.
 var since = map[string]string{
+	"ncclCommAbort":            "2.4",
+	"ncclCommGetAsyncError":    "2.4",
 	"ncclCommInitRankConfig":   "2.14",
 	"ncclGetLastError":         "2.13",
 	"ncclCommRegister":         "2.19",

@@ -149,12 +149,38 @@ func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise
 		}
 		tol := 2 * (float64(len(srcs))*uAcc*abs + uOut*math.Abs(want))
 		// Written so that a NaN got fails (a comparison with NaN is false)
-		// unless want is NaN too; an infinite want passes only exactly.
-		if !(g == want || math.Abs(g-want) <= tol || math.IsNaN(g) && math.IsNaN(want)) {
+		// unless want is NaN too; an infinite want passes only exactly (the
+		// tolerance is infinite there: abs sums the infinite input). An
+		// infinite got of a finite want passes where the sum, within the
+		// tolerance towards it, overflows dtype once rounded to it.
+		var ok bool
+		switch {
+		case g == want || math.IsNaN(g) && math.IsNaN(want):
+			ok = true
+		case math.IsInf(want, 0):
+		case math.IsInf(g, 0):
+			ok = roundTo(dtype, want+math.Copysign(tol, g)) == g
+		default:
+			ok = math.Abs(g-want) <= tol
+		}
+		if !ok {
 			return fmt.Errorf("%s sum of %d: element %d is %v, want %v within %.3g", dtype, len(srcs), i, g, want, tol)
 		}
 	}
 	return nil
+}
+
+// roundTo is v rounded to the float type dtype (infinite beyond its range).
+func roundTo(dtype coll.DType, v float64) float64 {
+	switch dtype {
+	case coll.F32:
+		return float64(float32(v))
+	case coll.F16:
+		return float64(F16ToF32(F32ToF16(float32(v))))
+	case coll.BF16:
+		return float64(BF16ToF32(F32ToBF16(float32(v))))
+	}
+	return v
 }
 
 // maxNum and minNum are IEEE maxNum and minNum as the kernels and the host
