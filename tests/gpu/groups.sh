@@ -77,6 +77,6 @@ unset COLLGEN_TEST_WORLD
 run nccl .gpu/nccl.test
 run ipc .gpu/ipc.test
 run cuda-peer .gpu/cuda.test -test.run 'TestPeerAccess'
-run proof .gpu/proof.test -test.run 'TestNCCLRegistrationGPU|TestNCCLAllocWindowsGPU|TestAbortGPU|TestAbortOneRankGPU|TestPeerFaultGPU|TestRecycledRegionGPU|TestTimeoutReported|TestMismatchReportedGPU|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestMixedProtocols|TestWorldOneGPU|TestLazyKernelsSharedGPU|TestWorkQueuesGPU|TestAbortQueuesGPU|TestCloseWhilePeerWaitsGPU|TestNewWhilePeerWaitsGPU|TestNCCLFirstCallAbsentPeerGPU|TestBackToBackGPU|TestStackReservedGPU' ${PROOF_SKIP:+-test.skip "$PROOF_SKIP"}
+run proof .gpu/proof.test -test.run 'TestNCCLRegistrationGPU|TestNCCLAllocWindowsGPU|TestAbortGPU|TestAbortOneRankGPU|TestPeerFaultGPU|TestRecycledRegionGPU|TestTimeoutReported|TestMismatchReportedGPU|TestForcedAlgorithmRefused|TestDebugCheckGPU|TestMixedProtocols|TestWorldOneGPU|TestLazyKernelsSharedGPU|TestWorkQueuesGPU|TestAbortQueuesGPU|TestAbortDuringCloseGPU|TestCloseWhilePeerWaitsGPU|TestNewWhilePeerWaitsGPU|TestNCCLFirstCallAbsentPeerGPU|TestBackToBackGPU|TestStackReservedGPU' ${PROOF_SKIP:+-test.skip "$PROOF_SKIP"}
 cat "$OUT/summary.txt"
 exit $status

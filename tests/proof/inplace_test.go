@@ -91,16 +91,16 @@ func TestProofZeroCopyInPlace(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if p.ZeroCopy {
-			return fmt.Errorf("rank %d: an all-gather whose output overlaps its symmetric input is read in place: %+v", r, p)
-		}
 		if err := c.AllGather(comm.DeviceBuffer(bufs[r]), comm.DeviceBuffer(bufs[r]), count, coll.F32, comm.Options{}); err != nil {
 			return err
 		}
 		for q := range w {
 			if err := check(c, bufs[r]+cuda.DevicePtr(4*count*q), func(i int) float32 { return float32(2000*(q+1) + i%11) }, count); err != nil {
-				return fmt.Errorf("rank %d, block of rank %d: %w", r, q, err)
+				return fmt.Errorf("rank %d (%+v), block of rank %d: %w", r, p, q, err)
 			}
+		}
+		if p.ZeroCopy {
+			return fmt.Errorf("rank %d: an all-gather whose output overlaps its symmetric input is read in place: %+v", r, p)
 		}
 		return nil
 	})
