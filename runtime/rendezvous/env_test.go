@@ -62,12 +62,24 @@ func TestReadEnv(t *testing.T) {
 	}
 }
 
+// TestFromEnvTorchrunRankZeroHostsStore: under torchrun's variables rank 0
+// serves the store and the ranks meet through it, with and without
+// COLLGEN_RUN_ID (the run id keys the store whatever set the ranks up:
+// rank 0 once kept its own handle unscoped, and the ranks never met,
+// reliability case 104).
 func TestFromEnvTorchrunRankZeroHostsStore(t *testing.T) {
+	for _, runID := range []string{"", "run42abc"} {
+		t.Run("runid="+runID, func(t *testing.T) { torchrunRanksMeet(t, runID) })
+	}
+}
+
+func torchrunRanksMeet(t *testing.T, runID string) {
 	for _, k := range []string{"COLLGEN_RANK", "COLLGEN_WORLD_SIZE", "COLLGEN_LOCAL_RANK", "COLLGEN_STORE", "TORCHELASTIC_RUN_ID"} {
 		t.Setenv(k, "")
 		unsetenv(t, k)
 	}
 	t.Setenv(EnvSecret, "")
+	t.Setenv(EnvRunID, runID)
 	srv, err := NewTCPServer("127.0.0.1:0", ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -95,13 +107,23 @@ func TestFromEnvTorchrunRankZeroHostsStore(t *testing.T) {
 	if !e0.HostStore || e1.HostStore {
 		t.Fatalf("HostStore = %v, %v; want only rank 0", e0.HostStore, e1.HostStore)
 	}
+	if e0.RunID != runID || e1.RunID != runID {
+		t.Fatalf("run ids %q, %q; want %q", e0.RunID, e1.RunID, runID)
+	}
+	jctx, jcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer jcancel()
 	errs := make(chan error, 1)
-	go func() { errs <- Join(ctx, s1, "g", e1.Rank, e1.WorldSize) }()
-	if err := Join(ctx, s0, "g", e0.Rank, e0.WorldSize); err != nil {
+	go func() { errs <- Join(jctx, s1, "g", e1.Rank, e1.WorldSize) }()
+	err0 := Join(jctx, s0, "g", e0.Rank, e0.WorldSize)
+	if err1 := <-errs; err0 != nil || err1 != nil {
+		t.Fatalf("Join: rank 0: %v; rank 1: %v", err0, err1)
+	}
+	// Rank 1's keys are rank 0's: both handles under the same prefix.
+	if err := s1.Set(ctx, "probe", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-errs; err != nil {
-		t.Fatal(err)
+	if v, err := s0.Get(short(t, time.Second), "probe"); err != nil || string(v) != "x" {
+		t.Fatalf("rank 0 reads rank 1's key: %q, %v", v, err)
 	}
 }
 
