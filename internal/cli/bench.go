@@ -431,6 +431,10 @@ func joinDistinct(errs []error) error {
 // be lost at the end.
 func (o *BenchOptions) checkOutputs() error {
 	for _, f := range []struct{ flag, path string }{{"json", o.JSON}, {"csv", o.CSV}, {"png", o.PNG}} {
+		if f.path == "-" && f.flag != "json" {
+			// report writes no CSV for "-" and WritePNG a file named "-".
+			return fmt.Errorf("bench: --%s -: only --json writes to standard output; name a file", f.flag)
+		}
 		if f.path == "" || f.path == "-" {
 			continue
 		}

@@ -76,6 +76,8 @@ func (p doctorProbes) diagnose() []doctorCheck {
 	// Read before the driver loads: loading it sets the variable to 32
 	// where the process left it unset.
 	queues := p.getenv(cuda.EnvMaxConnections)
+	_, queuesSet := p.lookupEnv(cuda.EnvMaxConnections)
+	queuesSet = queuesSet || queues != ""
 	visible := ""
 	if v, ok := p.lookupEnv("CUDA_VISIBLE_DEVICES"); ok {
 		visible = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", v)
@@ -122,11 +124,18 @@ func (p doctorProbes) diagnose() []doctorCheck {
 	switch q := queues; {
 	case p.underMPS():
 		add(checkOK, "work queues", "an MPS control daemon runs: collgen leaves %s as it is (%q); run one process per rank", cuda.EnvMaxConnections, q)
-	case q == "":
+	case !queuesSet:
 		add(checkOK, "work queues", "%s unset: collgen sets 32 before CUDA starts", cuda.EnvMaxConnections)
 	default:
-		if n, err := strconv.Atoi(q); err != nil || n < 32 {
-			add(checkWarn, "work queues", "%s=%s: goroutine ranks sharing one GPU need 32 (New refuses fewer there)", cuda.EnvMaxConnections, q)
+		// As runtime/cuda reads it: a value the process set is kept, and
+		// one CUDA does not take (empty, not a number, above 32) leaves
+		// CUDA's default 8 queues.
+		if n, err := strconv.Atoi(q); err != nil || n != cuda.MaxWorkQueues {
+			shown := q
+			if q == "" {
+				shown = `""`
+			}
+			add(checkWarn, "work queues", "%s=%s: goroutine ranks sharing one GPU need %d (New refuses fewer there; CUDA reads a value outside 1..%d as its default 8)", cuda.EnvMaxConnections, shown, cuda.MaxWorkQueues, cuda.MaxWorkQueues)
 		} else {
 			add(checkOK, "work queues", "%s=%s", cuda.EnvMaxConnections, q)
 		}

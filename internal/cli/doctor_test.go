@@ -52,7 +52,7 @@ func TestDoctor(t *testing.T) {
 			"driver", checkFail, "CUDA 12.4) sees no GPU", 1},
 		{"no GPU visible", func(p *doctorProbes) {
 			p.driver = func() (string, int, int, error) { return "", 0, 0, errors.New("cuda: cuInit: CUDA_ERROR_NO_DEVICE") }
-			p.lookupEnv = func(string) (string, bool) { return "", true }
+			p.lookupEnv = func(name string) (string, bool) { return "", name == "CUDA_VISIBLE_DEVICES" }
 		}, "driver", checkFail, `CUDA_ERROR_NO_DEVICE (CUDA_VISIBLE_DEVICES="")`, 1},
 		{"work queues set by the driver's load", func(p *doctorProbes) {
 			set := false

@@ -107,6 +107,8 @@ var archRE = regexp.MustCompile(`^sm_([0-9]{2,3})([a-z]?)$`)
 
 // gencodeFlags turns "sm_80,sm_90" into nvcc's -gencode flags: a cubin for
 // each, and PTX for the newest, which the driver compiles for newer GPUs.
+// The PTX is of the plain compute_NN: that of a suffixed target
+// (compute_90a, compute_100f) runs on that architecture or family only.
 func gencodeFlags(archs string) ([]string, error) {
 	var flags []string
 	newest, newestN := "", -1
@@ -118,7 +120,7 @@ func gencodeFlags(archs string) ([]string, error) {
 		cc := m[1] + m[2]
 		flags = append(flags, "-gencode", "arch=compute_"+cc+",code=sm_"+cc)
 		if n, _ := strconv.Atoi(m[1]); n > newestN {
-			newest, newestN = cc, n
+			newest, newestN = m[1], n
 		}
 	}
 	if newestN < 0 {

@@ -61,11 +61,15 @@ func (o *genOptions) specPath() (string, error) {
 
 // render loads the spec and renders the tree in memory.
 func (o *genOptions) render() (*gen.Output, error) {
-	path, err := o.specPath()
+	// A malformed glob is a bad flag value (exit 2), as in fatbin.
+	if _, err := path.Match(o.Only, ""); err != nil {
+		return nil, usageError(fmt.Errorf("--only %q: %w", o.Only, err))
+	}
+	file, err := o.specPath()
 	if err != nil {
 		return nil, err
 	}
-	s, err := spec.Load(path)
+	s, err := spec.Load(file)
 	if err != nil {
 		var list spec.ErrorList
 		if errors.As(err, &list) {
