@@ -98,7 +98,23 @@ func Check(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte) error {
 // rounds to dtype after every addition (NCCL reduces bf16 in bf16), not
 // once at the end: the accumulation bound uses dtype's own unit roundoff.
 func CheckWith(dtype coll.DType, op coll.Op, got []byte, srcs [][]byte, stepwise bool) error {
+	// A reduction's dtypes only (fp8 is copied, never reduced): others
+	// would index past b in Get or divide by a size of 0.
+	if err := CheckDType(dtype); err != nil {
+		return fmt.Errorf("numeric: check: %w", err)
+	}
+	if err := CheckOp(op); err != nil {
+		return fmt.Errorf("numeric: check: %w", err)
+	}
+	if len(srcs) == 0 {
+		return fmt.Errorf("numeric: check of %d bytes of %s: no sources", len(got), dtype)
+	}
 	n := len(got) / dtype.Size()
+	for r, s := range srcs {
+		if len(s) < n*dtype.Size() {
+			return fmt.Errorf("numeric: check of %d %s elements: source %d has %d bytes", n, dtype, r, len(s))
+		}
+	}
 	isInt := !dtype.IsFloat()
 	uAcc, uOut := unitRoundoff(dtype)
 	if stepwise {

@@ -53,3 +53,26 @@ func TestCheckSumOverflowToInf(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesWhatItCannotCheck: a dtype that is never reduced (fp8)
+// or unknown, an unknown op, no sources or a short source are errors, not
+// a panic (an index past a source, a division by a size of 0).
+func TestCheckRefusesWhatItCannotCheck(t *testing.T) {
+	got := make([]byte, 8)
+	for _, c := range []struct {
+		name  string
+		dtype coll.DType
+		op    coll.Op
+		srcs  [][]byte
+	}{
+		{"e4m3", coll.E4M3, coll.Sum, [][]byte{make([]byte, 8)}},
+		{"unknown dtype", coll.DType("f12"), coll.Sum, [][]byte{make([]byte, 8)}},
+		{"unknown op", coll.F32, coll.Op("avg"), [][]byte{make([]byte, 8)}},
+		{"no sources", coll.F32, coll.Sum, nil},
+		{"short source", coll.F32, coll.Sum, [][]byte{make([]byte, 8), make([]byte, 4)}},
+	} {
+		if err := Check(c.dtype, c.op, got, c.srcs); err == nil {
+			t.Errorf("%s: no error", c.name)
+		}
+	}
+}
