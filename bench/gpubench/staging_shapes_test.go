@@ -1,11 +1,14 @@
 package gpubench
 
 import (
+	"context"
+	"strings"
 	"testing"
 
 	"github.com/collgen/collgen/bench"
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/generated/collectives"
+	"github.com/collgen/collgen/runtime/rendezvous"
 )
 
 // TestStagingCoversLargestShape: the staging a plan sizes for its
@@ -63,5 +66,17 @@ func TestStagingCoversLargestShape(t *testing.T) {
 	}
 	if up.Staging == 0 || down.Staging != up.Staging {
 		t.Errorf("staging %d for sizes in descending order, %d ascending", down.Staging, up.Staging)
+	}
+}
+
+// TestRunRankRefusesRankOutOfRange: a rank outside the world is an error
+// naming both, not an index past Config.Devices.
+func TestRunRankRefusesRankOutOfRange(t *testing.T) {
+	cfg := Config{Library: collectives.Library, WorldSize: 2, Devices: []int{0, 1}, Collective: coll.AllReduce, DType: "f32", Op: "sum", Sizes: []int64{1024}}
+	for _, rank := range []int{-1, 2} {
+		_, err := RunRank(context.Background(), cfg, rank, rendezvous.NewMemStore())
+		if err == nil || !strings.Contains(err.Error(), "world size 2") {
+			t.Errorf("rank %d: %v; want an error naming the world size", rank, err)
+		}
 	}
 }

@@ -254,6 +254,9 @@ func Run(ctx context.Context, cfg Config) ([]Measurement, error) {
 // store; rank 0 returns the measurements, the others return nil.
 // cfg.Devices[rank] (default rank) is this process's GPU.
 func RunRank(ctx context.Context, cfg Config, rank int, store rendezvous.Store) ([]Measurement, error) {
+	if rank < 0 || rank >= cfg.WorldSize {
+		return nil, fmt.Errorf("gpubench: rank %d of world size %d: want 0 <= rank < world size", rank, cfg.WorldSize)
+	}
 	c := cfg.withDefaults()
 	return runRank(ctx, cfg, rank, store, StorePeers(store, "collgen/bench/"+c.Group+"/peers", rank, cfg.WorldSize))
 }
