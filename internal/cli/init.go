@@ -16,7 +16,8 @@ import (
 func init() { register("init", newCmdInit) }
 
 // starterSpec is the commented spec `collgen init` writes; {{PACKAGE}}
-// stands for the Go package name.
+// stands for the Go package name, {{SPEC}} for the spec's path in the
+// commands its header gives.
 //
 //go:embed starter.yaml
 var starterSpec string
@@ -24,7 +25,31 @@ var starterSpec string
 // StarterSpec returns the starter spec for Go package pkg, as `collgen
 // init` writes it.
 func StarterSpec(pkg string) []byte {
-	return []byte(strings.ReplaceAll(starterSpec, "{{PACKAGE}}", pkg))
+	return starterSpecAt(pkg, spec.DefaultFile)
+}
+
+// starterSpecAt returns the starter spec for Go package pkg written to
+// path: the commands in its header name path, as init's "next:" line does
+// (collgen.yaml for a path with a line break, which would end the comment).
+func starterSpecAt(pkg, path string) []byte {
+	if strings.ContainsAny(path, "\r\n") {
+		path = spec.DefaultFile
+	}
+	r := strings.NewReplacer("{{PACKAGE}}", pkg, "{{SPEC}}", shellWord(filepath.ToSlash(path)))
+	return []byte(r.Replace(starterSpec))
+}
+
+// shellWord returns s as one word of a POSIX shell command line: as it is
+// when it holds only characters no shell treats specially, else in single
+// quotes.
+func shellWord(s string) string {
+	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./+,:@%=", r))
+	}) < 0
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func newCmdInit(io *IO) *cobra.Command {
@@ -55,7 +80,7 @@ field does. It never overwrites an existing file. Then generate the package:
 			if err := spec.CheckPackage(pkg); err != nil {
 				return usageError(fmt.Errorf("init: --package: %w", err))
 			}
-			data := StarterSpec(pkg)
+			data := starterSpecAt(pkg, path)
 			// The starter must always be a spec collgen accepts.
 			if _, err := spec.Parse(path, data); err != nil {
 				return fmt.Errorf("init: the starter spec is invalid (a collgen bug): %w", err)
@@ -79,7 +104,7 @@ field does. It never overwrites an existing file. Then generate the package:
 				os.Remove(path)
 				return fmt.Errorf("init: %w", err)
 			}
-			fmt.Fprintf(io.Out, "wrote %s; next:\n  collgen generate --spec %s --out internal/gen --package %s\n", path, path, pkg)
+			fmt.Fprintf(io.Out, "wrote %s; next:\n  collgen generate --spec %s --out internal/gen --package %s\n", path, shellWord(filepath.ToSlash(path)), pkg)
 			return nil
 		},
 	}
