@@ -62,6 +62,7 @@ func (c *Communicator) Abort() error {
 		return nil
 	}
 	var errs []error
+	c.endExchanges() // a call's exchange with its peers gives up
 	if b := c.book(); b != nil {
 		b.stop() // a diagnosis waiting for a peer gives up
 	}
@@ -96,6 +97,7 @@ func (c *Communicator) Abort() error {
 		} else {
 			err = c.b.close()
 		}
+		c.waitExchanges()
 		c.closeErr = errors.Join(classify(err), c.leave())
 		errs = append(errs, c.closeErr)
 		if freeRegion != nil {
@@ -103,6 +105,49 @@ func (c *Communicator) Abort() error {
 		}
 	})
 	return classify(errors.Join(errs...))
+}
+
+// exchange runs fn, a store exchange of this rank's with its peers (the
+// debug check's fingerprints, UseSymmetric's records), with ctx bounded
+// by Config.Timeout and ended as soon as Close or Abort begins (the
+// caller then holds busy, or runs a host call, which does not: either way
+// Close and Abort would otherwise wait for it, or leave the group under
+// it). It returns op's ErrClosed or ErrAborted, without running fn, on a
+// communicator closing or aborted, and also where fn failed because Close
+// or Abort ended it.
+func (c *Communicator) exchange(ctx context.Context, op string, fn func(context.Context) error) error {
+	c.exchanging.RLock()
+	defer c.exchanging.RUnlock()
+	if err := c.gone(op); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	if c.ended != nil {
+		defer context.AfterFunc(c.ended, cancel)()
+	}
+	err := fn(ctx)
+	if err != nil {
+		if gerr := c.gone(op); gerr != nil {
+			return gerr
+		}
+	}
+	return err
+}
+
+// endExchanges ends the exchanges in progress (exchange): Close or Abort
+// has begun.
+func (c *Communicator) endExchanges() {
+	if c.end != nil {
+		c.end()
+	}
+}
+
+// waitExchanges waits for the exchanges endExchanges ended to return;
+// later ones find the communicator gone and touch nothing.
+func (c *Communicator) waitExchanges() {
+	c.exchanging.Lock()
+	c.exchanging.Unlock()
 }
 
 // parkBound is how long Abort keeps the staging region for peers still in

@@ -266,6 +266,15 @@ type Communicator struct {
 	// busy; Abort takes it for writing before releasing the device.
 	aborted atomic.Bool
 	waiting sync.RWMutex
+	// ended is cancelled when Close or Abort begins: it ends at once a
+	// store exchange with the peers that no kernel bounds (the debug
+	// check's, UseSymmetric's; see exchange). exchanging is held for
+	// reading by such an exchange (host calls do not hold busy); Close
+	// and Abort take it before leaving the group, so no exchange writes
+	// the store after the last rank's forget.
+	ended      context.Context
+	end        context.CancelFunc
+	exchanging sync.RWMutex
 	// reg owns the NCCL registrations (register.go); nil without NCCL.
 	reg *registry
 }
@@ -318,6 +327,7 @@ func newComm(ctx context.Context, cfg Config, open func(Config) (device, error))
 		cfg.Timeout = DefaultTimeout
 	}
 	c := &Communicator{cfg: cfg}
+	c.ended, c.end = context.WithCancel(context.Background())
 	var err error
 	if c.hostID, err = hostID(cfg); err != nil {
 		return nil, err
@@ -571,8 +581,9 @@ func (c *Communicator) Stream() *cuda.Stream {
 // for each other before freeing memory peers may still map. Close is safe
 // to call twice; calls after it return ErrClosed.
 func (c *Communicator) Close() error {
+	c.closed.Store(true)
+	c.endExchanges()
 	c.closeOnce.Do(func() {
-		c.closed.Store(true)
 		// Wait for a GPU call in flight on another goroutine, and for
 		// Synchronize and Err, before releasing what they use.
 		c.busy.Lock()
@@ -602,6 +613,7 @@ func (c *Communicator) Close() error {
 		} else {
 			berr = c.b.close()
 		}
+		c.waitExchanges()
 		c.closeErr = errors.Join(rerr, classify(berr), c.leave())
 		if freeRegion != nil {
 			go c.freeWhenLeft(freeRegion, parkBound(c.cfg.Timeout))

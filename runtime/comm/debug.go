@@ -135,10 +135,15 @@ func (k *checker) compare(c *Communicator, cl *call, mine fingerprint) error {
 	if cl.o.Tag != 0 {
 		k.usedTag(cl.o.Tag)
 	}
-	ctx, cancel := context.WithTimeout(cl.o.ctx(), c.cfg.Timeout)
-	defer cancel()
-	fps, err := gatherJSON(ctx, c.cfg.Store, name, c.cfg.Rank, c.cfg.WorldSize, mine, EnvDebugCheck+" fingerprint")
+	var fps []fingerprint
+	err := c.exchange(cl.o.ctx(), string(cl.collective), func(ctx context.Context) (err error) {
+		fps, err = gatherJSON(ctx, c.cfg.Store, name, c.cfg.Rank, c.cfg.WorldSize, mine, EnvDebugCheck+" fingerprint")
+		return err
+	})
 	if err != nil {
+		if c.gone(string(cl.collective)) != nil {
+			return err // Close or Abort ended it
+		}
 		return classify(fmt.Errorf("comm: rank %d: %s check of call %d (%s): %w", c.cfg.Rank, EnvDebugCheck, n, mine, err))
 	}
 	var differ []string

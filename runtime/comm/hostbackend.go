@@ -135,7 +135,7 @@ func (h *hostBackend) prepare(cl *call, auto bool) error {
 	}
 	if cl.collective.Reduces() {
 		if _, ok := h.lib.HostReducer(cl.dtype, cl.op); !ok {
-			return errorf(ErrInvalidArgument, "comm: %s: library %q has no host reduce loop for %s %s: its spec's host_shm topology must list %s in dtypes.reduce and %s in ops (then run collgen generate)",
+			return errorf(ErrInvalidArgument, "comm: %s: library %q has no host reduce loop for %s %s: its spec must list %s in dtypes.reduce (the top-level list, or the host_shm topology's own) and %s in the top-level ops, then run collgen generate",
 				cl.collective, h.lib.Package, cl.dtype, cl.op, cl.dtype, cl.op)
 		}
 	}

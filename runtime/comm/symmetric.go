@@ -34,7 +34,9 @@ type useRecord struct {
 // rank's Pool of one group, formed once), with the communicator's rank
 // and world size, on this rank's GPU; otherwise every rank returns an
 // error wrapping ErrMismatch or ErrInvalidArgument that names the rank and
-// the reason, and nothing changes. The pool stays the caller's: buffers it
+// the reason, and nothing changes. The wait for the other ranks is
+// bounded by ctx and Config.Timeout (ErrTimeout naming the ranks missing)
+// and ends at once on Abort (ErrAborted). The pool stays the caller's: buffers it
 // frees are simply staged again; close it after the communicator.
 func (c *Communicator) UseSymmetric(ctx context.Context, pool *symm.Pool) error {
 	if c.gpu == nil {
@@ -63,8 +65,15 @@ func (c *Communicator) UseSymmetric(ctx context.Context, pool *symm.Pool) error 
 	if local != nil {
 		mine.Err = local.Error()
 	}
-	all, err := gatherJSON(ctx, c.cfg.Store, c.gpu.prefix+"usesymm", c.cfg.Rank, c.cfg.WorldSize, mine, "UseSymmetric record")
+	var all []useRecord
+	err := c.exchange(ctx, "UseSymmetric", func(ctx context.Context) (err error) {
+		all, err = gatherJSON(ctx, c.cfg.Store, c.gpu.prefix+"usesymm", c.cfg.Rank, c.cfg.WorldSize, mine, "UseSymmetric record")
+		return err
+	})
 	if err != nil {
+		if c.gone("UseSymmetric") != nil {
+			return err // Abort ended the wait
+		}
 		return classify(fmt.Errorf("comm: rank %d: UseSymmetric: %w", c.cfg.Rank, err))
 	}
 	for r, rec := range all {
