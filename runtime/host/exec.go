@@ -92,7 +92,7 @@ func (g *Group) run(ctx context.Context, c call) error {
 	if c.collective.Reduces() {
 		var ok bool
 		if red, ok = g.lib.HostReducer(c.dtype, c.op); !ok {
-			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s: its spec's host_shm topology must list %s in dtypes.reduce and %s in ops (then run collgen generate)",
+			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s: its spec must list %s in dtypes.reduce (the top-level list, or the host_shm topology's own) and %s in the top-level ops, then run collgen generate",
 				c.collective, ErrInvalidArgument, g.lib.Package, c.dtype, c.op, c.dtype, c.op)
 		}
 	}

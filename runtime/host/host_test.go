@@ -504,7 +504,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 		check("oneshot_ll", g.AllGather(ctx, make([]byte, 8), make([]byte, 16), 2, "f32", Options{Algorithm: "oneshot_ll"}), "host backend does not allow")
 		check("hcm", g.AllGather(ctx, make([]byte, 8), make([]byte, 16), 2, "f32", Options{Algorithm: "hcm"}), "hcm")
 		check("no loop", g.AllReduce(ctx, make([]byte, 8), make([]byte, 8), 2, "f32", "max", Options{}),
-			`library "mine" has no host reduce loop for f32 max: its spec's host_shm topology must list f32 in dtypes.reduce and max in ops (then run collgen generate)`)
+			`library "mine" has no host reduce loop for f32 max: its spec must list f32 in dtypes.reduce (the top-level list, or the host_shm topology's own) and max in the top-level ops, then run collgen generate`)
 		if len(bad) > 0 {
 			return errors.New(strings.Join(bad, "\n"))
 		}
