@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -266,6 +267,38 @@ func TestMembershipMismatch(t *testing.T) {
 	for r, err := range errs {
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "host-shared backend") {
 			t.Errorf("rank %d: %v, want ErrMismatch naming the backends", r, err)
+		}
+	}
+}
+
+// TestHostRanksInOtherProcesses: ranks of an in-process host group
+// (HostShared false) in processes of their own, as under collgen run when
+// the program forgot HostShared, are refused at New on every rank with
+// ErrInvalidArgument naming HostShared. Before, New passed and the first
+// call failed with ErrAborted ("peer failed: map rank 1's segment").
+func TestHostRanksInOtherProcesses(t *testing.T) {
+	old := processOf
+	processOf = func(cfg Config) string { return "process-of-rank-" + strconv.Itoa(cfg.Rank) }
+	defer func() { processOf = old }()
+	store := rendezvous.NewMemStore()
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, Store: store,
+				Library: collectives.Library, Group: "procs", Timeout: 5 * time.Second})
+			if err == nil {
+				c.Close()
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "HostShared: true") {
+			t.Errorf("rank %d: %v, want ErrInvalidArgument naming HostShared", r, err)
 		}
 	}
 }

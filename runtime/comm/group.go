@@ -63,7 +63,23 @@ type membership struct {
 	// fingerprint, on any backend: a rank alone with it waits for peers
 	// that never come.
 	DebugCheck bool `json:"debug_check"`
+	// Process names the rank's process where the group is an in-process
+	// host group (Device Host, HostShared false: memory shared among
+	// goroutines only), "" otherwise: ranks of such a group in other
+	// processes could never map each other's segments.
+	Process string `json:"process,omitempty"`
 }
+
+// processToken identifies this process among a group's ranks.
+var processToken = func() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}()
+
+// processOf is the process a rank's membership record names (a variable
+// so that tests can put goroutine ranks in "processes" of their own).
+var processOf = func(Config) string { return processToken }
 
 // form joins the group: it claims the world size and this rank through the
 // store, waits for every rank (failing fast when another rank poisons the
@@ -231,6 +247,9 @@ func (c *Communicator) agree(ctx context.Context) error {
 			mine.Backend = "host-shared"
 		}
 		mine.HostRules = hostRulesNames(cfg.Library, cfg.Topology, cfg.WorldSize)
+		if !cfg.HostShared {
+			mine.Process = processOf(cfg)
+		}
 	}
 	c.exchanged = true
 	all, err := gatherJSON(ctx, st, c.prefix+"agree", cfg.Rank, cfg.WorldSize, mine, "membership record")
@@ -251,6 +270,9 @@ func (c *Communicator) agree(ctx context.Context) error {
 				r, m.HostRules, cfg.Rank, mine.HostRules)
 		case m.Rules != mine.Rules:
 			return errorf(ErrMismatch, "comm: rank %d passed other Config.MultiHostRules than rank %d; pass the same rules (or none) on every rank",
+				r, cfg.Rank)
+		case m.Process != mine.Process:
+			return errorf(ErrInvalidArgument, "comm: rank %d runs in another process than rank %d, and Config.HostShared is false (an in-process host group shares memory among goroutines only); set HostShared: true on every rank when ranks are processes (collgen run, torchrun)",
 				r, cfg.Rank)
 		case m.DebugCheck != mine.DebugCheck:
 			return errorf(ErrMismatch, "comm: rank %d has the debug check %s, rank %d has it %s; set %s alike for every rank",
