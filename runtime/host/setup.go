@@ -272,7 +272,14 @@ func (g *Group) setup(ctx context.Context) error {
 			return
 		}
 		// Failed set-up: remove our name and any a dead peer left, and
-		// unmap what we mapped.
+		// unmap what we mapped. Peers that mapped our segment may have
+		// finished their set-up (we failed after publishing our mapped
+		// mark) and wait for us in a collective: our abort word, set
+		// before we let go of the segment, ends those waits at once
+		// (fail, later, finds no segment to set it in).
+		if g.self != nil {
+			atomic.StoreUint64(hdr(g.self.Bytes(), hdrAbort), 1)
+		}
 		g.unlinkVerified()
 		for i, s := range g.peers {
 			if s != nil {
