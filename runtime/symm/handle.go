@@ -97,18 +97,8 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	// A wait for another Rendezvous of the buffer (the buffer's collective
 	// step, whose handle this call would return) ends with this call's
 	// ctx, and breaks nothing.
-	select {
-	case b.rdv <- struct{}{}:
-	default:
-		select {
-		case b.rdv <- struct{}{}:
-		case <-ctx.Done():
-			err := context.Cause(ctx)
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = &tagged{msg: "the deadline passed while another Rendezvous of the buffer ran", is: []error{ErrTimeout, err}}
-			}
-			return nil, fmt.Errorf("symm: group %q rank %d, rendezvous of the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
-		}
+	if err := acquire(ctx, b.rdv, "another Rendezvous of the buffer ran"); err != nil {
+		return nil, fmt.Errorf("symm: group %q rank %d, rendezvous of the buffer at %#x: %w", p.cfg.Group, p.cfg.Rank, b.addr, err)
 	}
 	defer func() { <-b.rdv }()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -145,8 +135,9 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 	// step, but this rank's calls no longer meet its peers' in order, so
 	// it breaks the pool like any other.
 	what := "rendezvous waiting for an earlier one"
-	select {
-	case p.rdvSem <- struct{}{}:
+	if err = acquire(ctx, p.rdvSem, "an earlier rendezvous of the pool ran"); err != nil {
+		f.Close()
+	} else {
 		defer func() { <-p.rdvSem }()
 		p.rdvCount++
 		what = fmt.Sprintf("rendezvous %d", p.rdvCount)
@@ -154,12 +145,6 @@ func (p *Pool) Rendezvous(ctx context.Context, b *Buffer) (*Handle, error) {
 			f.Close()
 		} else {
 			h, err = p.rendezvous(ctx, b, mine, f)
-		}
-	case <-ctx.Done():
-		f.Close()
-		err = context.Cause(ctx)
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = &tagged{msg: "the deadline passed while an earlier rendezvous of the pool ran", is: []error{ErrTimeout, err}}
 		}
 	}
 
@@ -204,6 +189,27 @@ func (p *Pool) share(b *Buffer) (rdvInfo, *os.File, error) {
 		mine.Proc, mine.Local = procID, tok
 	}
 	return mine, f, nil
+}
+
+// acquire takes the one-slot semaphore sem, waiting while ctx lasts: its
+// end is ctx's cause, a deadline also ErrTimeout ("the deadline passed
+// while " + what).
+func acquire(ctx context.Context, sem chan struct{}, what string) error {
+	select {
+	case sem <- struct{}{}: // free: taken whatever ctx says
+		return nil
+	default:
+	}
+	select {
+	case sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		err := context.Cause(ctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = &tagged{msg: "the deadline passed while " + what, is: []error{ErrTimeout, err}}
+		}
+		return err
+	}
 }
 
 // rendezvous is Rendezvous's collective part: it offers f (and closes it),
