@@ -109,12 +109,13 @@ func (c *Communicator) Abort() error {
 
 // exchange runs fn, a store exchange of this rank's with its peers (the
 // debug check's fingerprints, UseSymmetric's records), with ctx bounded
-// by Config.Timeout and ended as soon as Close or Abort begins (the
-// caller then holds busy, or runs a host call, which does not: either way
-// Close and Abort would otherwise wait for it, or leave the group under
-// it). It returns op's ErrClosed or ErrAborted, without running fn, on a
-// communicator closing or aborted, and also where fn failed because Close
-// or Abort ended it.
+// by Config.Timeout and ended as soon as Abort, or a host communicator's
+// Close, begins. A GPU caller holds busy, so Abort would otherwise wait
+// for it (a GPU Close does wait: the call completes with its peers); a
+// host call holds nothing Close waits for, so Close would leave the group
+// under it. It returns op's ErrClosed or ErrAborted, without running fn,
+// on a communicator closing or aborted, and also where fn failed because
+// Close or Abort ended it.
 func (c *Communicator) exchange(ctx context.Context, op string, fn func(context.Context) error) error {
 	c.exchanging.RLock()
 	defer c.exchanging.RUnlock()

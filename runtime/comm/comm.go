@@ -266,7 +266,7 @@ type Communicator struct {
 	// busy; Abort takes it for writing before releasing the device.
 	aborted atomic.Bool
 	waiting sync.RWMutex
-	// ended is cancelled when Close or Abort begins: it ends at once a
+	// ended is cancelled when Abort (or a host Close) begins: it ends a
 	// store exchange with the peers that no kernel bounds (the debug
 	// check's, UseSymmetric's; see exchange). exchanging is held for
 	// reading by such an exchange (host calls do not hold busy); Close
@@ -582,7 +582,13 @@ func (c *Communicator) Stream() *cuda.Stream {
 // to call twice; calls after it return ErrClosed.
 func (c *Communicator) Close() error {
 	c.closed.Store(true)
-	c.endExchanges()
+	if c.gpu == nil && c.hier == nil {
+		// Host calls do not hold busy and Close does not wait for them:
+		// their exchanges end now. A GPU call in flight holds busy, and
+		// Close waits for it to complete with its peers, debug check or
+		// not (ending its exchange failed a call the peers still ran).
+		c.endExchanges()
+	}
 	c.closeOnce.Do(func() {
 		// Wait for a GPU call in flight on another goroutine, and for
 		// Synchronize and Err, before releasing what they use.
