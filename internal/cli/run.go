@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 
@@ -123,10 +123,29 @@ I*N+N-1 (docs/multihost.md).`,
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 			defer signal.Stop(sigs)
 			// A signal while ranks are starting cancels the start; once
-			// the group runs it is forwarded to every rank.
+			// the group runs it is forwarded to every rank. Every signal
+			// is forwarded once, through forward: one that arrives before
+			// the group is published waits in unsent, sent when it is (the
+			// start may have completed anyway). Forwarded from two places
+			// (the handler, and run after a signal it saw cancel the
+			// start), one signal in that window went twice, and a second
+			// forward is SIGKILL at once, without the grace period.
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
-			var group atomic.Pointer[launch.Group]
+			var (
+				fwdMu  sync.Mutex
+				group  *launch.Group
+				unsent []os.Signal
+			)
+			forward := func(sig os.Signal) {
+				fwdMu.Lock()
+				defer fwdMu.Unlock()
+				if group == nil {
+					unsent = append(unsent, sig)
+					return
+				}
+				group.Signal(sig)
+			}
 			done := make(chan struct{})
 			defer close(done)
 			go func() {
@@ -135,9 +154,7 @@ I*N+N-1 (docs/multihost.md).`,
 					case sig := <-sigs:
 						fmt.Fprintf(io.Err, "collgen run: %s: stopping all ranks\n", launch.SignalName(sig))
 						cancel(signalError{sig})
-						if g := group.Load(); g != nil {
-							g.Signal(sig)
-						}
+						forward(sig)
 					case <-done:
 						return
 					}
@@ -151,9 +168,15 @@ I*N+N-1 (docs/multihost.md).`,
 				}
 				return fmt.Errorf("run: %w", err)
 			}
-			group.Store(g)
-			if se, ok := context.Cause(ctx).(signalError); ok {
-				g.Signal(se.sig) // arrived between the start and the Store
+			fwdMu.Lock()
+			group = g
+			for _, sig := range unsent { // arrived between the start and now
+				g.Signal(sig)
+			}
+			unsent = nil
+			fwdMu.Unlock()
+			if runStarted != nil {
+				runStarted()
 			}
 			err = g.Wait()
 			var ee *launch.ExitError
@@ -174,6 +197,10 @@ I*N+N-1 (docs/multihost.md).`,
 	cmd.Flags().SetInterspersed(false)
 	return cmd
 }
+
+// runStarted, when set (by tests), is called once the ranks run and a
+// signal is forwarded to them as it arrives.
+var runStarted func()
 
 // signalError is the cause of a start cancelled by a signal.
 type signalError struct{ sig os.Signal }

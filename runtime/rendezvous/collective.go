@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -190,9 +191,13 @@ func ForgetBarrier(ctx context.Context, s Store, name string, world int) error {
 }
 
 // forget deletes every rank's generation counter under prefix and its
-// last two entries: counters read, then keys deleted, KeysInFlight at a
-// time (one round trip per key at world 64 made closing a group take
-// hundreds of them in a row). op names the caller in a refusal.
+// entries: counters read, then keys deleted, KeysInFlight at a time (one
+// round trip per key at world 64 made closing a group take hundreds of
+// them in a row). A rank's entries are a run of generations ending at its
+// counter (gather deletes those below one that completed), usually the
+// last one or two; calls that failed while a peer was away leave a longer
+// run, so deletion goes on down a rank's generations until one is
+// already gone. op names the caller in a refusal.
 func forget(ctx context.Context, op string, s Store, prefix string, world int) error {
 	if err := checkStore(op, s); err != nil {
 		return err
@@ -208,15 +213,59 @@ func forget(ctx context.Context, op string, s Store, prefix string, world int) e
 		counters[r] = prefix + "gen/" + strconv.Itoa(r)
 	}
 	gens, rerr := Counters(ctx, s, counters...) // creates missing counters, deleted below
+	entry := func(r int, gen int64) string { return prefix + strconv.FormatInt(gen, 10) + "/" + strconv.Itoa(r) }
+	// The first round: each rank's last two entries and the counters.
+	type older struct {
+		rank int
+		gen  int64
+	}
 	var keys []string
+	var next []older // the entry below each rank's second-to-last, if any
 	for r, g := range gens {
 		for _, gen := range []int64{g - 1, g} {
 			if gen > 0 {
-				keys = append(keys, prefix+strconv.FormatInt(gen, 10)+"/"+strconv.Itoa(r))
+				keys = append(keys, entry(r, gen))
+			}
+		}
+		if g > 2 {
+			next = append(next, older{r, g - 2})
+		}
+	}
+	keys = append(keys, counters...)
+	existed := make(map[string]bool, len(keys))
+	var mu sync.Mutex
+	del := func(keys []string) error {
+		errs := each(ctx, len(keys), func(i int) error {
+			ok, err := s.Delete(ctx, keys[i])
+			mu.Lock()
+			existed[keys[i]] = ok
+			mu.Unlock()
+			return err
+		})
+		return keysErr("delete", keys, errs)
+	}
+	derr := del(keys)
+	// Then down each rank's run of older entries (left by failed calls),
+	// one generation a round, while the one above was still there.
+	for len(next) > 0 && ctx.Err() == nil {
+		var round []older
+		keys = keys[:0]
+		for _, o := range next {
+			if existed[entry(o.rank, o.gen+1)] {
+				round = append(round, o)
+				keys = append(keys, entry(o.rank, o.gen))
+			}
+		}
+		if err := del(keys); err != nil && derr == nil {
+			derr = err
+		}
+		next = next[:0]
+		for _, o := range round {
+			if o.gen > 1 {
+				next = append(next, older{o.rank, o.gen - 1})
 			}
 		}
 	}
-	derr := DeleteKeys(ctx, s, append(keys, counters...)...)
 	if rerr != nil {
 		return rerr
 	}
@@ -227,7 +276,9 @@ func forget(ctx context.Context, op string, s Store, prefix string, world int) e
 // Generation g of rank r lives at prefix+"g/r". When generation g completes,
 // every rank has finished generation g-1 (it could not have published g
 // otherwise), so rank r deletes its own g-1 entry: a name holds at most two
-// generations.
+// generations. A call that fails leaves its entry (a peer that comes later
+// still meets it); the rank's next call that completes deletes it, and
+// forget finds such runs of entries too.
 func gather(ctx context.Context, s Store, prefix string, rank, world int, blob []byte, fetch bool) ([][]byte, error) {
 	if err := checkRank(rank, world); err != nil {
 		return nil, err
@@ -258,9 +309,16 @@ func gather(ctx context.Context, s Store, prefix string, rank, world int, blob [
 			}
 		}
 	}
-	if g > 1 {
-		// Best effort: a leftover key only costs memory.
-		s.Delete(ctx, prefix+strconv.FormatInt(g-1, 10)+"/"+strconv.Itoa(rank))
+	// Every rank has published generation g, so every rank is done with
+	// the earlier ones: this rank's entries below g go, newest first, down
+	// to the first already gone (those below it went with it). Usually
+	// that is g-1 alone; a call that failed (its entry stays, for peers
+	// still to come) leaves one more each. Best effort: a leftover key
+	// only costs memory until forget.
+	for old := g - 1; old > 0; old-- {
+		if ok, err := s.Delete(ctx, prefix+strconv.FormatInt(old, 10)+"/"+strconv.Itoa(rank)); err != nil || !ok {
+			break
+		}
 	}
 	return out, nil
 }
