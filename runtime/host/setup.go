@@ -87,6 +87,11 @@ func (g *Group) ensureSetup(ctx context.Context) error {
 	if err != nil {
 		if errors.Is(context.Cause(sctx), ErrClosed) {
 			err = fmt.Errorf("%w: set-up ended by Close: %w", ErrClosed, err)
+		} else if !errors.Is(err, ErrTimeout) {
+			// A store call (the nonce, a mark) that ran into the
+			// deadline, its server gone say: a timeout as waitKeys'
+			// are, which marks nothing (the store may not answer).
+			err = wrapStoreErr(err)
 		}
 		err = fmt.Errorf("host: rank %d set-up of group %q: %w", g.cfg.Rank, g.cfg.Group, err)
 		g.fail(err)

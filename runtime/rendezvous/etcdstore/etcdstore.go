@@ -270,6 +270,11 @@ func (s *store) op(ctx context.Context, what string, f func(ctx context.Context)
 		return rendezvous.ErrClosed
 	default:
 	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Past the deadline: ErrTimeout too, as the waits and the TCP
+		// store's calls are.
+		return fmt.Errorf("rendezvous: etcd %s at %s: %w (%w)", what, s.eps, rendezvous.CauseErr(ctx), rendezvous.ErrTimeout)
+	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("rendezvous: etcd %s at %s: %w", what, s.eps, rendezvous.CauseErr(ctx))
 	}
