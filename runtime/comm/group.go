@@ -151,7 +151,7 @@ func (c *Communicator) join(ctx, wait context.Context, stale []byte) (retry bool
 	if !swapped {
 		// Not poisoned: the group with the first holder of this rank may
 		// be running, and this caller must not disturb it.
-		return false, errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank); give each rank its own Config.Rank, or name a new Config.Group",
+		return false, errorf(ErrMismatch, "comm: rank %d of group %q has already joined (another process or goroutine was given the same rank, or an earlier run left its keys on this store); give each rank its own Config.Rank, name a new Config.Group, or start the run with a new run id (COLLGEN_RUN_ID, collgen run --run-id)",
 			cfg.Rank, cfg.Group)
 	}
 	if _, err := st.Add(ctx, c.prefix+"members", 1); err != nil {
