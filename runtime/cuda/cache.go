@@ -45,7 +45,8 @@ func (c *Cache) Stats() CacheStats {
 	return CacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Corrupt: c.corrupt.Load()}
 }
 
-// DefaultCacheDir is $COLLGEN_CACHE_DIR, else $XDG_CACHE_HOME/collgen, else
+// DefaultCacheDir is $COLLGEN_CACHE_DIR, else $XDG_CACHE_HOME/collgen (an
+// absolute one; a relative one is ignored, as the XDG spec says), else
 // ~/.cache/collgen. A leading ~ in $COLLGEN_CACHE_DIR is the home
 // directory (no shell expands an env file's value), and a relative one is
 // made absolute, so a later chdir does not move the cache.
@@ -65,6 +66,14 @@ func DefaultCacheDir() (string, error) {
 		return abs, nil
 	}
 	base, err := os.UserCacheDir() // $XDG_CACHE_HOME or ~/.cache
+	if x := os.Getenv("XDG_CACHE_HOME"); x != "" && !filepath.IsAbs(x) {
+		// The XDG base directory spec makes a relative path invalid, to
+		// be ignored (os.UserCacheDir refuses it): ~/.cache.
+		var home string
+		if home, err = os.UserHomeDir(); err == nil {
+			base = filepath.Join(home, ".cache")
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("cuda: no cache directory: %w", err)
 	}
