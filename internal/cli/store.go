@@ -24,7 +24,7 @@ func newCmdStore(io *IO) *cobra.Command {
 COLLGEN_STORE=tcp://host:port (or collgen run --store). It listens on
 loopback unless --listen names another host; anything beyond loopback needs
 COLLGEN_STORE_SECRET, which every rank must share (or --insecure, for a
-trusted network only). Ctrl-C or SIGTERM stops it.`,
+trusted network only). Ctrl-C, SIGTERM or SIGHUP stops it.`,
 		Example: `  collgen store --listen 127.0.0.1:29500
   COLLGEN_STORE_SECRET=... collgen store --listen 0.0.0.0:29500`,
 		Args: cobra.NoArgs,
@@ -33,7 +33,9 @@ trusted network only). Ctrl-C or SIGTERM stops it.`,
 				return usageError(fmt.Errorf("store: --max-frame-size %d: want a positive byte count (default %d)", maxFrame, rendezvous.DefaultMaxFrameSize))
 			}
 			sigs := make(chan os.Signal, 1)
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			// SIGHUP (a dropped ssh session) stops it as Ctrl-C does, so
+			// the address file goes with it.
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer signal.Stop(sigs)
 			srv, err := rendezvous.NewTCPServer(listen, rendezvous.ServerOptions{
 				MaxFrameSize: maxFrame,

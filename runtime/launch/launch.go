@@ -376,6 +376,9 @@ func (g *Group) Wait() error {
 		case res := <-g.results:
 			left--
 			code, sig := exitStatus(res.err)
+			if errors.Is(res.err, exec.ErrWaitDelay) {
+				fmt.Fprintf(g.cfg.Stderr, "collgen run: rank %d exited; processes it left still held its output %v later, no longer read\n", res.rank, g.cfg.Grace+time.Second)
+			}
 			if code == 0 {
 				continue
 			}
@@ -553,12 +556,15 @@ func Run(ctx context.Context, cfg Config) error {
 // exitStatus turns cmd.Wait's error into an exit code (0 for success) and
 // the signal that killed the process, if any.
 func exitStatus(err error) (int, os.Signal) {
-	if err == nil {
+	if err == nil || errors.Is(err, exec.ErrWaitDelay) {
+		// ErrWaitDelay: the rank exited 0 and children it left held its
+		// output open past WaitDelay; the launcher gave up on them, and
+		// the rank still succeeded.
 		return 0, nil
 	}
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
-		return 1, nil // e.g. an output copy error after WaitDelay
+		return 1, nil // e.g. an output copy error
 	}
 	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		return signalCode(ws.Signal()), ws.Signal()

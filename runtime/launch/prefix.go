@@ -19,18 +19,28 @@ type prefixWriter struct {
 	w      io.Writer
 	prefix string
 	buf    []byte
+	// split: the last piece written was cut at maxLine, so a newline
+	// that comes next ends that line (already written) rather than
+	// making an empty one.
+	split bool
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	n := len(b)
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
+		if i == 0 && p.split && len(p.buf) == 0 {
+			p.split = false
+			b = b[1:]
+			continue
+		}
 		if i < 0 || len(p.buf)+i > maxLine {
 			take := min(len(b), maxLine-len(p.buf))
 			p.buf = append(p.buf, b[:take]...)
 			b = b[take:]
 			if len(p.buf) >= maxLine {
 				p.writeLine()
+				p.split = true
 			}
 			continue
 		}
@@ -58,4 +68,5 @@ func (p *prefixWriter) writeLine() {
 	line = append(append(append(line, p.prefix...), p.buf...), '\n')
 	p.w.Write(line)
 	p.buf = p.buf[:0]
+	p.split = false
 }
