@@ -364,8 +364,21 @@ func (g *gpuComm) kernelRefusal(cl *call) error {
 }
 
 // Detected returns what New found the GPUs to be and the topology it
-// chose; zero on the host backend.
+// chose; zero on the host backend. On a group spanning hosts it is this
+// host's: its ranks' detection and topology, by local index (BusIDs,
+// Corners), which the host steps of the hierarchical collectives run;
+// zero with one rank per host (those steps are copies).
 func (c *Communicator) Detected() Detected {
+	if c.hier != nil {
+		if c.hier.intra == nil {
+			return Detected{}
+		}
+		d := c.hier.intra.Detected()
+		l := c.hier.layout
+		d.addReason(fmt.Sprintf("the group spans %d hosts: this is host %q's %d ranks, by local index; NCCL connects the hosts",
+			len(l.hosts), l.ids[l.host[c.cfg.Rank]], l.perHost()))
+		return d
+	}
 	if c.gpu == nil || c.gpu.det == nil {
 		if c.gpu != nil {
 			return Detected{Topology: c.gpu.topology}

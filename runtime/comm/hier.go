@@ -127,8 +127,13 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 		sub.Rank, sub.WorldSize = me, l.perHost()
 		sub.Group = cfg.Group + "/host" + strconv.Itoa(hi)
 		sub.HostID, sub.MultiHostRules = l.ids[hi], nil
-		if h.intra, err = newComm(ctx, sub, open); err != nil {
-			return nil, err
+		h.intra, err = newComm(ctx, sub, open)
+		// Each host formed its communicator (and voted on its
+		// detection) alone: every rank says how that went before NCCL's
+		// set-up, which waits for every rank, so that all ranks fail
+		// together at once.
+		if err = hostsVote(ctx, cfg, prefix, l, err); err != nil {
+			return nil, errors.Join(err, h.closeIntra())
 		}
 	}
 	if h.dev, err = openHier(cfg); err != nil {
@@ -142,6 +147,42 @@ func newHier(ctx context.Context, cfg Config, prefix string, l hostLayout, open 
 	}
 	return h, nil
 }
+
+// hostsVote all-gathers every rank's outcome of its host communicator's
+// set-up (mine: nil or why it failed) and returns mine, or, where mine is
+// nil and a peer failed, ErrAborted naming the lowest such rank and its
+// reason. A rank that failed only tells its peers: it waits for them at
+// most hostsVoteTold, then returns its own error whatever they said. The
+// exchange is named "detect/view": the group spanning hosts runs no
+// detection of its own (its hosts' communicators do), and the group's
+// forget already clears that name.
+func hostsVote(ctx context.Context, cfg Config, prefix string, l hostLayout, mine error) error {
+	why := ""
+	if mine != nil {
+		why = mine.Error()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, hostsVoteTold)
+		defer cancel()
+	}
+	all, err := gatherJSON(ctx, cfg.Store, prefix+"detect/view", cfg.Rank, cfg.WorldSize, why, "set-up outcome")
+	if mine != nil {
+		return mine
+	}
+	if err != nil {
+		return classify(fmt.Errorf("comm: rank %d: exchange set-up outcomes across hosts: %w", cfg.Rank, err))
+	}
+	for r, w := range all {
+		if w != "" {
+			return errorf(ErrAborted, "comm: rank %d: rank %d (host %q) failed to set up, so the group spanning hosts cannot form: %s", cfg.Rank, r, l.ids[l.host[r]], w)
+		}
+	}
+	return nil
+}
+
+// hostsVoteTold bounds how long a rank whose host communicator failed
+// waits in hostsVote: its record is written first, so peers that come
+// later still read it.
+const hostsVoteTold = 2 * time.Second
 
 func (h *hierComm) closeIntra() error {
 	if h.intra == nil {
@@ -250,7 +291,15 @@ func (h *hierComm) runPlan(cl *call, s *cuda.Stream) error {
 		}
 		return base + cuda.DevicePtr(sp.off*cl.esize)
 	}
-	o := Options{Stream: s, Context: cl.o.Context}
+	// Once begun, every step runs: a host peer whose context is live runs
+	// each host step, so one this rank skipped because its Options.Context
+	// ended meanwhile would leave that peer waiting until Config.Timeout.
+	// The host communicator's own waits stay bounded by Config.Timeout
+	// and Abort.
+	o := Options{Stream: s}
+	if cl.o.Context != nil {
+		o.Context = context.WithoutCancel(cl.o.Context)
+	}
 	for _, st := range steps {
 		src, dst := addr(st.src), addr(st.dst)
 		var err error
