@@ -245,18 +245,16 @@ func TestDuplicateRank(t *testing.T) {
 	}
 }
 
-// TestMembershipMismatch checks the agreement after joining: a rank on
-// another backend is named.
-func TestMembershipMismatch(t *testing.T) {
-	store := rendezvous.NewMemStore()
+// newEach runs New for every rank of a world of 2 at once with cfg(r),
+// closes those that formed and returns each rank's error.
+func newEach(cfg func(r int) Config) []error {
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
-	for r := 0; r < 2; r++ {
+	for r := range errs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, HostShared: r == 1, Store: store,
-				Library: collectives.Library, Group: "mm"})
+			c, err := New(context.Background(), cfg(r))
 			if err == nil {
 				c.Close()
 			}
@@ -264,6 +262,16 @@ func TestMembershipMismatch(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	return errs
+}
+
+// TestMembershipMismatch checks the agreement after joining: a rank on
+// another backend is named.
+func TestMembershipMismatch(t *testing.T) {
+	store := rendezvous.NewMemStore()
+	errs := newEach(func(r int) Config {
+		return Config{Rank: r, WorldSize: 2, Device: Host, HostShared: r == 1, Store: store, Library: collectives.Library, Group: "mm"}
+	})
 	for r, err := range errs {
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "host-shared backend") {
 			t.Errorf("rank %d: %v, want ErrMismatch naming the backends", r, err)
@@ -281,21 +289,9 @@ func TestHostRanksInOtherProcesses(t *testing.T) {
 	processOf = func(cfg Config) string { return "process-of-rank-" + strconv.Itoa(cfg.Rank) }
 	defer func() { processOf = old }()
 	store := rendezvous.NewMemStore()
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := 0; r < 2; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := New(context.Background(), Config{Rank: r, WorldSize: 2, Device: Host, Store: store,
-				Library: collectives.Library, Group: "procs", Timeout: 5 * time.Second})
-			if err == nil {
-				c.Close()
-			}
-			errs[r] = err
-		}()
-	}
-	wg.Wait()
+	errs := newEach(func(r int) Config {
+		return Config{Rank: r, WorldSize: 2, Device: Host, Store: store, Library: collectives.Library, Group: "procs", Timeout: 5 * time.Second}
+	})
 	for r, err := range errs {
 		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "HostShared: true") {
 			t.Errorf("rank %d: %v, want ErrInvalidArgument naming HostShared", r, err)
