@@ -120,7 +120,7 @@ I*N+N-1 (docs/multihost.md).`,
 			// SIGHUP (a dropped ssh session, a closed terminal) and SIGQUIT
 			// (Ctrl-\, to see where ranks hang) are forwarded like SIGTERM,
 			// not left to kill the launcher and its ranks without a grace.
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+			notifyNotIgnored(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 			defer signal.Stop(sigs)
 			// A signal while ranks are starting cancels the start; once
 			// the group runs it is forwarded to every rank. Every signal

@@ -13,6 +13,22 @@ import (
 
 func init() { register("store", newCmdStore) }
 
+// notifyNotIgnored is signal.Notify for the signals of sigs that this
+// process did not start with ignored: Notify would undo the ignoring
+// that nohup (SIGHUP) or a shell's background job (SIGINT, SIGQUIT) set
+// up on purpose.
+func notifyNotIgnored(c chan<- os.Signal, sigs ...os.Signal) {
+	var on []os.Signal
+	for _, s := range sigs {
+		if !signal.Ignored(s) {
+			on = append(on, s)
+		}
+	}
+	if len(on) > 0 {
+		signal.Notify(c, on...)
+	}
+}
+
 func newCmdStore(io *IO) *cobra.Command {
 	var listen, addrFile string
 	var maxFrame int
@@ -34,8 +50,9 @@ trusted network only). Ctrl-C, SIGTERM or SIGHUP stops it.`,
 			}
 			sigs := make(chan os.Signal, 1)
 			// SIGHUP (a dropped ssh session) stops it as Ctrl-C does, so
-			// the address file goes with it.
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+			// the address file goes with it; unless it was started with
+			// SIGHUP ignored (nohup).
+			notifyNotIgnored(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer signal.Stop(sigs)
 			srv, err := rendezvous.NewTCPServer(listen, rendezvous.ServerOptions{
 				MaxFrameSize: maxFrame,
