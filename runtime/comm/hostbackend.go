@@ -5,12 +5,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/collgen/collgen/coll"
 	"github.com/collgen/collgen/runtime/host"
 	"github.com/collgen/collgen/runtime/kernels"
-	"github.com/collgen/collgen/schedule"
 )
 
 // hostBackend runs resolved calls on host.Group: the algorithm is always
@@ -22,42 +20,6 @@ type hostBackend struct {
 	// topology is Config.Topology: the host_shm topology whose rules
 	// choose ("": the library's first host_shm topology at the world size).
 	topology string
-
-	// runs caches, per collective and generated algorithm, why the host
-	// cannot run its schedule (nil: it can), so that prepare, and with it
-	// Explain, refuses what host.Group would refuse.
-	mu   sync.Mutex
-	runs map[hostSchedule]error
-}
-
-// hostSchedule names one schedule the host backend may run.
-type hostSchedule struct {
-	collective coll.Collective
-	alg        coll.Algorithm
-}
-
-// canRun refuses a generated algorithm whose schedule the host cannot
-// build at this world size or cannot execute (push protocols write into
-// peers' memory), with host.Group's reason (ErrInvalidArgument).
-func (h *hostBackend) canRun(collective coll.Collective, alg coll.Algorithm) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	k := hostSchedule{collective, alg}
-	if err, ok := h.runs[k]; ok {
-		return err
-	}
-	s, err := schedule.Build(collective, alg, h.world)
-	if err == nil {
-		err = schedule.HostCanRun(s)
-	}
-	if err != nil {
-		err = errorf(ErrInvalidArgument, "comm: %s with algorithm %s refused: %w", collective, alg, err)
-	}
-	if h.runs == nil {
-		h.runs = map[hostSchedule]error{}
-	}
-	h.runs[k] = err
-	return err
 }
 
 func (h *hostBackend) memory() memKind { return hostMemory }
@@ -127,8 +89,7 @@ func checkHostTopology(lib *kernels.Library, name string) error {
 // Explain refuses it too): input and output overlapping other than in
 // place, a reduction the library has no host reduce loop for, an
 // algorithm that is not generated, and a schedule the host cannot build
-// or execute (hcm at another world size, LL: canRun, host.Group's own
-// refusal).
+// or execute (hcm at another world size, LL: host.Group.CanRun).
 func (h *hostBackend) prepare(cl *call, auto bool) error {
 	if err := h.checkOverlap(cl); err != nil {
 		return err
@@ -140,7 +101,12 @@ func (h *hostBackend) prepare(cl *call, auto bool) error {
 		}
 	}
 	if cl.alg.Generated() {
-		return h.canRun(cl.collective, cl.alg)
+		// host.Group's own check (its schedule cache), so that Explain
+		// refuses what the call refuses.
+		if err := h.g.CanRun(cl.collective, cl.alg); err != nil {
+			return classify(fmt.Errorf("comm: %s with algorithm %s refused: %w", cl.collective, cl.alg, err))
+		}
+		return nil
 	}
 	if auto && h.rules(cl.collective) == nil {
 		return errorf(ErrUnsupported, "comm: %s of %d bytes: %s; run collgen generate after the spec has it, or name a generated algorithm in Options.Algorithm",

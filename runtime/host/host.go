@@ -364,6 +364,15 @@ func (g *Group) begin() error {
 	return nil
 }
 
+// CanRun returns nil if the group can run collective with algorithm (its
+// schedule builds at this world size and the host can execute it), else
+// the error a call would return, wrapping ErrInvalidArgument where the
+// algorithm is refused; the schedule is cached for the calls.
+func (g *Group) CanRun(collective coll.Collective, algorithm coll.Algorithm) error {
+	_, err := g.schedule(collective, algorithm)
+	return err
+}
+
 // schedule returns the cached schedule of a collective and algorithm,
 // resolved for this rank (prepare).
 func (g *Group) schedule(collective coll.Collective, algorithm coll.Algorithm) (*prepared, error) {
