@@ -95,9 +95,8 @@ func (h *hostBackend) prepare(cl *call, auto bool) error {
 		return err
 	}
 	if cl.collective.Reduces() {
-		if _, ok := h.lib.HostReducer(cl.dtype, cl.op); !ok {
-			return errorf(ErrInvalidArgument, "comm: %s: library %q has no host reduce loop for %s %s: its spec must list %s in dtypes.reduce (the top-level list, or the host_shm topology's own) and %s in the top-level ops, then run collgen generate",
-				cl.collective, h.lib.Package, cl.dtype, cl.op, cl.dtype, cl.op)
+		if err := h.g.CanReduce(cl.collective, cl.dtype, cl.op); err != nil {
+			return classify(fmt.Errorf("comm: %w", err))
 		}
 	}
 	if cl.alg.Generated() {

@@ -90,10 +90,8 @@ func (g *Group) run(ctx context.Context, c call) error {
 	}
 	var red kernels.HostReduceFunc
 	if c.collective.Reduces() {
-		var ok bool
-		if red, ok = g.lib.HostReducer(c.dtype, c.op); !ok {
-			return fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s: its spec must list %s in dtypes.reduce (the top-level list, or the host_shm topology's own) and %s in the top-level ops, then run collgen generate",
-				c.collective, ErrInvalidArgument, g.lib.Package, c.dtype, c.op, c.dtype, c.op)
+		if red, err = g.reducer(c.collective, c.dtype, c.op); err != nil {
+			return err
 		}
 	}
 	alg := c.opts.Algorithm
@@ -209,6 +207,24 @@ func (g *Group) check(c call) (inBytes, outBytes int64, err error) {
 		return bad("input and output overlap other than in place (%s on rank %d): use separate buffers or that layout", layout, g.cfg.Rank)
 	}
 	return in, out, nil
+}
+
+// reducer returns the library's host reduce loop for dtype and op, or an
+// error wrapping ErrInvalidArgument saying what the spec must list.
+func (g *Group) reducer(collective coll.Collective, dtype coll.DType, op coll.Op) (kernels.HostReduceFunc, error) {
+	red, ok := g.lib.HostReducer(dtype, op)
+	if !ok {
+		return nil, fmt.Errorf("host %s: %w: library %q has no host reduce loop for %s %s: its spec must list %s in dtypes.reduce (the top-level list, or the host_shm topology's own) and %s in the top-level ops, then run collgen generate",
+			collective, ErrInvalidArgument, g.lib.Package, dtype, op, dtype, op)
+	}
+	return red, nil
+}
+
+// CanReduce returns nil if the group's library has a host reduce loop for
+// dtype and op, else the error a reducing call would return.
+func (g *Group) CanReduce(collective coll.Collective, dtype coll.DType, op coll.Op) error {
+	_, err := g.reducer(collective, dtype, op)
+	return err
 }
 
 // OverlapNotInPlace reports whether a collective's input and output (of
